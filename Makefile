@@ -1,0 +1,76 @@
+# trtforge — `make demo` tells the whole story, `make test` runs the whole suite.
+# Both install what they need on a fresh Debian machine (run as root, or with sudo available).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+APT_PACKAGES := golang-go rsync etcd-server dpkg-dev ca-certificates curl
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: help deps venv binaries lint typecheck unit integration e2e test demo crds bench clean cluster-up cluster-down
+
+help:
+	@echo "make demo   - set up everything and run the whole story on the local test bed"
+	@echo "make test   - lint, type-check and run the whole test suite"
+	@echo "make crds   - regenerate crds/ and the chart's copy from the API models"
+	@echo "make bench  - run the benchmarks (not part of make test)"
+
+# Debian packages: Go and rsync to build the control plane from Debian's source, etcd to run it.
+.cache/apt.stamp:
+	@mkdir -p .cache
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo ">> installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@touch $@
+deps: .cache/apt.stamp
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+$(VENV)/.installed: pyproject.toml | $(BIN)/activate
+	@echo ">> installing Python packages into $(VENV)"
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+venv: $(VENV)/.installed
+
+binaries: deps venv
+	$(BIN)/trtforge cluster install
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+typecheck: venv
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/pytest tests/unit -q
+integration: binaries
+	$(BIN)/pytest tests/integration -q
+e2e: binaries
+	$(BIN)/pytest tests/e2e -q
+
+# pytest exits 5 when it collects nothing, so an empty run fails here too.
+test: deps venv binaries lint typecheck
+	$(BIN)/pytest tests -q
+
+demo: deps venv binaries
+	$(BIN)/trtforge demo
+
+crds: venv
+	$(BIN)/trtforge crds
+
+bench: deps venv binaries
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python -m benchmarks.run_all
+
+cluster-up: binaries
+	$(BIN)/trtforge cluster up
+cluster-down: venv
+	$(BIN)/trtforge cluster down
+
+clean:
+	-$(BIN)/trtforge cluster down
+	rm -rf .cluster .cache $(VENV)

@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
-            if e.name != module_name:
+            if e.name is None or not (module_name + ".").startswith(e.name + "."):
                 raise
             continue  # a component not installed in this image (e.g. the runtime image has no operator)
         module.register(sub)

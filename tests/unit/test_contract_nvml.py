@@ -25,6 +25,7 @@ def test_nvml_reports_the_real_gpu(nvml: NVMLProbe) -> None:
     d = devices[0]
     assert d.uuid.startswith(("GPU-", "MIG-"))
     assert d.memory_mib > 1024
+    assert d.sm_count > 0
     major, minor = (int(x) for x in d.compute_capability.split("."))
     assert major >= 7 and minor >= 0
     assert d.product == product_label(d.name.split(" MIG ")[0])

@@ -242,10 +242,7 @@ class NVMLProbe:
         out = []
         for index, h, profile in self._handles():
             major, minor = nv.nvmlDeviceGetCudaComputeCapability(h)
-            try:
-                sms = int(nv.nvmlDeviceGetAttributes(h).multiprocessorCount)
-            except nv.NVMLError:
-                sms = 0
+            sms = self._sm_count(h, major, minor)
             out.append(GPUDevice(
                 index=index, uuid=_str(nv.nvmlDeviceGetUUID(h)), name=_str(nv.nvmlDeviceGetName(h)),
                 memory_mib=int(nv.nvmlDeviceGetMemoryInfo(h).total) // (1024 * 1024),
@@ -253,6 +250,21 @@ class NVMLProbe:
                 driver_version=driver,
             ))
         return out
+
+    def _sm_count(self, handle: object, major: int, minor: int) -> int:
+        """SMs of a device. Attributes work on MIG instances; whole GPUs report CUDA cores instead
+        (seen on an H200: attributes NotSupported, 16896 cores = 132 SMs x 128)."""
+        nv = self._nvml
+        try:
+            return int(nv.nvmlDeviceGetAttributes(handle).multiprocessorCount)
+        except nv.NVMLError:
+            pass
+        try:
+            cores = int(nv.nvmlDeviceGetNumGpuCores(handle))
+        except nv.NVMLError:
+            return 0
+        per_sm = 64 if (major, minor) in ((7, 0), (7, 5), (8, 0)) else 128
+        return cores // per_sm
 
     def wait_for_fault(self, timeout_s: float) -> XidEvent | None:
         nv = self._nvml

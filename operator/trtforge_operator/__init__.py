@@ -1,0 +1,1 @@
+"""trtforge operator: API models, CRD generator, planning, kopf handlers, engine broker."""

@@ -1,0 +1,446 @@
+"""``TRTEngine`` (trtforge.io/v1alpha1): what to build and for which GPUs.
+
+Wire names are camelCase (``spec.builder.optimizationLevel``); Python names snake_case
+(``spec.builder.optimization_level``). Parse a live object with ``TRTEngine.model_validate(body)``.
+
+Helpers the operator uses:
+
+- :meth:`TRTEngineSpec.build_config` -> :class:`trtforge.contract.engine_key.BuildConfig` (the
+  normalised build settings hashed into the engine key; workspace quantity -> bytes).
+- :meth:`TRTEngineSpec.resolved_targets` -> ``list[GPUTarget]``: the explicit targets, or, with
+  ``autoTargets.enabled``, the discovered ones you pass in (MIG dropped unless ``includeMIG``).
+- :meth:`AutoTargets.selects` -> whether a Node's labels match ``autoTargets.nodeSelector``.
+- :meth:`TRTEngineSpec.validation_settings` -> :class:`ValidationSettings` (samples, rtol, atol), the
+  tolerances defaulted per precision from :data:`DEFAULT_TOLERANCES` when the spec leaves them out.
+- :class:`TRTEngineStatus` / :class:`TargetStatus` / :class:`Accuracy`: what the operator writes
+  (``status.to_wire()``); :func:`trtforge_operator.api.common.set_condition` for conditions.
+
+Static defaults live only in the CRD schema (generated from the ``Field`` defaults here); the operator
+never writes ``spec``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+
+from trtforge.contract.engine_key import BuildConfig, HardwareCompatibility, Precision, ShapeRange
+from trtforge.contract.gpu import CPU, GPUTarget
+from trtforge_operator.api.common import (
+    API_VERSION,
+    ApiModel,
+    Condition,
+    LocalObjectReference,
+    ObjectMeta,
+    Time,
+)
+from trtforge_operator.api.quantity import NONNEGATIVE_QUANTITY_PATTERN, quantity_to_bytes
+
+MODEL_URI_PATTERN = (
+    r"^(s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9]/.+"
+    r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+"
+    r"|https://[^/]+/.+)$"
+)
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+GPU_PRODUCT_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+MIG_PROFILE_PATTERN = r"^[1-7]g\.[0-9]+gb$"
+MAX_RANK = 8
+MAX_PROFILES = 8
+MAX_TARGETS = 32
+
+PHASES = ("Pending", "Building", "Ready", "Failed")
+TargetPhase = Literal["Pending", "Building", "Ready", "Failed"]
+Backend = Literal["tensorrt", "onnxruntime"]
+
+# Condition types of a TRTEngine.
+READY = "Ready"
+BUILDING = "Building"
+DEGRADED = "Degraded"
+STALLED = "Stalled"
+CONDITION_TYPES = (READY, BUILDING, DEGRADED, STALLED)
+
+
+def _check_quantity(v: int | str) -> int | str:
+    quantity_to_bytes(v)  # raises on a malformed or negative quantity
+    return v
+
+
+NonNegativeQuantity = Annotated[
+    int | str,
+    AfterValidator(_check_quantity),
+    WithJsonSchema({
+        "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "pattern": NONNEGATIVE_QUANTITY_PATTERN,
+        "x-kubernetes-int-or-string": True,
+    }),
+]
+"""A Kubernetes quantity without sign: ``4Gi``, ``512Mi``, ``1e9`` or an integer."""
+
+
+def _cel(rule: str, message: str, **extra: str) -> dict[str, str]:
+    return {"rule": rule, "message": message, **extra}
+
+
+class ToleranceDefaults(BaseModel):
+    """Default accuracy tolerances for one precision."""
+
+    model_config = ConfigDict(frozen=True)
+    rtol: float
+    atol: float
+
+
+DEFAULT_TOLERANCES: dict[str, ToleranceDefaults] = {
+    "fp32": ToleranceDefaults(rtol=1e-4, atol=1e-5),
+    "fp16": ToleranceDefaults(rtol=1e-2, atol=1e-3),
+    "bf16": ToleranceDefaults(rtol=5e-2, atol=1e-2),
+    "auto": ToleranceDefaults(rtol=5e-2, atol=1e-2),
+    "int8": ToleranceDefaults(rtol=1e-1, atol=5e-2),
+    "fp8": ToleranceDefaults(rtol=1e-1, atol=5e-2),
+}
+"""Per precision: max relative / absolute error against the ONNX Runtime reference."""
+
+
+# ---------------------------------------------------------------------------------------------- spec
+
+
+class SecretReference(LocalObjectReference):
+    """A Secret in the TRTEngine's namespace holding credentials to fetch the model."""
+
+
+class ModelSource(ApiModel):
+    """Where the ONNX model comes from."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("!has(self.secretRef) || !self.uri.startsWith('pvc://')",
+             "secretRef applies to s3:// and https:// models only", fieldPath=".secretRef"),
+    ]})
+
+    uri: str = Field(
+        max_length=2048, pattern=MODEL_URI_PATTERN,
+        description="s3://bucket/key, pvc://claim/path (a PVC in the store namespace) or https://host/path.",
+    )
+    sha256: str | None = Field(
+        default=None, pattern=SHA256_PATTERN,
+        description="Pin: 64 lowercase hex digits; the build fails if the model differs.",
+    )
+    secret_ref: SecretReference | None = Field(
+        default=None,
+        description="Secret (same namespace) with credentials for s3:// (AWS_* keys) or https:// (token).",
+    )
+
+    @model_validator(mode="after")
+    def _secret_scheme(self) -> ModelSource:
+        if self.secret_ref is not None and self.uri.startswith("pvc://"):
+            raise ValueError("model.secretRef applies to s3:// and https:// models only")
+        return self
+
+
+class ShapeRangeSpec(ApiModel):
+    """min/opt/max shape of one input; every dimension must satisfy min <= opt <= max."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("size(self.min) == size(self.opt) && size(self.opt) == size(self.max)",
+             "min, opt and max must have the same number of dimensions"),
+        _cel("[0, 1, 2, 3, 4, 5, 6, 7].all(i, i >= size(self.min) || i >= size(self.opt) || "
+             "i >= size(self.max) || (self.min[i] <= self.opt[i] && self.opt[i] <= self.max[i]))",
+             "every dimension must satisfy min <= opt <= max"),
+    ]})
+
+    min: list[Annotated[int, Field(ge=1)]] = Field(min_length=1, max_length=MAX_RANK,
+                                                  description="Smallest shape.")
+    opt: list[Annotated[int, Field(ge=1)]] = Field(min_length=1, max_length=MAX_RANK,
+                                                  description="Shape TensorRT tunes for.")
+    max: list[Annotated[int, Field(ge=1)]] = Field(min_length=1, max_length=MAX_RANK,
+                                                  description="Largest shape.")
+
+    def to_contract(self) -> ShapeRange:
+        """The contract's :class:`ShapeRange` (validates the same rules)."""
+        return ShapeRange(min=tuple(self.min), opt=tuple(self.opt), max=tuple(self.max))
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ShapeRangeSpec:
+        self.to_contract()
+        return self
+
+
+class OptimizationProfile(ApiModel):
+    """One TensorRT optimization profile: a shape range per dynamic input."""
+
+    inputs: dict[Annotated[str, Field(max_length=256)], ShapeRangeSpec] = Field(
+        min_length=1, max_length=32, description="Input tensor name -> its shape range.",
+    )
+
+
+class BuilderSettings(ApiModel):
+    """TensorRT builder settings."""
+
+    optimization_level: int = Field(default=3, ge=0, le=5,
+                                    description="Builder optimization level 0-5; higher builds slower.")
+    workspace: NonNegativeQuantity | None = Field(
+        default=None, description="Workspace memory pool limit, a quantity like 4Gi; unset: TensorRT's default.",
+    )
+    hardware_compatibility: HardwareCompatibility = Field(
+        default="none", description="none, sameComputeCapability or amperePlus.",
+    )
+    version_compatible: bool = Field(default=False,
+                                     description="Build a version-compatible engine (lean runtime).")
+    strip_weights: bool = Field(default=False, description="Build a weight-stripped engine.")
+    timing_cache: bool = Field(default=True,
+                               description="Use and update the shared timing cache for this GPU.")
+    timeout_seconds: int = Field(default=3600, ge=60, le=86400,
+                                 description="Deadline of one build Job.")
+
+
+class EngineTarget(ApiModel):
+    """A GPU type to build for: a nvidia.com/gpu.product value (or cpu) and optionally a MIG profile."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("self.gpu != 'cpu' || !has(self.mig)", "a cpu target has no MIG profile", fieldPath=".mig"),
+    ]})
+
+    gpu: str = Field(min_length=1, max_length=63, pattern=GPU_PRODUCT_PATTERN,
+                     description="nvidia.com/gpu.product label value, e.g. NVIDIA-H100-80GB-HBM3, or cpu.")
+    mig: str | None = Field(default=None, max_length=32, pattern=MIG_PROFILE_PATTERN,
+                            description="MIG profile like 3g.40gb; unset means the full GPU.")
+
+    def to_contract(self) -> GPUTarget:
+        return GPUTarget(gpu=self.gpu, mig=self.mig)
+
+    @model_validator(mode="after")
+    def _cpu_no_mig(self) -> EngineTarget:
+        if self.gpu == CPU and self.mig is not None:
+            raise ValueError("a cpu target has no MIG profile")
+        return self
+
+
+class AutoTargets(ApiModel):
+    """Derive targets from the GPU node types in the cluster (GPU Feature Discovery labels)."""
+
+    enabled: bool = Field(default=False, description="Build for every GPU type found on matching nodes.")
+    node_selector: dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, max_length=32,
+        description="Only nodes with all these labels count.",
+    )
+    include_mig: bool = Field(
+        default=True, alias="includeMIG",
+        description="Also build for MIG profiles on nodes with nvidia.com/mig.config.state=success.",
+    )
+
+    def selects(self, node_labels: Mapping[str, str]) -> bool:
+        """Whether a Node with these labels is considered by autoTargets."""
+        return all(node_labels.get(k) == v for k, v in self.node_selector.items())
+
+
+class ValidationSpec(ApiModel):
+    """Accuracy check of a built engine against an ONNX Runtime reference."""
+
+    samples: int = Field(default=8, ge=1, le=1024, description="Random inputs to compare.")
+    rtol: float | None = Field(default=None, ge=0, le=1,
+                               description="Max relative error; unset: the precision's default.")
+    atol: float | None = Field(default=None, ge=0,
+                               description="Max absolute error; unset: the precision's default.")
+
+
+class ValidationSettings(BaseModel):
+    """Validation with tolerances resolved for the engine's precision."""
+
+    model_config = ConfigDict(frozen=True)
+    samples: int
+    rtol: float
+    atol: float
+
+
+_TARGETS_XOR_AUTO = (
+    "(has(self.targets) && size(self.targets) > 0) != "
+    "(has(self.autoTargets) && has(self.autoTargets.enabled) && self.autoTargets.enabled)"
+)
+_UNIQUE_TARGETS = (
+    "self.all(t, self.exists_one(u, u.gpu == t.gpu && "
+    "(has(u.mig) ? u.mig : '') == (has(t.mig) ? t.mig : '')))"
+)
+_SAME_INPUTS = (
+    "self.all(p, size(p.inputs) == size(self[0].inputs) && p.inputs.all(k, k in self[0].inputs))"
+)
+
+
+class TRTEngineSpec(ApiModel):
+    """What to build and for which GPUs."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel(_TARGETS_XOR_AUTO, "set either targets or autoTargets.enabled: true, not both"),
+    ]})
+
+    model: ModelSource = Field(description="The ONNX model.")
+    precision: Precision = Field(default="fp16", description="fp32, fp16, bf16, int8, fp8 or auto.")
+    profiles: list[OptimizationProfile] = Field(
+        default_factory=list, max_length=MAX_PROFILES,
+        description="Optimization profiles for dynamic inputs; empty for static shapes.",
+        json_schema_extra={"x-kubernetes-validations": [
+            _cel(_SAME_INPUTS, "every profile must list the same inputs"),
+        ]},
+    )
+    builder: BuilderSettings = Field(default_factory=BuilderSettings, description="Builder settings.",
+                                     json_schema_extra={"default": {}})
+    targets: list[EngineTarget] = Field(
+        default_factory=list, max_length=MAX_TARGETS,
+        description="GPU types to build for. Set this or autoTargets.",
+        json_schema_extra={"x-kubernetes-validations": [
+            _cel(_UNIQUE_TARGETS, "targets must be unique (gpu, mig) pairs"),
+        ]},
+    )
+    auto_targets: AutoTargets | None = Field(
+        default=None, description="Derive targets from the cluster's GPU nodes instead of listing them.",
+    )
+    validation: ValidationSpec = Field(default_factory=ValidationSpec, description="Accuracy validation.",
+                                       json_schema_extra={"default": {}})
+
+    @model_validator(mode="after")
+    def _rules(self) -> TRTEngineSpec:
+        auto = self.auto_targets is not None and self.auto_targets.enabled
+        if bool(self.targets) == auto:
+            raise ValueError("set either targets or autoTargets.enabled: true, not both")
+        seen = set()
+        for t in self.targets:
+            if (t.gpu, t.mig) in seen:
+                raise ValueError(f"targets must be unique (gpu, mig) pairs; {t.gpu}/{t.mig} repeats")
+            seen.add((t.gpu, t.mig))
+        if self.profiles:
+            names = set(self.profiles[0].inputs)
+            for i, p in enumerate(self.profiles):
+                if set(p.inputs) != names:
+                    raise ValueError(f"profiles[{i}] lists inputs {sorted(p.inputs)}, expected {sorted(names)}"
+                                     " (every profile must list the same inputs)")
+        return self
+
+    def workspace_bytes(self) -> int | None:
+        """``builder.workspace`` in bytes, or None when unset."""
+        w = self.builder.workspace
+        return None if w is None else quantity_to_bytes(w)
+
+    def build_config(self) -> BuildConfig:
+        """The normalised build settings that go into the engine key."""
+        return BuildConfig(
+            precision=self.precision,
+            profiles=tuple({name: r.to_contract() for name, r in p.inputs.items()} for p in self.profiles),
+            optimization_level=self.builder.optimization_level,
+            workspace_bytes=self.workspace_bytes(),
+            hardware_compatibility=self.builder.hardware_compatibility,
+            version_compatible=self.builder.version_compatible,
+            strip_weights=self.builder.strip_weights,
+        )
+
+    def explicit_targets(self) -> list[GPUTarget]:
+        """``spec.targets`` as contract targets, in the order given."""
+        return [t.to_contract() for t in self.targets]
+
+    def resolved_targets(self, discovered: Iterable[GPUTarget] = ()) -> list[GPUTarget]:
+        """The targets to build: explicit ones, or with autoTargets the ``discovered`` ones.
+
+        ``discovered``: targets the operator found on Nodes that :meth:`AutoTargets.selects` (MIG only
+        where ``nvidia.com/mig.config.state=success``). MIG targets are dropped unless ``includeMIG``;
+        the result is deduplicated and sorted by target name.
+        """
+        if self.targets:
+            return self.explicit_targets()
+        auto = self.auto_targets
+        if auto is None or not auto.enabled:
+            return []
+        found = {t for t in discovered if auto.include_mig or t.mig is None}
+        return sorted(found, key=lambda t: (t.name, t.gpu, t.mig or ""))
+
+    def validation_settings(self) -> ValidationSettings:
+        """Samples and tolerances, rtol/atol defaulted from :data:`DEFAULT_TOLERANCES` by precision."""
+        d = DEFAULT_TOLERANCES[self.precision]
+        v = self.validation
+        return ValidationSettings(
+            samples=v.samples,
+            rtol=d.rtol if v.rtol is None else v.rtol,
+            atol=d.atol if v.atol is None else v.atol,
+        )
+
+
+# -------------------------------------------------------------------------------------------- status
+
+
+class Accuracy(ApiModel):
+    """Accuracy of the built engine against the ONNX Runtime reference."""
+
+    max_abs_error: float | None = Field(default=None, ge=0, description="Largest absolute error seen.")
+    max_rel_error: float | None = Field(default=None, ge=0, description="Largest relative error seen.")
+    passed: bool | None = Field(default=None, description="Within the tolerances.")
+
+
+class TargetStatus(ApiModel):
+    """The engine of one GPU target."""
+
+    name: str = Field(max_length=63, description="Target name (GPUTarget.name), e.g. h100-80gb-hbm3-mig-3g.40gb.")
+    gpu: str = Field(max_length=63, description="nvidia.com/gpu.product value or cpu.")
+    mig: str | None = Field(default=None, max_length=32, description="MIG profile, unset for the full GPU.")
+    phase: TargetPhase = Field(default="Pending", description="Pending, Building, Ready or Failed.")
+    engine_key: str | None = Field(default=None, max_length=64, description="Engine key (sha256 hex).")
+    engine_uri: str | None = Field(default=None, alias="engineURI", max_length=2048,
+                                   description="Where the engine is stored.")
+    sha256: str | None = Field(default=None, max_length=64, description="sha256 of the engine file.")
+    size_bytes: int | None = Field(default=None, ge=0, description="Engine file size.")
+    backend: Backend | None = Field(default=None, description="tensorrt or onnxruntime.")
+    backend_version: str | None = Field(default=None, max_length=64, description="Exact backend version.")
+    compute_capability: str | None = Field(default=None, max_length=16,
+                                           description="Compute capability, e.g. 9.0.")
+    build_seconds: float | None = Field(default=None, ge=0, description="Build time.")
+    cache_hit: bool | None = Field(default=None, description="Reused from the store, no build.")
+    accuracy: Accuracy | None = Field(default=None, description="Validation figures.")
+    job_name: str | None = Field(default=None, max_length=63, description="Build Job, if one ran.")
+    attempts: int | None = Field(default=None, ge=0, description="Build attempts for this engine key.")
+    last_attempt_time: Time | None = Field(default=None, description="When the last build started.")
+    reason: str | None = Field(default=None, max_length=128, description="CamelCase reason of the phase.")
+    message: str | None = Field(default=None, max_length=4096, description="One line on the phase.")
+
+    def target(self) -> GPUTarget:
+        return GPUTarget(gpu=self.gpu, mig=self.mig)
+
+
+class TRTEngineStatus(ApiModel):
+    """Observed state, written only by the operator."""
+
+    observed_generation: int | None = Field(default=None, ge=0,
+                                            description="The metadata.generation last acted on.")
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=16,
+        description="Ready, Building, Degraded, Stalled.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    targets: list[TargetStatus] = Field(
+        default_factory=list, max_length=MAX_TARGETS * 4, description="One entry per resolved target.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    ready_targets: str | None = Field(default=None, max_length=16,
+                                      description='Ready targets out of all, like "2/3".')
+
+
+# ------------------------------------------------------------------------------------------ resource
+
+
+class TRTEngine(ApiModel):
+    """A TensorRT engine built from one ONNX model for one or more GPU types."""
+
+    KIND: ClassVar[str] = "TRTEngine"
+    PLURAL: ClassVar[str] = "trtengines"
+    SINGULAR: ClassVar[str] = "trtengine"
+    SHORT_NAMES: ClassVar[list[str]] = ["trte"]
+    PRINTER_COLUMNS: ClassVar[list[dict[str, Any]]] = [
+        {"name": "Ready", "type": "string", "jsonPath": ".status.readyTargets",
+         "description": "Ready targets out of all"},
+        {"name": "Precision", "type": "string", "jsonPath": ".spec.precision"},
+        {"name": "Status", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+         "description": "Reason of the Ready condition"},
+        {"name": "Model", "type": "string", "jsonPath": ".spec.model.uri", "priority": 1},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+
+    api_version: Literal["trtforge.io/v1alpha1"] = API_VERSION
+    kind: Literal["TRTEngine"] = "TRTEngine"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: TRTEngineSpec
+    status: TRTEngineStatus = Field(default_factory=TRTEngineStatus)

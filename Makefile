@@ -33,6 +33,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 	@echo ">> installing Python packages into $(VENV)"
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	@# Type hints for the real TensorRT API; --no-deps because its `tensorrt` dependency is a stub that
+	@# downloads from NVIDIA's own index, unreachable from most CI machines.
+	$(BIN)/pip install -q --no-deps 'tensorrt-stubs>=10'
 	@touch $@
 venv: $(VENV)/.installed
 

@@ -29,8 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trtforge", description=__doc__)
     parser.add_argument("--version", action="version", version=f"trtforge {__version__}")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
-    parser.add_argument("--log-format", choices=["text", "json"], default=None,
-                        help="log line format (default: json when stderr is not a terminal)")
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=None,
+        help="log line format (default: json when stderr is not a terminal)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module_name in SUBCOMMANDS.values():
         try:

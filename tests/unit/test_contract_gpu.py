@@ -41,7 +41,7 @@ def test_long_target_names_stay_short_and_distinct() -> None:
 
 
 def test_bad_mig_profile_is_refused_with_the_expected_form() -> None:
-    with pytest.raises(ValidationError, match="1g.10gb"):
+    with pytest.raises(ValidationError, match=r"1g\.10gb"):
         GPUTarget(gpu="NVIDIA-B200", mig="three-slices")
 
 
@@ -67,7 +67,7 @@ def test_identity_from_table() -> None:
 
 
 def test_identity_rejects_a_profile_the_product_does_not_have() -> None:
-    with pytest.raises(UnknownTargetError, match="1g.10gb.*B200|B200.*1g.10gb"):
+    with pytest.raises(UnknownTargetError, match=r"1g\.10gb.*B200|B200.*1g\.10gb"):
         identity_for_target(GPUTarget(gpu="NVIDIA-B200", mig="1g.10gb"))
 
 
@@ -79,5 +79,5 @@ def test_identity_of_unknown_product_needs_labels() -> None:
 
 
 def test_identity_disagreeing_with_the_table_is_refused() -> None:
-    with pytest.raises(UnknownTargetError, match="expected 9.0"):
+    with pytest.raises(UnknownTargetError, match=r"expected 9\.0"):
         identity_for_target(GPUTarget(gpu="NVIDIA-H200"), compute_capability="8.0")

@@ -21,8 +21,14 @@ from trtforge.contract.gpu_probe import (
 
 def gpu_file(tmp_path: Path, arch: str = "amd64") -> Path:
     devices = [
-        GPUDevice(index=i, uuid=f"GPU-{i}", name="NVIDIA H100 80GB HBM3", memory_mib=81559,
-                  compute_capability="9.0", sm_count=132)
+        GPUDevice(
+            index=i,
+            uuid=f"GPU-{i}",
+            name="NVIDIA H100 80GB HBM3",
+            memory_mib=81559,
+            compute_capability="9.0",
+            sm_count=132,
+        )
         for i in range(2)
     ]
     path = tmp_path / "gpus.json"

@@ -32,8 +32,9 @@ class ShapeRange(BaseModel):
     @model_validator(mode="after")
     def _ordered(self) -> ShapeRange:
         if not (len(self.min) == len(self.opt) == len(self.max)):
-            raise ValueError(f"min {list(self.min)}, opt {list(self.opt)} and max {list(self.max)} "
-                             "must have the same rank")
+            raise ValueError(
+                f"min {list(self.min)}, opt {list(self.opt)} and max {list(self.max)} must have the same rank"
+            )
         for i, (a, b, c) in enumerate(zip(self.min, self.opt, self.max, strict=True)):
             if a < 1:
                 raise ValueError(f"dimension {i} of min {list(self.min)} must be at least 1")

@@ -57,19 +57,31 @@ def _mig(profiles: list[str], sms_per_g: int, full_sms: int) -> dict[str, int]:
 # Keyed by the GFD `nvidia.com/gpu.product` value (spaces of the NVML name become dashes).
 KNOWN_GPUS: dict[str, KnownGPU] = {
     "NVIDIA-H100-80GB-HBM3": KnownGPU(
-        compute_capability=(9, 0), sm_count=132, memory_mib=81559, arch="amd64",
+        compute_capability=(9, 0),
+        sm_count=132,
+        memory_mib=81559,
+        arch="amd64",
         mig_profiles=_mig(["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"], 16, 132),
     ),
     "NVIDIA-H200": KnownGPU(
-        compute_capability=(9, 0), sm_count=132, memory_mib=143771, arch="amd64",
+        compute_capability=(9, 0),
+        sm_count=132,
+        memory_mib=143771,
+        arch="amd64",
         mig_profiles=_mig(["1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"], 16, 132),
     ),
     "NVIDIA-GH200-480GB": KnownGPU(
-        compute_capability=(9, 0), sm_count=132, memory_mib=97871, arch="arm64",
+        compute_capability=(9, 0),
+        sm_count=132,
+        memory_mib=97871,
+        arch="arm64",
         mig_profiles=_mig(["1g.12gb", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"], 16, 132),
     ),
     "NVIDIA-B200": KnownGPU(
-        compute_capability=(10, 0), sm_count=148, memory_mib=183359, arch="amd64",
+        compute_capability=(10, 0),
+        sm_count=148,
+        memory_mib=183359,
+        arch="amd64",
         mig_profiles=_mig(["1g.23gb", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"], 18, 148),
     ),
 }
@@ -163,8 +175,9 @@ def identity_for_target(
     when the product is known.
     """
     if target.is_cpu:
-        return GPUIdentity(product=CPU, compute_capability="none", mig_profile=FULL_GPU, sm_count=0,
-                           arch=arch or "amd64")
+        return GPUIdentity(
+            product=CPU, compute_capability="none", mig_profile=FULL_GPU, sm_count=0, arch=arch or "amd64"
+        )
     known = KNOWN_GPUS.get(target.gpu)
     mig = target.mig or FULL_GPU
     if known is None:
@@ -173,8 +186,13 @@ def identity_for_target(
                 f"GPU product {target.gpu!r} is not in the known-GPU table; its compute capability must "
                 f"come from the node label {LABEL_CC_MAJOR}/{LABEL_CC_MINOR} or the GPU probe"
             )
-        return GPUIdentity(product=target.gpu, compute_capability=compute_capability, mig_profile=mig,
-                           sm_count=0, arch=arch or "amd64")
+        return GPUIdentity(
+            product=target.gpu,
+            compute_capability=compute_capability,
+            mig_profile=mig,
+            sm_count=0,
+            arch=arch or "amd64",
+        )
     cc = f"{known.compute_capability[0]}.{known.compute_capability[1]}"
     if compute_capability is not None and compute_capability != cc:
         raise UnknownTargetError(
@@ -186,5 +204,6 @@ def identity_for_target(
             f"expected one of {', '.join(known.mig_profiles)}"
         )
     sms = known.mig_profiles[target.mig] if target.mig else known.sm_count
-    return GPUIdentity(product=target.gpu, compute_capability=cc, mig_profile=mig, sm_count=sms,
-                       arch=arch or known.arch)
+    return GPUIdentity(
+        product=target.gpu, compute_capability=cc, mig_profile=mig, sm_count=sms, arch=arch or known.arch
+    )

@@ -61,8 +61,13 @@ class GPUDevice(BaseModel):
         return product_label(name)
 
     def identity(self, arch: str) -> GPUIdentity:
-        return GPUIdentity(product=self.product, compute_capability=self.compute_capability,
-                           mig_profile=self.mig_profile or FULL_GPU, sm_count=self.sm_count, arch=arch)
+        return GPUIdentity(
+            product=self.product,
+            compute_capability=self.compute_capability,
+            mig_profile=self.mig_profile or FULL_GPU,
+            sm_count=self.sm_count,
+            arch=arch,
+        )
 
 
 class GPUProbeError(RuntimeError):
@@ -243,12 +248,18 @@ class NVMLProbe:
         for index, h, profile in self._handles():
             major, minor = nv.nvmlDeviceGetCudaComputeCapability(h)
             sms = self._sm_count(h, major, minor)
-            out.append(GPUDevice(
-                index=index, uuid=_str(nv.nvmlDeviceGetUUID(h)), name=_str(nv.nvmlDeviceGetName(h)),
-                memory_mib=int(nv.nvmlDeviceGetMemoryInfo(h).total) // (1024 * 1024),
-                compute_capability=f"{major}.{minor}", mig_profile=profile, sm_count=sms,
-                driver_version=driver,
-            ))
+            out.append(
+                GPUDevice(
+                    index=index,
+                    uuid=_str(nv.nvmlDeviceGetUUID(h)),
+                    name=_str(nv.nvmlDeviceGetName(h)),
+                    memory_mib=int(nv.nvmlDeviceGetMemoryInfo(h).total) // (1024 * 1024),
+                    compute_capability=f"{major}.{minor}",
+                    mig_profile=profile,
+                    sm_count=sms,
+                    driver_version=driver,
+                )
+            )
         return out
 
     def _sm_count(self, handle: object, major: int, minor: int) -> int:
@@ -319,8 +330,9 @@ def probe_identity(probe: GPUProbe) -> GPUIdentity:
     """The identity of the first visible device, or the CPU identity when there is none."""
     devs = probe.devices()
     if not devs:
-        return GPUIdentity(product=CPU, compute_capability="none", mig_profile=FULL_GPU, sm_count=0,
-                           arch=probe.arch())
+        return GPUIdentity(
+            product=CPU, compute_capability="none", mig_profile=FULL_GPU, sm_count=0, arch=probe.arch()
+        )
     return devs[0].identity(probe.arch())
 
 

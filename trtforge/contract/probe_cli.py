@@ -11,7 +11,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser("gpu", help="inspect GPUs through the probe the builder and runtime use")
     gsub = p.add_subparsers(dest="gpu_command", required=True)
     probe = gsub.add_parser("probe", help="print the visible devices and their engine identity as JSON")
-    probe.add_argument("--probe", default=None, help="nvml | emulated:<file> | none (default: $TRTFORGE_GPU_PROBE)")
+    probe.add_argument(
+        "--probe", default=None, help="nvml | emulated:<file> | none (default: $TRTFORGE_GPU_PROBE)"
+    )
     probe.set_defaults(func=_probe)
 
 

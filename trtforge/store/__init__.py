@@ -1,1 +1,4 @@
-"""Engine store implementations behind :class:`trtforge.store.base.EngineStore`; `open_store(uri)` picks one."""
+"""Engine store implementations behind :class:`trtforge.store.base.EngineStore`.
+
+`open_store(uri)` picks one.
+"""

@@ -1,0 +1,186 @@
+"""The Helm chart without Helm: values against the enforced schema, CRDs against crds/, templates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from test_chart_helpers import CHART, REPO, TEMPLATES, default_values, schema, skeleton, values_with
+
+
+def _errors(values: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft7Validator(schema())
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(values)]
+
+
+def test_schema_is_valid_draft7() -> None:
+    jsonschema.Draft7Validator.check_schema(schema())
+
+
+def test_default_values_validate() -> None:
+    assert _errors(default_values()) == []
+
+
+@pytest.mark.parametrize("path", sorted((CHART / "ci").glob("*-values.yaml")), ids=lambda p: p.name)
+def test_ci_values_validate(path: Path) -> None:
+    """Each CI values file, coalesced over values.yaml as Helm does, passes the schema."""
+    override = yaml.safe_load(path.read_text())
+    assert _errors(values_with(override)) == []
+
+
+def test_ci_values_files_exist() -> None:
+    names = {p.name for p in (CHART / "ci").glob("*-values.yaml")}
+    assert {"pvc-values.yaml", "s3-values.yaml", "ha-values.yaml"} <= names
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ({"operatr": {}}, "Additional properties"),  # a typo at the top
+        ({"operator": {"replicaCount": 2}}, "Additional properties"),  # a typo below
+        ({"images": {"operator": {"tag": "latest"}}}, "should not be valid"),
+        ({"images": {"runtime": {"digest": "sha256:xyz"}}}, "does not match"),
+        ({"operator": {"replicas": 2}}, "greater than the maximum of 1"),  # HA needs peering
+        ({"operator": {"podSecurityContext": {"runAsUser": 0}}}, "less than the minimum"),
+        ({"operator": {"podSecurityContext": {"privileged": True}}}, "Additional properties"),
+        ({"store": {"type": "s3"}}, ""),  # no bucket, no credentials
+        ({"store": {"type": "s3", "s3": {"bucket": "b-1", "existingSecret": ""}}}, ""),
+        ({"store": {"type": "gcs"}}, "is not one of"),
+        ({"store": {"pvc": {"create": False}}}, ""),  # an existing claim needs its name
+        ({"store": {"pvc": {"path": "../etc"}}}, "should not be valid"),
+        ({"build": {"namespace": "Not_A_Namespace"}}, "does not match"),
+        ({"build": {"maxConcurrentPerNamespace": 0}}, "less than the minimum"),
+        ({"build": {"memory": "lots"}}, "is not valid"),
+        ({"service": {"type": "LoadBalancer"}}, "is not one of"),
+        ({"service": {"brokerPort": 80}}, "less than the minimum"),  # non-root cannot bind < 1024
+        ({"engineBackends": {"gpu": {"backend": "tensorrt"}}}, "'version' is a required property"),
+        ({"serviceAccount": {"create": False}}, "should be non-empty"),
+        ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "does not match"),
+    ],
+)
+def test_schema_refuses(override: dict[str, Any], needle: str) -> None:
+    errors = _errors(values_with(override))
+    assert errors, f"{override} was accepted"
+    assert any(needle in e for e in errors), errors
+
+
+def test_schema_accepts_s3_with_existing_secret_or_inline_keys() -> None:
+    base = {"store": {"type": "s3", "s3": {"bucket": "engines"}}}
+    assert _errors(values_with(base, {"store": {"s3": {"existingSecret": "s3-creds"}}})) == []
+    inline = {"store": {"s3": {"accessKeyId": "AKIA", "secretAccessKey": "secret"}}}
+    assert _errors(values_with(base, inline)) == []
+
+
+def test_every_value_key_is_in_the_schema() -> None:
+    """values.yaml documents every key the schema allows at the first two levels, and no other."""
+    values, props = default_values(), schema()["properties"]
+    assert set(values) == set(props)
+    for key, sub in props.items():
+        if isinstance(values[key], dict) and "properties" in sub:
+            assert set(values[key]) == set(sub["properties"]), key
+
+
+# --- CRDs: generated from the API models into crds/ and the chart's crds/ (issue 3 owns the generator)
+
+
+def test_chart_crds_equal_crds_dir() -> None:
+    top = {p.name: p.read_bytes() for p in sorted((REPO / "crds").glob("*.yaml"))}
+    chart = {p.name: p.read_bytes() for p in sorted((CHART / "crds").glob("*.yaml"))}
+    if not top and not chart:
+        pytest.skip("no CRDs generated yet (`trtforge crds` writes both folders)")
+    assert set(chart) == set(top), "charts/trtforge/crds/ and crds/ hold different files: run `make crds`"
+    for name in top:
+        assert chart[name] == top[name], f"{name} differs between crds/ and the chart: run `make crds`"
+    kinds = {yaml.safe_load(b)["spec"]["names"]["kind"] for b in top.values()}
+    assert {"TRTEngine", "InferenceDeployment"} <= kinds
+
+
+# --- Templates: each parses; the wiring that matters is present
+
+
+@pytest.mark.parametrize("path", sorted(TEMPLATES.glob("*.yaml")), ids=lambda p: p.name)
+def test_template_skeleton_parses(path: Path) -> None:
+    docs = skeleton(path.read_text())
+    for d in docs:
+        assert d.get("apiVersion") and d.get("kind"), f"{path.name}: a document without apiVersion/kind"
+        assert "metadata" in d and "name" in d["metadata"], f"{path.name}: a document without a name"
+
+
+def _operator_config_fields() -> dict[str, Any] | None:
+    try:
+        from trtforge_operator.config import OperatorConfig
+    except ImportError:
+        return None
+    fields: dict[str, Any] = {}
+    for name, f in OperatorConfig.model_fields.items():
+        ann = f.annotation
+        sub = getattr(ann, "model_fields", None)
+        fields[name] = set(sub) if sub is not None else None
+    return fields
+
+
+def test_configmap_keys_are_operator_config_fields() -> None:
+    """The chart's config file uses only fields the operator's config model knows (it forbids others)."""
+    fields = _operator_config_fields()
+    if fields is None:
+        pytest.skip("trtforge_operator.config is not importable")
+    (cm,) = skeleton((TEMPLATES / "configmap.yaml").read_text())
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    unknown = set(config) - set(fields)
+    assert not unknown, f"config keys the operator does not know: {unknown}"
+    for key, value in config.items():
+        if isinstance(value, dict) and fields[key] is not None and key != "backends":
+            assert set(value) <= fields[key], f"{key}: {set(value) - fields[key]}"
+    for must in ("store_uri", "build_namespace", "operator_namespace", "builder_image", "runtime_image"):
+        assert must in config
+
+
+def test_deployment_is_single_replica_recreate_by_default() -> None:
+    text = (TEMPLATES / "deployment.yaml").read_text()
+    assert '{{ ternary "RollingUpdate" "Recreate" .Values.operator.peering.enabled }}' in text
+    assert default_values()["operator"]["replicas"] == 1
+    assert default_values()["operator"]["peering"]["enabled"] is False
+
+
+def test_deployment_mounts_the_store_and_config() -> None:
+    (dep,) = skeleton((TEMPLATES / "deployment.yaml").read_text())
+    pod = dep["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert {"config", "tmp", "store", "s3-credentials"} <= set(volumes)  # both store branches
+    (c,) = pod["containers"]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["tmp"]["mountPath"] == "/tmp"  # the only writable path besides the store
+    assert mounts["s3-credentials"]["readOnly"] is True
+    assert mounts["store"]["mountPath"].startswith("/mnt/trtforge/pvc/")  # $TRTFORGE_PVC_ROOT/<claim>
+    env = {e["name"] for e in c["env"]}
+    assert {"TRTFORGE_OPERATOR_CONFIG", "TRTFORGE_S3_CREDENTIALS_DIR", "POD_NAMESPACE"} <= env
+    assert {p["name"] for p in c["ports"]} == {"metrics", "broker", "healthz"}
+    assert c["livenessProbe"]["httpGet"]["port"] == "healthz"
+
+
+def test_images_never_default_to_a_mutable_tag() -> None:
+    images = default_values()["images"]
+    for name, img in images.items():
+        assert img["tag"] in ("",) or img["tag"] not in ("latest", "main", "master"), name
+    helpers = (TEMPLATES / "_helpers.tpl").read_text()
+    assert "default $root.Chart.AppVersion $img.tag" in helpers
+
+
+def test_servicemonitor_is_optional() -> None:
+    text = (TEMPLATES / "servicemonitor.yaml").read_text()
+    assert text.startswith("{{- if .Values.metrics.serviceMonitor.enabled }}")
+    assert default_values()["metrics"]["serviceMonitor"]["enabled"] is False
+
+
+def test_store_claim_survives_uninstall() -> None:
+    (pvc, _secret) = skeleton((TEMPLATES / "store.yaml").read_text())
+    assert pvc["kind"] == "PersistentVolumeClaim"
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_notes_tell_the_crd_upgrade_path() -> None:
+    notes = (TEMPLATES / "NOTES.txt").read_text()
+    assert "kubectl apply --server-side -f charts/trtforge/crds/" in notes

@@ -1,0 +1,170 @@
+"""Least privilege, read from the chart's RBAC templates as they are (they are static YAML)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_chart_helpers import FULLNAME, RELEASE_NAMESPACE, REPO, TEMPLATES, skeleton, substitute_static
+
+STATIC_RBAC = [
+    "rbac-operator.yaml",
+    "rbac-build.yaml",
+    "rbac-peering.yaml",
+    "rbac-tenant.yaml",
+    "rbac-model-secrets.yaml",
+]
+KNOWN_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
+DANGEROUS_VERBS = {"escalate", "bind", "impersonate", "approve", "sign", "*"}
+
+
+def _docs(name: str) -> list[dict[str, Any]]:
+    docs = list(yaml.safe_load_all(substitute_static((TEMPLATES / name).read_text())))
+    return [d for d in docs if d]
+
+
+def _roles() -> list[dict[str, Any]]:
+    return [d for name in STATIC_RBAC for d in _docs(name) if d["kind"] in ("Role", "ClusterRole")]
+
+
+def _role(name: str) -> dict[str, Any]:
+    (role,) = [r for r in _roles() if r["metadata"]["name"] == name]
+    return role
+
+
+def _grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+
+
+def test_every_rbac_template_is_covered() -> None:
+    rbac = {p.name for p in TEMPLATES.glob("rbac-*.yaml")}
+    assert rbac == {*STATIC_RBAC, "rbac-model-secrets-bindings.yaml"}
+
+
+@pytest.mark.parametrize("name", STATIC_RBAC)
+def test_rbac_templates_are_static(name: str) -> None:
+    """Only names are templated: substitute_static fails on anything else (values, conditions inside)."""
+    assert _docs(name)
+
+
+def test_no_wildcards_and_verbs_listed() -> None:
+    roles = _roles()
+    assert len(roles) >= 5
+    for role in roles:
+        for rule in role["rules"]:
+            where = f"{role['metadata']['name']}: {rule}"
+            for field in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+                assert "*" not in rule.get(field, []), where
+                assert not any("*" in str(x) for x in rule.get(field, [])), where
+            assert rule["verbs"], where
+            assert set(rule["verbs"]) <= KNOWN_VERBS, where
+            assert not set(rule["verbs"]) & DANGEROUS_VERBS, where
+            assert "nonResourceURLs" not in rule, where
+
+
+def test_secrets_only_in_build_namespace_and_model_secrets_get() -> None:
+    for role in _roles():
+        secret_verbs = {v for g, r, v in _grants(role) if g == "" and r == "secrets"}
+        name = role["metadata"]["name"]
+        if name == f"{FULLNAME}-build":
+            assert role["kind"] == "Role" and role["metadata"]["namespace"] == RELEASE_NAMESPACE
+        elif name == f"{FULLNAME}-model-secrets":
+            assert secret_verbs == {"get"}, "model secrets: get by name only, never list or watch"
+        else:
+            assert not secret_verbs, f"{name} may not touch Secrets"
+
+
+def test_operator_cluster_role_is_cluster_wide_only_where_needed() -> None:
+    role = _role(f"{FULLNAME}-operator")
+    assert role["kind"] == "ClusterRole"
+    resources = {(g, r) for g, r, _ in _grants(role)}
+    # Build-namespace things are never granted cluster-wide.
+    for g, r in [("batch", "jobs"), ("", "persistentvolumeclaims"), ("", "secrets"), ("", "configmaps")]:
+        assert (g, r) not in resources, f"{g}/{r} belongs in the build namespace's Role"
+    grants = _grants(role)
+    assert ("", "nodes", "get") in grants and not {v for g, r, v in grants if r == "nodes"} - {
+        "get",
+        "list",
+        "watch",
+    }, "nodes: read only"
+    assert ("authentication.k8s.io", "tokenreviews", "create") in grants
+    assert ("", "events", "create") in grants
+    assert ("", "pods", "create") not in grants, "the operator moves pods by deleting them, never makes one"
+    assert {v for g, r, v in grants if r in ("trtengines", "inferencedeployments")} == {
+        "get",
+        "list",
+        "watch",
+        "patch",
+    }, "the operator never creates, replaces or deletes tenants' resources"
+
+
+def test_crd_resources_in_rules_exist() -> None:
+    plurals = set()
+    for p in (REPO / "crds").glob("*.yaml"):
+        crd = yaml.safe_load(p.read_text())
+        plurals.add(crd["spec"]["names"]["plural"])
+    if not plurals:
+        pytest.skip("no CRDs generated yet")
+    for role in _roles():
+        for g, r, _ in _grants(role):
+            if g == "trtforge.io":
+                assert r.split("/")[0] in plurals, r
+                assert r.split("/")[1:] in ([], ["status"], ["finalizers"]), r
+
+
+def test_build_role_is_namespaced_in_the_build_namespace() -> None:
+    role = _role(f"{FULLNAME}-build")
+    assert role["kind"] == "Role"
+    grants = _grants(role)
+    assert ("batch", "jobs", "create") in grants
+    assert ("batch", "jobs", "delete") in grants
+    assert ("", "pods", "get") in grants
+    (binding,) = [d for d in _docs("rbac-build.yaml") if d["kind"] == "RoleBinding"]
+    assert binding["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": FULLNAME, "namespace": RELEASE_NAMESPACE}
+    ]
+    text = (TEMPLATES / "rbac-build.yaml").read_text()
+    assert text.count('namespace: {{ include "trtforge.buildNamespace" . }}') == 2
+
+
+def test_tenant_roles_aggregate_into_view_and_edit() -> None:
+    view, edit = _role(f"{FULLNAME}-view"), _role(f"{FULLNAME}-edit")
+    for role in (view, edit):
+        assert role["kind"] == "ClusterRole"
+        assert {g for g, _, _ in _grants(role)} == {"trtforge.io"}, "tenant roles grant only trtforge kinds"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert "rbac.authorization.k8s.io/aggregate-to-view" not in edit["metadata"]["labels"]
+    assert {v for _, _, v in _grants(view)} == {"get", "list", "watch"}
+    edit_resources = {r for _, r, _ in _grants(edit)}
+    assert edit_resources == {"trtengines", "inferencedeployments"}, "tenants never write status"
+
+
+def test_bindings_name_the_charts_service_account() -> None:
+    for name in STATIC_RBAC:
+        for d in _docs(name):
+            if d["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+                assert d["subjects"] == [
+                    {"kind": "ServiceAccount", "name": FULLNAME, "namespace": RELEASE_NAMESPACE}
+                ]
+                assert d["roleRef"]["name"] == d["metadata"]["name"]
+
+
+def test_model_secret_bindings_are_per_namespace_unless_asked() -> None:
+    path: Path = TEMPLATES / "rbac-model-secrets-bindings.yaml"
+    docs = skeleton(path.read_text())
+    assert {d["kind"] for d in docs} == {"ClusterRoleBinding", "RoleBinding"}
+    for d in docs:
+        assert d["roleRef"]["kind"] == "ClusterRole"
+    text = path.read_text()
+    assert "{{- if .Values.rbac.modelSecrets.allNamespaces }}" in text
+    assert "{{- range .Values.rbac.modelSecrets.namespaces }}" in text

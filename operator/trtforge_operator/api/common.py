@@ -12,14 +12,14 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 from pydantic.alias_generators import to_camel
 
-GROUP = "trtforge.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
+GROUP: Final = "trtforge.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = "trtforge.io/v1alpha1"
 
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -88,12 +88,16 @@ class Condition(ApiModel):
     """One aspect of the resource's state, as in Kubernetes' metav1.Condition."""
 
     type: str = Field(
-        min_length=1, max_length=316, pattern=r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$",
+        min_length=1,
+        max_length=316,
+        pattern=r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$",
         description="Condition type, e.g. Ready.",
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(
-        min_length=1, max_length=1024, pattern=CONDITION_REASON,
+        min_length=1,
+        max_length=1024,
+        pattern=CONDITION_REASON,
         description="One CamelCase word saying why, for machines.",
     )
     message: str = Field(default="", max_length=32768, description="What happened, for humans.")
@@ -125,8 +129,12 @@ def set_condition(
     old = get_condition(conditions, type_)
     when = old.last_transition_time if old is not None and old.status == status else (at or now())
     new = Condition(
-        type=type_, status=status, reason=reason, message=message,
-        last_transition_time=when, observed_generation=observed_generation,
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=when,
+        observed_generation=observed_generation,
     )
     if old is None:
         return [*conditions, new]

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
 
 from trtforge.contract.gpu import CPU, GPUTarget
 from trtforge_operator.api.common import (
@@ -48,11 +48,13 @@ def _check_quantity(v: int | str) -> int | str:
 Quantity = Annotated[
     int | str,
     AfterValidator(_check_quantity),
-    WithJsonSchema({
-        "anyOf": [{"type": "integer"}, {"type": "string"}],
-        "pattern": QUANTITY_PATTERN,
-        "x-kubernetes-int-or-string": True,
-    }),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
 ]
 """A Kubernetes quantity: ``500m``, ``2Gi``, ``1``."""
 
@@ -69,11 +71,13 @@ def _check_int_or_percent(v: int | str) -> int | str:
 IntOrPercent = Annotated[
     int | str,
     AfterValidator(_check_int_or_percent),
-    WithJsonSchema({
-        "anyOf": [{"type": "integer"}, {"type": "string"}],
-        "pattern": INT_OR_PERCENT_PATTERN,
-        "x-kubernetes-int-or-string": True,
-    }),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": INT_OR_PERCENT_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
 ]
 """A count or a percentage (``1`` or ``"25%"``), as in a Deployment's rolling update."""
 
@@ -88,12 +92,21 @@ class EngineReference(LocalObjectReference):
 class DeploymentTarget(ApiModel):
     """One engine target to serve, optionally with its own replica count."""
 
-    gpu: str = Field(min_length=1, max_length=63, pattern=GPU_PRODUCT_PATTERN,
-                     description="nvidia.com/gpu.product value (or cpu) of an engine target.")
-    mig: str | None = Field(default=None, max_length=32, pattern=MIG_PROFILE_PATTERN,
-                            description="MIG profile of that engine target; unset for the full GPU.")
-    replicas: int | None = Field(default=None, ge=0, le=1000,
-                                 description="Replicas on this target; unset: spec.replicas.")
+    gpu: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=GPU_PRODUCT_PATTERN,
+        description="nvidia.com/gpu.product value (or cpu) of an engine target.",
+    )
+    mig: str | None = Field(
+        default=None,
+        max_length=32,
+        pattern=MIG_PROFILE_PATTERN,
+        description="MIG profile of that engine target; unset for the full GPU.",
+    )
+    replicas: int | None = Field(
+        default=None, ge=0, le=1000, description="Replicas on this target; unset: spec.replicas."
+    )
 
     def to_contract(self) -> GPUTarget:
         return GPUTarget(gpu=self.gpu, mig=self.mig)
@@ -103,9 +116,11 @@ class ResourceRequirements(ApiModel):
     """Compute resources of a runtime container, as in a Pod (the GPU is added by the operator)."""
 
     limits: dict[Annotated[str, Field(max_length=253)], Quantity] = Field(
-        default_factory=dict, description="Maximum resources, e.g. cpu: 4, memory: 16Gi.")
+        default_factory=dict, description="Maximum resources, e.g. cpu: 4, memory: 16Gi."
+    )
     requests: dict[Annotated[str, Field(max_length=253)], Quantity] = Field(
-        default_factory=dict, description="Guaranteed resources.")
+        default_factory=dict, description="Guaranteed resources."
+    )
 
 
 class EnvVar(ApiModel):
@@ -114,7 +129,8 @@ class EnvVar(ApiModel):
     name: str = Field(min_length=1, max_length=256, description="Variable name.")
     value: str | None = Field(default=None, description="Literal value.")
     value_from: dict[str, Any] | None = Field(
-        default=None, description="A source for the value (secretKeyRef, configMapKeyRef, fieldRef, ...).",
+        default=None,
+        description="A source for the value (secretKeyRef, configMapKeyRef, fieldRef, ...).",
         json_schema_extra={"type": "object", "x-kubernetes-preserve-unknown-fields": True},
     )
 
@@ -126,38 +142,47 @@ class Toleration(ApiModel):
     operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
     value: str | None = Field(default=None, max_length=63, description="Taint value for Equal.")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
-        default=None, description="Taint effect; unset matches all.")
+        default=None, description="Taint effect; unset matches all."
+    )
     toleration_seconds: int | None = Field(default=None, description="For NoExecute: how long to stay.")
 
 
 class Batching(ApiModel):
     """Dynamic batching of requests in the runtime."""
 
-    max_batch_size: int = Field(default=1, ge=1, le=4096,
-                                description="Largest batch formed; 1 turns batching off.")
-    max_queue_delay_microseconds: int = Field(default=0, ge=0, le=10_000_000,
-                                              description="Longest a request waits for a batch to fill.")
+    max_batch_size: int = Field(
+        default=1, ge=1, le=4096, description="Largest batch formed; 1 turns batching off."
+    )
+    max_queue_delay_microseconds: int = Field(
+        default=0, ge=0, le=10_000_000, description="Longest a request waits for a batch to fill."
+    )
 
 
 class RuntimeSettings(ApiModel):
     """The runtime pods."""
 
-    image: str | None = Field(default=None, max_length=1024,
-                              description="Runtime image; unset: the operator's configured image.")
+    image: str | None = Field(
+        default=None, max_length=1024, description="Runtime image; unset: the operator's configured image."
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
-        default=None, description="Always, IfNotPresent or Never.")
+        default=None, description="Always, IfNotPresent or Never."
+    )
     resources: ResourceRequirements = Field(
-        default_factory=ResourceRequirements, description="CPU and memory of the runtime container.")
-    env: list[EnvVar] = Field(default_factory=list, max_length=64,
-                              description="Extra environment variables.")
-    port: int = Field(default=8000, ge=1, le=65535,
-                      description="HTTP port of the inference protocol (KServe v2).")
-    batching: Batching = Field(default_factory=Batching, description="Dynamic batching.",
-                               json_schema_extra={"default": {}})
-    instances: int = Field(default=1, ge=1, le=16,
-                           description="Engine execution contexts per pod (concurrent requests).")
-    tolerations: list[Toleration] = Field(default_factory=list, max_length=32,
-                                          description="Tolerations added to the runtime pods.")
+        default_factory=ResourceRequirements, description="CPU and memory of the runtime container."
+    )
+    env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment variables.")
+    port: int = Field(
+        default=8000, ge=1, le=65535, description="HTTP port of the inference protocol (KServe v2)."
+    )
+    batching: Batching = Field(
+        default_factory=Batching, description="Dynamic batching.", json_schema_extra={"default": {}}
+    )
+    instances: int = Field(
+        default=1, ge=1, le=16, description="Engine execution contexts per pod (concurrent requests)."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Tolerations added to the runtime pods."
+    )
 
 
 class Rollout(ApiModel):
@@ -166,17 +191,22 @@ class Rollout(ApiModel):
     max_surge: IntOrPercent = Field(default="25%", description="Extra pods during a rollout.")
     max_unavailable: IntOrPercent = Field(default=0, description="Pods that may be missing during a rollout.")
     progress_deadline_seconds: int = Field(
-        default=600, ge=30, le=86400,
-        description="After this long without progress the rollout is reported Degraded.")
+        default=600,
+        ge=30,
+        le=86400,
+        description="After this long without progress the rollout is reported Degraded.",
+    )
 
 
 class FaultPolicy(ApiModel):
     """What to do on a GPU fault."""
 
-    rebuild_on_gpu_fault: bool = Field(default=True, alias="rebuildOnGPUFault",
-                                       description="Rebuild the target's engine on a healthy node.")
-    max_rebuilds_per_hour: int = Field(default=3, ge=0, le=60,
-                                       description="Cap on fault-triggered rebuilds per target.")
+    rebuild_on_gpu_fault: bool = Field(
+        default=True, alias="rebuildOnGPUFault", description="Rebuild the target's engine on a healthy node."
+    )
+    max_rebuilds_per_hour: int = Field(
+        default=3, ge=0, le=60, description="Cap on fault-triggered rebuilds per target."
+    )
 
 
 _UNIQUE_TARGETS = (
@@ -191,18 +221,24 @@ class InferenceDeploymentSpec(ApiModel):
     engine_ref: EngineReference = Field(description="The TRTEngine (same namespace) to serve.")
     replicas: int = Field(default=1, ge=0, le=1000, description="Replicas per target.")
     targets: list[DeploymentTarget] = Field(
-        default_factory=list, max_length=MAX_TARGETS,
+        default_factory=list,
+        max_length=MAX_TARGETS,
         description="Serve only these engine targets (with optional per-target replicas); empty: all.",
-        json_schema_extra={"x-kubernetes-validations": [
-            {"rule": _UNIQUE_TARGETS, "message": "targets must be unique (gpu, mig) pairs"},
-        ]},
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": _UNIQUE_TARGETS, "message": "targets must be unique (gpu, mig) pairs"},
+            ]
+        },
     )
-    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings, description="Runtime pods.",
-                                     json_schema_extra={"default": {}})
-    rollout: Rollout = Field(default_factory=Rollout, description="Progressive rollout.",
-                             json_schema_extra={"default": {}})
-    fault_policy: FaultPolicy = Field(default_factory=FaultPolicy, description="GPU fault handling.",
-                                      json_schema_extra={"default": {}})
+    runtime: RuntimeSettings = Field(
+        default_factory=RuntimeSettings, description="Runtime pods.", json_schema_extra={"default": {}}
+    )
+    rollout: Rollout = Field(
+        default_factory=Rollout, description="Progressive rollout.", json_schema_extra={"default": {}}
+    )
+    fault_policy: FaultPolicy = Field(
+        default_factory=FaultPolicy, description="GPU fault handling.", json_schema_extra={"default": {}}
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> InferenceDeploymentSpec:
@@ -218,7 +254,9 @@ class InferenceDeploymentSpec(ApiModel):
         engine = list(dict.fromkeys(engine_targets))
         if not self.targets:
             return {t: self.replicas for t in engine}
-        wanted = {t.to_contract(): (self.replicas if t.replicas is None else t.replicas) for t in self.targets}
+        wanted = {
+            t.to_contract(): (self.replicas if t.replicas is None else t.replicas) for t in self.targets
+        }
         return {t: wanted[t] for t in engine if t in wanted}
 
     def uses_gpu(self) -> bool:
@@ -254,30 +292,42 @@ class FaultRecord(ApiModel):
     xid: int | None = Field(default=None, ge=0, description="NVIDIA Xid code, when the fault is one.")
     reason: str | None = Field(default=None, max_length=1024, description="Error, when not an Xid.")
     action: str = Field(max_length=256, description="What the operator did, e.g. PodMoved, Rebuilt.")
-    recovered_seconds: float | None = Field(default=None, ge=0,
-                                            description="Seconds until the target was Ready again.")
+    recovered_seconds: float | None = Field(
+        default=None, ge=0, description="Seconds until the target was Ready again."
+    )
 
 
 class InferenceDeploymentStatus(ApiModel):
     """Observed state, written only by the operator."""
 
-    observed_generation: int | None = Field(default=None, ge=0,
-                                            description="The metadata.generation last acted on.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation last acted on."
+    )
     conditions: list[Condition] = Field(
-        default_factory=list, max_length=16, description="Ready, Progressing, Degraded.",
+        default_factory=list,
+        max_length=16,
+        description="Ready, Progressing, Degraded.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     targets: list[DeploymentTargetStatus] = Field(
-        default_factory=list, max_length=MAX_TARGETS, description="One entry per served target.",
+        default_factory=list,
+        max_length=MAX_TARGETS,
+        description="One entry per served target.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     replicas: int | None = Field(default=None, ge=0, description="Pods wanted, all targets.")
     ready_replicas: int | None = Field(default=None, ge=0, description="Pods Ready, all targets.")
-    ready: str | None = Field(default=None, max_length=32, description='Ready pods out of wanted, like "2/3".')
-    endpoint: str | None = Field(default=None, max_length=1024,
-                                 description="In-cluster URL of the Service (KServe v2 protocol).")
-    faults: list[FaultRecord] = Field(default_factory=list, max_length=MAX_FAULTS,
-                                      description=f"The last {MAX_FAULTS} GPU faults, oldest first.")
+    ready: str | None = Field(
+        default=None, max_length=32, description='Ready pods out of wanted, like "2/3".'
+    )
+    endpoint: str | None = Field(
+        default=None, max_length=1024, description="In-cluster URL of the Service (KServe v2 protocol)."
+    )
+    faults: list[FaultRecord] = Field(
+        default_factory=list,
+        max_length=MAX_FAULTS,
+        description=f"The last {MAX_FAULTS} GPU faults, oldest first.",
+    )
 
     def add_fault(self, fault: FaultRecord) -> None:
         """Append a fault, keeping the last :data:`MAX_FAULTS`."""
@@ -296,9 +346,18 @@ class InferenceDeployment(ApiModel):
     SHORT_NAMES: ClassVar[list[str]] = ["infd"]
     PRINTER_COLUMNS: ClassVar[list[dict[str, Any]]] = [
         {"name": "Engine", "type": "string", "jsonPath": ".spec.engineRef.name"},
-        {"name": "Ready", "type": "string", "jsonPath": ".status.ready", "description": "Ready pods out of wanted"},
-        {"name": "Status", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
-         "description": "Reason of the Ready condition"},
+        {
+            "name": "Ready",
+            "type": "string",
+            "jsonPath": ".status.ready",
+            "description": "Ready pods out of wanted",
+        },
+        {
+            "name": "Status",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+            "description": "Reason of the Ready condition",
+        },
         {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]

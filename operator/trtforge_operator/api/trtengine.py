@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic.json_schema import JsonDict
 
 from trtforge.contract.engine_key import BuildConfig, HardwareCompatibility, Precision, ShapeRange
 from trtforge.contract.gpu import CPU, GPUTarget
@@ -70,17 +71,19 @@ def _check_quantity(v: int | str) -> int | str:
 NonNegativeQuantity = Annotated[
     int | str,
     AfterValidator(_check_quantity),
-    WithJsonSchema({
-        "anyOf": [{"type": "integer"}, {"type": "string"}],
-        "pattern": NONNEGATIVE_QUANTITY_PATTERN,
-        "x-kubernetes-int-or-string": True,
-    }),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": NONNEGATIVE_QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
 ]
 """A Kubernetes quantity without sign: ``4Gi``, ``512Mi``, ``1e9`` or an integer."""
 
 
-def _cel(rule: str, message: str, **extra: str) -> dict[str, str]:
-    return {"rule": rule, "message": message, **extra}
+def _cel(rule: str, message: str) -> JsonDict:
+    return {"rule": rule, "message": message}
 
 
 class ToleranceDefaults(BaseModel):
@@ -112,17 +115,26 @@ class SecretReference(LocalObjectReference):
 class ModelSource(ApiModel):
     """Where the ONNX model comes from."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        _cel("!has(self.secretRef) || !self.uri.startsWith('pvc://')",
-             "secretRef applies to s3:// and https:// models only", fieldPath=".secretRef"),
-    ]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.secretRef) || !self.uri.startsWith('pvc://')",
+                    "secretRef applies to s3:// and https:// models only",
+                ),
+            ]
+        }
+    )
 
     uri: str = Field(
-        max_length=2048, pattern=MODEL_URI_PATTERN,
+        max_length=2048,
+        pattern=MODEL_URI_PATTERN,
         description="s3://bucket/key, pvc://claim/path (a PVC in the store namespace) or https://host/path.",
     )
     sha256: str | None = Field(
-        default=None, pattern=SHA256_PATTERN,
+        default=None,
+        max_length=64,
+        pattern=SHA256_PATTERN,
         description="Pin: 64 lowercase hex digits; the build fails if the model differs.",
     )
     secret_ref: SecretReference | None = Field(
@@ -140,20 +152,31 @@ class ModelSource(ApiModel):
 class ShapeRangeSpec(ApiModel):
     """min/opt/max shape of one input; every dimension must satisfy min <= opt <= max."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        _cel("size(self.min) == size(self.opt) && size(self.opt) == size(self.max)",
-             "min, opt and max must have the same number of dimensions"),
-        _cel("[0, 1, 2, 3, 4, 5, 6, 7].all(i, i >= size(self.min) || i >= size(self.opt) || "
-             "i >= size(self.max) || (self.min[i] <= self.opt[i] && self.opt[i] <= self.max[i]))",
-             "every dimension must satisfy min <= opt <= max"),
-    ]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "size(self.min) == size(self.opt) && size(self.opt) == size(self.max)",
+                    "min, opt and max must have the same number of dimensions",
+                ),
+                _cel(
+                    "[0, 1, 2, 3, 4, 5, 6, 7].all(i, i >= size(self.min) || i >= size(self.opt) || "
+                    "i >= size(self.max) || (self.min[i] <= self.opt[i] && self.opt[i] <= self.max[i]))",
+                    "every dimension must satisfy min <= opt <= max",
+                ),
+            ]
+        }
+    )
 
-    min: list[Annotated[int, Field(ge=1)]] = Field(min_length=1, max_length=MAX_RANK,
-                                                  description="Smallest shape.")
-    opt: list[Annotated[int, Field(ge=1)]] = Field(min_length=1, max_length=MAX_RANK,
-                                                  description="Shape TensorRT tunes for.")
-    max: list[Annotated[int, Field(ge=1)]] = Field(min_length=1, max_length=MAX_RANK,
-                                                  description="Largest shape.")
+    min: list[Annotated[int, Field(ge=1)]] = Field(
+        min_length=1, max_length=MAX_RANK, description="Smallest shape."
+    )
+    opt: list[Annotated[int, Field(ge=1)]] = Field(
+        min_length=1, max_length=MAX_RANK, description="Shape TensorRT tunes for."
+    )
+    max: list[Annotated[int, Field(ge=1)]] = Field(
+        min_length=1, max_length=MAX_RANK, description="Largest shape."
+    )
 
     def to_contract(self) -> ShapeRange:
         """The contract's :class:`ShapeRange` (validates the same rules)."""
@@ -169,41 +192,59 @@ class OptimizationProfile(ApiModel):
     """One TensorRT optimization profile: a shape range per dynamic input."""
 
     inputs: dict[Annotated[str, Field(max_length=256)], ShapeRangeSpec] = Field(
-        min_length=1, max_length=32, description="Input tensor name -> its shape range.",
+        min_length=1,
+        max_length=32,
+        description="Input tensor name -> its shape range.",
     )
 
 
 class BuilderSettings(ApiModel):
     """TensorRT builder settings."""
 
-    optimization_level: int = Field(default=3, ge=0, le=5,
-                                    description="Builder optimization level 0-5; higher builds slower.")
+    optimization_level: int = Field(
+        default=3, ge=0, le=5, description="Builder optimization level 0-5; higher builds slower."
+    )
     workspace: NonNegativeQuantity | None = Field(
-        default=None, description="Workspace memory pool limit, a quantity like 4Gi; unset: TensorRT's default.",
+        default=None,
+        description="Workspace memory pool limit, a quantity like 4Gi; unset: TensorRT's default.",
     )
     hardware_compatibility: HardwareCompatibility = Field(
-        default="none", description="none, sameComputeCapability or amperePlus.",
+        default="none",
+        description="none, sameComputeCapability or amperePlus.",
     )
-    version_compatible: bool = Field(default=False,
-                                     description="Build a version-compatible engine (lean runtime).")
+    version_compatible: bool = Field(
+        default=False, description="Build a version-compatible engine (lean runtime)."
+    )
     strip_weights: bool = Field(default=False, description="Build a weight-stripped engine.")
-    timing_cache: bool = Field(default=True,
-                               description="Use and update the shared timing cache for this GPU.")
-    timeout_seconds: int = Field(default=3600, ge=60, le=86400,
-                                 description="Deadline of one build Job.")
+    timing_cache: bool = Field(
+        default=True, description="Use and update the shared timing cache for this GPU."
+    )
+    timeout_seconds: int = Field(default=3600, ge=60, le=86400, description="Deadline of one build Job.")
 
 
 class EngineTarget(ApiModel):
     """A GPU type to build for: a nvidia.com/gpu.product value (or cpu) and optionally a MIG profile."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        _cel("self.gpu != 'cpu' || !has(self.mig)", "a cpu target has no MIG profile", fieldPath=".mig"),
-    ]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("self.gpu != 'cpu' || !has(self.mig)", "a cpu target has no MIG profile"),
+            ]
+        }
+    )
 
-    gpu: str = Field(min_length=1, max_length=63, pattern=GPU_PRODUCT_PATTERN,
-                     description="nvidia.com/gpu.product label value, e.g. NVIDIA-H100-80GB-HBM3, or cpu.")
-    mig: str | None = Field(default=None, max_length=32, pattern=MIG_PROFILE_PATTERN,
-                            description="MIG profile like 3g.40gb; unset means the full GPU.")
+    gpu: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=GPU_PRODUCT_PATTERN,
+        description="nvidia.com/gpu.product label value, e.g. NVIDIA-H100-80GB-HBM3, or cpu.",
+    )
+    mig: str | None = Field(
+        default=None,
+        max_length=32,
+        pattern=MIG_PROFILE_PATTERN,
+        description="MIG profile like 3g.40gb; unset means the full GPU.",
+    )
 
     def to_contract(self) -> GPUTarget:
         return GPUTarget(gpu=self.gpu, mig=self.mig)
@@ -220,11 +261,13 @@ class AutoTargets(ApiModel):
 
     enabled: bool = Field(default=False, description="Build for every GPU type found on matching nodes.")
     node_selector: dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]] = Field(
-        default_factory=dict, max_length=32,
+        default_factory=dict,
+        max_length=32,
         description="Only nodes with all these labels count.",
     )
     include_mig: bool = Field(
-        default=True, alias="includeMIG",
+        default=True,
+        alias="includeMIG",
         description="Also build for MIG profiles on nodes with nvidia.com/mig.config.state=success.",
     )
 
@@ -237,10 +280,12 @@ class ValidationSpec(ApiModel):
     """Accuracy check of a built engine against an ONNX Runtime reference."""
 
     samples: int = Field(default=8, ge=1, le=1024, description="Random inputs to compare.")
-    rtol: float | None = Field(default=None, ge=0, le=1,
-                               description="Max relative error; unset: the precision's default.")
-    atol: float | None = Field(default=None, ge=0,
-                               description="Max absolute error; unset: the precision's default.")
+    rtol: float | None = Field(
+        default=None, ge=0, le=1, description="Max relative error; unset: the precision's default."
+    )
+    atol: float | None = Field(
+        default=None, ge=0, description="Max absolute error; unset: the precision's default."
+    )
 
 
 class ValidationSettings(BaseModel):
@@ -260,41 +305,52 @@ _UNIQUE_TARGETS = (
     "self.all(t, self.exists_one(u, u.gpu == t.gpu && "
     "(has(u.mig) ? u.mig : '') == (has(t.mig) ? t.mig : '')))"
 )
-_SAME_INPUTS = (
-    "self.all(p, size(p.inputs) == size(self[0].inputs) && p.inputs.all(k, k in self[0].inputs))"
-)
+_SAME_INPUTS = "self.all(p, size(p.inputs) == size(self[0].inputs) && p.inputs.all(k, k in self[0].inputs))"
 
 
 class TRTEngineSpec(ApiModel):
     """What to build and for which GPUs."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        _cel(_TARGETS_XOR_AUTO, "set either targets or autoTargets.enabled: true, not both"),
-    ]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(_TARGETS_XOR_AUTO, "set either targets or autoTargets.enabled: true, not both"),
+            ]
+        }
+    )
 
     model: ModelSource = Field(description="The ONNX model.")
     precision: Precision = Field(default="fp16", description="fp32, fp16, bf16, int8, fp8 or auto.")
     profiles: list[OptimizationProfile] = Field(
-        default_factory=list, max_length=MAX_PROFILES,
+        default_factory=list,
+        max_length=MAX_PROFILES,
         description="Optimization profiles for dynamic inputs; empty for static shapes.",
-        json_schema_extra={"x-kubernetes-validations": [
-            _cel(_SAME_INPUTS, "every profile must list the same inputs"),
-        ]},
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(_SAME_INPUTS, "every profile must list the same inputs"),
+            ]
+        },
     )
-    builder: BuilderSettings = Field(default_factory=BuilderSettings, description="Builder settings.",
-                                     json_schema_extra={"default": {}})
+    builder: BuilderSettings = Field(
+        default_factory=BuilderSettings, description="Builder settings.", json_schema_extra={"default": {}}
+    )
     targets: list[EngineTarget] = Field(
-        default_factory=list, max_length=MAX_TARGETS,
+        default_factory=list,
+        max_length=MAX_TARGETS,
         description="GPU types to build for. Set this or autoTargets.",
-        json_schema_extra={"x-kubernetes-validations": [
-            _cel(_UNIQUE_TARGETS, "targets must be unique (gpu, mig) pairs"),
-        ]},
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(_UNIQUE_TARGETS, "targets must be unique (gpu, mig) pairs"),
+            ]
+        },
     )
     auto_targets: AutoTargets | None = Field(
-        default=None, description="Derive targets from the cluster's GPU nodes instead of listing them.",
+        default=None,
+        description="Derive targets from the cluster's GPU nodes instead of listing them.",
     )
-    validation: ValidationSpec = Field(default_factory=ValidationSpec, description="Accuracy validation.",
-                                       json_schema_extra={"default": {}})
+    validation: ValidationSpec = Field(
+        default_factory=ValidationSpec, description="Accuracy validation.", json_schema_extra={"default": {}}
+    )
 
     @model_validator(mode="after")
     def _rules(self) -> TRTEngineSpec:
@@ -310,8 +366,10 @@ class TRTEngineSpec(ApiModel):
             names = set(self.profiles[0].inputs)
             for i, p in enumerate(self.profiles):
                 if set(p.inputs) != names:
-                    raise ValueError(f"profiles[{i}] lists inputs {sorted(p.inputs)}, expected {sorted(names)}"
-                                     " (every profile must list the same inputs)")
+                    raise ValueError(
+                        f"profiles[{i}] lists inputs {sorted(p.inputs)}, expected {sorted(names)}"
+                        " (every profile must list the same inputs)"
+                    )
         return self
 
     def workspace_bytes(self) -> int | None:
@@ -375,19 +433,23 @@ class Accuracy(ApiModel):
 class TargetStatus(ApiModel):
     """The engine of one GPU target."""
 
-    name: str = Field(max_length=63, description="Target name (GPUTarget.name), e.g. h100-80gb-hbm3-mig-3g.40gb.")
+    name: str = Field(
+        max_length=63, description="Target name (GPUTarget.name), e.g. h100-80gb-hbm3-mig-3g.40gb."
+    )
     gpu: str = Field(max_length=63, description="nvidia.com/gpu.product value or cpu.")
     mig: str | None = Field(default=None, max_length=32, description="MIG profile, unset for the full GPU.")
     phase: TargetPhase = Field(default="Pending", description="Pending, Building, Ready or Failed.")
     engine_key: str | None = Field(default=None, max_length=64, description="Engine key (sha256 hex).")
-    engine_uri: str | None = Field(default=None, alias="engineURI", max_length=2048,
-                                   description="Where the engine is stored.")
+    engine_uri: str | None = Field(
+        default=None, alias="engineURI", max_length=2048, description="Where the engine is stored."
+    )
     sha256: str | None = Field(default=None, max_length=64, description="sha256 of the engine file.")
     size_bytes: int | None = Field(default=None, ge=0, description="Engine file size.")
     backend: Backend | None = Field(default=None, description="tensorrt or onnxruntime.")
     backend_version: str | None = Field(default=None, max_length=64, description="Exact backend version.")
-    compute_capability: str | None = Field(default=None, max_length=16,
-                                           description="Compute capability, e.g. 9.0.")
+    compute_capability: str | None = Field(
+        default=None, max_length=16, description="Compute capability, e.g. 9.0."
+    )
     build_seconds: float | None = Field(default=None, ge=0, description="Build time.")
     cache_hit: bool | None = Field(default=None, description="Reused from the store, no build.")
     accuracy: Accuracy | None = Field(default=None, description="Validation figures.")
@@ -404,19 +466,24 @@ class TargetStatus(ApiModel):
 class TRTEngineStatus(ApiModel):
     """Observed state, written only by the operator."""
 
-    observed_generation: int | None = Field(default=None, ge=0,
-                                            description="The metadata.generation last acted on.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation last acted on."
+    )
     conditions: list[Condition] = Field(
-        default_factory=list, max_length=16,
+        default_factory=list,
+        max_length=16,
         description="Ready, Building, Degraded, Stalled.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     targets: list[TargetStatus] = Field(
-        default_factory=list, max_length=MAX_TARGETS * 4, description="One entry per resolved target.",
+        default_factory=list,
+        max_length=MAX_TARGETS * 4,
+        description="One entry per resolved target.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
-    ready_targets: str | None = Field(default=None, max_length=16,
-                                      description='Ready targets out of all, like "2/3".')
+    ready_targets: str | None = Field(
+        default=None, max_length=16, description='Ready targets out of all, like "2/3".'
+    )
 
 
 # ------------------------------------------------------------------------------------------ resource
@@ -430,11 +497,19 @@ class TRTEngine(ApiModel):
     SINGULAR: ClassVar[str] = "trtengine"
     SHORT_NAMES: ClassVar[list[str]] = ["trte"]
     PRINTER_COLUMNS: ClassVar[list[dict[str, Any]]] = [
-        {"name": "Ready", "type": "string", "jsonPath": ".status.readyTargets",
-         "description": "Ready targets out of all"},
+        {
+            "name": "Ready",
+            "type": "string",
+            "jsonPath": ".status.readyTargets",
+            "description": "Ready targets out of all",
+        },
         {"name": "Precision", "type": "string", "jsonPath": ".spec.precision"},
-        {"name": "Status", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
-         "description": "Reason of the Ready condition"},
+        {
+            "name": "Status",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+            "description": "Reason of the Ready condition",
+        },
         {"name": "Model", "type": "string", "jsonPath": ".spec.model.uri", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]

@@ -1,0 +1,54 @@
+-- Argo CD health check for trtforge.io/TRTEngine (Lua 5.1, as Argo CD runs it).
+-- kstatus-style: nothing is Healthy before the operator has observed the current generation;
+-- Stalled or Degraded is Degraded; Ready is Healthy; anything else, Building included, is Progressing.
+-- A condition computed for an older generation (its own observedGeneration) is ignored.
+local hs = { status = "Progressing", message = "Waiting for the trtforge operator" }
+if obj.status == nil then
+  return hs
+end
+local generation = obj.metadata.generation
+local observed = obj.status.observedGeneration
+if observed == nil or (generation ~= nil and observed ~= generation) then
+  hs.message = "Waiting for the operator to observe generation " .. tostring(generation)
+  return hs
+end
+local conditions = {}
+if obj.status.conditions ~= nil then
+  for _, c in ipairs(obj.status.conditions) do
+    if c.type ~= nil and (c.observedGeneration == nil or generation == nil or c.observedGeneration == generation) then
+      conditions[c.type] = c
+    end
+  end
+end
+local function describe(c)
+  if c.message ~= nil and c.message ~= "" then
+    if c.reason ~= nil and c.reason ~= "" then
+      return c.reason .. ": " .. c.message
+    end
+    return c.message
+  end
+  if c.reason ~= nil and c.reason ~= "" then
+    return c.reason
+  end
+  return c.type
+end
+local function is_true(name)
+  local c = conditions[name]
+  return c ~= nil and c.status == "True"
+end
+if is_true("Stalled") then
+  return { status = "Degraded", message = describe(conditions["Stalled"]) }
+end
+if is_true("Degraded") then
+  return { status = "Degraded", message = describe(conditions["Degraded"]) }
+end
+if is_true("Ready") then
+  return { status = "Healthy", message = describe(conditions["Ready"]) }
+end
+if is_true("Building") then
+  return { status = "Progressing", message = describe(conditions["Building"]) }
+end
+if conditions["Ready"] ~= nil then
+  hs.message = describe(conditions["Ready"])
+end
+return hs

@@ -1,0 +1,174 @@
+"""The Argo CD health checks, run by a real Lua interpreter (lupa, Lua 5.1 like Argo CD's gopher-lua)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+lupa = pytest.importorskip("lupa")
+
+REPO = Path(__file__).resolve().parents[2]
+ARGOCD = REPO / "deploy" / "argocd"
+CUSTOM = ARGOCD / "resource_customizations" / "trtforge.io"
+KINDS = ["TRTEngine", "InferenceDeployment"]
+CRD_FILES = {
+    "TRTEngine": "trtengines.trtforge.io.yaml",
+    "InferenceDeployment": "inferencedeployments.trtforge.io.yaml",
+}
+
+
+def _lua_runtime() -> Any:
+    try:
+        from lupa import lua51
+
+        return lua51.LuaRuntime(unpack_returned_tuples=True)
+    except ImportError:  # an older lupa: its default Lua
+        return lupa.LuaRuntime(unpack_returned_tuples=True)
+
+
+def run_health(script: str, obj: dict[str, Any]) -> dict[str, str]:
+    """Evaluate an Argo CD health script the way Argo CD does: `obj` global, the script returns hs."""
+    lua = _lua_runtime()
+    lua.globals().obj = lua.table_from(obj, recursive=True)
+    result = lua.execute(script)
+    assert result is not None, "the script returned nothing"
+    return {k: result[k] for k in ("status", "message") if result[k] is not None}
+
+
+def _cases() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for kind in KINDS:
+        for case in yaml.safe_load((CUSTOM / kind / "health_test.yaml").read_text())["tests"]:
+            out.append((kind, case))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("kind", "case"), _cases(), ids=lambda x: x if isinstance(x, str) else x["inputPath"]
+)
+def test_health_fixture(kind: str, case: dict[str, Any]) -> None:
+    script = (CUSTOM / kind / "health.lua").read_text()
+    obj = yaml.safe_load((CUSTOM / kind / case["inputPath"]).read_text())
+    assert obj["kind"] == kind
+    assert run_health(script, obj) == case["healthStatus"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fixtures_cover_each_outcome(kind: str) -> None:
+    statuses = {c["healthStatus"]["status"] for k, c in _cases() if k == kind}
+    assert statuses == {"Healthy", "Progressing", "Degraded"}
+    names = {c["inputPath"] for k, c in _cases() if k == kind}
+    assert "testdata/stale-generation.yaml" in names and "testdata/no-status.yaml" in names
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_testdata_file_is_a_case(kind: str) -> None:
+    files = {f"testdata/{p.name}" for p in (CUSTOM / kind / "testdata").glob("*.yaml")}
+    assert files == {c["inputPath"] for k, c in _cases() if k == kind}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_ready_with_a_stale_generation_is_never_healthy(kind: str) -> None:
+    """Whatever the conditions say, status from an older generation is Progressing (no flapping)."""
+    script = (CUSTOM / kind / "health.lua").read_text()
+    obj = yaml.safe_load((CUSTOM / kind / "testdata" / "ready.yaml").read_text())
+    assert run_health(script, obj)["status"] == "Healthy"
+    obj["metadata"]["generation"] += 1
+    assert run_health(script, obj)["status"] == "Progressing"
+    del obj["status"]["observedGeneration"]
+    assert run_health(script, obj)["status"] == "Progressing"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_stalled_or_degraded_wins_over_ready(kind: str) -> None:
+    script = (CUSTOM / kind / "health.lua").read_text()
+    obj = yaml.safe_load((CUSTOM / kind / "testdata" / "ready.yaml").read_text())
+    gen = obj["metadata"]["generation"]
+    for bad in ("Stalled", "Degraded"):
+        conds = [c for c in obj["status"]["conditions"] if c["type"] != bad]
+        conds.append(
+            {
+                "type": bad,
+                "status": "True",
+                "reason": "Broken",
+                "message": "it broke",
+                "observedGeneration": gen,
+            }
+        )
+        o = {**obj, "status": {**obj["status"], "conditions": conds}}
+        assert run_health(script, o) == {"status": "Degraded", "message": "Broken: it broke"}
+
+
+def test_argocd_cm_embeds_the_same_scripts() -> None:
+    cm = yaml.safe_load((ARGOCD / "argocd-cm.yaml").read_text())
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["name"] == "argocd-cm"
+    for kind in KINDS:
+        key = f"resource.customizations.health.trtforge.io_{kind}"
+        assert cm["data"][key] == (CUSTOM / kind / "health.lua").read_text(), f"{key} differs from health.lua"
+
+
+def _crd_schema(kind: str) -> dict[str, Any] | None:
+    path = REPO / "crds" / CRD_FILES[kind]
+    if not path.exists():
+        return None
+    crd = yaml.safe_load(path.read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v.get("storage")]
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+@pytest.mark.parametrize(
+    ("kind", "case"), _cases(), ids=lambda x: x if isinstance(x, str) else x["inputPath"]
+)
+def test_fixture_matches_the_crd_schema(kind: str, case: dict[str, Any]) -> None:
+    """The fixtures are resources the API server would hold: spec and status fit the generated CRD."""
+    schema = _crd_schema(kind)
+    if schema is None:
+        pytest.skip("CRDs not generated yet")
+    obj = yaml.safe_load((CUSTOM / kind / case["inputPath"]).read_text())
+    body = {k: v for k, v in obj.items() if k in ("spec", "status")}
+    sub = {"type": "object", "properties": {k: schema["properties"][k] for k in body}}
+    errors = [
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in jsonschema.Draft4Validator(sub).iter_errors(body)
+    ]
+    assert errors == []
+    assert _pruned(body, sub) == [], "fields the API server would prune (not in the CRD schema)"
+
+
+def _pruned(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Paths of fields the API server would drop from `value` (unknown to a structural schema)."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    out: list[str] = []
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for k, v in value.items():
+            if props is not None and k in props:
+                out += _pruned(v, props[k], f"{path}.{k}")
+            elif isinstance(extra, dict):
+                out += _pruned(v, extra, f"{path}.{k}")
+            else:
+                out.append(f"{path}.{k}")
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, v in enumerate(value):
+            out += _pruned(v, schema["items"], f"{path}[{i}]")
+    return out
+
+
+def test_applications_parse() -> None:
+    docs = [d for d in yaml.safe_load_all((ARGOCD / "application.yaml").read_text()) if d]
+    assert [d["kind"] for d in docs] == ["Application", "Application"]
+    operator = docs[0]
+    assert operator["spec"]["source"]["path"] == "charts/trtforge"
+    assert "ServerSideApply=true" in operator["spec"]["syncPolicy"]["syncOptions"]
+    for d in docs:
+        opts = d["spec"]["syncPolicy"].get("syncOptions", [])
+        assert not any(o.startswith(("Replace=", "Force=")) for o in opts), (
+            "would wipe the operator's annotations"
+        )

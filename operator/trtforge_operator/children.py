@@ -1,0 +1,455 @@
+"""Pure builders of the objects the operator owns: build Jobs, runtime Deployments, the Service.
+
+Names are derived from their inputs (never ``generateName``), so a retry after a crash finds the object
+it made before instead of making a second one. Every pod is PSS-restricted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trtforge.contract.engine_key import BuildConfig
+from trtforge.contract.gpu import GPUTarget
+from trtforge.contract.termination import TERMINATION_LOG_ENV
+from trtforge_operator import labels as L
+from trtforge_operator.config import OperatorConfig
+
+TERMINATION_PATH = "/dev/termination-log"
+JOB_PREFIX = "trtforge-build-"
+TOKEN_DIR = "/var/run/secrets/trtforge"
+TOKEN_FILE = "broker-token"
+TOKEN_ENV = "TRTFORGE_BROKER_TOKEN_FILE"
+PVC_ROOT = "/mnt/trtforge/pvc"
+S3_CREDENTIALS_DIR = "/var/run/secrets/trtforge-store"
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def short_hash(*parts: str, n: int = 10) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:n]
+
+
+def dns_name(base: str, max_len: int = 63) -> str:
+    """`base` as a DNS-1123 label of at most `max_len`, shortened with a hash suffix when needed."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", base.lower()).strip("-") or "x"
+    if len(slug) <= max_len:
+        return slug
+    h = short_hash(slug, n=8)
+    return f"{slug[: max_len - 9].rstrip('-')}-{h}"
+
+
+def build_id(engine_key: str | None, request_digest: str) -> str:
+    """What names a build: the engine key when known (pinned model sha256), else the request digest."""
+    return (engine_key or request_digest)[:20]
+
+
+def job_name(bid: str, attempt: int = 1, rebuild_of: str | None = None) -> str:
+    """`trtforge-build-<id>`; later attempts get `-a<n>`, fault rebuilds `-rb<fault hash>`."""
+    if rebuild_of:
+        return f"{JOB_PREFIX}{bid}-rb{rebuild_of[:8]}"
+    return f"{JOB_PREFIX}{bid}" if attempt <= 1 else f"{JOB_PREFIX}{bid}-a{attempt}"
+
+
+def restricted_security_context() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def pod_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "fsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _pvc_claim(uri: str) -> str | None:
+    if uri.startswith("pvc://"):
+        return uri.removeprefix("pvc://").split("/", 1)[0] or None
+    return None
+
+
+def _avoid_affinity(avoid_nodes: Iterable[str]) -> dict[str, Any] | None:
+    nodes = sorted(set(avoid_nodes))
+    if not nodes:
+        return None
+    term = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": nodes}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def _gpu_limits(target: GPUTarget) -> dict[str, str]:
+    res = target.resource_name()
+    return {res: "1"} if res else {}
+
+
+def _shape(s: Iterable[int]) -> str:
+    return "x".join(str(d) for d in s)
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """One build of one target: what the Job runs and who asked for it."""
+
+    target: GPUTarget
+    model_uri: str
+    model_sha256: str | None
+    build: BuildConfig
+    engine_key: str | None  # known when the model sha256 is pinned
+    request_digest: str
+    node_selector: Mapping[str, str]
+    requester: str  # "namespace/name" of the TRTEngine
+    timing_cache: bool = True
+    timeout_seconds: int = 3600
+    samples: int = 8
+    rtol: float | None = None
+    atol: float | None = None
+    attempt: int = 1
+    rebuild_of: str | None = None  # a fault id: a fresh rebuild that must not trust the stored artifact
+    avoid_nodes: tuple[str, ...] = ()
+
+    @property
+    def build_id(self) -> str:
+        return build_id(self.engine_key, self.request_digest)
+
+    @property
+    def job_name(self) -> str:
+        return job_name(self.build_id, self.attempt, self.rebuild_of)
+
+
+def builder_args(req: BuildRequest, store_uri: str) -> list[str]:
+    """The `trtforge build` command line for a request."""
+    b = req.build
+    args = ["trtforge", "build", "--model", req.model_uri, "--gpu", req.target.gpu]
+    if req.target.mig:
+        args += ["--mig", req.target.mig]
+    if req.model_sha256:
+        args += ["--sha256", req.model_sha256]
+    args += ["--precision", b.precision, "--optimization-level", str(b.optimization_level)]
+    for profile in b.profiles:
+        for name, r in sorted(profile.items()):
+            args += ["--profile", f"{name}:{_shape(r.min)}:{_shape(r.opt)}:{_shape(r.max)}"]
+    if b.workspace_bytes is not None:
+        args += ["--workspace", str(b.workspace_bytes)]
+    if b.hardware_compatibility != "none":
+        args += ["--hardware-compatibility", b.hardware_compatibility]
+    if b.version_compatible:
+        args.append("--version-compatible")
+    if b.strip_weights:
+        args.append("--strip-weights")
+    if not req.timing_cache:
+        args.append("--no-timing-cache")
+    args += ["--samples", str(req.samples)]
+    if req.rtol is not None:
+        args += ["--rtol", repr(req.rtol)]
+    if req.atol is not None:
+        args += ["--atol", repr(req.atol)]
+    if req.rebuild_of:
+        args.append("--rebuild")
+    args += ["--store", store_uri]
+    return args
+
+
+def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
+    """The build Job for one request, in the build namespace (shared cache: no cross-namespace owners)."""
+    labels = {
+        **L.BASE_LABELS,
+        L.APP_COMPONENT: L.COMPONENT_BUILDER,
+        L.L_BUILD_ID: req.build_id,
+        L.L_BUILD_KIND: "rebuild" if req.rebuild_of else "build",
+        L.L_TARGET: req.target.name,
+        L.L_REQ_NAMESPACE: req.requester.split("/", 1)[0],
+    }
+    annotations = {
+        L.A_ENGINE_KEY: req.engine_key or "",
+        L.A_REQUEST_DIGEST: req.request_digest,
+        L.A_REQUESTERS: json.dumps([req.requester]),
+        L.A_ATTEMPT: str(req.attempt),
+        L.A_TARGET: json.dumps(req.target.model_dump(mode="json"), sort_keys=True),
+    }
+    if req.rebuild_of:
+        annotations[L.A_FAULT] = req.rebuild_of
+    volumes: list[dict[str, Any]] = [{"name": "scratch", "emptyDir": {"sizeLimit": cfg.build.scratch_size}}]
+    mounts: list[dict[str, Any]] = [{"name": "scratch", "mountPath": "/tmp"}]
+    env = [
+        {"name": TERMINATION_LOG_ENV, "value": TERMINATION_PATH},
+        {"name": "TRTFORGE_PVC_ROOT", "value": PVC_ROOT},
+        {"name": "HOME", "value": "/tmp"},
+    ]
+    claims: list[tuple[str, bool]] = []
+    store_claim = _pvc_claim(cfg.store_uri)
+    if store_claim:
+        claims.append((store_claim, False))
+    model_claim = _pvc_claim(req.model_uri)
+    if model_claim and model_claim != store_claim:
+        claims.append((model_claim, True))
+    for i, (claim, ro) in enumerate(claims):
+        volumes.append({"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": ro}})
+        mounts.append({"name": f"pvc-{i}", "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": ro})
+    if cfg.store_credentials_secret:
+        volumes.append({"name": "store-credentials", "secret": {"secretName": cfg.store_credentials_secret}})
+        mounts.append({"name": "store-credentials", "mountPath": S3_CREDENTIALS_DIR, "readOnly": True})
+        env.append({"name": "TRTFORGE_S3_CREDENTIALS_DIR", "value": S3_CREDENTIALS_DIR})
+    env += [{"name": k, "value": v} for k, v in sorted(cfg.build.env.items())]
+    resources: dict[str, Any] = {
+        "requests": {"cpu": cfg.build.cpu, "memory": cfg.build.memory},
+        "limits": {"memory": cfg.build.memory, **_gpu_limits(req.target)},
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": cfg.build_service_account,
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security_context(),
+        "nodeSelector": dict(req.node_selector),
+        "containers": [
+            {
+                "name": "build",
+                "image": cfg.builder_image,
+                "imagePullPolicy": cfg.image_pull_policy,
+                "command": builder_args(req, cfg.store_uri),
+                "env": env,
+                "resources": resources,
+                "volumeMounts": mounts,
+                "securityContext": restricted_security_context(),
+                "terminationMessagePath": TERMINATION_PATH,
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }
+        ],
+        "volumes": volumes,
+    }
+    affinity = _avoid_affinity(req.avoid_nodes)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": req.job_name,
+            "namespace": cfg.build_namespace,
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": {
+            "backoffLimit": cfg.build.backoff_limit,
+            "activeDeadlineSeconds": min(req.timeout_seconds, cfg.build.deadline_seconds),
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------- runtime
+
+
+def deployment_name(infd: str, target: GPUTarget) -> str:
+    return dns_name(f"{infd}-{target.name}", max_len=52)
+
+
+def service_name(infd: str) -> str:
+    return infd if len(infd) <= 63 and DNS_LABEL.match(infd) else dns_name(f"infd-{infd}")
+
+
+def selector_labels(infd: str, target: GPUTarget | None = None) -> dict[str, str]:
+    sel = {L.APP_NAME: "trtforge", L.L_INFD: dns_name(infd)}
+    if target is not None:
+        sel[L.L_TARGET] = target.name
+    return sel
+
+
+@dataclass(frozen=True)
+class RuntimeRequest:
+    """One runtime Deployment: an InferenceDeployment's pods on one target."""
+
+    namespace: str
+    infd: str
+    infd_uid: str
+    target: GPUTarget
+    engine_key: str
+    engine_sha256: str
+    replicas: int
+    node_selector: Mapping[str, str]
+    image: str
+    image_pull_policy: str
+    port: int = 8000
+    max_batch_size: int = 1
+    max_queue_delay_us: int = 0
+    instances: int = 1
+    resources: Mapping[str, Any] | None = None
+    env: tuple[Mapping[str, Any], ...] = ()
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    max_surge: int | str = "25%"
+    max_unavailable: int | str = 0
+    progress_deadline_seconds: int = 600
+    avoid_nodes: tuple[str, ...] = ()
+
+
+def owner_reference(kind: str, name: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{L.GROUP}/{L.VERSION}",
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def spec_hash(obj: Mapping[str, Any]) -> str:
+    return short_hash(json.dumps(obj, sort_keys=True, default=str), n=16)
+
+
+def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, Any]:
+    """The runtime Deployment of one target; the template changes (and rolls) when the engine does."""
+    sel = selector_labels(req.infd, req.target)
+    labels = {**L.BASE_LABELS, **sel, L.APP_COMPONENT: L.COMPONENT_RUNTIME}
+    template_annotations = {
+        L.A_TEMPLATE_ENGINE_KEY: req.engine_key,
+        L.A_TEMPLATE_ENGINE_SHA: req.engine_sha256,
+    }
+    source = cfg.engine_source()
+    args = [
+        "trtforge",
+        "serve",
+        "--store",
+        source,
+        "--engine",
+        req.engine_key,
+        "--model-name",
+        req.infd,
+        "--host",
+        "$(POD_IP)",
+        "--port",
+        str(req.port),
+        "--max-batch-size",
+        str(req.max_batch_size),
+        "--max-queue-delay-us",
+        str(req.max_queue_delay_us),
+        "--instances",
+        str(req.instances),
+    ]
+    env: list[dict[str, Any]] = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": TERMINATION_LOG_ENV, "value": TERMINATION_PATH},
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "TRTFORGE_CACHE_DIR", "value": "/cache"},
+    ]
+    volumes: list[dict[str, Any]] = [{"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [
+        {"name": "cache", "mountPath": "/cache"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if source.startswith(("http://", "https://")):
+        env.append({"name": TOKEN_ENV, "value": f"{TOKEN_DIR}/{TOKEN_FILE}"})
+        volumes.append(
+            {
+                "name": "broker-token",
+                "projected": {
+                    "sources": [
+                        {
+                            "serviceAccountToken": {
+                                "audience": cfg.broker.audience,
+                                "expirationSeconds": cfg.broker.token_expiration_seconds,
+                                "path": TOKEN_FILE,
+                            }
+                        }
+                    ]
+                },
+            }
+        )
+        mounts.append({"name": "broker-token", "mountPath": TOKEN_DIR, "readOnly": True})
+    env += [dict(e) for e in req.env]
+    resources = {k: dict(v) for k, v in (req.resources or {}).items() if v}
+    limits = {**resources.get("limits", {}), **_gpu_limits(req.target)}
+    if limits:
+        resources["limits"] = limits
+    probe_base = {"httpGet": {"path": "/v2/health/ready", "port": req.port}}
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": cfg.runtime_service_account,
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security_context(),
+        "nodeSelector": dict(req.node_selector),
+        "terminationGracePeriodSeconds": 30,
+        "containers": [
+            {
+                "name": "serve",
+                "image": req.image,
+                "imagePullPolicy": req.image_pull_policy,
+                "command": args,
+                "env": env,
+                "ports": [{"name": "http", "containerPort": req.port, "protocol": "TCP"}],
+                "readinessProbe": {**probe_base, "periodSeconds": 2, "failureThreshold": 2},
+                "livenessProbe": {
+                    "httpGet": {"path": "/v2/health/live", "port": req.port},
+                    "initialDelaySeconds": 10,
+                    "periodSeconds": 10,
+                    "failureThreshold": 3,
+                },
+                "resources": resources,
+                "volumeMounts": mounts,
+                "securityContext": restricted_security_context(),
+                "terminationMessagePath": TERMINATION_PATH,
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }
+        ],
+        "volumes": volumes,
+    }
+    if req.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in req.tolerations]
+    affinity = _avoid_affinity(req.avoid_nodes)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    spec: dict[str, Any] = {
+        "replicas": req.replicas,
+        "selector": {"matchLabels": sel},
+        "progressDeadlineSeconds": req.progress_deadline_seconds,
+        "strategy": {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": req.max_surge, "maxUnavailable": req.max_unavailable},
+        },
+        "template": {"metadata": {"labels": labels, "annotations": template_annotations}, "spec": pod_spec},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": deployment_name(req.infd, req.target),
+            "namespace": req.namespace,
+            "labels": labels,
+            "annotations": {
+                L.A_SPEC_HASH: spec_hash(spec),
+                L.A_AVOID_NODES: ",".join(sorted(req.avoid_nodes)),
+            },
+            "ownerReferences": [owner_reference("InferenceDeployment", req.infd, req.infd_uid)],
+        },
+        "spec": spec,
+    }
+
+
+def runtime_service(namespace: str, infd: str, infd_uid: str, port: int) -> dict[str, Any]:
+    """One Service over every target's pods of an InferenceDeployment."""
+    spec = {
+        "selector": selector_labels(infd),
+        "ports": [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}],
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(infd),
+            "namespace": namespace,
+            "labels": {**L.BASE_LABELS, L.L_INFD: dns_name(infd), L.APP_COMPONENT: L.COMPONENT_RUNTIME},
+            "annotations": {L.A_SPEC_HASH: spec_hash(spec)},
+            "ownerReferences": [owner_reference("InferenceDeployment", infd, infd_uid)],
+        },
+        "spec": spec,
+    }

@@ -1,0 +1,208 @@
+"""Operator configuration: one typed model, read once at start from a YAML file and the environment.
+
+Precedence: defaults < the file named by ``--config`` / ``$TRTFORGE_OPERATOR_CONFIG`` < environment
+variables ``TRTFORGE_OPERATOR_<FIELD>`` for top-level scalar fields (e.g. ``TRTFORGE_OPERATOR_STORE_URI``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trtforge.contract.engine_key import Backend
+
+ENV_PREFIX = "TRTFORGE_OPERATOR_"
+CONFIG_ENV = "TRTFORGE_OPERATOR_CONFIG"
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the field or file."""
+
+
+class BackendSpec(BaseModel):
+    """The backend builds of a kind of target use; part of the engine key, so it must match the builder."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    backend: Backend
+    version: str
+    cuda: str = "none"
+
+
+def local_onnxruntime() -> BackendSpec:
+    """The ONNX Runtime installed here: what the builder uses on the test bed's emulated GPUs."""
+    try:
+        import onnxruntime
+    except ImportError as e:  # pragma: no cover - the dev environment has it
+        raise ConfigError("backend 'local-onnxruntime' needs onnxruntime installed in the operator") from e
+    return BackendSpec(backend="onnxruntime", version=str(onnxruntime.__version__), cuda="none")
+
+
+class BuildSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    deadline_seconds: int = Field(default=3600, ge=60)  # a Job's activeDeadlineSeconds
+    backoff_limit: int = Field(default=0, ge=0)  # pod retries inside one Job attempt
+    max_attempts: int = Field(default=3, ge=1)  # Job attempts before Stalled
+    retry_base_seconds: float = Field(default=30.0, ge=0)  # backoff after attempt n: base * 2^(n-1)
+    retry_max_seconds: float = Field(default=600.0, ge=0)
+    max_concurrent: int = Field(default=8, ge=1)  # build Jobs running at once, cluster-wide
+    max_concurrent_per_namespace: int = Field(default=4, ge=1)  # ... requested from one namespace
+    cpu: str = "2"
+    memory: str = "8Gi"
+    scratch_size: str = "20Gi"
+    env: dict[str, str] = Field(default_factory=dict)  # extra env for build pods
+
+
+class GCSettings(BaseModel):
+    """Engines stay in the store (a shared cache) until GC removes unreferenced ones; off by default."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = False
+    interval_seconds: float = Field(default=3600.0, gt=0)
+    min_age_seconds: float = Field(default=7 * 24 * 3600.0, ge=0)  # never collect younger engines
+    keep_latest: int = Field(default=0, ge=0)  # always keep this many most recent unreferenced ones
+
+
+class BrokerSettings(BaseModel):
+    """The engine broker: serves engines to runtime pods that present a projected service-account token."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    host: str = "0.0.0.0"
+    port: int = 8081
+    url: str | None = None  # what runtime pods use; default http://trtforge-broker.<operator ns>.svc:<port>
+    audience: str = "trtforge-broker"
+    token_expiration_seconds: int = Field(default=3600, ge=600)
+    auth: Literal["tokenreview", "none"] = "tokenreview"  # "none" only for local debugging
+
+
+class FaultSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gpu_fault_exit_code: int = 86  # overridden by trtforge.contract.termination when present
+    suspect_node_ttl_seconds: float = 3600.0  # keep pods off a faulty node this long (or while unhealthy)
+    history: int = Field(default=10, ge=1)  # status.faults keeps the last N
+
+
+class OperatorConfig(BaseModel):
+    """Everything `trtforge operator` needs; see docs/operations for the YAML form."""
+
+    model_config = ConfigDict(extra="forbid")
+    namespaces: list[str] = Field(default_factory=list)  # watched namespaces; empty = cluster-wide
+    operator_namespace: str = "trtforge-system"
+    build_namespace: str = "trtforge-system"
+    # The store as build Jobs see it (pvc://claim/prefix or s3://bucket/prefix) ...
+    store_uri: str = "pvc://trtforge-store/"
+    # ... and as the operator process sees it (a mounted path, the same S3 prefix); default: store_uri.
+    operator_store_uri: str | None = None
+    store_credentials_secret: str | None = None  # in the build namespace; mounted into build Jobs (S3)
+    # What runtime pods get as --store: the broker URL (default) or a store URI they can read themselves.
+    runtime_store_uri: str | None = None
+    builder_image: str = "ghcr.io/trtforge/builder:0.1.0"
+    runtime_image: str = "ghcr.io/trtforge/runtime:0.1.0"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    build_service_account: str = "trtforge-builder"
+    # Engine-key backend per kind of target: "gpu", "cpu", or a GPU product label (most specific wins).
+    backends: dict[str, BackendSpec] = Field(
+        default_factory=lambda: {
+            "gpu": BackendSpec(backend="tensorrt", version="10.13.0", cuda="12.9"),
+            "cpu": BackendSpec(backend="onnxruntime", version="1.22.0", cuda="none"),
+        }
+    )
+    build: BuildSettings = Field(default_factory=BuildSettings)
+    gc: GCSettings = Field(default_factory=GCSettings)
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    faults: FaultSettings = Field(default_factory=FaultSettings)
+    resync_seconds: float = Field(default=30.0, gt=0)  # level-based resync of every resource
+    liveness_port: int = 8080
+    metrics_port: int = 9090
+    runtime_service_account: str = "default"  # in tenant namespaces; needs no API permissions
+
+    def backend_for(self, gpu: str) -> BackendSpec:
+        """The backend used for the key of a target on `gpu` (a product label or "cpu")."""
+        if gpu in self.backends:
+            return self.backends[gpu]
+        kind = "cpu" if gpu == "cpu" else "gpu"
+        if kind in self.backends:
+            return self.backends[kind]
+        raise ConfigError(f"backends: no entry for {gpu!r} or {kind!r}; add one to the operator config")
+
+    @property
+    def reader_store_uri(self) -> str:
+        return self.operator_store_uri or self.store_uri
+
+    def broker_url(self) -> str:
+        if self.broker.url:
+            return self.broker.url.rstrip("/")
+        return f"http://trtforge-broker.{self.operator_namespace}.svc:{self.broker.port}"
+
+    def engine_source(self) -> str:
+        """The --store runtime pods get."""
+        return self.runtime_store_uri or self.broker_url()
+
+
+def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    scalar = {
+        "store_uri",
+        "operator_store_uri",
+        "runtime_store_uri",
+        "store_credentials_secret",
+        "builder_image",
+        "runtime_image",
+        "build_namespace",
+        "operator_namespace",
+        "resync_seconds",
+        "liveness_port",
+        "metrics_port",
+        "image_pull_policy",
+        "build_service_account",
+        "runtime_service_account",
+    }
+    for name in scalar:
+        v = env.get(ENV_PREFIX + name.upper())
+        if v is not None:
+            out[name] = v
+    ns = env.get(ENV_PREFIX + "NAMESPACES")
+    if ns is not None:
+        out["namespaces"] = [n.strip() for n in ns.split(",") if n.strip()]
+    return out
+
+
+def _expand_backends(data: dict[str, Any]) -> None:
+    """`backends: {gpu: local-onnxruntime}` means the ONNX Runtime installed in the operator."""
+    backends = data.get("backends")
+    if isinstance(backends, dict):
+        for k, v in list(backends.items()):
+            if v == "local-onnxruntime":
+                backends[k] = local_onnxruntime().model_dump()
+
+
+def load_config(path: str | Path | None = None, env: dict[str, str] | None = None) -> OperatorConfig:
+    """Read the config file (if any) and the environment; raise ConfigError naming what is wrong."""
+    env = dict(os.environ) if env is None else env
+    path = path or env.get(CONFIG_ENV)
+    data: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except OSError as e:
+            raise ConfigError(f"operator config {p}: cannot read it ({e.strerror})") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"operator config {p}: not valid YAML ({e})") from e
+        if not isinstance(loaded, dict):
+            raise ConfigError(
+                f"operator config {p}: expected a mapping at the top, got {type(loaded).__name__}"
+            )
+        data = {k.replace("-", "_"): v for k, v in loaded.items()}
+    data.update(_env_overrides(env))
+    _expand_backends(data)
+    try:
+        return OperatorConfig.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise ConfigError(f"operator config field {where!r}: {first['msg']}") from e

@@ -1,0 +1,111 @@
+"""Small literal Kubernetes objects for planner tests: GPU Nodes as GFD labels them, Jobs, Pods, Deployments."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from trtforge.contract.gpu import KNOWN_GPUS
+from trtforge_operator import labels as L
+
+
+def iso(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def gpu_node(
+    name: str,
+    product: str,
+    gpus: int = 1,
+    *,
+    mig: dict[str, int] | None = None,
+    allocatable: dict[str, int] | None = None,
+    ready: bool = True,
+) -> dict[str, Any]:
+    known = KNOWN_GPUS.get(product)
+    arch = known.arch if known else "amd64"
+    cc = known.compute_capability if known else (9, 0)
+    labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/arch": arch,
+        "nvidia.com/gpu.product": product,
+        "nvidia.com/gpu.count": str(gpus),
+        "nvidia.com/gpu.compute.major": str(cc[0]),
+        "nvidia.com/gpu.compute.minor": str(cc[1]),
+    }
+    capacity: dict[str, int] = {}
+    if mig:
+        labels |= {"nvidia.com/mig.strategy": "mixed", "nvidia.com/mig.config.state": "success"}
+        capacity |= {f"nvidia.com/mig-{p}": n for p, n in mig.items()}
+    else:
+        capacity["nvidia.com/gpu"] = gpus
+    alloc = dict(capacity) | (allocatable or {})
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {},
+        "status": {
+            "capacity": {k: str(v) for k, v in capacity.items()},
+            "allocatable": {k: str(v) for k, v in alloc.items()},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "Unknown"}],
+        },
+    }
+
+
+def cpu_node(name: str = "cpu-0") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"kubernetes.io/arch": "amd64"}},
+        "spec": {},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def default_nodes() -> list[dict[str, Any]]:
+    """The test bed's default node set."""
+    return [
+        gpu_node("gpu-h100-0", "NVIDIA-H100-80GB-HBM3", 8),
+        gpu_node("gpu-h100-1", "NVIDIA-H100-80GB-HBM3", 8),
+        gpu_node("gpu-gh200-0", "NVIDIA-GH200-480GB", 1),
+        gpu_node("gpu-b200-mig-0", "NVIDIA-B200", 2, mig={"3g.90gb": 2, "1g.23gb": 8}),
+        cpu_node(),
+    ]
+
+
+def job(
+    manifest: dict[str, Any],
+    *,
+    state: str = "running",
+    at: float = 0.0,
+    result: dict[str, Any] | None = None,
+    reason: str = "BackoffLimitExceeded",
+) -> dict[str, Any]:
+    """A Job as the apiserver would show it after the operator created `manifest` (state: running|complete|failed)."""
+    obj = json.loads(json.dumps(manifest))
+    meta = obj["metadata"]
+    meta["creationTimestamp"] = iso(at)
+    if result is not None:
+        meta["annotations"][L.A_RESULT] = json.dumps(result)
+    status: dict[str, Any] = {"startTime": iso(at)}
+    if state == "running":
+        status["active"] = 1
+    elif state == "complete":
+        status |= {
+            "succeeded": 1,
+            "completionTime": iso(at + 10),
+            "conditions": [{"type": "Complete", "status": "True"}],
+        }
+    else:
+        status |= {
+            "failed": 1,
+            "conditions": [
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": reason,
+                    "message": "Job has reached the specified backoff limit",
+                    "lastTransitionTime": iso(at + 10),
+                }
+            ],
+        }
+    obj["status"] = status
+    return obj

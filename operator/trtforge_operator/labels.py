@@ -1,0 +1,40 @@
+"""Label, annotation and finalizer names the operator puts on what it owns (one place, so all agree)."""
+
+from __future__ import annotations
+
+GROUP = "trtforge.io"
+VERSION = "v1alpha1"
+TRTENGINES = "trtengines"
+INFERENCEDEPLOYMENTS = "inferencedeployments"
+
+FINALIZER = "trtforge.io/finalizer"
+
+# Well-known labels on every child.
+APP_NAME = "app.kubernetes.io/name"
+APP_COMPONENT = "app.kubernetes.io/component"
+APP_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "trtforge-operator"
+COMPONENT_BUILDER = "builder"
+COMPONENT_RUNTIME = "runtime"
+
+# Build Jobs (build namespace, shared by every requester: no ownerRefs across namespaces).
+L_BUILD_ID = "trtforge.io/build-id"  # key[:20] (pinned model) or request digest[:20]
+L_BUILD_KIND = "trtforge.io/build-kind"  # build | rebuild
+L_TARGET = "trtforge.io/target"  # GPUTarget.name
+L_REQ_NAMESPACE = "trtforge.io/requester-namespace"  # first requester, for per-namespace limits
+A_ENGINE_KEY = "trtforge.io/engine-key"  # full key ("" when the model sha256 is not pinned)
+A_REQUEST_DIGEST = "trtforge.io/request-digest"
+A_REQUESTERS = "trtforge.io/requesters"  # JSON list of "namespace/name"
+A_TARGET = "trtforge.io/target"  # JSON {gpu, mig}
+A_ATTEMPT = "trtforge.io/attempt"
+A_RESULT = "trtforge.io/result"  # the builder's result JSON, copied from the pod when it ends
+A_FAULT = "trtforge.io/fault"  # rebuild Jobs: the fault that asked for them
+
+# Runtime Deployments, their pods and the Service (tenant namespace, owned by the InferenceDeployment).
+L_INFD = "trtforge.io/inferencedeployment"
+A_TEMPLATE_ENGINE_KEY = "trtforge.io/engine-key"
+A_TEMPLATE_ENGINE_SHA = "trtforge.io/engine-sha256"
+A_AVOID_NODES = "trtforge.io/avoid-nodes"
+
+BASE_LABELS = {APP_NAME: "trtforge", APP_MANAGED_BY: MANAGED_BY}
+A_SPEC_HASH = "trtforge.io/spec-hash"  # hash of the spec the operator last wrote (update only on change)

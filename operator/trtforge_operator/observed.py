@@ -1,0 +1,400 @@
+"""Typed, read-only views of the Kubernetes objects the planners look at (Jobs, Pods, Nodes, Deployments).
+
+Built from raw API dicts (kopf bodies or client responses) with ``*.from_k8s``; the pure planners take
+only these, so unit tests build them from small literal dicts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trtforge.contract.gpu import (
+    LABEL_ARCH,
+    LABEL_CC_MAJOR,
+    LABEL_CC_MINOR,
+    LABEL_MIG_CONFIG_STATE,
+    LABEL_PRODUCT,
+    RESOURCE_GPU,
+    GPUTarget,
+)
+from trtforge.contract.termination import REASON_BY_EXIT_CODE, TerminationMessage
+from trtforge_operator import labels as L
+
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+# Taints and Node conditions that say a node's GPUs are not healthy (GPU health checkers, NPD).
+GPU_HEALTH_TAINTS = frozenset(
+    {"nvidia.com/gpu.unhealthy", "nvidia.com/gpu-unhealthy", "nvidia.com/gpu.health"}
+)
+GPU_UNHEALTHY_CONDITIONS = frozenset(
+    {"GpuUnhealthy", "GPUUnhealthy", "NvidiaGPUUnhealthy", "XidCriticalError"}
+)
+
+
+def parse_time(value: Any) -> float | None:
+    """RFC 3339 (as the apiserver writes it) to epoch seconds; None when absent or unreadable."""
+    if not value:
+        return None
+    if isinstance(value, dt.datetime):
+        return value.timestamp()
+    try:
+        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _qty_int(v: Any) -> int:
+    try:
+        return int(str(v))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    labels: Mapping[str, str]
+    capacity: Mapping[str, int]
+    allocatable: Mapping[str, int]
+    taint_keys: frozenset[str] = frozenset()
+    ready: bool = True
+    unschedulable: bool = False
+    bad_conditions: tuple[str, ...] = ()
+
+    @classmethod
+    def from_k8s(cls, obj: Mapping[str, Any]) -> NodeView:
+        meta, spec, status = _meta(obj), obj.get("spec") or {}, obj.get("status") or {}
+        conds = status.get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+        bad = tuple(
+            sorted(
+                c["type"]
+                for c in conds
+                if c.get("type") in GPU_UNHEALTHY_CONDITIONS and c.get("status") == "True"
+            )
+        )
+        return cls(
+            name=meta.get("name", ""),
+            labels=dict(meta.get("labels") or {}),
+            capacity={
+                k: _qty_int(v)
+                for k, v in (status.get("capacity") or {}).items()
+                if k.startswith("nvidia.com/")
+            },
+            allocatable={
+                k: _qty_int(v)
+                for k, v in (status.get("allocatable") or {}).items()
+                if k.startswith("nvidia.com/")
+            },
+            taint_keys=frozenset(t.get("key", "") for t in spec.get("taints") or []),
+            ready=ready,
+            unschedulable=bool(spec.get("unschedulable")),
+            bad_conditions=bad,
+        )
+
+    @property
+    def product(self) -> str | None:
+        return self.labels.get(LABEL_PRODUCT)
+
+    @property
+    def arch(self) -> str | None:
+        return self.labels.get(LABEL_ARCH)
+
+    @property
+    def compute_capability(self) -> str | None:
+        major, minor = self.labels.get(LABEL_CC_MAJOR), self.labels.get(LABEL_CC_MINOR)
+        return f"{major}.{minor}" if major and minor else None
+
+    def mig_ready(self) -> bool:
+        return self.labels.get(LABEL_MIG_CONFIG_STATE) == "success"
+
+    def mig_profiles(self) -> list[str]:
+        return sorted(
+            k.removeprefix(MIG_RESOURCE_PREFIX)
+            for k, v in self.capacity.items()
+            if k.startswith(MIG_RESOURCE_PREFIX) and v > 0
+        )
+
+    def targets(self) -> list[GPUTarget]:
+        """GPU targets this node can host (mixed MIG strategy; MIG only when the config succeeded)."""
+        product = self.product
+        if not product:
+            return []
+        out = []
+        if self.capacity.get(RESOURCE_GPU, 0) > 0:
+            out.append(GPUTarget(gpu=product))
+        if self.mig_ready():
+            for p in self.mig_profiles():
+                try:
+                    out.append(GPUTarget(gpu=product, mig=p))
+                except ValueError:
+                    continue
+        return out
+
+    def hosts(self, target: GPUTarget) -> bool:
+        """Whether a pod for `target` may land here (labels and a non-zero capacity of its resource)."""
+        if target.is_cpu:
+            return not self.product
+        if self.product != target.gpu:
+            return False
+        res = target.resource_name()
+        if target.mig and not self.mig_ready():
+            return False
+        return res is not None and self.capacity.get(res, 0) > 0
+
+    def gpu_problem(self) -> str | None:
+        """Why this node's GPUs cannot be trusted right now, or None when they look healthy."""
+        if not self.ready:
+            return "NodeNotReady"
+        for key in sorted(self.taint_keys & GPU_HEALTH_TAINTS):
+            return f"GPUHealthTaint {key}"
+        if self.bad_conditions:
+            return f"NodeCondition {self.bad_conditions[0]}"
+        for res, cap in sorted(self.capacity.items()):
+            if (res == RESOURCE_GPU or res.startswith(MIG_RESOURCE_PREFIX)) and self.allocatable.get(
+                res, 0
+            ) < cap:
+                return f"AllocatableDropped {res} {self.allocatable.get(res, 0)}/{cap}"
+        return None
+
+
+@dataclass(frozen=True)
+class Terminated:
+    exit_code: int
+    reason: str  # the kubelet's reason (Completed, Error, ...)
+    message: str
+    finished_at: float | None
+
+    def termination(self) -> TerminationMessage | None:
+        return TerminationMessage.parse(self.message) if self.message else None
+
+    def trtforge_reason(self) -> str | None:
+        """Our reason (GPUFault, EngineLoadFailed, ...) from the message, else from the exit code."""
+        msg = self.termination()
+        if msg is not None:
+            return msg.reason
+        r = REASON_BY_EXIT_CODE.get(self.exit_code)
+        return str(r) if r is not None else None
+
+
+def _terminated(state: Mapping[str, Any] | None) -> Terminated | None:
+    t = (state or {}).get("terminated")
+    if not t:
+        return None
+    return Terminated(
+        exit_code=int(t.get("exitCode", 0)),
+        reason=str(t.get("reason") or ""),
+        message=str(t.get("message") or ""),
+        finished_at=parse_time(t.get("finishedAt")),
+    )
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    name: str
+    ready: bool
+    restart_count: int
+    terminated: Terminated | None  # the current state
+    last_terminated: Terminated | None  # the previous run (after a restart)
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    namespace: str
+    uid: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    node: str | None
+    phase: str
+    ready: bool
+    containers: tuple[ContainerView, ...] = ()
+    deleting: bool = False
+    created: float | None = None
+
+    @classmethod
+    def from_k8s(cls, obj: Mapping[str, Any]) -> PodView:
+        meta, spec, status = _meta(obj), obj.get("spec") or {}, obj.get("status") or {}
+        conds = status.get("conditions") or []
+        containers = tuple(
+            ContainerView(
+                name=str(cs.get("name", "")),
+                ready=bool(cs.get("ready")),
+                restart_count=int(cs.get("restartCount") or 0),
+                terminated=_terminated(cs.get("state")),
+                last_terminated=_terminated(cs.get("lastState")),
+            )
+            for cs in status.get("containerStatuses") or []
+        )
+        return cls(
+            name=meta.get("name", ""),
+            namespace=meta.get("namespace", ""),
+            uid=meta.get("uid", ""),
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+            node=spec.get("nodeName"),
+            phase=str(status.get("phase") or "Pending"),
+            ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds),
+            containers=containers,
+            deleting=bool(meta.get("deletionTimestamp")),
+            created=parse_time(meta.get("creationTimestamp")),
+        )
+
+    def terminations(self) -> list[Terminated]:
+        out: list[Terminated] = []
+        for c in self.containers:
+            out.extend(t for t in (c.terminated, c.last_terminated) if t is not None)
+        return out
+
+
+@dataclass(frozen=True)
+class JobView:
+    name: str
+    namespace: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    active: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    complete: bool = False
+    failed_final: bool = False
+    failure_reason: str = ""
+    failure_message: str = ""
+    created: float | None = None
+    started: float | None = None
+    finished: float | None = None
+    deleting: bool = False
+
+    @classmethod
+    def from_k8s(cls, obj: Mapping[str, Any]) -> JobView:
+        meta, status = _meta(obj), obj.get("status") or {}
+        complete = failed_final = False
+        reason = message = ""
+        finished = parse_time(status.get("completionTime"))
+        for c in status.get("conditions") or []:
+            if c.get("status") != "True":
+                continue
+            if c.get("type") == "Complete":
+                complete = True
+            elif c.get("type") == "Failed":
+                failed_final = True
+                reason, message = str(c.get("reason") or ""), str(c.get("message") or "")
+                finished = finished or parse_time(c.get("lastTransitionTime"))
+        return cls(
+            name=meta.get("name", ""),
+            namespace=meta.get("namespace", ""),
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+            active=int(status.get("active") or 0),
+            succeeded=int(status.get("succeeded") or 0),
+            failed=int(status.get("failed") or 0),
+            complete=complete,
+            failed_final=failed_final,
+            failure_reason=reason,
+            failure_message=message,
+            created=parse_time(meta.get("creationTimestamp")),
+            started=parse_time(status.get("startTime")),
+            finished=finished,
+            deleting=bool(meta.get("deletionTimestamp")),
+        )
+
+    @property
+    def done(self) -> bool:
+        return self.complete or self.failed_final
+
+    @property
+    def running(self) -> bool:
+        return not self.done and not self.deleting
+
+    @property
+    def build_id(self) -> str:
+        return self.labels.get(L.L_BUILD_ID, "")
+
+    @property
+    def kind(self) -> str:
+        return self.labels.get(L.L_BUILD_KIND, "build")
+
+    @property
+    def attempt(self) -> int:
+        return _qty_int(self.annotations.get(L.A_ATTEMPT, "1")) or 1
+
+    @property
+    def engine_key(self) -> str:
+        return self.annotations.get(L.A_ENGINE_KEY, "")
+
+    def requesters(self) -> list[str]:
+        try:
+            v = json.loads(self.annotations.get(L.A_REQUESTERS, "[]"))
+        except ValueError:
+            return []
+        return [str(x) for x in v] if isinstance(v, list) else []
+
+    def result(self) -> dict[str, Any] | None:
+        """The builder's result JSON, once copied onto the Job from its pod."""
+        raw = self.annotations.get(L.A_RESULT)
+        if not raw:
+            return None
+        try:
+            v = json.loads(raw)
+        except ValueError:
+            return None
+        return v if isinstance(v, dict) else None
+
+
+@dataclass(frozen=True)
+class DeploymentView:
+    name: str
+    namespace: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    template_annotations: Mapping[str, str]
+    generation: int = 0
+    observed_generation: int = 0
+    spec_replicas: int = 0
+    replicas: int = 0
+    ready_replicas: int = 0
+    updated_replicas: int = 0
+    available_replicas: int = 0
+    progress_deadline_exceeded: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_k8s(cls, obj: Mapping[str, Any]) -> DeploymentView:
+        meta, spec, status = _meta(obj), obj.get("spec") or {}, obj.get("status") or {}
+        tmeta = ((spec.get("template") or {}).get("metadata")) or {}
+        stalled = any(
+            c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
+            for c in status.get("conditions") or []
+        )
+        return cls(
+            name=meta.get("name", ""),
+            namespace=meta.get("namespace", ""),
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+            template_annotations=dict(tmeta.get("annotations") or {}),
+            generation=int(meta.get("generation") or 0),
+            observed_generation=int(status.get("observedGeneration") or 0),
+            spec_replicas=int(spec["replicas"]) if spec.get("replicas") is not None else 1,
+            replicas=int(status.get("replicas") or 0),
+            ready_replicas=int(status.get("readyReplicas") or 0),
+            updated_replicas=int(status.get("updatedReplicas") or 0),
+            available_replicas=int(status.get("availableReplicas") or 0),
+            progress_deadline_exceeded=stalled,
+        )
+
+    def rolled_out(self) -> bool:
+        """The controller saw the latest spec and every pod runs it and is ready (no old pods left)."""
+        want = self.spec_replicas
+        return (
+            self.observed_generation >= self.generation
+            and self.updated_replicas >= want
+            and self.replicas == want
+            and self.ready_replicas >= want
+        )

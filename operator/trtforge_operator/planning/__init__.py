@@ -1,0 +1,1 @@
+"""Pure planners: observed state in, desired children and status out (no I/O, no kopf)."""

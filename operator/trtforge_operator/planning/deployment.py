@@ -1,0 +1,379 @@
+"""InferenceDeployment planning: observed state in, desired Deployments/Service/pod moves/rebuilds out.
+
+One Deployment per served target whose engine is Ready (pinned to that GPU type, requesting its GPU
+or MIG resource), one Service over all of them. The pod template carries the engine key and the
+manifest sha256, so a new engine (or a rebuilt artifact under the same key) rolls out; with
+maxUnavailable 0 the old pods keep serving until new ones pass their canary. While a target's
+engine is being (re)built, its existing Deployment is left as it is. No I/O.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trtforge.contract.gpu import GPUTarget
+from trtforge_operator import children
+from trtforge_operator import labels as L
+from trtforge_operator.api import (
+    Condition,
+    DeploymentTargetStatus,
+    FaultRecord,
+    InferenceDeploymentSpec,
+    InferenceDeploymentStatus,
+    TargetStatus,
+    TRTEngine,
+    ready_text,
+    set_condition,
+)
+from trtforge_operator.config import OperatorConfig
+from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView
+from trtforge_operator.planning import faults as F
+from trtforge_operator.planning.engine import Event, key_inputs, one_line
+
+
+@dataclass(frozen=True)
+class DeploymentObserved:
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    spec: InferenceDeploymentSpec
+    status: InferenceDeploymentStatus
+    engine: TRTEngine | None  # the referenced TRTEngine (same namespace), None when absent or invalid
+    deployments: Sequence[DeploymentView]  # ours (label trtforge.io/inferencedeployment)
+    pods: Sequence[PodView]  # our runtime pods
+    nodes: Sequence[NodeView]
+    jobs: Sequence[JobView]  # build Jobs (for rebuilds of our keys)
+    now: float
+    engine_problem: str | None = None  # why `engine` is None
+
+
+@dataclass
+class DeploymentPlan:
+    status: InferenceDeploymentStatus
+    apply: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # Deployments + Service: create, or update on hash
+    delete_deployments: list[str] = field(default_factory=list)
+    delete_pods: list[str] = field(default_factory=list)
+    jobs_to_create: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+
+def _utc(epoch: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).replace(microsecond=0)
+
+
+def _rebuild_request(
+    obs: DeploymentObserved, cfg: OperatorConfig, target: GPUTarget, key: str, fid: str, avoid: set[str]
+) -> children.BuildRequest | None:
+    engine = obs.engine
+    if engine is None:
+        return None
+    spec = engine.spec
+    try:
+        ki = key_inputs(spec, target, obs.nodes, cfg)
+    except ValueError:
+        return None
+    val = spec.validation_settings()
+    return children.BuildRequest(
+        target=target,
+        model_uri=spec.model.uri,
+        model_sha256=spec.model.sha256,
+        build=spec.build_config(),
+        engine_key=key,
+        request_digest=ki.request_digest,
+        node_selector=ki.node_selector,
+        requester=f"{obs.namespace}/{engine.metadata.name}",
+        timing_cache=spec.builder.timing_cache,
+        timeout_seconds=spec.builder.timeout_seconds,
+        samples=val.samples,
+        rtol=val.rtol,
+        atol=val.atol,
+        rebuild_of=fid,
+        avoid_nodes=tuple(sorted(avoid)),
+    )
+
+
+def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentPlan:
+    """Desired children and status of one InferenceDeployment."""
+    spec, now = obs.spec, obs.now
+    ttl = cfg.faults.suspect_node_ttl_seconds
+    policy = spec.fault_policy
+    engine_targets: dict[str, TargetStatus] = {}
+    if obs.engine is not None:
+        engine_targets = {t.name: t for t in obs.engine.status.targets}
+    all_targets = [t.target() for t in engine_targets.values()]
+    wanted = spec.replicas_by_target(all_targets)
+    our_pods = list(obs.pods)
+    dep_names = {t.name: children.deployment_name(obs.name, t) for t in wanted}
+    jobs_by_name = {j.name: j for j in obs.jobs}
+    events: list[Event] = []
+    plan = DeploymentPlan(status=InferenceDeploymentStatus())
+
+    # --- faults: detect, record once, decide the action
+    records = F.enrich_from_pods(list(obs.status.faults), our_pods)
+    new = F.detect_pod_faults(our_pods, records, now)
+    new += F.detect_node_faults(our_pods, obs.nodes, [*records, *(d.record for d in new)], now, ttl)
+    for d in new:
+        rec = d.record
+        t = engine_targets.get(rec.target or "")
+        can_rebuild = t is not None and t.engine_key is not None and obs.engine is not None
+        if not policy.rebuild_on_gpu_fault or not can_rebuild:
+            action = F.MOVED_REBUILD_DISABLED if d.node_suspect else F.REBUILD_RATE_LIMITED
+            if not policy.rebuild_on_gpu_fault and not d.node_suspect:
+                action = "RebuildDisabled"
+        elif F.rebuilds_in_last_hour(records, rec.target or "", now) >= policy.max_rebuilds_per_hour:
+            action = F.MOVED_RATE_LIMITED if d.node_suspect else F.REBUILD_RATE_LIMITED
+        else:
+            action = F.MOVED_REBUILD if d.node_suspect else F.REBUILD
+        rec = rec.model_copy(update={"action": action})
+        records.append(rec)
+        what = f"Xid {rec.xid}" if rec.xid is not None else (rec.reason or "fault")
+        events.append(
+            Event(
+                "Warning",
+                "GPUFault",
+                f"pod {rec.pod} on node {rec.node} ({rec.target}): {what}; action {action}",
+            )
+        )
+    avoid = F.avoid_nodes(records, obs.nodes, now, ttl)
+
+    # --- pods on suspect nodes go (the Deployment's affinity keeps their replacements away)
+    plan.delete_pods = sorted(p.name for p in our_pods if p.node in avoid and not p.deleting)
+
+    # --- rebuilds for unrecovered faults that asked for one (create-if-absent: level-based)
+    pending_rebuild: dict[str, str] = {}  # target -> rebuild Job name
+    for rec in records:
+        if rec.action not in F.REBUILD_ACTIONS or rec.recovered_seconds is not None:
+            continue
+        t = engine_targets.get(rec.target or "")
+        if t is None or not t.engine_key:
+            continue
+        fid = F.fault_id(rec)
+        name = children.job_name(t.engine_key[:20], rebuild_of=fid)
+        pending_rebuild[t.name] = name
+        if name not in jobs_by_name and not any(
+            j.kind == "rebuild" and j.running and j.build_id == t.engine_key[:20] for j in obs.jobs
+        ):
+            req = _rebuild_request(obs, cfg, t.target(), t.engine_key, fid, avoid)
+            if req is not None:
+                plan.jobs_to_create.append(children.build_job(req, cfg))
+
+    # --- Deployments and the Service
+    existing = {d.name: d for d in obs.deployments}
+    keep: set[str] = set()
+    target_statuses: list[DeploymentTargetStatus] = []
+    rollout_done: dict[str, bool] = {}
+    runtime = spec.runtime
+    image = runtime.image or cfg.runtime_image
+    for target, replicas in wanted.items():
+        ts = engine_targets[target.name]
+        dname = children.deployment_name(obs.name, target)
+        keep.add(dname)
+        cur = existing.get(dname)
+        st = DeploymentTargetStatus(
+            name=target.name, gpu=target.gpu, mig=target.mig, deployment_name=dname, replicas=replicas
+        )
+        desired_hash = None
+        if ts.phase == "Ready" and ts.engine_key and ts.sha256:
+            try:
+                ki = key_inputs(obs.engine.spec, target, obs.nodes, cfg) if obs.engine else None
+            except ValueError:
+                ki = None
+            selector = ki.node_selector if ki else target.node_selector()
+            rreq = children.RuntimeRequest(
+                namespace=obs.namespace,
+                infd=obs.name,
+                infd_uid=obs.uid,
+                target=target,
+                engine_key=ts.engine_key,
+                engine_sha256=ts.sha256,
+                replicas=replicas,
+                node_selector=selector,
+                image=image,
+                image_pull_policy=runtime.image_pull_policy or cfg.image_pull_policy,
+                port=runtime.port,
+                max_batch_size=runtime.batching.max_batch_size,
+                max_queue_delay_us=runtime.batching.max_queue_delay_microseconds,
+                instances=runtime.instances,
+                resources=runtime.resources.to_wire(),
+                env=tuple(e.to_wire() for e in runtime.env),
+                tolerations=tuple(t.to_wire() for t in runtime.tolerations),
+                max_surge=spec.rollout.max_surge,
+                max_unavailable=spec.rollout.max_unavailable,
+                progress_deadline_seconds=spec.rollout.progress_deadline_seconds,
+                avoid_nodes=tuple(sorted(avoid)),
+            )
+            dep = children.runtime_deployment(rreq, cfg)
+            desired_hash = dep["metadata"]["annotations"][L.A_SPEC_HASH]
+            if cur is None or cur.annotations.get(L.A_SPEC_HASH) != desired_hash:
+                plan.apply.append(dep)
+        if cur is not None:
+            st.engine_key = cur.template_annotations.get(L.A_TEMPLATE_ENGINE_KEY)
+            st.ready_replicas = cur.ready_replicas
+            st.updated_replicas = cur.updated_replicas
+        up_to_date = (
+            cur is not None
+            and desired_hash is not None
+            and cur.annotations.get(L.A_SPEC_HASH) == desired_hash
+        )
+        done = (
+            up_to_date
+            and cur is not None
+            and cur.rolled_out()
+            and not any(
+                p.node in avoid
+                for p in our_pods
+                if p.labels.get(L.L_TARGET) == target.name and not p.deleting
+            )
+        )
+        rollout_done[target.name] = done
+        if ts.phase != "Ready":
+            st.message = f"engine {ts.phase.lower()}: {ts.message or ts.reason or ''}".strip()
+        elif cur is not None and cur.progress_deadline_exceeded:
+            st.message = "rollout stuck: new pods are not becoming ready (the previous engine keeps serving)"
+        elif not done:
+            st.message = f"rolling out engine {ts.engine_key[:12] if ts.engine_key else ''}"
+        else:
+            st.message = "serving"
+        target_statuses.append(st)
+    plan.delete_deployments = sorted(n for n in existing if n not in keep)
+    if wanted:
+        plan.apply.append(children.runtime_service(obs.namespace, obs.name, obs.uid, runtime.port))
+
+    # --- recovery of recorded faults
+    for i, rec in enumerate(records):
+        if rec.recovered_seconds is not None:
+            continue
+        tname = rec.target or ""
+        if not rollout_done.get(tname, False):
+            continue
+        if rec.action in F.REBUILD_ACTIONS:
+            job = jobs_by_name.get(pending_rebuild.get(tname, ""))
+            if job is None or job.running:
+                continue
+            sha = (job.result() or {}).get("sha256") if job.complete else None
+            cur = existing.get(dep_names.get(tname, ""))
+            if sha and (cur is None or cur.template_annotations.get(L.A_TEMPLATE_ENGINE_SHA) != sha):
+                continue
+        secs = round(max(0.0, now - rec.time.timestamp()), 1)
+        records[i] = rec.model_copy(update={"recovered_seconds": secs})
+        events.append(
+            Event("Normal", "Recovered", f"{tname}: serving again {secs}s after the fault on {rec.node}")
+        )
+
+    # --- status
+    total = sum(wanted.values())
+    ready_total = sum(min(s.ready_replicas, s.replicas) for s in target_statuses)
+    svc = children.service_name(obs.name)
+    plan.status = InferenceDeploymentStatus(
+        observed_generation=obs.generation,
+        conditions=_conditions(obs, wanted, target_statuses, rollout_done, records, existing),
+        targets=target_statuses,
+        replicas=total,
+        ready_replicas=ready_total,
+        ready=ready_text(ready_total, total),
+        endpoint=f"http://{svc}.{obs.namespace}.svc:{runtime.port}" if wanted else None,
+        faults=records[-cfg.faults.history :],
+    )
+    plan.events = events
+    return plan
+
+
+def _conditions(
+    obs: DeploymentObserved,
+    wanted: dict[GPUTarget, int],
+    targets: list[DeploymentTargetStatus],
+    done: dict[str, bool],
+    records: list[FaultRecord],
+    existing: dict[str, DeploymentView],
+) -> list[Condition]:
+    gen, at = obs.generation, _utc(obs.now)
+    conds = list(obs.status.conditions)
+    engine = obs.engine
+    not_done = [t for t in targets if not done.get(t.name)]
+    if engine is None:
+        msg = obs.engine_problem or f"TRTEngine {obs.spec.engine_ref.name} not found in {obs.namespace}"
+        conds = set_condition(conds, "Ready", "False", "EngineNotFound", msg, observed_generation=gen, at=at)
+        conds = set_condition(
+            conds, "Progressing", "False", "WaitingForEngine", msg, observed_generation=gen, at=at
+        )
+    elif not wanted:
+        msg = (
+            "the engine has no targets yet"
+            if not engine.status.targets
+            else "no engine target matches spec.targets"
+        )
+        conds = set_condition(conds, "Ready", "False", "NoTargets", msg, observed_generation=gen, at=at)
+        conds = set_condition(
+            conds, "Progressing", "False", "WaitingForEngine", msg, observed_generation=gen, at=at
+        )
+    elif not_done:
+        msg = one_line("; ".join(f"{t.name}: {t.message}" for t in not_done), 1000)
+        waiting_engine = any((t.message or "").startswith("engine ") for t in not_done)
+        conds = set_condition(
+            conds,
+            "Ready",
+            "False",
+            "EngineNotReady" if waiting_engine else "RolloutInProgress",
+            msg,
+            observed_generation=gen,
+            at=at,
+        )
+        conds = set_condition(
+            conds,
+            "Progressing",
+            "True",
+            "WaitingForEngine" if waiting_engine else "RollingOut",
+            msg,
+            observed_generation=gen,
+            at=at,
+        )
+    else:
+        n = sum(wanted.values())
+        conds = set_condition(
+            conds,
+            "Ready",
+            "True",
+            "AllReplicasReady",
+            f"{n}/{n} replicas ready on {len(wanted)} target(s)",
+            observed_generation=gen,
+            at=at,
+        )
+        conds = set_condition(
+            conds, "Progressing", "False", "RolloutComplete", "", observed_generation=gen, at=at
+        )
+    open_faults = [r for r in records if r.recovered_seconds is None]
+    stuck = [d.name for d in existing.values() if d.progress_deadline_exceeded]
+    if open_faults:
+        r = open_faults[-1]
+        what = f"Xid {r.xid}" if r.xid is not None else (r.reason or "fault")
+        conds = set_condition(
+            conds,
+            "Degraded",
+            "True",
+            "GPUFault",
+            one_line(
+                f"{len(open_faults)} fault(s) being handled; last: {what} on {r.node} ({r.action})", 1000
+            ),
+            observed_generation=gen,
+            at=at,
+        )
+    elif stuck:
+        conds = set_condition(
+            conds,
+            "Degraded",
+            "True",
+            "RolloutStuck",
+            f"rollout of {', '.join(sorted(stuck))} passed its progress deadline; the previous "
+            "engine keeps serving",
+            observed_generation=gen,
+            at=at,
+        )
+    else:
+        conds = set_condition(conds, "Degraded", "False", "AsExpected", "", observed_generation=gen, at=at)
+    return conds

@@ -1,0 +1,540 @@
+"""TRTEngine planning: observed state in, desired build Jobs and status out. No I/O.
+
+Per resolved target: compute its engine key (Node labels + the contract's known-GPU table). When the
+model's sha256 is pinned the key is known up front and a stored manifest means Ready with no Job at
+all, from any namespace. Without a pin the build is named by a *request digest* of (model URI, build
+config, GPU identity, backend) and the key comes from the Job's result. Otherwise one Job per build id
+(derived from the key or digest), retried with exponential backoff under a new name per attempt,
+then Stalled.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trtforge.contract.engine_key import EngineKeyRecord, engine_key
+from trtforge.contract.gpu import GPUIdentity, GPUTarget, UnknownTargetError, identity_for_target
+from trtforge.contract.layout import engine_path
+from trtforge.contract.manifest import Manifest
+from trtforge_operator import children
+from trtforge_operator.api import (
+    Accuracy,
+    Condition,
+    TargetStatus,
+    TRTEngineSpec,
+    TRTEngineStatus,
+    ready_text,
+    set_condition,
+)
+from trtforge_operator.config import BackendSpec, OperatorConfig
+from trtforge_operator.observed import JobView, NodeView
+
+ManifestLookup = Callable[[str], Manifest | None]
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Build Jobs running now, cluster-wide and requested from this namespace, and the limits."""
+
+    running_total: int
+    running_in_namespace: int
+    max_total: int
+    max_per_namespace: int
+
+    def allows(self, extra_total: int, extra_ns: int) -> bool:
+        return (
+            self.running_total + extra_total < self.max_total
+            and self.running_in_namespace + extra_ns < self.max_per_namespace
+        )
+
+
+@dataclass(frozen=True)
+class EngineObserved:
+    namespace: str
+    name: str
+    generation: int
+    spec: TRTEngineSpec
+    status: TRTEngineStatus
+    nodes: Sequence[NodeView]
+    jobs: Sequence[JobView]  # build Jobs in the build namespace (all of them, or those of relevant ids)
+    manifests: ManifestLookup
+    capacity: Capacity
+    now: float
+
+
+@dataclass
+class EnginePlan:
+    status: TRTEngineStatus
+    jobs_to_create: list[dict[str, Any]] = field(default_factory=list)
+    add_requester: list[str] = field(default_factory=list)  # names of existing Jobs this engine now uses
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None  # seconds until a backoff expires
+
+
+@dataclass(frozen=True)
+class KeyInputs:
+    target: GPUTarget
+    identity: GPUIdentity
+    backend: BackendSpec
+    request_digest: str
+    engine_key: str | None
+    node_selector: dict[str, str]
+    hosting_nodes: tuple[str, ...]
+
+
+def discovered_targets(spec: TRTEngineSpec, nodes: Sequence[NodeView]) -> list[GPUTarget]:
+    """GPU targets found on Nodes that autoTargets selects (MIG only where the MIG config succeeded)."""
+    auto = spec.auto_targets
+    found: list[GPUTarget] = []
+    for n in nodes:
+        if auto is not None and not auto.selects(n.labels):
+            continue
+        found.extend(n.targets())
+    return found
+
+
+def resolve_targets(spec: TRTEngineSpec, nodes: Sequence[NodeView]) -> list[GPUTarget]:
+    return spec.resolved_targets(discovered_targets(spec, nodes))
+
+
+def request_digest(
+    model_uri: str, model_sha256: str | None, spec: TRTEngineSpec, identity: GPUIdentity, backend: BackendSpec
+) -> str:
+    """Names a build whose key is not known before it runs (model sha256 not pinned)."""
+    rec = {
+        "model": model_uri,
+        "sha256": model_sha256,
+        "build": spec.build_config().canonical(),
+        "gpu": identity.model_dump(mode="json"),
+        "backend": backend.model_dump(mode="json"),
+    }
+    return hashlib.sha256(json.dumps(rec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def key_inputs(
+    spec: TRTEngineSpec, target: GPUTarget, nodes: Sequence[NodeView], cfg: OperatorConfig
+) -> KeyInputs:
+    """Identity, key (when pinned), digest and node selector of one target. Raises UnknownTargetError."""
+    hosting = sorted((n for n in nodes if n.hosts(target)), key=lambda n: n.name)
+    first = hosting[0] if hosting else None
+    identity = identity_for_target(
+        target,
+        arch=first.arch if first else None,
+        compute_capability=first.compute_capability if first else None,
+    )
+    backend = cfg.backend_for(target.gpu)
+    key = None
+    if spec.model.sha256:
+        key = engine_key(
+            EngineKeyRecord(
+                model_sha256=spec.model.sha256,
+                build=spec.build_config(),
+                backend=backend.backend,
+                backend_version=backend.version,
+                cuda=backend.cuda,
+                gpu=identity,
+            )
+        )
+    arch = first.arch if first and first.arch else (identity.arch if identity.arch != "amd64" else None)
+    return KeyInputs(
+        target=target,
+        identity=identity,
+        backend=backend,
+        request_digest=request_digest(spec.model.uri, spec.model.sha256, spec, identity, backend),
+        engine_key=key,
+        node_selector=target.node_selector(arch),
+        hosting_nodes=tuple(n.name for n in hosting),
+    )
+
+
+def backoff_seconds(failed_attempts: int, cfg: OperatorConfig) -> float:
+    """Wait after the n-th failed attempt: base * 2^(n-1), capped."""
+    b = cfg.build
+    return float(min(b.retry_max_seconds, b.retry_base_seconds * (2 ** max(0, failed_attempts - 1))))
+
+
+def result_key(result: Mapping[str, Any] | None) -> str | None:
+    if not result:
+        return None
+    k = result.get("key") or result.get("engine_key")
+    return str(k) if k else None
+
+
+def result_error(result: Mapping[str, Any] | None) -> str | None:
+    if not result:
+        return None
+    if result.get("ok") is False or result.get("error") or result.get("reason") not in (None, "Completed"):
+        e = result.get("error") or result.get("message") or result.get("reason")
+        return one_line(str(e)) if e else None
+    return None
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def failure_message(job: JobView) -> str:
+    err = result_error(job.result())
+    if err:
+        return err
+    if job.failure_reason == "DeadlineExceeded":
+        return f"build Job {job.name} ran past its deadline"
+    if job.failure_message:
+        return one_line(f"{job.failure_reason}: {job.failure_message}")
+    return f"build Job {job.name} failed ({job.failure_reason or 'no reason given'})"
+
+
+def _iso(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _ts(epoch: float | None) -> dt.datetime | None:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).replace(microsecond=0) if epoch else None
+
+
+def _fill_from_manifest(st: TargetStatus, m: Manifest, store_uri: str) -> None:
+    st.engine_key = m.key
+    st.engine_uri = f"{store_uri.rstrip('/')}/{engine_path(m.key, m.engine_file)}"
+    st.sha256 = m.sha256
+    st.size_bytes = m.size_bytes
+    st.backend = m.backend
+    st.backend_version = m.backend_version
+    st.compute_capability = m.gpu.compute_capability
+    st.build_seconds = round(m.build_seconds, 3)
+    st.accuracy = Accuracy(
+        max_abs_error=m.accuracy.max_abs_error,
+        max_rel_error=m.accuracy.max_rel_error,
+        passed=m.accuracy.passed,
+    )
+
+
+@dataclass
+class _TargetOutcome:
+    status: TargetStatus
+    create: children.BuildRequest | None = None
+    use_job: str | None = None
+    wake_at: float | None = None
+    stalled: bool = False
+    rebuilding: bool = False
+    rebuild_failed: str | None = None
+
+
+def _plan_target(
+    obs: EngineObserved,
+    target: GPUTarget,
+    cfg: OperatorConfig,
+    jobs_by_id: Mapping[str, list[JobView]],
+    prev: TargetStatus | None,
+) -> _TargetOutcome:
+    st = TargetStatus(name=target.name, gpu=target.gpu, mig=target.mig, phase="Pending")
+    try:
+        ki = key_inputs(obs.spec, target, obs.nodes, cfg)
+    except (UnknownTargetError, ValueError) as e:
+        st.phase, st.reason, st.message = "Failed", "InvalidTarget", one_line(str(e))
+        return _TargetOutcome(st, stalled=True)
+    bid = children.build_id(ki.engine_key, ki.request_digest)
+    builds = sorted((j for j in jobs_by_id.get(bid, []) if j.kind == "build"), key=lambda j: j.attempt)
+    succeeded = [j for j in builds if j.complete]
+    key = ki.engine_key or next(
+        (result_key(j.result()) for j in reversed(succeeded) if result_key(j.result())), None
+    )
+    manifest = obs.manifests(key) if key else None
+    latest = builds[-1] if builds else None
+    out = _TargetOutcome(st)
+    if latest is not None:
+        st.job_name = latest.name
+        st.attempts = latest.attempt
+        st.last_attempt_time = _ts(latest.started or latest.created)
+        if obs_requester(obs) not in latest.requesters():
+            out.use_job = latest.name
+    if key:
+        st.engine_key = key
+        rebuilds = sorted(
+            (j for j in jobs_by_id.get(key[:20], []) if j.kind == "rebuild"), key=lambda j: j.created or 0
+        )
+        if rebuilds:
+            last_rb = rebuilds[-1]
+            out.rebuilding = last_rb.running
+            if last_rb.failed_final:
+                out.rebuild_failed = f"rebuild {last_rb.name} failed: {failure_message(last_rb)}"
+    if manifest is not None:
+        _fill_from_manifest(st, manifest, cfg.store_uri)
+        st.phase = "Ready"
+        built_here = any(j.complete and (j.result() or {}).get("cache_hit") is False for j in builds)
+        st.cache_hit = not built_here
+        st.reason = "Rebuilding" if out.rebuilding else ("CacheHit" if st.cache_hit else "Built")
+        st.message = (
+            "rebuilding after a GPU fault (the current engine keeps serving)"
+            if out.rebuilding
+            else "engine found in the store, no build needed"
+            if st.cache_hit
+            else f"built in {st.build_seconds}s"
+        )
+        return out
+    if latest is not None and latest.running:
+        st.phase, st.reason = "Building", "BuildRunning"
+        st.message = f"build Job {latest.name} (attempt {latest.attempt}) is running"
+        return out
+    if latest is not None and latest.complete:
+        rk = result_key(latest.result())
+        if latest.result() is None:
+            st.phase, st.reason, st.message = "Building", "CollectingResult", "reading the build result"
+            return out
+        if rk and (ki.engine_key is None or rk == ki.engine_key):
+            st.engine_key = rk
+        failed_msg = result_error(latest.result()) or (
+            f"build Job {latest.name} finished but the store has no engine {rk or key}"
+        )
+    elif latest is not None and latest.failed_final:
+        failed_msg = failure_message(latest)
+    else:
+        failed_msg = None
+    attempt = latest.attempt if latest is not None else 0
+    if failed_msg is not None and latest is not None:
+        st.phase, st.reason = "Failed", "BuildFailed"
+        if attempt >= cfg.build.max_attempts:
+            st.reason = "BuildRetriesExhausted"
+            st.message = one_line(
+                f"attempt {attempt}/{cfg.build.max_attempts} failed: {failed_msg}; giving up "
+                "(change the spec to try again)"
+            )
+            out.stalled = True
+            return out
+        retry_at = (latest.finished or obs.now) + backoff_seconds(attempt, cfg)
+        if obs.now < retry_at:
+            st.message = one_line(
+                f"attempt {attempt}/{cfg.build.max_attempts} failed: {failed_msg}; "
+                f"retrying at {_iso(retry_at)}"
+            )
+            out.wake_at = retry_at
+            return out
+    if not ki.hosting_nodes:
+        st.phase, st.reason = ("Pending", "NoMatchingNode") if failed_msg is None else (st.phase, st.reason)
+        st.message = f"no schedulable node offers {target} ({target.resource_name() or 'cpu'})"
+        return out
+    spec = obs.spec
+    val = spec.validation_settings()
+    out.create = children.BuildRequest(
+        target=target,
+        model_uri=spec.model.uri,
+        model_sha256=spec.model.sha256,
+        build=spec.build_config(),
+        engine_key=ki.engine_key,
+        request_digest=ki.request_digest,
+        node_selector=ki.node_selector,
+        requester=obs_requester(obs),
+        timing_cache=spec.builder.timing_cache,
+        timeout_seconds=spec.builder.timeout_seconds,
+        samples=val.samples,
+        rtol=val.rtol,
+        atol=val.atol,
+        attempt=attempt + 1,
+    )
+    st.job_name = out.create.job_name
+    st.attempts = attempt + 1
+    if failed_msg is None:
+        st.phase, st.reason = "Building", "BuildStarting"
+        st.message = f"starting build Job {st.job_name}"
+    else:
+        st.phase, st.reason = "Building", "BuildRetrying"
+        st.message = one_line(f"attempt {attempt} failed: {failed_msg}; starting attempt {attempt + 1}")
+    return out
+
+
+def obs_requester(obs: EngineObserved) -> str:
+    return f"{obs.namespace}/{obs.name}"
+
+
+def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
+    """The desired Jobs and status of one TRTEngine."""
+    targets = resolve_targets(obs.spec, obs.nodes)
+    jobs_by_id: dict[str, list[JobView]] = {}
+    for j in obs.jobs:
+        if not j.deleting:
+            jobs_by_id.setdefault(j.build_id, []).append(j)
+    prev = {t.name: t for t in obs.status.targets}
+    plan = EnginePlan(status=TRTEngineStatus())
+    outcomes: list[_TargetOutcome] = []
+    extra_total = extra_ns = 0
+    for target in targets:
+        o = _plan_target(obs, target, cfg, jobs_by_id, prev.get(target.name))
+        if o.create is not None:
+            if obs.capacity.allows(extra_total, extra_ns):
+                extra_total += 1
+                extra_ns += 1
+                plan.jobs_to_create.append(children.build_job(o.create, cfg))
+            else:
+                o.status.phase, o.status.reason = "Pending", "Queued"
+                o.status.message = (
+                    f"waiting for a build slot ({obs.capacity.running_total} running, "
+                    f"limits {obs.capacity.max_total} total, "
+                    f"{obs.capacity.max_per_namespace} per namespace)"
+                )
+                o.status.job_name = None
+                o.create = None
+        if o.use_job:
+            plan.add_requester.append(o.use_job)
+        if o.wake_at is not None:
+            wait = max(0.5, o.wake_at - obs.now)
+            plan.requeue_after = wait if plan.requeue_after is None else min(plan.requeue_after, wait)
+        outcomes.append(o)
+    statuses = [_keep_times(o.status, prev.get(o.status.name)) for o in outcomes]
+    plan.status = TRTEngineStatus(
+        observed_generation=obs.generation,
+        conditions=_conditions(obs, outcomes, statuses),
+        targets=statuses,
+        ready_targets=ready_text(sum(1 for s in statuses if s.phase == "Ready"), len(statuses)),
+    )
+    plan.events = transition_events(obs.status, plan.status)
+    return plan
+
+
+def _keep_times(st: TargetStatus, prev: TargetStatus | None) -> TargetStatus:
+    """Keep the previous last-attempt time when the planner could not observe one (no churn)."""
+    if prev is not None and st.last_attempt_time is None and st.job_name and st.job_name == prev.job_name:
+        st.last_attempt_time = prev.last_attempt_time
+    return st
+
+
+def _conditions(
+    obs: EngineObserved, outcomes: list[_TargetOutcome], statuses: list[TargetStatus]
+) -> list[Condition]:
+    gen = obs.generation
+    at = _ts(obs.now)
+    conds = list(obs.status.conditions)
+    n = len(statuses)
+    ready = [s for s in statuses if s.phase == "Ready"]
+    building = [s for s in statuses if s.phase == "Building"]
+    failed = [s for s in statuses if s.phase == "Failed"]
+    rebuilding = [o.status.name for o in outcomes if o.rebuilding]
+    rebuild_failed = [o.rebuild_failed for o in outcomes if o.rebuild_failed]
+    stalled = [o.status for o in outcomes if o.stalled]
+    if n == 0:
+        conds = set_condition(
+            conds,
+            "Ready",
+            "False",
+            "NoTargets",
+            "no targets: list spec.targets, or enable autoTargets on a cluster with GPU nodes",
+            observed_generation=gen,
+            at=at,
+        )
+    elif len(ready) == n:
+        conds = set_condition(
+            conds,
+            "Ready",
+            "True",
+            "AllTargetsReady",
+            f"{n}/{n} targets ready",
+            observed_generation=gen,
+            at=at,
+        )
+    else:
+        waiting = "; ".join(f"{s.name}: {s.phase}" for s in statuses if s.phase != "Ready")
+        conds = set_condition(
+            conds,
+            "Ready",
+            "False",
+            "TargetsNotReady",
+            one_line(f"{len(ready)}/{n} targets ready; {waiting}", 1000),
+            observed_generation=gen,
+            at=at,
+        )
+    if building or rebuilding:
+        names = [s.name for s in building] + rebuilding
+        conds = set_condition(
+            conds,
+            "Building",
+            "True",
+            "Rebuilding" if not building else "BuildRunning",
+            f"building: {', '.join(names)}",
+            observed_generation=gen,
+            at=at,
+        )
+    else:
+        conds = set_condition(
+            conds, "Building", "False", "Idle", "no build running", observed_generation=gen, at=at
+        )
+    if failed or rebuild_failed:
+        msgs = [f"{s.name}: {s.message}" for s in failed] + [m for m in rebuild_failed if m]
+        conds = set_condition(
+            conds,
+            "Degraded",
+            "True",
+            "BuildFailed",
+            one_line("; ".join(msgs), 1000),
+            observed_generation=gen,
+            at=at,
+        )
+    else:
+        conds = set_condition(conds, "Degraded", "False", "AsExpected", "", observed_generation=gen, at=at)
+    if stalled:
+        reason = (
+            "InvalidTarget" if any(s.reason == "InvalidTarget" for s in stalled) else "BuildRetriesExhausted"
+        )
+        conds = set_condition(
+            conds,
+            "Stalled",
+            "True",
+            reason,
+            one_line("; ".join(f"{s.name}: {s.message}" for s in stalled), 1000),
+            observed_generation=gen,
+            at=at,
+        )
+    else:
+        conds = set_condition(conds, "Stalled", "False", "AsExpected", "", observed_generation=gen, at=at)
+    return conds
+
+
+def transition_events(old: TRTEngineStatus, new: TRTEngineStatus) -> list[Event]:
+    """Events for per-target phase changes (what `kubectl describe` shows)."""
+    before = {t.name: t for t in old.targets}
+    out: list[Event] = []
+    for t in new.targets:
+        p = before.get(t.name)
+        if p is not None and p.phase == t.phase and p.reason == t.reason and p.sha256 == t.sha256:
+            continue
+        if t.phase == "Ready":
+            how = "cache hit" if t.cache_hit else f"built in {t.build_seconds}s"
+            if p is not None and p.phase == "Ready" and p.sha256 != t.sha256:
+                how = "rebuilt engine published"
+            out.append(
+                Event("Normal", "EngineReady", f"{t.name}: engine {(t.engine_key or '')[:12]} ready ({how})")
+            )
+        elif t.phase == "Building" and t.reason in ("BuildStarting", "BuildRetrying"):
+            out.append(Event("Normal", "BuildStarted", f"{t.name}: {t.message}"))
+        elif t.phase == "Failed":
+            out.append(Event("Warning", t.reason or "BuildFailed", f"{t.name}: {t.message}"))
+        elif t.phase == "Pending" and t.reason in ("NoMatchingNode", "Queued"):
+            out.append(Event("Normal", t.reason, f"{t.name}: {t.message}"))
+    return out
+
+
+def invalid_spec_status(old: TRTEngineStatus, generation: int, message: str, now: float) -> TRTEngineStatus:
+    """Status of a TRTEngine whose spec the models refuse (the CRD of an old cluster lets it in)."""
+    at = _ts(now)
+    conds = list(old.conditions)
+    msg = one_line(message, 1000)
+    conds = set_condition(conds, "Ready", "False", "InvalidSpec", msg, observed_generation=generation, at=at)
+    conds = set_condition(conds, "Building", "False", "Idle", "", observed_generation=generation, at=at)
+    conds = set_condition(conds, "Degraded", "False", "AsExpected", "", observed_generation=generation, at=at)
+    conds = set_condition(conds, "Stalled", "True", "InvalidSpec", msg, observed_generation=generation, at=at)
+    return TRTEngineStatus(
+        observed_generation=generation,
+        conditions=conds,
+        targets=list(old.targets),
+        ready_targets=old.ready_targets,
+    )

@@ -1,0 +1,325 @@
+"""TRTEngine planning: targets, keys, cache hits, one Job per key, retries with backoff, Stalled, status churn."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from trtforge_operator import children
+from trtforge_operator import labels as L
+from trtforge_operator.api import TRTEngine, get_condition
+from trtforge_operator.config import BackendSpec, OperatorConfig
+from trtforge_operator.fakes import default_nodes, gpu_node, job
+from trtforge_operator.observed import JobView, NodeView
+from trtforge_operator.planning.engine import Capacity, EngineObserved, key_inputs, plan_engine
+
+from trtforge.contract.gpu import GPUTarget
+from trtforge.contract.manifest import Accuracy, CanaryRef, Manifest
+
+SHA = "a" * 64
+NOW = 1_800_000_000.0
+CFG = OperatorConfig(
+    backends={
+        "gpu": BackendSpec(backend="onnxruntime", version="1.22.0"),
+        "cpu": BackendSpec(backend="onnxruntime", version="1.22.0"),
+    },
+    build={"retry_base_seconds": 30, "max_attempts": 3},
+)
+H100 = GPUTarget(gpu="NVIDIA-H100-80GB-HBM3")
+GH200 = GPUTarget(gpu="NVIDIA-GH200-480GB")
+B200_MIG = GPUTarget(gpu="NVIDIA-B200", mig="1g.23gb")
+
+
+def engine(
+    targets: list[dict[str, Any]] | None = None,
+    sha: str | None = SHA,
+    name: str = "resnet",
+    namespace: str = "team-a",
+    **spec: Any,
+) -> TRTEngine:
+    model: dict[str, Any] = {"uri": "pvc://models/resnet.onnx"}
+    if sha:
+        model["sha256"] = sha
+    body: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": namespace, "generation": 1, "uid": "u1"},
+        "spec": {"model": model, **spec},
+    }
+    if targets is not None:
+        body["spec"]["targets"] = targets
+    return TRTEngine.model_validate(body)
+
+
+def observe(
+    e: TRTEngine,
+    *,
+    jobs: list[dict[str, Any]] = (),
+    manifests: dict[str, Manifest] | None = None,
+    nodes: list[dict[str, Any]] | None = None,
+    now: float = NOW,
+    running: int = 0,
+    cfg: OperatorConfig = CFG,
+) -> EngineObserved:
+    manifests = manifests or {}
+    return EngineObserved(
+        namespace=e.metadata.namespace or "",
+        name=e.metadata.name or "",
+        generation=e.metadata.generation or 1,
+        spec=e.spec,
+        status=e.status,
+        nodes=[NodeView.from_k8s(n) for n in (nodes or default_nodes())],
+        jobs=[JobView.from_k8s(j) for j in jobs],
+        manifests=manifests.get,
+        capacity=Capacity(running, running, cfg.build.max_concurrent, cfg.build.max_concurrent_per_namespace),
+        now=now,
+    )
+
+
+def manifest_for(key: str, target: GPUTarget, sha256: str = "b" * 64) -> Manifest:
+    ident = key_inputs(
+        engine([{"gpu": target.gpu, "mig": target.mig}]).spec,
+        target,
+        [NodeView.from_k8s(n) for n in default_nodes()],
+        CFG,
+    ).identity
+    return Manifest(
+        key=key,
+        engine_file="model.onnx",
+        sha256=sha256,
+        size_bytes=1234,
+        backend="onnxruntime",
+        backend_version="1.22.0",
+        cuda="none",
+        gpu=ident,
+        build=engine([{"gpu": target.gpu}]).spec.build_config(),
+        model_uri="pvc://models/resnet.onnx",
+        model_sha256=SHA,
+        inputs=[],
+        outputs=[],
+        build_seconds=4.2,
+        accuracy=Accuracy(
+            samples=8, max_abs_error=1e-4, max_rel_error=1e-3, atol=1e-3, rtol=1e-2, passed=True
+        ),
+        canary=CanaryRef(file="canary.npz", sha256="c" * 64, atol=1e-3, rtol=1e-2),
+    )
+
+
+def key_of(e: TRTEngine, target: GPUTarget) -> str:
+    k = key_inputs(e.spec, target, [NodeView.from_k8s(n) for n in default_nodes()], CFG).engine_key
+    assert k is not None
+    return k
+
+
+def with_status(e: TRTEngine, plan_status: Any) -> TRTEngine:
+    return e.model_copy(update={"status": plan_status})
+
+
+def test_one_job_per_target_pinned_to_its_gpu_type() -> None:
+    e = engine([{"gpu": H100.gpu}, {"gpu": GH200.gpu}, {"gpu": B200_MIG.gpu, "mig": "1g.23gb"}])
+    plan = plan_engine(observe(e), CFG)
+    assert len(plan.jobs_to_create) == 3
+    by_target = {j["metadata"]["labels"][L.L_TARGET]: j for j in plan.jobs_to_create}
+    h100 = by_target[H100.name]["spec"]["template"]["spec"]
+    assert h100["nodeSelector"]["nvidia.com/gpu.product"] == H100.gpu
+    assert h100["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    gh = by_target[GH200.name]["spec"]["template"]["spec"]
+    assert gh["nodeSelector"]["kubernetes.io/arch"] == "arm64"
+    mig = by_target[B200_MIG.name]["spec"]["template"]["spec"]
+    assert mig["containers"][0]["resources"]["limits"] == {
+        "memory": CFG.build.memory,
+        "nvidia.com/mig-1g.23gb": "1",
+    }
+    assert mig["nodeSelector"]["nvidia.com/mig.config.state"] == "success"
+    # The name is derived from the key: the same request always names the same Job.
+    assert by_target[H100.name]["metadata"]["name"] == f"trtforge-build-{key_of(e, H100)[:20]}"
+    assert all(t.phase == "Building" for t in plan.status.targets)
+    assert get_condition(plan.status.conditions, "Building").status == "True"  # type: ignore[union-attr]
+    assert get_condition(plan.status.conditions, "Ready").status == "False"  # type: ignore[union-attr]
+    assert plan.status.ready_targets == "0/3"
+
+
+def test_build_pods_are_pss_restricted_and_bounded() -> None:
+    plan = plan_engine(observe(engine([{"gpu": H100.gpu}])), CFG)
+    j = plan.jobs_to_create[0]
+    pod = j["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not any("hostPath" in v for v in pod["volumes"])
+    assert j["spec"]["activeDeadlineSeconds"] > 0 and j["spec"]["backoffLimit"] == 0
+    assert c["command"][:2] == ["trtforge", "build"] and "--store" in c["command"]
+    assert "ownerReferences" not in j["metadata"]  # shared across namespaces
+
+
+def test_stored_manifest_means_ready_cache_hit_and_no_job() -> None:
+    e = engine([{"gpu": H100.gpu}], namespace="team-b")
+    key = key_of(e, H100)
+    plan = plan_engine(observe(e, manifests={key: manifest_for(key, H100)}), CFG)
+    assert plan.jobs_to_create == []
+    (t,) = plan.status.targets
+    assert (t.phase, t.cache_hit, t.engine_key, t.sha256) == ("Ready", True, key, "b" * 64)
+    assert t.engine_uri and t.engine_uri.endswith(f"engines/{key}/model.onnx")
+    assert get_condition(plan.status.conditions, "Ready").status == "True"  # type: ignore[union-attr]
+
+
+def test_key_does_not_depend_on_namespace_or_name() -> None:
+    a = engine([{"gpu": H100.gpu}], namespace="team-a", name="x")
+    b = engine([{"gpu": H100.gpu}], namespace="team-b", name="y")
+    assert key_of(a, H100) == key_of(b, H100)
+    assert key_of(a, H100) != key_of(engine([{"gpu": H100.gpu}], precision="fp32"), H100)
+
+
+def test_a_running_job_of_another_requester_is_reused_not_duplicated() -> None:
+    a = engine([{"gpu": H100.gpu}], namespace="team-a")
+    created = plan_engine(observe(a), CFG).jobs_to_create
+    b = engine([{"gpu": H100.gpu}], namespace="team-b")
+    plan = plan_engine(observe(b, jobs=[job(created[0], at=NOW - 5)]), CFG)
+    assert plan.jobs_to_create == []
+    assert plan.add_requester == [created[0]["metadata"]["name"]]
+    assert plan.status.targets[0].phase == "Building"
+
+
+def test_unpinned_model_uses_request_digest_and_key_from_result() -> None:
+    e = engine([{"gpu": H100.gpu}], sha=None)
+    (j,) = plan_engine(observe(e), CFG).jobs_to_create
+    assert j["metadata"]["annotations"][L.A_ENGINE_KEY] == ""
+    key = "d" * 64
+    done = job(j, state="complete", at=NOW - 60, result={"key": key, "cache_hit": False, "sha256": "b" * 64})
+    plan = plan_engine(observe(e, jobs=[done], manifests={key: manifest_for(key, H100)}), CFG)
+    (t,) = plan.status.targets
+    assert (t.phase, t.engine_key, t.cache_hit) == ("Ready", key, False)
+    assert plan.jobs_to_create == []
+
+
+def test_failed_build_backs_off_retries_under_a_new_name_then_stalls() -> None:
+    e = engine([{"gpu": H100.gpu}])
+    (j1,) = plan_engine(observe(e), CFG).jobs_to_create
+    failed1 = job(j1, state="failed", at=NOW - 15, result={"reason": "Error", "error": "unsupported op Foo"})
+    # Within the backoff: no new Job, Failed with the reason in one line, a requeue.
+    plan = plan_engine(observe(e, jobs=[failed1]), CFG)
+    assert plan.jobs_to_create == []
+    (t,) = plan.status.targets
+    assert t.phase == "Failed" and "unsupported op Foo" in (t.message or "") and "\n" not in (t.message or "")
+    assert plan.requeue_after is not None and 0 < plan.requeue_after <= 30
+    assert get_condition(plan.status.conditions, "Degraded").status == "True"  # type: ignore[union-attr]
+    assert get_condition(plan.status.conditions, "Stalled").status == "False"  # type: ignore[union-attr]
+    # After it: attempt 2 with its own name.
+    plan = plan_engine(observe(e, jobs=[failed1], now=NOW + 60), CFG)
+    (j2,) = plan.jobs_to_create
+    assert j2["metadata"]["name"] == j1["metadata"]["name"] + "-a2"
+    failed2 = job(j2, state="failed", at=NOW + 60)
+    (j3,) = plan_engine(observe(e, jobs=[failed1, failed2], now=NOW + 200), CFG).jobs_to_create
+    failed3 = job(j3, state="failed", at=NOW + 200, reason="DeadlineExceeded")
+    plan = plan_engine(observe(e, jobs=[failed1, failed2, failed3], now=NOW + 10_000), CFG)
+    assert plan.jobs_to_create == []
+    stalled = get_condition(plan.status.conditions, "Stalled")
+    assert stalled is not None and stalled.status == "True" and stalled.reason == "BuildRetriesExhausted"
+    assert "deadline" in (plan.status.targets[0].message or "")
+
+
+def test_concurrency_limit_queues_builds() -> None:
+    e = engine([{"gpu": H100.gpu}, {"gpu": GH200.gpu}])
+    cfg = CFG.model_copy(update={"build": CFG.build.model_copy(update={"max_concurrent_per_namespace": 1})})
+    plan = plan_engine(observe(e, cfg=cfg), cfg)
+    assert len(plan.jobs_to_create) == 1
+    assert sorted(t.phase for t in plan.status.targets) == ["Building", "Pending"]
+    assert any(t.reason == "Queued" for t in plan.status.targets)
+
+
+def test_auto_targets_from_node_labels_mig_only_when_configured() -> None:
+    e = engine(sha=SHA, autoTargets={"enabled": True})
+    nodes = [*default_nodes(), gpu_node("b200-pending", "NVIDIA-B200", 1, mig={"2g.45gb": 3})]
+    nodes[-1]["metadata"]["labels"]["nvidia.com/mig.config.state"] = "pending"
+    names = {t.name for t in plan_engine(observe(e, nodes=nodes), CFG).status.targets}
+    assert names == {"h100-80gb-hbm3", "gh200-480gb", "b200-mig-1g-23gb", "b200-mig-3g-90gb"}
+    e2 = engine(
+        sha=SHA,
+        autoTargets={"enabled": True, "includeMIG": False, "nodeSelector": {"kubernetes.io/arch": "arm64"}},
+    )
+    assert [t.name for t in plan_engine(observe(e2), CFG).status.targets] == ["gh200-480gb"]
+
+
+def test_no_node_for_a_target_is_pending_without_a_job() -> None:
+    e = engine([{"gpu": "NVIDIA-B200"}])  # the test bed's B200 is MIG-only
+    plan = plan_engine(observe(e), CFG)
+    assert plan.jobs_to_create == []
+    assert plan.status.targets[0].reason == "NoMatchingNode"
+
+
+def test_unknown_mig_profile_is_invalid_and_stalled() -> None:
+    e = engine([{"gpu": H100.gpu, "mig": "5g.99gb"}])
+    plan = plan_engine(observe(e), CFG)
+    assert plan.status.targets[0].reason == "InvalidTarget"
+    assert get_condition(plan.status.conditions, "Stalled").reason == "InvalidTarget"  # type: ignore[union-attr]
+
+
+def test_replanning_the_same_state_is_a_fixed_point() -> None:
+    """No churn: planning again from the status just written yields the same status (no write)."""
+    e = engine([{"gpu": H100.gpu}, {"gpu": GH200.gpu}])
+    key = key_of(e, H100)
+    jobs = [job(j, at=NOW - 5) for j in plan_engine(observe(e), CFG).jobs_to_create]
+    obs = observe(e, jobs=jobs, manifests={key: manifest_for(key, H100)})
+    first = plan_engine(obs, CFG)
+    e2 = with_status(e, first.status)
+    second = plan_engine(observe(e2, jobs=jobs, manifests={key: manifest_for(key, H100)}, now=NOW + 300), CFG)
+    assert second.status.to_wire() == first.status.to_wire()
+    assert second.events == []
+
+
+def test_condition_transition_time_moves_only_on_flips() -> None:
+    e = engine([{"gpu": H100.gpu}])
+    key = key_of(e, H100)
+    (j,) = plan_engine(observe(e), CFG).jobs_to_create
+    p1 = plan_engine(observe(e, jobs=[job(j, at=NOW)]), CFG)
+    e1 = with_status(e, p1.status)
+    p2 = plan_engine(
+        observe(
+            e1,
+            jobs=[job(j, state="complete", at=NOW, result={"key": key, "cache_hit": False})],
+            manifests={key: manifest_for(key, H100)},
+            now=NOW + 100,
+        ),
+        CFG,
+    )
+    ready1, ready2 = (get_condition(p.status.conditions, "Ready") for p in (p1, p2))
+    assert ready1 and ready2 and ready2.status == "True"
+    assert ready2.last_transition_time.timestamp() == NOW + 100
+    stalled1, stalled2 = (get_condition(p.status.conditions, "Stalled") for p in (p1, p2))
+    assert stalled1 and stalled2 and stalled1.last_transition_time == stalled2.last_transition_time
+    assert [ev.reason for ev in p2.events] == ["EngineReady"]
+
+
+def test_rebuild_job_keeps_target_ready_while_it_runs() -> None:
+    e = engine([{"gpu": H100.gpu}])
+    key = key_of(e, H100)
+    req = children.BuildRequest(
+        target=H100,
+        model_uri="pvc://models/resnet.onnx",
+        model_sha256=SHA,
+        build=e.spec.build_config(),
+        engine_key=key,
+        request_digest="0" * 64,
+        node_selector={},
+        requester="team-a/resnet",
+        rebuild_of="f00dfeed",
+    )
+    rb = job(children.build_job(req, CFG), at=NOW)
+    plan = plan_engine(observe(e, jobs=[rb], manifests={key: manifest_for(key, H100)}), CFG)
+    assert plan.status.targets[0].phase == "Ready" and plan.status.targets[0].reason == "Rebuilding"
+    assert get_condition(plan.status.conditions, "Building").reason == "Rebuilding"  # type: ignore[union-attr]
+    assert "--rebuild" in rb["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert rb["metadata"]["name"].endswith("-rbf00dfeed")
+
+
+@pytest.mark.parametrize(
+    "attempt,rebuild,expected",
+    [
+        (1, None, "trtforge-build-0123456789abcdef0123"),
+        (2, None, "trtforge-build-0123456789abcdef0123-a2"),
+        (1, "deadbeef00", "trtforge-build-0123456789abcdef0123-rbdeadbeef"),
+    ],
+)
+def test_job_names_are_derived_and_short(attempt: int, rebuild: str | None, expected: str) -> None:
+    name = children.job_name("0123456789abcdef0123", attempt, rebuild)
+    assert name == expected and len(name) <= 63

@@ -1,4 +1,4 @@
-"""Small literal Kubernetes objects for planner tests: GPU Nodes as GFD labels them, Jobs, Pods, Deployments."""
+"""Small literal Kubernetes objects for planner tests: GPU Nodes as GFD labels them, Jobs."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def job(
     result: dict[str, Any] | None = None,
     reason: str = "BackoffLimitExceeded",
 ) -> dict[str, Any]:
-    """A Job as the apiserver would show it after the operator created `manifest` (state: running|complete|failed)."""
+    """A Job as the apiserver shows it once `manifest` was created (state: running|complete|failed)."""
     obj = json.loads(json.dumps(manifest))
     meta = obj["metadata"]
     meta["creationTimestamp"] = iso(at)

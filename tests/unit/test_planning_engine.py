@@ -1,4 +1,4 @@
-"""TRTEngine planning: targets, keys, cache hits, one Job per key, retries with backoff, Stalled, status churn."""
+"""TRTEngine planning: targets, keys, cache hits, one Job per key, retries, Stalled, no status churn."""
 
 from __future__ import annotations
 

@@ -1,0 +1,43 @@
+"""Inference backends: ONNX Runtime (runnable everywhere) and TensorRT (GPU nodes).
+
+A backend loads one artifact; each execution instance is driven by exactly one worker thread.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from trtforge.contract.manifest import Manifest
+from trtforge_runtime.errors import Refusal
+
+
+class Instance(Protocol):
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Execute one batch; raises DeviceFault on device-level errors."""
+        ...
+
+
+class Backend(Protocol):
+    name: str
+
+    def new_instance(self) -> Instance: ...
+
+    def close(self) -> None: ...
+
+
+def load_backend(manifest: Manifest, artifact: Path, instances: int) -> Backend:
+    """Load the artifact with the backend the manifest names; Refusal(EngineLoadFailed) if it cannot."""
+    if manifest.backend == "onnxruntime":
+        from trtforge_runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
+
+        return OnnxRuntimeBackend(manifest, artifact, instances)
+    if manifest.backend == "tensorrt":
+        from trtforge_runtime.backends.tensorrt_backend import TensorRTBackend
+
+        return TensorRTBackend(manifest, artifact, instances)
+    raise Refusal(
+        "EngineLoadFailed", f"manifest backend {manifest.backend!r} is not one of onnxruntime, tensorrt"
+    )

@@ -1,0 +1,194 @@
+"""Dynamic batching: requests queue up, each execution instance takes as many as fit one batch.
+
+Semantics follow Triton's dynamic batcher: an instance that becomes free takes the oldest request and
+every queued request with the same non-batch shapes, up to the max batch size; when the batch is not
+full it waits up to ``max_queue_delay`` (counted from the oldest request's arrival) for more. With a
+zero delay, batches still form whenever requests arrive while the instances are busy. The queue is
+bounded: a request that finds it full is refused at once (503 with Retry-After), never parked.
+
+Each instance has its own worker thread; the event loop only moves requests and futures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trtforge_runtime.backends import Instance
+from trtforge_runtime.errors import DeviceFault, RequestError
+from trtforge_runtime.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class QueueFull(RequestError):
+    def __init__(self, depth: int) -> None:
+        super().__init__(
+            503, f"the request queue is full ({depth} requests waiting); retry later", {"Retry-After": "1"}
+        )
+
+
+@dataclass
+class _Item:
+    inputs: dict[str, np.ndarray]
+    rows: int
+    signature: tuple[object, ...]
+    future: asyncio.Future[dict[str, np.ndarray]]
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+def _signature(inputs: dict[str, np.ndarray], batchable: bool) -> tuple[object, ...]:
+    if not batchable:
+        return ()
+    return tuple(sorted((k, v.shape[1:], v.dtype.str) for k, v in inputs.items()))
+
+
+class Batcher:
+    def __init__(
+        self,
+        instances: list[Instance],
+        max_batch: int,
+        max_queue_delay_s: float,
+        max_queue: int,
+        metrics: Metrics,
+        on_device_fault: Callable[[DeviceFault], None],
+    ) -> None:
+        self._instances = instances
+        self.max_batch = max_batch  # 0: not batchable, one request per execution
+        self.max_queue_delay_s = max_queue_delay_s
+        self.max_queue = max_queue
+        self._metrics = metrics
+        self._on_device_fault = on_device_fault
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._arrived = asyncio.Event()
+        self._executors = [
+            ThreadPoolExecutor(1, thread_name_prefix=f"instance-{i}") for i in range(len(instances))
+        ]
+        self._tasks: list[asyncio.Task[None]] = []
+        self.in_flight = 0  # requests accepted and not yet answered
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._worker(i)) for i in range(len(self._instances))]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for ex in self._executors:
+            ex.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    async def submit(self, inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+        if len(self._queue) >= self.max_queue:
+            raise QueueFull(len(self._queue))
+        fut: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Item(inputs, rows, _signature(inputs, self.max_batch > 0), fut))
+        self._metrics.queue_depth_m.set(len(self._queue))
+        self._arrived.set()
+        self.in_flight += 1
+        try:
+            return await fut
+        finally:
+            self.in_flight -= 1
+
+    def _take(self, batch: list[_Item], rows: int) -> int:
+        """Move queued items compatible with batch[0] into `batch`, oldest first; the new row count."""
+        sig = batch[0].signature
+        keep: list[_Item] = []
+        while self._queue and rows < self.max_batch:
+            it = self._queue.popleft()
+            if it.future.done():  # the client went away
+                continue
+            if it.signature == sig and rows + it.rows <= self.max_batch:
+                batch.append(it)
+                rows += it.rows
+            else:
+                keep.append(it)
+                if rows + it.rows > self.max_batch and it.signature == sig:
+                    break
+        self._queue.extendleft(reversed(keep))
+        return rows
+
+    async def _next_batch(self) -> list[_Item]:
+        while True:
+            while not self._queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+            first = self._queue.popleft()
+            if not first.future.done():
+                break
+        batch = [first]
+        if self.max_batch == 0:
+            return batch
+        rows = self._take(batch, first.rows)
+        if self.max_queue_delay_s > 0:
+            deadline = first.enqueued + self.max_queue_delay_s
+            while rows < self.max_batch:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), left)
+                except TimeoutError:
+                    break
+                rows = self._take(batch, rows)
+        return batch
+
+    async def _worker(self, index: int) -> None:
+        loop = asyncio.get_running_loop()
+        instance = self._instances[index]
+        executor = self._executors[index]
+        m = self._metrics
+        while True:
+            batch = await self._next_batch()
+            m.queue_depth_m.set(len(self._queue))
+            if self._queue:
+                self._arrived.set()  # other free instances may take what this batch left
+            now = time.monotonic()
+            for it in batch:
+                m.queue_time_m.observe(now - it.enqueued)
+            if len(batch) == 1:
+                feed = batch[0].inputs
+            else:
+                feed = {k: np.concatenate([it.inputs[k] for it in batch]) for k in batch[0].inputs}
+            rows = sum(it.rows for it in batch)
+            m.batch_size_m.observe(rows)
+            try:
+                t0 = time.monotonic()
+                out = await loop.run_in_executor(executor, instance.run, feed)
+                m.compute_time_m.observe(time.monotonic() - t0)
+            except DeviceFault as e:
+                m.execution_errors.labels(m.model).inc()
+                for it in batch:
+                    if not it.future.done():
+                        it.future.set_exception(RequestError(500, f"device fault during execution: {e}"))
+                self._on_device_fault(e)
+                continue
+            except Exception as e:
+                m.execution_errors.labels(m.model).inc()
+                log.exception("execution failed")
+                for it in batch:
+                    if not it.future.done():
+                        it.future.set_exception(RequestError(500, f"execution failed: {e}"))
+                continue
+            if len(batch) == 1:
+                if not batch[0].future.done():
+                    batch[0].future.set_result(out)
+                continue
+            start = 0
+            for it in batch:
+                end = start + it.rows
+                if not it.future.done():
+                    it.future.set_result({k: v[start:end] for k, v in out.items()})
+                start = end

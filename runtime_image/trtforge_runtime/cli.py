@@ -1,0 +1,113 @@
+"""`trtforge serve`: serve one engine from the store over the Open Inference Protocol (v2).
+
+Exit codes and the termination message: :mod:`trtforge.contract.termination`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def _positive(v: str) -> int:
+    n = int(v)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be at least 1")
+    return n
+
+
+def _non_negative(v: str) -> int:
+    n = int(v)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{v} must be 0 or more")
+    return n
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve an engine over the KServe Open Inference Protocol (v2)",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--store",
+        required=True,
+        metavar="STORE_URI",
+        help="engine store: pvc://claim/path, /abs/path, file://, s3://bucket/prefix, http(s):// broker",
+    )
+    p.add_argument("--engine", required=True, metavar="KEY", help="engine key (64 hex characters)")
+    p.add_argument(
+        "--model-name", default=None, help="model name in the v2 API (default: the model file's stem)"
+    )
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    p.add_argument("--port", type=_non_negative, default=8000, help="HTTP port (0: any free port)")
+    p.add_argument(
+        "--cache-dir",
+        default="/var/cache/trtforge",
+        help="where the verified engine is kept across container restarts (the pod's volume)",
+    )
+    p.add_argument(
+        "--max-batch-size",
+        type=_positive,
+        default=None,
+        help="cap on rows per batch (default: the engine profile's max batch)",
+    )
+    p.add_argument(
+        "--max-queue-delay-us",
+        type=_non_negative,
+        default=0,
+        help="how long a partly filled batch waits for more requests",
+    )
+    p.add_argument("--instances", type=_positive, default=1, help="execution instances (parallel batches)")
+    p.add_argument(
+        "--max-queue",
+        type=_positive,
+        default=256,
+        help="requests that may wait for an instance; more are refused with 503",
+    )
+    p.add_argument("--max-request-bytes", type=_positive, default=64 << 20, help="largest request body (413)")
+    p.add_argument(
+        "--drain-timeout", type=float, default=30.0, help="seconds to drain in-flight requests on SIGTERM"
+    )
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    from pathlib import Path
+
+    from trtforge.contract.gpu_probe import GPUProbeError, probe_from_env
+    from trtforge.contract.termination import TerminationMessage, write_termination_message
+    from trtforge.store import open_store
+    from trtforge.store.base import StoreError
+    from trtforge_runtime.server import Runtime, Settings
+
+    log = logging.getLogger("trtforge_runtime")
+    settings = Settings(
+        store_uri=args.store,
+        engine_key=args.engine,
+        model_name=args.model_name,
+        host=args.host,
+        port=args.port,
+        cache_dir=Path(args.cache_dir),
+        max_batch_size=args.max_batch_size,
+        max_queue_delay_us=args.max_queue_delay_us,
+        instances=args.instances,
+        max_queue=args.max_queue,
+        max_request_bytes=args.max_request_bytes,
+        drain_timeout_s=args.drain_timeout,
+    )
+    try:
+        from trtforge.contract import layout
+
+        layout.engine_dir(args.engine)
+        probe = probe_from_env()
+        store = open_store(args.store)
+    except (ValueError, GPUProbeError, StoreError) as e:
+        log.error(str(e))
+        msg = TerminationMessage(reason="Error", message=str(e), engine_key=args.engine)
+        write_termination_message(msg)
+        return msg.exit_code
+    return asyncio.run(Runtime(settings, store, probe).run())

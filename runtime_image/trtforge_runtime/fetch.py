@@ -1,0 +1,193 @@
+"""Fetch an engine from the store into the pod's cache volume, verifying sha256 while it streams.
+
+Cache layout: ``<cache-dir>/<key>/{<engine file>, canary.npz, manifest.json}`` plus, per verified
+file, ``.<file>.verified`` holding ``{"sha256", "size", "mtime_ns", "ino"}``.
+
+Trust policy for the cache (a container restart must not download again): a file is written to a
+temporary name, hashed while it streams, and renamed into place only when its sha256 and size match
+the manifest; then its marker is written. On a later start a file whose marker names the manifest's
+sha256 *and* whose size, mtime and inode still equal the marker's is trusted without re-hashing (a
+``stat``, not a read). Anything that rewrites the file changes its mtime or inode, so it is hashed
+again, and fetched again if it no longer matches. The cache volume is the pod's own (an emptyDir);
+nothing else writes it.
+
+The manifest itself is always read from the store when the store answers (it is small, and its
+presence is the engine's commit); when the store cannot be reached, a cached, verified copy is used
+and a warning logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtforge.contract import layout
+from trtforge.contract.manifest import Manifest
+from trtforge.logs import fields
+from trtforge.store.base import EngineStore, ObjectNotFound, StoreError
+from trtforge_runtime.errors import Refusal
+
+log = logging.getLogger(__name__)
+CHUNK = 4 << 20
+
+
+@dataclass
+class LocalEngine:
+    manifest: Manifest
+    artifact: Path
+    canary: Path
+    downloaded_bytes: int  # 0 when everything came from the cache
+
+
+def _marker(path: Path) -> Path:
+    return path.with_name(f".{path.name}.verified")
+
+
+def _stat_key(path: Path) -> dict[str, int]:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+
+
+def _cached_ok(path: Path, sha256: str, size: int) -> bool:
+    """True when `path` carries a marker for this sha256 and has not changed since."""
+    try:
+        marker = json.loads(_marker(path).read_text())
+        return bool(
+            marker.get("sha256") == sha256
+            and marker.get("size") == size
+            and {k: marker.get(k) for k in ("size", "mtime_ns", "ino")} == _stat_key(path)
+        )
+    except (OSError, ValueError):
+        return False
+
+
+def _write_marker(path: Path, sha256: str) -> None:
+    m = _marker(path)
+    tmp = m.with_name(m.name + ".tmp")
+    tmp.write_text(json.dumps({"sha256": sha256, **_stat_key(path)}))
+    os.replace(tmp, m)
+
+
+def _rehash(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fetch_file(store: EngineStore, src: str, dst: Path, sha256: str, size: int | None) -> int:
+    """Stream `src` into `dst` (atomic rename), hashing as it goes; the bytes read."""
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.part")
+    h = hashlib.sha256()
+    n = 0
+    t0 = time.monotonic()
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in store.iter_chunks(src, CHUNK):
+                h.update(chunk)
+                f.write(chunk)
+                n += len(chunk)
+        got = h.hexdigest()
+        if got != sha256 or (size is not None and n != size):
+            raise Refusal(
+                "EngineIntegrity",
+                f"{src} in store {store.uri}: sha256 {got} ({n} bytes) does not match the manifest's "
+                f"{sha256} ({size if size is not None else '?'} bytes); the file is corrupt or was "
+                "tampered with, refusing to load it",
+            )
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _write_marker(dst, sha256)
+    secs = time.monotonic() - t0
+    log.info(
+        "fetched",
+        extra=fields(path=src, bytes=n, seconds=round(secs, 3), mb_per_s=round(n / 1e6 / max(secs, 1e-6), 1)),
+    )
+    return n
+
+
+def _ensure(store: EngineStore, src: str, dst: Path, sha256: str, size: int | None) -> int:
+    if dst.exists():
+        if _cached_ok(dst, sha256, dst.stat().st_size if size is None else size):
+            log.info("using cached copy", extra=fields(path=str(dst)))
+            return 0
+        if (size is None or dst.stat().st_size == size) and _rehash(dst) == sha256:
+            _write_marker(dst, sha256)
+            log.info("cached copy re-verified", extra=fields(path=str(dst)))
+            return 0
+        log.warning("cached copy does not match the manifest; fetching again", extra=fields(path=str(dst)))
+        dst.unlink()
+    return _fetch_file(store, src, dst, sha256, size)
+
+
+def _read_manifest(store: EngineStore, key: str, cached: Path) -> Manifest:
+    mpath = layout.manifest_path(key)
+    try:
+        raw = store.read_bytes(mpath)
+    except ObjectNotFound as e:
+        raise Refusal(
+            "EngineIntegrity",
+            f"engine {key} is not in store {store.uri}: {mpath} does not exist "
+            "(not built yet, or its build never committed)",
+        ) from e
+    except StoreError as e:
+        if cached.exists():
+            log.warning("store unreachable; using the cached manifest", extra=fields(error=str(e)))
+            raw = cached.read_bytes()
+        else:
+            raise Refusal("StoreUnavailable", f"could not read {mpath} from store {store.uri}: {e}") from e
+    try:
+        manifest = Manifest.from_json(raw)
+    except ValueError as e:
+        raise Refusal("EngineIntegrity", f"{mpath} in store {store.uri} is not a valid manifest: {e}") from e
+    if manifest.key != key:
+        raise Refusal("EngineIntegrity", f"{mpath} names engine key {manifest.key}, expected {key}")
+    for f in (manifest.engine_file, manifest.canary.file):
+        if "/" in f or f in ("", ".", "..", layout.MANIFEST):
+            raise Refusal("EngineIntegrity", f"{mpath}: file name {f!r} must be a plain file name")
+    return manifest
+
+
+def fetch_engine(
+    store: EngineStore, key: str, cache_dir: Path, check: Callable[[Manifest], None] | None = None
+) -> LocalEngine:
+    """The manifest, and verified local copies of the artifact and the canary data.
+
+    `check` sees the manifest before anything large is fetched (the GPU identity check).
+    """
+    layout.engine_dir(key)  # validates the key
+    local = cache_dir / key
+    local.mkdir(parents=True, exist_ok=True)
+    cached_manifest = local / layout.MANIFEST
+    manifest = _read_manifest(store, key, cached_manifest)
+    if check is not None:
+        check(manifest)
+    artifact = local / manifest.engine_file
+    canary = local / manifest.canary.file
+    try:
+        n = _ensure(
+            store,
+            layout.engine_path(key, manifest.engine_file),
+            artifact,
+            manifest.sha256,
+            manifest.size_bytes,
+        )
+        n += _ensure(
+            store, layout.engine_path(key, manifest.canary.file), canary, manifest.canary.sha256, None
+        )
+    except ObjectNotFound as e:
+        raise Refusal("EngineIntegrity", f"engine {key} in store {store.uri} is incomplete: {e}") from e
+    except StoreError as e:
+        raise Refusal("StoreUnavailable", f"could not fetch engine {key} from store {store.uri}: {e}") from e
+    tmp = cached_manifest.with_name(cached_manifest.name + ".tmp")
+    tmp.write_text(manifest.to_json())
+    os.replace(tmp, cached_manifest)
+    return LocalEngine(manifest=manifest, artifact=artifact, canary=canary, downloaded_bytes=n)

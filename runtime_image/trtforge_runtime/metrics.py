@@ -1,0 +1,76 @@
+"""Prometheus metrics of one runtime process (served on /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+class Metrics:
+    def __init__(self, model: str) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "trtforge_runtime_requests", "Inference requests by outcome", ["model", "outcome"], registry=r
+        )
+        self.latency = Histogram(
+            "trtforge_runtime_request_duration_seconds",
+            "Inference request latency (body read to response) by outcome",
+            ["model", "outcome"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "trtforge_runtime_batch_size",
+            "Rows per executed batch",
+            ["model"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "trtforge_runtime_queue_duration_seconds",
+            "Time a request waited for an execution instance",
+            ["model"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.compute_time = Histogram(
+            "trtforge_runtime_compute_duration_seconds",
+            "Backend time per batch",
+            ["model"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "trtforge_runtime_queue_depth", "Requests waiting for an instance", ["model"], registry=r
+        )
+        self.ready = Gauge("trtforge_runtime_ready", "1 when the model serves", ["model"], registry=r)
+        self.startup = Gauge(
+            "trtforge_runtime_startup_seconds", "Seconds spent per start-up phase", ["phase"], registry=r
+        )
+        self.engine_load = Gauge(
+            "trtforge_runtime_engine_load_seconds", "Seconds to load the engine", registry=r
+        )
+        self.gpu_faults = Counter(
+            "trtforge_runtime_gpu_faults", "GPU faults seen", ["gpu", "xid"], registry=r
+        )
+        self.execution_errors = Counter(
+            "trtforge_runtime_execution_errors", "Backend execution errors", ["model"], registry=r
+        )
+        self.model = model
+        # Pre-bound children: labels() costs a dict lookup per call on the hot path.
+        self.batch_size_m = self.batch_size.labels(model)
+        self.queue_time_m = self.queue_time.labels(model)
+        self.compute_time_m = self.compute_time.labels(model)
+        self.queue_depth_m = self.queue_depth.labels(model)
+        self.ready_m = self.ready.labels(model)
+        self._outcomes: dict[str, tuple[Counter, Histogram]] = {}
+
+    def observe_request(self, outcome: str, seconds: float) -> None:
+        pair = self._outcomes.get(outcome)
+        if pair is None:
+            pair = (self.requests.labels(self.model, outcome), self.latency.labels(self.model, outcome))
+            self._outcomes[outcome] = pair
+        pair[0].inc()
+        pair[1].observe(seconds)

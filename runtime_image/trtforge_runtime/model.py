@@ -1,0 +1,168 @@
+"""What the served model accepts: IO tensors from the manifest, the batch limit, request validation."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from trtforge.contract.engine_key import ShapeRange
+from trtforge.contract.manifest import Manifest, TensorSpec
+from trtforge_runtime.errors import RequestError
+
+# Open Inference Protocol datatype <-> numpy dtype.
+V2_TO_NUMPY: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(np.object_),
+}
+NUMPY_TO_V2: dict[str, str] = {dt.name: v2 for v2, dt in V2_TO_NUMPY.items()}
+NUMPY_TO_V2["str"] = "BYTES"
+NUMPY_TO_V2["bytes"] = "BYTES"
+
+
+def v2_datatype(numpy_name: str) -> str:
+    try:
+        return NUMPY_TO_V2[np.dtype(numpy_name).name if numpy_name not in ("str", "bytes") else numpy_name]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"tensor dtype {numpy_name!r} has no Open Inference Protocol datatype") from e
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: np.dtype
+    datatype: str  # v2 name
+    shape: tuple[int, ...]  # -1 where dynamic (dim 0 is -1 for a batchable model)
+    range: ShapeRange | None = None  # from the first optimization profile, when it names this input
+
+    def metadata(self) -> dict[str, object]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+def _info(t: TensorSpec, rng: ShapeRange | None = None) -> TensorInfo:
+    dt = np.dtype(np.object_) if t.dtype in ("str", "bytes", "object") else np.dtype(t.dtype)
+    return TensorInfo(t.name, dt, v2_datatype(dt.name if dt.kind != "O" else "str"), tuple(t.shape), rng)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    version: str
+    platform: str
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    max_batch: int  # 0: not batchable (requests run one by one with the shapes as declared)
+
+    @property
+    def input_by_name(self) -> dict[str, TensorInfo]:
+        return {t.name: t for t in self.inputs}
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.outputs)
+
+    def metadata(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "versions": [self.version],
+            "platform": self.platform,
+            "inputs": [t.metadata() for t in self.inputs],
+            "outputs": [t.metadata() for t in self.outputs],
+        }
+
+    def validate(self, inputs: dict[str, np.ndarray]) -> int:
+        """Check a request's tensors against the model; the number of rows (batch) it carries."""
+        spec = self.input_by_name
+        missing = [n for n in spec if n not in inputs]
+        if missing:
+            raise RequestError(400, f"request is missing input(s) {missing}; the model takes {list(spec)}")
+        unknown = [n for n in inputs if n not in spec]
+        if unknown:
+            raise RequestError(400, f"unknown input(s) {unknown}; the model takes {list(spec)}")
+        rows = -1
+        for name, arr in inputs.items():
+            t = spec[name]
+            if arr.dtype != t.dtype and not (t.dtype.kind == "O" and arr.dtype.kind == "O"):
+                raise RequestError(
+                    400,
+                    f"input {name!r} has datatype {NUMPY_TO_V2.get(arr.dtype.name, arr.dtype.name)},"
+                    f" expected {t.datatype}",
+                )
+            if len(arr.shape) != len(t.shape) or any(
+                d != -1 and s != d for s, d in zip(arr.shape, t.shape, strict=True)
+            ):
+                raise RequestError(
+                    400,
+                    f"input {name!r} has shape {list(arr.shape)}, expected {list(t.shape)} (-1: any size)",
+                )
+            if t.range is not None:
+                lo, hi = list(t.range.min), list(t.range.max)
+                first = 1 if self.max_batch else 0
+                for i in range(first, len(arr.shape)):
+                    if not lo[i] <= arr.shape[i] <= hi[i]:
+                        raise RequestError(
+                            400,
+                            f"input {name!r} dimension {i} is {arr.shape[i]}, outside the "
+                            f"engine's profile range {lo[i]}..{hi[i]}",
+                        )
+            if self.max_batch:
+                if rows not in (-1, arr.shape[0]):
+                    raise RequestError(
+                        400,
+                        f"inputs disagree on the batch size (dimension 0): {rows} and "
+                        f"{arr.shape[0]} ({name!r})",
+                    )
+                rows = arr.shape[0]
+        if self.max_batch:
+            if rows < 1:
+                raise RequestError(400, "batch size (dimension 0) must be at least 1")
+            if rows > self.max_batch:
+                raise RequestError(
+                    400, f"batch size {rows} exceeds the model's max batch size {self.max_batch}"
+                )
+            return rows
+        return 1
+
+
+def default_model_name(manifest: Manifest) -> str:
+    """The model's file name without extension (`.../resnet50.onnx` -> `resnet50`), else `model`."""
+    base = manifest.model_uri.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
+    base = re.sub(r"\.(onnx|plan|engine)$", "", base)
+    base = re.sub(r"[^A-Za-z0-9_.-]", "_", base).strip("._-")
+    return base or "model"
+
+
+def model_spec(manifest: Manifest, name: str, max_batch_cap: int | None = None) -> ModelSpec:
+    """The served model from its manifest.
+
+    Batchable when every input and output has a dynamic dimension 0; the max batch is the first
+    optimization profile's max for dimension 0 (or ``max_batch_cap`` when the manifest has no profile),
+    capped by ``max_batch_cap``.
+    """
+    profile = manifest.build.profiles[0] if manifest.build.profiles else {}
+    inputs = tuple(_info(t, profile.get(t.name)) for t in manifest.inputs)
+    outputs = tuple(_info(t) for t in manifest.outputs)
+    batchable = all(t.shape and t.shape[0] == -1 for t in (*inputs, *outputs))
+    max_batch = 0
+    if batchable:
+        limits = [t.range.max[0] for t in inputs if t.range is not None]
+        fallback = max_batch_cap if max_batch_cap is not None else 64
+        max_batch = min(limits) if limits else fallback
+        if max_batch_cap is not None:
+            max_batch = max(1, min(max_batch, max_batch_cap))
+    platform = "tensorrt_plan" if manifest.backend == "tensorrt" else "onnxruntime_onnx"
+    return ModelSpec(
+        name=name, version="1", platform=platform, inputs=inputs, outputs=outputs, max_batch=max_batch
+    )

@@ -1,0 +1,393 @@
+"""The runtime process: HTTP first (live, not ready), then fetch → verify → load → canary → ready.
+
+Endpoints (KServe Open Inference Protocol v2 over HTTP, plus /metrics):
+``/v2/health/live``, ``/v2/health/ready``, ``/v2``, ``/v2/models/{name}[/versions/{v}]``,
+``.../ready``, ``.../config``, ``.../infer``. Errors are ``{"error": "..."}`` with 400 (bad
+request), 404 (unknown model), 413 (body over ``--max-request-bytes``), 503 (not ready, draining, or
+queue full, with Retry-After) and 500 (execution failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from trtforge import __version__
+from trtforge.contract.gpu_probe import GPUProbe, XidEvent, probe_identity
+from trtforge.contract.manifest import Manifest
+from trtforge.contract.termination import EXIT_OK, TerminationMessage, write_termination_message
+from trtforge.logs import fields
+from trtforge.store.base import EngineStore
+from trtforge_runtime.backends import Backend, load_backend
+from trtforge_runtime.batcher import Batcher
+from trtforge_runtime.canary import run_canary
+from trtforge_runtime.errors import DeviceFault, Refusal, RequestError
+from trtforge_runtime.faults import FaultMonitor, exit_now, gpu_fault_message
+from trtforge_runtime.fetch import fetch_engine
+from trtforge_runtime.identity import check_identity
+from trtforge_runtime.metrics import Metrics
+from trtforge_runtime.model import ModelSpec, default_model_name, model_spec
+from trtforge_runtime.v2 import HEADER_LENGTH, decode_request, encode_response
+
+log = logging.getLogger(__name__)
+JSON = "application/json"
+
+
+@dataclass
+class Settings:
+    store_uri: str
+    engine_key: str
+    model_name: str | None = None
+    host: str = "0.0.0.0"
+    port: int = 8000
+    cache_dir: Path = Path("/var/cache/trtforge")
+    max_batch_size: int | None = None
+    max_queue_delay_us: int = 0
+    instances: int = 1
+    max_queue: int = 256
+    max_request_bytes: int = 64 << 20
+    drain_timeout_s: float = 30.0
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status, body=json.dumps({"error": message}).encode(), content_type=JSON, headers=headers
+    )
+
+
+def _ok(obj: dict[str, Any]) -> web.Response:
+    return web.Response(body=json.dumps(obj).encode(), content_type=JSON)
+
+
+_OUTCOME = {400: "bad_request", 404: "not_found", 413: "too_large", 503: "unavailable"}
+
+
+class Runtime:
+    def __init__(self, settings: Settings, store: EngineStore, probe: GPUProbe) -> None:
+        self.s = settings
+        self.store = store
+        self.probe = probe
+        self.state = "loading"  # loading | ready | not_ready | draining
+        self.reason = "loading the engine"
+        self.manifest: Manifest | None = None
+        self.spec: ModelSpec | None = None
+        self.backend: Backend | None = None
+        self.batcher: Batcher | None = None
+        self.metrics = Metrics(settings.model_name or "model")
+        self.active = 0  # infer handlers running
+        self._stop = asyncio.Event()
+        self.exit_code = EXIT_OK
+        self.port = settings.port
+
+    # --- faults and ends ------------------------------------------------------------------
+    def _fault(self, xid: int | None, gpu: str | None, detail: str) -> None:
+        self.state, self.reason = "not_ready", f"GPU fault: {detail}"
+        self.metrics.ready_m.set(0)
+        self.metrics.gpu_faults.labels(gpu or "unknown", str(xid) if xid is not None else "none").inc()
+        log.error("GPU fault; exiting", extra=fields(xid=xid, gpu=gpu, detail=detail))
+        exit_now(gpu_fault_message(self.s.engine_key, xid, gpu, detail))
+
+    def on_xid(self, e: XidEvent) -> None:
+        self._fault(e.xid, e.gpu_uuid, e.message or f"Xid {e.xid} on {e.gpu_uuid}")
+
+    def on_device_fault(self, e: DeviceFault) -> None:
+        devs = []
+        try:
+            devs = self.probe.devices()
+        except Exception:
+            pass
+        self._fault(None, devs[0].uuid if devs else None, f"device error during execution: {e}")
+
+    def request_stop(self, code: int = EXIT_OK) -> None:
+        self.exit_code = code
+        self._stop.set()
+
+    # --- start-up ---------------------------------------------------------------------------
+    def _check_gpu(self, manifest: Manifest) -> None:
+        check_identity(manifest, probe_identity(self.probe))
+
+    def load(self) -> None:
+        """Runs in a worker thread. Raises Refusal to end the process."""
+        m = self.metrics
+        t0 = time.monotonic()
+        local = fetch_engine(self.store, self.s.engine_key, self.s.cache_dir, check=self._check_gpu)
+        t1 = time.monotonic()
+        m.startup.labels("fetch").set(t1 - t0)
+        manifest = local.manifest
+        name = self.s.model_name or default_model_name(manifest)
+        if name != self.metrics.model:
+            self.metrics = Metrics(name)
+            self.metrics.startup.labels("fetch").set(t1 - t0)
+            m = self.metrics
+        spec = model_spec(manifest, name, self.s.max_batch_size)
+        backend = load_backend(manifest, local.artifact, self.s.instances)
+        t2 = time.monotonic()
+        m.engine_load.set(t2 - t1)
+        m.startup.labels("load").set(t2 - t1)
+        instances = [backend.new_instance() for _ in range(self.s.instances)]
+        self.manifest, self.spec, self.backend = manifest, spec, backend
+        result = run_canary(instances[0], local.canary, spec, manifest.canary.atol, manifest.canary.rtol)
+        t3 = time.monotonic()
+        m.startup.labels("canary").set(t3 - t2)
+        self._instances = instances
+        log_fields = fields(
+            key=self.s.engine_key,
+            model=name,
+            backend=manifest.backend,
+            fetched_bytes=local.downloaded_bytes,
+            fetch_s=round(t1 - t0, 3),
+            load_s=round(t2 - t1, 3),
+            canary_s=round(t3 - t2, 3),
+            max_batch=spec.max_batch,
+            instances=self.s.instances,
+        )
+        if not result.passed:
+            self.state, self.reason = "not_ready", f"canary failed: {result.message}"
+            log.error("canary failed; staying not ready", extra=log_fields)
+            log.error(result.message)
+            write_termination_message(
+                TerminationMessage(
+                    reason="CanaryFailed", message=result.message, engine_key=self.s.engine_key
+                )
+            )
+            return
+        log.info("engine verified, loaded and canary passed", extra=log_fields)
+
+    async def _start_serving(self) -> None:
+        assert self.spec is not None
+        self.batcher = Batcher(
+            self._instances,
+            self.spec.max_batch,
+            self.s.max_queue_delay_us / 1e6,
+            self.s.max_queue,
+            self.metrics,
+            self.on_device_fault,
+        )
+        self.batcher.start()
+        self.state, self.reason = "ready", ""
+        self.metrics.ready_m.set(1)
+        log.info("ready", extra=fields(model=self.spec.name, port=self.port))
+
+    async def _startup(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, self.load)
+        except Refusal as e:
+            log.error(e.message, extra=fields(reason=e.reason))
+            msg = TerminationMessage(reason=e.reason, message=e.message, engine_key=self.s.engine_key)
+            write_termination_message(msg)
+            self.request_stop(msg.exit_code)
+            return
+        except Exception as e:
+            log.exception("start-up failed")
+            msg = TerminationMessage(
+                reason="Error", message=f"start-up failed: {e}", engine_key=self.s.engine_key
+            )
+            write_termination_message(msg)
+            self.request_stop(msg.exit_code)
+            return
+        if self.state == "loading":
+            await self._start_serving()
+
+    # --- HTTP ---------------------------------------------------------------------------------
+    def _model(self, request: web.Request) -> ModelSpec:
+        name = request.match_info["name"]
+        version = request.match_info.get("version")
+        spec = self.spec
+        if spec is None:
+            if self.s.model_name is None or name == self.s.model_name:
+                raise RequestError(503, f"model is not loaded yet: {self.reason}", {"Retry-After": "1"})
+            raise RequestError(404, f"unknown model {name!r}")
+        if name != spec.name:
+            raise RequestError(404, f"unknown model {name!r}; this server serves {spec.name!r}")
+        if version is not None and version != spec.version:
+            raise RequestError(404, f"model {name!r} has no version {version!r}; it has {spec.version!r}")
+        return spec
+
+    async def live(self, request: web.Request) -> web.Response:
+        return _ok({"live": True})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        if self.state == "ready":
+            return _ok({"ready": True})
+        return web.Response(
+            status=503, content_type=JSON, body=json.dumps({"ready": False, "error": self.reason}).encode()
+        )
+
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        return _ok({"name": "trtforge", "version": __version__, "extensions": ["binary_tensor_data"]})
+
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        try:
+            return _ok(self._model(request).metadata())
+        except RequestError as e:
+            return _error(e.status, e.message, e.headers)
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        try:
+            spec = self._model(request)
+        except RequestError as e:
+            if e.status == 404:
+                return _error(404, e.message)
+            return web.Response(
+                status=503,
+                content_type=JSON,
+                body=json.dumps(
+                    {"name": request.match_info["name"], "ready": False, "error": self.reason}
+                ).encode(),
+            )
+        if self.state == "ready":
+            return _ok({"name": spec.name, "ready": True})
+        return web.Response(
+            status=503,
+            content_type=JSON,
+            body=json.dumps({"name": spec.name, "ready": False, "error": self.reason}).encode(),
+        )
+
+    async def model_config(self, request: web.Request) -> web.Response:
+        try:
+            spec = self._model(request)
+        except RequestError as e:
+            return _error(e.status, e.message, e.headers)
+        cfg: dict[str, Any] = {
+            "name": spec.name,
+            "platform": spec.platform,
+            "max_batch_size": spec.max_batch,
+            "input": [t.metadata() for t in spec.inputs],
+            "output": [t.metadata() for t in spec.outputs],
+            "instance_group": [{"count": self.s.instances}],
+        }
+        if spec.max_batch:
+            cfg["dynamic_batching"] = {
+                "max_queue_delay_microseconds": self.s.max_queue_delay_us,
+                "default_queue_policy": {"max_queue_size": self.s.max_queue},
+            }
+        return _ok(cfg)
+
+    async def metrics_handler(self, request: web.Request) -> web.Response:
+        m = self.metrics
+        if self.batcher is not None:
+            m.queue_depth_m.set(self.batcher.depth)
+        return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.s.max_request_bytes
+        cl = request.content_length
+        if cl is not None and cl > limit:
+            raise RequestError(413, f"request body of {cl} bytes exceeds the limit of {limit} bytes")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge as e:
+            raise RequestError(413, f"request body exceeds the limit of {limit} bytes") from e
+        enc = request.headers.get("Content-Encoding", "").lower()
+        if enc in ("gzip", "deflate"):
+            d = zlib.decompressobj(zlib.MAX_WBITS | 16 if enc == "gzip" else zlib.MAX_WBITS)
+            try:
+                body = d.decompress(body, limit + 1)
+            except zlib.error as e:
+                raise RequestError(400, f"request body is not valid {enc}: {e}") from e
+            if len(body) > limit or d.unconsumed_tail:
+                raise RequestError(413, f"decompressed request body exceeds the limit of {limit} bytes")
+        elif enc not in ("", "identity"):
+            raise RequestError(400, f"Content-Encoding {enc!r} is not one of gzip, deflate, identity")
+        return body
+
+    async def infer(self, request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        self.active += 1
+        outcome = "success"
+        try:
+            spec = self._model(request)
+            if self.state != "ready" or self.batcher is None:
+                raise RequestError(
+                    503, f"model {spec.name!r} is not ready: {self.reason}", {"Retry-After": "1"}
+                )
+            body = await self._read_body(request)
+            hl = request.headers.get(HEADER_LENGTH)
+            try:
+                header_length = int(hl) if hl is not None else None
+            except ValueError as e:
+                raise RequestError(400, f"{HEADER_LENGTH} {hl!r} is not an integer") from e
+            req = decode_request(body, header_length, spec)
+            rows = spec.validate(req.inputs)
+            results = await self.batcher.submit(req.inputs, rows)
+            out, out_hl = encode_response(spec, req, results)
+            if out_hl is None:
+                return web.Response(body=out, content_type=JSON)
+            return web.Response(
+                body=out, headers={HEADER_LENGTH: str(out_hl), "Content-Type": "application/octet-stream"}
+            )
+        except RequestError as e:
+            outcome = _OUTCOME.get(e.status, "error")
+            return _error(e.status, e.message, e.headers)
+        except Exception as e:
+            outcome = "error"
+            log.exception("inference failed")
+            return _error(500, f"inference failed: {e}")
+        finally:
+            self.active -= 1
+            self.metrics.observe_request(outcome, time.perf_counter() - t0)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.s.max_request_bytes + 1)
+        r = app.router
+        r.add_get("/v2/health/live", self.live)
+        r.add_get("/v2/health/ready", self.ready)
+        r.add_get("/v2", self.server_metadata)
+        r.add_get("/metrics", self.metrics_handler)
+        for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+            r.add_get(base, self.model_metadata)
+            r.add_get(base + "/ready", self.model_ready)
+            r.add_get(base + "/config", self.model_config)
+            r.add_post(base + "/infer", self.infer)
+        return app
+
+    # --- the whole life ---------------------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        monitor = FaultMonitor(self.probe, self.on_xid)
+        monitor.start()
+        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.s.host, self.s.port, backlog=1024, reuse_address=True)
+        await site.start()
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            self.port = server.sockets[0].getsockname()[1]
+        log.info("listening", extra=fields(host=self.s.host, port=self.port))
+        startup = asyncio.create_task(self._startup())
+        await self._stop.wait()
+        # Stop: not ready at once, no new connections, let in-flight requests finish.
+        was_ready = self.state == "ready"
+        self.state, self.reason = "draining", "shutting down"
+        self.metrics.ready_m.set(0)
+        startup.cancel()
+        await site.stop()
+        if was_ready:
+            deadline = time.monotonic() + self.s.drain_timeout_s
+            while (self.active or (self.batcher and self.batcher.in_flight)) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            log.info("drained", extra=fields(left=self.active))
+        if self.batcher is not None:
+            await self.batcher.stop()
+        await runner.cleanup()
+        monitor.stop()
+        if self.exit_code == EXIT_OK:
+            write_termination_message(
+                TerminationMessage(
+                    reason="Completed", message="stopped on signal", engine_key=self.s.engine_key
+                )
+            )
+        return self.exit_code

@@ -84,6 +84,10 @@ class LocalObjectReference(ApiModel):
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 
+def _no_schema_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
 class Condition(ApiModel):
     """One aspect of the resource's state, as in Kubernetes' metav1.Condition."""
 
@@ -100,7 +104,12 @@ class Condition(ApiModel):
         pattern=CONDITION_REASON,
         description="One CamelCase word saying why, for machines.",
     )
-    message: str = Field(default="", max_length=32768, description="What happened, for humans.")
+    message: str = Field(
+        default="",
+        max_length=32768,
+        description="What happened, for humans.",
+        json_schema_extra=_no_schema_default,  # a 1.20 apiserver refuses `default: ""`
+    )
     last_transition_time: Time = Field(description="When the status last changed.")
     observed_generation: int | None = Field(
         default=None, ge=0, description="The metadata.generation this condition was computed from."

@@ -1,0 +1,435 @@
+"""`trtforge serve` as a real subprocess on a loopback port, driven by `tritonclient` (no Kubernetes).
+
+Engines are real ONNX models (ResNet-50 from the onnx package's test data with its weights
+materialised, and a dynamic-batch MLP) laid out in a local store; outputs are compared with ONNX
+Runtime run directly. The GPU is the test bed's emulated probe file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+import tritonclient.http.aio as aioclient
+from test_serve_engines import (
+    B200,
+    H100,
+    H100_UUID,
+    dynamic_batch_model,
+    env_for,
+    inject_xid,
+    light_model,
+    run_ort,
+    termination,
+    write_engine,
+    write_gpu_file,
+)
+
+from trtforge.contract.gpu import GPUIdentity
+from trtforge.contract.termination import EXIT_ENGINE_INTEGRITY, EXIT_GPU_FAULT, EXIT_GPU_MISMATCH
+
+pytestmark = pytest.mark.integration
+
+RESNET_IN, RESNET_OUT = "gpu_0/data_0", "gpu_0/softmax_1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(
+        self, store: Path, key: str, tmp: Path, gpu_file: Path, *extra: str, cache: Path | None = None
+    ):
+        self.port = _free_port()
+        self.url = f"127.0.0.1:{self.port}"
+        self.term = tmp / f"termination-{self.port}"
+        self.log = tmp / f"serve-{self.port}.log"
+        self.cache = cache or tmp / "cache"
+        cmd = [
+            sys.executable,
+            "-m",
+            "trtforge.cli",
+            "serve",
+            "--store",
+            str(store),
+            "--engine",
+            key,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--cache-dir",
+            str(self.cache),
+            *extra,
+        ]
+        self._log_f = open(self.log, "w")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            cmd, env=env_for(gpu_file, self.term), stdout=self._log_f, stderr=subprocess.STDOUT
+        )
+
+    def get(self, path: str) -> tuple[int, dict[str, object]]:
+        try:
+            with urllib.request.urlopen(f"http://{self.url}{path}", timeout=5) as r:
+                return r.status, json.loads(r.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    def wait(self, what: str = "ready", timeout: float = 60.0) -> None:
+        """Until /v2/health/<what> answers 200 (or the process ends: then fail with its log)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if self.get(f"/v2/health/{what}")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"serve not {what} after {timeout}s:\n{self.output()}")
+
+    def exit_code(self, timeout: float = 60.0) -> int:
+        return self.proc.wait(timeout)
+
+    def output(self) -> str:
+        if not self._log_f.closed:
+            self._log_f.flush()
+        return self.log.read_text()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log_f.close()
+        return self.proc.returncode
+
+
+@dataclass
+class Bed:
+    tmp: Path
+    store: Path
+    gpu_file: Path
+    resnet: bytes
+    mlp: bytes
+    resnet_key: str
+    mlp_key: str
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Bed:
+    tmp = tmp_path_factory.mktemp("serve")
+    store = tmp / "store"
+    resnet = light_model("resnet50")
+    mlp = dynamic_batch_model()
+    return Bed(
+        tmp=tmp,
+        store=store,
+        gpu_file=write_gpu_file(tmp / "gpus.json"),
+        resnet=resnet,
+        mlp=mlp,
+        resnet_key=write_engine(store, resnet, name="resnet50", samples=1),
+        mlp_key=write_engine(store, mlp, name="mlp", samples=8, max_batch=32),
+    )
+
+
+@pytest.fixture(scope="module")
+def resnet_server(bed: Bed) -> Iterator[Server]:
+    s = Server(bed.store, bed.resnet_key, bed.tmp, bed.gpu_file, "--max-queue", "2")
+    s.wait()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def mlp_server(bed: Bed) -> Iterator[Server]:
+    s = Server(
+        bed.store,
+        bed.mlp_key,
+        bed.tmp,
+        bed.gpu_file,
+        "--max-queue-delay-us",
+        "2000",
+        "--max-request-bytes",
+        "10000",
+    )
+    s.wait()
+    yield s
+    s.stop()
+
+
+def test_resnet50_binary_and_json_match_onnxruntime(bed: Bed, resnet_server: Server) -> None:
+    x = np.random.default_rng(3).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    ref = run_ort(bed.resnet, {RESNET_IN: x})[RESNET_OUT]
+    c = httpclient.InferenceServerClient(resnet_server.url)
+    assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("resnet50")
+    meta = c.get_model_metadata("resnet50")
+    assert meta["inputs"] == [{"name": RESNET_IN, "datatype": "FP32", "shape": [1, 3, 224, 224]}]
+    for binary in (True, False):
+        inp = httpclient.InferInput(RESNET_IN, [1, 3, 224, 224], "FP32")
+        inp.set_data_from_numpy(x, binary_data=binary)
+        out = httpclient.InferRequestedOutput(RESNET_OUT, binary_data=binary)
+        got = c.infer("resnet50", [inp], outputs=[out]).as_numpy(RESNET_OUT)
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    # tritonclient's defaults: binary input, no outputs named (binary_data_output).
+    inp = httpclient.InferInput(RESNET_IN, [1, 3, 224, 224], "FP32")
+    inp.set_data_from_numpy(x)
+    np.testing.assert_allclose(c.infer("resnet50", [inp]).as_numpy(RESNET_OUT), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_full_queue_answers_503_with_retry_after(resnet_server: Server) -> None:
+    """ResNet-50 takes ~100 ms a request here; with 2 queue slots, 12 at once overflow it."""
+    x = np.zeros((1, 3, 224, 224), np.float32)
+    statuses: list[int] = []
+    retry_after: list[str | None] = []
+
+    def one() -> None:
+        body = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": RESNET_IN,
+                        "datatype": "FP32",
+                        "shape": [1, 3, 224, 224],
+                        "parameters": {"binary_data_size": x.nbytes},
+                    }
+                ]
+            }
+        ).encode()
+        req = urllib.request.Request(
+            f"http://{resnet_server.url}/v2/models/resnet50/infer",
+            data=body + x.tobytes(),
+            headers={"Inference-Header-Content-Length": str(len(body))},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                statuses.append(r.status)
+        except urllib.error.HTTPError as e:
+            statuses.append(e.code)
+            retry_after.append(e.headers.get("Retry-After"))
+            assert "queue is full" in json.loads(e.read())["error"]
+
+    threads = [threading.Thread(target=one) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 503 in statuses and 200 in statuses, statuses
+    assert set(statuses) <= {200, 503}
+    assert all(r == "1" for r in retry_after)
+
+
+def _metric(text: str, series: str) -> float:
+    m = re.search(re.escape(series) + r" (\S+)", text)
+    assert m, f"{series} not in /metrics"
+    return float(m.group(1))
+
+
+def test_dynamic_batching_64_concurrent_clients(bed: Bed, mlp_server: Server) -> None:
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((int(rng.integers(1, 4)), 64)).astype(np.float32) for _ in range(64 * 4)]
+    refs = [run_ort(bed.mlp, {"x": x})["y"] for x in xs]
+
+    async def client(i: int) -> int:
+        c = aioclient.InferenceServerClient(mlp_server.url)
+        try:
+            for j in range(i, len(xs), 64):
+                inp = aioclient.InferInput("x", list(xs[j].shape), "FP32")
+                inp.set_data_from_numpy(xs[j], binary_data=j % 2 == 0)
+                out = aioclient.InferRequestedOutput("y", binary_data=j % 3 != 0)
+                got = (await c.infer("mlp", [inp], outputs=[out])).as_numpy("y")
+                np.testing.assert_allclose(got, refs[j], rtol=1e-5, atol=1e-6)
+            return 1
+        finally:
+            await c.close()
+
+    async def main() -> list[int]:
+        return await asyncio.gather(*(client(i) for i in range(64)))
+
+    assert sum(asyncio.run(main())) == 64
+    metrics = urllib.request.urlopen(f"http://{mlp_server.url}/metrics").read().decode()
+    batches = _metric(metrics, 'trtforge_runtime_batch_size_count{model="mlp"}')
+    singles = _metric(metrics, 'trtforge_runtime_batch_size_bucket{le="1.0",model="mlp"}')
+    assert batches < len(xs), "no two requests ever shared a batch"
+    assert batches - singles > 0
+    assert 'outcome="success"} 256.0' in metrics
+    assert 'outcome="error"' not in metrics and 'outcome="unavailable"' not in metrics
+
+
+def test_errors_are_json_with_the_right_status(mlp_server: Server) -> None:
+    assert mlp_server.get("/v2/models/nope")[0] == 404
+    assert mlp_server.get("/v2/models/mlp/versions/7")[0] == 404
+    c = httpclient.InferenceServerClient(mlp_server.url)
+    bad = httpclient.InferInput("x", [2, 63], "FP32")
+    bad.set_data_from_numpy(np.zeros((2, 63), np.float32))
+    with pytest.raises(Exception, match=r"shape \[2, 63\], expected \[-1, 64\]"):
+        c.infer("mlp", [bad])
+    big = httpclient.InferInput("x", [32, 64], "FP32")
+    big.set_data_from_numpy(
+        np.random.default_rng(0).random((32, 64), np.float32), binary_data=False
+    )  # ~40 kB
+    with pytest.raises(Exception, match="exceeds the limit"):
+        c.infer("mlp", [big])
+    over = httpclient.InferInput("x", [33, 64], "FP32")
+    over.set_data_from_numpy(np.zeros((33, 64), np.float32))
+    with pytest.raises(Exception, match="exceeds the model's max batch size 32"):
+        c.infer("mlp", [over])
+    req = urllib.request.Request(
+        f"http://{mlp_server.url}/v2/models/mlp/infer", data=b"{not json", method="POST"
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req)
+    assert e.value.code == 400 and "not valid" in json.loads(e.value.read())["error"]
+
+
+def _engine_copy(
+    bed: Bed, name: str, gpu: GPUIdentity = H100, canary_outputs: dict[str, np.ndarray] | None = None
+) -> tuple[Path, str]:
+    store = bed.tmp / name
+    key = write_engine(
+        store, bed.mlp, name="mlp", samples=4, max_batch=32, gpu=gpu, canary_outputs=canary_outputs
+    )
+    return store, key
+
+
+def test_tampered_engine_is_refused(bed: Bed) -> None:
+    store, key = _engine_copy(bed, "tampered")
+    artifact = store / "engines" / key / "model.onnx"
+    data = bytearray(artifact.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    artifact.write_bytes(bytes(data))
+    s = Server(store, key, bed.tmp, bed.gpu_file, cache=bed.tmp / "cache-tampered")
+    assert s.exit_code() == EXIT_ENGINE_INTEGRITY, s.output()
+    s.stop()
+    msg = termination(s.term)
+    assert msg["reason"] == "EngineIntegrity"
+    assert "does not match the manifest" in str(msg["message"]) and "tampered" in str(msg["message"])
+    assert not list((bed.tmp / "cache-tampered").rglob("model.onnx"))
+
+
+def test_engine_for_another_gpu_is_refused(bed: Bed) -> None:
+    store, key = _engine_copy(bed, "b200", gpu=B200)
+    s = Server(store, key, bed.tmp, bed.gpu_file)
+    assert s.exit_code() == EXIT_GPU_MISMATCH, s.output()
+    s.stop()
+    msg = termination(s.term)
+    assert msg["reason"] == "GPUMismatch"
+    assert "built for NVIDIA-B200" in str(msg["message"]) and "NVIDIA-H100-80GB-HBM3" in str(msg["message"])
+    assert "compute capability" in str(msg["message"])
+
+
+def test_canary_mismatch_keeps_the_server_not_ready(bed: Bed) -> None:
+    store, key = _engine_copy(bed, "canary", canary_outputs={"y": np.full((4, 10), 0.5, np.float32)})
+    s = Server(store, key, bed.tmp, bed.gpu_file)
+    try:
+        s.wait("live")
+        deadline = time.monotonic() + 30
+        while "canary" not in str(s.get("/v2/health/ready")[1]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status, body = s.get("/v2/health/ready")
+        assert status == 503 and "canary failed" in str(body["error"]), body
+        assert s.get("/v2/models/mlp/ready")[0] == 503
+        c = httpclient.InferenceServerClient(s.url)
+        inp = httpclient.InferInput("x", [1, 64], "FP32")
+        inp.set_data_from_numpy(np.zeros((1, 64), np.float32))
+        with pytest.raises(Exception, match="not ready: canary failed"):
+            c.infer("mlp", [inp])
+        assert termination(s.term)["reason"] == "CanaryFailed"
+        assert s.proc.poll() is None
+    finally:
+        assert s.stop() == 0
+
+
+def test_gpu_fault_exits_with_the_fault_message_and_restart_uses_the_cache(bed: Bed) -> None:
+    gpu_file = write_gpu_file(bed.tmp / "gpus-fault.json")
+    cache = bed.tmp / "cache-fault"
+    s = Server(bed.store, bed.mlp_key, bed.tmp, gpu_file, cache=cache)
+    s.wait()
+    t0 = time.monotonic()
+    inject_xid(gpu_file, 79)
+    code = s.exit_code(timeout=5)
+    took = time.monotonic() - t0
+    s.stop()
+    assert code == EXIT_GPU_FAULT, s.output()
+    assert took < 2.0
+    msg = termination(s.term)
+    assert (msg["reason"], msg["xid"], msg["gpu"]) == ("GPUFault", 79, H100_UUID)
+    assert (
+        json.loads(s.output().strip().splitlines()[-1])["reason"] == "GPUFault"
+    )  # also the last stdout line
+
+    # The restarted container finds the verified engine in its volume and downloads nothing.
+    again = Server(bed.store, bed.mlp_key, bed.tmp, write_gpu_file(bed.tmp / "gpus-ok.json"), cache=cache)
+    try:
+        again.wait()
+        assert '"fetched_bytes": 0' in again.output()
+    finally:
+        again.stop()
+
+
+def test_sigterm_drains_in_flight_requests(bed: Bed) -> None:
+    s = Server(bed.store, bed.resnet_key, bed.tmp, bed.gpu_file)
+    s.wait()
+    x = np.zeros((1, 3, 224, 224), np.float32)
+    results: list[object] = []
+
+    def one() -> None:
+        c = httpclient.InferenceServerClient(s.url, network_timeout=30)
+        inp = httpclient.InferInput(RESNET_IN, [1, 3, 224, 224], "FP32")
+        inp.set_data_from_numpy(x)
+        try:
+            results.append(c.infer("resnet50", [inp]).as_numpy(RESNET_OUT).shape)
+        except Exception as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        m = urllib.request.urlopen(f"http://{s.url}/metrics").read().decode()
+        if re.search(r'trtforge_runtime_queue_depth\{model="resnet50"\} [1-9]', m):
+            break
+        time.sleep(0.01)
+    s.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join()
+    assert s.exit_code(timeout=30) == 0
+    s.stop()
+    assert results == [(1, 1000)] * 4, results
+    assert termination(s.term)["reason"] == "Completed"
+
+
+def test_cli_refuses_a_malformed_key(bed: Bed) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "trtforge.cli", "serve", "--store", str(bed.store), "--engine", "abc"],
+        capture_output=True,
+        text=True,
+        env=env_for(bed.gpu_file, bed.tmp / "t"),
+        timeout=60,
+    )
+    assert r.returncode == 1 and "64 lowercase hex" in r.stderr
+    shutil.rmtree(bed.tmp / "t", ignore_errors=True)

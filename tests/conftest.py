@@ -1,0 +1,58 @@
+"""Shared fixtures. `testbed` (session): the local control plane with emulated GPU nodes, reused if
+already up; `namespace` (per test): a fresh namespace, deleted afterwards. Wait with
+`trtforge.testbed.wait.wait_for`, never with fixed sleeps."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from trtforge.testbed.handle import TestBed
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[TestBed]:
+    """The test bed at $TRTFORGE_CLUSTER_DIR or <project>/.cluster: used if up, else started here
+    (and stopped by the last pytest session using it)."""
+    from trtforge.testbed import handle
+    from trtforge.testbed.binaries import BinariesError
+    from trtforge.testbed.controlplane import ClusterError
+    from trtforge.testbed.paths import StatePaths, default_root
+
+    paths = StatePaths(default_root())
+    try:
+        tb = handle.acquire(paths)
+    except (BinariesError, ClusterError) as e:
+        pytest.fail(f"the test bed could not start: {e}", pytrace=False)
+    try:
+        yield tb
+    finally:
+        handle.release(paths)
+
+
+@pytest.fixture
+def namespace(testbed: TestBed, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace whose `default` ServiceAccount has its token; deleted (not awaited) after."""
+    from kubernetes import client
+
+    from trtforge.testbed.wait import wait_for
+
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"t-{slug}-{secrets.token_hex(3)}"
+    with testbed.api_client() as api:
+        core: Any = client.CoreV1Api(api)
+        core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+        def sa_ready() -> bool:
+            sas = core.list_namespaced_service_account(name).items
+            return any(sa.metadata.name == "default" and sa.secrets for sa in sas)
+
+        wait_for(sa_ready, timeout=30, desc=f"ServiceAccount default with a token in {name}")
+        try:
+            yield name
+        finally:
+            core.delete_namespace(name)

@@ -1,0 +1,94 @@
+"""One container as a local process, in its own mount namespace with its volumes bind-mounted at
+their real mountPaths (``unshare -m --propagation private``, then ``mount --bind``, then exec).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from trtforge.testbed.kubelet.volumes import Mount
+
+
+def mount_script(mounts: Sequence[Mount]) -> str:
+    """Shell that creates each mount point (inside the namespace, after its parents are mounted),
+    bind-mounts the source there (read-only when asked) and finally execs the container's argv."""
+    lines = ["set -e"]
+    for m in mounts:
+        src, dst = shlex.quote(str(m.source)), shlex.quote(m.target)
+        if m.source.is_dir():
+            lines.append(f"mkdir -p {dst}")
+        else:
+            lines.append(f'[ -e {dst} ] || {{ mkdir -p "$(dirname {dst})"; : > {dst}; }}')
+        lines.append(f"mount --bind {src} {dst}")
+        if m.read_only:
+            lines.append(f"mount -o remount,bind,ro {dst}")
+    lines.append('exec "$@"')
+    return "\n".join(lines)
+
+
+def exit_code_of(returncode: int) -> int:
+    """Popen's -N (killed by signal N) becomes 128+N, as a container runtime reports it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class ContainerProcess:
+    """A started container; its pid leads its own process group."""
+
+    def __init__(
+        self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, mounts: Sequence[Mount], log_path: Path
+    ) -> None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        cwd.mkdir(parents=True, exist_ok=True)
+        self.started_at = time.time()
+        with log_path.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    "unshare",
+                    "-m",
+                    "--propagation",
+                    "private",
+                    "--",
+                    "sh",
+                    "-c",
+                    mount_script(mounts),
+                    "sh",
+                    *argv,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,
+            )
+        self.pid = self.proc.pid
+
+    def poll(self) -> int | None:
+        """None while running, else the container exit code."""
+        rc = self.proc.poll()
+        return None if rc is None else exit_code_of(rc)
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def stop(self, grace_s: float) -> int:
+        """SIGTERM the process group, SIGKILL after `grace_s`; returns the exit code."""
+        if self.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=max(grace_s, 0.0))
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.proc.wait()
+        # Whatever the main process left in its group goes too.
+        self.signal(signal.SIGKILL)
+        rc = self.poll()
+        return 137 if rc is None else rc

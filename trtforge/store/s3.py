@@ -1,0 +1,315 @@
+"""A store on any S3-compatible object store: ``s3://<bucket>/<prefix>``.
+
+Configuration, the usual AWS names: ``AWS_ENDPOINT_URL`` (empty for AWS itself),
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION`` (or
+``AWS_DEFAULT_REGION``). Each is read from the environment, else from a file of that name under
+``$TRTFORGE_S3_CREDENTIALS_DIR`` (a mounted Secret whose keys are those names). With an endpoint
+set, path-style addressing is used (what MinIO, Ceph RGW and moto expect).
+
+Atomicity: S3 objects appear whole on the final PUT or CompleteMultipartUpload; a writer that dies
+mid-upload leaves an incomplete multipart upload, which is invisible (a bucket lifecycle rule
+``AbortIncompleteMultipartUpload`` reclaims its parts). ``commit`` is a conditional create
+(``If-None-Match: *``), so one of several racing writers wins and the others get 412. Where the
+server does not implement conditional writes (it answers 501 NotImplemented, or the variable
+``TRTFORGE_S3_CONDITIONAL_WRITES=0`` says so), ``commit`` falls back to HEAD then PUT and logs that
+a race is then possible in a window of one round trip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from trtforge.logs import fields
+from trtforge.store.base import IntegrityError, ObjectNotFound, PutResult, StoreError
+from trtforge.store.local import check_relpath
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import CompletedPartTypeDef
+
+log = logging.getLogger(__name__)
+
+CREDENTIALS_DIR_ENV = "TRTFORGE_S3_CREDENTIALS_DIR"
+CONDITIONAL_ENV = "TRTFORGE_S3_CONDITIONAL_WRITES"
+SETTINGS = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+)
+PART_SIZE = 8 << 20  # multipart part size; S3's minimum part is 5 MiB
+_NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+_RACE_LOST = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+_NO_CONDITIONAL = {"NotImplemented", "501"}
+
+
+def s3_settings(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The S3 settings from the environment, filled in from files under $TRTFORGE_S3_CREDENTIALS_DIR."""
+    env = dict(os.environ if env is None else env)
+    out = {k: env[k] for k in SETTINGS if env.get(k)}
+    cred_dir = env.get(CREDENTIALS_DIR_ENV)
+    if cred_dir:
+        d = Path(cred_dir)
+        if not d.is_dir():
+            raise StoreError(
+                f"{CREDENTIALS_DIR_ENV}={cred_dir} is not a directory (mount the S3 secret there)"
+            )
+        for k in SETTINGS:
+            f = d / k
+            if k not in out and f.is_file():
+                value = f.read_text().strip()
+                if value:
+                    out[k] = value
+    return out
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/some/prefix` -> (bucket, "some/prefix")."""
+    if not uri.startswith("s3://"):
+        raise StoreError(f"{uri!r} is not an s3:// URI")
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    if not bucket:
+        raise StoreError(f"store URI {uri!r} names no bucket; expected s3://<bucket>/<prefix>")
+    return bucket, prefix.strip("/")
+
+
+def make_client(settings: dict[str, str]) -> S3Client:
+    import boto3
+    from botocore.config import Config
+
+    endpoint = settings.get("AWS_ENDPOINT_URL")
+    config = Config(
+        connect_timeout=5,
+        read_timeout=60,
+        retries={"max_attempts": 3, "mode": "standard"},
+        s3={"addressing_style": "path"} if endpoint else {},
+        # Do not add checksum trailers some S3-compatible servers do not understand.
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    session = boto3.session.Session(
+        aws_access_key_id=settings.get("AWS_ACCESS_KEY_ID"),
+        aws_secret_access_key=settings.get("AWS_SECRET_ACCESS_KEY"),
+        aws_session_token=settings.get("AWS_SESSION_TOKEN"),
+        region_name=settings.get("AWS_REGION") or settings.get("AWS_DEFAULT_REGION") or "us-east-1",
+    )
+    return session.client("s3", endpoint_url=endpoint or None, config=config)
+
+
+def _code(e: Exception) -> str:
+    resp: dict[str, Any] = getattr(e, "response", None) or {}
+    code = str(resp.get("Error", {}).get("Code", ""))
+    status = str(resp.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+    return code or status
+
+
+def _status(e: Exception) -> str:
+    resp: dict[str, Any] = getattr(e, "response", None) or {}
+    return str(resp.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+
+
+class S3Store:
+    """An :class:`~trtforge.store.base.EngineStore` on an S3 bucket and prefix."""
+
+    read_only = False
+
+    def __init__(
+        self,
+        uri: str,
+        client: S3Client | None = None,
+        settings: dict[str, str] | None = None,
+        part_size: int = PART_SIZE,
+    ) -> None:
+        self.uri = uri.rstrip("/")
+        self.bucket, self.prefix = parse_s3_uri(uri)
+        self.settings = s3_settings() if settings is None else settings
+        self.endpoint = self.settings.get("AWS_ENDPOINT_URL") or "AWS S3"
+        self.client: S3Client = client or make_client(self.settings)
+        self.part_size = max(part_size, 5 << 20)
+        self.conditional_writes = os.environ.get(CONDITIONAL_ENV, "1") not in ("0", "false", "no")
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.uri!r} at {self.endpoint})"
+
+    def _key(self, path: str) -> str:
+        check_relpath(path)
+        return f"{self.prefix}/{path}" if self.prefix else path
+
+    def _error(self, what: str, path: str, e: Exception) -> StoreError:
+        """One clear message: which store, which object, what failed and why."""
+        from botocore.exceptions import (
+            ClientError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            PartialCredentialsError,
+        )
+
+        where = f"store {self.uri} (endpoint {self.endpoint})"
+        if isinstance(e, EndpointConnectionError):
+            return StoreError(f"{where}: cannot reach the endpoint to {what} {path}: {e}")
+        if isinstance(e, NoCredentialsError | PartialCredentialsError):
+            return StoreError(
+                f"{where}: no S3 credentials to {what} {path}; set AWS_ACCESS_KEY_ID and "
+                f"AWS_SECRET_ACCESS_KEY, or mount them under ${CREDENTIALS_DIR_ENV}"
+            )
+        if isinstance(e, ClientError):
+            code = _code(e)
+            if code in _NOT_FOUND:
+                return ObjectNotFound(f"{where}: {path} does not exist")
+            if code == "NoSuchBucket":
+                return StoreError(f"{where}: bucket {self.bucket!r} does not exist ({what} {path})")
+            msg = e.response.get("Error", {}).get("Message", "") or str(e)
+            return StoreError(f"{where}: {what} {path} failed: {code} {msg}".rstrip())
+        return StoreError(f"{where}: {what} {path} failed: {type(e).__name__}: {e}")
+
+    # -- writes ------------------------------------------------------------------------------
+    def put(self, path: str, src: BinaryIO) -> PutResult:
+        key = self._key(path)
+        h = hashlib.sha256()
+        first = _read_full(src, self.part_size)
+        h.update(first)
+        if len(first) < self.part_size:
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=first)
+            except Exception as e:
+                raise self._error("write", path, e) from e
+            return PutResult(path=path, sha256=h.hexdigest(), size_bytes=len(first))
+        try:
+            upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
+        except Exception as e:
+            raise self._error("start a multipart upload of", path, e) from e
+        parts: list[CompletedPartTypeDef] = []
+        size = 0
+        try:
+            chunk = first
+            while chunk:
+                n = len(parts) + 1
+                resp = self.client.upload_part(
+                    Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=n, Body=chunk
+                )
+                parts.append({"PartNumber": n, "ETag": resp["ETag"]})
+                size += len(chunk)
+                log.debug("s3 part uploaded", extra=fields(path=path, part=n, bytes=size))
+                chunk = _read_full(src, self.part_size)
+                h.update(chunk)
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            )
+        except BaseException as e:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            except Exception:
+                pass
+            if isinstance(e, Exception):
+                raise self._error("write", path, e) from e
+            raise
+        return PutResult(path=path, sha256=h.hexdigest(), size_bytes=size)
+
+    def put_bytes(self, path: str, data: bytes) -> PutResult:
+        return self.put(path, io.BytesIO(data))
+
+    def commit(self, path: str, data: bytes) -> bool:
+        key = self._key(path)
+        if self.conditional_writes:
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*")
+                return True
+            except Exception as e:
+                code = _code(e)
+                if code in _RACE_LOST or _status(e) in ("409", "412"):
+                    return False
+                if code not in _NO_CONDITIONAL and _status(e) != "501":
+                    raise self._error("commit", path, e) from e
+                log.warning(
+                    "the S3 server does not implement conditional writes (If-None-Match); committing "
+                    "with HEAD then PUT, so two builders racing within one round trip could both write",
+                    extra=fields(store=self.uri, endpoint=self.endpoint),
+                )
+                self.conditional_writes = False
+        if self.exists(path):
+            return False
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+        except Exception as e:
+            raise self._error("commit", path, e) from e
+        return True
+
+    # -- reads -------------------------------------------------------------------------------
+    def iter_chunks(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(path))["Body"]
+        except Exception as e:
+            raise self._error("read", path, e) from e
+        try:
+            yield from body.iter_chunks(chunk_size)
+        except StoreError:
+            raise
+        except Exception as e:
+            raise self._error("read", path, e) from e
+        finally:
+            body.close()
+
+    def get(self, path: str, dst: BinaryIO, expected_sha256: str | None = None) -> PutResult:
+        h = hashlib.sha256()
+        size = 0
+        for chunk in self.iter_chunks(path):
+            h.update(chunk)
+            dst.write(chunk)
+            size += len(chunk)
+        sha = h.hexdigest()
+        if expected_sha256 is not None and sha != expected_sha256:
+            raise IntegrityError(
+                f"store {self.uri}: {path} has sha256 {sha}, expected {expected_sha256} ({size} bytes read)"
+            )
+        return PutResult(path=path, sha256=sha, size_bytes=size)
+
+    def read_bytes(self, path: str) -> bytes:
+        return b"".join(self.iter_chunks(path))
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(path))
+            return True
+        except Exception as e:
+            err = self._error("look up", path, e)
+            if isinstance(err, ObjectNotFound):
+                return False
+            raise err from e
+
+    def list(self, prefix: str) -> list[str]:
+        full = f"{self.prefix}/{prefix.lstrip('/')}" if self.prefix else prefix.lstrip("/")
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        out: list[str] = []
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=full
+            ):
+                out.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
+        except Exception as e:
+            raise self._error("list", prefix or "/", e) from e
+        return sorted(out)
+
+    def delete(self, path: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(path))
+        except Exception as e:
+            raise self._error("delete", path, e) from e
+
+
+def _read_full(src: BinaryIO, n: int) -> bytes:
+    """Read up to `n` bytes, looping over short reads (pipes, sockets)."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = src.read(n - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    return bytes(buf)

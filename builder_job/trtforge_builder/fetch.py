@@ -1,0 +1,142 @@
+"""Fetch the model: streamed, sha256 computed on the way, checked against the pin.
+
+Model URIs: ``pvc://<claim>/<path>`` and plain or ``file://`` paths are read in place (hashed, not
+copied); ``s3://<bucket>/<key>`` (credentials as for the S3 store) and ``https://`` / ``http://``
+are streamed into the work directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, cast
+
+from trtforge.store.base import IntegrityError, ObjectNotFound, StoreError
+from trtforge_builder.errors import BuildError
+from trtforge_builder.progress import Progress
+
+CHUNK = 1 << 20
+HTTP_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class FetchedModel:
+    path: Path
+    sha256: str
+    size_bytes: int
+    uri: str
+
+
+def _fail(uri: str, why: str) -> BuildError:
+    return BuildError(f"model {uri}: {why}", "ModelFetchFailed", step="fetch-model")
+
+
+def local_model_path(uri: str) -> Path:
+    from trtforge.store.local import DEFAULT_PVC_ROOT, PVC_ROOT_ENV
+
+    if uri.startswith("pvc://"):
+        rest = uri.removeprefix("pvc://")
+        claim, _, sub = rest.partition("/")
+        if not claim or not sub:
+            raise _fail(uri, "expected pvc://<claim>/<path to the .onnx file>")
+        return Path(os.environ.get(PVC_ROOT_ENV) or DEFAULT_PVC_ROOT) / claim / sub
+    if uri.startswith("file://"):
+        return Path(uri.removeprefix("file://"))
+    return Path(uri).expanduser()
+
+
+def fetch_model(uri: str, workdir: Path, expected_sha256: str | None = None) -> FetchedModel:
+    if uri.startswith("s3://"):
+        fetched = _fetch_s3(uri, workdir)
+    elif uri.startswith(("https://", "http://")):
+        fetched = _fetch_http(uri, workdir)
+    elif "://" in uri and not uri.startswith(("pvc://", "file://")):
+        raise _fail(uri, "unknown scheme; expected pvc://, s3://, https://, file:// or a path")
+    else:
+        fetched = _hash_local(uri, local_model_path(uri))
+    if expected_sha256 is not None and fetched.sha256 != expected_sha256:
+        raise BuildError(
+            f"model {uri} has sha256 {fetched.sha256}, but --sha256 pins {expected_sha256}",
+            "ModelIntegrity",
+            step="fetch-model",
+        )
+    return fetched
+
+
+def _hash_local(uri: str, path: Path) -> FetchedModel:
+    if not path.is_file():
+        raise _fail(
+            uri, f"no such file {path}" + (" (is the claim mounted?)" if uri.startswith("pvc://") else "")
+        )
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    prog = Progress(f"hashing model {uri}", size)
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+                prog.update(len(chunk))
+    except OSError as e:
+        raise _fail(uri, f"cannot read {path}: {e.strerror or e}") from e
+    prog.finish()
+    return FetchedModel(path=path, sha256=h.hexdigest(), size_bytes=prog.done, uri=uri)
+
+
+def _fetch_s3(uri: str, workdir: Path) -> FetchedModel:
+    from trtforge.store.s3 import S3Store, parse_s3_uri
+
+    bucket, key = parse_s3_uri(uri)
+    if not key:
+        raise _fail(uri, "expected s3://<bucket>/<key of the .onnx file>")
+    dest = workdir / "model.onnx"
+    try:
+        store = S3Store(f"s3://{bucket}")
+        with open(dest, "wb") as f:
+            res = store.get(key, cast(BinaryIO, _ProgressWriter(f, Progress(f"downloading model {uri}"))))
+    except ObjectNotFound as e:
+        raise _fail(uri, "no such object") from e
+    except IntegrityError as e:
+        raise BuildError(str(e), "ModelIntegrity", step="fetch-model") from e
+    except StoreError as e:
+        raise _fail(uri, str(e)) from e
+    return FetchedModel(path=dest, sha256=res.sha256, size_bytes=res.size_bytes, uri=uri)
+
+
+def _fetch_http(uri: str, workdir: Path) -> FetchedModel:
+    dest = workdir / "model.onnx"
+    h = hashlib.sha256()
+    try:
+        with urllib.request.urlopen(uri, timeout=HTTP_TIMEOUT_S) as resp, open(dest, "wb") as f:
+            total = int(resp.headers.get("Content-Length") or 0) or None
+            prog = Progress(f"downloading model {uri}", total)
+            while chunk := resp.read(CHUNK):
+                h.update(chunk)
+                f.write(chunk)
+                prog.update(len(chunk))
+    except urllib.error.HTTPError as e:
+        raise _fail(uri, f"HTTP {e.code} {e.reason}") from e
+    except urllib.error.URLError as e:
+        raise _fail(uri, f"cannot reach the server: {e.reason}") from e
+    except OSError as e:
+        raise _fail(uri, f"download failed: {e}") from e
+    prog.finish()
+    if total is not None and prog.done != total:
+        raise _fail(uri, f"download ended after {prog.done} of {total} bytes")
+    return FetchedModel(path=dest, sha256=h.hexdigest(), size_bytes=prog.done, uri=uri)
+
+
+class _ProgressWriter:
+    """A file wrapper that reports bytes written."""
+
+    def __init__(self, f: object, prog: Progress) -> None:
+        self._f = f
+        self._prog = prog
+
+    def write(self, data: bytes) -> int:
+        n: int = self._f.write(data)  # type: ignore[attr-defined]
+        self._prog.update(len(data))
+        return n

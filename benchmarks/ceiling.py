@@ -1,0 +1,69 @@
+"""The backend's own ceiling: batched ``session.run`` in-process, no server, no client.
+
+Same session settings as trtforge's ONNX Runtime backend. Run under ``taskset`` on the server's cores
+it says how many images per second those cores can compute at each batch size; the best of those is
+the ceiling a server on the same cores is measured against. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from benchmarks.models import io_names, sample_input
+
+
+def ort_session(path: str, threads: int) -> object:
+    """An ONNX Runtime session with trtforge's backend settings."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.log_severity_level = 3
+    return ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def measure(path: str, threads: int, batches: list[int], seconds: float) -> dict[str, object]:
+    from pathlib import Path
+
+    sess = ort_session(path, threads)
+    in_name, out_name = io_names(Path(path))
+    per_batch = []
+    for b in batches:
+        x = sample_input(b, seed=1)
+        run = sess.run  # type: ignore[attr-defined]
+        run([out_name], {in_name: x})  # warm-up
+        n, t0 = 0, time.perf_counter()
+        while True:
+            run([out_name], {in_name: x})
+            n += 1
+            el = time.perf_counter() - t0
+            if (el >= seconds and n >= 3) or n >= 10_000:
+                break
+        per_batch.append(
+            {"batch": b, "images_per_s": round(n * b / el, 2), "ms_per_batch": round(el / n * 1000, 2)}
+        )
+    best = max(per_batch, key=lambda r: float(r["images_per_s"]))  # type: ignore[arg-type]
+    return {"threads": threads, "per_batch": per_batch, "best": best}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model-file", required=True)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--batches", default="1,2,4,8,16,32")
+    p.add_argument("--seconds", type=float, default=3.0, help="per batch size")
+    a = p.parse_args(argv)
+    res = measure(a.model_file, a.threads, [int(b) for b in a.batches.split(",")], a.seconds)
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

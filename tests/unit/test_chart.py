@@ -33,7 +33,7 @@ def test_ci_values_validate(path: Path) -> None:
 
 def test_ci_values_files_exist() -> None:
     names = {p.name for p in (CHART / "ci").glob("*-values.yaml")}
-    assert {"pvc-values.yaml", "s3-values.yaml", "ha-values.yaml"} <= names
+    assert {"pvc-values.yaml", "s3-values.yaml", "namespaced-values.yaml"} <= names
 
 
 @pytest.mark.parametrize(
@@ -43,7 +43,7 @@ def test_ci_values_files_exist() -> None:
         ({"operator": {"replicaCount": 2}}, "Additional properties"),  # a typo below
         ({"images": {"operator": {"tag": "latest"}}}, "should not be valid"),
         ({"images": {"runtime": {"digest": "sha256:xyz"}}}, "does not match"),
-        ({"operator": {"replicas": 2}}, "greater than the maximum of 1"),  # HA needs peering
+        ({"operator": {"replicas": 2}}, "is not one of"),  # standalone: one replica
         ({"operator": {"podSecurityContext": {"runAsUser": 0}}}, "less than the minimum"),
         ({"operator": {"podSecurityContext": {"privileged": True}}}, "Additional properties"),
         ({"store": {"type": "s3"}}, ""),  # no bucket, no credentials
@@ -138,11 +138,12 @@ def test_configmap_keys_are_operator_config_fields() -> None:
         assert must in config
 
 
-def test_deployment_is_single_replica_recreate_by_default() -> None:
-    text = (TEMPLATES / "deployment.yaml").read_text()
-    assert '{{ ternary "RollingUpdate" "Recreate" .Values.operator.peering.enabled }}' in text
+def test_deployment_is_one_standalone_replica_with_recreate() -> None:
+    (dep,) = skeleton((TEMPLATES / "deployment.yaml").read_text())
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert "--standalone" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert default_values()["operator"]["replicas"] == 1
-    assert default_values()["operator"]["peering"]["enabled"] is False
+    assert schema()["properties"]["operator"]["properties"]["replicas"]["enum"] == [0, 1]
 
 
 def test_deployment_mounts_the_store_and_config() -> None:

@@ -9,13 +9,7 @@ import pytest
 import yaml
 from test_chart_helpers import FULLNAME, RELEASE_NAMESPACE, REPO, TEMPLATES, skeleton, substitute_static
 
-STATIC_RBAC = [
-    "rbac-operator.yaml",
-    "rbac-build.yaml",
-    "rbac-peering.yaml",
-    "rbac-tenant.yaml",
-    "rbac-model-secrets.yaml",
-]
+STATIC_RBAC = ["rbac-operator.yaml", "rbac-build.yaml", "rbac-tenant.yaml", "rbac-model-secrets.yaml"]
 KNOWN_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
 DANGEROUS_VERBS = {"escalate", "bind", "impersonate", "approve", "sign", "*"}
 
@@ -87,9 +81,11 @@ def test_operator_cluster_role_is_cluster_wide_only_where_needed() -> None:
     assert role["kind"] == "ClusterRole"
     resources = {(g, r) for g, r, _ in _grants(role)}
     # Build-namespace things are never granted cluster-wide.
-    for g, r in [("batch", "jobs"), ("", "persistentvolumeclaims"), ("", "secrets"), ("", "configmaps")]:
+    for g, r in [("", "persistentvolumeclaims"), ("", "secrets"), ("", "configmaps")]:
         assert (g, r) not in resources, f"{g}/{r} belongs in the build namespace's Role"
     grants = _grants(role)
+    job_verbs = {v for g, r, v in grants if (g, r) == ("batch", "jobs")}
+    assert job_verbs == {"get", "list", "watch"}, "Jobs are written only in the build namespace"
     assert ("", "nodes", "get") in grants and not {v for g, r, v in grants if r == "nodes"} - {
         "get",
         "list",
@@ -126,6 +122,7 @@ def test_build_role_is_namespaced_in_the_build_namespace() -> None:
     grants = _grants(role)
     assert ("batch", "jobs", "create") in grants
     assert ("batch", "jobs", "delete") in grants
+    assert ("batch", "jobs", "patch") in grants
     assert ("", "pods", "get") in grants
     (binding,) = [d for d in _docs("rbac-build.yaml") if d["kind"] == "RoleBinding"]
     assert binding["metadata"]["namespace"] == RELEASE_NAMESPACE

@@ -39,11 +39,16 @@ class IPAllocator:
         self._next = 0
         self._by_uid: dict[str, str] = {}
 
-    def acquire(self, uid: str) -> str:
+    def acquire(self, uid: str, prefer: str | None = None) -> str:
+        """The pod's address: `prefer` (its address before a restart) when free, else a new one."""
         with self._lock:
-            if uid not in self._by_uid:
-                self._by_uid[uid] = pod_ip_for(self._next)
+            if uid not in self._by_uid and prefer and prefer not in self._by_uid.values():
+                self._by_uid[uid] = prefer
+            while uid not in self._by_uid:
+                ip = pod_ip_for(self._next)
                 self._next += 1
+                if ip not in self._by_uid.values():
+                    self._by_uid[uid] = ip
             return self._by_uid[uid]
 
     def release(self, uid: str) -> None:

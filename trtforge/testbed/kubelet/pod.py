@@ -161,8 +161,11 @@ class PodWorker(threading.Thread):
 
     def _run(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.ip = self.ctx.ips.acquire(self.uid)
+        prev = self.pod.get("status") or {}
+        self.ip = self.ctx.ips.acquire(self.uid, prefer=prev.get("podIP"))
         if not self._admit():
+            return self._finish_deletion_when_asked()
+        if self._recover(prev):
             return self._finish_deletion_when_asked()
         self._push_status()
         while not self._prepare_volumes():
@@ -177,6 +180,29 @@ class PodWorker(threading.Thread):
                 break
             time.sleep(TICK_S)
         self._terminate()
+
+    def _recover(self, prev: dict[str, Any]) -> bool:
+        """A pod that already ran here before its node (or this kubelet) restarted: with restartPolicy
+        Never it has failed (returns True); otherwise its containers start again, counted as restarts."""
+        before = {s["name"]: s for s in prev.get("containerStatuses") or []}
+        ran = [s for s in before.values() if set(s.get("state") or {}) & {"running", "terminated"}]
+        if not ran:
+            return False
+        self.init_done = True
+        for c in self.containers:
+            old = before.get(c.name) or {}
+            c.restarts = int(old.get("restartCount") or 0)
+            if set(old.get("state") or {}) & {"running", "terminated"}:
+                c.last = {"terminated": {"exitCode": 137, "reason": "Error", "message": "the node restarted"}}
+                c.restarts += 1
+        if self.policy != "Never":
+            return False
+        for c in self.containers:
+            c.state, c.exit_code, c.reason, c.message = "terminated", 137, "Error", "the node restarted"
+            c.started_at = c.finished_at = time.time()
+        self.phase, self.pod_reason, self.pod_message = "Failed", "NodeRestarted", "the node restarted"
+        self._push_status()
+        return True
 
     def _admit(self) -> bool:
         wanted: dict[str, int] = {}
@@ -466,7 +492,7 @@ class PodWorker(threading.Thread):
             if e.status != 404:
                 log.warning(
                     "pod status update failed",
-                    extra=fields(pod=f"{self.ns}/{self.pod_name}", status=e.status, reason=e.reason),
+                    extra=fields(pod=f"{self.ns}/{self.pod_name}", status=e.status, body=str(e.body)[:400]),
                 )
 
     # --- the end -------------------------------------------------------------------------------------

@@ -45,6 +45,6 @@ def check_identity(manifest: Manifest, probed: GPUIdentity) -> None:
         raise Refusal(
             "GPUMismatch",
             f"engine {manifest.key} was built for {_describe(built)} but this pod's device is "
-            f"{_describe(probed)}: {', '.join(wrong)} differ; refusing to load it (schedule the pod on "
+            f"{_describe(probed)}: differs in {', '.join(wrong)}; refusing to load it (schedule the pod on "
             f"a matching node, or build the engine for this GPU)",
         )

@@ -411,10 +411,12 @@ def test_sigterm_drains_in_flight_requests(bed: Bed) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         m = urllib.request.urlopen(f"http://{s.url}/metrics").read().decode()
-        if re.search(r'trtforge_runtime_queue_depth\{model="resnet50"\} [1-9]', m):
+        if re.search(r'trtforge_runtime_queue_depth\{model="resnet50"\} 3', m):
             break
         time.sleep(0.01)
-    s.proc.send_signal(signal.SIGTERM)
+    else:
+        raise AssertionError("the 4 requests never were in the server together")
+    s.proc.send_signal(signal.SIGTERM)  # one executing, three queued: all four must still be answered
     for t in threads:
         t.join()
     assert s.exit_code(timeout=30) == 0

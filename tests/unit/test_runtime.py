@@ -1,0 +1,196 @@
+"""Runtime pieces in-process: v2 codec, request validation, GPU identity check, the verified cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from trtforge_runtime.errors import Refusal, RequestError
+from trtforge_runtime.fetch import fetch_engine
+from trtforge_runtime.identity import check_identity
+from trtforge_runtime.model import model_spec
+from trtforge_runtime.v2 import HEADER_LENGTH, decode_request, encode_response
+
+from trtforge.contract import layout
+from trtforge.contract.engine_key import BuildConfig, ShapeRange
+from trtforge.contract.gpu import GPUTarget, identity_for_target
+from trtforge.contract.manifest import Accuracy, CanaryRef, Manifest, TensorSpec
+from trtforge.contract.termination import EXIT_GPU_FAULT, TerminationMessage
+from trtforge.store import open_store
+
+H100 = identity_for_target(GPUTarget(gpu="NVIDIA-H100-80GB-HBM3"))
+KEY = "a" * 64
+
+
+def _manifest(artifact: bytes = b"engine", canary: bytes = b"canary", **build: object) -> Manifest:
+    return Manifest(
+        key=KEY,
+        engine_file="model.onnx",
+        sha256=hashlib.sha256(artifact).hexdigest(),
+        size_bytes=len(artifact),
+        backend="onnxruntime",
+        backend_version="1.0",
+        cuda="none",
+        gpu=H100,
+        build=BuildConfig(
+            precision="fp32",
+            profiles=({"x": ShapeRange(min=(1, 4), opt=(8, 4), max=(16, 4))},),
+            **build,  # type: ignore[arg-type]
+        ),
+        model_uri="s3://models/mlp.onnx",
+        model_sha256="b" * 64,
+        inputs=[TensorSpec(name="x", dtype="float32", shape=[-1, 4])],
+        outputs=[
+            TensorSpec(name="y", dtype="float32", shape=[-1, 2]),
+            TensorSpec(name="s", dtype="str", shape=[-1]),
+        ],
+        build_seconds=0.0,
+        accuracy=Accuracy(samples=1, max_abs_error=0, max_rel_error=0, atol=0, rtol=0, passed=True),
+        canary=CanaryRef(file="canary.npz", sha256=hashlib.sha256(canary).hexdigest(), atol=1e-4, rtol=1e-3),
+    )
+
+
+def test_spec_takes_the_max_batch_from_the_profile_and_names_the_model_after_its_file() -> None:
+    spec = model_spec(_manifest(), "mlp")
+    assert spec.max_batch == 16 and spec.platform == "onnxruntime_onnx"
+    assert model_spec(_manifest(), "mlp", max_batch_cap=4).max_batch == 4
+    assert spec.validate({"x": np.zeros((3, 4), np.float32)}) == 3
+    for bad, msg in [
+        ({"x": np.zeros((3, 5), np.float32)}, r"shape \[3, 5\], expected \[-1, 4\]"),
+        ({"x": np.zeros((3, 4), np.float64)}, "datatype FP64, expected FP32"),
+        ({"x": np.zeros((17, 4), np.float32)}, "exceeds the model's max batch size 16"),
+        ({}, "missing input"),
+    ]:
+        with pytest.raises(RequestError, match=msg):
+            spec.validate(bad)
+
+
+def test_binary_request_and_mixed_response_round_trip() -> None:
+    spec = model_spec(_manifest(), "mlp")
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    head = json.dumps(
+        {
+            "id": "r1",
+            "inputs": [
+                {"name": "x", "datatype": "FP32", "shape": [2, 4], "parameters": {"binary_data_size": 32}}
+            ],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}, {"name": "s"}],
+        }
+    ).encode()
+    req = decode_request(head + x.tobytes(), len(head), spec)
+    np.testing.assert_array_equal(req.inputs["x"], x)
+    assert req.outputs == [("y", True), ("s", False)]
+    y = np.array([[1.5, 2.5], [3.5, 4.5]], np.float32)
+    s = np.array([b"cat", b"dog"], dtype=object)
+    body, hl = encode_response(spec, req, {"y": y, "s": s})
+    assert hl is not None
+    header = json.loads(body[:hl])
+    assert header["id"] == "r1"
+    assert header["outputs"][0]["parameters"] == {"binary_data_size": 16}
+    np.testing.assert_array_equal(np.frombuffer(body[hl:], np.float32).reshape(2, 2), y)
+    assert header["outputs"][1] == {"name": "s", "datatype": "BYTES", "shape": [2], "data": ["cat", "dog"]}
+
+
+def test_json_and_bytes_inputs_and_request_errors() -> None:
+    spec = model_spec(_manifest(), "mlp")
+    req = decode_request(
+        json.dumps(
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [[1, 2, 3, 4]]}]}
+        ).encode(),
+        None,
+        spec,
+    )
+    assert req.inputs["x"].dtype == np.float32 and req.outputs == [("y", False), ("s", False)]
+    blob = b"".join(struct.pack("<I", len(v)) + v for v in (b"a", b"bc"))
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "t",
+                    "datatype": "BYTES",
+                    "shape": [2],
+                    "parameters": {"binary_data_size": len(blob)},
+                }
+            ]
+        }
+    ).encode()
+    assert list(decode_request(head + blob, len(head), spec).inputs["t"]) == [b"a", b"bc"]
+    bad = [
+        (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2]}]}', "2 values"),
+        (b'{"inputs": [{"name": "x", "datatype": "FP33", "shape": [1], "data": [1]}]}', "datatype 'FP33'"),
+        (
+            b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "parameters": '
+            b'{"binary_data_size": 16}}]}',
+            "does not fit",
+        ),
+        (b'{"inputs": []}   ', None),
+    ]
+    for body, msg in bad[:3]:
+        with pytest.raises(RequestError, match=msg):
+            decode_request(body, len(body) if b"binary" in body else None, spec)
+    with pytest.raises(RequestError, match="not claimed"):
+        decode_request(bad[3][0] + b"xx", len(bad[3][0]), spec)
+    assert HEADER_LENGTH == "Inference-Header-Content-Length"
+
+
+def test_identity_check_names_what_differs() -> None:
+    check_identity(_manifest(), H100)
+    b200 = identity_for_target(GPUTarget(gpu="NVIDIA-B200"))
+    with pytest.raises(Refusal, match="differs in GPU product;") as e:
+        check_identity(_manifest(), identity_for_target(GPUTarget(gpu="NVIDIA-H200")))
+    assert e.value.reason == "GPUMismatch"
+    with pytest.raises(Refusal, match="compute capability"):
+        check_identity(_manifest(), b200)
+    with pytest.raises(Refusal, match="MIG profile"):
+        check_identity(
+            _manifest(), identity_for_target(GPUTarget(gpu="NVIDIA-H100-80GB-HBM3", mig="1g.10gb"))
+        )
+    # sameComputeCapability engines may run on any SM 9.0 product of the same architecture.
+    check_identity(
+        _manifest(hardware_compatibility="sameComputeCapability"),
+        identity_for_target(GPUTarget(gpu="NVIDIA-H200")),
+    )
+
+
+def _store(tmp: Path, artifact: bytes, canary: bytes, manifest: Manifest) -> Path:
+    d = tmp / "store" / layout.engine_dir(KEY)
+    d.mkdir(parents=True)
+    (d / "model.onnx").write_bytes(artifact)
+    (d / "canary.npz").write_bytes(canary)
+    (d / layout.MANIFEST).write_text(manifest.to_json())
+    return tmp / "store"
+
+
+def test_fetch_verifies_caches_and_trusts_only_an_unchanged_marked_copy(tmp_path: Path) -> None:
+    artifact, canary = b"x" * 10_000, b"canary"
+    root = _store(tmp_path, artifact, canary, _manifest(artifact, canary))
+    store = open_store(str(root))
+    cache = tmp_path / "cache"
+    first = fetch_engine(store, KEY, cache)
+    assert first.downloaded_bytes == len(artifact) + len(canary)
+    assert first.artifact.read_bytes() == artifact
+    assert fetch_engine(store, KEY, cache).downloaded_bytes == 0  # marker + unchanged stat: no read
+    first.artifact.write_bytes(b"y" * 10_000)  # the cached copy changes: re-hashed, fetched again
+    again = fetch_engine(store, KEY, cache)
+    assert again.downloaded_bytes == len(artifact) and again.artifact.read_bytes() == artifact
+
+    (root / layout.engine_dir(KEY) / "model.onnx").write_bytes(b"x" * 9_999 + b"z")  # tampered in the store
+    with pytest.raises(Refusal, match="does not match the manifest") as e:
+        fetch_engine(store, KEY, tmp_path / "fresh-cache")
+    assert e.value.reason == "EngineIntegrity"
+    with pytest.raises(Refusal, match="does not exist") as e:
+        fetch_engine(store, "b" * 64, cache)
+    assert e.value.reason == "EngineIntegrity"
+
+
+def test_termination_message_round_trips_and_maps_to_exit_codes() -> None:
+    msg = TerminationMessage(reason="GPUFault", xid=79, gpu="GPU-1", engine_key=KEY)
+    assert msg.exit_code == EXIT_GPU_FAULT == 86
+    line = msg.to_line()
+    assert json.loads(line)["reason"] == "GPUFault" and "message" in json.loads(line)
+    assert TerminationMessage.parse(f"noise\n{line}\n") == msg
+    assert TerminationMessage.parse("panic: not ours") is None

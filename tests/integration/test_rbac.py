@@ -1,0 +1,459 @@
+"""The chart's RBAC on a real API server (the test bed), checked with real authorization requests.
+
+The chart's RBAC templates are static YAML apart from names, so they are applied here with the names
+substituted textually (tests/unit/test_chart_helpers.substitute_static): what is tested is exactly
+what the chart ships. Every check goes through the API server's RBAC authorizer: `kubectl auth can-i`
+with impersonation (a SelfSubjectAccessReview as that user), a SubjectAccessReview, or a real create
+or get as that user, which must be refused with 403.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import secrets
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from trtforge.testbed.handle import TestBed
+from trtforge.testbed.wait import wait_for
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATES = REPO / "charts" / "trtforge" / "templates"
+STATIC_RBAC = ["rbac-operator.yaml", "rbac-build.yaml", "rbac-tenant.yaml", "rbac-model-secrets.yaml"]
+
+
+def _helpers() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "test_chart_helpers", REPO / "tests/unit/test_chart_helpers.py"
+    )
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@dataclass
+class Release:
+    """The chart's RBAC as installed for one release: its names and namespaces."""
+
+    fullname: str
+    namespace: str  # release namespace = build namespace (the default)
+    tenant: str
+    other: str
+
+    @property
+    def operator(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.fullname}"
+
+
+def _names(fullname: str, namespace: str) -> dict[str, str]:
+    return {
+        '{{ include "trtforge.fullname" . }}': fullname,
+        '{{ include "trtforge.serviceAccountName" . }}': fullname,
+        '{{ include "trtforge.buildNamespace" . }}': namespace,
+        "{{ .Release.Namespace }}": namespace,
+        '{{- include "trtforge.labels" . | nindent 4 }}': f"app.kubernetes.io/instance: {fullname}",
+    }
+
+
+def _apply(tb: TestBed, obj: dict[str, Any] | str, *args: str) -> None:
+    text = obj if isinstance(obj, str) else yaml.safe_dump(obj)
+    tb.kubectl("apply", "--validate=false", *args, "-f", "-", input=text)
+
+
+def _create_namespace(tb: TestBed, name: str) -> None:
+    _apply(tb, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+
+@pytest.fixture(scope="module")
+def release(testbed: TestBed) -> Iterator[Release]:
+    tag = secrets.token_hex(3)
+    rel = Release(
+        fullname=f"trtforge-{tag}",
+        namespace=f"trtforge-sys-{tag}",
+        tenant=f"team-a-{tag}",
+        other=f"team-b-{tag}",
+    )
+    for ns in (rel.namespace, rel.tenant, rel.other):
+        _create_namespace(testbed, ns)
+    for path in sorted((REPO / "crds").glob("*.yaml")):  # the CEL rules need --validate=false on 1.20
+        testbed.kubectl("apply", "--validate=false", "-f", str(path))
+    helpers = _helpers()
+    names = _names(rel.fullname, rel.namespace)
+    for name in STATIC_RBAC:
+        _apply(testbed, helpers.substitute_static((TEMPLATES / name).read_text(), names))
+    # The chart's ServiceAccount (serviceaccount.yaml, values: create=true, no annotations).
+    _apply(
+        testbed,
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": rel.fullname, "namespace": rel.namespace},
+        },
+    )
+    # The store credentials (store.yaml with store.type=s3), in the release/build namespace.
+    _apply(
+        testbed,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {"name": f"{rel.fullname}-store-s3", "namespace": rel.namespace},
+            "stringData": {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret"},
+        },
+    )
+    # A tenant's deployer with `edit` in its namespace only; a reader with `view`. Where the test bed runs
+    # no clusterrole-aggregation controller the built-in roles stay empty, so they are bound to what
+    # aggregation would fold into them: the chart's -edit and -view roles (edit includes view).
+    aggregated = aggregation_running(testbed)
+    bindings = {
+        "deployer": ["edit"] if aggregated else [f"{rel.fullname}-edit", f"{rel.fullname}-view"],
+        "reader": ["view"] if aggregated else [f"{rel.fullname}-view"],
+    }
+    for sa, roles in bindings.items():
+        _apply(
+            testbed,
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": rel.tenant}},
+        )
+        for role in roles:
+            testbed.kubectl(
+                "-n",
+                rel.tenant,
+                "create",
+                "rolebinding",
+                f"{sa}-{role}",
+                f"--clusterrole={role}",
+                f"--serviceaccount={rel.tenant}:{sa}",
+            )
+    try:
+        yield rel
+    finally:
+        for kind, name in (
+            ("clusterrole", "operator"),
+            ("clusterrolebinding", "operator"),
+            ("clusterrole", "view"),
+            ("clusterrole", "edit"),
+            ("clusterrole", "model-secrets"),
+        ):
+            testbed.kubectl(
+                "delete", kind, f"{rel.fullname}-{name}", "--ignore-not-found", "--wait=false", check=False
+            )
+        for ns in (rel.namespace, rel.tenant, rel.other):
+            testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def _clusterrole(tb: TestBed, name: str) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(tb.kubectl("get", "clusterrole", name, "-o", "json").stdout)
+    return out
+
+
+def aggregation_running(tb: TestBed) -> bool:
+    """Whether the clusterrole-aggregation controller filled the built-in `edit` role."""
+    return bool(_clusterrole(tb, "edit").get("rules"))
+
+
+def can_i(
+    tb: TestBed,
+    user: str,
+    verb: str,
+    resource: str,
+    namespace: str | None = None,
+    subresource: str | None = None,
+) -> bool:
+    args = ["auth", "can-i", verb, resource, f"--as={user}"]
+    args += ["-n", namespace] if namespace else ["--all-namespaces"]
+    if subresource:
+        args.append(f"--subresource={subresource}")
+    r = tb.kubectl(*args, check=False)
+    answer = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+    assert answer in ("yes", "no"), f"kubectl {' '.join(args)}: {r.stdout} {r.stderr}"
+    return answer == "yes"
+
+
+def sar(
+    tb: TestBed, user: str, verb: str, group: str, resource: str, namespace: str = "", name: str = ""
+) -> bool:
+    """A SubjectAccessReview for a ServiceAccount user (its groups included, as the authenticator would)."""
+    ns = user.split(":")[2]
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{ns}", "system:authenticated"]
+    with tb.api_client() as api:
+        review = client.AuthorizationV1Api(api).create_subject_access_review(
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {
+                    "user": user,
+                    "groups": groups,
+                    "resourceAttributes": {
+                        "verb": verb,
+                        "group": group,
+                        "resource": resource,
+                        "namespace": namespace,
+                        "name": name,
+                    },
+                },
+            }
+        )
+    return bool(review.status.allowed)
+
+
+def as_user(tb: TestBed, user: str, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    return tb.kubectl(f"--as={user}", *args, check=False, input=input)
+
+
+def _engine(name: str) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "trtforge.io/v1alpha1",
+            "kind": "TRTEngine",
+            "metadata": {"name": name},
+            "spec": {
+                "model": {"uri": "pvc://models/squeezenet.onnx"},
+                "targets": [{"gpu": "NVIDIA-H100-80GB-HBM3"}],
+            },
+        }
+    )
+
+
+def _forbidden(r: subprocess.CompletedProcess[str]) -> bool:
+    return r.returncode != 0 and "forbidden" in (r.stderr + r.stdout).lower()
+
+
+# --- tenants ------------------------------------------------------------------------------------------
+
+
+def test_tenant_roles_match_the_builtin_aggregation_selectors(testbed: TestBed, release: Release) -> None:
+    """The chart's roles carry labels that the API server's own view/edit/admin roles select."""
+    chart_labels = {
+        r: _clusterrole(testbed, f"{release.fullname}-{r}")["metadata"]["labels"] for r in ("view", "edit")
+    }
+
+    def selected(builtin: str, labels: dict[str, str]) -> bool:
+        selectors = _clusterrole(testbed, builtin)["aggregationRule"]["clusterRoleSelectors"]
+        return any(
+            all(labels.get(k) == v for k, v in sel.get("matchLabels", {}).items()) for sel in selectors
+        )
+
+    assert selected("view", chart_labels["view"]) and selected("edit", chart_labels["view"])
+    assert selected("edit", chart_labels["edit"]) and selected("admin", chart_labels["edit"])
+    assert not selected("view", chart_labels["edit"]), "view must not get write rules"
+
+
+def test_edit_role_aggregates_trtforge(testbed: TestBed, release: Release) -> None:
+    if not aggregation_running(testbed):
+        pytest.skip(
+            "the test bed runs no clusterrole-aggregation controller (kube-controller-manager --controllers)"
+        )
+    deployer = f"system:serviceaccount:{release.tenant}:deployer"
+    wait_for(
+        lambda: can_i(testbed, deployer, "create", "trtengines.trtforge.io", release.tenant),
+        timeout=60,
+        desc="the clusterrole-aggregation controller to fold trtforge-edit into edit",
+    )
+    for verb in ("get", "list", "watch", "create", "update", "patch", "delete"):
+        for kind in ("trtengines.trtforge.io", "inferencedeployments.trtforge.io"):
+            assert can_i(testbed, deployer, verb, kind, release.tenant), f"{verb} {kind}"
+
+
+def test_tenant_creates_engines_in_its_namespace_only(testbed: TestBed, release: Release) -> None:
+    deployer = f"system:serviceaccount:{release.tenant}:deployer"
+    wait_for(
+        lambda: can_i(testbed, deployer, "create", "trtengines.trtforge.io", release.tenant),
+        timeout=60,
+        desc="aggregated edit role",
+    )
+    ok = as_user(testbed, deployer, "-n", release.tenant, "create", "-f", "-", input=_engine("mine"))
+    assert ok.returncode == 0, ok.stderr
+    denied = as_user(testbed, deployer, "-n", release.other, "create", "-f", "-", input=_engine("theirs"))
+    assert _forbidden(denied), denied.stderr
+    assert not can_i(testbed, deployer, "get", "trtengines.trtforge.io", release.other)
+    assert not can_i(testbed, deployer, "list", "inferencedeployments.trtforge.io", release.other)
+    assert not can_i(testbed, deployer, "list", "trtengines.trtforge.io")  # not cluster-wide
+    assert not sar(testbed, deployer, "create", "trtforge.io", "inferencedeployments", release.other)
+
+
+def test_tenant_never_writes_status(testbed: TestBed, release: Release) -> None:
+    deployer = f"system:serviceaccount:{release.tenant}:deployer"
+    wait_for(
+        lambda: can_i(testbed, deployer, "create", "trtengines.trtforge.io", release.tenant),
+        timeout=60,
+        desc="aggregated edit role",
+    )
+    assert not can_i(
+        testbed, deployer, "patch", "trtengines.trtforge.io", release.tenant, subresource="status"
+    )
+    assert not can_i(
+        testbed, deployer, "update", "inferencedeployments.trtforge.io", release.tenant, subresource="status"
+    )
+
+
+def test_tenant_is_denied_the_store_and_the_build_namespace(testbed: TestBed, release: Release) -> None:
+    deployer = f"system:serviceaccount:{release.tenant}:deployer"
+    secret = f"{release.fullname}-store-s3"
+    r = as_user(testbed, deployer, "-n", release.namespace, "get", "secret", secret)
+    assert _forbidden(r), r.stderr
+    assert not can_i(testbed, deployer, "get", "secrets", release.namespace)
+    assert not sar(testbed, deployer, "get", "", "secrets", release.namespace, secret)
+    for verb, res in (
+        ("create", "jobs.batch"),
+        ("create", "pods"),
+        ("get", "persistentvolumeclaims"),
+        ("list", "pods"),
+    ):
+        assert not can_i(testbed, deployer, verb, res, release.namespace), (
+            f"{verb} {res} in the build namespace"
+        )
+
+
+def test_view_role_reads_but_does_not_write(testbed: TestBed, release: Release) -> None:
+    reader = f"system:serviceaccount:{release.tenant}:reader"
+    wait_for(
+        lambda: can_i(testbed, reader, "list", "trtengines.trtforge.io", release.tenant),
+        timeout=60,
+        desc="the aggregated view role",
+    )
+    assert can_i(testbed, reader, "get", "inferencedeployments.trtforge.io", release.tenant)
+    assert not can_i(testbed, reader, "create", "trtengines.trtforge.io", release.tenant)
+    r = as_user(testbed, reader, "-n", release.tenant, "create", "-f", "-", input=_engine("nope"))
+    assert _forbidden(r), r.stderr
+
+
+# --- the operator ---------------------------------------------------------------------------------------
+
+
+def test_operator_has_what_the_lifecycle_needs(testbed: TestBed, release: Release) -> None:
+    op, tenant, sysns = release.operator, release.tenant, release.namespace
+    allowed = [
+        ("list", "trtengines.trtforge.io", None, None),
+        ("watch", "inferencedeployments.trtforge.io", None, None),
+        ("patch", "trtengines.trtforge.io", tenant, None),
+        ("patch", "trtengines.trtforge.io", tenant, "status"),
+        ("patch", "inferencedeployments.trtforge.io", tenant, "status"),
+        ("update", "trtengines.trtforge.io", tenant, "finalizers"),
+        ("create", "deployments.apps", tenant, None),
+        ("patch", "deployments.apps", tenant, None),
+        ("delete", "deployments.apps", tenant, None),
+        ("create", "services", tenant, None),
+        ("delete", "pods", tenant, None),
+        ("watch", "pods", None, None),
+        ("list", "nodes", None, None),
+        ("create", "events", tenant, None),
+        ("list", "customresourcedefinitions.apiextensions.k8s.io", None, None),
+        ("create", "tokenreviews.authentication.k8s.io", None, None),
+        ("create", "jobs.batch", sysns, None),
+        ("delete", "jobs.batch", sysns, None),
+        ("get", "pods", sysns, "log"),
+        ("create", "secrets", sysns, None),
+    ]
+    for verb, res, ns, sub in allowed:
+        assert can_i(testbed, op, verb, res, ns, sub), (
+            f"operator cannot {verb} {res} {sub or ''} in {ns or 'all'}"
+        )
+
+
+def test_operator_is_denied_what_it_does_not_need(testbed: TestBed, release: Release) -> None:
+    op, tenant = release.operator, release.tenant
+    denied = [
+        ("get", "secrets", tenant),
+        ("list", "secrets", None),
+        ("create", "jobs.batch", tenant),
+        ("create", "pods", tenant),
+        ("create", "pods", release.namespace),
+        ("update", "nodes", None),
+        ("delete", "trtengines.trtforge.io", tenant),
+        ("create", "trtengines.trtforge.io", tenant),
+        ("create", "clusterroles.rbac.authorization.k8s.io", None),
+        ("create", "rolebindings.rbac.authorization.k8s.io", tenant),
+        ("impersonate", "serviceaccounts", tenant),
+        ("create", "pods/exec", tenant),
+        ("create", "persistentvolumeclaims", tenant),
+    ]
+    for verb, res, ns in denied:
+        assert not can_i(testbed, op, verb, res, ns), f"operator may {verb} {res} in {ns or 'all namespaces'}"
+
+
+def test_operator_model_secrets_only_where_granted(testbed: TestBed, release: Release) -> None:
+    op = release.operator
+    assert not sar(testbed, op, "get", "", "secrets", release.tenant, "model-credentials")
+    # What rbac.modelSecrets.namespaces=[tenant] renders (rbac-model-secrets-bindings.yaml).
+    _apply(
+        testbed,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": f"{release.fullname}-model-secrets", "namespace": release.tenant},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": f"{release.fullname}-model-secrets",
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": release.fullname, "namespace": release.namespace}
+            ],
+        },
+    )
+    wait_for(
+        lambda: sar(testbed, op, "get", "", "secrets", release.tenant, "model-credentials"),
+        timeout=30,
+        desc="the model-secrets RoleBinding to take effect",
+    )
+    assert not sar(testbed, op, "list", "", "secrets", release.tenant)
+    assert not sar(testbed, op, "watch", "", "secrets", release.tenant)
+    assert not sar(testbed, op, "get", "", "secrets", release.other, "model-credentials")
+
+
+def test_operator_really_creates_a_build_job_and_a_tokenreview(testbed: TestBed, release: Release) -> None:
+    """Real requests as the operator: a PSS-restricted Job in the build namespace, a TokenReview."""
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "rbac-probe", "namespace": release.namespace},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "nodeSelector": {
+                        "trtforge.io/no-such-node": "true"
+                    },  # never scheduled: authorization only
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 65532,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "ignored",
+                            "command": ["true"],
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                        }
+                    ],
+                }
+            },
+        },
+    }
+    r = as_user(testbed, release.operator, "create", "-f", "-", input=json.dumps(job))
+    assert r.returncode == 0, r.stderr
+    tr = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": "not-a-token"}}
+    r = as_user(testbed, release.operator, "create", "-f", "-", "-o", "json", input=json.dumps(tr))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["status"].get("authenticated") in (None, False)
+    job["metadata"]["namespace"] = release.tenant
+    r = as_user(testbed, release.operator, "create", "-f", "-", input=json.dumps(job))
+    assert _forbidden(r), "the operator may not create Jobs outside the build namespace"

@@ -1,9 +1,7 @@
 """The canary: the manifest's reference inputs must reproduce its reference outputs before Ready.
 
-The canary ``.npz`` holds one array per IO tensor. Keys are ``input:<name>`` / ``output:<name>``
-(also accepted: ``inputs/<name>``, ``outputs/<name>``, or plain tensor names). Dimension 0 holds the
-samples; for a batchable model they run in batches of at most the max batch size, otherwise one by one
-with the declared shapes.
+The file format and the comparison are the contract's (:mod:`trtforge.contract.canary`); each sample
+runs as one execution, with the shapes it was recorded with.
 """
 
 from __future__ import annotations
@@ -13,16 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
+from trtforge.contract.canary import Canary, compare
 from trtforge_runtime.backends import Instance
 from trtforge_runtime.errors import DeviceFault
 from trtforge_runtime.model import ModelSpec
-
-_IN = ("input:", "inputs/", "in:")
-_OUT = ("output:", "outputs/", "out:")
-
-
-class CanaryError(Exception):
-    pass
 
 
 @dataclass
@@ -32,84 +24,36 @@ class CanaryResult:
     message: str
 
 
-def _split(
-    npz: dict[str, np.ndarray], spec: ModelSpec
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    ins: dict[str, np.ndarray] = {}
-    outs: dict[str, np.ndarray] = {}
-    in_names = {t.name for t in spec.inputs}
-    out_names = set(spec.output_names)
-    for k, v in npz.items():
-        for p in _IN:
-            if k.startswith(p):
-                ins[k[len(p) :]] = v
-                break
-        else:
-            for p in _OUT:
-                if k.startswith(p):
-                    outs[k[len(p) :]] = v
-                    break
-            else:
-                if k in in_names:
-                    ins[k] = v
-                elif k in out_names:
-                    outs[k] = v
-    if set(ins) != in_names:
-        raise CanaryError(f"canary data has inputs {sorted(ins)}, the model takes {sorted(in_names)}")
-    if not outs or not set(outs) <= out_names:
-        raise CanaryError(f"canary data has outputs {sorted(outs)}, the model has {sorted(out_names)}")
-    return ins, outs
-
-
-def _chunks(ins: dict[str, np.ndarray], spec: ModelSpec) -> list[dict[str, np.ndarray]]:
-    n = next(iter(ins.values())).shape[0]
-    if spec.max_batch:
-        step = spec.max_batch
-    else:
-        declared = spec.inputs[0].shape[0] if spec.inputs[0].shape else 1
-        step = declared if declared > 0 else n
-    return [{k: v[i : i + step] for k, v in ins.items()} for i in range(0, n, max(1, step))]
-
-
 def run_canary(instance: Instance, path: Path, spec: ModelSpec, atol: float, rtol: float) -> CanaryResult:
-    with np.load(path, allow_pickle=False) as f:
-        data = {k: f[k] for k in f.files}
     try:
-        ins, refs = _split(data, spec)
-    except CanaryError as e:
-        return CanaryResult(False, float("inf"), str(e))
-    got: dict[str, list[np.ndarray]] = {k: [] for k in refs}
-    for chunk in _chunks(ins, spec):
+        canary = Canary.from_bytes(path.read_bytes())
+    except (ValueError, KeyError, OSError) as e:
+        return CanaryResult(False, float("inf"), f"canary file {path.name} is not readable: {e}")
+    want_in = {t.name for t in spec.inputs}
+    if set(canary.input_names) != want_in or not set(canary.output_names) <= set(spec.output_names):
+        return CanaryResult(
+            False,
+            float("inf"),
+            f"canary tensors {canary.input_names} -> {canary.output_names} "
+            f"do not match the model's {sorted(want_in)} -> {list(spec.output_names)}",
+        )
+    worst = 0.0
+    for s, (ins, refs) in enumerate(zip(canary.inputs, canary.outputs, strict=True)):
+        feed = {k: np.ascontiguousarray(v, dtype=spec.input_by_name[k].dtype) for k, v in ins.items()}
         try:
-            out = instance.run(
-                {k: np.ascontiguousarray(v, dtype=spec.input_by_name[k].dtype) for k, v in chunk.items()}
-            )
+            out = instance.run(feed)
         except DeviceFault:
             raise
         except Exception as e:
-            return CanaryResult(False, float("inf"), f"canary inference failed: {e}")
-        for k in refs:
-            got[k].append(out[k])
-    worst = 0.0
-    for k, ref in refs.items():
-        res = np.concatenate(got[k]) if len(got[k]) > 1 else got[k][0]
-        if res.shape != ref.shape:
-            return CanaryResult(
-                False, float("inf"), f"output {k!r} has shape {list(res.shape)}, reference {list(ref.shape)}"
-            )
-        if res.dtype.kind in "fc":
-            o, r = res.astype(np.float64), ref.astype(np.float64)
-            err = np.abs(o - r)
-            bad = ~(err <= atol + rtol * np.abs(r))
-            max_err = float(np.nanmax(err)) if err.size else 0.0
-            worst = max(worst, max_err)
-            if bad.any():
+            return CanaryResult(False, float("inf"), f"canary sample {s}: inference failed: {e}")
+        for k, ref in refs.items():
+            max_abs, _rel, ok = compare(out[k], ref, atol, rtol)
+            worst = max(worst, max_abs)
+            if not ok:
                 return CanaryResult(
                     False,
-                    max_err,
-                    f"output {k!r}: {int(bad.sum())} of {bad.size} values outside atol {atol} / "
-                    f"rtol {rtol} of the reference (max abs error {max_err:.3g})",
+                    max_abs,
+                    f"canary sample {s}, output {k!r}: outside atol {atol} / rtol "
+                    f"{rtol} of the reference (max abs error {max_abs:.3g})",
                 )
-        elif not np.array_equal(res, ref):
-            return CanaryResult(False, float("inf"), f"output {k!r} differs from the reference")
-    return CanaryResult(True, worst, f"{len(refs)} output(s) within atol {atol} / rtol {rtol}")
+    return CanaryResult(True, worst, f"{len(canary.inputs)} sample(s) within atol {atol} / rtol {rtol}")

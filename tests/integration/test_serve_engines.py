@@ -7,7 +7,6 @@ filled by the contract's own models. No tests here; the test modules import thes
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 from pathlib import Path
@@ -18,6 +17,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from trtforge.contract import layout
+from trtforge.contract.canary import Canary
 from trtforge.contract.engine_key import BuildConfig, EngineKeyRecord, ShapeRange, engine_key
 from trtforge.contract.gpu import GPUIdentity, GPUTarget, identity_for_target
 from trtforge.contract.gpu_probe import EmulatedGPUFile, GPUDevice
@@ -129,11 +129,18 @@ def write_engine(
         t.name: rng.standard_normal([n if d == -1 else d for d in t.shape]).astype(t.dtype) for t in inputs
     }
     refs = canary_outputs if canary_outputs is not None else run_ort(model, feeds)
-    buf = io.BytesIO()
-    np.savez(
-        buf, **{f"input:{k}": v for k, v in feeds.items()}, **{f"output:{k}": v for k, v in refs.items()}
-    )
-    canary = buf.getvalue()
+    canary = Canary(
+        input_names=list(feeds),
+        output_names=list(refs),
+        inputs=[
+            {k: v[i : i + 1] if batchable else v for k, v in feeds.items()}
+            for i in range(n if batchable else 1)
+        ],
+        outputs=[
+            {k: v[i : i + 1] if batchable else v for k, v in refs.items()}
+            for i in range(n if batchable else 1)
+        ],
+    ).to_bytes()
     model_sha = hashlib.sha256(model).hexdigest()
     profiles: tuple[dict[str, ShapeRange], ...] = ()
     if batchable and max_batch:

@@ -117,6 +117,7 @@ class BuildRequest:
     attempt: int = 1
     rebuild_of: str | None = None  # a fault id: a fresh rebuild that must not trust the stored artifact
     avoid_nodes: tuple[str, ...] = ()
+    backend: str = "auto"  # the backend the key was computed for
 
     @property
     def build_id(self) -> str:
@@ -154,6 +155,8 @@ def builder_args(req: BuildRequest, store_uri: str) -> list[str]:
         args += ["--rtol", repr(req.rtol)]
     if req.atol is not None:
         args += ["--atol", repr(req.atol)]
+    # Finish (with a clean Timeout result) before the Job's deadline kills the pod.
+    args += ["--timeout", str(max(30, req.timeout_seconds - 30)), "--backend", req.backend]
     if req.rebuild_of:
         args.append("--rebuild")
     args += ["--store", store_uri]
@@ -335,13 +338,14 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
         str(req.max_queue_delay_us),
         "--instances",
         str(req.instances),
+        "--cache-dir",
+        "/cache",
     ]
     env: list[dict[str, Any]] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": TERMINATION_LOG_ENV, "value": TERMINATION_PATH},
         {"name": "HOME", "value": "/tmp"},
-        {"name": "TRTFORGE_CACHE_DIR", "value": "/cache"},
     ]
     volumes: list[dict[str, Any]] = [{"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [

@@ -93,6 +93,7 @@ def _rebuild_request(
         samples=val.samples,
         rtol=val.rtol,
         atol=val.atol,
+        backend=ki.backend.backend,
         rebuild_of=fid,
         avoid_nodes=tuple(sorted(avoid)),
     )

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trtforge.contract.build_result import BuildFailure, BuildResult
 from trtforge.contract.engine_key import EngineKeyRecord, engine_key
 from trtforge.contract.gpu import GPUIdentity, GPUTarget, UnknownTargetError, identity_for_target
 from trtforge.contract.layout import engine_path
@@ -165,20 +166,39 @@ def backoff_seconds(failed_attempts: int, cfg: OperatorConfig) -> float:
     return float(min(b.retry_max_seconds, b.retry_base_seconds * (2 ** max(0, failed_attempts - 1))))
 
 
-def result_key(result: Mapping[str, Any] | None) -> str | None:
+NO_RETRY = frozenset({"InvalidArgument", "ModelIntegrity", "InvalidModel", "InvalidProfile"})
+
+
+def parse_result(result: Mapping[str, Any] | None) -> BuildResult | BuildFailure | None:
+    """The builder's result JSON (copied onto the Job) as the contract's model."""
     if not result:
         return None
-    k = result.get("key") or result.get("engine_key")
-    return str(k) if k else None
+    try:
+        if "error" in result:
+            return BuildFailure.model_validate(result)
+        return BuildResult.model_validate(result)
+    except ValueError:
+        return None
+
+
+def result_key(result: Mapping[str, Any] | None) -> str | None:
+    r = parse_result(result)
+    return r.key if isinstance(r, BuildResult) else None
 
 
 def result_error(result: Mapping[str, Any] | None) -> str | None:
-    if not result:
-        return None
-    if result.get("ok") is False or result.get("error") or result.get("reason") not in (None, "Completed"):
-        e = result.get("error") or result.get("message") or result.get("reason")
-        return one_line(str(e)) if e else None
-    return None
+    r = parse_result(result)
+    return one_line(f"{r.reason}: {r.error}") if isinstance(r, BuildFailure) else None
+
+
+def result_cache_hit(result: Mapping[str, Any] | None) -> bool | None:
+    r = parse_result(result)
+    return r.cache_hit if isinstance(r, BuildResult) else None
+
+
+def _no_retry(job: JobView) -> bool:
+    r = parse_result(job.result())
+    return isinstance(r, BuildFailure) and r.reason in NO_RETRY
 
 
 def one_line(text: str, limit: int = 300) -> str:
@@ -273,7 +293,7 @@ def _plan_target(
     if manifest is not None:
         _fill_from_manifest(st, manifest, cfg.store_uri)
         st.phase = "Ready"
-        built_here = any(j.complete and (j.result() or {}).get("cache_hit") is False for j in builds)
+        built_here = any(j.complete and result_cache_hit(j.result()) is False for j in builds)
         st.cache_hit = not built_here
         st.reason = "Rebuilding" if out.rebuilding else ("CacheHit" if st.cache_hit else "Built")
         st.message = (
@@ -305,6 +325,11 @@ def _plan_target(
     attempt = latest.attempt if latest is not None else 0
     if failed_msg is not None and latest is not None:
         st.phase, st.reason = "Failed", "BuildFailed"
+        if _no_retry(latest):
+            st.reason = "InvalidBuildInput"
+            st.message = one_line(f"{failed_msg}; not retrying (fix the spec or the model)")
+            out.stalled = True
+            return out
         if attempt >= cfg.build.max_attempts:
             st.reason = "BuildRetriesExhausted"
             st.message = one_line(
@@ -341,6 +366,7 @@ def _plan_target(
         samples=val.samples,
         rtol=val.rtol,
         atol=val.atol,
+        backend=ki.backend.backend,
         attempt=attempt + 1,
     )
     st.job_name = out.create.job_name
@@ -482,8 +508,9 @@ def _conditions(
     else:
         conds = set_condition(conds, "Degraded", "False", "AsExpected", "", observed_generation=gen, at=at)
     if stalled:
-        reason = (
-            "InvalidTarget" if any(s.reason == "InvalidTarget" for s in stalled) else "BuildRetriesExhausted"
+        reason = next(
+            (s.reason for s in stalled if s.reason in ("InvalidTarget", "InvalidBuildInput")),
+            "BuildRetriesExhausted",
         )
         conds = set_condition(
             conds,

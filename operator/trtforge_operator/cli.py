@@ -1,0 +1,143 @@
+"""`trtforge operator`: run the control plane (kopf handlers, engine broker, metrics, liveness, GC)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("operator", help="run the trtforge operator (kopf)", description=__doc__)
+    p.add_argument("--config", default=None, help="YAML config file (else $TRTFORGE_OPERATOR_CONFIG)")
+    p.add_argument(
+        "--namespace",
+        action="append",
+        default=None,
+        help="watch only this namespace (repeatable); default: cluster-wide",
+    )
+    p.add_argument(
+        "--standalone",
+        action="store_true",
+        default=True,
+        help="no peering (one replica with a Recreate strategy); the default",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from trtforge_operator.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        print(f"trtforge operator: {e}")
+        return 2
+    if args.namespace:
+        cfg = cfg.model_copy(update={"namespaces": list(args.namespace)})
+    try:
+        asyncio.run(main(cfg))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+async def main(cfg: Any) -> None:
+    import asyncio
+    import time
+
+    import kopf
+    from prometheus_client import start_http_server
+
+    from trtforge.logs import fields
+    from trtforge_operator.broker import start_broker
+    from trtforge_operator.handlers import State, register
+    from trtforge_operator.kube import Kube, load_kube_config
+    from trtforge_operator.metrics import Metrics
+    from trtforge_operator.store_reader import StoreReader
+
+    load_kube_config()
+    metrics = Metrics()
+    start_http_server(cfg.metrics_port)
+    kube = Kube()
+    store = StoreReader(cfg.reader_store_uri)
+    state = State(cfg=cfg, kube=kube, store=store, metrics=metrics)
+    from kopf._core.intents.registries import SmartOperatorRegistry  # has the default login handlers
+
+    registry = SmartOperatorRegistry()
+    register(state, registry)
+    runner = await start_broker(cfg, store, kube, metrics) if cfg.broker.enabled else None
+    gc_task = asyncio.create_task(_gc_loop(state)) if cfg.gc.enabled else None
+    namespaces = sorted({*cfg.namespaces, cfg.build_namespace}) if cfg.namespaces else []
+    log.info(
+        "trtforge operator starting",
+        extra=fields(
+            namespaces=",".join(namespaces) or "*",
+            build_namespace=cfg.build_namespace,
+            store=cfg.store_uri,
+            engine_source=cfg.engine_source(),
+            started=time.time(),
+        ),
+    )
+    try:
+        await kopf.operator(
+            registry=registry,
+            standalone=True,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=f"http://0.0.0.0:{cfg.liveness_port}/healthz",
+        )
+    finally:
+        if gc_task is not None:
+            gc_task.cancel()
+        if runner is not None:
+            await runner.cleanup()
+
+
+async def _gc_loop(state: Any) -> None:
+    """Opt-in engine GC: every interval, delete engines nothing references (see planning.gc)."""
+    import asyncio
+    import time
+
+    from trtforge_operator import labels as L
+    from trtforge_operator.planning.gc import StoredEngine, plan_gc, referenced_keys
+
+    cfg = state.cfg
+    while True:
+        await asyncio.sleep(cfg.gc.interval_seconds)
+        try:
+            engines = await state.kube.list_custom(L.TRTENGINES)
+            deps = await asyncio.to_thread(
+                state.kube.apps.list_deployment_for_all_namespaces,
+                label_selector=f"{L.APP_MANAGED_BY}={L.MANAGED_BY}",
+            )
+            jobs = await asyncio.to_thread(
+                state.kube.batch.list_namespaced_job,
+                cfg.build_namespace,
+                label_selector=f"{L.APP_MANAGED_BY}={L.MANAGED_BY}",
+            )
+            tkeys = [
+                ((d.spec.template.metadata.annotations or {}).get(L.A_TEMPLATE_ENGINE_KEY, ""))
+                for d in deps.items
+            ]
+            jkeys = [
+                (j.metadata.annotations or {}).get(L.A_ENGINE_KEY, "")
+                for j in jobs.items
+                if not (j.status.succeeded or j.status.failed)
+            ]
+            refs = referenced_keys([e.get("status") or {} for e in engines], tkeys, jkeys)
+            stored = []
+            for k in await asyncio.to_thread(state.store.keys):
+                m = await asyncio.to_thread(state.store.manifest, k)
+                if m is not None:
+                    stored.append(StoredEngine(k, m.created_at))
+            for k in plan_gc(stored, refs, time.time(), cfg.gc):
+                await asyncio.to_thread(state.store.delete_engine, k)
+                state.metrics.gc_deleted.inc()
+                log.info("gc: deleted unreferenced engine %s", k)
+        except Exception:
+            log.exception("gc pass failed; trying again next interval")

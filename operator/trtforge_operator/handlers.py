@@ -1,0 +1,584 @@
+"""The kopf layer: thin handlers that gather observed state and apply what the pure planners decide.
+
+One level-based path per resource: a daemon per TRTEngine / InferenceDeployment loops "observe → plan →
+apply → wait", woken by events on the resource and its children (Jobs, Pods, Deployments, Nodes) or by
+a resync timer. Observed children come from kopf indices, so a restarted operator sees every Job it
+created before acting (and creation is create-if-absent on derived names anyway). Status is patched
+only when it differs from what is there. Deletion handlers (with our finalizer) clean up children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import kopf
+from kubernetes.client.rest import ApiException
+from pydantic import ValidationError
+
+from trtforge.contract.build_result import BuildFailure, parse_build_message
+from trtforge.logs import fields
+from trtforge_operator import children
+from trtforge_operator import labels as L
+from trtforge_operator.api import (
+    InferenceDeployment,
+    InferenceDeploymentStatus,
+    TRTEngine,
+    TRTEngineStatus,
+)
+from trtforge_operator.config import OperatorConfig
+from trtforge_operator.kube import Kube, clean_status, status_patch
+from trtforge_operator.metrics import Metrics
+from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView
+from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
+from trtforge_operator.planning.engine import (
+    Capacity,
+    EngineObserved,
+    Event,
+    invalid_spec_status,
+    one_line,
+    plan_engine,
+)
+from trtforge_operator.store_reader import StoreReader
+
+log = logging.getLogger(__name__)
+MANAGED = {L.APP_MANAGED_BY: L.MANAGED_BY}
+DEBOUNCE_S = 0.2
+
+
+class Triggers:
+    """Wake-up flags of the reconcile loops, keyed by (kind, namespace, name)."""
+
+    def __init__(self) -> None:
+        self._events: dict[tuple[str, str, str], asyncio.Event] = {}
+        self._nodes: dict[str, NodeView] = {}
+
+    def get(self, kind: str, namespace: str, name: str) -> asyncio.Event:
+        return self._events.setdefault((kind, namespace, name), asyncio.Event())
+
+    def drop(self, kind: str, namespace: str, name: str) -> None:
+        self._events.pop((kind, namespace, name), None)
+
+    def fire(self, kind: str, namespace: str, name: str) -> None:
+        ev = self._events.get((kind, namespace, name))
+        if ev is not None:
+            ev.set()
+
+    def fire_all(self, kind: str, namespace: str | None = None) -> None:
+        for (k, ns, _), ev in self._events.items():
+            if k == kind and (namespace is None or ns == namespace):
+                ev.set()
+
+    def node_changed(self, view: NodeView | None, name: str) -> bool:
+        """True when a Node's projection (labels, GPU resources, health) changed, not just a heartbeat."""
+        if view is None:
+            return self._nodes.pop(name, None) is not None
+        old = self._nodes.get(name)
+        self._nodes[name] = view
+        return old != view
+
+
+@dataclasses.dataclass
+class State:
+    cfg: OperatorConfig
+    kube: Kube
+    store: StoreReader
+    metrics: Metrics
+    triggers: Triggers = dataclasses.field(default_factory=Triggers)
+    build_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    # Jobs created but not yet seen in the index: counted against the build limits.
+    pending_jobs: dict[str, tuple[float, str]] = dataclasses.field(default_factory=dict)
+    # The status we last wrote per object, with the resourceVersion it produced (newer than a stale body).
+    written: dict[tuple[str, str, str], tuple[int, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+
+
+def _rv(meta: Mapping[str, Any]) -> int:
+    try:
+        return int(meta.get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def _plain(body: Any) -> dict[str, Any]:
+    return json.loads(json.dumps(dict(body), default=str))
+
+
+def _values(index: Any) -> list[Any]:
+    out: list[Any] = []
+    for store in index.values():
+        out.extend(store)
+    return out
+
+
+def _current_status(state: State, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The object's status, or what we wrote last when the body we hold is older than that write."""
+    meta = body.get("metadata") or {}
+    key = (kind, meta.get("namespace", ""), meta.get("name", ""))
+    cur = dict(body.get("status") or {})
+    w = state.written.get(key)
+    if w is not None and w[0] > _rv(meta):
+        return w[1]
+    return cur
+
+
+async def _write_status(
+    state: State, kind: str, plural: str, body: Mapping[str, Any], old: Mapping[str, Any], new: dict[str, Any]
+) -> bool:
+    patch = status_patch(old, new)
+    if patch is None:
+        return False
+    meta = body["metadata"]
+    res = await state.kube.patch_status(plural, meta["namespace"], meta["name"], patch)
+    rv = _rv((res or {}).get("metadata") or {})
+    state.written[(kind, meta["namespace"], meta["name"])] = (rv, clean_status(new))
+    state.metrics.status_writes.labels(kind).inc()
+    return True
+
+
+async def _post_events(state: State, body: Mapping[str, Any], events: Iterable[Event]) -> None:
+    for ev in events:
+        await state.kube.event(body, ev.type, ev.reason, ev.message)
+
+
+def _capacity(state: State, jobs: list[JobView], namespace: str) -> Capacity:
+    now = time.time()
+    for name, (t, _) in list(state.pending_jobs.items()):
+        if now - t > 60 or any(j.name == name for j in jobs):
+            state.pending_jobs.pop(name, None)
+    running = [j for j in jobs if j.running]
+    pending_ns = sum(1 for _, ns in state.pending_jobs.values() if ns == namespace)
+    in_ns = sum(1 for j in running if j.labels.get(L.L_REQ_NAMESPACE) == namespace) + pending_ns
+    return Capacity(
+        len(running) + len(state.pending_jobs),
+        in_ns,
+        state.cfg.build.max_concurrent,
+        state.cfg.build.max_concurrent_per_namespace,
+    )
+
+
+async def _create_jobs(state: State, jobs: list[dict[str, Any]], kind: str) -> None:
+    for j in jobs:
+        try:
+            created = await state.kube.create(j)
+        except ApiException as e:
+            log.warning("could not create Job %s: %s %s", j["metadata"]["name"], e.status, e.reason)
+            continue
+        if created:
+            state.pending_jobs[j["metadata"]["name"]] = (
+                time.time(),
+                j["metadata"]["labels"][L.L_REQ_NAMESPACE],
+            )
+            state.metrics.jobs_created.labels(kind).inc()
+
+
+# ------------------------------------------------------------------------------------------ TRTEngine
+
+
+async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mapping[str, Any]) -> float | None:
+    """One level-based pass over a TRTEngine; returns seconds until it wants to run again (backoff)."""
+    body = _plain(body)
+    meta = body["metadata"]
+    ns, name, gen = meta["namespace"], meta["name"], int(meta.get("generation") or 1)
+    old = _current_status(state, "trte", body)
+    try:
+        obj = TRTEngine.model_validate({**body, "status": old})
+    except ValidationError as e:
+        status = invalid_spec_status(
+            _safe_engine_status(old), gen, f"invalid spec: {e.errors()[0]['msg']}", time.time()
+        )
+        await _write_status(state, "trte", L.TRTENGINES, body, old, status.to_wire())
+        return None
+    nodes = [v for v in _values(indices["nodes_idx"]) if isinstance(v, NodeView)]
+    jobs = [v for v in _values(indices["jobs_idx"]) if isinstance(v, JobView)]
+    async with state.build_lock:
+        obs = EngineObserved(
+            namespace=ns,
+            name=name,
+            generation=gen,
+            spec=obj.spec,
+            status=obj.status,
+            nodes=nodes,
+            jobs=jobs,
+            manifests=state.store.manifest,
+            capacity=_capacity(state, jobs, ns),
+            now=time.time(),
+        )
+        plan = await asyncio.to_thread(plan_engine, obs, state.cfg)
+        await _create_jobs(state, plan.jobs_to_create, "build")
+    requester = f"{ns}/{name}"
+    by_name = {j.name: j for j in jobs}
+    for jname in plan.add_requester:
+        j = by_name.get(jname)
+        if j is not None:
+            reqs = sorted({*j.requesters(), requester})
+            await state.kube.annotate(
+                "Job", state.cfg.build_namespace, jname, {L.A_REQUESTERS: json.dumps(reqs)}
+            )
+    old_norm = _safe_engine_status(old).to_wire()
+    new = plan.status.to_wire()
+    if await _write_status(state, "trte", L.TRTENGINES, body, old_norm if old else {}, new):
+        state.triggers.fire_all("infd", ns)
+        hits = sum(1 for t in plan.status.targets if t.cache_hit and t.phase == "Ready")
+        was = sum(1 for t in _safe_engine_status(old).targets if t.cache_hit and t.phase == "Ready")
+        if hits > was:
+            state.metrics.cache_hits.inc(hits - was)
+    await _post_events(state, body, plan.events)
+    return plan.requeue_after
+
+
+def _safe_engine_status(raw: Mapping[str, Any]) -> TRTEngineStatus:
+    try:
+        return TRTEngineStatus.model_validate(raw or {})
+    except ValidationError:
+        return TRTEngineStatus()
+
+
+def _safe_infd_status(raw: Mapping[str, Any]) -> InferenceDeploymentStatus:
+    try:
+        return InferenceDeploymentStatus.model_validate(raw or {})
+    except ValidationError:
+        return InferenceDeploymentStatus()
+
+
+async def cleanup_engine(state: State, body: Mapping[str, Any], indices: Mapping[str, Any]) -> None:
+    """On deletion: delete its build Jobs no other TRTEngine uses; engines stay in the store (a cache)."""
+    body = _plain(body)
+    meta = body["metadata"]
+    me = (meta["namespace"], meta["name"])
+    requester = f"{me[0]}/{me[1]}"
+    status = _safe_engine_status(body.get("status") or {})
+    mine_ids = {t.engine_key[:20] for t in status.targets if t.engine_key}
+    mine_names = {t.job_name for t in status.targets if t.job_name}
+    others_ids: set[str] = set()
+    for key, store in indices["trte_idx"].items():
+        if tuple(key) == me:
+            continue
+        for other in store:
+            for t in getattr(other.status, "targets", []):
+                if t.engine_key:
+                    others_ids.add(t.engine_key[:20])
+                if t.job_name:
+                    others_ids.add(t.job_name.removeprefix(children.JOB_PREFIX)[:20])
+    for j in (v for v in _values(indices["jobs_idx"]) if isinstance(v, JobView)):
+        ours = j.build_id in mine_ids or j.name in mine_names or requester in j.requesters()
+        if not ours:
+            continue
+        if j.build_id in others_ids:
+            rest = [r for r in j.requesters() if r != requester]
+            await state.kube.annotate("Job", j.namespace, j.name, {L.A_REQUESTERS: json.dumps(rest)})
+        else:
+            await state.kube.delete("Job", j.namespace, j.name)
+    state.triggers.drop("trte", *me)
+
+
+# ------------------------------------------------------------------------------- InferenceDeployment
+
+
+async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: Mapping[str, Any]) -> None:
+    body = _plain(body)
+    meta = body["metadata"]
+    ns, name, gen, uid = (
+        meta["namespace"],
+        meta["name"],
+        int(meta.get("generation") or 1),
+        meta.get("uid", ""),
+    )
+    old = _current_status(state, "infd", body)
+    try:
+        obj = InferenceDeployment.model_validate({**body, "status": old})
+    except ValidationError as e:
+        log.warning("InferenceDeployment %s/%s is invalid: %s", ns, name, e.errors()[0]["msg"])
+        return
+    engine_name = obj.spec.engine_ref.name
+    engine: TRTEngine | None = None
+    problem = None
+    for found in indices["trte_idx"].get((ns, engine_name), []):
+        engine = found
+    if engine is None:
+        problem = f"TRTEngine {engine_name} not found in namespace {ns} (references stay in the namespace)"
+    label = children.dns_name(name)
+    deployments = [v for v in indices["deps_idx"].get((ns, label), []) if isinstance(v, DeploymentView)]
+    pods = [v for v in indices["rpods_idx"].get((ns, label), []) if isinstance(v, PodView)]
+    nodes = [v for v in _values(indices["nodes_idx"]) if isinstance(v, NodeView)]
+    jobs = [v for v in _values(indices["jobs_idx"]) if isinstance(v, JobView)]
+    obs = DeploymentObserved(
+        namespace=ns,
+        name=name,
+        uid=uid,
+        generation=gen,
+        spec=obj.spec,
+        status=obj.status,
+        engine=engine,
+        deployments=deployments,
+        pods=pods,
+        nodes=nodes,
+        jobs=jobs,
+        now=time.time(),
+        engine_problem=problem,
+    )
+    plan = plan_deployment(obs, state.cfg)
+    old_norm = _safe_infd_status(old).to_wire() if old else {}
+    new = plan.status.to_wire()
+    # Record faults (and their actions) before acting on them: a crash in between repeats the actions.
+    await _write_status(state, "infd", L.INFERENCEDEPLOYMENTS, body, old_norm, new)
+    for obj_ in plan.apply:
+        try:
+            await state.kube.apply_owned(obj_)
+        except ApiException as e:
+            log.warning(
+                "could not apply %s %s/%s: %s %s",
+                obj_["kind"],
+                ns,
+                obj_["metadata"]["name"],
+                e.status,
+                e.reason,
+            )
+    for d in plan.delete_deployments:
+        await state.kube.delete("Deployment", ns, d)
+    for p in plan.delete_pods:
+        await state.kube.delete("Pod", ns, p)
+    if plan.jobs_to_create:
+        async with state.build_lock:
+            await _create_jobs(state, plan.jobs_to_create, "rebuild")
+    for ev in plan.events:
+        if ev.reason == "GPUFault":
+            state.metrics.faults.labels(ev.message.rsplit("action ", 1)[-1]).inc()
+    old_faults = {(f.pod, f.time) for f in _safe_infd_status(old).faults if f.recovered_seconds is not None}
+    for f in plan.status.faults:
+        if f.recovered_seconds is not None and (f.pod, f.time) not in old_faults:
+            state.metrics.recovery_seconds.observe(f.recovered_seconds)
+    await _post_events(state, body, plan.events)
+
+
+async def cleanup_deployment(state: State, body: Mapping[str, Any], indices: Mapping[str, Any]) -> None:
+    """On deletion: delete the runtime Deployments and the Service (ownerRefs would too, eventually)."""
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    for d in indices["deps_idx"].get((ns, children.dns_name(name)), []):
+        if isinstance(d, DeploymentView):
+            await state.kube.delete("Deployment", ns, d.name)
+    await state.kube.delete("Service", ns, children.service_name(name))
+    state.triggers.drop("infd", ns, name)
+
+
+# ----------------------------------------------------------------------------------------- the loop
+
+
+async def _loop(state: State, kind: str, body: Any, stopped: Any, kwargs: Mapping[str, Any]) -> None:
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    trigger = state.triggers.get(kind, ns, name)
+    fn = reconcile_engine if kind == "trte" else reconcile_deployment
+    while not stopped:
+        trigger.clear()
+        t0 = time.monotonic()
+        wait = state.cfg.resync_seconds
+        try:
+            again = await fn(state, body, kwargs)
+            state.metrics.reconciles.labels(kind, "ok").inc()
+            if again:
+                wait = min(wait, again)
+        except (ApiException, OSError) as e:
+            state.metrics.reconciles.labels(kind, "error").inc()
+            log.warning(
+                "%s %s/%s: reconcile failed, retrying: %s",
+                kind,
+                ns,
+                name,
+                one_line(str(e), 200),
+                extra=fields(kind=kind, namespace=ns, name=name),
+            )
+            wait = min(wait, 5.0)
+        except Exception:
+            state.metrics.reconciles.labels(kind, "error").inc()
+            log.exception("%s %s/%s: reconcile crashed", kind, ns, name)
+            wait = min(wait, 10.0)
+        finally:
+            state.metrics.reconcile_seconds.labels(kind).observe(time.monotonic() - t0)
+        try:
+            await asyncio.wait_for(trigger.wait(), timeout=wait)
+        except TimeoutError:
+            pass
+        await asyncio.sleep(DEBOUNCE_S)
+
+
+def _build_pod_result(pod: PodView) -> str | None:
+    """The result line a finished build pod left (its termination message), as the Job annotation holds it."""
+    for c in pod.containers:
+        t = c.terminated
+        if t is None:
+            continue
+        parsed = parse_build_message(t.message)
+        if parsed is not None:
+            return parsed.to_line()
+        if t.exit_code != 0:
+            tail = t.message.strip().splitlines()[-1] if t.message.strip() else t.reason
+            return BuildFailure(
+                error=one_line(tail or f"exit code {t.exit_code}"), reason="Error", exit_code=t.exit_code
+            ).to_line()
+    return None
+
+
+def register(state: State, registry: kopf.OperatorRegistry) -> None:
+    """Register every handler on `registry` (no import-time side effects)."""
+    cfg = state.cfg
+
+    @kopf.on.startup(registry=registry)
+    def _settings(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.finalizer = L.FINALIZER
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="trtforge.io")
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="trtforge.io", key="last-handled-configuration"
+        )
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 310
+        settings.watching.connect_timeout = 30
+        settings.networking.request_timeout = 60
+        settings.posting.level = logging.WARNING  # our own Events go through Kube.event
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event is noise
+
+    @kopf.on.probe(id="now", registry=registry)
+    def _probe(**_: Any) -> float:
+        return time.time()
+
+    # --- indices (complete before any handler runs: a restart sees every Job it made)
+    @kopf.index("batch", "v1", "jobs", id="jobs_idx", labels=MANAGED, registry=registry)
+    def _jobs_idx(**kw: Any) -> Any:
+        body, namespace = kw["body"], kw["namespace"]
+        if namespace != cfg.build_namespace:
+            return None
+        j = JobView.from_k8s(body)
+        return {j.build_id: j}
+
+    @kopf.index("v1", "nodes", id="nodes_idx", registry=registry)
+    def _nodes_idx(**kw: Any) -> Any:
+        body, name = kw["body"], kw["name"]
+        return {name: NodeView.from_k8s(body)}
+
+    @kopf.index(
+        "v1",
+        "pods",
+        id="rpods_idx",
+        labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_RUNTIME},
+        registry=registry,
+    )
+    def _rpods_idx(**kw: Any) -> Any:
+        body, namespace, labels = kw["body"], kw["namespace"], kw["labels"]
+        return {(namespace, labels.get(L.L_INFD, "")): PodView.from_k8s(body)}
+
+    @kopf.index("apps", "v1", "deployments", id="deps_idx", labels=MANAGED, registry=registry)
+    def _deps_idx(**kw: Any) -> Any:
+        body, namespace, labels = kw["body"], kw["namespace"], kw["labels"]
+        return {(namespace, labels.get(L.L_INFD, "")): DeploymentView.from_k8s(body)}
+
+    @kopf.index(L.GROUP, L.VERSION, L.TRTENGINES, id="trte_idx", registry=registry)
+    def _trte_idx(**kw: Any) -> Any:
+        body, namespace, name = kw["body"], kw["namespace"], kw["name"]
+        try:
+            return {(namespace, name): TRTEngine.model_validate(_plain(body))}
+        except ValidationError:
+            return None
+
+    # --- events on children wake the owners' loops
+    @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, registry=registry)
+    def _job_event(**kw: Any) -> None:
+        body = kw["body"]
+        j = JobView.from_k8s(body)
+        if j.done:
+            key = j.engine_key or ((j.result() or {}).get("key") or "")
+            if key:
+                state.store.invalidate(str(key))
+        for r in j.requesters():
+            ns, _, n = r.partition("/")
+            state.triggers.fire("trte", ns, n)
+            state.triggers.fire_all("infd", ns)
+
+    @kopf.on.event("v1", "pods", labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_BUILDER}, registry=registry)
+    async def _build_pod_event(**kw: Any) -> None:
+        body, namespace, labels = kw["body"], kw["namespace"], kw["labels"]
+        job_name = labels.get("job-name") or labels.get("batch.kubernetes.io/job-name")
+        if namespace != cfg.build_namespace or not job_name:
+            return
+        result = _build_pod_result(PodView.from_k8s(body))
+        if result is None:
+            return
+        job = await asyncio.to_thread(_read_job_annotations, state, namespace, job_name)
+        if job is not None and L.A_RESULT not in job:
+            await state.kube.annotate("Job", namespace, job_name, {L.A_RESULT: result})
+
+    @kopf.on.event("v1", "pods", labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_RUNTIME}, registry=registry)
+    def _runtime_pod_event(**kw: Any) -> None:
+        namespace, labels = kw["namespace"], kw["labels"]
+        _fire_infd_label(state, namespace, labels.get(L.L_INFD, ""))
+
+    @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)
+    def _deployment_event(**kw: Any) -> None:
+        namespace, labels = kw["namespace"], kw["labels"]
+        _fire_infd_label(state, namespace, labels.get(L.L_INFD, ""))
+
+    @kopf.on.event("v1", "nodes", registry=registry)
+    def _node_event(**kw: Any) -> None:
+        body, name, type_ = kw["body"], kw["name"], kw.get("type")
+        view = None if type_ == "DELETED" else NodeView.from_k8s(body)
+        if state.triggers.node_changed(view, name):
+            state.triggers.fire_all("trte")
+            state.triggers.fire_all("infd")
+
+    @kopf.on.event(L.GROUP, L.VERSION, L.TRTENGINES, registry=registry)
+    def _engine_event(**kw: Any) -> None:
+        namespace, name = kw["namespace"], kw["name"]
+        state.triggers.fire("trte", namespace, name)
+        state.triggers.fire_all("infd", namespace)
+
+    @kopf.on.event(L.GROUP, L.VERSION, L.INFERENCEDEPLOYMENTS, registry=registry)
+    def _infd_event(**kw: Any) -> None:
+        namespace, name = kw["namespace"], kw["name"]
+        state.triggers.fire("infd", namespace, name)
+
+    # --- the level-based loops, one per resource
+    @kopf.daemon(
+        L.GROUP, L.VERSION, L.TRTENGINES, id="reconcile", cancellation_timeout=1.0, registry=registry
+    )
+    async def _engine_daemon(body: Any, stopped: Any, **kwargs: Any) -> None:
+        await _loop(state, "trte", body, stopped, kwargs)
+
+    @kopf.daemon(
+        L.GROUP,
+        L.VERSION,
+        L.INFERENCEDEPLOYMENTS,
+        id="reconcile",
+        cancellation_timeout=1.0,
+        registry=registry,
+    )
+    async def _infd_daemon(body: Any, stopped: Any, **kwargs: Any) -> None:
+        await _loop(state, "infd", body, stopped, kwargs)
+
+    # --- deletion (our finalizer holds the object until these succeed)
+    @kopf.on.delete(L.GROUP, L.VERSION, L.TRTENGINES, id="cleanup", registry=registry)
+    async def _engine_deleted(body: Any, **kwargs: Any) -> None:
+        await cleanup_engine(state, body, kwargs)
+
+    @kopf.on.delete(L.GROUP, L.VERSION, L.INFERENCEDEPLOYMENTS, id="cleanup", registry=registry)
+    async def _infd_deleted(body: Any, **kwargs: Any) -> None:
+        await cleanup_deployment(state, body, kwargs)
+
+
+def _fire_infd_label(state: State, namespace: str, label: str) -> None:
+    for k, ns, n in list(state.triggers._events):
+        if k == "infd" and ns == namespace and children.dns_name(n) == label:
+            state.triggers.fire(k, ns, n)
+
+
+def _read_job_annotations(state: State, namespace: str, name: str) -> dict[str, str] | None:
+    try:
+        j = state.kube.batch.read_namespaced_job(name, namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return dict((j.metadata.annotations if j.metadata else None) or {})

@@ -1,0 +1,221 @@
+"""The operator's own Kubernetes calls: create-if-absent, replace-on-hash, status patches, deletes, Events.
+
+A thin async layer over the official client (run in threads). Every write is idempotent: creating what
+exists (409) is success, deleting what is gone (404) is success, so a handler interrupted at any point
+can simply run again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from trtforge.logs import fields
+from trtforge_operator import labels as L
+
+log = logging.getLogger(__name__)
+
+
+def load_kube_config() -> None:
+    """In-cluster config when running in a pod, else $KUBECONFIG / ~/.kube/config."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+class Kube:
+    """Async wrappers around the generated API classes."""
+
+    def __init__(self, api: client.ApiClient | None = None) -> None:
+        self.api = api or client.ApiClient()
+        self.core = client.CoreV1Api(self.api)
+        self.apps = client.AppsV1Api(self.api)
+        self.batch = client.BatchV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.auth = client.AuthenticationV1Api(self.api)
+
+    @staticmethod
+    async def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def create(self, obj: Mapping[str, Any]) -> bool:
+        """Create `obj` (Job, Deployment, Service); False when it already exists (409)."""
+        kind, ns = obj["kind"], obj["metadata"]["namespace"]
+        fn = {
+            "Job": self.batch.create_namespaced_job,
+            "Deployment": self.apps.create_namespaced_deployment,
+            "Service": self.core.create_namespaced_service,
+        }[kind]
+        try:
+            await self._call(fn, ns, dict(obj))
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        log.info(
+            "created %s %s/%s",
+            kind,
+            ns,
+            obj["metadata"]["name"],
+            extra=fields(kind=kind, namespace=ns, name=obj["metadata"]["name"]),
+        )
+        return True
+
+    async def apply_owned(self, obj: Mapping[str, Any]) -> str:
+        """Create, or replace when its spec hash annotation differs. Returns created|replaced|unchanged."""
+        kind, ns, name = obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]
+        if await self.create(obj):
+            return "created"
+        read = {
+            "Deployment": self.apps.read_namespaced_deployment,
+            "Service": self.core.read_namespaced_service,
+        }[kind]
+        cur = self.api.sanitize_for_serialization(await self._call(read, name, ns))
+        if (cur["metadata"].get("annotations") or {}).get(L.A_SPEC_HASH) == obj["metadata"][
+            "annotations"
+        ].get(L.A_SPEC_HASH):
+            return "unchanged"
+        new = dict(obj)
+        meta = dict(obj["metadata"])
+        meta["resourceVersion"] = cur["metadata"]["resourceVersion"]
+        new["metadata"] = meta
+        if kind == "Service":  # clusterIP is immutable and allocated by the apiserver
+            spec = dict(new["spec"])
+            for k in ("clusterIP", "clusterIPs"):
+                if k in cur["spec"]:
+                    spec[k] = cur["spec"][k]
+            new["spec"] = spec
+            await self._call(self.core.replace_namespaced_service, name, ns, new)
+        else:
+            await self._call(self.apps.replace_namespaced_deployment, name, ns, new)
+        log.info("updated %s %s/%s", kind, ns, name, extra=fields(kind=kind, namespace=ns, name=name))
+        return "replaced"
+
+    async def delete(self, kind: str, namespace: str, name: str) -> bool:
+        fn = {
+            "Job": self.batch.delete_namespaced_job,
+            "Deployment": self.apps.delete_namespaced_deployment,
+            "Service": self.core.delete_namespaced_service,
+            "Pod": self.core.delete_namespaced_pod,
+        }[kind]
+        try:
+            await self._call(fn, name, namespace, propagation_policy="Background")
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        log.info(
+            "deleted %s %s/%s", kind, namespace, name, extra=fields(kind=kind, namespace=namespace, name=name)
+        )
+        return True
+
+    async def annotate(
+        self, kind: str, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        fn = {"Job": self.batch.patch_namespaced_job}[kind]
+        try:
+            await self._call(fn, name, namespace, {"metadata": {"annotations": dict(annotations)}})
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    async def patch_status(self, plural: str, namespace: str, name: str, patch: Mapping[str, Any]) -> Any:
+        return await self._call(
+            self.custom.patch_namespaced_custom_object_status,
+            L.GROUP,
+            L.VERSION,
+            namespace,
+            plural,
+            name,
+            {"status": dict(patch)},
+        )
+
+    async def list_custom(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        if namespace:
+            res = await self._call(
+                self.custom.list_namespaced_custom_object, L.GROUP, L.VERSION, namespace, plural
+            )
+        else:
+            res = await self._call(self.custom.list_cluster_custom_object, L.GROUP, L.VERSION, plural)
+        return list(res.get("items") or [])
+
+    async def get_custom(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            res = await self._call(
+                self.custom.get_namespaced_custom_object, L.GROUP, L.VERSION, namespace, plural, name
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return dict(res)
+
+    async def token_review(self, token: str, audience: str) -> dict[str, Any]:
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": [audience]},
+        }
+        res = await self._call(self.auth.create_token_review, body)
+        out: dict[str, Any] = self.api.sanitize_for_serialization(res).get("status") or {}
+        return out
+
+    async def event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about `obj` (what `kubectl describe` shows). Never raises."""
+        meta = obj.get("metadata") or {}
+        ns = meta.get("namespace") or "default"
+        now = dt.datetime.now(dt.UTC)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta.get('name', 'x')}.{uuid.uuid4().hex[:12]}", "namespace": ns},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion"),
+                "kind": obj.get("kind"),
+                "name": meta.get("name"),
+                "namespace": ns,
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "trtforge-operator"},
+            "reportingComponent": "trtforge-operator",
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self._call(self.core.create_namespaced_event, ns, body)
+        except ApiException as e:
+            log.warning("could not post event %s on %s/%s: %s", reason, ns, meta.get("name"), e.reason)
+
+
+def clean_status(status: Mapping[str, Any]) -> dict[str, Any]:
+    """Drop empty condition messages: a 1.20 apiserver turns "" into null in a merge patch and refuses it."""
+    out = dict(status)
+    if isinstance(out.get("conditions"), list):
+        out["conditions"] = [
+            {k: v for k, v in c.items() if not (k == "message" and v == "")} for c in out["conditions"]
+        ]
+    return out
+
+
+def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A merge patch turning status `old` into `new` (None when equal): removed keys become null."""
+    old, new = clean_status(old), clean_status(new)
+    if old == new:
+        return None
+    patch: dict[str, Any] = dict(new)
+    for k in old:
+        if k not in new:
+            patch[k] = None
+    return patch

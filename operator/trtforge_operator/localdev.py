@@ -1,0 +1,246 @@
+"""Running the operator against the local test bed: CRDs, a build namespace with its store and model
+PVCs, an operator config, and `trtforge operator` as a subprocess (killable, restartable).
+
+Used by the integration/e2e tests and by `trtforge demo`. The operator is scoped to the namespaces it
+is given, so several can share one test bed without seeing each other's resources.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from trtforge.testbed.wait import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+STORE_CLAIM = "trtforge-store"
+MODELS_CLAIM = "models"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def install_crds(tb: Any) -> None:
+    """Apply the generated CRDs (CEL rules need --validate=false on a 1.20 kubectl) and wait for them."""
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        tb.kubectl("apply", "--validate=false", "-f", str(path))
+    for name in ("trtengines.trtforge.io", "inferencedeployments.trtforge.io"):
+        tb.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+
+
+def ensure_namespace(api: client.ApiClient, name: str) -> None:
+    core: Any = client.CoreV1Api(api)
+    try:
+        core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    except ApiException as e:
+        if e.status != 409:
+            raise
+
+
+def _claim(core: Any, ns: str, name: str) -> None:
+    body = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}}},
+    }
+    try:
+        core.create_namespaced_persistent_volume_claim(ns, body)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+
+
+def claim_path(api: client.ApiClient, ns: str, name: str, timeout: float = 60) -> Path:
+    """The host directory behind a bound test-bed PVC."""
+    core: Any = client.CoreV1Api(api)
+
+    def bound() -> str | None:
+        pvc = core.read_namespaced_persistent_volume_claim(name, ns)
+        if not pvc.spec.volume_name:
+            return None
+        pv = core.read_persistent_volume(pvc.spec.volume_name)
+        return str(pv.spec.host_path.path) if pv.spec.host_path else None
+
+    return Path(wait_for(bound, timeout=timeout, desc=f"PVC {ns}/{name} bound"))
+
+
+def prepare_build_namespace(api: client.ApiClient, ns: str) -> tuple[Path, Path]:
+    """The build namespace with its ServiceAccount and the store and model PVCs; returns their host dirs."""
+    ensure_namespace(api, ns)
+    core: Any = client.CoreV1Api(api)
+    try:
+        core.create_namespaced_service_account(ns, {"metadata": {"name": "trtforge-builder"}})
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    _claim(core, ns, STORE_CLAIM)
+    _claim(core, ns, MODELS_CLAIM)
+    return claim_path(api, ns, STORE_CLAIM), claim_path(api, ns, MODELS_CLAIM)
+
+
+def write_config(
+    path: Path, *, build_ns: str, namespaces: Sequence[str], store_dir: Path, **overrides: Any
+) -> dict[str, Any]:
+    """An operator config for the test bed: ONNX Runtime keys, the broker on a free loopback port."""
+    broker_port = free_port()
+    cfg: dict[str, Any] = {
+        "namespaces": list(namespaces),
+        "operator_namespace": build_ns,
+        "build_namespace": build_ns,
+        "store_uri": f"pvc://{STORE_CLAIM}/",
+        "operator_store_uri": str(store_dir),
+        "backends": {"gpu": "local-onnxruntime", "cpu": "local-onnxruntime"},
+        "broker": {"port": broker_port, "url": f"http://127.0.0.1:{broker_port}"},
+        "liveness_port": free_port(),
+        "metrics_port": free_port(),
+        "resync_seconds": 15,
+        "build": {
+            "cpu": "100m",
+            "memory": "1Gi",
+            "retry_base_seconds": 5,
+            "max_concurrent": 4,
+            "max_concurrent_per_namespace": 4,
+        },
+    }
+    for k, v in overrides.items():
+        if isinstance(v, dict) and isinstance(cfg.get(k), dict):
+            cfg[k] = {**cfg[k], **v}
+        else:
+            cfg[k] = v
+    path.write_text(yaml.safe_dump(cfg))
+    return cfg
+
+
+class OperatorProcess:
+    """`trtforge operator` as a child process with its own log file."""
+
+    def __init__(self, config: Path, kubeconfig: Path, log: Path) -> None:
+        self.config, self.kubeconfig, self.log = config, kubeconfig, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        exe = shutil.which("trtforge", path=str(Path(sys.executable).parent)) or "trtforge"
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "TRTFORGE_LOG_FORMAT": "text"}
+        self.starts += 1
+        with self.log.open("ab") as out:
+            out.write(
+                f"\n===== operator start #{self.starts} at {time.strftime('%H:%M:%S')} =====\n".encode()
+            )
+            self.proc = subprocess.Popen(
+                [exe, "operator", "--config", str(self.config)],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up, as a node failure or OOM kill would do."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def __enter__(self) -> OperatorProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def get_custom(api: client.ApiClient, plural: str, ns: str, name: str) -> dict[str, Any]:
+    co: Any = client.CustomObjectsApi(api)
+    return dict(co.get_namespaced_custom_object("trtforge.io", "v1alpha1", ns, plural, name))
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return dict(c)
+    return None
+
+
+def is_true(obj: dict[str, Any], type_: str) -> bool:
+    c = condition(obj, type_)
+    gen = (obj.get("metadata") or {}).get("generation")
+    return bool(
+        c and c.get("status") == "True" and (obj.get("status") or {}).get("observedGeneration") == gen
+    )
+
+
+def delete_with_cleanup(api: client.ApiClient, ns: str, plural: str, name: str) -> None:
+    co: Any = client.CustomObjectsApi(api)
+    try:
+        co.delete_namespaced_custom_object("trtforge.io", "v1alpha1", ns, plural, name)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
+def tiny_model(path: Path, seed: int = 0, features: int = 16) -> str:
+    """A small static ONNX model (MatMul → Add → Relu, input [1, features]); returns its sha256."""
+    import hashlib
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array((rng.standard_normal((features, 8)) * 0.3).astype(np.float32), "w")
+    b = numpy_helper.from_array((rng.standard_normal(8) * 0.1).astype(np.float32), "b")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"]),
+            helper.make_node("Add", ["h", "b"], ["z"]),
+            helper.make_node("Relu", ["z"], ["y"]),
+        ],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, features])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [w, b],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="trtforge")
+    model.ir_version = 8
+    data = model.SerializeToString()
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,65 @@
+"""The operator's read side of the engine store: manifests by key, with a short cache."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from trtforge.contract.layout import ENGINES, MANIFEST, manifest_path
+from trtforge.contract.manifest import Manifest
+from trtforge.logs import fields
+from trtforge.store import EngineStore, ObjectNotFound, StoreError, open_store
+
+log = logging.getLogger(__name__)
+
+
+class StoreReader:
+    """Reads manifests; a missing manifest is cached for less time than a present one."""
+
+    def __init__(self, uri: str, ttl_s: float = 2.0) -> None:
+        self.uri = uri
+        self.store: EngineStore = open_store(uri)
+        self.ttl_s = ttl_s
+        self._cache: dict[str, tuple[float, Manifest | None]] = {}
+        self.last_error: str | None = None
+
+    def manifest(self, key: str) -> Manifest | None:
+        now = time.monotonic()
+        hit = self._cache.get(key)
+        if hit is not None and now - hit[0] < (self.ttl_s if hit[1] is not None else self.ttl_s / 2):
+            return hit[1]
+        try:
+            m: Manifest | None = Manifest.from_json(self.store.read_bytes(manifest_path(key)))
+            self.last_error = None
+        except ObjectNotFound:
+            m = None
+        except (StoreError, ValueError) as e:
+            self.last_error = f"store {self.uri}: {e}"
+            log.warning("cannot read manifest %s: %s", key[:12], e, extra=fields(key=key))
+            return hit[1] if hit is not None else None
+        self._cache[key] = (now, m)
+        return m
+
+    def invalidate(self, key: str) -> None:
+        self._cache.pop(key, None)
+
+    def keys(self) -> list[str]:
+        """Keys with a committed manifest."""
+        out = []
+        for p in self.store.list(f"{ENGINES}/"):
+            parts = p.split("/")
+            if len(parts) == 3 and parts[2] == MANIFEST:
+                out.append(parts[1])
+        return out
+
+    def delete_engine(self, key: str) -> None:
+        """Manifest first (the engine stops existing), then the files."""
+        d = f"{ENGINES}/{key}/"
+        files = self.store.list(d)
+        mpath = manifest_path(key)
+        if mpath in files:
+            self.store.delete(mpath)
+        for p in files:
+            if p != mpath:
+                self.store.delete(p)
+        self.invalidate(key)

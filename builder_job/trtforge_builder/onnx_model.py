@@ -339,6 +339,8 @@ def convert_float_precision(model: Any, precision: str) -> Any:
         for i, x in enumerate(node.input):
             if x in renames:
                 node.input[i] = renames[x]
+            elif x in out_names:  # an output also used inside the graph: use its low-precision twin
+                node.input[i] = f"{x}__{precision}"
         for i, y in enumerate(node.output):
             if y in out_names:
                 node.output[i] = f"{y}__{precision}"

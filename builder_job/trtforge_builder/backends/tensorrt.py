@@ -131,7 +131,7 @@ class _Logger:
 def layer_summary(engine: trt.ICudaEngine) -> dict[str, int]:
     """Layer type -> count, from the engine inspector (JSON; type names as TensorRT gives them)."""
     trt_mod = _trt()
-    inspector = engine.create_engine_inspector()
+    inspector: trt.EngineInspector = engine.create_engine_inspector()
     counts: collections.Counter[str] = collections.Counter()
     try:
         info = json.loads(inspector.get_engine_information(trt_mod.LayerInformationFormat.JSON))
@@ -158,10 +158,11 @@ def io_specs(engine: trt.ICudaEngine) -> tuple[list[TensorSpec], list[TensorSpec
     outs: list[TensorSpec] = []
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
+        dims = engine.get_tensor_shape(name)
         spec = TensorSpec(
             name=name,
             dtype=_dtype_name(engine.get_tensor_dtype(name)),
-            shape=[int(d) for d in engine.get_tensor_shape(name)],
+            shape=[int(dims[j]) for j in range(len(dims))],
         )
         (ins if engine.get_tensor_mode(name) == trt_mod.TensorIOMode.INPUT else outs).append(spec)
     return ins, outs
@@ -181,9 +182,9 @@ class TensorRTBackend:
         trt_mod = _trt()
         cfg = inp.config
         tlog = _Logger()
-        builder = trt_mod.Builder(tlog.logger)
-        network = builder.create_network(0)
-        parser = trt_mod.OnnxParser(network, tlog.logger)
+        builder: trt.Builder = trt_mod.Builder(tlog.logger)
+        network: trt.INetworkDefinition = builder.create_network(0)
+        parser: trt.OnnxParser = trt_mod.OnnxParser(network, tlog.logger)
         model_path = inp.model_path
         if self.strongly_typed and cfg.precision in ("fp16", "bf16"):
             import onnx
@@ -199,7 +200,7 @@ class TensorRTBackend:
                 step="build",
             )
 
-        config = builder.create_builder_config()
+        config: trt.IBuilderConfig = builder.create_builder_config()
         if not self.strongly_typed:
             for name in PRECISION_FLAGS.get(cfg.precision, []):
                 flag = _flag(name)
@@ -240,18 +241,23 @@ class TensorRTBackend:
         config.profiling_verbosity = trt_mod.ProfilingVerbosity.DETAILED
 
         for prof in inp.profiles:
-            p = builder.create_optimization_profile()
+            p: trt.IOptimizationProfile = builder.create_optimization_profile()
             for name, rng in prof.items():
-                p.set_shape(name, trt_mod.Dims(rng.min), trt_mod.Dims(rng.opt), trt_mod.Dims(rng.max))
+                p.set_shape(
+                    name,
+                    trt_mod.Dims(list(rng.min)),
+                    trt_mod.Dims(list(rng.opt)),
+                    trt_mod.Dims(list(rng.max)),
+                )
             config.add_optimization_profile(p)
 
-        cache = config.create_timing_cache(inp.timing_cache or b"")
+        cache: trt.ITimingCache = config.create_timing_cache(inp.timing_cache or b"")
         if not config.set_timing_cache(cache, False):
             log.warning("the stored timing cache does not match this GPU or TensorRT; starting a new one")
             cache = config.create_timing_cache(b"")
             config.set_timing_cache(cache, False)
 
-        serialized = builder.build_serialized_network(network, config)
+        serialized: trt.IHostMemory | None = builder.build_serialized_network(network, config)
         if serialized is None:
             why = "; ".join(tlog.errors[-3:]) or "no error was logged"
             raise BuildError(
@@ -261,8 +267,8 @@ class TensorRTBackend:
         with open(artifact, "wb") as f:
             f.write(memoryview(serialized))
 
-        runtime = trt_mod.Runtime(tlog.logger)
-        engine = runtime.deserialize_cuda_engine(memoryview(serialized))
+        runtime: trt.Runtime = trt_mod.Runtime(tlog.logger)
+        engine: trt.ICudaEngine | None = runtime.deserialize_cuda_engine(memoryview(serialized))
         if engine is None:  # returns None, does not raise
             raise BuildError(
                 f"TensorRT built an engine it cannot load: {'; '.join(tlog.errors[-3:])}",
@@ -284,9 +290,9 @@ class TensorRTBackend:
     def merge_timing_caches(self, ours: bytes, theirs: bytes) -> bytes:
         trt_mod = _trt()
         tlog = _Logger()
-        config = trt_mod.Builder(tlog.logger).create_builder_config()
-        mine = config.create_timing_cache(ours)
-        other = config.create_timing_cache(theirs)
+        config: trt.IBuilderConfig = trt_mod.Builder(tlog.logger).create_builder_config()
+        mine: trt.ITimingCache = config.create_timing_cache(ours)
+        other: trt.ITimingCache = config.create_timing_cache(theirs)
         if not mine.combine(other, False):
             log.warning("could not merge the timing cache another builder saved; keeping ours")
         return bytes(memoryview(mine.serialize()))
@@ -307,8 +313,8 @@ class TensorRTRunner:
             ) from e
         self.cudart: Any = cudart
         self.tlog = _Logger()
-        runtime = trt_mod.Runtime(self.tlog.logger)
-        engine = runtime.deserialize_cuda_engine(artifact.read_bytes())
+        runtime: trt.Runtime = trt_mod.Runtime(self.tlog.logger)
+        engine: trt.ICudaEngine | None = runtime.deserialize_cuda_engine(artifact.read_bytes())
         if engine is None:
             raise BuildError(
                 f"TensorRT cannot load the engine it built: {'; '.join(self.tlog.errors[-3:])}",
@@ -316,16 +322,16 @@ class TensorRTRunner:
                 step="validate",
             )
         if refit_from is not None:  # a weight-stripped engine: refit from the ONNX weights
-            refitter = trt_mod.Refitter(engine, self.tlog.logger)
-            parser_refitter = trt_mod.OnnxParserRefitter(refitter, self.tlog.logger)
+            refitter: trt.Refitter = trt_mod.Refitter(engine, self.tlog.logger)
+            parser_refitter: trt.OnnxParserRefitter = trt_mod.OnnxParserRefitter(refitter, self.tlog.logger)
             if not parser_refitter.refit_from_file(str(refit_from)) or not refitter.refit_cuda_engine():
                 raise BuildError(
                     "refitting the weight-stripped engine from the ONNX weights failed",
                     "BuildFailed",
                     step="validate",
                 )
-        self.engine = engine
-        self.context = engine.create_execution_context()
+        self.engine: trt.ICudaEngine = engine
+        self.context: trt.IExecutionContext = engine.create_execution_context()
         self.trt = trt_mod
         err, self.stream = cudart.cudaStreamCreate()
         self._check(err, "cudaStreamCreate")
@@ -356,7 +362,8 @@ class TensorRTRunner:
             for n in names:
                 if n in inputs:
                     continue
-                shape = tuple(ctx.get_tensor_shape(n))
+                dims = ctx.get_tensor_shape(n)
+                shape = tuple(int(dims[j]) for j in range(len(dims)))
                 if any(d < 0 for d in shape):
                     raise BuildError(
                         f"output {n!r} has a data-dependent shape {shape}; not supported",

@@ -1,0 +1,153 @@
+"""The TensorRT backend: type-checked here against tensorrt-stubs; built and run only where TensorRT is.
+
+The builds marked ``tensorrt`` need the real TensorRT and a GPU (the builder image); they skip here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from trtforge_builder.backends import select_backend, tensorrt_available
+from trtforge_builder.errors import BuildError
+
+from tests.modelzoo import dynamic_cnn
+
+ROOT = Path(__file__).resolve().parents[2]
+NO_TRT = (
+    "needs the real TensorRT builder and a GPU (the builder image); only tensorrt-stubs is installed here"
+)
+
+
+def _split_params(params: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in params:
+        depth += 1 if ch in "[(" else -1 if ch in "])" else 0
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [*out, cur] if cur.strip() else out
+
+
+def _fix_def(line: str) -> str:
+    """Give a default to a parameter that follows one with a default (invalid syntax in the stubs)."""
+    m = re.match(r"^(\s*def \w+\()(.*)(\) -> .*)$", line)
+    if not m:
+        return line
+    params = _split_params(m.group(2))
+    seen_default = False
+    for i, p in enumerate(params):
+        if "=" in p:
+            seen_default = True
+        elif seen_default and ":" in p and not p.strip().startswith("*"):
+            params[i] = p + " = ..."
+    return m.group(1) + ",".join(params) + m.group(3)
+
+
+def _repaired_stubs(dest: Path) -> Path:
+    """A copy of the installed tensorrt-stubs that mypy can parse: a few parameters are named `in`, a
+    few without defaults follow ones with defaults, and `tensorrt_libs` (a runtime package) is imported."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    for pkg in ("tensorrt", "tensorrt_bindings"):
+        (dest / pkg).mkdir(parents=True, exist_ok=True)
+        for stub in (site / pkg).glob("*.pyi"):
+            text = re.sub(r"\bin: ", "in_: ", stub.read_text())
+            text = re.sub(r"^import tensorrt_libs.*$", "", text, flags=re.M)
+            text = "\n".join(_fix_def(line) for line in text.splitlines())
+            (dest / pkg / stub.name).write_text(text + "\n")
+    return dest
+
+
+def test_tensorrt_backend_type_checks_against_the_stubs(tmp_path: Path) -> None:
+    site = Path(sysconfig.get_paths()["purelib"])
+    if not (site / "tensorrt_bindings" / "tensorrt.pyi").exists():
+        pytest.skip("tensorrt-stubs is not installed")
+    stubs = _repaired_stubs(tmp_path / "stubs")
+    env = {**os.environ, "MYPYPATH": str(stubs)}
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--no-incremental",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--follow-imports=silent",
+            "builder_job/trtforge_builder/backends/tensorrt.py",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # The stubs have errors of their own (a module-level `bool` shadows the builtin); ours must have none.
+    ours = [line for line in p.stdout.splitlines() if line.startswith("builder_job/")]
+    assert not ours, "\n".join(ours)
+    assert "[syntax]" not in p.stdout and p.returncode in (0, 1), p.stdout + p.stderr
+    assert "tensorrt.pyi" in p.stdout or p.returncode == 0  # the stubs were read, not skipped
+
+
+def test_tensorrt_asked_but_not_installed() -> None:
+    if tensorrt_available():
+        pytest.skip("TensorRT is installed here")
+    with pytest.raises(BuildError) as e:
+        select_backend("tensorrt", gpu_target=True, probe_kind="nvml")
+    assert e.value.reason == "BackendUnavailable" and "not installed" in str(e.value)
+    assert select_backend("auto", gpu_target=True, probe_kind="nvml").name == "onnxruntime"
+    with pytest.raises(BuildError, match="cannot build for --gpu cpu"):
+        select_backend("tensorrt", gpu_target=False, probe_kind="none")
+
+
+def test_strongly_typed_conversion_keeps_the_interface() -> None:
+    """TensorRT 11: the model computes in fp16/bf16, its inputs and outputs stay float32."""
+    import onnx
+    from onnx import TensorProto
+    from trtforge_builder.onnx_model import convert_float_precision, model_io
+
+    model = onnx.load(str(dynamic_cnn()))
+    for precision, low in (("fp16", TensorProto.FLOAT16), ("bf16", TensorProto.BFLOAT16)):
+        m = convert_float_precision(model, precision)
+        onnx.checker.check_model(m)
+        inferred = onnx.shape_inference.infer_shapes(m, strict_mode=True)
+        io = model_io(inferred)
+        assert [t.dtype for t in io.inputs] == ["float32"] and {t.dtype for t in io.outputs} == {"float32"}
+        assert all(t.data_type == low for t in m.graph.initializer)
+        assert m.graph.node[0].op_type == "Cast" and m.graph.node[-1].op_type == "Cast"
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+@pytest.mark.skipif(not tensorrt_available(), reason=NO_TRT)
+def test_tensorrt_build_validate_publish(tmp_path: Path) -> None:  # pragma: no cover - needs TensorRT
+    from trtforge_builder.pipeline import run_build
+    from trtforge_builder.request import BuildRequest, make_build_config, parse_profiles
+
+    from trtforge.contract import layout
+    from trtforge.contract.gpu import GPUTarget
+    from trtforge.contract.gpu_probe import probe_from_env
+    from trtforge.contract.manifest import Manifest
+
+    probe = probe_from_env("nvml")
+    dev = probe.devices()[0]
+    build = make_build_config(
+        precision="fp16", profiles=parse_profiles(["images:1x3x16x16:4x3x16x16:8x3x16x16"])
+    )
+    req = BuildRequest(
+        model_uri=str(dynamic_cnn()),
+        target=GPUTarget(gpu=dev.product),
+        build=build,
+        store_uri=str(tmp_path / "s"),
+        backend="tensorrt",
+    )
+    res = run_build(req, probe=probe)
+    m = Manifest.from_json((tmp_path / "s" / layout.manifest_path(res.key)).read_text())
+    assert m.backend == "tensorrt" and m.engine_file.endswith(".plan") and m.layers and m.accuracy.passed
+    assert run_build(req, probe=probe).cache_hit

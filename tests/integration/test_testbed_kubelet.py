@@ -391,3 +391,24 @@ def test_cluster_logs_cli(testbed: TestBed, namespace: str) -> None:
         check=True,
     )
     assert r.stdout.strip() == "hello-logs"
+
+
+def test_kubectl_logs_through_the_apiserver(testbed: TestBed, namespace: str) -> None:
+    apply(
+        testbed,
+        namespace,
+        pod(
+            "talker",
+            [{"name": "main", "command": ["sh", "-c", "for i in 1 2 3; do echo line-$i; sleep 0.3; done"]}],
+        ),
+    )
+    wait_for(
+        lambda: read(testbed, namespace, "talker").status.phase in ("Running", "Succeeded"),
+        timeout=30,
+        desc="talker started",
+    )
+    followed = testbed.kubectl("logs", "-f", "talker", "-n", namespace, timeout=30).stdout
+    assert followed.split() == ["line-1", "line-2", "line-3"]
+    assert testbed.kubectl("logs", "talker", "-n", namespace, "--tail=1").stdout.strip() == "line-3"
+    missing = testbed.kubectl("logs", "talker", "-n", namespace, "-c", "nope", check=False)
+    assert missing.returncode != 0

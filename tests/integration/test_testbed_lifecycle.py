@@ -4,6 +4,8 @@ leaving no process behind."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import pytest
 from trtforge.testbed import procs
 from trtforge.testbed.binaries import resolve
 from trtforge.testbed.paths import StatePaths
+from trtforge.testbed.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +65,17 @@ def test_up_status_get_nodes_and_down_leaves_nothing(tmp_path: Path) -> None:
 
         st = cluster(root, "status")
         assert st.returncode == 0 and "state:  up" in st.stdout
+
+        # The emulated kubelet is restartable: `up` brings back a dead one.
+        kubelet = procs.read_pid(StatePaths(root), "kubelet")
+        assert kubelet is not None
+        os.kill(kubelet, signal.SIGKILL)
+        wait_for(lambda: not procs.is_alive(kubelet), timeout=10, desc="kubelet to die")
+        again = cluster(root, "up")
+        assert again.returncode == 0 and "restarting it" in again.stderr
+        restarted = procs.read_pid(StatePaths(root), "kubelet")
+        assert restarted is not None and restarted != kubelet and procs.is_alive(restarted)
+        pids.append(restarted)
     finally:
         down = cluster(root, "down")
     assert down.returncode == 0, down.stderr

@@ -79,6 +79,8 @@ class ClusterState:
     etcd_peer_port: int
     binaries: dict[str, str]
     started_at: float
+    profile: str | None = None
+    kubelet_port: int = 0
 
     @property
     def server(self) -> str:
@@ -216,6 +218,9 @@ def _apiserver_argv(b: Binaries, st: ClusterState, pki: PKI) -> list[str]:
         f"--tls-cert-file={pki.serving_cert}",
         f"--tls-private-key-file={pki.serving_key}",
         f"--client-ca-file={pki.ca_cert}",
+        f"--kubelet-client-certificate={pki.admin_cert}",
+        f"--kubelet-client-key={pki.admin_key}",
+        "--kubelet-preferred-address-types=InternalIP",
         "--authorization-mode=RBAC",
         f"--service-account-issuer={SA_ISSUER}",
         f"--service-account-signing-key-file={pki.sa_key}",
@@ -281,6 +286,13 @@ def up(
     if is_up(paths):
         st = ClusterState.load(paths)
         assert st is not None
+        if running_components(paths)["kubelet"] is None:
+            log.warning(
+                "the emulated kubelet is not running: restarting it", extra=fields(root=str(paths.root))
+            )
+            _start_kubelet(paths, st)
+            _wait_ready(paths, st, timeout_s)
+            return st
         raise AlreadyUpError(
             f"the test bed at {paths.root} is already up ({st.server}, kubeconfig "
             f"{paths.kubeconfig}); use it, or `trtforge cluster down` first"
@@ -303,9 +315,11 @@ def up(
         etcd_peer_port=procs.free_port(),
         binaries=binaries.as_dict(),
         started_at=time.time(),
+        profile=str(profile.resolve()) if profile else None,
+        kubelet_port=procs.free_port(),
     )
-    if len({st.apiserver_port, st.etcd_port, st.etcd_peer_port}) != 3:
-        raise ClusterError("could not find three distinct free ports on 127.0.0.1; run `up` again")
+    if len({st.apiserver_port, st.etcd_port, st.etcd_peer_port, st.kubelet_port}) != 4:
+        raise ClusterError("could not find four distinct free ports on 127.0.0.1; run `up` again")
     st.save(paths)
     write_kubeconfig(paths.kubeconfig, st.server, pki)
     try:
@@ -356,12 +370,17 @@ def _start_all(
     pid = procs.spawn(paths, "kube-scheduler", _scheduler_argv(b, paths))
     log.info("kube-scheduler started", extra=fields(pid=pid))
 
+    _start_kubelet(paths, st)
+    _wait_ready(paths, st, timeout_s)
+
+
+def _start_kubelet(paths: StatePaths, st: ClusterState) -> None:
+    """Start the emulated kubelet; a restarted one takes over its nodes and pods."""
     argv = [sys.executable, "-m", "trtforge.testbed.kubelet", "--root", str(paths.root)]
-    if profile is not None:
-        argv += ["--profile", str(profile)]
+    if st.profile:
+        argv += ["--profile", st.profile]
     pid = procs.spawn(paths, "kubelet", argv)
     log.info("emulated kubelet started", extra=fields(pid=pid))
-    _wait_ready(paths, st, timeout_s)
 
 
 def _wait_ready(paths: StatePaths, st: ClusterState, timeout_s: float) -> None:

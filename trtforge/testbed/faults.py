@@ -11,7 +11,7 @@ from typing import Any
 
 from trtforge.contract.gpu_probe import EmulatedGPUFile, GPUDevice
 from trtforge.testbed import gpus
-from trtforge.testbed.controlplane import ClusterError, is_up
+from trtforge.testbed.controlplane import ClusterError, ClusterState, is_up
 from trtforge.testbed.paths import StatePaths
 from trtforge.testbed.profile import Profile, ProfileError
 
@@ -30,7 +30,8 @@ def _sync(paths: StatePaths, profile: Profile, node: str, f: EmulatedGPUFile | N
     from trtforge.testbed.kubelet.node import sync_node_status
 
     with api_client(paths.kubeconfig) as api:
-        sync_node_status(api, profile.node(node), f)
+        st = ClusterState.load(paths)
+        sync_node_status(api, profile.node(node), f, st.kubelet_port if st else 0)
 
 
 def fault(paths: StatePaths, node: str, gpu: int | None = None, xid: int = 79) -> GPUDevice:

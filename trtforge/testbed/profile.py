@@ -252,7 +252,7 @@ def ready_condition(
     }
 
 
-def node_status(p: NodeProfile, f: EmulatedGPUFile, now: str) -> dict[str, Any]:
+def node_status(p: NodeProfile, f: EmulatedGPUFile, now: str, kubelet_port: int = 0) -> dict[str, Any]:
     """Status for a healthy, heartbeating node: capacity counts every device, allocatable the healthy ones."""
     conds = [
         {
@@ -279,7 +279,7 @@ def node_status(p: NodeProfile, f: EmulatedGPUFile, now: str) -> dict[str, Any]:
             {"type": "InternalIP", "address": "127.0.0.1"},
             {"type": "Hostname", "address": p.name},
         ],
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
         "nodeInfo": {
             "machineID": _uuid(p.name, "machine").replace("-", ""),
             "systemUUID": _uuid(p.name, "system"),

@@ -35,7 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     profile = load_profile(args.profile)
     (paths.root / "profile.json").write_text(profile.model_dump_json(indent=2))
     ctx = KubeletContext(
-        paths=paths, profile=profile, api=api_client(paths.kubeconfig), apiserver_port=st.apiserver_port
+        paths=paths,
+        profile=profile,
+        api=api_client(paths.kubeconfig),
+        apiserver_port=st.apiserver_port,
+        kubelet_port=st.kubelet_port,
     )
 
     def stop(_sig: int, _frame: FrameType | None) -> None:

@@ -73,6 +73,11 @@ class Kubelet:
             self.down.discard(node)
         self.resync()
 
+    def container_running(self, ns: str, pod: str, container: str) -> bool:
+        with self.lock:
+            workers = [w for w in self.workers.values() if w.ns == ns and w.pod_name == pod]
+        return any(w.container_running(container) for w in workers)
+
     # --- pods --------------------------------------------------------------------------------------
     def handle(self, kind: str, pod: dict[str, Any]) -> None:
         node = (pod.get("spec") or {}).get("nodeName")
@@ -167,6 +172,19 @@ class Kubelet:
         for a in self.agents:
             a.start()
         prov.start()
+        if self.ctx.kubelet_port:
+            from trtforge.testbed.kubelet.logserver import LogServer
+            from trtforge.testbed.pki import PKI
+
+            pki = PKI(self.ctx.paths.pki)
+            LogServer(
+                self.ctx.paths,
+                self.ctx.kubelet_port,
+                pki.serving_cert,
+                pki.serving_key,
+                self.container_running,
+                self.ctx.stopping,
+            ).start()
         t = threading.Thread(target=self.watch_pods, name="pod-watch", daemon=True)
         t.start()
         self.ctx.stopping.wait()

@@ -93,6 +93,7 @@ class KubeletContext:
     profile: Profile
     api: client.ApiClient
     apiserver_port: int
+    kubelet_port: int = 0
     ips: IPAllocator = field(default_factory=IPAllocator)
     gpus: GPUAllocator | None = None
     stopping: threading.Event = field(default_factory=threading.Event)

@@ -37,10 +37,14 @@ def _micro_now() -> datetime:
     return now if now.microsecond else now.replace(microsecond=1)
 
 
-def sync_node_status(api: client.ApiClient, p: prof.NodeProfile, gpu_file: EmulatedGPUFile | None) -> None:
+def sync_node_status(
+    api: client.ApiClient, p: prof.NodeProfile, gpu_file: EmulatedGPUFile | None, kubelet_port: int
+) -> None:
     """Write the node's status as the kubelet and device plugin would report it now."""
     f = gpu_file or EmulatedGPUFile(node=p.name, arch=p.node_arch, devices=[])
-    client.CoreV1Api(api).patch_node_status(p.name, {"status": prof.node_status(p, f, now_iso())})
+    client.CoreV1Api(api).patch_node_status(
+        p.name, {"status": prof.node_status(p, f, now_iso(), kubelet_port)}
+    )
 
 
 def mark_unreachable(api: client.ApiClient, node: str) -> None:
@@ -125,7 +129,7 @@ class NodeAgent(threading.Thread):
         f = self.gpu_file()
         if self.gpu_path.is_file():
             self.gpu_mtime = self.gpu_path.stat().st_mtime
-        sync_node_status(self.ctx.api, self.p, f)
+        sync_node_status(self.ctx.api, self.p, f, self.ctx.kubelet_port)
 
     def _renew_lease(self) -> None:
         body: dict[str, Any] = {

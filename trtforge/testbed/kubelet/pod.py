@@ -141,6 +141,9 @@ class PodWorker(threading.Thread):
         if pod["metadata"].get("deletionTimestamp"):
             self.deleting.set()
 
+    def container_running(self, name: str) -> bool:
+        return any(c.name == name and c.state == "running" for c in self.init_containers + self.containers)
+
     def kill(self) -> None:
         """Node down or the pod vanished: end every process now, write nothing to the API."""
         self.killed.set()

@@ -188,7 +188,8 @@ def sar(
     ns = user.split(":")[2]
     groups = ["system:serviceaccounts", f"system:serviceaccounts:{ns}", "system:authenticated"]
     with tb.api_client() as api:
-        review = client.AuthorizationV1Api(api).create_subject_access_review(
+        authz: Any = client.AuthorizationV1Api(api)
+        review = authz.create_subject_access_review(
             {
                 "apiVersion": "authorization.k8s.io/v1",
                 "kind": "SubjectAccessReview",
@@ -415,7 +416,7 @@ def test_operator_model_secrets_only_where_granted(testbed: TestBed, release: Re
 
 def test_operator_really_creates_a_build_job_and_a_tokenreview(testbed: TestBed, release: Release) -> None:
     """Real requests as the operator: a PSS-restricted Job in the build namespace, a TokenReview."""
-    job = {
+    job: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": "rbac-probe", "namespace": release.namespace},

@@ -412,3 +412,39 @@ def test_kubectl_logs_through_the_apiserver(testbed: TestBed, namespace: str) ->
     assert testbed.kubectl("logs", "talker", "-n", namespace, "--tail=1").stdout.strip() == "line-3"
     missing = testbed.kubectl("logs", "talker", "-n", namespace, "-c", "nope", check=False)
     assert missing.returncode != 0
+
+
+def test_deployment_becomes_available(testbed: TestBed, namespace: str) -> None:
+    dep = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 2,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "ignored",
+                            "command": ["python", "-m", "http.server", "8000", "--bind", "$(POD_IP)"],
+                            "readinessProbe": {"tcpSocket": {"port": 8000}, "periodSeconds": 1},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    apply(testbed, namespace, dep)
+    with testbed.api_client() as api:
+        apps: Any = client.AppsV1Api(api)
+        wait_for(
+            lambda: apps.read_namespaced_deployment("web", namespace).status.available_replicas == 2,
+            timeout=60,
+            desc="deployment web to have 2 available replicas",
+        )
+        pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector="app=web").items
+    assert len({p.status.pod_ip for p in pods}) == 2

@@ -27,6 +27,7 @@ from trtforge.testbed import procs
 from trtforge.testbed.binaries import Binaries, resolve
 from trtforge.testbed.paths import StatePaths
 from trtforge.testbed.pki import PKI, ensure_pki
+from trtforge.testbed.profile import load_profile
 
 log = logging.getLogger(__name__)
 
@@ -299,6 +300,7 @@ def up(
         )
     t0 = time.monotonic()
     binaries = resolve()
+    load_profile(profile)  # a bad node profile fails here, before anything starts
     check_unshare()
     if any(running_components(paths).values()) or procs.marked_pids(paths.root):
         log.warning("cleaning up the remains of a previous test bed", extra=fields(root=str(paths.root)))

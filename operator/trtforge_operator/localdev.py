@@ -77,7 +77,7 @@ def claim_path(api: client.ApiClient, ns: str, name: str, timeout: float = 60) -
         pv = core.read_persistent_volume(pvc.spec.volume_name)
         return str(pv.spec.host_path.path) if pv.spec.host_path else None
 
-    return Path(wait_for(bound, timeout=timeout, desc=f"PVC {ns}/{name} bound"))
+    return Path(str(wait_for(bound, timeout=timeout, desc=f"PVC {ns}/{name} bound")))
 
 
 def prepare_build_namespace(api: client.ApiClient, ns: str) -> tuple[Path, Path]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -52,7 +53,7 @@ def engine(
 def observe(
     e: TRTEngine,
     *,
-    jobs: list[dict[str, Any]] = (),
+    jobs: Sequence[dict[str, Any]] = (),
     manifests: dict[str, Manifest] | None = None,
     nodes: list[dict[str, Any]] | None = None,
     now: float = NOW,
@@ -101,6 +102,23 @@ def manifest_for(key: str, target: GPUTarget, sha256: str = "b" * 64) -> Manifes
         ),
         canary=CanaryRef(file="canary.npz", sha256="c" * 64, atol=1e-3, rtol=1e-2),
     )
+
+
+def built(key: str, cache_hit: bool = False) -> dict[str, Any]:
+    return {
+        "key": key,
+        "uri": f"pvc://s/engines/{key}/model.onnx",
+        "manifestUri": "m",
+        "sha256": "b" * 64,
+        "sizeBytes": 1,
+        "backend": "onnxruntime",
+        "backendVersion": "1.22.0",
+        "computeCapability": "9.0",
+        "gpu": "NVIDIA-H100-80GB-HBM3",
+        "buildSeconds": 4.2,
+        "totalSeconds": 5.0,
+        "cacheHit": cache_hit,
+    }
 
 
 def key_of(e: TRTEngine, target: GPUTarget) -> str:
@@ -185,7 +203,7 @@ def test_unpinned_model_uses_request_digest_and_key_from_result() -> None:
     (j,) = plan_engine(observe(e), CFG).jobs_to_create
     assert j["metadata"]["annotations"][L.A_ENGINE_KEY] == ""
     key = "d" * 64
-    done = job(j, state="complete", at=NOW - 60, result={"key": key, "cache_hit": False, "sha256": "b" * 64})
+    done = job(j, state="complete", at=NOW - 60, result=built(key))
     plan = plan_engine(observe(e, jobs=[done], manifests={key: manifest_for(key, H100)}), CFG)
     (t,) = plan.status.targets
     assert (t.phase, t.engine_key, t.cache_hit) == ("Ready", key, False)
@@ -195,7 +213,9 @@ def test_unpinned_model_uses_request_digest_and_key_from_result() -> None:
 def test_failed_build_backs_off_retries_under_a_new_name_then_stalls() -> None:
     e = engine([{"gpu": H100.gpu}])
     (j1,) = plan_engine(observe(e), CFG).jobs_to_create
-    failed1 = job(j1, state="failed", at=NOW - 15, result={"reason": "Error", "error": "unsupported op Foo"})
+    failed1 = job(
+        j1, state="failed", at=NOW - 15, result={"reason": "BuildFailed", "error": "unsupported op Foo"}
+    )
     # Within the backoff: no new Job, Failed with the reason in one line, a requeue.
     plan = plan_engine(observe(e, jobs=[failed1]), CFG)
     assert plan.jobs_to_create == []
@@ -276,7 +296,7 @@ def test_condition_transition_time_moves_only_on_flips() -> None:
     p2 = plan_engine(
         observe(
             e1,
-            jobs=[job(j, state="complete", at=NOW, result={"key": key, "cache_hit": False})],
+            jobs=[job(j, state="complete", at=NOW, result=built(key))],
             manifests={key: manifest_for(key, H100)},
             now=NOW + 100,
         ),
@@ -323,3 +343,14 @@ def test_rebuild_job_keeps_target_ready_while_it_runs() -> None:
 def test_job_names_are_derived_and_short(attempt: int, rebuild: str | None, expected: str) -> None:
     name = children.job_name("0123456789abcdef0123", attempt, rebuild)
     assert name == expected and len(name) <= 63
+
+
+def test_invalid_model_is_not_retried() -> None:
+    e = engine([{"gpu": H100.gpu}])
+    (j1,) = plan_engine(observe(e), CFG).jobs_to_create
+    bad = job(j1, state="failed", at=NOW - 15, result={"reason": "InvalidModel", "error": "truncated ONNX"})
+    plan = plan_engine(observe(e, jobs=[bad], now=NOW + 10_000), CFG)
+    assert plan.jobs_to_create == []
+    stalled = get_condition(plan.status.conditions, "Stalled")
+    assert stalled is not None and stalled.status == "True" and stalled.reason == "InvalidBuildInput"
+    assert "truncated ONNX" in stalled.message

@@ -142,6 +142,11 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             )
         )
     avoid = F.avoid_nodes(records, obs.nodes, now, ttl)
+    node_by_name = {n.name: n for n in obs.nodes}
+
+    def avoid_for(target: GPUTarget) -> set[str]:
+        """Only nodes that could host this target: other targets' templates must not change (and roll)."""
+        return {n for n in avoid if n in node_by_name and node_by_name[n].hosts(target)}
 
     # --- pods on suspect nodes go (the Deployment's affinity keeps their replacements away)
     plan.delete_pods = sorted(p.name for p in our_pods if p.node in avoid and not p.deleting)
@@ -160,7 +165,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         if name not in jobs_by_name and not any(
             j.kind == "rebuild" and j.running and j.build_id == t.engine_key[:20] for j in obs.jobs
         ):
-            req = _rebuild_request(obs, cfg, t.target(), t.engine_key, fid, avoid)
+            req = _rebuild_request(obs, cfg, t.target(), t.engine_key, fid, avoid_for(t.target()))
             if req is not None:
                 plan.jobs_to_create.append(children.build_job(req, cfg))
 
@@ -207,7 +212,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 max_surge=spec.rollout.max_surge,
                 max_unavailable=spec.rollout.max_unavailable,
                 progress_deadline_seconds=spec.rollout.progress_deadline_seconds,
-                avoid_nodes=tuple(sorted(avoid)),
+                avoid_nodes=tuple(sorted(avoid_for(target))),
             )
             dep = children.runtime_deployment(rreq, cfg)
             desired_hash = dep["metadata"]["annotations"][L.A_SPEC_HASH]

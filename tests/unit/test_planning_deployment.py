@@ -1,0 +1,324 @@
+"""InferenceDeployment planning: a Deployment per Ready target, rollouts on new engines, the fault loop."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from trtforge_operator import children
+from trtforge_operator import labels as L
+from trtforge_operator.api import FaultRecord, InferenceDeployment, TRTEngine, get_condition
+from trtforge_operator.config import BackendSpec, OperatorConfig
+from trtforge_operator.fakes import default_nodes, gpu_node, iso, job
+from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView
+from trtforge_operator.planning import faults as F
+from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
+
+from trtforge.contract.gpu import GPUTarget
+
+NOW = 1_800_000_000.0
+CFG = OperatorConfig(
+    backends={"gpu": BackendSpec(backend="onnxruntime", version="1.22.0")},
+    broker={"url": "http://broker:8081"},
+)
+H100 = GPUTarget(gpu="NVIDIA-H100-80GB-HBM3")
+MIG = GPUTarget(gpu="NVIDIA-B200", mig="3g.90gb")
+KEY_H, KEY_M = "1" * 64, "2" * 64
+
+
+def engine(sha_h: str = "a" * 64, phase_h: str = "Ready") -> TRTEngine:
+    return TRTEngine.model_validate(
+        {
+            "metadata": {"name": "resnet", "namespace": "team-a"},
+            "spec": {
+                "model": {"uri": "pvc://models/r.onnx", "sha256": "f" * 64},
+                "targets": [{"gpu": H100.gpu}, {"gpu": MIG.gpu, "mig": MIG.mig}],
+            },
+            "status": {
+                "targets": [
+                    {
+                        "name": H100.name,
+                        "gpu": H100.gpu,
+                        "phase": phase_h,
+                        "engineKey": KEY_H,
+                        "sha256": sha_h,
+                    },
+                    {
+                        "name": MIG.name,
+                        "gpu": MIG.gpu,
+                        "mig": MIG.mig,
+                        "phase": "Ready",
+                        "engineKey": KEY_M,
+                        "sha256": "b" * 64,
+                    },
+                ]
+            },
+        }
+    )
+
+
+def infd(status: dict[str, Any] | None = None, **spec: Any) -> InferenceDeployment:
+    return InferenceDeployment.model_validate(
+        {
+            "metadata": {"name": "resnet", "namespace": "team-a", "uid": "uid-1", "generation": 1},
+            "spec": {"engineRef": {"name": "resnet"}, **spec},
+            "status": status or {},
+        }
+    )
+
+
+def observed(
+    d: InferenceDeployment,
+    e: TRTEngine | None,
+    *,
+    deployments: Sequence[dict[str, Any]] = (),
+    pods: Sequence[dict[str, Any]] = (),
+    nodes: list[dict[str, Any]] | None = None,
+    jobs: Sequence[dict[str, Any]] = (),
+    now: float = NOW,
+) -> DeploymentObserved:
+    return DeploymentObserved(
+        namespace="team-a",
+        name="resnet",
+        uid="uid-1",
+        generation=1,
+        spec=d.spec,
+        status=d.status,
+        engine=e,
+        deployments=[DeploymentView.from_k8s(x) for x in deployments],
+        pods=[PodView.from_k8s(p) for p in pods],
+        nodes=[NodeView.from_k8s(n) for n in (nodes or default_nodes())],
+        jobs=[JobView.from_k8s(j) for j in jobs],
+        now=now,
+    )
+
+
+def live(dep: dict[str, Any], *, ready: int | None = None) -> dict[str, Any]:
+    """A Deployment as the apiserver shows it once its rollout finished (or with `ready` pods)."""
+    d = json.loads(json.dumps(dep))
+    n = d["spec"]["replicas"]
+    d["metadata"]["generation"] = 1
+    d["status"] = {
+        "observedGeneration": 1,
+        "replicas": n,
+        "updatedReplicas": n,
+        "readyReplicas": n if ready is None else ready,
+        "availableReplicas": n,
+    }
+    return d
+
+
+def pod(
+    name: str,
+    node: str,
+    target: GPUTarget = H100,
+    *,
+    terminated: dict[str, Any] | None = None,
+    last: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    cs: dict[str, Any] = {
+        "name": "serve",
+        "ready": terminated is None,
+        "restartCount": 1 if last else 0,
+        "state": {"terminated": terminated} if terminated else {"running": {}},
+    }
+    if last:
+        cs["lastState"] = {"terminated": last}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "uid": f"u-{name}",
+            "labels": {**children.selector_labels("resnet", target), L.APP_MANAGED_BY: L.MANAGED_BY},
+        },
+        "spec": {"nodeName": node},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [cs],
+        },
+    }
+
+
+def gpu_fault(xid: int = 79, at: float = NOW - 2) -> dict[str, Any]:
+    msg = json.dumps({"reason": "GPUFault", "message": "Xid", "xid": xid, "gpu": "GPU-1234", "time": at})
+    return {"exitCode": 86, "reason": "Error", "message": msg, "finishedAt": iso(at)}
+
+
+def test_one_deployment_per_ready_target_and_one_service() -> None:
+    plan = plan_deployment(observed(infd(), engine()), CFG)
+    deps = [o for o in plan.apply if o["kind"] == "Deployment"]
+    svcs = [o for o in plan.apply if o["kind"] == "Service"]
+    assert len(deps) == 2 and len(svcs) == 1
+    by_target = {d["metadata"]["labels"][L.L_TARGET]: d for d in deps}
+    h = by_target[H100.name]["spec"]["template"]["spec"]
+    assert h["nodeSelector"]["nvidia.com/gpu.product"] == H100.gpu
+    assert h["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    m = by_target[MIG.name]["spec"]["template"]["spec"]
+    assert m["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-3g.90gb": "1"}
+    cmd = h["containers"][0]["command"]
+    assert cmd[:2] == ["trtforge", "serve"] and cmd[cmd.index("--engine") + 1] == KEY_H
+    assert cmd[cmd.index("--store") + 1] == "http://broker:8081"
+    assert h["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    strategy = by_target[H100.name]["spec"]["strategy"]["rollingUpdate"]
+    assert strategy["maxUnavailable"] == 0  # the old engine keeps serving until the new one is Ready
+    assert any(v.get("projected") for v in h["volumes"])  # the broker token, not store credentials
+    assert by_target[H100.name]["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert get_condition(plan.status.conditions, "Ready").status == "False"  # type: ignore[union-attr]
+
+
+def test_ready_when_every_target_has_its_replicas_and_stable_after() -> None:
+    first = plan_deployment(observed(infd(replicas=2), engine()), CFG)
+    deps = [live(o) for o in first.apply if o["kind"] == "Deployment"]
+    plan = plan_deployment(observed(infd(replicas=2), engine(), deployments=deps), CFG)
+    assert [o["kind"] for o in plan.apply] == ["Service"]  # Deployments unchanged: nothing to write
+    ready = get_condition(plan.status.conditions, "Ready")
+    assert ready is not None and ready.status == "True" and plan.status.ready == "4/4"
+    again = plan_deployment(
+        observed(infd(replicas=2, status=plan.status.to_wire()), engine(), deployments=deps, now=NOW + 100),
+        CFG,
+    )
+    assert again.status.to_wire() == plan.status.to_wire()
+
+
+def test_a_rebuilt_artifact_rolls_the_template() -> None:
+    first = plan_deployment(observed(infd(), engine()), CFG)
+    deps = [live(o) for o in first.apply if o["kind"] == "Deployment"]
+    plan = plan_deployment(observed(infd(), engine(sha_h="c" * 64), deployments=deps), CFG)
+    (changed,) = [o for o in plan.apply if o["kind"] == "Deployment"]
+    assert changed["spec"]["template"]["metadata"]["annotations"][L.A_TEMPLATE_ENGINE_SHA] == "c" * 64
+    assert get_condition(plan.status.conditions, "Progressing").status == "True"  # type: ignore[union-attr]
+
+
+def test_while_an_engine_builds_the_old_deployment_is_left_alone() -> None:
+    first = plan_deployment(observed(infd(), engine()), CFG)
+    deps = [live(o) for o in first.apply if o["kind"] == "Deployment"]
+    plan = plan_deployment(observed(infd(), engine(phase_h="Building"), deployments=deps), CFG)
+    assert [o for o in plan.apply if o["kind"] == "Deployment"] == []
+    assert plan.delete_deployments == []
+    assert get_condition(plan.status.conditions, "Ready").reason == "EngineNotReady"  # type: ignore[union-attr]
+
+
+def test_subset_of_targets_and_missing_engine() -> None:
+    plan = plan_deployment(
+        observed(infd(targets=[{"gpu": MIG.gpu, "mig": MIG.mig, "replicas": 3}]), engine()), CFG
+    )
+    (dep,) = [o for o in plan.apply if o["kind"] == "Deployment"]
+    assert dep["spec"]["replicas"] == 3 and dep["metadata"]["labels"][L.L_TARGET] == MIG.name
+    missing = plan_deployment(observed(infd(), None), CFG)
+    assert missing.apply == []
+    assert get_condition(missing.status.conditions, "Ready").reason == "EngineNotFound"  # type: ignore[union-attr]
+
+
+def test_gpu_fault_moves_the_pod_records_it_and_rebuilds() -> None:
+    first = plan_deployment(observed(infd(), engine()), CFG)
+    deps = [live(o) for o in first.apply if o["kind"] == "Deployment"]
+    pods = [pod("p-h100", "gpu-h100-0", last=gpu_fault()), pod("p-mig", "gpu-b200-mig-0", MIG)]
+    nodes = [gpu_node("gpu-h100-0", H100.gpu, 8, allocatable={"nvidia.com/gpu": 7}), *default_nodes()[1:]]
+    plan = plan_deployment(observed(infd(), engine(), deployments=deps, pods=pods, nodes=nodes), CFG)
+    (f,) = plan.status.faults
+    assert (f.pod, f.node, f.xid, f.gpu, f.target, f.action) == (
+        "p-h100",
+        "gpu-h100-0",
+        79,
+        "GPU-1234",
+        H100.name,
+        F.MOVED_REBUILD,
+    )
+    assert f.recovered_seconds is None
+    assert plan.delete_pods == ["p-h100"]
+    # Only the H100 Deployment changes: it now keeps off the faulty node.
+    (dep,) = [o for o in plan.apply if o["kind"] == "Deployment"]
+    terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [
+        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["gpu-h100-0"]}]}
+    ]
+    (rb,) = plan.jobs_to_create
+    assert rb["metadata"]["labels"][L.L_BUILD_KIND] == "rebuild"
+    assert "--rebuild" in rb["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "gpu-h100-0" in json.dumps(rb["spec"]["template"]["spec"]["affinity"])  # built on a healthy node
+    assert get_condition(plan.status.conditions, "Degraded").reason == "GPUFault"  # type: ignore[union-attr]
+
+    # Next pass: the fault is known (no second record, no second rebuild Job while it runs).
+    d2 = infd(status=plan.status.to_wire())
+    rb_running = job(rb, at=NOW)
+    plan2 = plan_deployment(
+        observed(d2, engine(), deployments=deps, pods=pods, nodes=nodes, jobs=[rb_running], now=NOW + 3), CFG
+    )
+    assert len(plan2.status.faults) == 1 and plan2.jobs_to_create == []
+
+    # The rebuild published, the H100 pods run elsewhere on the new template: recovered, with the time.
+    done = job(rb, state="complete", at=NOW, result={"key": KEY_H, "sha256": "a" * 64, "cacheHit": False})
+    moved = [pod("p-h100-new", "gpu-h100-1"), pod("p-mig", "gpu-b200-mig-0", MIG)]
+    moved_h100 = [live(o) for o in plan.apply if o["kind"] == "Deployment"]
+    deps3 = moved_h100 + [d for d in deps if d["metadata"]["labels"][L.L_TARGET] == MIG.name]
+    plan3 = plan_deployment(
+        observed(
+            infd(status=plan2.status.to_wire()),
+            engine(),
+            deployments=deps3,
+            pods=moved,
+            nodes=nodes,
+            jobs=[done],
+            now=NOW + 20,
+        ),
+        CFG,
+    )
+    (f3,) = plan3.status.faults
+    assert f3.recovered_seconds == 22.0
+    assert get_condition(plan3.status.conditions, "Ready").status == "True"  # type: ignore[union-attr]
+    assert get_condition(plan3.status.conditions, "Degraded").status == "False"  # type: ignore[union-attr]
+
+
+def test_rebuild_disabled_still_moves_the_pod() -> None:
+    d = infd(faultPolicy={"rebuildOnGPUFault": False})
+    pods = [pod("p-h100", "gpu-h100-0", terminated=gpu_fault())]
+    plan = plan_deployment(observed(d, engine(), pods=pods), CFG)
+    assert plan.status.faults[0].action == F.MOVED_REBUILD_DISABLED
+    assert plan.jobs_to_create == [] and plan.delete_pods == ["p-h100"]
+
+
+def test_rebuilds_are_rate_limited_per_hour() -> None:
+    past = [
+        FaultRecord(
+            time=f"2027-01-15T09:{m:02d}:00Z",
+            pod=f"old-{m}",
+            node="gpu-h100-1",
+            target=H100.name,
+            xid=79,
+            action=F.MOVED_REBUILD,
+            recovered_seconds=10,
+        )
+        for m in (30, 40, 50)
+    ]
+    d = infd(status={"faults": [p.to_wire() for p in past]}, faultPolicy={"maxRebuildsPerHour": 3})
+    now = past[-1].time.timestamp() + 60
+    plan = plan_deployment(
+        observed(d, engine(), pods=[pod("p", "gpu-h100-0", terminated=gpu_fault(at=now))], now=now), CFG
+    )
+    assert plan.status.faults[-1].action == F.MOVED_RATE_LIMITED and plan.jobs_to_create == []
+
+
+def test_node_losing_a_gpu_is_a_fault_for_the_pods_on_it() -> None:
+    nodes = [gpu_node("gpu-h100-0", H100.gpu, 8, allocatable={"nvidia.com/gpu": 7}), *default_nodes()[1:]]
+    plan = plan_deployment(observed(infd(), engine(), pods=[pod("p", "gpu-h100-0")], nodes=nodes), CFG)
+    (f,) = plan.status.faults
+    assert f.node == "gpu-h100-0" and (f.reason or "").startswith("AllocatableDropped")
+    assert plan.delete_pods == ["p"]
+
+
+def test_engine_load_failure_rebuilds_without_blaming_the_node() -> None:
+    msg = json.dumps({"reason": "EngineLoadFailed", "message": "TensorRT version mismatch"})
+    p = pod(
+        "p",
+        "gpu-h100-0",
+        last={"exitCode": 83, "reason": "Error", "message": msg, "finishedAt": iso(NOW - 1)},
+    )
+    plan = plan_deployment(observed(infd(), engine(), pods=[p]), CFG)
+    (f,) = plan.status.faults
+    assert (f.reason, f.action) == ("EngineLoadFailed", F.REBUILD)
+    assert plan.delete_pods == [] and len(plan.jobs_to_create) == 1
+    assert F.avoid_nodes(plan.status.faults, [], NOW, 3600) == set()

@@ -325,7 +325,7 @@ def up(
     st.save(paths)
     write_kubeconfig(paths.kubeconfig, st.server, pki)
     try:
-        _start_all(paths, st, binaries, pki, profile, timeout_s)
+        _start_all(paths, st, binaries, pki, timeout_s)
     except BaseException:
         log.error("start-up failed; stopping what was started", extra=fields(root=str(paths.root)))
         down(paths)
@@ -339,9 +339,7 @@ def up(
     return st
 
 
-def _start_all(
-    paths: StatePaths, st: ClusterState, b: Binaries, pki: PKI, profile: Path | None, timeout_s: float
-) -> None:
+def _start_all(paths: StatePaths, st: ClusterState, b: Binaries, pki: PKI, timeout_s: float) -> None:
     url = f"http://127.0.0.1:{st.etcd_port}"
     pid = procs.spawn(
         paths,

@@ -13,7 +13,7 @@ from trtforge.contract.gpu_probe import EmulatedGPUFile, GPUDevice
 from trtforge.testbed import gpus
 from trtforge.testbed.controlplane import ClusterError, ClusterState, is_up
 from trtforge.testbed.paths import StatePaths
-from trtforge.testbed.profile import Profile, ProfileError
+from trtforge.testbed.profile import Profile
 
 
 def _profile(paths: StatePaths) -> Profile:
@@ -92,6 +92,3 @@ def _wait_node_ready(paths: StatePaths, node: str, want: bool, timeout_s: float)
             return (conds.get("Ready") == "True") == want or None
 
         wait_for(ready, timeout=timeout_s, interval=0.2, desc=f"node {node} Ready={want}")
-
-
-__all__ = ["ProfileError", "fault", "heal", "node_down", "node_up"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import io
+import os
 import shutil
 import subprocess
 import time
@@ -59,11 +60,9 @@ def _build_with_builder(model: Path, store: Path) -> None:
         "--store",
         str(store),
     ]
-    help_text = subprocess.run([*TRTFORGE, "build", "--help"], capture_output=True, text=True).stdout
-    if "--profile" in help_text:
-        in_name, _ = io_names(model)
-        dims = "x".join(str(d) for d in INPUT_SHAPE)
-        cmd += ["--profile", f"{in_name}:1x{dims},8x{dims},{MAX_BATCH}x{dims}"]
+    in_name, _ = io_names(model)
+    dims = "x".join(str(d) for d in INPUT_SHAPE)
+    cmd += ["--profile", f"{in_name}:1x{dims}:8x{dims}:{MAX_BATCH}x{dims}"]
     log(f"building with the builder: {' '.join(cmd[2:])}")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
@@ -134,7 +133,10 @@ def _publish_from_contract(model: Path, store: Path) -> None:
 
 
 def ensure_engine(model: Path, store: Path) -> tuple[str, str]:
-    """(engine key, who published it) for `model` in a store holding only that model's engine."""
+    """(engine key, who published it) for `model` in a store holding only that model's engine.
+
+    ``BENCH_PUBLISHER=contract`` skips the builder (to measure the runtime alone).
+    """
     keys = engine_keys(store)
     publisher_file = store / ".publisher"
     if len(keys) == 1:
@@ -142,15 +144,22 @@ def ensure_engine(model: Path, store: Path) -> tuple[str, str]:
     if store.exists():
         shutil.rmtree(store)
     store.mkdir(parents=True)
-    if builder_available():
+    if builder_available() and os.environ.get("BENCH_PUBLISHER", "builder") != "contract":
         _build_with_builder(model, store)
         who = "trtforge build"
     else:
-        log("trtforge build is not in this tree yet: publishing from the shared contract")
+        log("publishing from the shared contract (trtforge build absent or BENCH_PUBLISHER=contract)")
         _publish_from_contract(model, store)
-        who = "benchmarks (contract; builder absent)"
+        who = "benchmarks (shared contract)"
     publisher_file.write_text(who + "\n")
     keys = engine_keys(store)
     if len(keys) != 1:
         raise RuntimeError(f"expected one engine in {store}, found {keys}")
     return keys[0], who
+
+
+def store_dir(model: str) -> Path:
+    """The benchmark's local store for one model (one per publisher, so both can be kept)."""
+    from benchmarks.common import CACHE
+
+    return CACHE / "stores" / os.environ.get("BENCH_PUBLISHER", "builder") / model

@@ -42,7 +42,7 @@ from benchmarks.common import (
     wait_http_ok,
     write_result,
 )
-from benchmarks.engines import ensure_engine
+from benchmarks.engines import ensure_engine, store_dir
 from benchmarks.loadgen import v2_decode, v2_request
 from benchmarks.models import io_names, model_file, sample_input
 
@@ -87,7 +87,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         mfile = model_file(model)
         if kind == "trtforge":
-            store = CACHE / "stores" / model
+            store = store_dir(model)
             key, self.publisher = ensure_engine(mfile, store)
             cache = CACHE / "serve-cache" / f"{model}-{self.port}"
             cmd = [

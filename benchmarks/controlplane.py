@@ -1,0 +1,404 @@
+"""Control plane at scale: N TRTEngines x 3 GPU targets applied at once, with the operator running.
+
+On the benchmark's own test bed (``trtforge cluster --root .cache/bench/cluster up``: a real
+kube-apiserver, controller-manager and scheduler, emulated GPU nodes), with ``trtforge operator``
+as a process scoped to one tenant namespace and a build namespace (``trtforge_operator.localdev``):
+
+- **cache**: one seed TRTEngine (pinned sha256, three targets) is built for real first; then N
+  TRTEngines with the same model and targets are applied in one ``kubectl apply``. Measured: time
+  until every target of every engine is Ready from the store, with no Job.
+- **jobs**: N TRTEngines each pinning a different model sha256, so every target needs a build. A
+  ResourceQuota of zero pods in the build namespace keeps the Jobs from running (1,500 local build
+  processes would measure the laptop, not the operator); the build limits are raised so none is
+  queued. Measured: time until all 3N Jobs exist.
+- For both: the operator's peak RSS (VmHWM, fresh operator per case); API requests per engine
+  (``apiserver_request_total`` from the apiserver's /metrics, less our own polling and the idle
+  rate measured just before); and in the cache case a quiet window after everything is Ready:
+  resourceVersion changes of the TRTEngines and the operator's own reconcile and status-write
+  counters (target: zero writes when nothing changes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.common import CACHE, TRTFORGE, http_get, log, peak_rss_bytes, table, write_result
+
+GROUP, VERSION = "trtforge.io", "v1alpha1"
+TARGETS = [
+    {"gpu": "NVIDIA-H100-80GB-HBM3"},
+    {"gpu": "NVIDIA-GH200-480GB"},
+    {"gpu": "NVIDIA-B200", "mig": "3g.90gb"},
+]
+TENANT = "bench-tenant"
+
+
+class Counted:
+    """Our own API calls, to subtract them from the apiserver's count."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+def cluster(root: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    cmd = [*TRTFORGE, "cluster", "--root", str(root), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def apiserver_requests(tb: Any) -> tuple[float, dict[str, float]]:
+    """Total of apiserver_request_total and the split by resource/verb."""
+    text = tb.kubectl("get", "--raw", "/metrics", timeout=60).stdout
+    total = 0.0
+    by: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels, value = line.rsplit(" ", 1)
+        v = float(value)
+        total += v
+        res = re.search(r'resource="([^"]*)"', labels)
+        verb = re.search(r'verb="([^"]*)"', labels)
+        sub = re.search(r'subresource="([^"]*)"', labels)
+        k = f"{verb.group(1) if verb else '?'} {res.group(1) if res else '?'}"
+        if sub and sub.group(1):
+            k += f"/{sub.group(1)}"
+        by[k] = by.get(k, 0.0) + v
+    return total, by
+
+
+def operator_counters(port: int) -> dict[str, float]:
+    status, body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    out: dict[str, float] = {}
+    if status != 200:
+        return out
+    for line in body.decode().splitlines():
+        if line.startswith("#"):
+            continue
+        m = re.match(r"(trtforge_[a-z_]+?)(_total)?(\{[^}]*\})? ([0-9.e+-]+)$", line)
+        if not m or m.group(1).endswith(("_created", "_bucket")):
+            continue
+        name = m.group(1) + (m.group(2) or "")
+        out[name + (m.group(3) or "")] = float(m.group(4))
+    return out
+
+
+def _sum(counters: dict[str, float], prefix: str, contains: str = "") -> float:
+    return sum(v for k, v in counters.items() if k.startswith(prefix) and contains in k)
+
+
+def engines_yaml(n: int, prefix: str, sha: str | None, model_uri: str) -> str:
+    docs = []
+    for i in range(n):
+        pin = sha or hashlib.sha256(f"{prefix}-{i}".encode()).hexdigest()
+        docs.append(
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "TRTEngine",
+                "metadata": {"name": f"{prefix}-{i:04d}", "labels": {"bench": prefix}},
+                "spec": {
+                    "model": {"uri": model_uri, "sha256": pin},
+                    "precision": "fp32",
+                    "targets": TARGETS,
+                },
+            }
+        )
+    return yaml.safe_dump_all(docs)
+
+
+def list_engines(api: Any, counted: Counted, selector: str) -> list[dict[str, Any]]:
+    from kubernetes import client
+
+    counted.n += 1
+    co: Any = client.CustomObjectsApi(api)
+    items: list[dict[str, Any]] = co.list_namespaced_custom_object(
+        GROUP, VERSION, TENANT, "trtengines", label_selector=selector
+    )["items"]
+    return items
+
+
+def all_ready(items: list[dict[str, Any]]) -> int:
+    from trtforge_operator.localdev import is_true
+
+    return sum(1 for o in items if is_true(o, "Ready"))
+
+
+def count_jobs(api: Any, counted: Counted, ns: str) -> int:
+    from kubernetes import client
+
+    counted.n += 1
+    batch: Any = client.BatchV1Api(api)
+    return len(
+        batch.list_namespaced_job(ns, label_selector="app.kubernetes.io/managed-by=trtforge-operator").items
+    )
+
+
+def restart_operator(env: Any, timeout: float = 60) -> None:
+    env.op.stop()
+    env.op.start()
+    port = env.config["liveness_port"]
+    deadline = time.monotonic() + timeout
+    while http_get(f"http://127.0.0.1:{port}/healthz", timeout=1)[0] != 200:
+        if time.monotonic() > deadline or not env.op.alive():
+            raise RuntimeError(f"operator did not come up:\n{env.op.tail()}")
+        time.sleep(0.2)
+
+
+def delete_all(env: Any, counted: Counted, selector: str, timeout: float = 600) -> None:
+    env.tb.kubectl("delete", "trtengines", "-n", TENANT, "-l", selector, "--wait=false", timeout=300)
+    deadline = time.monotonic() + timeout
+    while list_engines(env.api, counted, selector):
+        if time.monotonic() > deadline:
+            log("engines still present after delete; stripping finalizers")
+            for o in list_engines(env.api, counted, selector):
+                env.tb.kubectl(
+                    "patch",
+                    "trtengine",
+                    o["metadata"]["name"],
+                    "-n",
+                    TENANT,
+                    "--type=merge",
+                    "-p",
+                    '{"metadata":{"finalizers":null}}',
+                    check=False,
+                )
+            break
+        time.sleep(1)
+
+
+def run_case(
+    env: Any, scenario: str, n: int, sha: str | None, model_uri: str, quiet: float, timeout: float
+) -> dict[str, Any]:
+    counted = Counted()
+    prefix = f"{scenario}{n}"
+    selector = f"bench={prefix}"
+    restart_operator(env)
+    mport = env.config["metrics_port"]
+    # idle rate of API requests with the operator up and nothing to do
+    time.sleep(3)
+    idle0_t, (idle0, _) = time.monotonic(), apiserver_requests(env.tb)
+    time.sleep(10)
+    idle1_t, (idle1, _) = time.monotonic(), apiserver_requests(env.tb)
+    idle_rate = max(0.0, (idle1 - idle0 - 1) / (idle1_t - idle0_t))  # -1: the metrics GET itself
+    c0 = operator_counters(mport)
+    req0, by0 = apiserver_requests(env.tb)
+    text = engines_yaml(n, prefix, sha, model_uri)
+    path = CACHE / "controlplane" / f"{prefix}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    t0 = time.monotonic()
+    env.tb.kubectl("apply", "-n", TENANT, "-f", str(path), timeout=900)
+    t_applied = time.monotonic() - t0
+    done_s: float | None = None
+    progress = 0
+    while time.monotonic() - t0 < timeout:
+        if scenario == "cache":
+            progress = all_ready(list_engines(env.api, counted, selector))
+            done = progress == n
+        else:
+            progress = count_jobs(env.api, counted, env.build_ns)
+            done = progress >= 3 * n
+        if done:
+            done_s = time.monotonic() - t0
+            break
+        time.sleep(0.5)
+    t_window = time.monotonic() - t0
+    req1, by1 = apiserver_requests(env.tb)
+    c1 = operator_counters(mport)
+    own = counted.n + 2  # our polls and the two metrics GETs
+    api_total = req1 - req0
+    api_operator = max(0.0, api_total - own - idle_rate * t_window - n)  # - n: our kubectl apply's creates
+    top = sorted(((k, by1.get(k, 0) - by0.get(k, 0)) for k in by1), key=lambda kv: -kv[1])[:8]
+    res: dict[str, Any] = {
+        "scenario": scenario,
+        "n": n,
+        "targets": 3 * n,
+        "apply_s": round(t_applied, 2),
+        "done_s": round(done_s, 2) if done_s is not None else None,
+        "progress_at_end": progress,
+        "operator_peak_rss_mb": None,
+        "api_requests_total": int(api_total),
+        "api_requests_idle_rate_per_s": round(idle_rate, 2),
+        "api_requests_per_engine": round(api_operator / n, 2),
+        "api_top": {k: int(v) for k, v in top if v > 0},
+        "jobs_created": _sum(c1, "trtforge_build_jobs_created_total")
+        - _sum(c0, "trtforge_build_jobs_created_total"),
+        "cache_hits": _sum(c1, "trtforge_engine_cache_hits_total")
+        - _sum(c0, "trtforge_engine_cache_hits_total"),
+        "reconciles": _sum(c1, "trtforge_reconciles_total", "TRTEngine")
+        - _sum(c0, "trtforge_reconciles_total", "TRTEngine"),
+        "status_writes": _sum(c1, "trtforge_status_writes_total", "TRTEngine")
+        - _sum(c0, "trtforge_status_writes_total", "TRTEngine"),
+    }
+    if scenario == "cache" and done_s is not None and quiet > 0:
+        before = {
+            o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+            for o in list_engines(env.api, counted, selector)
+        }
+        q0 = operator_counters(mport)
+        time.sleep(quiet)
+        q1 = operator_counters(mport)
+        after = {
+            o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+            for o in list_engines(env.api, counted, selector)
+        }
+        rec = _sum(q1, "trtforge_reconciles_total", "TRTEngine") - _sum(
+            q0, "trtforge_reconciles_total", "TRTEngine"
+        )
+        wr = _sum(q1, "trtforge_status_writes_total", "TRTEngine") - _sum(
+            q0, "trtforge_status_writes_total", "TRTEngine"
+        )
+        res["quiet"] = {
+            "seconds": quiet,
+            "resource_version_changes": sum(1 for k, v in after.items() if before.get(k) != v),
+            "reconciles": rec,
+            "status_writes": wr,
+            "writes_per_reconcile": round(wr / rec, 4) if rec else None,
+        }
+    if env.op.proc is not None:
+        res["operator_peak_rss_mb"] = round(peak_rss_bytes(env.op.proc.pid) / 2**20, 1)
+    delete_all(env, counted, selector)
+    if scenario == "jobs":
+        env.tb.kubectl(
+            "delete", "jobs", "-n", env.build_ns, "--all", "--wait=false", timeout=300, check=False
+        )
+    return res
+
+
+def seed(env: Any, timeout: float) -> tuple[str, str, float]:
+    """Build the seed engine's three targets for real; (model sha256, model URI, seconds)."""
+    from trtforge_operator.localdev import MODELS_CLAIM, engine_manifest, tiny_model
+
+    sha = tiny_model(env.models_dir / "bench.onnx")
+    uri = f"pvc://{MODELS_CLAIM}/bench.onnx"
+    t0 = time.monotonic()
+    env.apply(engine_manifest("seed", sha, TARGETS, model=uri), TENANT)
+    env.wait_true("trtengines", TENANT, "seed", timeout=timeout)
+    return sha, uri, time.monotonic() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", default="100,500")
+    p.add_argument("--scenarios", default="cache,jobs")
+    p.add_argument("--quiet", type=float, default=60.0, help="seconds of the quiet window (cache scenario)")
+    p.add_argument("--timeout", type=float, default=900.0, help="per case")
+    p.add_argument("--root", default=str(CACHE / "cluster"), help="the benchmark's own test-bed state dir")
+    p.add_argument("--keep-cluster", action="store_true")
+    a = p.parse_args(argv)
+    root = Path(a.root)
+    results: dict[str, Any] = {"cases": [], "not_measured": {}, "targets": TARGETS}
+    try:
+        from trtforge_operator.localdev import OperatorEnv
+
+        from trtforge.testbed.handle import TestBed
+        from trtforge.testbed.paths import StatePaths
+    except ImportError as e:
+        results["not_measured"]["all"] = f"the test bed or the operator is not in this tree: {e}"
+        write_result("controlplane", results)
+        print(results["not_measured"]["all"])
+        return 0
+    up = cluster(root, "up")
+    if up.returncode != 0:
+        results["not_measured"]["all"] = f"trtforge cluster up failed: {(up.stdout + up.stderr)[-1500:]}"
+        write_result("controlplane", results)
+        print(results["not_measured"]["all"])
+        return 1
+    env = None
+    try:
+        tb = TestBed(StatePaths(root))
+        big = 1_000_000
+        env = OperatorEnv(
+            tb,
+            CACHE / "controlplane",
+            [TENANT],
+            build_ns="bench-build",
+            build={"max_concurrent": big, "max_concurrent_per_namespace": big},
+        )
+        env.start()
+        sha, uri, seed_s = seed(env, timeout=600)
+        results["seed_build_s"] = round(seed_s, 1)
+        log(f"seed engine built for {len(TARGETS)} targets in {seed_s:.1f}s")
+        scenarios = a.scenarios.split(",")
+        ns_list = [int(x) for x in a.n.split(",")]
+        if "cache" in scenarios:
+            for n in ns_list:
+                r = run_case(env, "cache", n, sha, uri, a.quiet, a.timeout)
+                log(f"cache N={n}: {r}")
+                results["cases"].append(r)
+        if "jobs" in scenarios:
+            quota = {
+                "apiVersion": "v1",
+                "kind": "ResourceQuota",
+                "metadata": {"name": "bench-no-pods"},
+                "spec": {"hard": {"pods": "0"}},
+            }
+            env.apply(quota, env.build_ns)
+            for n in ns_list:
+                r = run_case(env, "jobs", n, None, uri, 0, a.timeout)
+                log(f"jobs N={n}: {r}")
+                results["cases"].append(r)
+    finally:
+        if env is not None:
+            env.close()
+        if not a.keep_cluster:
+            cluster(root, "down")
+    write_result("controlplane", results)
+    print(render(results))
+    return 0
+
+
+def render(results: dict[str, Any]) -> str:
+    rows = []
+    for c in results["cases"]:
+        q = c.get("quiet") or {}
+        rows.append(
+            [
+                c["scenario"],
+                c["n"],
+                c["targets"],
+                c["done_s"],
+                c["apply_s"],
+                c["jobs_created"],
+                c["operator_peak_rss_mb"],
+                c["api_requests_per_engine"],
+                q.get("status_writes"),
+                q.get("reconciles"),
+                q.get("resource_version_changes"),
+            ]
+        )
+    head = (
+        "Control plane: N TRTEngines x 3 targets applied at once (cache: all from the store; jobs: all build)"
+    )
+    return (
+        head
+        + "\n"
+        + table(
+            [
+                "scenario",
+                "N",
+                "targets",
+                "done s",
+                "kubectl apply s",
+                "Jobs created",
+                "operator peak RSS MB",
+                "API req/engine",
+                "quiet status writes",
+                "quiet reconciles",
+                "quiet RV changes",
+            ],
+            rows,
+        )
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -58,6 +58,7 @@ CONTROLLERS = ",".join(
         "csrsigning",
         "csrapproving",
         "root-ca-cert-publisher",
+        "clusterrole-aggregation",
     ]
 )
 

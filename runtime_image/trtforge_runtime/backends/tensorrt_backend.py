@@ -31,7 +31,7 @@ from trtforge_runtime.errors import DeviceFault, Refusal
 
 if TYPE_CHECKING:
     # tensorrt-stubs ships .pyi files without py.typed (and with two syntax errors), so plain mypy skips
-    # them; runtime_image/typecheck_tensorrt.sh checks this module against a patched copy of them.
+    # them; tests/unit/test_build_tensorrt.py checks this module against a repaired copy of them.
     import tensorrt as trt_t  # type: ignore[import-untyped,unused-ignore]
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,8 @@ loser of a race sees the winner's manifest).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+from collections.abc import Iterable, Iterator
 from typing import BinaryIO, Protocol
 
 from pydantic import BaseModel
@@ -30,6 +31,27 @@ class PutResult(BaseModel):
     path: str
     sha256: str
     size_bytes: int
+
+
+def stream_to(chunks: Iterable[bytes], dst: BinaryIO, path: str) -> PutResult:
+    """Copy `chunks` of the object at `path` into `dst`, hashing on the way."""
+    h = hashlib.sha256()
+    size = 0
+    for chunk in chunks:
+        h.update(chunk)
+        dst.write(chunk)
+        size += len(chunk)
+    return PutResult(path=path, sha256=h.hexdigest(), size_bytes=size)
+
+
+def verify(result: PutResult, expected_sha256: str | None, where: str) -> PutResult:
+    """`result` unchanged, or IntegrityError naming `where` (a store) if its sha256 is not as expected."""
+    if expected_sha256 is not None and result.sha256 != expected_sha256:
+        raise IntegrityError(
+            f"{where}: {result.path} has sha256 {result.sha256}, expected {expected_sha256} "
+            f"({result.size_bytes} bytes read)"
+        )
+    return result
 
 
 class EngineStore(Protocol):

@@ -26,7 +26,6 @@ caches and writes are for build Jobs, which use the store itself.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import ssl
@@ -36,7 +35,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
-from trtforge.store.base import IntegrityError, ObjectNotFound, PutResult, StoreError
+from trtforge.store.base import ObjectNotFound, PutResult, StoreError, stream_to, verify
 from trtforge.store.local import check_relpath
 
 TOKEN_FILE_ENV = "TRTFORGE_BROKER_TOKEN_FILE"
@@ -151,21 +150,17 @@ class BrokerStore:
             yield chunk
 
     def get(self, path: str, dst: BinaryIO, expected_sha256: str | None = None) -> PutResult:
-        h = hashlib.sha256()
-        size = 0
-        announced: str | None = None
-        for chunk, header in self._stream(path, 1 << 20):
-            announced = header
-            h.update(chunk)
-            dst.write(chunk)
-            size += len(chunk)
-        sha = h.hexdigest()
-        for want in (expected_sha256, announced):
-            if want is not None and sha != want:
-                raise IntegrityError(
-                    f"engine broker {self.uri}: {path} has sha256 {sha}, expected {want} ({size} bytes read)"
-                )
-        return PutResult(path=path, sha256=sha, size_bytes=size)
+        announced: list[str | None] = [None]  # the broker's X-Trtforge-Sha256, known once streaming starts
+
+        def chunks() -> Iterator[bytes]:
+            for chunk, header in self._stream(path, 1 << 20):
+                announced[0] = header
+                yield chunk
+
+        result = stream_to(chunks(), dst, path)
+        for want in (expected_sha256, announced[0]):
+            verify(result, want, f"engine broker {self.uri}")
+        return result
 
     def read_bytes(self, path: str) -> bytes:
         import io

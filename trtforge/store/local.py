@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from trtforge.store.base import IntegrityError, ObjectNotFound, PutResult, StoreError
+from trtforge.store.base import ObjectNotFound, PutResult, StoreError, stream_to, verify
 
 PVC_ROOT_ENV = "TRTFORGE_PVC_ROOT"
 DEFAULT_PVC_ROOT = "/mnt/trtforge/pvc"
@@ -201,18 +201,7 @@ class LocalStore:
                 raise self._fail("read", path, e) from e
 
     def get(self, path: str, dst: BinaryIO, expected_sha256: str | None = None) -> PutResult:
-        h = hashlib.sha256()
-        size = 0
-        for chunk in self.iter_chunks(path):
-            h.update(chunk)
-            dst.write(chunk)
-            size += len(chunk)
-        sha = h.hexdigest()
-        if expected_sha256 is not None and sha != expected_sha256:
-            raise IntegrityError(
-                f"store {self.uri}: {path} has sha256 {sha}, expected {expected_sha256} ({size} bytes read)"
-            )
-        return PutResult(path=path, sha256=sha, size_bytes=size)
+        return verify(stream_to(self.iter_chunks(path), dst, path), expected_sha256, f"store {self.uri}")
 
     def read_bytes(self, path: str) -> bytes:
         return b"".join(self.iter_chunks(path))

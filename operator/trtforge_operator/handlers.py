@@ -109,9 +109,10 @@ def _plain(body: Any) -> dict[str, Any]:
 
 
 def _values(index: Any) -> list[Any]:
+    """A snapshot of every value of a kopf index (it changes under us between awaits)."""
     out: list[Any] = []
-    for store in index.values():
-        out.extend(store)
+    for store in list(index.values()):
+        out.extend(list(store))
     return out
 
 
@@ -255,10 +256,10 @@ async def cleanup_engine(state: State, body: Mapping[str, Any], indices: Mapping
     mine_ids = {t.engine_key[:20] for t in status.targets if t.engine_key}
     mine_names = {t.job_name for t in status.targets if t.job_name}
     others_ids: set[str] = set()
-    for key, store in indices["trte_idx"].items():
+    for key, store in list(indices["trte_idx"].items()):
         if tuple(key) == me:
             continue
-        for other in store:
+        for other in list(store):
             for t in getattr(other.status, "targets", []):
                 if t.engine_key:
                     others_ids.add(t.engine_key[:20])
@@ -297,13 +298,13 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     engine_name = obj.spec.engine_ref.name
     engine: TRTEngine | None = None
     problem = None
-    for found in indices["trte_idx"].get((ns, engine_name), []):
+    for found in list(indices["trte_idx"].get((ns, engine_name), [])):
         engine = found
     if engine is None:
         problem = f"TRTEngine {engine_name} not found in namespace {ns} (references stay in the namespace)"
     label = children.dns_name(name)
-    deployments = [v for v in indices["deps_idx"].get((ns, label), []) if isinstance(v, DeploymentView)]
-    pods = [v for v in indices["rpods_idx"].get((ns, label), []) if isinstance(v, PodView)]
+    deployments = [v for v in list(indices["deps_idx"].get((ns, label), [])) if isinstance(v, DeploymentView)]
+    pods = [v for v in list(indices["rpods_idx"].get((ns, label), [])) if isinstance(v, PodView)]
     nodes = [v for v in _values(indices["nodes_idx"]) if isinstance(v, NodeView)]
     jobs = [v for v in _values(indices["jobs_idx"]) if isinstance(v, JobView)]
     obs = DeploymentObserved(
@@ -359,7 +360,7 @@ async def cleanup_deployment(state: State, body: Mapping[str, Any], indices: Map
     """On deletion: delete the runtime Deployments and the Service (ownerRefs would too, eventually)."""
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
-    for d in indices["deps_idx"].get((ns, children.dns_name(name)), []):
+    for d in list(indices["deps_idx"].get((ns, children.dns_name(name)), [])):
         if isinstance(d, DeploymentView):
             await state.kube.delete("Deployment", ns, d.name)
     await state.kube.delete("Service", ns, children.service_name(name))
@@ -400,11 +401,22 @@ async def _loop(state: State, kind: str, body: Any, stopped: Any, kwargs: Mappin
             wait = min(wait, 10.0)
         finally:
             state.metrics.reconcile_seconds.labels(kind).observe(time.monotonic() - t0)
-        try:
-            await asyncio.wait_for(trigger.wait(), timeout=wait)
-        except TimeoutError:
-            pass
+        await _wait_any(trigger, stopped, wait)
         await asyncio.sleep(DEBOUNCE_S)
+
+
+async def _wait_any(trigger: asyncio.Event, stopped: Any, timeout: float) -> None:
+    """Until woken, stopped (deletion, shutdown: exit promptly) or the resync timeout."""
+
+    async def _stopped() -> None:
+        await stopped.wait()
+
+    tasks = [asyncio.ensure_future(trigger.wait()), asyncio.ensure_future(_stopped())]
+    try:
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 def _build_pod_result(pod: PodView) -> str | None:

@@ -25,6 +25,7 @@ L_REQ_NAMESPACE = "trtforge.io/requester-namespace"  # first requester, for per-
 A_ENGINE_KEY = "trtforge.io/engine-key"  # full key ("" when the model sha256 is not pinned)
 A_REQUEST_DIGEST = "trtforge.io/request-digest"
 A_REQUESTERS = "trtforge.io/requesters"  # JSON list of "namespace/name"
+A_CREATED_FOR = "trtforge.io/created-for"  # the requester whose reconcile created the Job
 A_TARGET = "trtforge.io/target"  # JSON {gpu, mig}
 A_ATTEMPT = "trtforge.io/attempt"
 A_RESULT = "trtforge.io/result"  # the builder's result JSON, copied from the pod when it ends

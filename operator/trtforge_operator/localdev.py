@@ -244,3 +244,148 @@ def tiny_model(path: Path, seed: int = 0, features: int = 16) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return hashlib.sha256(data).hexdigest()
+
+
+class OperatorEnv:
+    """A build namespace, tenant namespaces and a running operator scoped to them, on the test bed."""
+
+    def __init__(
+        self, tb: Any, workdir: Path, tenants: Sequence[str], *, build_ns: str | None = None, **config: Any
+    ) -> None:
+        import secrets
+
+        self.tb = tb
+        self.workdir = workdir
+        self.suffix = secrets.token_hex(3)
+        self.build_ns = build_ns or f"trtforge-build-{self.suffix}"
+        self.tenants = list(tenants)
+        self.api = tb.api_client()
+        install_crds(tb)
+        self.store_dir, self.models_dir = prepare_build_namespace(self.api, self.build_ns)
+        for ns in self.tenants:
+            ensure_namespace(self.api, ns)
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path = workdir / f"operator-{self.suffix}.yaml"
+        self.config = write_config(
+            self.config_path,
+            build_ns=self.build_ns,
+            namespaces=[*self.tenants, self.build_ns],
+            store_dir=self.store_dir,
+            **config,
+        )
+        self.op = OperatorProcess(self.config_path, tb.kubeconfig, workdir / f"operator-{self.suffix}.log")
+
+    def start(self) -> None:
+        self.op.start()
+
+    def apply(self, obj: dict[str, Any] | str, namespace: str) -> None:
+        text = obj if isinstance(obj, str) else yaml.safe_dump(obj)
+        self.tb.kubectl("apply", "-n", namespace, "-f", "-", input=text)
+
+    def get(self, plural: str, ns: str, name: str) -> dict[str, Any]:
+        return get_custom(self.api, plural, ns, name)
+
+    def jobs(self) -> list[Any]:
+        batch: Any = client.BatchV1Api(self.api)
+        return list(
+            batch.list_namespaced_job(
+                self.build_ns, label_selector="app.kubernetes.io/managed-by=trtforge-operator"
+            ).items
+        )
+
+    def pods(self, ns: str, selector: str = "") -> list[Any]:
+        core: Any = client.CoreV1Api(self.api)
+        return list(core.list_namespaced_pod(ns, label_selector=selector).items)
+
+    def node_labels(self, node: str) -> dict[str, str]:
+        core: Any = client.CoreV1Api(self.api)
+        return dict(core.read_node(node).metadata.labels or {})
+
+    def wait_true(
+        self, plural: str, ns: str, name: str, cond: str = "Ready", timeout: float = 180
+    ) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            obj = self.get(plural, ns, name)
+            return obj if is_true(obj, cond) else None
+
+        try:
+            found: dict[str, Any] | None = wait_for(
+                check, timeout=timeout, desc=f"{plural} {ns}/{name} {cond}", ignore=(ApiException,)
+            )
+        except TimeoutError as e:
+            raise AssertionError(f"{e}\n--- operator log tail:\n{self.op.tail()}") from e
+        assert found is not None
+        return found
+
+    def close(self) -> None:
+        """Delete our resources while the operator runs (finalizers), then stop it; drop the namespaces."""
+        co: Any = client.CustomObjectsApi(self.api)
+        core: Any = client.CoreV1Api(self.api)
+        for ns in self.tenants:
+            for plural in ("inferencedeployments", "trtengines"):
+                try:
+                    for o in co.list_namespaced_custom_object("trtforge.io", "v1alpha1", ns, plural)["items"]:
+                        delete_with_cleanup(self.api, ns, plural, o["metadata"]["name"])
+                except ApiException:
+                    pass
+        if self.op.alive():
+
+            def gone() -> bool:
+                return all(
+                    not co.list_namespaced_custom_object("trtforge.io", "v1alpha1", ns, p)["items"]
+                    for ns in self.tenants
+                    for p in ("inferencedeployments", "trtengines")
+                )
+
+            try:
+                wait_for(gone, timeout=30, desc="our resources deleted", ignore=(ApiException,))
+            except TimeoutError:
+                pass
+        self.op.stop()
+        for ns in self.tenants:  # strip finalizers the operator could not remove
+            for plural in ("inferencedeployments", "trtengines"):
+                try:
+                    for o in co.list_namespaced_custom_object("trtforge.io", "v1alpha1", ns, plural)["items"]:
+                        co.patch_namespaced_custom_object(
+                            "trtforge.io",
+                            "v1alpha1",
+                            ns,
+                            plural,
+                            o["metadata"]["name"],
+                            {"metadata": {"finalizers": None}},
+                        )
+                except ApiException:
+                    pass
+        for ns in [*self.tenants, self.build_ns]:
+            try:
+                core.delete_namespace(ns)
+            except ApiException:
+                pass
+        self.api.close()
+
+
+def engine_manifest(
+    name: str,
+    sha256: str | None,
+    targets: Sequence[dict[str, Any]],
+    model: str = "pvc://models/tiny.onnx",
+    precision: str = "fp32",
+) -> dict[str, Any]:
+    m: dict[str, Any] = {"uri": model}
+    if sha256:
+        m["sha256"] = sha256
+    return {
+        "apiVersion": "trtforge.io/v1alpha1",
+        "kind": "TRTEngine",
+        "metadata": {"name": name},
+        "spec": {"model": m, "precision": precision, "targets": list(targets)},
+    }
+
+
+def deployment_manifest(name: str, engine: str, replicas: int = 1, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "trtforge.io/v1alpha1",
+        "kind": "InferenceDeployment",
+        "metadata": {"name": name},
+        "spec": {"engineRef": {"name": engine}, "replicas": replicas, **spec},
+    }

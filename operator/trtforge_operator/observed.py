@@ -329,6 +329,10 @@ class JobView:
     def engine_key(self) -> str:
         return self.annotations.get(L.A_ENGINE_KEY, "")
 
+    @property
+    def created_for(self) -> str:
+        return self.annotations.get(L.A_CREATED_FOR, "")
+
     def requesters(self) -> list[str]:
         try:
             v = json.loads(self.annotations.get(L.A_REQUESTERS, "[]"))

@@ -293,7 +293,13 @@ def _plan_target(
     if manifest is not None:
         _fill_from_manifest(st, manifest, cfg.store_uri)
         st.phase = "Ready"
-        built_here = any(j.complete and result_cache_hit(j.result()) is False for j in builds)
+        # A cache hit for *this* resource: no build of this key ran on its behalf (another namespace's
+        # build, or one from before, is a hit here).
+        me = obs_requester(obs)
+        built_here = any(
+            j.created_for in ("", me) and not j.failed_final and result_cache_hit(j.result()) is not True
+            for j in builds
+        )
         st.cache_hit = not built_here
         st.reason = "Rebuilding" if out.rebuilding else ("CacheHit" if st.cache_hit else "Built")
         st.message = (

@@ -1,0 +1,191 @@
+"""The operator on the test bed: `trtforge operator` as a subprocess, scoped to this module's namespaces.
+
+Builds land on the right emulated GPU node types (full H100, arm64 GH200, a B200 MIG slice), engines
+reach the store, the same key from another namespace builds nothing, status is written only on
+change, a bad build says why and stalls, deletion cleans up, and a SIGKILLed operator converges.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from kubernetes import client
+from trtforge_operator.localdev import (
+    OperatorEnv,
+    condition,
+    delete_with_cleanup,
+    deployment_manifest,
+    engine_manifest,
+    tiny_model,
+)
+
+from trtforge.testbed.wait import wait_for
+
+pytestmark = pytest.mark.integration
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+GH200 = "NVIDIA-GH200-480GB"
+B200 = "NVIDIA-B200"
+TARGETS = [{"gpu": H100}, {"gpu": GH200}, {"gpu": B200, "mig": "1g.23gb"}]
+
+
+@pytest.fixture(scope="module")
+def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorEnv]:
+    tag = secrets.token_hex(3)
+    e = OperatorEnv(testbed, tmp_path_factory.mktemp("operator"), [f"op-a-{tag}", f"op-b-{tag}"])
+    e.start()
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+@pytest.fixture(scope="module")
+def tiny(env: OperatorEnv) -> str:
+    return tiny_model(env.models_dir / "tiny.onnx", seed=0)
+
+
+def _build_pods(env: OperatorEnv) -> dict[str, Any]:
+    return {
+        p.metadata.labels.get("job-name"): p
+        for p in env.pods(env.build_ns, "app.kubernetes.io/component=builder")
+    }
+
+
+def test_build_per_gpu_type_then_serve(env: OperatorEnv, tiny: str) -> None:
+    ns = env.tenants[0]
+    t0 = time.monotonic()
+    env.apply(engine_manifest("tiny", tiny, TARGETS), ns)
+    eng = env.wait_true("trtengines", ns, "tiny", timeout=240)
+    ready_s = time.monotonic() - t0
+    targets = {t["name"]: t for t in eng["status"]["targets"]}
+    assert eng["status"]["readyTargets"] == "3/3", eng["status"]
+    jobs = env.jobs()
+    assert len(jobs) == 3
+    pods = _build_pods(env)
+    for t in targets.values():
+        assert t["phase"] == "Ready" and t["cacheHit"] is False and len(t["engineKey"]) == 64
+        assert (env.store_dir / "engines" / t["engineKey"] / "manifest.json").is_file()
+        pod = pods[t["jobName"]]
+        labels = env.node_labels(pod.spec.node_name)
+        assert labels["nvidia.com/gpu.product"] == t["gpu"], (t, pod.spec.node_name)
+        if t["gpu"] == GH200:
+            assert labels["kubernetes.io/arch"] == "arm64"
+        if t.get("mig"):
+            assert pod.spec.node_name == "gpu-b200-mig-0"
+            assert pod.spec.containers[0].resources.limits["nvidia.com/mig-1g.23gb"] == "1"
+    print(f"\nTRTEngine Ready with 3 targets in {ready_s:.1f}s")
+
+    t1 = time.monotonic()
+    env.apply(deployment_manifest("tiny", "tiny"), ns)
+    infd = env.wait_true("inferencedeployments", ns, "tiny", timeout=180)
+    print(f"InferenceDeployment Ready in {time.monotonic() - t1:.1f}s")
+    assert infd["status"]["ready"] == "3/3"
+    runtime = env.pods(ns, "app.kubernetes.io/component=runtime")
+    assert len(runtime) == 3
+    for p in runtime:
+        target = targets[p.metadata.labels["trtforge.io/target"]]
+        assert env.node_labels(p.spec.node_name)["nvidia.com/gpu.product"] == target["gpu"]
+        assert p.metadata.annotations["trtforge.io/engine-key"] == target["engineKey"]
+    _infer(runtime[0].status.pod_ip, env.models_dir / "tiny.onnx")
+
+
+def _infer(pod_ip: str, model: Path) -> None:
+    import onnxruntime as ort
+    import tritonclient.http as httpclient
+
+    x = np.random.default_rng(7).standard_normal((1, 16)).astype(np.float32)
+    c = httpclient.InferenceServerClient(f"{pod_ip}:8000")
+    inp = httpclient.InferInput("x", [1, 16], "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    res = c.infer("tiny", [inp], outputs=[httpclient.InferRequestedOutput("y", binary_data=True)])
+    got = res.as_numpy("y")
+    ref = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_same_key_in_another_namespace_creates_no_job(env: OperatorEnv, tiny: str) -> None:
+    before = {j.metadata.name for j in env.jobs()}
+    ns = env.tenants[1]
+    env.apply(engine_manifest("tiny-copy", tiny, TARGETS), ns)
+    eng = env.wait_true("trtengines", ns, "tiny-copy", timeout=60)
+    assert all(t["cacheHit"] is True and t["phase"] == "Ready" for t in eng["status"]["targets"])
+    assert {j.metadata.name for j in env.jobs()} == before
+
+
+def test_status_is_written_only_when_it_changes(env: OperatorEnv) -> None:
+    ns = env.tenants[0]
+    rv = {
+        p: env.get(p, ns, "tiny")["metadata"]["resourceVersion"]
+        for p in ("trtengines", "inferencedeployments")
+    }
+    time.sleep(env.config["resync_seconds"] + 3)  # at least one full resync pass of both loops
+    after = {p: env.get(p, ns, "tiny")["metadata"]["resourceVersion"] for p in rv}
+    assert after == rv
+
+
+def test_a_bad_build_says_why_and_stalls(env: OperatorEnv, tiny: str) -> None:
+    ns = env.tenants[1]
+    env.apply(engine_manifest("wrong-pin", "0" * 64, [{"gpu": H100}]), ns)
+    eng = env.wait_true("trtengines", ns, "wrong-pin", cond="Stalled", timeout=120)
+    stalled = condition(eng, "Stalled")
+    assert stalled is not None and stalled["reason"] == "InvalidBuildInput"
+    assert "sha256" in stalled["message"] and "\n" not in stalled["message"]
+    (t,) = eng["status"]["targets"]
+    assert t["phase"] == "Failed" and t["attempts"] == 1
+
+
+def test_deletion_cleans_up_children_but_keeps_shared_jobs(env: OperatorEnv) -> None:
+    a, b = env.tenants
+    shared = {
+        j.metadata.name
+        for j in env.jobs()
+        if "wrong" not in (j.metadata.annotations or {}).get("trtforge.io/requesters", "")
+    }
+    delete_with_cleanup(env.api, b, "trtengines", "tiny-copy")
+    delete_with_cleanup(env.api, b, "trtengines", "wrong-pin")
+    co: Any = client.CustomObjectsApi(env.api)
+    wait_for(
+        lambda: not co.list_namespaced_custom_object("trtforge.io", "v1alpha1", b, "trtengines")["items"],
+        timeout=30,
+        desc="engines in the second namespace deleted",
+    )
+    names = {j.metadata.name for j in env.jobs()}
+    assert shared <= names  # still used by the first namespace's engine
+    assert not any(
+        "wrong" in (j.metadata.annotations or {}).get("trtforge.io/requesters", "") for j in env.jobs()
+    )
+    delete_with_cleanup(env.api, a, "inferencedeployments", "tiny")
+    apps: Any = client.AppsV1Api(env.api)
+    wait_for(
+        lambda: not apps.list_namespaced_deployment(a).items, timeout=30, desc="runtime Deployments deleted"
+    )
+    delete_with_cleanup(env.api, a, "trtengines", "tiny")
+    wait_for(lambda: not env.jobs(), timeout=30, desc="build Jobs deleted with their last requester")
+    # The engines stay in the store: it is a cache shared by every namespace.
+    assert list((env.store_dir / "engines").glob("*/manifest.json"))
+
+
+def test_operator_killed_mid_build_converges_with_one_job_per_key(env: OperatorEnv) -> None:
+    ns = env.tenants[0]
+    sha = tiny_model(env.models_dir / "tiny-restart.onnx", seed=1)
+    env.apply(engine_manifest("restart", sha, TARGETS, model="pvc://models/tiny-restart.onnx"), ns)
+    wait_for(lambda: len(env.jobs()) >= 1, timeout=60, interval=0.05, desc="the first build Job")
+    env.op.kill()  # SIGKILL right after the first Job appeared: the rest is unknown to the operator
+    time.sleep(1.0)
+    env.op.start()
+    wait_for(lambda: len(env.jobs()) >= 2, timeout=60, interval=0.05, desc="more build Jobs")
+    env.op.kill()  # and once more while builds run
+    env.op.start()
+    eng = env.wait_true("trtengines", ns, "restart", timeout=240)
+    jobs = env.jobs()
+    keys = [j.metadata.annotations["trtforge.io/engine-key"] for j in jobs]
+    assert len(jobs) == 3 and len(set(keys)) == 3, [j.metadata.name for j in jobs]
+    assert not any(j.metadata.name.endswith("-a2") for j in jobs)
+    assert {t["engineKey"] for t in eng["status"]["targets"]} == set(keys)

@@ -65,9 +65,12 @@ demo: deps venv binaries
 crds: venv
 	$(BIN)/trtforge crds
 
+# Benchmarks (docs/benchmarks.md): results in benchmarks/results/, plots in docs/img/bench-*.png.
+# KServe goes into its own venv (.cache/bench-kserve-venv, made by benchmarks.run_all), never into $(VENV).
+# BENCH_ARGS=--quick checks the harness with short runs.
 bench: deps venv binaries
 	$(BIN)/pip install -q -e '.[bench]'
-	$(BIN)/python -m benchmarks.run_all
+	$(BIN)/python -m benchmarks.run_all $(BENCH_ARGS)
 
 cluster-up: binaries
 	$(BIN)/trtforge cluster up

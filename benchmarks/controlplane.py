@@ -39,7 +39,8 @@ TARGETS = [
     {"gpu": "NVIDIA-GH200-480GB"},
     {"gpu": "NVIDIA-B200", "mig": "3g.90gb"},
 ]
-TENANT = "bench-tenant"
+TENANT = f"bench-tenant-{time.strftime('%H%M%S')}"
+KIND = 'kind="trte"'  # the label value the operator's counters use for TRTEngines
 
 
 class Counted:
@@ -81,13 +82,10 @@ def operator_counters(port: int) -> dict[str, float]:
     if status != 200:
         return out
     for line in body.decode().splitlines():
-        if line.startswith("#"):
+        m = re.match(r"(trtforge_[a-zA-Z0-9_]+)(\{[^}]*\})? ([0-9.e+-]+)$", line)
+        if not m or m.group(1).endswith(("_created", "_bucket")):  # creation timestamps, histograms
             continue
-        m = re.match(r"(trtforge_[a-z_]+?)(_total)?(\{[^}]*\})? ([0-9.e+-]+)$", line)
-        if not m or m.group(1).endswith(("_created", "_bucket")):
-            continue
-        name = m.group(1) + (m.group(2) or "")
-        out[name + (m.group(3) or "")] = float(m.group(4))
+        out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
     return out
 
 
@@ -188,6 +186,7 @@ def run_case(
     time.sleep(10)
     idle1_t, (idle1, _) = time.monotonic(), apiserver_requests(env.tb)
     idle_rate = max(0.0, (idle1 - idle0 - 1) / (idle1_t - idle0_t))  # -1: the metrics GET itself
+    jobs0 = count_jobs(env.api, counted, env.build_ns)
     c0 = operator_counters(mport)
     req0, by0 = apiserver_requests(env.tb)
     text = engines_yaml(n, prefix, sha, model_uri)
@@ -204,7 +203,7 @@ def run_case(
             progress = all_ready(list_engines(env.api, counted, selector))
             done = progress == n
         else:
-            progress = count_jobs(env.api, counted, env.build_ns)
+            progress = count_jobs(env.api, counted, env.build_ns) - jobs0
             done = progress >= 3 * n
         if done:
             done_s = time.monotonic() - t0
@@ -233,32 +232,32 @@ def run_case(
         - _sum(c0, "trtforge_build_jobs_created_total"),
         "cache_hits": _sum(c1, "trtforge_engine_cache_hits_total")
         - _sum(c0, "trtforge_engine_cache_hits_total"),
-        "reconciles": _sum(c1, "trtforge_reconciles_total", "TRTEngine")
-        - _sum(c0, "trtforge_reconciles_total", "TRTEngine"),
-        "status_writes": _sum(c1, "trtforge_status_writes_total", "TRTEngine")
-        - _sum(c0, "trtforge_status_writes_total", "TRTEngine"),
+        "reconciles": _sum(c1, "trtforge_reconciles_total", KIND)
+        - _sum(c0, "trtforge_reconciles_total", KIND),
+        "status_writes": _sum(c1, "trtforge_status_writes_total", KIND)
+        - _sum(c0, "trtforge_status_writes_total", KIND),
     }
     if scenario == "cache" and done_s is not None and quiet > 0:
         before = {
             o["metadata"]["name"]: o["metadata"]["resourceVersion"]
-            for o in list_engines(env.api, counted, selector)
+            for o in list_engines(env.api, counted, "")
         }
         q0 = operator_counters(mport)
         time.sleep(quiet)
         q1 = operator_counters(mport)
         after = {
             o["metadata"]["name"]: o["metadata"]["resourceVersion"]
-            for o in list_engines(env.api, counted, selector)
+            for o in list_engines(env.api, counted, "")
         }
-        rec = _sum(q1, "trtforge_reconciles_total", "TRTEngine") - _sum(
-            q0, "trtforge_reconciles_total", "TRTEngine"
-        )
-        wr = _sum(q1, "trtforge_status_writes_total", "TRTEngine") - _sum(
+        rec = _sum(q1, "trtforge_reconciles_total", KIND) - _sum(q0, "trtforge_reconciles_total", "TRTEngine")
+        wr = _sum(q1, "trtforge_status_writes_total", KIND) - _sum(
             q0, "trtforge_status_writes_total", "TRTEngine"
         )
         res["quiet"] = {
             "seconds": quiet,
+            "engines": len(after),
             "resource_version_changes": sum(1 for k, v in after.items() if before.get(k) != v),
+            "changed": sorted(k for k, v in after.items() if before.get(k) != v)[:5],
             "reconciles": rec,
             "status_writes": wr,
             "writes_per_reconcile": round(wr / rec, 4) if rec else None,
@@ -306,12 +305,14 @@ def main(argv: list[str] | None = None) -> int:
         write_result("controlplane", results)
         print(results["not_measured"]["all"])
         return 0
-    up = cluster(root, "up")
-    if up.returncode != 0:
-        results["not_measured"]["all"] = f"trtforge cluster up failed: {(up.stdout + up.stderr)[-1500:]}"
-        write_result("controlplane", results)
-        print(results["not_measured"]["all"])
-        return 1
+    started = cluster(root, "status").returncode != 0
+    if started:
+        up = cluster(root, "up")
+        if up.returncode != 0:
+            results["not_measured"]["all"] = f"trtforge cluster up failed: {(up.stdout + up.stderr)[-1500:]}"
+            write_result("controlplane", results)
+            print(results["not_measured"]["all"])
+            return 1
     env = None
     try:
         tb = TestBed(StatePaths(root))
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             tb,
             CACHE / "controlplane",
             [TENANT],
-            build_ns="bench-build",
+            build_ns=f"bench-build-{TENANT.rsplit('-', 1)[-1]}",
             build={"max_concurrent": big, "max_concurrent_per_namespace": big},
         )
         env.start()
@@ -349,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if env is not None:
             env.close()
-        if not a.keep_cluster:
+        if started and not a.keep_cluster:
             cluster(root, "down")
     write_result("controlplane", results)
     print(render(results))

@@ -1,0 +1,229 @@
+"""PNG plots for docs/benchmarks.md from the JSON in benchmarks/results/ (docs/img/bench-*.png)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import ROOT, log, read_result
+
+IMG = ROOT / "docs" / "img"
+COLORS = {"trtforge": "#1f77b4", "kserve": "#d62728", "ceiling": "#555555"}
+TITLES = {"squeezenet": "SqueezeNet", "resnet50": "ResNet-50"}
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 10, "axes.grid": True, "grid.alpha": 0.3})
+    return plt
+
+
+def _save(fig: Any, name: str) -> Path:
+    IMG.mkdir(parents=True, exist_ok=True)
+    path = IMG / name
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    log(f"wrote {path.relative_to(ROOT)}")
+    return path
+
+
+def serving(res: dict[str, Any]) -> list[Path]:
+    plt = _plt()
+    layouts = list(res["layouts"].items())
+    models = list(layouts[0][1]["models"]) if layouts else []
+    out = []
+    for metric, ylabel, fname, logy in (
+        ("throughput", "requests / s", "bench-serving-throughput.png", False),
+        ("p99_ms", "p99 latency (ms, log scale)", "bench-serving-p99.png", True),
+    ):
+        fig, axes = plt.subplots(
+            len(layouts), len(models), figsize=(5.2 * len(models), 3.6 * len(layouts)), squeeze=False
+        )
+        for i, (lname, lres) in enumerate(layouts):
+            lay = lres["layout"]
+            for j, model in enumerate(models):
+                ax = axes[i][j]
+                m = lres["models"][model]
+                for kind in ("trtforge", "kserve"):
+                    pts = m["servers"][kind]["points"]
+                    xs = [p["concurrency"] for p in pts]
+                    ys = [p[metric] for p in pts]
+                    label = "trtforge serve" if kind == "trtforge" else f"KServe ({lres['kserve_setting']})"
+                    ax.plot(xs, ys, "o-", color=COLORS[kind], label=label)
+                    if metric == "throughput":
+                        for x, y in zip(xs, ys, strict=True):
+                            ax.annotate(
+                                f"{y:.0f}",
+                                (x, y),
+                                textcoords="offset points",
+                                xytext=(0, 5),
+                                ha="center",
+                                fontsize=8,
+                                color=COLORS[kind],
+                            )
+                if metric == "throughput":
+                    c = m["ceiling"]["best"]["images_per_s"]
+                    ax.axhline(c, ls="--", color=COLORS["ceiling"], label=f"in-process ceiling ({c:.0f}/s)")
+                    ax.axhline(0.9 * c, ls=":", color=COLORS["ceiling"], label="90% of ceiling")
+                    ax.set_ylim(bottom=0)
+                if logy:
+                    ax.set_yscale("log")
+                ax.set_xscale("log", base=2)
+                ax.set_xticks([p["concurrency"] for p in m["servers"]["trtforge"]["points"]])
+                ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
+                ax.set_title(
+                    f"{TITLES.get(model, model)} — {lname}: server cpus {lay['server_cpus']}, "
+                    f"client cpus {lay['client_cpus']}",
+                    fontsize=9,
+                )
+                ax.set_xlabel("concurrent clients")
+                ax.set_ylabel(ylabel)
+                ax.legend(fontsize=7, loc="best")
+        fig.tight_layout()
+        out.append(_save(fig, fname))
+        plt.close(fig)
+    return out
+
+
+def coldstart(res: dict[str, Any]) -> list[Path]:
+    plt = _plt()
+    bars: list[tuple[str, list[tuple[str, float]]]] = []
+    for src, e in res["sources"].items():
+        fl = e["floor"]
+        bars.append(
+            (
+                f"{src}: floor",
+                [
+                    ("interpreter + import", (fl["interpreter_s"] or 0) + (fl["import_s"] or 0)),
+                    ("fetch / read", fl["read_s"] or 0),
+                    ("load / session", fl["session_s"] or 0),
+                ],
+            )
+        )
+        for key, label in (
+            ("serve_cold", "trtforge serve, empty cache"),
+            ("serve_restart", "trtforge serve, restart"),
+        ):
+            s = e.get(key)
+            if not s:
+                continue
+            parts = [
+                ("interpreter + import", s.get("to_listening_s") or 0),
+                ("fetch / read", s.get("fetch_s") or 0),
+                ("load / session", s.get("load_s") or 0),
+                ("canary", s.get("canary_s") or 0),
+            ]
+            rest = max(0.0, s["total_s"] - sum(v for _, v in parts))
+            bars.append((f"{src}: {label}", [*parts, ("other", rest)]))
+    colors = {
+        "interpreter + import": "#9ecae1",
+        "fetch / read": "#fdae6b",
+        "load / session": "#74c476",
+        "canary": "#d62728",
+        "other": "#bdbdbd",
+    }
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(bars) + 1.5))
+    seen: set[str] = set()
+    for i, (_label, parts) in enumerate(bars):
+        left = 0.0
+        for name, v in parts:
+            ax.barh(i, v, left=left, color=colors[name], label=None if name in seen else name)
+            seen.add(name)
+            left += v
+        ax.text(left, i, f" {left:.2f} s", va="center", fontsize=8)
+    ax.set_yticks(range(len(bars)))
+    ax.set_yticklabels([b[0] for b in bars], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds from process start to ready (median)")
+    ax.set_title(f"Cold start, {res['model']} ({res['artifact_bytes'] / 1e6:.0f} MB artifact)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=5)
+    ax.set_xlim(right=ax.get_xlim()[1] * 1.08)
+    fig.tight_layout()
+    path = _save(fig, "bench-coldstart.png")
+    plt.close(fig)
+    return [path]
+
+
+def controlplane(res: dict[str, Any]) -> list[Path]:
+    plt = _plt()
+    cases = [c for c in res.get("cases", []) if c.get("done_s") is not None]
+    if not cases:
+        return []
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    labels = [f"{c['scenario']}\nN={c['n']}" for c in cases]
+    ax1.bar(
+        labels,
+        [c["done_s"] for c in cases],
+        color=["#1f77b4" if c["scenario"] == "cache" else "#ff7f0e" for c in cases],
+    )
+    for i, c in enumerate(cases):
+        ax1.text(i, c["done_s"], f"{c['done_s']:.1f}s", ha="center", va="bottom", fontsize=8)
+    ax1.set_ylabel("seconds after kubectl apply")
+    ax1.set_title("All targets resolved (cache) / all Jobs created (jobs)", fontsize=9)
+    ax2.bar(labels, [c["api_requests_per_engine"] for c in cases], color="#6baed6")
+    for i, c in enumerate(cases):
+        ax2.text(
+            i,
+            c["api_requests_per_engine"],
+            f"{c['api_requests_per_engine']:.1f}",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    ax2.set_ylabel("API requests per TRTEngine")
+    ax2.set_title("apiserver requests per engine (net of idle and our polling)", fontsize=9)
+    fig.tight_layout()
+    path = _save(fig, "bench-controlplane.png")
+    plt.close(fig)
+    return [path]
+
+
+def recovery(res: dict[str, Any]) -> list[Path]:
+    plt = _plt()
+    runs = [r for r in res.get("runs", []) if r.get("ready_again_s") is not None]
+    if not runs:
+        return []
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    labels = [f"{'rebuild' if r['rebuild'] else 'no rebuild'} #{i}" for i, r in enumerate(runs)]
+    ax.barh(labels, [r["detect_s"] or 0 for r in runs], color="#fdae6b", label="fault seen in status")
+    ax.barh(
+        labels,
+        [r["ready_again_s"] - (r["detect_s"] or 0) for r in runs],
+        left=[r["detect_s"] or 0 for r in runs],
+        color="#74c476",
+        label="then Ready again",
+    )
+    for i, r in enumerate(runs):
+        ax.text(r["ready_again_s"], i, f" {r['ready_again_s']:.1f} s", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds after `trtforge cluster fault` (Xid 79)")
+    ax.set_title("Time to recover: InferenceDeployment Ready again", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path = _save(fig, "bench-recovery.png")
+    plt.close(fig)
+    return [path]
+
+
+def main(argv: list[str] | None = None) -> int:
+    made: list[Path] = []
+    for name, fn in (
+        ("serving", serving),
+        ("coldstart", coldstart),
+        ("controlplane", controlplane),
+        ("recovery", recovery),
+    ):
+        res = read_result(name)
+        if res is None:
+            log(f"no results/{name}.json; no plot")
+            continue
+        made += fn(res)
+    return 0 if made else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -81,10 +81,11 @@ def _pvc_claim(uri: str) -> str | None:
 
 
 def _avoid_affinity(avoid_nodes: Iterable[str]) -> dict[str, Any] | None:
+    """Keep pods off these nodes: one NotIn per node (a node field selector takes exactly one value)."""
     nodes = sorted(set(avoid_nodes))
     if not nodes:
         return None
-    term = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": nodes}]}
+    term = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in nodes]}
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 

@@ -107,7 +107,7 @@ class Kube:
             "Pod": self.core.delete_namespaced_pod,
         }[kind]
         try:
-            await self._call(fn, name, namespace, propagation_policy="Background")
+            await self._call(fn, name, namespace, propagation_policy="Background", _preload_content=False)
         except ApiException as e:
             if e.status == 404:
                 return False

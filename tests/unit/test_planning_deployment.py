@@ -307,7 +307,15 @@ def test_node_losing_a_gpu_is_a_fault_for_the_pods_on_it() -> None:
     plan = plan_deployment(observed(infd(), engine(), pods=[pod("p", "gpu-h100-0")], nodes=nodes), CFG)
     (f,) = plan.status.faults
     assert f.node == "gpu-h100-0" and (f.reason or "").startswith("AllocatableDropped")
-    assert plan.delete_pods == ["p"]
+    # The Ready pod is not deleted (that would fight the Deployment controller): the template now keeps
+    # off the node, and the rollout replaces the pod once its successor is Ready elsewhere.
+    assert plan.delete_pods == []
+    (dep,) = [
+        o
+        for o in plan.apply
+        if o["kind"] == "Deployment" and o["metadata"]["labels"][L.L_TARGET] == H100.name
+    ]
+    assert "gpu-h100-0" in json.dumps(dep["spec"]["template"]["spec"]["affinity"])
 
 
 def test_engine_load_failure_rebuilds_without_blaming_the_node() -> None:
@@ -322,3 +330,28 @@ def test_engine_load_failure_rebuilds_without_blaming_the_node() -> None:
     assert (f.reason, f.action) == ("EngineLoadFailed", F.REBUILD)
     assert plan.delete_pods == [] and len(plan.jobs_to_create) == 1
     assert F.avoid_nodes(plan.status.faults, [], NOW, 3600) == set()
+
+
+def test_several_suspect_nodes_each_get_their_own_field_selector() -> None:
+    """The apiserver takes exactly one value per node field selector requirement."""
+    req = children.RuntimeRequest(
+        namespace="n",
+        infd="x",
+        infd_uid="u",
+        target=H100,
+        engine_key=KEY_H,
+        engine_sha256="a" * 64,
+        replicas=1,
+        node_selector={},
+        image="i",
+        image_pull_policy="Never",
+        avoid_nodes=("b", "a"),
+    )
+    dep = children.runtime_deployment(req, CFG)
+    (term,) = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert term["matchFields"] == [
+        {"key": "metadata.name", "operator": "NotIn", "values": ["a"]},
+        {"key": "metadata.name", "operator": "NotIn", "values": ["b"]},
+    ]

@@ -99,6 +99,13 @@ def _rebuild_request(
     )
 
 
+def _gpu_faulted(pod: PodView) -> bool:
+    """The pod's own container reported a GPU fault (its device is bad for the rest of its life)."""
+    return any(
+        t.exit_code == F.EXIT_GPU_FAULT or t.trtforge_reason() == F.GPU_FAULT for t in pod.terminations()
+    )
+
+
 def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentPlan:
     """Desired children and status of one InferenceDeployment."""
     spec, now = obs.spec, obs.now
@@ -148,8 +155,16 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         """Only nodes that could host this target: other targets' templates must not change (and roll)."""
         return {n for n in avoid if n in node_by_name and node_by_name[n].hosts(target)}
 
-    # --- pods on suspect nodes go (the Deployment's affinity keeps their replacements away)
-    plan.delete_pods = sorted(p.name for p in our_pods if p.node in avoid and not p.deleting)
+    # --- pods on a faulty GPU go now (their replacements keep off the node through the template's
+    # affinity). Ready pods on a suspect node are left to the rollout that the template change starts:
+    # with maxUnavailable 0 they serve until their replacements are Ready, and deleting them would
+    # only make the old ReplicaSet recreate them (a fight with the Deployment controller).
+    faulted = {d.record.pod for d in new} | {r.pod for r in records if r.recovered_seconds is None}
+    plan.delete_pods = sorted(
+        p.name
+        for p in our_pods
+        if p.node in avoid and not p.deleting and (not p.ready or (p.name in faulted and _gpu_faulted(p)))
+    )
 
     # --- rebuilds for unrecovered faults that asked for one (create-if-absent: level-based)
     pending_rebuild: dict[str, str] = {}  # target -> rebuild Job name

@@ -14,6 +14,9 @@ import time
 from typing import Any
 
 
+MODEL = "pvc://models/demo.onnx"
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "demo",
@@ -100,7 +103,7 @@ def _run(args: argparse.Namespace) -> int:
             {"gpu": "NVIDIA-B200", "mig": "1g.23gb"},
         ]
         t0 = time.monotonic()
-        env.apply(engine_manifest("demo", sha, targets), team_a)
+        env.apply(engine_manifest("demo", sha, targets, model=MODEL), team_a)
         wait_for(lambda: len(env.jobs()) >= 3, timeout=60, desc="three build Jobs")  # type: ignore[union-attr]
         for j in env.jobs():
             story.say(f"build Job {j.metadata.name}  target={j.metadata.labels['trtforge.io/target']}")
@@ -148,7 +151,7 @@ def _run(args: argparse.Namespace) -> int:
 
         story.step("The same engine requested from another namespace: a cache hit, no Job")
         jobs_before = len(env.jobs())
-        env.apply(engine_manifest("demo", sha, targets), team_b)
+        env.apply(engine_manifest("demo", sha, targets, model=MODEL), team_b)
         eng_b = env.wait_true("trtengines", team_b, "demo", timeout=60)
         hits = [t["cacheHit"] for t in eng_b["status"]["targets"]]
         story.say(

@@ -306,6 +306,9 @@ class OperatorEnv:
     ) -> dict[str, Any]:
         def check() -> dict[str, Any] | None:
             obj = self.get(plural, ns, name)
+            stalled = condition(obj, "Stalled")
+            if cond != "Stalled" and stalled and stalled.get("status") == "True":
+                raise AssertionError(f"{plural} {ns}/{name} is Stalled: {stalled.get('message')}")
             return obj if is_true(obj, cond) else None
 
         try:

@@ -13,7 +13,6 @@ import sys
 import time
 from typing import Any
 
-
 MODEL = "pvc://models/demo.onnx"
 
 

@@ -1,0 +1,49 @@
+"""Operator configuration: file + environment, clear errors, backends per kind of target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from trtforge_operator.config import ConfigError, load_config
+
+
+def test_defaults_file_and_env(tmp_path: Path) -> None:
+    f = tmp_path / "op.yaml"
+    f.write_text(
+        "build_namespace: builds\nbuild:\n  max_concurrent: 2\nbackends:\n  gpu: local-onnxruntime\n"
+    )
+    cfg = load_config(
+        f, env={"TRTFORGE_OPERATOR_STORE_URI": "s3://bucket/engines", "TRTFORGE_OPERATOR_NAMESPACES": "a, b"}
+    )
+    assert cfg.build_namespace == "builds" and cfg.build.max_concurrent == 2
+    assert cfg.store_uri == "s3://bucket/engines" and cfg.namespaces == ["a", "b"]
+    assert cfg.backend_for("NVIDIA-H100-80GB-HBM3").backend == "onnxruntime"
+    assert cfg.engine_source() == "http://trtforge-broker.trtforge-system.svc:8081"
+
+
+def test_production_backend_is_tensorrt_with_cuda() -> None:
+    cfg = load_config(None, env={})
+    b = cfg.backend_for("NVIDIA-B200")
+    assert b.backend == "tensorrt" and b.cuda != "none"
+    assert cfg.backend_for("cpu").backend == "onnxruntime"
+
+
+@pytest.mark.parametrize(
+    "text,field",
+    [
+        ("build:\n  max_concurrent: 0\n", "build.max_concurrent"),
+        ("no_such_field: 1\n", "no_such_field"),
+        ("- a list\n", "mapping"),
+    ],
+)
+def test_bad_config_names_the_field(tmp_path: Path, text: str, field: str) -> None:
+    f = tmp_path / "op.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_config(f, env={})
+
+
+def test_missing_file_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.yaml", env={})

@@ -130,6 +130,40 @@ def test_status_is_written_only_when_it_changes(env: OperatorEnv) -> None:
     assert after == rv
 
 
+def test_broker_serves_engines_only_to_namespaces_that_deploy_them(env: OperatorEnv) -> None:
+    """TokenReview on a projected service-account token, then the namespace's InferenceDeployments."""
+    import urllib.error
+    import urllib.request
+
+    a, b = env.tenants
+    key = env.get("trtengines", a, "tiny")["status"]["targets"][0]["engineKey"]
+    core: Any = client.CoreV1Api(env.api)
+    url = f"{env.config['broker']['url']}/engines/{key}/manifest.json"
+
+    def get(ns: str | None) -> int:
+        req = urllib.request.Request(url)
+        if ns is not None:
+            tok = core.create_namespaced_service_account_token(
+                "default", ns, {"spec": {"audiences": ["trtforge-broker"], "expirationSeconds": 600}}
+            )
+            req.add_header("Authorization", f"Bearer {tok.status.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+
+    assert get(a) == 200  # serves `tiny` through an InferenceDeployment
+    assert get(b) == 403  # a TRTEngine with the same key, but nothing deployed there
+    assert get(None) == 401
+    # Liveness and metrics of the operator process.
+    with urllib.request.urlopen(f"http://127.0.0.1:{env.config['liveness_port']}/healthz", timeout=10) as r:
+        assert r.status == 200
+    with urllib.request.urlopen(f"http://127.0.0.1:{env.config['metrics_port']}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert "trtforge_build_jobs_created_total" in text and "trtforge_broker_requests_total" in text
+
+
 def test_a_bad_build_says_why_and_stalls(env: OperatorEnv, tiny: str) -> None:
     ns = env.tenants[1]
     env.apply(engine_manifest("wrong-pin", "0" * 64, [{"gpu": H100}]), ns)

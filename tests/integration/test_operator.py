@@ -22,6 +22,7 @@ from trtforge_operator.localdev import (
     delete_with_cleanup,
     deployment_manifest,
     engine_manifest,
+    is_true,
     tiny_model,
 )
 
@@ -164,6 +165,74 @@ def test_broker_serves_engines_only_to_namespaces_that_deploy_them(env: Operator
     assert "trtforge_build_jobs_created_total" in text and "trtforge_broker_requests_total" in text
 
 
+def test_a_spec_change_builds_new_engines_and_rolls_out_without_a_gap(env: OperatorEnv, tiny: str) -> None:
+    """New key → new Job → Deployments roll to it; maxUnavailable 0 keeps the old pods serving meanwhile."""
+    import threading
+
+    ns = env.tenants[0]
+    apps: Any = client.AppsV1Api(env.api)
+    # The GH200 node has one GPU: no room to surge there, so serve only H100 and the MIG slice.
+    env.apply(
+        deployment_manifest("tiny", "tiny", targets=[{"gpu": H100}, {"gpu": B200, "mig": "1g.23gb"}]), ns
+    )
+    wait_for(
+        lambda: len(apps.list_namespaced_deployment(ns).items) == 2, timeout=60, desc="GH200 Deployment gone"
+    )
+    env.wait_true("inferencedeployments", ns, "tiny", timeout=120)
+    old = {t["name"]: t["engineKey"] for t in env.get("trtengines", ns, "tiny")["status"]["targets"]}
+    low: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            deps = apps.list_namespaced_deployment(ns).items
+            low.append(min((d.status.available_replicas or 0) for d in deps))
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        changed = engine_manifest("tiny", tiny, TARGETS)
+        changed["spec"]["builder"] = {"optimizationLevel": 2}
+        env.apply(changed, ns)
+
+        def rolled() -> bool:
+            eng = env.get("trtengines", ns, "tiny")
+            if eng["status"].get("observedGeneration") != 2 or eng["status"].get("readyTargets") != "3/3":
+                return False
+            new = {t["name"]: t["engineKey"] for t in eng["status"]["targets"]}
+            infd = env.get("inferencedeployments", ns, "tiny")
+            served = {t["name"]: t.get("engineKey") for t in infd["status"].get("targets", [])}
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in infd["status"]["conditions"])
+            return ready and all(served[k] == new[k] != old[k] for k in served)
+
+        wait_for(rolled, timeout=180, desc="the new engines built and rolled out")
+    finally:
+        stop.set()
+        sampler.join(timeout=5)
+    assert low and min(low) >= 1, "a Deployment had no available pod during the rollout"
+    keys = {
+        p.metadata.annotations["trtforge.io/engine-key"]
+        for p in env.pods(ns, "app.kubernetes.io/component=runtime")
+        if not p.metadata.deletion_timestamp
+    }
+    assert keys and not keys & set(old.values())
+    # The other namespace follows the change: a cache hit on the new keys, sharing their Jobs.
+    copy = engine_manifest("tiny-copy", tiny, TARGETS)
+    copy["spec"]["builder"] = {"optimizationLevel": 2}
+    jobs_before = {j.metadata.name for j in env.jobs()}
+    env.apply(copy, env.tenants[1])
+    wait_for(
+        lambda: (
+            env.get("trtengines", env.tenants[1], "tiny-copy")["status"].get("observedGeneration") == 2
+            and is_true(env.get("trtengines", env.tenants[1], "tiny-copy"), "Ready")
+        ),
+        timeout=60,
+        desc="the copy on the new keys",
+    )
+    assert {j.metadata.name for j in env.jobs()} == jobs_before
+
+
 def test_a_bad_build_says_why_and_stalls(env: OperatorEnv, tiny: str) -> None:
     ns = env.tenants[1]
     env.apply(engine_manifest("wrong-pin", "0" * 64, [{"gpu": H100}]), ns)
@@ -177,11 +246,8 @@ def test_a_bad_build_says_why_and_stalls(env: OperatorEnv, tiny: str) -> None:
 
 def test_deletion_cleans_up_children_but_keeps_shared_jobs(env: OperatorEnv) -> None:
     a, b = env.tenants
-    shared = {
-        j.metadata.name
-        for j in env.jobs()
-        if "wrong" not in (j.metadata.annotations or {}).get("trtforge.io/requesters", "")
-    }
+    # The Jobs the first namespace's engine still uses (its current keys) must survive.
+    shared = {t["jobName"] for t in env.get("trtengines", a, "tiny")["status"]["targets"]}
     delete_with_cleanup(env.api, b, "trtengines", "tiny-copy")
     delete_with_cleanup(env.api, b, "trtengines", "wrong-pin")
     co: Any = client.CustomObjectsApi(env.api)
@@ -191,7 +257,7 @@ def test_deletion_cleans_up_children_but_keeps_shared_jobs(env: OperatorEnv) -> 
         desc="engines in the second namespace deleted",
     )
     names = {j.metadata.name for j in env.jobs()}
-    assert shared <= names  # still used by the first namespace's engine
+    assert shared <= names, (shared, names)  # still used by the first namespace's engine
     assert not any(
         "wrong" in (j.metadata.annotations or {}).get("trtforge.io/requesters", "") for j in env.jobs()
     )

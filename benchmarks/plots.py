@@ -52,7 +52,8 @@ def serving(res: dict[str, Any]) -> list[Path]:
                     pts = m["servers"][kind]["points"]
                     xs = [p["concurrency"] for p in pts]
                     ys = [p[metric] for p in pts]
-                    label = "trtforge serve" if kind == "trtforge" else f"KServe ({lres['kserve_setting']})"
+                    name = "trtforge serve" if kind == "trtforge" else "KServe"
+                    label = f"{name} ({lres['settings'][kind]['label']})"
                     ax.plot(xs, ys, "o-", color=COLORS[kind], label=label)
                     if metric == "throughput":
                         for x, y in zip(xs, ys, strict=True):

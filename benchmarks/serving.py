@@ -64,24 +64,52 @@ def layouts() -> dict[str, Layout]:
     }
 
 
-# KServe settings tried on SqueezeNet at concurrency 32: (label, extra command-line arguments).
-KSERVE_SETTINGS: list[tuple[str, list[str]]] = [
-    ("workers=1 predict=sync (defaults)", ["--workers", "1", "--predict_mode", "sync"]),
-    (
-        "workers=1 predict=executor latency-log=off",
-        ["--workers", "1", "--predict_mode", "executor", "--enable_latency_logging", "false"],
-    ),
-    (
-        "workers=2 predict=sync latency-log=off",
-        ["--workers", "2", "--predict_mode", "sync", "--enable_latency_logging", "false"],
-    ),
-]
+@dataclass(frozen=True)
+class Setting:
+    """One configuration of a server: extra arguments and how many ONNX Runtime threads each
+    session gets (``divide``: the layout's threads divided among that many sessions)."""
+
+    label: str
+    args: tuple[str, ...]
+    divide: int = 1
+
+    def threads(self, lay: Layout) -> int:
+        return max(1, lay.threads // self.divide)
+
+
+# Tried on SqueezeNet at concurrency 32, the same way for both servers; the best one of each is used
+# for the full grid. Sessions x threads never exceed the layout's cores except where the label says.
+SETTINGS: dict[str, list[Setting]] = {
+    "trtforge": [
+        Setting("instances=1 (default), all threads", ()),
+        Setting("instances=2, threads split", ("--instances", "2"), 2),
+        Setting("instances=2, threads split, max batch 4", ("--instances", "2", "--max-batch-size", "4"), 2),
+    ],
+    "kserve": [
+        Setting("workers=1, def predict (defaults)", ("--workers", "1", "--predict_mode", "sync")),
+        Setting(
+            "workers=1, predict in thread pool, no latency log",
+            ("--workers", "1", "--predict_mode", "executor", "--enable_latency_logging", "false"),
+        ),
+        Setting(
+            "workers=2, threads split, no latency log",
+            ("--workers", "2", "--predict_mode", "sync", "--enable_latency_logging", "false"),
+            2,
+        ),
+        Setting(
+            "workers=2, all threads each, no latency log",
+            ("--workers", "2", "--predict_mode", "sync", "--enable_latency_logging", "false"),
+        ),
+    ],
+}
 
 
 class Server:
     """A server process under test, pinned to the layout's server cores."""
 
-    def __init__(self, kind: str, model: str, lay: Layout, log_dir: Path, extra: list[str]) -> None:
+    def __init__(self, kind: str, model: str, lay: Layout, log_dir: Path, setting: Setting) -> None:
+        extra = list(setting.args)
+        threads = str(setting.threads(lay))
         self.kind, self.model, self.lay = kind, model, lay
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -109,7 +137,7 @@ class Server:
                 str(cache),
                 *extra,
             ]
-            env = {"TRTFORGE_GPU_PROBE": "none", "TRTFORGE_ORT_THREADS": str(lay.threads)}
+            env = {"TRTFORGE_GPU_PROBE": "none", "TRTFORGE_ORT_THREADS": threads}
         else:
             cmd = [
                 str(KSERVE_VENV / "bin" / "python"),
@@ -121,7 +149,7 @@ class Server:
                 "--http_port",
                 str(self.port),
                 "--ort_threads",
-                str(lay.threads),
+                threads,
                 *extra,
             ]
             env = {}
@@ -251,16 +279,16 @@ def reference_output(model: str) -> np.ndarray:
     return np.asarray(y)
 
 
-def sweep_kserve(lay: Layout, seconds: float, warmup: float, log_dir: Path) -> list[dict[str, Any]]:
+def sweep(kind: str, lay: Layout, seconds: float, warmup: float, log_dir: Path) -> list[dict[str, Any]]:
     out = []
-    for label, extra in KSERVE_SETTINGS:
-        srv = Server("kserve", "squeezenet", lay, log_dir, extra)
+    for st in SETTINGS[kind]:
+        srv = Server(kind, "squeezenet", lay, log_dir, st)
         try:
             r = load(srv, lay, 32, seconds, warmup)
         finally:
             srv.close()
-        log(f"  kserve [{label}] c=32: {r['throughput']} req/s, p99 {r['p99_ms']} ms")
-        out.append({"setting": label, "args": extra, **r})
+        log(f"  {kind} [{st.label}] c=32: {r['throughput']} req/s, p99 {r['p99_ms']} ms")
+        out.append({"setting": st.label, "threads_per_session": st.threads(lay), **r})
     return out
 
 
@@ -273,8 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--slow-factor", type=float, default=1.5, help="window multiplier for ResNet-50")
     p.add_argument("--ceiling-seconds", type=float, default=2.0)
-    p.add_argument("--no-sweep", action="store_true", help="KServe with its defaults only")
-    p.add_argument("--trtforge-args", default="", help="extra `trtforge serve` arguments")
+    p.add_argument("--no-sweep", action="store_true", help="both servers with their defaults only")
     p.add_argument("--name", default="serving", help="result file name")
     a = p.parse_args(argv)
     models = a.models.split(",")
@@ -288,16 +315,19 @@ def main(argv: list[str] | None = None) -> int:
             f"layout {lname}: servers on cpus {lay.server_cpus} ({lay.threads} threads),"
             f" client on {lay.client_cpus}"
         )
-        lres: dict[str, Any] = {"layout": vars(lay), "models": {}}
-        if a.no_sweep:
-            sweep: list[dict[str, Any]] = []
-            best_label, best_args = KSERVE_SETTINGS[0]
-        else:
-            sweep = sweep_kserve(lay, a.seconds * 0.75, a.warmup, log_dir)
-            best = max(sweep, key=lambda r: float(r["throughput"]))
-            best_label, best_args = best["setting"], best["args"]
-        lres["kserve_sweep"] = sweep
-        lres["kserve_setting"] = best_label
+        lres: dict[str, Any] = {"layout": vars(lay), "models": {}, "sweeps": {}, "settings": {}}
+        chosen: dict[str, Setting] = {}
+        for kind in ("trtforge", "kserve"):
+            if a.no_sweep:
+                chosen[kind] = SETTINGS[kind][0]
+                continue
+            sw = sweep(kind, lay, a.seconds * 0.75, a.warmup, log_dir)
+            lres["sweeps"][kind] = sw
+            best = max(range(len(sw)), key=lambda i, sw=sw: float(sw[i]["throughput"]))
+            chosen[kind] = SETTINGS[kind][best]
+        lres["settings"] = {
+            k: {"label": v.label, "threads_per_session": v.threads(lay)} for k, v in chosen.items()
+        }
         for model in models:
             slow = a.slow_factor if model != "squeezenet" else 1.0
             secs, warm = a.seconds * slow, a.warmup * (2.5 if slow > 1 else 1)
@@ -306,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
             ceil = ceiling(model, lay, a.ceiling_seconds)
             log(f"  {model}: ceiling {ceil['best']['images_per_s']} img/s (batch {ceil['best']['batch']})")
             mres: dict[str, Any] = {"ceiling": ceil, "servers": {}}
-            for kind, extra in (("trtforge", a.trtforge_args.split()), ("kserve", best_args)):
-                srv = Server(kind, model, lay, log_dir, extra)
+            for kind in ("trtforge", "kserve"):
+                srv = Server(kind, model, lay, log_dir, chosen[kind])
                 points = []
                 try:
                     err = check_output(srv, in_name, out_name, ref)
@@ -325,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
                 mres["servers"][kind] = {
                     "points": points,
                     "max_abs_error_vs_ort": err,
-                    **({"publisher": srv.publisher} if kind == "trtforge" else {"setting": best_label}),
+                    "setting": chosen[kind].label,
+                    **({"publisher": srv.publisher} if kind == "trtforge" else {}),
                 }
             lres["models"][model] = mres
         results["layouts"][lname] = lres
@@ -347,6 +378,13 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             if 32 in tf and 32 in ks:
                 ms["speedup_c32"] = round(tf[32]["throughput"] / max(ks[32]["throughput"], 1e-9), 1)
                 ms["p99_lower_c32"] = tf[32]["p99_ms"] < ks[32]["p99_ms"]
+            ks_default = next(iter((lres.get("sweeps") or {}).get("kserve") or []), None)
+            if model == "squeezenet" and 32 in tf and ks_default:
+                # KServe's defaults at the same point, from the sweep (taken in the same run)
+                ms["speedup_c32_vs_kserve_defaults"] = round(
+                    tf[32]["throughput"] / ks_default["throughput"], 1
+                )
+                ms["p99_lower_c32_vs_kserve_defaults"] = tf[32]["p99_ms"] < ks_default["p99_ms"]
             ge8 = [p["pct_of_ceiling"] for c, p in tf.items() if c >= 8]
             ms["min_pct_of_ceiling_c_ge_8"] = min(ge8) if ge8 else None
             s[model] = ms
@@ -358,20 +396,43 @@ def render(results: dict[str, Any]) -> str:
     parts = []
     for lname, lres in results["layouts"].items():
         lay = lres["layout"]
+        st = lres["settings"]
         parts.append(
-            f"\nLayout {lname}: servers on cpus {lay['server_cpus']} ({lay['threads']} ONNX Runtime threads),"
-            f" client on cpus {lay['client_cpus']}; KServe setting: {lres['kserve_setting']}"
+            f"\nLayout {lname}: servers on cpus {lay['server_cpus']}"
+            f" ({lay['threads']} ONNX Runtime threads in all), client on cpus {lay['client_cpus']}."
+            f" trtforge: {st['trtforge']['label']} ({st['trtforge']['threads_per_session']} thread(s)"
+            f" per session); KServe: {st['kserve']['label']} ({st['kserve']['threads_per_session']}"
+            " thread(s) per session)."
         )
-        if lres.get("kserve_sweep"):
+        sweep_rows = [
+            [
+                kind,
+                r["setting"],
+                r["threads_per_session"],
+                r["throughput"],
+                r["p50_ms"],
+                r["p99_ms"],
+                r["server_cpu_util"],
+            ]
+            for kind, sw in (lres.get("sweeps") or {}).items()
+            for r in sw
+        ]
+        if sweep_rows:
             parts.append(
                 table(
-                    ["KServe setting (SqueezeNet, c=32)", "req/s", "p50 ms", "p99 ms", "server CPU"],
                     [
-                        [r["setting"], r["throughput"], r["p50_ms"], r["p99_ms"], r["server_cpu_util"]]
-                        for r in lres["kserve_sweep"]
+                        "server",
+                        "setting (SqueezeNet, c=32)",
+                        "threads/session",
+                        "req/s",
+                        "p50 ms",
+                        "p99 ms",
+                        "server CPU",
                     ],
+                    sweep_rows,
                 )
             )
+            parts.append("")
         rows = []
         for model, m in lres["models"].items():
             ceil = m["ceiling"]["best"]["images_per_s"]

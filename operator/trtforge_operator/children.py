@@ -42,6 +42,33 @@ def dns_name(base: str, max_len: int = 63) -> str:
     return f"{slug[: max_len - 9].rstrip('-')}-{h}"
 
 
+def model_secret_copy_name(namespace: str, secret: str) -> str:
+    """The build namespace's copy of a tenant's model Secret (one per source Secret)."""
+    return f"trtforge-model-{short_hash(namespace, secret, n=12)}"
+
+
+def model_secret_copy(
+    source: Mapping[str, Any], namespace: str, name: str, job: Mapping[str, Any], build_namespace: str
+) -> dict[str, Any]:
+    """The copy of a model Secret for one build Job, owned by that Job (deleted with it)."""
+    meta = job["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": model_secret_copy_name(namespace, name),
+            "namespace": build_namespace,
+            "labels": {**L.BASE_LABELS, L.APP_COMPONENT: L.COMPONENT_BUILDER},
+            "annotations": {"trtforge.io/source": f"{namespace}/{name}"},
+            "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]}
+            ],
+        },
+        "data": dict(source),
+    }
+
+
 def build_id(engine_key: str | None, request_digest: str) -> str:
     """What names a build: the engine key when known (pinned model sha256), else the request digest."""
     return (engine_key or request_digest)[:20]
@@ -119,6 +146,7 @@ class BuildRequest:
     rebuild_of: str | None = None  # a fault id: a fresh rebuild that must not trust the stored artifact
     avoid_nodes: tuple[str, ...] = ()
     backend: str = "auto"  # the backend the key was computed for
+    model_secret: str | None = None  # the build namespace's copy of spec.model.secretRef (envFrom)
 
     @property
     def build_id(self) -> str:
@@ -206,6 +234,7 @@ def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
         mounts.append({"name": "store-credentials", "mountPath": S3_CREDENTIALS_DIR, "readOnly": True})
         env.append({"name": "TRTFORGE_S3_CREDENTIALS_DIR", "value": S3_CREDENTIALS_DIR})
     env += [{"name": k, "value": v} for k, v in sorted(cfg.build.env.items())]
+    env_from = [{"secretRef": {"name": req.model_secret}}] if req.model_secret else []
     resources: dict[str, Any] = {
         "requests": {"cpu": cfg.build.cpu, "memory": cfg.build.memory},
         "limits": {"memory": cfg.build.memory, **_gpu_limits(req.target)},
@@ -223,6 +252,7 @@ def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
                 "imagePullPolicy": cfg.image_pull_policy,
                 "command": builder_args(req, cfg.store_uri),
                 "env": env,
+                **({"envFrom": env_from} if env_from else {}),
                 "resources": resources,
                 "volumeMounts": mounts,
                 "securityContext": restricted_security_context(),

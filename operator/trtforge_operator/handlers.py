@@ -162,19 +162,23 @@ def _capacity(state: State, jobs: list[JobView], namespace: str) -> Capacity:
     )
 
 
-async def _create_jobs(state: State, jobs: list[dict[str, Any]], kind: str) -> None:
+async def _create_jobs(state: State, jobs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """Create-if-absent; returns the Jobs created now (as stored, with their uid)."""
+    out: list[dict[str, Any]] = []
     for j in jobs:
         try:
-            created = await state.kube.create(j)
+            created = await state.kube.create_returning(j)
         except ApiException as e:
             log.warning("could not create Job %s: %s %s", j["metadata"]["name"], e.status, e.reason)
             continue
-        if created:
+        if created is not None:
             state.pending_jobs[j["metadata"]["name"]] = (
                 time.time(),
                 j["metadata"]["labels"][L.L_REQ_NAMESPACE],
             )
             state.metrics.jobs_created.labels(kind).inc()
+            out.append(created)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ TRTEngine
@@ -196,6 +200,21 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
         return None
     nodes = [v for v in _values(indices["nodes_idx"]) if isinstance(v, NodeView)]
     jobs = [v for v in _values(indices["jobs_idx"]) if isinstance(v, JobView)]
+    secret_data, secret_copy, secret_error = None, None, None
+    if obj.spec.model.secret_ref is not None:
+        sname = obj.spec.model.secret_ref.name
+        try:
+            secret_data = await state.kube.read_secret_data(ns, sname)
+            secret_copy = children.model_secret_copy_name(ns, sname)
+        except ApiException as e:
+            why = (
+                "not found"
+                if e.status == 404
+                else "the operator may not read it"
+                if e.status == 403
+                else e.reason
+            )
+            secret_error = f"model secret {ns}/{sname}: {why} (grant it with rbac.modelSecrets in the chart)"
     async with state.build_lock:
         obs = EngineObserved(
             namespace=ns,
@@ -208,9 +227,23 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
             manifests=state.store.manifest,
             capacity=_capacity(state, jobs, ns),
             now=time.time(),
+            model_secret=secret_copy,
+            model_secret_error=secret_error,
+            unschedulable={
+                name: p.unschedulable
+                for name, store in list(indices["bpods_idx"].items())
+                for p in list(store)
+                if isinstance(p, PodView) and p.unschedulable and p.phase == "Pending"
+            },
         )
         plan = await asyncio.to_thread(plan_engine, obs, state.cfg)
-        await _create_jobs(state, plan.jobs_to_create, "build")
+        created = await _create_jobs(state, plan.jobs_to_create, "build")
+    if secret_data is not None and obj.spec.model.secret_ref is not None:
+        for job in created:
+            copy = children.model_secret_copy(
+                secret_data, ns, obj.spec.model.secret_ref.name, job, state.cfg.build_namespace
+            )
+            await state.kube.create(copy)
     requester = f"{ns}/{name}"
     by_name = {j.name: j for j in jobs}
     for jname in plan.add_requester:
@@ -471,6 +504,18 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     def _nodes_idx(**kw: Any) -> Any:
         body, name = kw["body"], kw["name"]
         return {name: NodeView.from_k8s(body)}
+
+    @kopf.index(
+        "v1",
+        "pods",
+        id="bpods_idx",
+        labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_BUILDER},
+        registry=registry,
+    )
+    def _bpods_idx(**kw: Any) -> Any:
+        labels = kw["labels"]
+        job = labels.get("job-name") or labels.get("batch.kubernetes.io/job-name")
+        return {job: PodView.from_k8s(kw["body"])} if job and kw["namespace"] == cfg.build_namespace else None
 
     @kopf.index(
         "v1",

@@ -47,18 +47,23 @@ class Kube:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
     async def create(self, obj: Mapping[str, Any]) -> bool:
-        """Create `obj` (Job, Deployment, Service); False when it already exists (409)."""
+        """Create `obj` (Job, Deployment, Service, Secret); False when it already exists (409)."""
+        return await self.create_returning(obj) is not None
+
+    async def create_returning(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create `obj` and return it as the apiserver stored it; None when it already exists (409)."""
         kind, ns = obj["kind"], obj["metadata"]["namespace"]
         fn = {
             "Job": self.batch.create_namespaced_job,
             "Deployment": self.apps.create_namespaced_deployment,
             "Service": self.core.create_namespaced_service,
+            "Secret": self.core.create_namespaced_secret,
         }[kind]
         try:
-            await self._call(fn, ns, dict(obj))
+            res = await self._call(fn, ns, dict(obj))
         except ApiException as e:
             if e.status == 409:
-                return False
+                return None
             raise
         log.info(
             "created %s %s/%s",
@@ -67,7 +72,13 @@ class Kube:
             obj["metadata"]["name"],
             extra=fields(kind=kind, namespace=ns, name=obj["metadata"]["name"]),
         )
-        return True
+        out: dict[str, Any] = self.api.sanitize_for_serialization(res)
+        return out
+
+    async def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
+        """A Secret's data (base64 values, as stored)."""
+        res = await self._call(self.core.read_namespaced_secret, name, namespace)
+        return dict(res.data or {})
 
     async def apply_owned(self, obj: Mapping[str, Any]) -> str:
         """Create, or replace when its spec hash annotation differs. Returns created|replaced|unchanged."""

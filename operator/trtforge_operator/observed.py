@@ -218,6 +218,7 @@ class PodView:
     containers: tuple[ContainerView, ...] = ()
     deleting: bool = False
     created: float | None = None
+    unschedulable: str | None = None  # the scheduler's message while it cannot place the pod
 
     @classmethod
     def from_k8s(cls, obj: Mapping[str, Any]) -> PodView:
@@ -245,6 +246,14 @@ class PodView:
             containers=containers,
             deleting=bool(meta.get("deletionTimestamp")),
             created=parse_time(meta.get("creationTimestamp")),
+            unschedulable=next(
+                (
+                    str(c.get("message") or c.get("reason") or "unschedulable")
+                    for c in conds
+                    if c.get("type") == "PodScheduled" and c.get("status") == "False"
+                ),
+                None,
+            ),
         )
 
     def terminations(self) -> list[Terminated]:

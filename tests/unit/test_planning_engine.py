@@ -354,3 +354,43 @@ def test_invalid_model_is_not_retried() -> None:
     stalled = get_condition(plan.status.conditions, "Stalled")
     assert stalled is not None and stalled.status == "True" and stalled.reason == "InvalidBuildInput"
     assert "truncated ONNX" in stalled.message
+
+
+def test_model_secret_goes_to_the_job_as_a_copy_and_an_unreadable_one_says_why() -> None:
+    import dataclasses
+
+    e = engine([{"gpu": H100.gpu}])
+    obs = dataclasses.replace(observe(e), model_secret=children.model_secret_copy_name("team-a", "s3"))
+    (j,) = plan_engine(obs, CFG).jobs_to_create
+    c = j["spec"]["template"]["spec"]["containers"][0]
+    assert c["envFrom"] == [{"secretRef": {"name": children.model_secret_copy_name("team-a", "s3")}}]
+    copy = children.model_secret_copy(
+        {"AWS_ACCESS_KEY_ID": "eA=="},
+        "team-a",
+        "s3",
+        {"metadata": {"name": j["metadata"]["name"], "uid": "job-uid"}},
+        "builds",
+    )
+    assert copy["metadata"]["ownerReferences"][0]["uid"] == "job-uid"  # deleted with its Job
+    denied = dataclasses.replace(
+        observe(e), model_secret_error="model secret team-a/s3: the operator may not read it"
+    )
+    plan = plan_engine(denied, CFG)
+    assert plan.jobs_to_create == [] and plan.status.targets[0].reason == "ModelSecretUnavailable"
+
+
+def test_a_build_pod_the_scheduler_cannot_place_says_so() -> None:
+    import dataclasses
+
+    e = engine([{"gpu": GH200.gpu}])
+    (j,) = plan_engine(observe(e), CFG).jobs_to_create
+    obs = dataclasses.replace(
+        observe(e, jobs=[job(j, at=NOW)]),
+        unschedulable={j["metadata"]["name"]: "0/5 nodes are available: 1 Insufficient nvidia.com/gpu."},
+    )
+    (t,) = plan_engine(obs, CFG).status.targets
+    assert (
+        t.phase == "Building"
+        and t.reason == "WaitingForGPU"
+        and "Insufficient nvidia.com/gpu" in (t.message or "")
+    )

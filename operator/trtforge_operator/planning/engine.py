@@ -73,6 +73,9 @@ class EngineObserved:
     manifests: ManifestLookup
     capacity: Capacity
     now: float
+    model_secret: str | None = None  # the copy's name in the build namespace (spec.model.secretRef)
+    model_secret_error: str | None = None  # why the tenant's Secret could not be read
+    unschedulable: Mapping[str, str] = field(default_factory=dict)  # build Job -> why its pod waits
 
 
 @dataclass
@@ -313,6 +316,10 @@ def _plan_target(
     if latest is not None and latest.running:
         st.phase, st.reason = "Building", "BuildRunning"
         st.message = f"build Job {latest.name} (attempt {latest.attempt}) is running"
+        waiting = obs.unschedulable.get(latest.name)
+        if waiting:
+            st.reason = "WaitingForGPU"
+            st.message = one_line(f"build Job {latest.name} waits for a {target} node: {waiting}")
         return out
     if latest is not None and latest.complete:
         rk = result_key(latest.result())
@@ -352,6 +359,10 @@ def _plan_target(
             )
             out.wake_at = retry_at
             return out
+    if obs.model_secret_error:
+        st.phase, st.reason = "Failed", "ModelSecretUnavailable"
+        st.message = one_line(obs.model_secret_error)
+        return out
     if not ki.hosting_nodes:
         st.phase, st.reason = ("Pending", "NoMatchingNode") if failed_msg is None else (st.phase, st.reason)
         st.message = f"no schedulable node offers {target} ({target.resource_name() or 'cpu'})"
@@ -374,6 +385,7 @@ def _plan_target(
         atol=val.atol,
         backend=ki.backend.backend,
         attempt=attempt + 1,
+        model_secret=obs.model_secret,
     )
     st.job_name = out.create.job_name
     st.attempts = attempt + 1

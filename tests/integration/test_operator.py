@@ -82,6 +82,14 @@ def test_build_per_gpu_type_then_serve(env: OperatorEnv, tiny: str) -> None:
             assert pod.spec.node_name == "gpu-b200-mig-0"
             assert pod.spec.containers[0].resources.limits["nvidia.com/mig-1g.23gb"] == "1"
     print(f"\nTRTEngine Ready with 3 targets in {ready_s:.1f}s")
+    assert "trtforge.io/finalizer" in eng["metadata"]["finalizers"]
+    core: Any = client.CoreV1Api(env.api)
+
+    def reasons() -> set[str]:
+        evs = core.list_namespaced_event(ns, field_selector="involvedObject.name=tiny").items
+        return {e.reason for e in evs}
+
+    wait_for(lambda: {"BuildStarted", "EngineReady"} <= reasons(), timeout=30, desc="Events on transitions")
 
     t1 = time.monotonic()
     env.apply(deployment_manifest("tiny", "tiny"), ns)

@@ -21,8 +21,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--standalone",
         action="store_true",
-        default=True,
-        help="no peering (one replica with a Recreate strategy); the default",
+        help="no kopf peering: run one replica with a Recreate strategy (always the case; kept for the chart)",
     )
     p.set_defaults(func=run)
 

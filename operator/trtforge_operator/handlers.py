@@ -308,6 +308,7 @@ async def cleanup_engine(state: State, body: Mapping[str, Any], indices: Mapping
         else:
             await state.kube.delete("Job", j.namespace, j.name)
     state.triggers.drop("trte", *me)
+    state.written.pop(("trte", *me), None)
 
 
 # ------------------------------------------------------------------------------- InferenceDeployment
@@ -398,6 +399,7 @@ async def cleanup_deployment(state: State, body: Mapping[str, Any], indices: Map
             await state.kube.delete("Deployment", ns, d.name)
     await state.kube.delete("Service", ns, children.service_name(name))
     state.triggers.drop("infd", ns, name)
+    state.written.pop(("infd", ns, name), None)
 
 
 # ----------------------------------------------------------------------------------------- the loop

@@ -21,7 +21,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--standalone",
         action="store_true",
-        help="no kopf peering: run one replica with a Recreate strategy (always the case; kept for the chart)",
+        help="no kopf peering (always so: run one replica with a Recreate strategy)",
     )
     p.set_defaults(func=run)
 

@@ -15,7 +15,7 @@ from trtforge.contract.gpu_probe import EmulatedGPUProbe
 from trtforge.testbed import binaries, gpus, procs, reflect2_patch
 from trtforge.testbed.build import BinariesError, check_debian_packages, deb_src_entry
 from trtforge.testbed.kubelet import podspec
-from trtforge.testbed.kubelet.process import exit_code_of, mount_script
+from trtforge.testbed.kubelet.process import ContainerProcess, exit_code_of, mount_script
 from trtforge.testbed.kubelet.volumes import Mount
 from trtforge.testbed.profile import ProfileError, gpu_file, load_profile, node_labels, node_status
 from trtforge.testbed.wait import WaitTimeout, wait_for
@@ -272,9 +272,33 @@ def test_mount_script_binds_in_order_then_execs(tmp_path: Path) -> None:
     s = mount_script([Mount(tmp_path, "/data", True), Mount(f, "/dev/termination-log", False)])
     lines = s.splitlines()
     assert lines[-1] == 'exec "$@"'
-    assert lines.index("mkdir -p /data") < lines.index(f"mount --bind {tmp_path} /data")
-    assert "mount -o remount,bind,ro /data" in s and "mount --bind" in lines[-2]
+    assert lines.index(f"exec 10<{tmp_path}") < lines.index("mkdir -p /data")
+    bind = "mount --no-canonicalize --bind /proc/self/fd/10 /data"
+    assert lines.index("mkdir -p /data") < lines.index(bind)
+    assert "mount -o remount,bind,ro /data" in s and "exec 10<&- 11<&-" in lines[-2]
     assert exit_code_of(-15) == 143 and exit_code_of(3) == 3
+
+
+def test_container_sees_its_volumes_and_the_host_paths_it_needs_under_a_shadowing_mount(
+    tmp_path: Path,
+) -> None:
+    """An emptyDir at an ancestor of the other volumes' sources and of the project (an operator's
+    runtime pod mounts /tmp; CI may clone the project under /tmp) hides neither from the container."""
+    shadow = next(p for p in tmp_path.parents if p != Path("/") and p.parent == Path("/"))
+    empty = tmp_path / "emptydir"
+    data = tmp_path / "data"
+    project = tmp_path / "project"
+    for d in (empty, data, project):
+        d.mkdir()
+    (data / "hello").write_text("from the volume")
+    (project / "code.py").write_text("from the project")
+    mounts = [Mount(empty, str(shadow), False), Mount(data, "/mnt/trtforge-test-data", True)]
+    argv = ["sh", "-c", f"cat /mnt/trtforge-test-data/hello; echo; cat {project}/code.py; echo; ls {shadow}"]
+    proc = ContainerProcess(argv, {"PATH": "/usr/bin:/bin"}, tmp_path, mounts, tmp_path / "log", (project,))
+    assert proc.proc.wait(timeout=30) == 0, (tmp_path / "log").read_text()
+    out = (tmp_path / "log").read_text().splitlines()
+    assert out[:2] == ["from the volume", "from the project"]
+    assert out[2:] == [tmp_path.relative_to(shadow).parts[0]]  # the emptyDir, holding only the way back
 
 
 # --- binaries, ports, Debian -------------------------------------------------------------------------

@@ -102,6 +102,14 @@ class KubeletContext:
         if self.gpus is None:
             self.gpus = GPUAllocator(self.paths)
 
+    def host_paths(self) -> tuple[Path, ...]:
+        """Host paths every container needs to see, whatever it mounts over them: the project (its
+        code is installed in editable mode), its Python, and the test bed's state."""
+        import trtforge
+
+        project = Path(trtforge.__file__).resolve().parents[1]
+        return (project, Path(sys.prefix), Path(sys.base_prefix), self.paths.root.resolve())
+
     def base_env(self, pod_uid: str, pod_name: str, pod_ip: str, home: Path) -> dict[str, str]:
         """The environment every container starts from: the project's venv first on PATH."""
         venv_bin = str(Path(sys.executable).parent)

@@ -301,7 +301,14 @@ class PodWorker(threading.Thread):
         if c.restarts and log_path.exists():
             log_path.replace(log_path.with_name(f"{c.name}.previous.log"))
         c.env = env
-        c.proc = ContainerProcess(argv, env, Path(c.spec.get("workingDir") or home), mounts, log_path)
+        c.proc = ContainerProcess(
+            argv,
+            env,
+            Path(c.spec.get("workingDir") or home),
+            mounts,
+            log_path,
+            keep_visible=self.ctx.host_paths(),
+        )
         c.state, c.reason, c.message, c.exit_code = "running", "", "", None
         c.started_at, c.finished_at = c.proc.started_at, None
         c.ready = False

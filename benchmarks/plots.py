@@ -188,22 +188,31 @@ def recovery(res: dict[str, Any]) -> list[Path]:
     runs = [r for r in res.get("runs", []) if r.get("ready_again_s") is not None]
     if not runs:
         return []
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(runs) + 1.8))
     labels = [f"{'rebuild' if r['rebuild'] else 'no rebuild'} #{i}" for i, r in enumerate(runs)]
-    ax.barh(labels, [r["detect_s"] or 0 for r in runs], color="#fdae6b", label="fault seen in status")
-    ax.barh(
-        labels,
-        [r["ready_again_s"] - (r["detect_s"] or 0) for r in runs],
-        left=[r["detect_s"] or 0 for r in runs],
-        color="#74c476",
-        label="then Ready again",
-    )
+    seen: set[str] = set()
     for i, r in enumerate(runs):
-        ax.text(r["ready_again_s"], i, f" {r['ready_again_s']:.1f} s", va="center", fontsize=8)
+        det = r.get("detect_s") or 0.0
+        ready = r["ready_again_s"]
+        segs = [
+            ("fault seen in status", 0.0, det, "#fdae6b"),
+            ("pod moved, Ready again", det, ready, "#74c476"),
+        ]
+        end = ready
+        if r.get("ready_after_rebuild_s") is not None:
+            end = r["ready_after_rebuild_s"]
+            segs.append(("rebuild done, Ready on it", ready, end, "#6baed6"))
+        for name, a, b, color in segs:
+            ax.barh(i, max(0.0, b - a), left=a, color=color, label=None if name in seen else name)
+            seen.add(name)
+        ax.text(end, i, f" {end:.1f} s", va="center", fontsize=8)
+    ax.set_yticks(range(len(runs)))
+    ax.set_yticklabels(labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds after `trtforge cluster fault` (Xid 79)")
     ax.set_title("Time to recover: InferenceDeployment Ready again", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3)
+    ax.set_xlim(right=ax.get_xlim()[1] * 1.1)
     fig.tight_layout()
     path = _save(fig, "bench-recovery.png")
     plt.close(fig)

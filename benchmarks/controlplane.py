@@ -31,7 +31,16 @@ from typing import Any
 
 import yaml
 
-from benchmarks.common import CACHE, TRTFORGE, http_get, log, peak_rss_bytes, table, write_result
+from benchmarks.common import (
+    CACHE,
+    TRTFORGE,
+    http_get,
+    log,
+    peak_rss_bytes,
+    table,
+    tree_cpu_seconds,
+    write_result,
+)
 
 GROUP, VERSION = "trtforge.io", "v1alpha1"
 TARGETS = [
@@ -243,16 +252,19 @@ def run_case(
             for o in list_engines(env.api, counted, "")
         }
         q0 = operator_counters(mport)
+        r0, qby0 = apiserver_requests(env.tb)
+        cpu0 = tree_cpu_seconds(env.op.proc.pid) if env.op.proc is not None else 0.0
         time.sleep(quiet)
+        cpu1 = tree_cpu_seconds(env.op.proc.pid) if env.op.proc is not None else 0.0
+        r1, qby1 = apiserver_requests(env.tb)
         q1 = operator_counters(mport)
+        qtop = sorted(((k, qby1.get(k, 0) - qby0.get(k, 0)) for k in qby1), key=lambda kv: -kv[1])[:6]
         after = {
             o["metadata"]["name"]: o["metadata"]["resourceVersion"]
             for o in list_engines(env.api, counted, "")
         }
-        rec = _sum(q1, "trtforge_reconciles_total", KIND) - _sum(q0, "trtforge_reconciles_total", "TRTEngine")
-        wr = _sum(q1, "trtforge_status_writes_total", KIND) - _sum(
-            q0, "trtforge_status_writes_total", "TRTEngine"
-        )
+        rec = _sum(q1, "trtforge_reconciles_total", KIND) - _sum(q0, "trtforge_reconciles_total", KIND)
+        wr = _sum(q1, "trtforge_status_writes_total", KIND) - _sum(q0, "trtforge_status_writes_total", KIND)
         res["quiet"] = {
             "seconds": quiet,
             "engines": len(after),
@@ -261,6 +273,10 @@ def run_case(
             "reconciles": rec,
             "status_writes": wr,
             "writes_per_reconcile": round(wr / rec, 4) if rec else None,
+            "operator_cpu_util": round((cpu1 - cpu0) / quiet, 3),
+            "api_requests": int(r1 - r0 - 1),
+            "api_requests_idle_baseline": int(idle_rate * quiet),
+            "api_top": {k: int(v) for k, v in qtop if v > 0},
         }
     if env.op.proc is not None:
         res["operator_peak_rss_mb"] = round(peak_rss_bytes(env.op.proc.pid) / 2**20, 1)
@@ -359,8 +375,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def render(results: dict[str, Any]) -> str:
     rows = []
+    quiet_rows = []
     for c in results["cases"]:
-        q = c.get("quiet") or {}
         rows.append(
             [
                 c["scenario"],
@@ -369,20 +385,33 @@ def render(results: dict[str, Any]) -> str:
                 c["done_s"],
                 c["apply_s"],
                 c["jobs_created"],
+                c["cache_hits"],
                 c["operator_peak_rss_mb"],
                 c["api_requests_per_engine"],
-                q.get("status_writes"),
-                q.get("reconciles"),
-                q.get("resource_version_changes"),
+                c["status_writes"],
+                c["reconciles"],
             ]
         )
-    head = (
-        "Control plane: N TRTEngines x 3 targets applied at once (cache: all from the store; jobs: all build)"
-    )
-    return (
-        head
-        + "\n"
-        + table(
+        q = c.get("quiet")
+        if q:
+            quiet_rows.append(
+                [
+                    c["n"],
+                    q["engines"],
+                    q["seconds"],
+                    q["status_writes"],
+                    q["reconciles"],
+                    q.get("writes_per_reconcile"),
+                    q["resource_version_changes"],
+                    q.get("api_requests"),
+                    q.get("api_requests_idle_baseline"),
+                    q.get("operator_cpu_util"),
+                ]
+            )
+    out = [
+        "Control plane: N TRTEngines x 3 targets applied at once"
+        " (cache: all from the store; jobs: all build)",
+        table(
             [
                 "scenario",
                 "N",
@@ -390,15 +419,36 @@ def render(results: dict[str, Any]) -> str:
                 "done s",
                 "kubectl apply s",
                 "Jobs created",
+                "cache hits",
                 "operator peak RSS MB",
                 "API req/engine",
-                "quiet status writes",
-                "quiet reconciles",
-                "quiet RV changes",
+                "status writes",
+                "reconciles",
             ],
             rows,
-        )
-    )
+        ),
+    ]
+    if quiet_rows:
+        out += [
+            "",
+            "Quiet window after the cache case (nothing changes):",
+            table(
+                [
+                    "N",
+                    "engines",
+                    "seconds",
+                    "status writes",
+                    "reconciles",
+                    "writes/reconcile",
+                    "RV changes",
+                    "API requests",
+                    "idle baseline",
+                    "operator CPU (cores)",
+                ],
+                quiet_rows,
+            ),
+        ]
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,10 @@
 Model URIs: ``pvc://<claim>/<path>`` and plain or ``file://`` paths are read in place (hashed, not
 copied); ``s3://<bucket>/<key>`` (credentials as for the S3 store) and ``https://`` / ``http://``
 are streamed into the work directory.
+
+An https model behind authentication: the TRTEngine's ``spec.model.secretRef`` Secret, given to the
+build as environment (``envFrom``), holds ``TRTFORGE_MODEL_TOKEN``; it is sent as
+``Authorization: Bearer <token>`` to the model's host only, never along a redirect to another host.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from trtforge_builder.progress import Progress
 
 CHUNK = 1 << 20
 HTTP_TIMEOUT_S = 60.0
+TOKEN_ENV = "TRTFORGE_MODEL_TOKEN"
 
 
 @dataclass(frozen=True)
@@ -109,8 +114,12 @@ def _fetch_s3(uri: str, workdir: Path) -> FetchedModel:
 def _fetch_http(uri: str, workdir: Path) -> FetchedModel:
     dest = workdir / "model.onnx"
     h = hashlib.sha256()
+    request = urllib.request.Request(uri)
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if token:
+        request.add_unredirected_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(uri, timeout=HTTP_TIMEOUT_S) as resp, open(dest, "wb") as f:
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as resp, open(dest, "wb") as f:
             total = int(resp.headers.get("Content-Length") or 0) or None
             prog = Progress(f"downloading model {uri}", total)
             while chunk := resp.read(CHUNK):
@@ -118,6 +127,13 @@ def _fetch_http(uri: str, workdir: Path) -> FetchedModel:
                 f.write(chunk)
                 prog.update(len(chunk))
     except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            hint = (
+                "the token was refused"
+                if token
+                else f"no token given (${TOKEN_ENV} from spec.model.secretRef)"
+            )
+            raise _fail(uri, f"HTTP {e.code} {e.reason}: {hint}") from e
         raise _fail(uri, f"HTTP {e.code} {e.reason}") from e
     except urllib.error.URLError as e:
         raise _fail(uri, f"cannot reach the server: {e.reason}") from e

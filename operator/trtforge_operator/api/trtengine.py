@@ -139,7 +139,10 @@ class ModelSource(ApiModel):
     )
     secret_ref: SecretReference | None = Field(
         default=None,
-        description="Secret (same namespace) with credentials for s3:// (AWS_* keys) or https:// (token).",
+        description=(
+            "Secret (same namespace) with credentials: AWS_* keys for s3://, "
+            "TRTFORGE_MODEL_TOKEN (a bearer token) for https://."
+        ),
     )
 
     @model_validator(mode="after")

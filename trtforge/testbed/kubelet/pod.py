@@ -365,15 +365,7 @@ class PodWorker(threading.Thread):
         """A terminated container that policy restarts: wait out its back-off, then start it again."""
         if c.state != "terminated" or not will_restart(self.policy, c.exit_code or 0):
             return
-        now = time.time()
-        if c.next_start == 0.0:
-            c.next_start = now + c.backoff
-            c.backoff = min(c.backoff * 2, BACKOFF_MAX_S)
-        if now >= c.next_start:
-            c.last = {"terminated": c.terminated()}
-            c.restarts += 1
-            c.next_start = 0.0
-            self._start(c)
+        self._restart_after_backoff(c)
 
     def _watch(self, c: Container) -> None:
         """Exit and probes of a running container."""
@@ -414,7 +406,7 @@ class PodWorker(threading.Thread):
                         self.init_failed = True
                         self.phase = "Failed"
                         return
-                    self._maybe_restart_init(c)
+                    self._restart_after_backoff(c)
                 return
             self.init_done = True
         for c in self.containers:
@@ -427,7 +419,8 @@ class PodWorker(threading.Thread):
         states = [(c.state, c.exit_code) for c in self.containers]
         self.phase = pod_phase(self.policy, self.init_done, self.init_failed, states)
 
-    def _maybe_restart_init(self, c: Container) -> None:
+    def _restart_after_backoff(self, c: Container) -> None:
+        """Start a terminated container again once its back-off (doubling, capped) has passed."""
         now = time.time()
         if c.next_start == 0.0:
             c.next_start = now + c.backoff

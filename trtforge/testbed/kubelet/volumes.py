@@ -69,29 +69,29 @@ class VolumeBuilder:
         self.dir = pod_dir / "volumes"
         self.pod_ip = pod_ip
 
-    def _configmap(self, name: str, optional: bool) -> dict[str, bytes] | None:
+    def _data(self, kind: str, name: str, optional: bool) -> dict[str, bytes] | None:
+        """A configmap's or secret's data as bytes; None when it is missing and optional."""
         try:
-            cm = self.core.read_namespaced_config_map(name, self.ns)
+            if kind == "secret":
+                obj = self.core.read_namespaced_secret(name, self.ns)
+            else:
+                obj = self.core.read_namespaced_config_map(name, self.ns)
         except ApiException as e:
             if e.status == 404:
                 if optional:
                     return None
-                raise NotReady(f'configmap "{name}" not found') from e
+                raise NotReady(f'{kind} "{name}" not found') from e
             raise
-        out = {k: v.encode() for k, v in (cm.data or {}).items()}
-        out.update({k: base64.b64decode(v) for k, v in (cm.binary_data or {}).items()})
+        if kind == "secret":
+            return {k: base64.b64decode(v) for k, v in (obj.data or {}).items()}
+        out = {k: v.encode() for k, v in (obj.data or {}).items()}
+        out.update({k: base64.b64decode(v) for k, v in (obj.binary_data or {}).items()})
         return out
 
-    def _secret(self, name: str, optional: bool) -> dict[str, bytes] | None:
-        try:
-            s = self.core.read_namespaced_secret(name, self.ns)
-        except ApiException as e:
-            if e.status == 404:
-                if optional:
-                    return None
-                raise NotReady(f'secret "{name}" not found') from e
-            raise
-        return {k: base64.b64decode(v) for k, v in (s.data or {}).items()}
+    def _files(self, kind: str, name: str, src: dict[str, Any]) -> dict[str, bytes]:
+        """The files a configMap or secret source (volume or projection) asks for (`items`, `optional`)."""
+        data = self._data(kind, name, bool(src.get("optional"))) or {}
+        return _select(data, src.get("items"), f'{kind} "{name}"')
 
     def _token(self, audience: str | None, seconds: int | None) -> bytes:
         sa = self.pod["spec"].get("serviceAccountName") or "default"
@@ -146,12 +146,10 @@ class VolumeBuilder:
                 d.mkdir(parents=True, exist_ok=True)
             elif "configMap" in v:
                 src = v["configMap"]
-                data = self._configmap(src["name"], bool(src.get("optional"))) or {}
-                _write_files(d, _select(data, src.get("items"), f'configmap "{src["name"]}"'), mode)
+                _write_files(d, self._files("configmap", src["name"], src), mode)
             elif "secret" in v:
                 src = v["secret"]
-                data = self._secret(src["secretName"], bool(src.get("optional"))) or {}
-                _write_files(d, _select(data, src.get("items"), f'secret "{src["secretName"]}"'), mode)
+                _write_files(d, self._files("secret", src["secretName"], src), mode)
             elif "downwardAPI" in v:
                 _write_files(d, self._downward(v["downwardAPI"].get("items") or []), mode)
             elif "projected" in v:
@@ -161,13 +159,9 @@ class VolumeBuilder:
                         t = s["serviceAccountToken"]
                         files[t["path"]] = self._token(t.get("audience"), t.get("expirationSeconds"))
                     elif "configMap" in s:
-                        c = s["configMap"]
-                        data = self._configmap(c["name"], bool(c.get("optional"))) or {}
-                        files.update(_select(data, c.get("items"), f'configmap "{c["name"]}"'))
+                        files.update(self._files("configmap", s["configMap"]["name"], s["configMap"]))
                     elif "secret" in s:
-                        c = s["secret"]
-                        data = self._secret(c["name"], bool(c.get("optional"))) or {}
-                        files.update(_select(data, c.get("items"), f'secret "{c["name"]}"'))
+                        files.update(self._files("secret", s["secret"]["name"], s["secret"]))
                     elif "downwardAPI" in s:
                         files.update(self._downward(s["downwardAPI"].get("items") or []))
                 _write_files(d, files, mode)

@@ -10,11 +10,11 @@ from trtforge_operator import children
 from trtforge_operator import labels as L
 from trtforge_operator.api import FaultRecord, InferenceDeployment, TRTEngine, get_condition
 from trtforge_operator.config import BackendSpec, OperatorConfig
-from trtforge_operator.fakes import default_nodes, gpu_node, iso, job
 from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView
 from trtforge_operator.planning import faults as F
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
 
+from tests.fakes import default_nodes, gpu_node, iso, job
 from trtforge.contract.gpu import GPUTarget
 
 NOW = 1_800_000_000.0

@@ -10,10 +10,10 @@ from trtforge_operator import children
 from trtforge_operator import labels as L
 from trtforge_operator.api import TRTEngine, get_condition
 from trtforge_operator.config import BackendSpec, OperatorConfig
-from trtforge_operator.fakes import default_nodes, gpu_node, job
 from trtforge_operator.observed import JobView, NodeView
 from trtforge_operator.planning.engine import Capacity, EngineObserved, key_inputs, plan_engine
 
+from tests.fakes import default_nodes, gpu_node, job
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.manifest import Accuracy, CanaryRef, Manifest
 

@@ -6,8 +6,9 @@ import datetime as dt
 import json
 from typing import Any
 
-from trtforge.contract.gpu import KNOWN_GPUS
 from trtforge_operator import labels as L
+
+from trtforge.contract.gpu import KNOWN_GPUS
 
 
 def iso(epoch: float) -> str:

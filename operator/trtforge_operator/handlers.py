@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 from kubernetes.client.rest import ApiException
@@ -49,6 +49,7 @@ from trtforge_operator.store_reader import StoreReader
 log = logging.getLogger(__name__)
 MANAGED = {L.APP_MANAGED_BY: L.MANAGED_BY}
 DEBOUNCE_S = 0.2
+V = TypeVar("V")
 
 
 class Triggers:
@@ -108,12 +109,9 @@ def _plain(body: Any) -> dict[str, Any]:
     return json.loads(json.dumps(dict(body), default=str))
 
 
-def _values(index: Any) -> list[Any]:
-    """A snapshot of every value of a kopf index (it changes under us between awaits)."""
-    out: list[Any] = []
-    for store in list(index.values()):
-        out.extend(list(store))
-    return out
+def _views(index: Any, cls: type[V]) -> list[V]:
+    """A snapshot of every `cls` value of a kopf index (it changes under us between awaits)."""
+    return [v for store in list(index.values()) for v in list(store) if isinstance(v, cls)]
 
 
 def _current_status(state: State, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -198,8 +196,8 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
         )
         await _write_status(state, "trte", L.TRTENGINES, body, old, status.to_wire())
         return None
-    nodes = [v for v in _values(indices["nodes_idx"]) if isinstance(v, NodeView)]
-    jobs = [v for v in _values(indices["jobs_idx"]) if isinstance(v, JobView)]
+    nodes = _views(indices["nodes_idx"], NodeView)
+    jobs = _views(indices["jobs_idx"], JobView)
     secret_data, secret_copy, secret_error = None, None, None
     if obj.spec.model.secret_ref is not None:
         sname = obj.spec.model.secret_ref.name
@@ -298,7 +296,7 @@ async def cleanup_engine(state: State, body: Mapping[str, Any], indices: Mapping
                     others_ids.add(t.engine_key[:20])
                 if t.job_name:
                     others_ids.add(t.job_name.removeprefix(children.JOB_PREFIX)[:20])
-    for j in (v for v in _values(indices["jobs_idx"]) if isinstance(v, JobView)):
+    for j in _views(indices["jobs_idx"], JobView):
         ours = j.build_id in mine_ids or j.name in mine_names or requester in j.requesters()
         if not ours:
             continue
@@ -339,8 +337,8 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     label = children.dns_name(name)
     deployments = [v for v in list(indices["deps_idx"].get((ns, label), [])) if isinstance(v, DeploymentView)]
     pods = [v for v in list(indices["rpods_idx"].get((ns, label), [])) if isinstance(v, PodView)]
-    nodes = [v for v in _values(indices["nodes_idx"]) if isinstance(v, NodeView)]
-    jobs = [v for v in _values(indices["jobs_idx"]) if isinstance(v, JobView)]
+    nodes = _views(indices["nodes_idx"], NodeView)
+    jobs = _views(indices["jobs_idx"], JobView)
     obs = DeploymentObserved(
         namespace=ns,
         name=name,

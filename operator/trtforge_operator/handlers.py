@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 MANAGED = {L.APP_MANAGED_BY: L.MANAGED_BY}
 DEBOUNCE_S = 0.2
 V = TypeVar("V")
+S = TypeVar("S", TRTEngineStatus, InferenceDeploymentStatus)
 
 
 class Triggers:
@@ -188,12 +189,11 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
     meta = body["metadata"]
     ns, name, gen = meta["namespace"], meta["name"], int(meta.get("generation") or 1)
     old = _current_status(state, "trte", body)
+    old_status = _parsed_status(TRTEngineStatus, old)
     try:
         obj = TRTEngine.model_validate({**body, "status": old})
     except ValidationError as e:
-        status = invalid_spec_status(
-            _safe_engine_status(old), gen, f"invalid spec: {e.errors()[0]['msg']}", time.time()
-        )
+        status = invalid_spec_status(old_status, gen, f"invalid spec: {e.errors()[0]['msg']}", time.time())
         await _write_status(state, "trte", L.TRTENGINES, body, old, status.to_wire())
         return None
     nodes = _views(indices["nodes_idx"], NodeView)
@@ -251,30 +251,24 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
             await state.kube.annotate(
                 "Job", state.cfg.build_namespace, jname, {L.A_REQUESTERS: json.dumps(reqs)}
             )
-    old_norm = _safe_engine_status(old).to_wire()
+    old_norm = old_status.to_wire() if old else {}
     new = plan.status.to_wire()
-    if await _write_status(state, "trte", L.TRTENGINES, body, old_norm if old else {}, new):
+    if await _write_status(state, "trte", L.TRTENGINES, body, old_norm, new):
         state.triggers.fire_all("infd", ns)
         hits = sum(1 for t in plan.status.targets if t.cache_hit and t.phase == "Ready")
-        was = sum(1 for t in _safe_engine_status(old).targets if t.cache_hit and t.phase == "Ready")
+        was = sum(1 for t in old_status.targets if t.cache_hit and t.phase == "Ready")
         if hits > was:
             state.metrics.cache_hits.inc(hits - was)
     await _post_events(state, body, plan.events)
     return plan.requeue_after
 
 
-def _safe_engine_status(raw: Mapping[str, Any]) -> TRTEngineStatus:
+def _parsed_status(cls: type[S], raw: Mapping[str, Any]) -> S:
+    """A status as its model, or an empty one when what is there does not validate."""
     try:
-        return TRTEngineStatus.model_validate(raw or {})
+        return cls.model_validate(raw or {})
     except ValidationError:
-        return TRTEngineStatus()
-
-
-def _safe_infd_status(raw: Mapping[str, Any]) -> InferenceDeploymentStatus:
-    try:
-        return InferenceDeploymentStatus.model_validate(raw or {})
-    except ValidationError:
-        return InferenceDeploymentStatus()
+        return cls()
 
 
 async def cleanup_engine(state: State, body: Mapping[str, Any], indices: Mapping[str, Any]) -> None:
@@ -283,7 +277,7 @@ async def cleanup_engine(state: State, body: Mapping[str, Any], indices: Mapping
     meta = body["metadata"]
     me = (meta["namespace"], meta["name"])
     requester = f"{me[0]}/{me[1]}"
-    status = _safe_engine_status(body.get("status") or {})
+    status = _parsed_status(TRTEngineStatus, body.get("status") or {})
     mine_ids = {t.engine_key[:20] for t in status.targets if t.engine_key}
     mine_names = {t.job_name for t in status.targets if t.job_name}
     others_ids: set[str] = set()
@@ -322,6 +316,7 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
         meta.get("uid", ""),
     )
     old = _current_status(state, "infd", body)
+    old_status = _parsed_status(InferenceDeploymentStatus, old)
     try:
         obj = InferenceDeployment.model_validate({**body, "status": old})
     except ValidationError as e:
@@ -355,7 +350,7 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
         engine_problem=problem,
     )
     plan = plan_deployment(obs, state.cfg)
-    old_norm = _safe_infd_status(old).to_wire() if old else {}
+    old_norm = old_status.to_wire() if old else {}
     new = plan.status.to_wire()
     # Record faults (and their actions) before acting on them: a crash in between repeats the actions.
     await _write_status(state, "infd", L.INFERENCEDEPLOYMENTS, body, old_norm, new)
@@ -381,7 +376,7 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     for ev in plan.events:
         if ev.reason == "GPUFault":
             state.metrics.faults.labels(ev.message.rsplit("action ", 1)[-1]).inc()
-    old_faults = {(f.pod, f.time) for f in _safe_infd_status(old).faults if f.recovered_seconds is not None}
+    old_faults = {(f.pod, f.time) for f in old_status.faults if f.recovered_seconds is not None}
     for f in plan.status.faults:
         if f.recovered_seconds is not None and (f.pod, f.time) not in old_faults:
             state.metrics.recovery_seconds.observe(f.recovered_seconds)

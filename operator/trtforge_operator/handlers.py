@@ -76,6 +76,12 @@ class Triggers:
             if k == kind and (namespace is None or ns == namespace):
                 ev.set()
 
+    def fire_label(self, kind: str, namespace: str, label: str) -> None:
+        """Wake the loops of `kind` in `namespace` whose children carry `label` (dns_name of the name)."""
+        for (k, ns, n), ev in self._events.items():
+            if k == kind and ns == namespace and children.dns_name(n) == label:
+                ev.set()
+
     def node_changed(self, view: NodeView | None, name: str) -> bool:
         """True when a Node's projection (labels, GPU resources, health) changed, not just a heartbeat."""
         if view is None:
@@ -566,12 +572,12 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event("v1", "pods", labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_RUNTIME}, registry=registry)
     def _runtime_pod_event(**kw: Any) -> None:
         namespace, labels = kw["namespace"], kw["labels"]
-        _fire_infd_label(state, namespace, labels.get(L.L_INFD, ""))
+        state.triggers.fire_label("infd", namespace, labels.get(L.L_INFD, ""))
 
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)
     def _deployment_event(**kw: Any) -> None:
         namespace, labels = kw["namespace"], kw["labels"]
-        _fire_infd_label(state, namespace, labels.get(L.L_INFD, ""))
+        state.triggers.fire_label("infd", namespace, labels.get(L.L_INFD, ""))
 
     @kopf.on.event("v1", "nodes", registry=registry)
     def _node_event(**kw: Any) -> None:
@@ -618,12 +624,6 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     @kopf.on.delete(L.GROUP, L.VERSION, L.INFERENCEDEPLOYMENTS, id="cleanup", registry=registry)
     async def _infd_deleted(body: Any, **kwargs: Any) -> None:
         await cleanup_deployment(state, body, kwargs)
-
-
-def _fire_infd_label(state: State, namespace: str, label: str) -> None:
-    for k, ns, n in list(state.triggers._events):
-        if k == "infd" and ns == namespace and children.dns_name(n) == label:
-            state.triggers.fire(k, ns, n)
 
 
 def _read_job_annotations(state: State, namespace: str, name: str) -> dict[str, str] | None:

@@ -474,6 +474,12 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     """Register every handler on `registry` (no import-time side effects)."""
     cfg = state.cfg
 
+    def _build_pod_job(namespace: str, labels: Mapping[str, str]) -> str | None:
+        """The Job a build pod belongs to; None outside the build namespace."""
+        if namespace != cfg.build_namespace:
+            return None
+        return labels.get("job-name") or labels.get("batch.kubernetes.io/job-name") or None
+
     @kopf.on.startup(registry=registry)
     def _settings(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.persistence.finalizer = L.FINALIZER
@@ -514,9 +520,8 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         registry=registry,
     )
     def _bpods_idx(**kw: Any) -> Any:
-        labels = kw["labels"]
-        job = labels.get("job-name") or labels.get("batch.kubernetes.io/job-name")
-        return {job: PodView.from_k8s(kw["body"])} if job and kw["namespace"] == cfg.build_namespace else None
+        job = _build_pod_job(kw["namespace"], kw["labels"])
+        return {job: PodView.from_k8s(kw["body"])} if job else None
 
     @kopf.index(
         "v1",
@@ -558,9 +563,9 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.event("v1", "pods", labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_BUILDER}, registry=registry)
     async def _build_pod_event(**kw: Any) -> None:
-        body, namespace, labels = kw["body"], kw["namespace"], kw["labels"]
-        job_name = labels.get("job-name") or labels.get("batch.kubernetes.io/job-name")
-        if namespace != cfg.build_namespace or not job_name:
+        body, namespace = kw["body"], kw["namespace"]
+        job_name = _build_pod_job(namespace, kw["labels"])
+        if not job_name:
             return
         result = _build_pod_result(PodView.from_k8s(body))
         if result is None:

@@ -305,8 +305,7 @@ async def cleanup_engine(state: State, body: Mapping[str, Any], indices: Mapping
             await state.kube.annotate("Job", j.namespace, j.name, {L.A_REQUESTERS: json.dumps(rest)})
         else:
             await state.kube.delete("Job", j.namespace, j.name)
-    state.triggers.drop("trte", *me)
-    state.written.pop(("trte", *me), None)
+    _forget(state, "trte", *me)
 
 
 # ------------------------------------------------------------------------------- InferenceDeployment
@@ -397,8 +396,13 @@ async def cleanup_deployment(state: State, body: Mapping[str, Any], indices: Map
         if isinstance(d, DeploymentView):
             await state.kube.delete("Deployment", ns, d.name)
     await state.kube.delete("Service", ns, children.service_name(name))
-    state.triggers.drop("infd", ns, name)
-    state.written.pop(("infd", ns, name), None)
+    _forget(state, "infd", ns, name)
+
+
+def _forget(state: State, kind: str, namespace: str, name: str) -> None:
+    """Drop what the operator keeps about a deleted object (its wake-up flag, the status it wrote)."""
+    state.triggers.drop(kind, namespace, name)
+    state.written.pop((kind, namespace, name), None)
 
 
 # ----------------------------------------------------------------------------------------- the loop

@@ -31,7 +31,7 @@ from trtforge_operator.api import (
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView
 from trtforge_operator.planning import faults as F
-from trtforge_operator.planning.engine import Event, key_inputs, one_line
+from trtforge_operator.planning.engine import Event, build_request, key_inputs, one_line
 
 
 @dataclass(frozen=True)
@@ -73,27 +73,15 @@ def _rebuild_request(
     engine = obs.engine
     if engine is None:
         return None
-    spec = engine.spec
     try:
-        ki = key_inputs(spec, target, obs.nodes, cfg)
+        ki = key_inputs(engine.spec, target, obs.nodes, cfg)
     except ValueError:
         return None
-    val = spec.validation_settings()
-    return children.BuildRequest(
-        target=target,
-        model_uri=spec.model.uri,
-        model_sha256=spec.model.sha256,
-        build=spec.build_config(),
+    return build_request(
+        engine.spec,
+        ki,
+        f"{obs.namespace}/{engine.metadata.name}",
         engine_key=key,
-        request_digest=ki.request_digest,
-        node_selector=ki.node_selector,
-        requester=f"{obs.namespace}/{engine.metadata.name}",
-        timing_cache=spec.builder.timing_cache,
-        timeout_seconds=spec.builder.timeout_seconds,
-        samples=val.samples,
-        rtol=val.rtol,
-        atol=val.atol,
-        backend=ki.backend.backend,
         rebuild_of=fid,
         avoid_nodes=tuple(sorted(avoid)),
     )

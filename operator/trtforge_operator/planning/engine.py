@@ -163,6 +163,41 @@ def key_inputs(
     )
 
 
+def build_request(
+    spec: TRTEngineSpec,
+    ki: KeyInputs,
+    requester: str,
+    *,
+    engine_key: str | None,
+    attempt: int = 1,
+    model_secret: str | None = None,
+    rebuild_of: str | None = None,
+    avoid_nodes: tuple[str, ...] = (),
+) -> children.BuildRequest:
+    """The build of one target of `spec` (a first build, a retry, or a rebuild after a GPU fault)."""
+    val = spec.validation_settings()
+    return children.BuildRequest(
+        target=ki.target,
+        model_uri=spec.model.uri,
+        model_sha256=spec.model.sha256,
+        build=spec.build_config(),
+        engine_key=engine_key,
+        request_digest=ki.request_digest,
+        node_selector=ki.node_selector,
+        requester=requester,
+        timing_cache=spec.builder.timing_cache,
+        timeout_seconds=spec.builder.timeout_seconds,
+        samples=val.samples,
+        rtol=val.rtol,
+        atol=val.atol,
+        backend=ki.backend.backend,
+        attempt=attempt,
+        rebuild_of=rebuild_of,
+        avoid_nodes=avoid_nodes,
+        model_secret=model_secret,
+    )
+
+
 def backoff_seconds(failed_attempts: int, cfg: OperatorConfig) -> float:
     """Wait after the n-th failed attempt: base * 2^(n-1), capped."""
     b = cfg.build
@@ -367,23 +402,11 @@ def _plan_target(
         st.phase, st.reason = ("Pending", "NoMatchingNode") if failed_msg is None else (st.phase, st.reason)
         st.message = f"no schedulable node offers {target} ({target.resource_name() or 'cpu'})"
         return out
-    spec = obs.spec
-    val = spec.validation_settings()
-    out.create = children.BuildRequest(
-        target=target,
-        model_uri=spec.model.uri,
-        model_sha256=spec.model.sha256,
-        build=spec.build_config(),
+    out.create = build_request(
+        obs.spec,
+        ki,
+        obs_requester(obs),
         engine_key=ki.engine_key,
-        request_digest=ki.request_digest,
-        node_selector=ki.node_selector,
-        requester=obs_requester(obs),
-        timing_cache=spec.builder.timing_cache,
-        timeout_seconds=spec.builder.timeout_seconds,
-        samples=val.samples,
-        rtol=val.rtol,
-        atol=val.atol,
-        backend=ki.backend.backend,
         attempt=attempt + 1,
         model_secret=obs.model_secret,
     )

@@ -295,7 +295,6 @@ def _plan_target(
     target: GPUTarget,
     cfg: OperatorConfig,
     jobs_by_id: Mapping[str, list[JobView]],
-    prev: TargetStatus | None,
 ) -> _TargetOutcome:
     st = TargetStatus(name=target.name, gpu=target.gpu, mig=target.mig, phase="Pending")
     try:
@@ -437,7 +436,7 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     outcomes: list[_TargetOutcome] = []
     extra_total = extra_ns = 0
     for target in targets:
-        o = _plan_target(obs, target, cfg, jobs_by_id, prev.get(target.name))
+        o = _plan_target(obs, target, cfg, jobs_by_id)
         if o.create is not None:
             if obs.capacity.allows(extra_total, extra_ns):
                 extra_total += 1

@@ -57,6 +57,15 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return obj.get("metadata") or {}
 
 
+def _ready(conditions: list[Mapping[str, Any]]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _nvidia_quantities(resources: Mapping[str, Any] | None) -> dict[str, int]:
+    """The nvidia.com/* entries of a Node's capacity or allocatable, as counts."""
+    return {k: _qty_int(v) for k, v in (resources or {}).items() if k.startswith("nvidia.com/")}
+
+
 @dataclass(frozen=True)
 class NodeView:
     name: str
@@ -72,7 +81,6 @@ class NodeView:
     def from_k8s(cls, obj: Mapping[str, Any]) -> NodeView:
         meta, spec, status = _meta(obj), obj.get("spec") or {}, obj.get("status") or {}
         conds = status.get("conditions") or []
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
         bad = tuple(
             sorted(
                 c["type"]
@@ -83,18 +91,10 @@ class NodeView:
         return cls(
             name=meta.get("name", ""),
             labels=dict(meta.get("labels") or {}),
-            capacity={
-                k: _qty_int(v)
-                for k, v in (status.get("capacity") or {}).items()
-                if k.startswith("nvidia.com/")
-            },
-            allocatable={
-                k: _qty_int(v)
-                for k, v in (status.get("allocatable") or {}).items()
-                if k.startswith("nvidia.com/")
-            },
+            capacity=_nvidia_quantities(status.get("capacity")),
+            allocatable=_nvidia_quantities(status.get("allocatable")),
             taint_keys=frozenset(t.get("key", "") for t in spec.get("taints") or []),
-            ready=ready,
+            ready=_ready(conds),
             unschedulable=bool(spec.get("unschedulable")),
             bad_conditions=bad,
         )
@@ -242,7 +242,7 @@ class PodView:
             annotations=dict(meta.get("annotations") or {}),
             node=spec.get("nodeName"),
             phase=str(status.get("phase") or "Pending"),
-            ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds),
+            ready=_ready(conds),
             containers=containers,
             deleting=bool(meta.get("deletionTimestamp")),
             created=parse_time(meta.get("creationTimestamp")),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from trtforge.contract.gpu import (
@@ -376,7 +376,6 @@ class DeploymentView:
     updated_replicas: int = 0
     available_replicas: int = 0
     progress_deadline_exceeded: bool = False
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_k8s(cls, obj: Mapping[str, Any]) -> DeploymentView:

@@ -158,17 +158,6 @@ class Kube:
             res = await self._call(self.custom.list_cluster_custom_object, L.GROUP, L.VERSION, plural)
         return list(res.get("items") or [])
 
-    async def get_custom(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            res = await self._call(
-                self.custom.get_namespaced_custom_object, L.GROUP, L.VERSION, namespace, plural, name
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-        return dict(res)
-
     async def token_review(self, token: str, audience: str) -> dict[str, Any]:
         body = {
             "apiVersion": "authentication.k8s.io/v1",

@@ -91,6 +91,32 @@ def restricted_security_context() -> dict[str, Any]:
     }
 
 
+def container(
+    name: str,
+    image: str,
+    image_pull_policy: str,
+    command: list[str],
+    env: list[dict[str, Any]],
+    resources: dict[str, Any],
+    mounts: list[dict[str, Any]],
+    **fields: Any,
+) -> dict[str, Any]:
+    """A PSS-restricted container that leaves its result where the operator reads it (termination message)."""
+    return {
+        "name": name,
+        "image": image,
+        "imagePullPolicy": image_pull_policy,
+        "command": command,
+        "env": env,
+        **fields,
+        "resources": resources,
+        "volumeMounts": mounts,
+        "securityContext": restricted_security_context(),
+        "terminationMessagePath": TERMINATION_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
 def pod_security_context() -> dict[str, Any]:
     return {
         "runAsNonRoot": True,
@@ -246,19 +272,16 @@ def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
         "securityContext": pod_security_context(),
         "nodeSelector": dict(req.node_selector),
         "containers": [
-            {
-                "name": "build",
-                "image": cfg.builder_image,
-                "imagePullPolicy": cfg.image_pull_policy,
-                "command": builder_args(req, cfg.store_uri),
-                "env": env,
+            container(
+                "build",
+                cfg.builder_image,
+                cfg.image_pull_policy,
+                builder_args(req, cfg.store_uri),
+                env,
+                resources,
+                mounts,
                 **({"envFrom": env_from} if env_from else {}),
-                "resources": resources,
-                "volumeMounts": mounts,
-                "securityContext": restricted_security_context(),
-                "terminationMessagePath": TERMINATION_PATH,
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-            }
+            )
         ],
         "volumes": volumes,
     }
@@ -416,26 +439,23 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
         "nodeSelector": dict(req.node_selector),
         "terminationGracePeriodSeconds": 30,
         "containers": [
-            {
-                "name": "serve",
-                "image": req.image,
-                "imagePullPolicy": req.image_pull_policy,
-                "command": args,
-                "env": env,
-                "ports": [{"name": "http", "containerPort": req.port, "protocol": "TCP"}],
-                "readinessProbe": {**probe_base, "periodSeconds": 2, "failureThreshold": 2},
-                "livenessProbe": {
+            container(
+                "serve",
+                req.image,
+                req.image_pull_policy,
+                args,
+                env,
+                resources,
+                mounts,
+                ports=[{"name": "http", "containerPort": req.port, "protocol": "TCP"}],
+                readinessProbe={**probe_base, "periodSeconds": 2, "failureThreshold": 2},
+                livenessProbe={
                     "httpGet": {"path": "/v2/health/live", "port": req.port},
                     "initialDelaySeconds": 10,
                     "periodSeconds": 10,
                     "failureThreshold": 3,
                 },
-                "resources": resources,
-                "volumeMounts": mounts,
-                "securityContext": restricted_security_context(),
-                "terminationMessagePath": TERMINATION_PATH,
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-            }
+            )
         ],
         "volumes": volumes,
     }

@@ -1,8 +1,10 @@
 """`trtforge serve` as a real subprocess on a loopback port, driven by `tritonclient` (no Kubernetes).
 
-Engines are real ONNX models (ResNet-50 from the onnx package's test data with its weights
-materialised, and a dynamic-batch MLP) laid out in a local store; outputs are compared with ONNX
-Runtime run directly. The GPU is the test bed's emulated probe file.
+Engines are what the real builder (`trtforge_builder`) publishes into a local store, built once per
+module from `tests.modelzoo` models (ResNet-50 from the onnx package's test data with its weights
+materialised, and a dynamic-batch MLP) for the emulated H100 that the serve processes probe too;
+outputs are compared with ONNX Runtime run directly on the source models. The negative scenarios
+copy a built engine and break one thing in it.
 """
 
 from __future__ import annotations
@@ -27,21 +29,21 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
-from test_serve_engines import (
-    B200,
-    H100,
+
+from tests.integration.serve_engines import (
     H100_UUID,
-    dynamic_batch_model,
+    build_engine,
+    copy_engine,
     env_for,
     inject_xid,
-    light_model,
+    perturb_canary,
     run_ort,
+    tamper_engine,
     termination,
-    write_engine,
     write_gpu_file,
 )
-
-from trtforge.contract.gpu import GPUIdentity
+from tests.modelzoo import dynamic_mlp, light_model
+from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.termination import EXIT_ENGINE_INTEGRITY, EXIT_GPU_FAULT, EXIT_GPU_MISMATCH
 
 pytestmark = pytest.mark.integration
@@ -132,8 +134,8 @@ class Bed:
     tmp: Path
     store: Path
     gpu_file: Path
-    resnet: bytes
-    mlp: bytes
+    resnet: Path  # the source models
+    mlp: Path
     resnet_key: str
     mlp_key: str
 
@@ -142,16 +144,19 @@ class Bed:
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Bed:
     tmp = tmp_path_factory.mktemp("serve")
     store = tmp / "store"
+    gpu_file = write_gpu_file(tmp / "gpus.json")  # the builds probe the GPU the servers get
     resnet = light_model("resnet50")
-    mlp = dynamic_batch_model()
+    mlp = dynamic_mlp(seed=1, features=64, hidden=128, outputs=10)
     return Bed(
         tmp=tmp,
         store=store,
-        gpu_file=write_gpu_file(tmp / "gpus.json"),
+        gpu_file=gpu_file,
         resnet=resnet,
         mlp=mlp,
-        resnet_key=write_engine(store, resnet, name="resnet50", samples=1),
-        mlp_key=write_engine(store, mlp, name="mlp", samples=8, max_batch=32),
+        resnet_key=build_engine(store, resnet, name="resnet50", gpu_file=gpu_file, samples=1),
+        mlp_key=build_engine(
+            store, mlp, name="mlp", gpu_file=gpu_file, samples=8, profiles=["x:1x64:16x64:32x64"]
+        ),
     )
 
 
@@ -305,33 +310,26 @@ def test_errors_are_json_with_the_right_status(mlp_server: Server) -> None:
     assert e.value.code == 400 and "not valid" in json.loads(e.value.read())["error"]
 
 
-def _engine_copy(
-    bed: Bed, name: str, gpu: GPUIdentity = H100, canary_outputs: dict[str, np.ndarray] | None = None
-) -> tuple[Path, str]:
+def _engine_copy(bed: Bed, name: str, gpu: GPUTarget | None = None) -> tuple[Path, str]:
+    """The built MLP engine copied into a store of its own (for another GPU when `gpu` is given)."""
     store = bed.tmp / name
-    key = write_engine(
-        store, bed.mlp, name="mlp", samples=4, max_batch=32, gpu=gpu, canary_outputs=canary_outputs
-    )
-    return store, key
+    return store, copy_engine(bed.store, bed.mlp_key, store, gpu=gpu)
 
 
 def test_tampered_engine_is_refused(bed: Bed) -> None:
     store, key = _engine_copy(bed, "tampered")
-    artifact = store / "engines" / key / "model.onnx"
-    data = bytearray(artifact.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    artifact.write_bytes(bytes(data))
+    artifact = tamper_engine(store, key)
     s = Server(store, key, bed.tmp, bed.gpu_file, cache=bed.tmp / "cache-tampered")
     assert s.exit_code() == EXIT_ENGINE_INTEGRITY, s.output()
     s.stop()
     msg = termination(s.term)
     assert msg["reason"] == "EngineIntegrity"
     assert "does not match the manifest" in str(msg["message"]) and "tampered" in str(msg["message"])
-    assert not list((bed.tmp / "cache-tampered").rglob("model.onnx"))
+    assert artifact.suffix == ".onnx" and not list((bed.tmp / "cache-tampered").rglob("*.onnx"))
 
 
 def test_engine_for_another_gpu_is_refused(bed: Bed) -> None:
-    store, key = _engine_copy(bed, "b200", gpu=B200)
+    store, key = _engine_copy(bed, "b200", gpu=GPUTarget(gpu="NVIDIA-B200"))
     s = Server(store, key, bed.tmp, bed.gpu_file)
     assert s.exit_code() == EXIT_GPU_MISMATCH, s.output()
     s.stop()
@@ -342,8 +340,9 @@ def test_engine_for_another_gpu_is_refused(bed: Bed) -> None:
 
 
 def test_canary_mismatch_keeps_the_server_not_ready(bed: Bed) -> None:
-    store, key = _engine_copy(bed, "canary", canary_outputs={"y": np.full((4, 10), 0.5, np.float32)})
-    s = Server(store, key, bed.tmp, bed.gpu_file)
+    store, key = _engine_copy(bed, "canary")
+    perturb_canary(store, key, 0.5)
+    s = Server(store, key, bed.tmp, bed.gpu_file, cache=bed.tmp / "cache-canary")
     try:
         s.wait("live")
         deadline = time.monotonic() + 30

@@ -43,13 +43,20 @@ def install_crds(tb: Any) -> None:
         tb.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
 
 
-def ensure_namespace(api: client.ApiClient, name: str) -> None:
-    core: Any = client.CoreV1Api(api)
+def _create_if_absent(create: Any, *args: Any) -> None:
+    """Call a client `create_*`; an object that already exists (409) is fine."""
     try:
-        core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        create(*args)
     except ApiException as e:
         if e.status != 409:
             raise
+
+
+def ensure_namespace(api: client.ApiClient, name: str) -> None:
+    core: Any = client.CoreV1Api(api)
+    _create_if_absent(
+        core.create_namespace, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    )
 
 
 def _claim(core: Any, ns: str, name: str) -> None:
@@ -59,11 +66,7 @@ def _claim(core: Any, ns: str, name: str) -> None:
         "metadata": {"name": name},
         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}}},
     }
-    try:
-        core.create_namespaced_persistent_volume_claim(ns, body)
-    except ApiException as e:
-        if e.status != 409:
-            raise
+    _create_if_absent(core.create_namespaced_persistent_volume_claim, ns, body)
 
 
 def claim_path(api: client.ApiClient, ns: str, name: str, timeout: float = 60) -> Path:
@@ -84,11 +87,7 @@ def prepare_build_namespace(api: client.ApiClient, ns: str) -> tuple[Path, Path]
     """The build namespace with its ServiceAccount and the store and model PVCs; returns their host dirs."""
     ensure_namespace(api, ns)
     core: Any = client.CoreV1Api(api)
-    try:
-        core.create_namespaced_service_account(ns, {"metadata": {"name": "trtforge-builder"}})
-    except ApiException as e:
-        if e.status != 409:
-            raise
+    _create_if_absent(core.create_namespaced_service_account, ns, {"metadata": {"name": "trtforge-builder"}})
     _claim(core, ns, STORE_CLAIM)
     _claim(core, ns, MODELS_CLAIM)
     return claim_path(api, ns, STORE_CLAIM), claim_path(api, ns, MODELS_CLAIM)

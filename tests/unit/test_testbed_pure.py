@@ -222,10 +222,7 @@ def test_container_env_order_and_sources() -> None:
         c,
         {"POD_IP": "127.1.0.9"},
         "127.1.0.9",
-        secret_key=lambda n, k, o: {"k": "sv"}.get(k),
-        configmap_key=lambda n, k, o: None,
-        secret_all=lambda n, o: None,
-        configmap_all=lambda n, o: {"x": "1"},
+        lambda kind, n, o: {"k": "sv"} if kind == "secret" else {"x": "1"},
     )
     assert env["IP"] == "127.1.0.9" and env["APP"] == "a" and env["S"] == "sv" and "OPT" not in env
     assert env["BOTH"] == "1/sv/127.1.0.9"

@@ -259,32 +259,13 @@ class PodWorker(threading.Thread):
                 raise ConfigError(f'{kind} "{name}" not found') from e
             raise
 
-    def _key(self, kind: str, name: str, key: str, optional: bool) -> str | None:
-        data = self._lookup(kind, name, optional)
-        if data is None:
-            return None
-        if key not in data:
-            if optional:
-                return None
-            raise ConfigError(f"couldn't find key {key} in {kind} {self.ns}/{name}")
-        return data[key]
-
     def _start(self, c: Container) -> None:
         home = self.dir / "home"
         home.mkdir(parents=True, exist_ok=True)
         base = self.ctx.base_env(self.uid, self.pod_name, self.ip, home)
         base.update(self._gpu_env())
         try:
-            env = container_env(
-                self.pod,
-                c.spec,
-                base,
-                self.ip,
-                secret_key=lambda n, k, o: self._key("secret", n, k, o),
-                configmap_key=lambda n, k, o: self._key("configmap", n, k, o),
-                secret_all=lambda n, o: self._lookup("secret", n, o),
-                configmap_all=lambda n, o: self._lookup("configmap", n, o),
-            )
+            env = container_env(self.pod, c.spec, base, self.ip, self._lookup)
             argv = command_line(c.spec, env)
             mounts = container_mounts(c.spec, self.volumes)
         except (ConfigError, NotReady) as e:

@@ -53,8 +53,21 @@ def field_value(pod: Mapping[str, Any], path: str, pod_ip: str) -> str:
     return simple[path]
 
 
-KeyLookup = Callable[[str, str, bool], str | None]  # (object name, key, optional) -> value or None
-MapLookup = Callable[[str, bool], dict[str, str] | None]  # (object name, optional) -> all keys
+# ("secret" | "configmap", name, optional) -> its data; None when it is absent and optional.
+Lookup = Callable[[str, str, bool], dict[str, str] | None]
+
+
+def _key_value(lookup: Lookup, namespace: str, kind: str, ref: Mapping[str, Any]) -> str | None:
+    """A secretKeyRef / configMapKeyRef: the key's value; None when it is optional and missing."""
+    optional = bool(ref.get("optional"))
+    data = lookup(kind, ref["name"], optional)
+    if data is None:
+        return None
+    if ref["key"] not in data:
+        if optional:
+            return None
+        raise ConfigError(f"couldn't find key {ref['key']} in {kind} {namespace}/{ref['name']}")
+    return data[ref["key"]]
 
 
 def container_env(
@@ -62,21 +75,19 @@ def container_env(
     container: Mapping[str, Any],
     base: Mapping[str, str],
     pod_ip: str,
-    secret_key: KeyLookup,
-    configmap_key: KeyLookup,
-    secret_all: MapLookup,
-    configmap_all: MapLookup,
+    lookup: Lookup,
 ) -> dict[str, str]:
     """`base`, then envFrom, then env in order with `$(VAR)` expansion, as the kubelet builds it."""
     env = dict(base)
+    namespace = str((pod.get("metadata") or {}).get("namespace", ""))
     for src in container.get("envFrom") or []:
         prefix = src.get("prefix", "")
         if "configMapRef" in src:
             ref = src["configMapRef"]
-            data = configmap_all(ref["name"], bool(ref.get("optional")))
+            data = lookup("configmap", ref["name"], bool(ref.get("optional")))
         elif "secretRef" in src:
             ref = src["secretRef"]
-            data = secret_all(ref["name"], bool(ref.get("optional")))
+            data = lookup("secret", ref["name"], bool(ref.get("optional")))
         else:
             continue
         for k, v in (data or {}).items():
@@ -91,11 +102,9 @@ def container_env(
         if "fieldRef" in vf:
             value = field_value(pod, vf["fieldRef"]["fieldPath"], pod_ip)
         elif "secretKeyRef" in vf:
-            r = vf["secretKeyRef"]
-            value = secret_key(r["name"], r["key"], bool(r.get("optional")))
+            value = _key_value(lookup, namespace, "secret", vf["secretKeyRef"])
         elif "configMapKeyRef" in vf:
-            r = vf["configMapKeyRef"]
-            value = configmap_key(r["name"], r["key"], bool(r.get("optional")))
+            value = _key_value(lookup, namespace, "configmap", vf["configMapKeyRef"])
         elif "resourceFieldRef" in vf:
             value = _resource_value(container, vf["resourceFieldRef"])
         else:

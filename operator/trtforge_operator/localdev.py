@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,17 +21,12 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from trtforge.testbed.procs import free_port
 from trtforge.testbed.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE_CLAIM = "trtforge-store"
 MODELS_CLAIM = "models"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def install_crds(tb: Any) -> None:

@@ -131,6 +131,11 @@ def _uuid(node: str, kind: str, *parts: object) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, "/".join(["trtforge-testbed", node, kind, *map(str, parts)])))
 
 
+def mig_memory_mib(profile: str) -> int:
+    """The memory of a MIG profile (`3g.90gb` -> 92160)."""
+    return int(profile.split(".")[1].removesuffix("gb")) * 1024
+
+
 def gpu_file(p: NodeProfile) -> EmulatedGPUFile:
     """The node's emulated devices: whole GPUs, or MIG instances for a MIG node (all healthy)."""
     devices: list[GPUDevice] = []
@@ -160,7 +165,7 @@ def gpu_file(p: NodeProfile) -> EmulatedGPUFile:
                             index=i,
                             uuid=f"MIG-{_uuid(p.name, 'mig', i, n)}",
                             name=f"{name} MIG {prof}",
-                            memory_mib=int(prof.split(".")[1].removesuffix("gb")) * 1024,
+                            memory_mib=mig_memory_mib(prof),
                             compute_capability=cc,
                             mig_profile=prof,
                             sm_count=known.mig_profiles[prof],
@@ -223,7 +228,7 @@ def node_labels(p: NodeProfile) -> dict[str, str]:
                     totals[prof] = totals.get(prof, 0) + n
             for prof, n in totals.items():
                 labels[f"nvidia.com/mig-{prof}.count"] = str(n)
-                labels[f"nvidia.com/mig-{prof}.memory"] = str(int(prof.split(".")[1][:-2]) * 1024)
+                labels[f"nvidia.com/mig-{prof}.memory"] = str(mig_memory_mib(prof))
                 labels[f"nvidia.com/mig-{prof}.multiprocessors"] = str(known.mig_profiles[prof])
                 labels[f"nvidia.com/mig-{prof}.product"] = f"{p.product}-MIG-{prof}"
     labels.update(p.labels)

@@ -292,6 +292,13 @@ def sweep(kind: str, lay: Layout, seconds: float, warmup: float, log_dir: Path) 
     return out
 
 
+def pick_best(sweep_results: list[dict[str, Any]], tie: float = 0.03) -> int:
+    """The setting with the highest throughput; within `tie` of it, the one with the lowest p99."""
+    top = max(float(r["throughput"]) for r in sweep_results)
+    near = [i for i, r in enumerate(sweep_results) if float(r["throughput"]) >= (1 - tie) * top]
+    return min(near, key=lambda i: float(sweep_results[i]["p99_ms"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="squeezenet,resnet50")
@@ -299,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layouts", default="shared,isolated")
     p.add_argument("--seconds", type=float, default=8.0, help="measuring window per point (SqueezeNet)")
     p.add_argument("--warmup", type=float, default=2.0)
-    p.add_argument("--slow-factor", type=float, default=1.5, help="window multiplier for ResNet-50")
+    p.add_argument("--slow-factor", type=float, default=2.0, help="window multiplier for ResNet-50")
     p.add_argument("--ceiling-seconds", type=float, default=2.0)
     p.add_argument("--no-sweep", action="store_true", help="both servers with their defaults only")
     p.add_argument("--name", default="serving", help="result file name")
@@ -323,8 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             sw = sweep(kind, lay, a.seconds * 0.75, a.warmup, log_dir)
             lres["sweeps"][kind] = sw
-            best = max(range(len(sw)), key=lambda i, sw=sw: float(sw[i]["throughput"]))
-            chosen[kind] = SETTINGS[kind][best]
+            chosen[kind] = SETTINGS[kind][pick_best(sw)]
         lres["settings"] = {
             k: {"label": v.label, "threads_per_session": v.threads(lay)} for k, v in chosen.items()
         }

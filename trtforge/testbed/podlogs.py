@@ -11,6 +11,11 @@ class PodLogError(LookupError):
     pass
 
 
+def log_name(container: str, previous: bool = False) -> str:
+    """A container's log file in its pod's `logs/`; the run before the last restart is `.previous`."""
+    return f"{container}.previous.log" if previous else f"{container}.log"
+
+
 def pod_log_dir(paths: StatePaths, namespace: str, pod: str) -> Path:
     """The log directory of the newest pod with that name (a name can be reused after deletion)."""
     dirs = [d for d in paths.pods.glob(f"{namespace}_{pod}_*") if (d / "logs").is_dir()]
@@ -31,7 +36,7 @@ def read_pod_log(
             names = ", ".join(p.stem for p in logs)
             raise PodLogError(f"pod {namespace}/{pod} has containers {names}: name one")
         container = logs[0].stem
-    f = d / (f"{container}.previous.log" if previous else f"{container}.log")
+    f = d / log_name(container, previous)
     if not f.is_file():
         raise PodLogError(
             f"no {'previous ' if previous else ''}log for container {container} of {namespace}/{pod}"

@@ -14,7 +14,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from trtforge.testbed.paths import StatePaths
-from trtforge.testbed.podlogs import PodLogError, pod_log_dir
+from trtforge.testbed.podlogs import PodLogError, log_name, pod_log_dir
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,7 @@ def _handler(paths: StatePaths, running: Running, stopping: threading.Event) -> 
             q = {k: v[-1] for k, v in parse_qs(url.query).items()}
             previous = q.get("previous") == "true"
             try:
-                f = pod_log_dir(paths, ns, pod) / (
-                    f"{container}.previous.log" if previous else f"{container}.log"
-                )
+                f = pod_log_dir(paths, ns, pod) / log_name(container, previous)
             except PodLogError as e:
                 return self._fail(404, str(e))
             if not f.is_file():

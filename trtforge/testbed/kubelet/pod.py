@@ -25,6 +25,7 @@ from trtforge.testbed.kubelet.podspec import ConfigError, command_line, containe
 from trtforge.testbed.kubelet.probes import Prober
 from trtforge.testbed.kubelet.process import ContainerProcess
 from trtforge.testbed.kubelet.volumes import Mount, NotReady, VolumeBuilder, container_mounts
+from trtforge.testbed.podlogs import log_name
 
 log = logging.getLogger(__name__)
 
@@ -278,9 +279,9 @@ class PodWorker(threading.Thread):
         term.write_text("")
         term_path = c.spec.get("terminationMessagePath") or "/dev/termination-log"
         mounts = [*mounts, Mount(source=term, target=term_path, read_only=False)]
-        log_path = self.dir / "logs" / f"{c.name}.log"
+        log_path = self.dir / "logs" / log_name(c.name)
         if c.restarts and log_path.exists():
-            log_path.replace(log_path.with_name(f"{c.name}.previous.log"))
+            log_path.replace(log_path.with_name(log_name(c.name, previous=True)))
         c.env = env
         c.proc = ContainerProcess(
             argv,
@@ -329,7 +330,7 @@ class PodWorker(threading.Thread):
             pass
         if not msg and code != 0 and c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
             try:
-                lines = (self.dir / "logs" / f"{c.name}.log").read_text(errors="replace").splitlines()
+                lines = (self.dir / "logs" / log_name(c.name)).read_text(errors="replace").splitlines()
                 msg = "\n".join(lines[-80:])[-2048:]
             except OSError:
                 pass

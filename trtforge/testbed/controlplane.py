@@ -163,7 +163,7 @@ def _get(url: str, ctx: ssl.SSLContext | None = None, timeout: float = 2.0) -> t
 
 def _log_tail(paths: StatePaths, name: str, n: int = 15) -> str:
     try:
-        lines = (paths.logs / f"{name}.log").read_text(errors="replace").splitlines()
+        lines = paths.log(name).read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
     return "\n".join(lines[-n:])
@@ -182,7 +182,7 @@ def _wait_healthy(
                     f"{name} could not listen: a port is already in use; run "
                     f"`trtforge cluster up` again to pick other free ports. Log:\n{tail}"
                 )
-            raise ClusterError(f"{name} exited during start-up; see {paths.logs / (name + '.log')}:\n{tail}")
+            raise ClusterError(f"{name} exited during start-up; see {paths.log(name)}:\n{tail}")
         try:
             code, body = _get(url, ctx)
             if code == 200:
@@ -191,9 +191,7 @@ def _wait_healthy(
         except (OSError, urllib.error.URLError) as e:
             last = str(e)
         time.sleep(0.2)
-    raise ClusterError(
-        f"{name} was not healthy after {timeout:g}s ({last}); see {paths.logs / (name + '.log')}"
-    )
+    raise ClusterError(f"{name} was not healthy after {timeout:g}s ({last}); see {paths.log(name)}")
 
 
 def check_unshare() -> None:
@@ -399,9 +397,7 @@ def _wait_ready(paths: StatePaths, st: ClusterState, timeout_s: float) -> None:
         for c in watched:
             pid = procs.read_pid(paths, c)
             if pid is None or not procs.is_alive(pid):
-                raise ClusterError(
-                    f"{c} exited during start-up; see {paths.logs / (c + '.log')}:\n{_log_tail(paths, c)}"
-                )
+                raise ClusterError(f"{c} exited during start-up; see {paths.log(c)}:\n{_log_tail(paths, c)}")
         nodes = api.list_node().items
         names = {n.metadata.name for n in nodes if _node_ready(n)}
         if expected is not None and not expected <= names:
@@ -448,7 +444,7 @@ def down(paths: StatePaths) -> list[str]:
         if pid is not None and procs.is_alive(pid):
             procs.stop(pid, paths.root, grace_s=15.0 if c == "kubelet" else 10.0)
             stopped.append(f"{c} (pid {pid})")
-        (paths.pids / f"{c}.pid").unlink(missing_ok=True)
+        paths.pid_file(c).unlink(missing_ok=True)
     for pid in procs.sweep(paths.root):
         stopped.append(f"leftover pid {pid}")
     paths.state_file.unlink(missing_ok=True)

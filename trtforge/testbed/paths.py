@@ -82,6 +82,13 @@ class StatePaths:
     def volumes(self) -> Path:
         return self.root / "volumes"
 
+    def log(self, process: str) -> Path:
+        """Where a test-bed process (etcd, kube-apiserver, kubelet, ...) writes its output."""
+        return self.logs / f"{process}.log"
+
+    def pid_file(self, process: str) -> Path:
+        return self.pids / f"{process}.pid"
+
     def node_dir(self, node: str) -> Path:
         return self.nodes / node
 

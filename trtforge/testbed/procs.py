@@ -69,7 +69,7 @@ def spawn(
     paths.pids.mkdir(parents=True, exist_ok=True)
     full_env = dict(os.environ if env is None else env)
     full_env[MARKER_ENV] = str(paths.root)
-    with (paths.logs / f"{name}.log").open("ab") as out:
+    with paths.log(name).open("ab") as out:
         proc = subprocess.Popen(
             list(argv),
             stdout=out,
@@ -79,13 +79,13 @@ def spawn(
             cwd=cwd,
             start_new_session=True,
         )
-    (paths.pids / f"{name}.pid").write_text(str(proc.pid))
+    paths.pid_file(name).write_text(str(proc.pid))
     return proc.pid
 
 
 def read_pid(paths: StatePaths, name: str) -> int | None:
     try:
-        return int((paths.pids / f"{name}.pid").read_text().strip())
+        return int(paths.pid_file(name).read_text().strip())
     except (OSError, ValueError):
         return None
 

@@ -391,10 +391,9 @@ def _wait_ready(paths: StatePaths, st: ClusterState, timeout_s: float) -> None:
 
     api: Any = client.CoreV1Api(api_client(paths.kubeconfig))
     expected = _expected_nodes(paths)
-    watched = ("kubelet", "kube-controller-manager", "kube-scheduler", "kube-apiserver", "etcd")
 
     def ready() -> object:
-        for c in watched:
+        for c in COMPONENTS:
             pid = procs.read_pid(paths, c)
             if pid is None or not procs.is_alive(pid):
                 raise ClusterError(f"{c} exited during start-up; see {paths.log(c)}:\n{_log_tail(paths, c)}")

@@ -419,7 +419,7 @@ def _wait_ready(paths: StatePaths, st: ClusterState, timeout_s: float) -> None:
 
 
 def _expected_nodes(paths: StatePaths) -> set[str] | None:
-    f = paths.root / "nodes.expected"
+    f = paths.expected_nodes_file
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if f.is_file():

@@ -19,7 +19,7 @@ from trtforge.testbed.profile import Profile
 def _profile(paths: StatePaths) -> Profile:
     if not is_up(paths):
         raise ClusterError(f"the test bed at {paths.root} is not up: `trtforge cluster up` first")
-    f = paths.root / "profile.json"
+    f = paths.profile_file
     if not f.is_file():
         raise ClusterError(f"{f} is missing: is the emulated kubelet running? see {paths.logs}/kubelet.log")
     return Profile.model_validate_json(f.read_text())

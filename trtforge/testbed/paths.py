@@ -82,6 +82,16 @@ class StatePaths:
     def volumes(self) -> Path:
         return self.root / "volumes"
 
+    @property
+    def profile_file(self) -> Path:
+        """The node profile the running kubelet loaded (written by it, read by fault injection)."""
+        return self.root / "profile.json"
+
+    @property
+    def expected_nodes_file(self) -> Path:
+        """The node names the kubelet registers (written by it, awaited by `up`)."""
+        return self.root / "nodes.expected"
+
     def log(self, process: str) -> Path:
         """Where a test-bed process (etcd, kube-apiserver, kubelet, ...) writes its output."""
         return self.logs / f"{process}.log"

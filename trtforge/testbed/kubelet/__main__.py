@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     profile = load_profile(args.profile)
-    (paths.root / "profile.json").write_text(profile.model_dump_json(indent=2))
+    paths.profile_file.write_text(profile.model_dump_json(indent=2))
     ctx = KubeletContext(
         paths=paths,
         profile=profile,

@@ -167,7 +167,7 @@ class Kubelet:
         prov.ensure_class()
         for a in self.agents:
             a.register()
-        (self.ctx.paths.root / "nodes.expected").write_text("\n".join(sorted(self.nodes)) + "\n")
+        self.ctx.paths.expected_nodes_file.write_text("\n".join(sorted(self.nodes)) + "\n")
         log.info("nodes registered", extra=fields(nodes=sorted(self.nodes)))
         for a in self.agents:
             a.start()

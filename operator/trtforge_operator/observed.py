@@ -46,6 +46,11 @@ def parse_time(value: Any) -> float | None:
         return None
 
 
+def utc(epoch: float) -> dt.datetime:
+    """Epoch seconds as a UTC datetime to the second (how status times are written)."""
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).replace(microsecond=0)
+
+
 def _qty_int(v: Any) -> int:
     try:
         return int(str(v))

@@ -9,7 +9,6 @@ engine is being (re)built, its existing Deployment is left as it is. No I/O.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +28,7 @@ from trtforge_operator.api import (
     set_condition,
 )
 from trtforge_operator.config import OperatorConfig
-from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView
+from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView, utc
 from trtforge_operator.planning import faults as F
 from trtforge_operator.planning.engine import Event, build_request, key_inputs, one_line
 
@@ -61,10 +60,6 @@ class DeploymentPlan:
     delete_pods: list[str] = field(default_factory=list)
     jobs_to_create: list[dict[str, Any]] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-
-
-def _utc(epoch: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).replace(microsecond=0)
 
 
 def _rebuild_request(
@@ -301,7 +296,7 @@ def _conditions(
     records: list[FaultRecord],
     existing: dict[str, DeploymentView],
 ) -> list[Condition]:
-    gen, at = obs.generation, _utc(obs.now)
+    gen, at = obs.generation, utc(obs.now)
     conds = list(obs.status.conditions)
     engine = obs.engine
     not_done = [t for t in targets if not done.get(t.name)]

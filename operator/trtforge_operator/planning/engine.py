@@ -33,7 +33,7 @@ from trtforge_operator.api import (
     set_condition,
 )
 from trtforge_operator.config import BackendSpec, OperatorConfig
-from trtforge_operator.observed import JobView, NodeView
+from trtforge_operator.observed import JobView, NodeView, utc
 
 ManifestLookup = Callable[[str], Manifest | None]
 
@@ -260,7 +260,7 @@ def _iso(epoch: float) -> str:
 
 
 def _ts(epoch: float | None) -> dt.datetime | None:
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).replace(microsecond=0) if epoch else None
+    return utc(epoch) if epoch else None
 
 
 def _fill_from_manifest(st: TargetStatus, m: Manifest, store_uri: str) -> None:

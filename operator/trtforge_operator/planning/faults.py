@@ -10,7 +10,6 @@ avoided (a nodeAffinity NotIn on the pod template) while they stay unhealthy or 
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -18,7 +17,7 @@ from trtforge.contract.termination import EXIT_GPU_FAULT
 from trtforge_operator import children
 from trtforge_operator import labels as L
 from trtforge_operator.api import FaultRecord
-from trtforge_operator.observed import NodeView, PodView
+from trtforge_operator.observed import NodeView, PodView, utc
 
 GPU_FAULT = "GPUFault"
 LOAD_FAILURES = frozenset({"EngineLoadFailed", "GPUMismatch", "EngineIntegrity"})
@@ -37,10 +36,6 @@ REBUILD_ACTIONS = frozenset({MOVED_REBUILD, REBUILD})
 class DetectedFault:
     record: FaultRecord
     node_suspect: bool  # a GPU fault (the node is avoided) vs. a load failure (only a rebuild)
-
-
-def _utc(epoch: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).replace(microsecond=0)
 
 
 def fault_id(rec: FaultRecord) -> str:
@@ -71,7 +66,7 @@ def detect_pod_faults(
                 continue
             msg = t.termination()
             rec = FaultRecord(
-                time=_utc(t.finished_at or now),
+                time=utc(t.finished_at or now),
                 pod=p.name,
                 node=p.node,
                 gpu=(msg.gpu if msg else None),
@@ -123,7 +118,7 @@ def detect_node_faults(
         out.append(
             DetectedFault(
                 FaultRecord(
-                    time=_utc(now),
+                    time=utc(now),
                     pod=p.name,
                     node=p.node,
                     target=p.labels.get(L.L_TARGET),

@@ -574,7 +574,7 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         result = _build_pod_result(PodView.from_k8s(body))
         if result is None:
             return
-        job = await asyncio.to_thread(_read_job_annotations, state, namespace, job_name)
+        job = await state.kube.job_annotations(namespace, job_name)
         if job is not None and L.A_RESULT not in job:
             await state.kube.annotate("Job", namespace, job_name, {L.A_RESULT: result})
 
@@ -633,13 +633,3 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     @kopf.on.delete(L.GROUP, L.VERSION, L.INFERENCEDEPLOYMENTS, id="cleanup", registry=registry)
     async def _infd_deleted(body: Any, **kwargs: Any) -> None:
         await cleanup_deployment(state, body, kwargs)
-
-
-def _read_job_annotations(state: State, namespace: str, name: str) -> dict[str, str] | None:
-    try:
-        j = state.kube.batch.read_namespaced_job(name, namespace)
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-    return dict((j.metadata.annotations if j.metadata else None) or {})

@@ -80,6 +80,16 @@ class Kube:
         res = await self._call(self.core.read_namespaced_secret, name, namespace)
         return dict(res.data or {})
 
+    async def job_annotations(self, namespace: str, name: str) -> dict[str, str] | None:
+        """A Job's annotations; None when the Job is gone (404)."""
+        try:
+            j = await self._call(self.batch.read_namespaced_job, name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return dict((j.metadata.annotations if j.metadata else None) or {})
+
     async def apply_owned(self, obj: Mapping[str, Any]) -> str:
         """Create, or replace when its spec hash annotation differs. Returns created|replaced|unchanged."""
         kind, ns, name = obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]

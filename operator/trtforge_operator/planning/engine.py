@@ -305,9 +305,7 @@ def _plan_target(
     bid = children.build_id(ki.engine_key, ki.request_digest)
     builds = sorted((j for j in jobs_by_id.get(bid, []) if j.kind == "build"), key=lambda j: j.attempt)
     succeeded = [j for j in builds if j.complete]
-    key = ki.engine_key or next(
-        (result_key(j.result()) for j in reversed(succeeded) if result_key(j.result())), None
-    )
+    key = ki.engine_key or next((k for j in reversed(succeeded) if (k := result_key(j.result()))), None)
     manifest = obs.manifests(key) if key else None
     latest = builds[-1] if builds else None
     out = _TargetOutcome(st)

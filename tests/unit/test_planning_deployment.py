@@ -27,12 +27,12 @@ MIG = GPUTarget(gpu="NVIDIA-B200", mig="3g.90gb")
 KEY_H, KEY_M = "1" * 64, "2" * 64
 
 
-def engine(sha_h: str = "a" * 64, phase_h: str = "Ready") -> TRTEngine:
+def engine(sha_h: str = "a" * 64, phase_h: str = "Ready", model: dict[str, Any] | None = None) -> TRTEngine:
     return TRTEngine.model_validate(
         {
             "metadata": {"name": "resnet", "namespace": "team-a"},
             "spec": {
-                "model": {"uri": "pvc://models/r.onnx", "sha256": "f" * 64},
+                "model": model or {"uri": "pvc://models/r.onnx", "sha256": "f" * 64},
                 "targets": [{"gpu": H100.gpu}, {"gpu": MIG.gpu, "mig": MIG.mig}],
             },
             "status": {
@@ -271,6 +271,15 @@ def test_gpu_fault_moves_the_pod_records_it_and_rebuilds() -> None:
     assert f3.recovered_seconds == 22.0
     assert get_condition(plan3.status.conditions, "Ready").status == "True"  # type: ignore[union-attr]
     assert get_condition(plan3.status.conditions, "Degraded").status == "False"  # type: ignore[union-attr]
+
+
+def test_a_rebuild_gets_the_model_secret_as_the_first_build_did() -> None:
+    private = {"uri": "s3://models/r.onnx", "sha256": "f" * 64, "secretRef": {"name": "s3-creds"}}
+    pods = [pod("p-h100", "gpu-h100-0", terminated=gpu_fault())]
+    plan = plan_deployment(observed(infd(), engine(model=private), pods=pods), CFG)
+    (rb,) = plan.jobs_to_create
+    env_from = rb["spec"]["template"]["spec"]["containers"][0]["envFrom"]
+    assert env_from == [{"secretRef": {"name": children.model_secret_copy_name("team-a", "s3-creds")}}]
 
 
 def test_rebuild_disabled_still_moves_the_pod() -> None:

@@ -72,6 +72,7 @@ def _rebuild_request(
         ki = key_inputs(engine.spec, target, obs.nodes, cfg)
     except ValueError:
         return None
+    ref = engine.spec.model.secret_ref
     return build_request(
         engine.spec,
         ki,
@@ -79,6 +80,7 @@ def _rebuild_request(
         engine_key=key,
         rebuild_of=fid,
         avoid_nodes=tuple(sorted(avoid)),
+        model_secret=children.model_secret_copy_name(obs.namespace, ref.name) if ref else None,
     )
 
 

@@ -157,6 +157,7 @@ def _capacity(state: State, jobs: list[JobView], namespace: str) -> Capacity:
         if now - t > 60 or any(j.name == name for j in jobs):
             state.pending_jobs.pop(name, None)
     running = [j for j in jobs if j.running]
+    state.metrics.builds_running.set(len(running))
     pending_ns = sum(1 for _, ns in state.pending_jobs.values() if ns == namespace)
     in_ns = sum(1 for j in running if j.labels.get(L.L_REQ_NAMESPACE) == namespace) + pending_ns
     return Capacity(
@@ -184,6 +185,14 @@ async def _create_jobs(state: State, jobs: list[dict[str, Any]], kind: str) -> l
             state.metrics.jobs_created.labels(kind).inc()
             out.append(created)
     return out
+
+
+async def _copy_model_secret(
+    state: State, ns: str, secret: str, data: Mapping[str, Any], jobs: list[dict[str, Any]]
+) -> None:
+    """Copy a tenant's model Secret into the build namespace for each Job just created (owned by it)."""
+    for job in jobs:
+        await state.kube.create(children.model_secret_copy(data, ns, secret, job, state.cfg.build_namespace))
 
 
 # ------------------------------------------------------------------------------------------ TRTEngine
@@ -243,11 +252,7 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
         plan = await asyncio.to_thread(plan_engine, obs, state.cfg)
         created = await _create_jobs(state, plan.jobs_to_create, "build")
     if secret_data is not None and obj.spec.model.secret_ref is not None:
-        for job in created:
-            copy = children.model_secret_copy(
-                secret_data, ns, obj.spec.model.secret_ref.name, job, state.cfg.build_namespace
-            )
-            await state.kube.create(copy)
+        await _copy_model_secret(state, ns, obj.spec.model.secret_ref.name, secret_data, created)
     requester = f"{ns}/{name}"
     by_name = {j.name: j for j in jobs}
     for jname in plan.add_requester:
@@ -377,7 +382,15 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
         await state.kube.delete("Pod", ns, p)
     if plan.jobs_to_create:
         async with state.build_lock:
-            await _create_jobs(state, plan.jobs_to_create, "rebuild")
+            created = await _create_jobs(state, plan.jobs_to_create, "rebuild")
+        ref = engine.spec.model.secret_ref if engine is not None else None
+        if ref is not None and created:
+            try:
+                data = await state.kube.read_secret_data(ns, ref.name)
+            except ApiException as e:
+                log.warning("rebuild of %s/%s: model secret %s unreadable: %s", ns, name, ref.name, e.reason)
+            else:
+                await _copy_model_secret(state, ns, ref.name, data, created)
     for ev in plan.events:
         if ev.reason == "GPUFault":
             state.metrics.faults.labels(ev.message.rsplit("action ", 1)[-1]).inc()

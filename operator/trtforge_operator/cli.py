@@ -103,6 +103,7 @@ async def _gc_loop(state: Any) -> None:
     import time
 
     from trtforge_operator import labels as L
+    from trtforge_operator.observed import JobView
     from trtforge_operator.planning.gc import StoredEngine, plan_gc, referenced_keys
 
     cfg = state.cfg
@@ -123,11 +124,8 @@ async def _gc_loop(state: Any) -> None:
                 ((d.spec.template.metadata.annotations or {}).get(L.A_TEMPLATE_ENGINE_KEY, ""))
                 for d in deps.items
             ]
-            jkeys = [
-                (j.metadata.annotations or {}).get(L.A_ENGINE_KEY, "")
-                for j in jobs.items
-                if not (j.status.succeeded or j.status.failed)
-            ]
+            views = [JobView.from_k8s(state.kube.api.sanitize_for_serialization(j)) for j in jobs.items]
+            jkeys = [v.engine_key for v in views if v.running]  # a build still running may publish
             refs = referenced_keys([e.get("status") or {} for e in engines], tkeys, jkeys)
             stored = []
             for k in await asyncio.to_thread(state.store.keys):

@@ -40,7 +40,7 @@ def _cmd(args: Sequence[str]) -> str:
 
 
 def _pkg_version(python: Path | str, module: str) -> str:
-    out = _cmd([str(python), "-c", f"import {module}; print({module}.__version__)"])
+    out = _cmd([str(python), "-c", f"from importlib.metadata import version; print(version({module!r}))"])
     return out.splitlines()[-1] if out else "absent"
 
 

@@ -60,10 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         if res is None:
             continue
         body = _wrap(fn(res))
-        pat = re.compile(rf"(<!-- results:{marker} -->\n).*?(\n<!-- /results:{marker} -->)", re.S)
+        pat = re.compile(rf"(<!-- results:{marker} -->).*?(<!-- /results:{marker} -->)", re.S)
         if pat.search(doc):
-            doc = pat.sub(lambda m, b=body: m.group(1) + b + m.group(2), doc)
-    DOC.write_text(doc)
+            doc = pat.sub(lambda m, b=body: f"{m.group(1)}\n{b}\n{m.group(2)}", doc)
+    DOC.write_text(re.sub(r"\n{3,}", "\n\n", doc))
     log(f"filled the tables of {DOC.relative_to(ROOT)}")
     return 0
 

@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="squeezenet,resnet50")
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--layouts", default="shared,isolated")
-    p.add_argument("--seconds", type=float, default=8.0, help="measuring window per point (SqueezeNet)")
+    p.add_argument("--seconds", type=float, default=6.0, help="measuring window per point (SqueezeNet)")
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--slow-factor", type=float, default=2.0, help="window multiplier for ResNet-50")
     p.add_argument("--ceiling-seconds", type=float, default=2.0)

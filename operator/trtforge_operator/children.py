@@ -231,7 +231,7 @@ def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
     annotations = {
         L.A_ENGINE_KEY: req.engine_key or "",
         L.A_REQUEST_DIGEST: req.request_digest,
-        L.A_REQUESTERS: json.dumps([req.requester]),
+        L.requester_annotation(req.requester): req.requester,
         L.A_CREATED_FOR: req.requester,
         L.A_ATTEMPT: str(req.attempt),
         L.A_TARGET: json.dumps(req.target.model_dump(mode="json"), sort_keys=True),

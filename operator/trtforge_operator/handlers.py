@@ -257,10 +257,9 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
     by_name = {j.name: j for j in jobs}
     for jname in plan.add_requester:
         j = by_name.get(jname)
-        if j is not None:
-            reqs = sorted({*j.requesters(), requester})
+        if j is not None and requester not in j.requesters():
             await state.kube.annotate(
-                "Job", state.cfg.build_namespace, jname, {L.A_REQUESTERS: json.dumps(reqs)}
+                "Job", state.cfg.build_namespace, jname, {L.requester_annotation(requester): requester}
             )
     old_norm = old_status.to_wire() if old else {}
     new = plan.status.to_wire()
@@ -306,8 +305,7 @@ async def cleanup_engine(state: State, body: Mapping[str, Any], indices: Mapping
         if not ours:
             continue
         if j.build_id in others_ids:
-            rest = [r for r in j.requesters() if r != requester]
-            await state.kube.annotate("Job", j.namespace, j.name, {L.A_REQUESTERS: json.dumps(rest)})
+            await state.kube.annotate("Job", j.namespace, j.name, {L.requester_annotation(requester): None})
         else:
             await state.kube.delete("Job", j.namespace, j.name)
     _forget(state, "trte", *me)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 GROUP = "trtforge.io"
 VERSION = "v1alpha1"
 TRTENGINES = "trtengines"
@@ -24,7 +26,9 @@ L_TARGET = "trtforge.io/target"  # GPUTarget.name
 L_REQ_NAMESPACE = "trtforge.io/requester-namespace"  # first requester, for per-namespace limits
 A_ENGINE_KEY = "trtforge.io/engine-key"  # full key ("" when the model sha256 is not pinned)
 A_REQUEST_DIGEST = "trtforge.io/request-digest"
-A_REQUESTERS = "trtforge.io/requesters"  # JSON list of "namespace/name"
+# One annotation per requester ("namespace/name"), so requesters add and remove themselves with
+# merge patches that never overwrite each other (a shared JSON list would be a read-modify-write race).
+REQUESTER_PREFIX = "requester.trtforge.io/"
 A_CREATED_FOR = "trtforge.io/created-for"  # the requester whose reconcile created the Job
 A_TARGET = "trtforge.io/target"  # JSON {gpu, mig}
 A_ATTEMPT = "trtforge.io/attempt"
@@ -39,3 +43,8 @@ A_AVOID_NODES = "trtforge.io/avoid-nodes"
 
 BASE_LABELS = {APP_NAME: "trtforge", APP_MANAGED_BY: MANAGED_BY}
 A_SPEC_HASH = "trtforge.io/spec-hash"  # hash of the spec the operator last wrote (update only on change)
+
+
+def requester_annotation(requester: str) -> str:
+    """The annotation key under which a build Job records one requester (`namespace/name`)."""
+    return REQUESTER_PREFIX + hashlib.sha256(requester.encode()).hexdigest()[:16]

@@ -348,11 +348,8 @@ class JobView:
         return self.annotations.get(L.A_CREATED_FOR, "")
 
     def requesters(self) -> list[str]:
-        try:
-            v = json.loads(self.annotations.get(L.A_REQUESTERS, "[]"))
-        except ValueError:
-            return []
-        return [str(x) for x in v] if isinstance(v, list) else []
+        """The TRTEngines (`namespace/name`) that use this Job, one annotation each."""
+        return sorted(v for k, v in self.annotations.items() if k.startswith(L.REQUESTER_PREFIX))
 
     def result(self) -> dict[str, Any] | None:
         """The builder's result JSON, once copied onto the Job from its pod."""

@@ -267,7 +267,10 @@ def test_deletion_cleans_up_children_but_keeps_shared_jobs(env: OperatorEnv) -> 
     names = {j.metadata.name for j in env.jobs()}
     assert shared <= names, (shared, names)  # still used by the first namespace's engine
     assert not any(
-        "wrong" in (j.metadata.annotations or {}).get("trtforge.io/requesters", "") for j in env.jobs()
+        "wrong" in v
+        for j in env.jobs()
+        for k, v in (j.metadata.annotations or {}).items()
+        if k.startswith("requester.trtforge.io/")
     )
     delete_with_cleanup(env.api, a, "inferencedeployments", "tiny")
     apps: Any = client.AppsV1Api(env.api)

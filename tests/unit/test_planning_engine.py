@@ -394,3 +394,18 @@ def test_a_build_pod_the_scheduler_cannot_place_says_so() -> None:
         and t.reason == "WaitingForGPU"
         and "Insufficient nvidia.com/gpu" in (t.message or "")
     )
+
+
+def test_requesters_are_one_annotation_each_so_concurrent_adds_never_clobber() -> None:
+    import re
+
+    (first,) = plan_engine(observe(engine([{"gpu": H100.gpu}], namespace="team-a")), CFG).jobs_to_create
+    a = next(iter(JobView.from_k8s(first).requesters()))
+    b = "team-b/resnet"
+    # Another engine adds itself with a merge patch of its own key: nothing of `a` is rewritten.
+    first["metadata"]["annotations"].update({L.requester_annotation(b): b})
+    assert JobView.from_k8s(first).requesters() == sorted([a, b])
+    key = L.requester_annotation(b)
+    assert key != L.requester_annotation(a)
+    prefix, name = key.split("/")
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", prefix) and len(name) <= 63

@@ -2,8 +2,10 @@
 
 Samples lie within the first profile's shapes: the first at `opt`, then `max`, then `min`, then
 random points between (one draw per sample, shared by all inputs so that their dims agree). Float
-inputs are standard normal, integer inputs uniform in [0, 10), booleans fair coins. The samples and
-the reference outputs become the canary (:mod:`trtforge.contract.canary`).
+inputs are standard normal, integer inputs uniform in [0, 10), booleans fair coins. The build checks
+every sample; the smallest `CANARY_SAMPLES` of them and their reference outputs become the canary
+(:mod:`trtforge.contract.canary`) that every runtime pod replays before Ready, so its start-up does
+not pay for the profile's largest shapes (a ResNet-50 canary at batch 64 took 5.9 s of a 7 s start).
 """
 
 from __future__ import annotations
@@ -66,6 +68,15 @@ def make_samples(
                 )
         samples.append(feeds)
     return samples
+
+
+CANARY_SAMPLES = 2
+
+
+def canary_indices(samples: list[dict[str, np.ndarray]], n: int = CANARY_SAMPLES) -> list[int]:
+    """The `n` samples with the fewest input bytes, in their original order (ties: the earlier)."""
+    sizes = [sum(a.nbytes for a in s.values()) for s in samples]
+    return sorted(sorted(range(len(samples)), key=lambda i: (sizes[i], i))[:n])
 
 
 def reference_outputs(
@@ -137,11 +148,12 @@ def validate(
         rtol=rtol,
         passed=passed,
     )
+    keep = canary_indices(samples)
     canary = Canary(
         input_names=[t.name for t in io.inputs],
         output_names=[t.name for t in io.outputs],
-        inputs=samples,
-        outputs=[{k: np.asarray(v) for k, v in r.items()} for r in refs],
+        inputs=[samples[i] for i in keep],
+        outputs=[{k: np.asarray(v) for k, v in refs[i].items()} for i in keep],
     )
     return acc, canary, worst
 

@@ -85,7 +85,7 @@ def test_squeezenet_cpu_build_then_cache_hit(tmp_path: Path) -> None:
     engine = store / layout.engine_path(res.key, m.engine_file)
     assert sha256_of(engine) == m.sha256
     canary = Canary.from_bytes((store / layout.engine_path(res.key, m.canary.file)).read_bytes())
-    assert len(canary.inputs) == 3 and canary.outputs[0]["softmaxout_1"].shape == (1, 1000, 1, 1)
+    assert len(canary.inputs) == 2 and canary.outputs[0]["softmaxout_1"].shape == (1, 1000, 1, 1)
     # the key is what the operator computes from the target and Node labels
     ident = identity_for_target(GPUTarget(gpu="cpu"), arch=m.gpu.arch)
     rec = EngineKeyRecord(
@@ -126,7 +126,8 @@ def test_resnet50_for_an_emulated_h100_with_a_batch_range(tmp_path: Path) -> Non
     assert m.inputs[0].shape == [-1, 3, 224, 224] and m.outputs[0].shape == [-1, 1000]
     assert m.build.profiles[0][inp].max == (2, 3, 224, 224)
     canary = Canary.from_bytes((store / layout.engine_path(res.key, m.canary.file)).read_bytes())
-    assert canary.inputs[1][inp].shape == (2, 3, 224, 224)  # the second sample is at max
+    # opt and max are both batch 2 here: the canary keeps the two smallest, the first two
+    assert [s[inp].shape for s in canary.inputs] == [(2, 3, 224, 224), (2, 3, 224, 224)]
     assert run_build(req, probe=probe).cache_hit
 
 
@@ -143,7 +144,9 @@ def test_dynamic_models_and_profiles(tmp_path: Path) -> None:
     m = manifest_of(store, cnn.key)
     assert m.inputs[0].shape == [-1, 3, 16, 16] and {t.name for t in m.outputs} == {"logits", "probs"}
     canary = Canary.from_bytes((store / layout.engine_path(cnn.key, m.canary.file)).read_bytes())
-    assert [s["images"].shape[0] for s in canary.inputs][:3] == [4, 8, 1]  # opt, max, min
+    # samples at opt 4, max 8, min 1, then random batches: the canary keeps the two smallest
+    batches = sorted(s["images"].shape[0] for s in canary.inputs)
+    assert len(batches) == 2 and batches[0] == 1 and batches[1] <= 4  # min, then opt or a smaller draw
     # a pinned shape (min == max) is fixed in the optimized model
     fixed = run_build(request(dynamic_mlp(), store, profiles=["x:2x32:2x32:2x32"], precision="bf16"))
     assert manifest_of(store, fixed.key).inputs[0].shape == [2, 32]
@@ -247,3 +250,15 @@ def test_cli_cache_hit_is_well_under_a_second(tmp_path: Path) -> None:
     res = json.loads(second.stdout.strip().splitlines()[-1])
     assert res["cacheHit"] is True and res["totalSeconds"] < 0.5
     assert wall < 5  # the whole process, interpreter start-up and imports included
+
+
+def test_canary_keeps_the_smallest_samples_in_order() -> None:
+    from trtforge_builder.validate import canary_indices
+
+    def sample(batch: int) -> dict[str, np.ndarray]:
+        return {"x": np.zeros((batch, 4), np.float32)}
+
+    samples = [sample(b) for b in (4, 8, 1, 3, 1)]
+    assert canary_indices(samples) == [2, 4]
+    assert canary_indices(samples, n=3) == [2, 3, 4]
+    assert canary_indices(samples[:1]) == [0]

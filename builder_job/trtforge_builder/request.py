@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtforge.contract.engine_key import BuildConfig, HardwareCompatibility, Precision, ShapeRange
 from trtforge.contract.gpu import GPUTarget
+from trtforge.contract.quantity import QuantityError, quantity_to_bytes
 from trtforge_builder.errors import BuildError
 
 BackendChoice = Literal["auto", "tensorrt", "onnxruntime"]
@@ -32,23 +33,6 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {  # precision -> (rtol, at
 DEFAULT_SAMPLES = 4
 
 _SHAPE_RE = re.compile(r"^[0-9]+(x[0-9]+)*$")
-_QUANTITY_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([KMGTPE]i?|k)?$")
-_UNITS = {
-    "": 1,
-    "k": 10**3,
-    "K": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-}
 
 
 def parse_shape(text: str, what: str = "shape") -> tuple[int, ...]:
@@ -95,15 +79,12 @@ def parse_profiles(entries: list[str]) -> tuple[dict[str, ShapeRange], ...]:
 
 
 def parse_quantity(text: str, what: str = "--workspace") -> int:
-    """A byte count: `1073741824`, `4Gi`, `512Mi`, `2G` (Kubernetes quantity suffixes)."""
-    m = _QUANTITY_RE.match(text.strip())
-    if not m:
-        raise BuildError(
-            f"{what} {text!r} is not a byte quantity like 4Gi, 512Mi or 1073741824",
-            "InvalidArgument",
-            step="parse-arguments",
-        )
-    return int(float(m.group(1)) * _UNITS[m.group(2) or ""])
+    """A byte count from a Kubernetes quantity (`4Gi`, `512Mi`, `2G`, `1073741824`), rounded up exactly
+    as the operator rounds ``spec.builder.workspace``, so both compute the same engine key."""
+    try:
+        return quantity_to_bytes(text)
+    except QuantityError as e:
+        raise BuildError(f"{what}: {e}", "InvalidArgument", step="parse-arguments") from e
 
 
 class BuildRequest(BaseModel):

@@ -6,7 +6,8 @@ import re
 from decimal import Decimal
 
 import pytest
-from trtforge_operator.api.quantity import (
+
+from trtforge.contract.quantity import (
     NONNEGATIVE_QUANTITY_PATTERN,
     QUANTITY_PATTERN,
     QuantityError,

@@ -244,3 +244,21 @@ def test_result_line_round_trips() -> None:
     msg = parse_build_message("some log\n" + line)
     assert isinstance(msg, BuildFailure) and msg.reason == "Timeout" and msg.exit_code == 97
     assert parse_build_message("not json") is None
+
+
+@pytest.mark.parametrize("quantity", ["4Gi", "1.5Gi", "2G", "1e9", "100m", "1073741825", "0.5Ki"])
+def test_workspace_bytes_match_the_operators(quantity: str) -> None:
+    """The builder and the operator turn `workspace` into the same bytes, so into the same engine key."""
+    from trtforge_builder.request import parse_quantity
+    from trtforge_operator.api import TRTEngineSpec
+
+    spec = TRTEngineSpec.model_validate(
+        {"model": {"uri": "pvc://m/x.onnx"}, "targets": [{"gpu": "cpu"}], "builder": {"workspace": quantity}}
+    )
+    assert parse_quantity(quantity) == spec.workspace_bytes()
+
+
+def test_bad_workspace_names_the_flag(tmp_path: Path) -> None:
+    args = ["--model", str(dynamic_cnn()), "--gpu", "cpu", "--workspace", "4GB", "--store", str(tmp_path)]
+    _, msg, _ = build(tmp_path, *args)
+    assert msg.reason == "InvalidArgument" and msg.error.startswith("--workspace") and "'4GB'" in msg.error

@@ -11,6 +11,7 @@ Helpers: ``TRTEngineSpec.build_config()``, ``.resolved_targets(discovered)``, ``
 CRDs and docs/api.md are generated from these models by :mod:`trtforge_operator.crdgen`.
 """
 
+from trtforge.contract.quantity import QuantityError, parse_quantity, quantity_to_bytes
 from trtforge_operator.api.common import (
     API_VERSION,
     GROUP,
@@ -41,7 +42,6 @@ from trtforge_operator.api.inferencedeployment import (
     RuntimeSettings,
     Toleration,
 )
-from trtforge_operator.api.quantity import QuantityError, parse_quantity, quantity_to_bytes
 from trtforge_operator.api.trtengine import (
     DEFAULT_TOLERANCES,
     Accuracy,

@@ -20,6 +20,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
 
 from trtforge.contract.gpu import CPU, GPUTarget
+from trtforge.contract.quantity import QUANTITY_PATTERN, parse_quantity
 from trtforge_operator.api.common import (
     API_VERSION,
     ApiModel,
@@ -28,7 +29,6 @@ from trtforge_operator.api.common import (
     ObjectMeta,
     Time,
 )
-from trtforge_operator.api.quantity import QUANTITY_PATTERN, parse_quantity
 from trtforge_operator.api.trtengine import GPU_PRODUCT_PATTERN, MAX_TARGETS, MIG_PROFILE_PATTERN
 
 MAX_FAULTS = 20

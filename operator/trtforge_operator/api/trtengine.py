@@ -29,6 +29,7 @@ from pydantic.json_schema import JsonDict
 
 from trtforge.contract.engine_key import BuildConfig, HardwareCompatibility, Precision, ShapeRange
 from trtforge.contract.gpu import CPU, GPUTarget
+from trtforge.contract.quantity import NONNEGATIVE_QUANTITY_PATTERN, quantity_to_bytes
 from trtforge_operator.api.common import (
     API_VERSION,
     ApiModel,
@@ -37,7 +38,6 @@ from trtforge_operator.api.common import (
     ObjectMeta,
     Time,
 )
-from trtforge_operator.api.quantity import NONNEGATIVE_QUANTITY_PATTERN, quantity_to_bytes
 
 MODEL_URI_PATTERN = (
     r"^(s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9]/.+"

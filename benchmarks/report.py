@@ -28,7 +28,7 @@ def machine(res: dict[str, Any]) -> str:
         ["KServe", m["kserve"]],
         ["trtforge commit", m["trtforge_commit"]],
         ["run finished (UTC)", res["finished_utc"]],
-        ["1-min load average when it started", m["loadavg_at_start"]],
+        ["1-min load average as the result was written (the benchmark included)", m["loadavg_at_start"]],
     ]
     return table(["", ""], rows)
 

@@ -64,6 +64,28 @@ def cluster(root: Path, *args: str, timeout: float = 900) -> subprocess.Complete
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
+class TestbedUnavailable(RuntimeError):
+    """The benchmark's test bed could not be started."""
+
+
+def ensure_testbed(root: Path) -> bool:
+    """Start the test bed at `root` unless it is up; True when this call started it (stop it after)."""
+    if cluster(root, "status").returncode == 0:
+        return False
+    up = cluster(root, "up")
+    if up.returncode != 0:
+        raise TestbedUnavailable(f"trtforge cluster up failed: {(up.stdout + up.stderr)[-1500:]}")
+    return True
+
+
+def not_measured(name: str, results: dict[str, Any], why: str, rc: int) -> int:
+    """Record, write and print why benchmark `name` measured nothing; returns the exit code."""
+    results["not_measured"]["all"] = why
+    write_result(name, results)
+    print(why)
+    return rc
+
+
 def apiserver_requests(tb: Any) -> tuple[float, dict[str, float]]:
     """Total of apiserver_request_total and the split by resource/verb."""
     text = tb.kubectl("get", "--raw", "/metrics", timeout=60).stdout
@@ -317,18 +339,12 @@ def main(argv: list[str] | None = None) -> int:
         from trtforge.testbed.handle import TestBed
         from trtforge.testbed.paths import StatePaths
     except ImportError as e:
-        results["not_measured"]["all"] = f"the test bed or the operator is not in this tree: {e}"
-        write_result("controlplane", results)
-        print(results["not_measured"]["all"])
-        return 0
-    started = cluster(root, "status").returncode != 0
-    if started:
-        up = cluster(root, "up")
-        if up.returncode != 0:
-            results["not_measured"]["all"] = f"trtforge cluster up failed: {(up.stdout + up.stderr)[-1500:]}"
-            write_result("controlplane", results)
-            print(results["not_measured"]["all"])
-            return 1
+        why = f"the test bed or the operator is not in this tree: {e}"
+        return not_measured("controlplane", results, why, 0)
+    try:
+        started = ensure_testbed(root)
+    except TestbedUnavailable as e:
+        return not_measured("controlplane", results, str(e), 1)
     env = None
     try:
         tb = TestBed(StatePaths(root))

@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import CACHE, log, table, write_result
-from benchmarks.controlplane import cluster, operator_counters
+from benchmarks.controlplane import (
+    TestbedUnavailable,
+    cluster,
+    ensure_testbed,
+    not_measured,
+    operator_counters,
+)
 
 TARGET = {"gpu": "NVIDIA-H100-80GB-HBM3"}
 H100_NODES = ("gpu-h100-0", "gpu-h100-1")  # the test bed's default profile
@@ -164,18 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         from trtforge.testbed.handle import TestBed
         from trtforge.testbed.paths import StatePaths
     except ImportError as e:
-        results["not_measured"]["all"] = f"the test bed or the operator is not in this tree: {e}"
-        write_result("recovery", results)
-        print(results["not_measured"]["all"])
-        return 0
-    started = cluster(root, "status").returncode != 0
-    if started:
-        up = cluster(root, "up")
-        if up.returncode != 0:
-            results["not_measured"]["all"] = f"trtforge cluster up failed: {(up.stdout + up.stderr)[-1500:]}"
-            write_result("recovery", results)
-            print(results["not_measured"]["all"])
-            return 1
+        why = f"the test bed or the operator is not in this tree: {e}"
+        return not_measured("recovery", results, why, 0)
+    try:
+        started = ensure_testbed(root)
+    except TestbedUnavailable as e:
+        return not_measured("recovery", results, str(e), 1)
     env = None
     try:
         tb = TestBed(StatePaths(root))

@@ -261,6 +261,16 @@ def test_pod_ips_are_loopback_and_distinct() -> None:
     ips = [podspec.pod_ip_for(n) for n in range(600)]
     assert len(set(ips)) == 600 and ips[0] == "127.1.0.1"
     assert all(ip.startswith("127.") and not ip.endswith((".0", ".255")) for ip in ips)
+    assert podspec.pod_ip_for(0, 7) == "127.7.0.1" and podspec.pod_ip_for(254, 7) == "127.7.1.1"
+    with pytest.raises(ValueError, match=r"block 127\.7\.0\.0/16"):
+        podspec.pod_ip_for(254 * 256, 7)
+
+
+def test_two_test_beds_get_different_pod_blocks() -> None:
+    """Two checkouts on one machine each run a test bed: their pods must not share addresses."""
+    a, b = podspec.pod_block_for("/work/a/.cluster"), podspec.pod_block_for("/work/b/.cluster")
+    assert a != b and all(1 <= x <= 254 for x in (a, b))
+    assert podspec.pod_block_for("/work/a/.cluster") == a
 
 
 def test_mount_script_binds_in_order_then_execs(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from kubernetes import client
 
 from trtforge.contract.gpu_probe import EmulatedGPUFile, GPUDevice
 from trtforge.testbed import gpus
-from trtforge.testbed.kubelet.podspec import pod_ip_for
+from trtforge.testbed.kubelet.podspec import pod_block_for, pod_ip_for
 from trtforge.testbed.paths import MARKER_ENV, StatePaths
 from trtforge.testbed.profile import Profile
 
@@ -34,7 +34,8 @@ PASS_THROUGH = (
 
 
 class IPAllocator:
-    def __init__(self) -> None:
+    def __init__(self, block: int = 1) -> None:
+        self.block = block
         self._lock = threading.Lock()
         self._next = 0
         self._by_uid: dict[str, str] = {}
@@ -45,7 +46,7 @@ class IPAllocator:
             if uid not in self._by_uid and prefer and prefer not in self._by_uid.values():
                 self._by_uid[uid] = prefer
             while uid not in self._by_uid:
-                ip = pod_ip_for(self._next)
+                ip = pod_ip_for(self._next, self.block)
                 self._next += 1
                 if ip not in self._by_uid.values():
                     self._by_uid[uid] = ip
@@ -94,11 +95,12 @@ class KubeletContext:
     api: client.ApiClient
     apiserver_port: int
     kubelet_port: int = 0
-    ips: IPAllocator = field(default_factory=IPAllocator)
+    ips: IPAllocator = field(init=False)
     gpus: GPUAllocator | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
+        self.ips = IPAllocator(pod_block_for(str(self.paths.root.resolve())))
         if self.gpus is None:
             self.gpus = GPUAllocator(self.paths)
 

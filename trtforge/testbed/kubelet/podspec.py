@@ -4,6 +4,7 @@ and the pod phase/conditions that follow from container states (as the kubelet c
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -159,12 +160,21 @@ def pod_phase(policy: str, init_done: bool, init_failed: bool, states: list[tupl
     return "Pending"
 
 
-def pod_ip_for(n: int) -> str:
-    """The n-th pod address (n >= 0): 127.1.0.1, 127.1.0.2, … skipping .0 and .255."""
+def pod_ip_for(n: int, block: int = 1) -> str:
+    """The n-th pod address (n >= 0) of address block `block` (1..254): 127.<block>.0.1,
+    127.<block>.0.2, … skipping .0 and .255. One block holds 65024 pods."""
     per_c = 254
+    if not 1 <= block <= 254:
+        raise ValueError(f"pod address block must be 1..254, got {block}")
+    if n >= per_c * 256:
+        raise ValueError(f"out of pod addresses in block 127.{block}.0.0/16")
     c = n % per_c + 1
-    b = (n // per_c) % 256
-    a = 1 + n // (per_c * 256)
-    if a > 254:
-        raise ValueError("out of pod addresses")
-    return f"127.{a}.{b}.{c}"
+    b = n // per_c
+    return f"127.{block}.{b}.{c}"
+
+
+def pod_block_for(root: str) -> int:
+    """The pod address block of the test bed whose state lives at `root`: derived from the path, so
+    two test beds on one machine (two checkouts) almost never hand out the same pod address."""
+    digest = hashlib.sha256(root.encode()).digest()
+    return 1 + int.from_bytes(digest[:4], "big") % 254

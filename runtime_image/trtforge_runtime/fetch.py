@@ -41,6 +41,7 @@ from trtforge.contract.manifest import Manifest
 from trtforge.logs import fields
 from trtforge.store.base import EngineStore, ObjectNotFound, StoreError
 from trtforge.store.local import LocalStore
+from trtforge_runtime import warmstart
 from trtforge_runtime.errors import Refusal
 
 log = logging.getLogger(__name__)
@@ -230,8 +231,15 @@ def fetch_engine(
     """The manifest, and verified local copies of the artifact and the canary data (for a store on a
     mounted volume, the verified store files themselves).
 
-    `check` sees the manifest before anything large is fetched (the GPU identity check).
+    `check` sees the manifest before anything large is fetched (the GPU identity check). What a
+    :mod:`~trtforge_runtime.warmstart` already fetched for the same key and cache dir is returned
+    (after `check` sees its manifest again) instead of fetching anew.
     """
+    warm = warmstart.collect_fetch(key, cache_dir)
+    if warm is not None:
+        if check is not None:
+            check(warm.manifest)
+        return warm
     layout.engine_dir(key)  # validates the key
     local = cache_dir / key
     local.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 CACHE = ROOT / ".cache" / "bench"
-KSERVE_VENV = ROOT / ".cache" / "bench-kserve-venv"
 TRTFORGE = [sys.executable, "-m", "trtforge.cli"]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -54,7 +53,8 @@ def machine_info() -> dict[str, Any]:
     with contextlib.suppress(OSError):
         m = re.search(r"MemTotal:\s*(\d+)", Path("/proc/meminfo").read_text())
         mem_kb = int(m.group(1)) if m else 0
-    kpy = KSERVE_VENV / "bin" / "python"
+    from benchmarks.servers.venvs import VENVS
+
     return {
         "cpu_model": model.group(1).strip() if model else platform.processor(),
         "cpus": os.cpu_count(),
@@ -64,8 +64,12 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "onnxruntime": pkg_version(sys.executable, "onnxruntime"),
         "aiohttp": pkg_version(sys.executable, "aiohttp"),
-        "kserve": pkg_version(kpy, "kserve") if kpy.exists() else "absent",
-        "kserve_onnxruntime": pkg_version(kpy, "onnxruntime") if kpy.exists() else "absent",
+        "grpcio": pkg_version(sys.executable, "grpcio"),
+        "tritonclient": pkg_version(sys.executable, "tritonclient"),
+        "peers": {
+            name: {d: v.version(d) for d in (*(p.split("==")[0] for p in v.packages), "onnxruntime")}
+            for name, v in VENVS.items()
+        },
         "trtforge_commit": cmd_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
         "loadavg_at_start": os.getloadavg()[0],
     }

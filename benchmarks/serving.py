@@ -316,17 +316,19 @@ def measure_server(
             answers = check_answers(srv, ref)
             meta = srv.server_metadata()
             primary = srv.protocols[0]
-            pts = {c: load(srv, primary, c, win.seconds, win.warmup) for c in (SWEEP_LOW, SWEEP_HIGH)}
+            # keyed by str(concurrency), as the result file keeps them
+            pts = {str(c): load(srv, primary, c, win.seconds, win.warmup) for c in (SWEEP_LOW, SWEEP_HIGH)}
         finally:
             srv.close()
+        lo, hi = pts[str(SWEEP_LOW)], pts[str(SWEEP_HIGH)]
         log(
             f"    {kind.name} [{s.label}] ready {srv.ready_s}s; {primary} c={SWEEP_LOW}:"
-            f" {pts[SWEEP_LOW]['throughput']} req/s p99 {pts[SWEEP_LOW]['p99_ms']} ms;"
-            f" c={SWEEP_HIGH}: {pts[SWEEP_HIGH]['throughput']} req/s p99 {pts[SWEEP_HIGH]['p99_ms']} ms"
+            f" {lo['throughput']} req/s p99 {lo['p99_ms']} ms;"
+            f" c={SWEEP_HIGH}: {hi['throughput']} req/s p99 {hi['p99_ms']} ms"
         )
         sweep.append({"setting": s.as_dict(), "protocol": primary, "ready_s": srv.ready_s, "points": pts})
-    low = pick_best([sw["points"][SWEEP_LOW] for sw in sweep])
-    high = pick_best([sw["points"][SWEEP_HIGH] for sw in sweep])
+    low = pick_best([sw["points"][str(SWEEP_LOW)] for sw in sweep])
+    high = pick_best([sw["points"][str(SWEEP_HIGH)] for sw in sweep])
     points: list[dict[str, Any]] = []
     for idx in dict.fromkeys((low, high)):  # each chosen setting once, low first
         wanted = [c for c in concs if (low if c < 8 else high) == idx]
@@ -335,9 +337,9 @@ def measure_server(
             answers = check_answers(srv, ref)
             for protocol in srv.protocols:
                 for c in wanted:
-                    reuse = protocol == sweep[idx]["protocol"] and c in sweep[idx]["points"]
+                    reuse = protocol == sweep[idx]["protocol"] and str(c) in sweep[idx]["points"]
                     if reuse:
-                        r = dict(sweep[idx]["points"][c], from_sweep=True)
+                        r = dict(sweep[idx]["points"][str(c)], from_sweep=True)
                     else:
                         r = load(srv, protocol, c, win.seconds, win.warmup)
                     r.update(protocol=protocol, setting=settings[idx].label)
@@ -500,7 +502,7 @@ def render(results: dict[str, Any]) -> str:
         rows = []
         for kind, s in servers.items():
             for sw in s["sweep"]:
-                lo, hi = sw["points"][SWEEP_LOW], sw["points"][SWEEP_HIGH]
+                lo, hi = sw["points"][str(SWEEP_LOW)], sw["points"][str(SWEEP_HIGH)]
                 mark = [
                     w
                     for w, lab in (("c<8", s["chosen"]["low"]), ("c>=8", s["chosen"]["high"]))

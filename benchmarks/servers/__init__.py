@@ -22,9 +22,9 @@ class Setting:
 
     ``instances``: execution instances (trtforge instances, Triton model instances, MLServer parallel
     workers, KServe workers), each with its own session of ``threads`` intra-op threads;
-    ``max_batch``: rows per batch its batcher may form; ``queue_delay_us``: how long a partly filled
-    batch waits. ``variant`` names a server-specific knob where a server lacks an axis (KServe has no
-    batcher).
+    ``max_batch``: rows per batch its batcher may form (1: no batching); ``queue_delay_us``: how long a
+    partly filled batch waits. ``variant`` names a server-specific knob where a server lacks an axis
+    (KServe has no batcher).
     """
 
     instances: int
@@ -35,8 +35,10 @@ class Setting:
 
     @property
     def label(self) -> str:
-        s = f"{self.instances} inst x {self.threads} thr, batch<={self.max_batch}"
-        s += f", delay {self.queue_delay_us}us"
+        s = f"{self.instances} inst x {self.threads} thr, "
+        s += (
+            f"batch<={self.max_batch}, delay {self.queue_delay_us}us" if self.max_batch > 1 else "no batching"
+        )
         return f"{s}, {self.variant}" if self.variant else s
 
     def as_dict(self) -> dict[str, object]:

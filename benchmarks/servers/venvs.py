@@ -108,7 +108,8 @@ def python_version(v: Venv) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m benchmarks.servers.venvs [NAME...]``: make the peers' venvs."""
-    for name in argv if argv is not None else sys.argv[1:] or list(VENVS):
+    names = sys.argv[1:] if argv is None else argv
+    for name in names or list(VENVS):
         VENVS[name].ensure()
     return 0
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sized
+from collections.abc import Callable
 
 from trtforge_runtime.metrics import Metrics
 
@@ -89,20 +89,53 @@ class _Abort(asyncio.Protocol):
         transport.abort()  # type: ignore[attr-defined]
 
 
+class _Counted(asyncio.Protocol):
+    """The HTTP server's protocol, counted from its creation to its connection's end."""
+
+    __slots__ = ("_inner", "_limiter")
+
+    def __init__(self, inner: asyncio.Protocol, limiter: ConnectionLimiter) -> None:
+        self._inner = inner
+        self._limiter = limiter
+        limiter.open += 1
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._limiter.open -= 1
+        self._inner.connection_lost(exc)
+
+
 class ConnectionLimiter:
-    """Protocol factory for the listening socket (see the module docstring)."""
+    """Protocol factory for the listening socket (see the module docstring).
+
+    Connections are counted from the moment their protocol is made, so connections accepted in one
+    batch cannot overshoot the cap.
+    """
 
     def __init__(
         self,
-        server: Callable[[], asyncio.BaseProtocol],
-        open_connections: Callable[[], Sized],
+        server: Callable[[], asyncio.Protocol],
         limit: int,
         health: HealthAnswer,
         metrics: Callable[[], Metrics],
         answer_timeout_s: float = 2.0,
     ) -> None:
         self._server = server
-        self._open = open_connections
+        self.open = 0
         self.limit = limit
         self.health = health
         self._metrics = metrics
@@ -110,8 +143,8 @@ class ConnectionLimiter:
         self.answering = 0
 
     def __call__(self) -> asyncio.BaseProtocol:
-        if len(self._open()) < self.limit:
-            return self._server()
+        if self.open < self.limit:
+            return _Counted(self._server(), self)
         self._metrics().connections_refused.inc()
         if self.answering >= self.limit:
             return _Abort()

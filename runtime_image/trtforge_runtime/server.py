@@ -128,7 +128,7 @@ class Runtime:
         self.exit_code = EXIT_OK
         self.port = settings.port
         self._has_bytes = False
-        self._runner: web.AppRunner | None = None
+        self._limiter: ConnectionLimiter | None = None
         self.bodies = MemoryBudget(settings.body_memory)
         self._decode_pool = ThreadPoolExecutor(2, thread_name_prefix="decode")
 
@@ -322,8 +322,8 @@ class Runtime:
         m = self.metrics
         if self.batcher is not None:
             m.queue_depth_m.set(self.batcher.depth)
-        if self._runner is not None and self._runner.server is not None:
-            m.open_connections.set(len(self._runner.server.connections))
+        if self._limiter is not None:
+            m.open_connections.set(self._limiter.open)
         return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def health_answer(self, path: str) -> tuple[int, dict[str, object]] | None:
@@ -455,12 +455,10 @@ class Runtime:
             keepalive_timeout=self.s.idle_timeout_s,
         )
         await runner.setup()
-        self._runner = runner
         http = runner.server
         assert http is not None
-        limiter = ConnectionLimiter(
-            http, lambda: http.connections, self.s.max_connections, self.health_answer, lambda: self.metrics
-        )
+        limiter = ConnectionLimiter(http, self.s.max_connections, self.health_answer, lambda: self.metrics)
+        self._limiter = limiter
         listener = await loop.create_server(
             limiter, self.s.host, self.s.port, backlog=1024, reuse_address=True
         )

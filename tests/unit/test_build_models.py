@@ -26,7 +26,7 @@ from tests.modelzoo import dynamic_cnn, dynamic_mlp, light_input_name, light_mod
 from trtforge.contract import layout
 from trtforge.contract.canary import Canary
 from trtforge.contract.engine_key import EngineKeyRecord, engine_key
-from trtforge.contract.gpu import GPUTarget, identity_for_target
+from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.gpu_probe import EmulatedGPUFile, EmulatedGPUProbe, GPUDevice
 from trtforge.contract.manifest import Manifest
 from trtforge.store import open_store
@@ -86,15 +86,15 @@ def test_squeezenet_cpu_build_then_cache_hit(tmp_path: Path) -> None:
     assert sha256_of(engine) == m.sha256
     canary = Canary.from_bytes((store / layout.engine_path(res.key, m.canary.file)).read_bytes())
     assert len(canary.inputs) == 2 and canary.outputs[0]["softmaxout_1"].shape == (1, 1000, 1, 1)
-    # the key is what the operator computes from the target and Node labels
-    ident = identity_for_target(GPUTarget(gpu="cpu"), arch=m.gpu.arch)
-    rec = EngineKeyRecord(
+    # the key is the builder's, from what it really has and probed (the manifest records it all)
+    rec = EngineKeyRecord.for_identity(
         model_sha256=m.model_sha256,
         build=m.build,
         backend="onnxruntime",
         backend_version=m.backend_version,
         cuda="none",
-        gpu=ident,
+        identity=m.gpu,
+        recipe=m.recipe,
     )
     assert engine_key(rec) == res.key
 

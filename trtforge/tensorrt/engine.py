@@ -76,26 +76,36 @@ def numpy_dtype(trt_dtype: Any) -> np.dtype[Any]:
     return np.dtype(name)
 
 
-class CapturingLogger:
-    """A TensorRT ILogger (made per module) that logs through `logging` and keeps the errors."""
+_LOGGERS: dict[str, Any] = {}
 
-    def __new__(cls, trt: Any) -> Any:
-        class _Logger(trt.ILogger):
-            def __init__(self) -> None:
-                trt.ILogger.__init__(self)
-                self.errors: list[str] = []
 
-            def log(self, severity: Any, msg: str) -> None:
-                sev = trt.ILogger.Severity
-                if severity in (sev.INTERNAL_ERROR, sev.ERROR):
-                    self.errors.append(msg)
-                    log.error("tensorrt: %s", msg)
-                elif severity == sev.WARNING:
-                    log.warning("tensorrt: %s", msg)
-                else:
-                    log.debug("tensorrt: %s", msg)
+def capturing_logger(trt: Any) -> Any:
+    """One ILogger per TensorRT module for the whole process, logging through `logging` and keeping
+    errors. TensorRT keeps the first logger it was given and ignores later ones (seen with 11.4:
+    "The logger passed into createInferRuntime differs from one already registered"), so callers
+    read the errors logged since they started (``len(logger.errors)`` before, slice after)."""
+    key = getattr(trt, "__name__", "tensorrt")
+    found = _LOGGERS.get(key)
+    if found is not None:
+        return found
 
-        return _Logger()
+    class _Logger(trt.ILogger):  # type: ignore[misc,name-defined,unused-ignore]
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity: Any, msg: str) -> None:
+            sev = trt.ILogger.Severity
+            if severity in (sev.INTERNAL_ERROR, sev.ERROR):
+                self.errors.append(msg)
+                log.error("tensorrt: %s", msg)
+            elif severity == sev.WARNING:
+                log.warning("tensorrt: %s", msg)
+            else:
+                log.debug("tensorrt: %s", msg)
+
+    _LOGGERS[key] = _Logger()
+    return _LOGGERS[key]
 
 
 @dataclass(frozen=True)
@@ -125,14 +135,15 @@ class LoadedEngine:
         trt, self.module = import_tensorrt(kind)
         self.trt = trt
         self.version = str(getattr(trt, "__version__", "?"))
-        self.logger = CapturingLogger(trt)  # must outlive the runtime and the engine
+        self.logger = capturing_logger(trt)  # lives as long as the process
+        seen = len(self.logger.errors)
         runtime = trt.Runtime(self.logger)
         if runtime is None:
             raise EngineLoadError(f"{what}: TensorRT {self.version} could not create a runtime")
         runtime.engine_host_code_allowed = decision.host_code_allowed
         engine = runtime.deserialize_cuda_engine(plan)
         if engine is None:
-            detail = "; ".join(self.logger.errors[-3:]) or "no error was logged"
+            detail = "; ".join(self.logger.errors[seen:][-3:]) or "no error was logged"
             raise EngineLoadError(
                 f"TensorRT {self.version} ({self.module}) could not deserialize {what}: {detail}"
             )

@@ -87,13 +87,14 @@ def copy_engine(src: Path, key: str, dst: Path, *, gpu: GPUTarget | None = None)
     m = manifest_of(src, key)
     if gpu is not None:
         ident = known_identity(gpu, arch=m.gpu.arch)
-        record = EngineKeyRecord(
+        record = EngineKeyRecord.for_identity(
             model_sha256=m.model_sha256,
             build=m.build,
             backend=m.backend,
             backend_version=m.backend_version,
             cuda=m.cuda,
-            gpu=ident,
+            identity=ident,
+            recipe=m.recipe,
         )
         m = m.model_copy(update={"gpu": ident, "key": engine_key(record)})
     d = dst / layout.engine_dir(m.key)

@@ -42,6 +42,14 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
     p.add_argument("--port", type=_non_negative, default=8000, help="HTTP port (0: any free port)")
+    grpc = p.add_mutually_exclusive_group()
+    grpc.add_argument(
+        "--grpc-port",
+        type=_non_negative,
+        default=8001,
+        help="port of the v2 gRPC protocol (inference.GRPCInferenceService; 0: any free port)",
+    )
+    grpc.add_argument("--no-grpc", action="store_true", help="serve HTTP only")
     p.add_argument(
         "--cache-dir",
         default="/var/cache/trtforge",
@@ -135,6 +143,7 @@ def handle(args: argparse.Namespace) -> int:
         idle_timeout_s=args.idle_timeout,
         body_timeout_s=args.body_timeout,
         max_connections=args.max_connections,
+        grpc_port=None if args.no_grpc else args.grpc_port,
     )
     try:
         from trtforge.contract import layout

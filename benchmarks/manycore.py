@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cores", default="2,4,8,14", help="server core counts N (cores 0..N-1)")
     p.add_argument("--models", default="squeezenet,resnet50")
     p.add_argument("--settings", default="default", help="';'-separated trtforge serve flags, {n} = N")
-    p.add_argument("--concurrency", default="64")
+    p.add_argument("--concurrency", default="auto", help="comma-separated, or auto: max(64, 8 N)")
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--slow-factor", type=float, default=1.6, help="window multiplier for ResNet-50")
@@ -203,7 +203,12 @@ def main(argv: list[str] | None = None) -> int:
                 flags = [] if s == "default" else shlex.split(s.replace("{n}", str(n)))
                 srv, port, ready_s = serve(model, scpus, flags, log_dir / f"manycore-{name}-{n}.log")
                 try:
-                    for c in [int(c) for c in a.concurrency.split(",")]:
+                    concs = (
+                        [max(64, 8 * n)]
+                        if a.concurrency == "auto"
+                        else [int(c) for c in a.concurrency.split(",")]
+                    )
+                    for c in concs:
                         r = drive(
                             model, port, ccpus, procs, c, a.seconds * slow, a.warmup * slow, ref, srv.pid
                         )

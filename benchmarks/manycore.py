@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     stop(srv)
                     shutil.rmtree(CACHE / "manycore" / f"cache-{port}", ignore_errors=True)
+                write_result(a.name, res)  # after every server run: a run cut short keeps what it measured
     res["loadavg_after"] = os.getloadavg()
     write_result(a.name, res)
     print(render(res))

@@ -59,11 +59,11 @@ def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import numpy as np
-    from trtforge_operator.localdev import OperatorEnv, deployment_manifest, engine_manifest, tiny_model
 
-    from trtforge.testbed import handle
-    from trtforge.testbed.paths import StatePaths, default_root
-    from trtforge.testbed.wait import wait_for
+    from trtforge_dev.localdev import OperatorEnv, deployment_manifest, engine_manifest, tiny_model
+    from trtforge_dev.testbed import handle
+    from trtforge_dev.testbed.paths import StatePaths, default_root
+    from trtforge_dev.testbed.wait import wait_for
 
     story = _Story(9)
     story.step("Local control plane with emulated GPU nodes")

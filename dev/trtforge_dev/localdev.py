@@ -21,18 +21,20 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from trtforge.testbed.procs import free_port
-from trtforge.testbed.wait import wait_for
+from trtforge_dev.testbed.procs import free_port
+from trtforge_dev.testbed.wait import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 STORE_CLAIM = "trtforge-store"
 MODELS_CLAIM = "models"
 
 
 def install_crds(tb: Any) -> None:
-    """Apply the generated CRDs (CEL rules need --validate=false on a 1.20 kubectl) and wait for them."""
-    for path in sorted((ROOT / "crds").glob("*.yaml")):
-        tb.kubectl("apply", "--validate=false", "-f", str(path))
+    """Apply the operator's packaged CRDs (CEL rules need --validate=false on a 1.20 kubectl) and wait
+    for them to be established."""
+    from trtforge_operator.crdgen import packaged_crds
+
+    for text in packaged_crds().values():
+        tb.kubectl("apply", "--validate=false", "-f", "-", input=text)
     for name in ("trtengines.trtforge.io", "inferencedeployments.trtforge.io"):
         tb.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
 

@@ -10,13 +10,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-from trtforge.testbed.kubelet.context import IPAllocator
-from trtforge.testbed.kubelet.logserver import tail_lines
-from trtforge.testbed.kubelet.probes import Prober, resolve_port
-from trtforge.testbed.kubelet.provisioner import STORAGE_CLASS, pv_for
-from trtforge.testbed.paths import StatePaths
-from trtforge.testbed.podlogs import PodLogError, read_pod_log
+from trtforge_dev.testbed.kubelet.context import IPAllocator
+from trtforge_dev.testbed.kubelet.logserver import tail_lines
+from trtforge_dev.testbed.kubelet.probes import Prober, resolve_port
+from trtforge_dev.testbed.kubelet.provisioner import STORAGE_CLASS, pv_for
+from trtforge_dev.testbed.paths import StatePaths
+from trtforge_dev.testbed.podlogs import PodLogError, read_pod_log
 
 
 @pytest.fixture

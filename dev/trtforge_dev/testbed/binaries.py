@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtforge.logs import fields
-from trtforge.testbed.paths import cache_dir
+from trtforge_dev.testbed.paths import cache_dir
 
 log = logging.getLogger(__name__)
 

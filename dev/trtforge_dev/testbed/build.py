@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from trtforge.logs import fields
-from trtforge.testbed import reflect2_patch
-from trtforge.testbed.binaries import K8S_VERSION, KUBE_BINARIES, BinariesError, seed_cache
-from trtforge.testbed.paths import cache_dir
+from trtforge_dev.testbed import reflect2_patch
+from trtforge_dev.testbed.binaries import K8S_VERSION, KUBE_BINARIES, BinariesError, seed_cache
+from trtforge_dev.testbed.paths import cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -11,18 +11,18 @@ from typing import Any
 
 
 def _root(args: argparse.Namespace) -> Any:
-    from trtforge.testbed.paths import StatePaths, default_root
+    from trtforge_dev.testbed.paths import StatePaths, default_root
 
     return StatePaths(Path(args.root).resolve() if args.root else default_root())
 
 
 def _errors() -> tuple[type[BaseException], ...]:
-    from trtforge.testbed.binaries import BinariesError
-    from trtforge.testbed.controlplane import ClusterError
-    from trtforge.testbed.gpus import GPUError
-    from trtforge.testbed.procs import PortInUseError
-    from trtforge.testbed.profile import ProfileError
-    from trtforge.testbed.reflect2_patch import PatchError
+    from trtforge_dev.testbed.binaries import BinariesError
+    from trtforge_dev.testbed.controlplane import ClusterError
+    from trtforge_dev.testbed.gpus import GPUError
+    from trtforge_dev.testbed.procs import PortInUseError
+    from trtforge_dev.testbed.profile import ProfileError
+    from trtforge_dev.testbed.reflect2_patch import PatchError
 
     return (BinariesError, ClusterError, GPUError, PortInUseError, ProfileError, PatchError)
 
@@ -35,14 +35,14 @@ def _run(fn: Any, args: argparse.Namespace) -> int:
     try:
         return int(fn(args) or 0)
     except _errors() as e:
-        logging.getLogger("trtforge.testbed").debug("error", exc_info=True)
+        logging.getLogger("trtforge_dev.testbed").debug("error", exc_info=True)
         print(f"trtforge cluster {args.cluster_command}: {e}", file=sys.stderr)
         return 1
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    from trtforge.testbed import binaries as b
-    from trtforge.testbed.build import build_from_debian_source
+    from trtforge_dev.testbed import binaries as b
+    from trtforge_dev.testbed.build import build_from_debian_source
 
     if args.from_dir:
         b.seed_cache(Path(args.from_dir))
@@ -62,7 +62,7 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from trtforge.testbed.controlplane import AlreadyUpError, up
+    from trtforge_dev.testbed.controlplane import AlreadyUpError, up
 
     paths = _root(args)
     try:
@@ -78,7 +78,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from trtforge.testbed.controlplane import down
+    from trtforge_dev.testbed.controlplane import down
 
     stopped = down(_root(args))
     print("stopped: " + ", ".join(stopped) if stopped else "nothing was running")
@@ -88,7 +88,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import json
 
-    from trtforge.testbed.controlplane import status
+    from trtforge_dev.testbed.controlplane import status
 
     st = status(_root(args))
     if args.json:
@@ -107,7 +107,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     import sys
 
-    from trtforge.testbed.podlogs import read_pod_log
+    from trtforge_dev.testbed.podlogs import read_pod_log
 
     sys.stdout.write(
         read_pod_log(_root(args), args.namespace, args.pod, args.container, previous=args.previous)
@@ -116,7 +116,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_fault(args: argparse.Namespace) -> int:
-    from trtforge.testbed.faults import fault
+    from trtforge_dev.testbed.faults import fault
 
     dev = fault(_root(args), args.node, gpu=args.gpu, xid=args.xid)
     print(f"{args.node}: Xid {args.xid} on {dev.uuid} ({dev.name}); healthy={dev.healthy}")
@@ -124,7 +124,7 @@ def cmd_fault(args: argparse.Namespace) -> int:
 
 
 def cmd_heal(args: argparse.Namespace) -> int:
-    from trtforge.testbed.faults import heal
+    from trtforge_dev.testbed.faults import heal
 
     heal(_root(args), args.node)
     print(f"{args.node}: every GPU healthy, node up")
@@ -132,7 +132,7 @@ def cmd_heal(args: argparse.Namespace) -> int:
 
 
 def cmd_node_down(args: argparse.Namespace) -> int:
-    from trtforge.testbed.faults import node_down
+    from trtforge_dev.testbed.faults import node_down
 
     node_down(_root(args), args.node)
     print(f"{args.node}: down (no heartbeats, its pods stopped)")
@@ -140,7 +140,7 @@ def cmd_node_down(args: argparse.Namespace) -> int:
 
 
 def cmd_node_up(args: argparse.Namespace) -> int:
-    from trtforge.testbed.faults import node_up
+    from trtforge_dev.testbed.faults import node_up
 
     node_up(_root(args), args.node)
     print(f"{args.node}: up")

@@ -23,11 +23,11 @@ from typing import Any
 import yaml
 
 from trtforge.logs import fields
-from trtforge.testbed import procs
-from trtforge.testbed.binaries import Binaries, resolve
-from trtforge.testbed.paths import StatePaths
-from trtforge.testbed.pki import PKI, ensure_pki
-from trtforge.testbed.profile import load_profile
+from trtforge_dev.testbed import procs
+from trtforge_dev.testbed.binaries import Binaries, resolve
+from trtforge_dev.testbed.paths import StatePaths
+from trtforge_dev.testbed.pki import PKI, ensure_pki
+from trtforge_dev.testbed.profile import load_profile
 
 log = logging.getLogger(__name__)
 
@@ -375,7 +375,7 @@ def _start_all(paths: StatePaths, st: ClusterState, b: Binaries, pki: PKI, timeo
 
 def _start_kubelet(paths: StatePaths, st: ClusterState) -> None:
     """Start the emulated kubelet; a restarted one takes over its nodes and pods."""
-    argv = [sys.executable, "-m", "trtforge.testbed.kubelet", "--root", str(paths.root)]
+    argv = [sys.executable, "-m", "trtforge_dev.testbed.kubelet", "--root", str(paths.root)]
     if st.profile:
         argv += ["--profile", st.profile]
     pid = procs.spawn(paths, "kubelet", argv)
@@ -386,8 +386,8 @@ def _wait_ready(paths: StatePaths, st: ClusterState, timeout_s: float) -> None:
     """Nodes registered Ready, and the controllers working (the default ServiceAccount exists)."""
     from kubernetes import client
 
-    from trtforge.testbed.kube import api_client
-    from trtforge.testbed.wait import WaitTimeout, wait_for
+    from trtforge_dev.testbed.kube import api_client
+    from trtforge_dev.testbed.wait import WaitTimeout, wait_for
 
     api: Any = client.CoreV1Api(api_client(paths.kubeconfig))
     expected = _expected_nodes(paths)

@@ -10,10 +10,10 @@ import time
 from typing import Any
 
 from trtforge.contract.gpu_probe import EmulatedGPUFile, GPUDevice
-from trtforge.testbed import gpus
-from trtforge.testbed.controlplane import ClusterError, ClusterState, is_up
-from trtforge.testbed.paths import StatePaths
-from trtforge.testbed.profile import Profile
+from trtforge_dev.testbed import gpus
+from trtforge_dev.testbed.controlplane import ClusterError, ClusterState, is_up
+from trtforge_dev.testbed.paths import StatePaths
+from trtforge_dev.testbed.profile import Profile
 
 
 def _profile(paths: StatePaths) -> Profile:
@@ -26,8 +26,8 @@ def _profile(paths: StatePaths) -> Profile:
 
 
 def _sync(paths: StatePaths, profile: Profile, node: str, f: EmulatedGPUFile | None) -> None:
-    from trtforge.testbed.kube import api_client
-    from trtforge.testbed.kubelet.node import sync_node_status
+    from trtforge_dev.testbed.kube import api_client
+    from trtforge_dev.testbed.kubelet.node import sync_node_status
 
     with api_client(paths.kubeconfig) as api:
         st = ClusterState.load(paths)
@@ -80,8 +80,8 @@ def node_up(paths: StatePaths, node: str, timeout_s: float = 30.0) -> None:
 def _wait_node_ready(paths: StatePaths, node: str, want: bool, timeout_s: float) -> None:
     from kubernetes import client
 
-    from trtforge.testbed.kube import api_client
-    from trtforge.testbed.wait import wait_for
+    from trtforge_dev.testbed.kube import api_client
+    from trtforge_dev.testbed.wait import wait_for
 
     with api_client(paths.kubeconfig) as api:
         core: Any = client.CoreV1Api(api)

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trtforge.contract.gpu_probe import CRITICAL_XIDS, EmulatedGPUFile, GPUDevice, XidEvent
-from trtforge.testbed.profile import resource_of
+from trtforge_dev.testbed.profile import resource_of
 
 
 class GPUError(ValueError):

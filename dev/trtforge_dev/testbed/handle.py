@@ -16,10 +16,10 @@ from typing import Any
 from kubernetes import client
 
 from trtforge.contract.gpu_probe import GPUDevice
-from trtforge.testbed import controlplane, faults, procs
-from trtforge.testbed.binaries import resolve
-from trtforge.testbed.paths import StatePaths
-from trtforge.testbed.podlogs import read_pod_log
+from trtforge_dev.testbed import controlplane, faults, procs
+from trtforge_dev.testbed.binaries import resolve
+from trtforge_dev.testbed.paths import StatePaths
+from trtforge_dev.testbed.podlogs import read_pod_log
 
 
 class TestBed:
@@ -59,7 +59,7 @@ class TestBed:
 
     def api_client(self) -> client.ApiClient:
         """A new ApiClient (admin); close it when done (`with tb.api_client() as api:`)."""
-        from trtforge.testbed.kube import api_client
+        from trtforge_dev.testbed.kube import api_client
 
         return api_client(self.kubeconfig)
 

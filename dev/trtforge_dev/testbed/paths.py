@@ -17,10 +17,11 @@ MARKER_ENV = "TRTFORGE_TESTBED_ROOT"
 
 
 def project_root() -> Path:
-    """The checkout trtforge runs from (editable install), else the current directory."""
-    here = Path(__file__).resolve().parents[2]
-    if (here / "pyproject.toml").is_file():
-        return here
+    """The checkout trtforge runs from (editable install: the folder holding the Makefile and the
+    base pyproject.toml above this package), else the current directory."""
+    for here in Path(__file__).resolve().parents:
+        if (here / "pyproject.toml").is_file() and (here / "Makefile").is_file():
+            return here
     return Path.cwd()
 
 

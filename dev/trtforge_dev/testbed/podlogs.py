@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtforge.testbed.paths import StatePaths
+from trtforge_dev.testbed.paths import StatePaths
 
 
 class PodLogError(LookupError):

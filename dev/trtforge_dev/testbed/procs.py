@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from trtforge.testbed.paths import MARKER_ENV, StatePaths
+from trtforge_dev.testbed.paths import MARKER_ENV, StatePaths
 
 
 class PortInUseError(RuntimeError):

@@ -105,7 +105,7 @@ class Profile(BaseModel):
 def load_profile(path: Path | None = None) -> Profile:
     """The profile at `path`, or the packaged default. Errors name the file and the field."""
     if path is None:
-        text = resources.files("trtforge.testbed").joinpath("nodes.yaml").read_text()
+        text = resources.files("trtforge_dev.testbed").joinpath("nodes.yaml").read_text()
         where = "the default node profile"
     else:
         try:

@@ -1,4 +1,5 @@
-"""`python -m trtforge.testbed.kubelet --root .cluster [--profile nodes.yaml]`: started by `cluster up`."""
+"""`python -m trtforge_dev.testbed.kubelet --root .cluster [--profile nodes.yaml]`, started by
+`cluster up`."""
 
 from __future__ import annotations
 
@@ -12,18 +13,18 @@ from trtforge.logs import configure_logging
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trtforge.testbed.kubelet")
+    ap = argparse.ArgumentParser(prog="python -m trtforge_dev.testbed.kubelet")
     ap.add_argument("--root", type=Path, required=True)
     ap.add_argument("--profile", type=Path, default=None)
     args = ap.parse_args(argv)
     configure_logging("INFO", "text")
 
-    from trtforge.testbed.controlplane import ClusterState
-    from trtforge.testbed.kube import api_client
-    from trtforge.testbed.kubelet.agent import Kubelet
-    from trtforge.testbed.kubelet.context import KubeletContext
-    from trtforge.testbed.paths import StatePaths
-    from trtforge.testbed.profile import load_profile
+    from trtforge_dev.testbed.controlplane import ClusterState
+    from trtforge_dev.testbed.kube import api_client
+    from trtforge_dev.testbed.kubelet.agent import Kubelet
+    from trtforge_dev.testbed.kubelet.context import KubeletContext
+    from trtforge_dev.testbed.paths import StatePaths
+    from trtforge_dev.testbed.profile import load_profile
 
     paths = StatePaths(args.root.resolve())
     st = ClusterState.load(paths)

@@ -16,17 +16,17 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from trtforge.logs import fields
-from trtforge.testbed.kubelet.context import POD_UID_ENV, KubeletContext
-from trtforge.testbed.kubelet.node import NodeAgent
-from trtforge.testbed.kubelet.pod import PodWorker
-from trtforge.testbed.kubelet.provisioner import Provisioner
+from trtforge_dev.testbed.kubelet.context import POD_UID_ENV, KubeletContext
+from trtforge_dev.testbed.kubelet.node import NodeAgent
+from trtforge_dev.testbed.kubelet.pod import PodWorker
+from trtforge_dev.testbed.kubelet.provisioner import Provisioner
 
 log = logging.getLogger(__name__)
 
 
 def kill_orphans(root: Path) -> int:
     """Pods of a previous kubelet of this root (processes carrying a pod uid): SIGKILL them."""
-    from trtforge.testbed.paths import MARKER_ENV
+    from trtforge_dev.testbed.paths import MARKER_ENV
 
     n = 0
     me = f"{MARKER_ENV}={root}".encode()
@@ -173,8 +173,8 @@ class Kubelet:
             a.start()
         prov.start()
         if self.ctx.kubelet_port:
-            from trtforge.testbed.kubelet.logserver import LogServer
-            from trtforge.testbed.pki import PKI
+            from trtforge_dev.testbed.kubelet.logserver import LogServer
+            from trtforge_dev.testbed.pki import PKI
 
             pki = PKI(self.ctx.paths.pki)
             LogServer(

@@ -12,10 +12,10 @@ from pathlib import Path
 from kubernetes import client
 
 from trtforge.contract.gpu_probe import EmulatedGPUFile, GPUDevice
-from trtforge.testbed import gpus
-from trtforge.testbed.kubelet.podspec import pod_block_for, pod_ip_for
-from trtforge.testbed.paths import MARKER_ENV, StatePaths
-from trtforge.testbed.profile import Profile
+from trtforge_dev.testbed import gpus
+from trtforge_dev.testbed.kubelet.podspec import pod_block_for, pod_ip_for
+from trtforge_dev.testbed.paths import MARKER_ENV, StatePaths
+from trtforge_dev.testbed.profile import Profile
 
 POD_UID_ENV = "TRTFORGE_TESTBED_POD_UID"
 # Host variables a pod inherits (everything else is set by the kubelet or the pod spec).
@@ -107,10 +107,9 @@ class KubeletContext:
     def host_paths(self) -> tuple[Path, ...]:
         """Host paths every container needs to see, whatever it mounts over them: the project (its
         code is installed in editable mode), its Python, and the test bed's state."""
-        import trtforge
+        from trtforge_dev.testbed.paths import project_root
 
-        project = Path(trtforge.__file__).resolve().parents[1]
-        return (project, Path(sys.prefix), Path(sys.base_prefix), self.paths.root.resolve())
+        return (project_root(), Path(sys.prefix), Path(sys.base_prefix), self.paths.root.resolve())
 
     def base_env(self, pod_uid: str, pod_name: str, pod_ip: str, home: Path) -> dict[str, str]:
         """The environment every container starts from: the project's venv first on PATH."""

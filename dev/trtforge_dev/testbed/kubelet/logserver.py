@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
-from trtforge.testbed.paths import StatePaths
-from trtforge.testbed.podlogs import PodLogError, log_name, pod_log_dir
+from trtforge_dev.testbed.paths import StatePaths
+from trtforge_dev.testbed.podlogs import PodLogError, log_name, pod_log_dir
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from kubernetes.client.rest import ApiException
 
 from trtforge.contract.gpu_probe import EmulatedGPUFile
 from trtforge.logs import fields
-from trtforge.testbed import profile as prof
-from trtforge.testbed.kubelet.context import KubeletContext
-from trtforge.testbed.kubelet.pod import now_iso
+from trtforge_dev.testbed import profile as prof
+from trtforge_dev.testbed.kubelet.context import KubeletContext
+from trtforge_dev.testbed.kubelet.pod import now_iso
 
 log = logging.getLogger(__name__)
 

@@ -19,13 +19,19 @@ from kubernetes.client.rest import ApiException
 
 from trtforge.contract.gpu_probe import PROBE_ENV, VISIBLE_ENV
 from trtforge.logs import fields
-from trtforge.testbed import gpus
-from trtforge.testbed.kubelet.context import KubeletContext
-from trtforge.testbed.kubelet.podspec import ConfigError, command_line, container_env, pod_phase, will_restart
-from trtforge.testbed.kubelet.probes import Prober
-from trtforge.testbed.kubelet.process import ContainerProcess
-from trtforge.testbed.kubelet.volumes import Mount, NotReady, VolumeBuilder, container_mounts
-from trtforge.testbed.podlogs import log_name
+from trtforge_dev.testbed import gpus
+from trtforge_dev.testbed.kubelet.context import KubeletContext
+from trtforge_dev.testbed.kubelet.podspec import (
+    ConfigError,
+    command_line,
+    container_env,
+    pod_phase,
+    will_restart,
+)
+from trtforge_dev.testbed.kubelet.probes import Prober
+from trtforge_dev.testbed.kubelet.process import ContainerProcess
+from trtforge_dev.testbed.kubelet.volumes import Mount, NotReady, VolumeBuilder, container_mounts
+from trtforge_dev.testbed.podlogs import log_name
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from trtforge.testbed.kubelet.volumes import Mount
+from trtforge_dev.testbed.kubelet.volumes import Mount
 
 
 def mount_script(mounts: Sequence[Mount], keep_visible: Sequence[Path] = ()) -> str:

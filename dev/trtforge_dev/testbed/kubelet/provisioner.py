@@ -13,7 +13,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from trtforge.logs import fields
-from trtforge.testbed.kubelet.context import KubeletContext
+from trtforge_dev.testbed.kubelet.context import KubeletContext
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from trtforge.testbed.kubelet.podspec import field_value
+from trtforge_dev.testbed.kubelet.podspec import field_value
 
 
 class NotReady(RuntimeError):

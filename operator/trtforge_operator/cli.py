@@ -18,11 +18,6 @@ def register(subparsers: Any) -> None:
         default=None,
         help="watch only this namespace (repeatable); default: cluster-wide",
     )
-    p.add_argument(
-        "--standalone",
-        action="store_true",
-        help="no kopf peering (always so: run one replica with a Recreate strategy)",
-    )
     p.set_defaults(func=run)
 
 
@@ -65,9 +60,10 @@ async def main(cfg: Any) -> None:
     kube = Kube()
     store = StoreReader(cfg.reader_store_uri)
     state = State(cfg=cfg, kube=kube, store=store, metrics=metrics)
-    from kopf._core.intents.registries import SmartOperatorRegistry  # has the default login handlers
-
-    registry = SmartOperatorRegistry()
+    registry = kopf.OperatorRegistry()
+    # kopf's public registry brings no login handler: log in with the Kubernetes client's config
+    # (in-cluster or kubeconfig), as load_kube_config above did.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
     register(state, registry)
     runner = await start_broker(cfg, store, kube, metrics) if cfg.broker.enabled else None
     gc_task = asyncio.create_task(_gc_loop(state)) if cfg.gc.enabled else None

@@ -87,7 +87,10 @@ def test_every_value_key_is_in_the_schema() -> None:
 
 
 def test_chart_crds_equal_crds_dir() -> None:
-    top = {p.name: p.read_bytes() for p in sorted((REPO / "operator" / "trtforge_operator" / "crds").glob("*.yaml"))}
+    top = {
+        p.name: p.read_bytes()
+        for p in sorted((REPO / "operator" / "trtforge_operator" / "crds").glob("*.yaml"))
+    }
     chart = {p.name: p.read_bytes() for p in sorted((CHART / "crds").glob("*.yaml"))}
     if not top and not chart:
         pytest.skip("no CRDs generated yet (`trtforge crds` writes both folders)")
@@ -138,10 +141,9 @@ def test_configmap_keys_are_operator_config_fields() -> None:
         assert must in config
 
 
-def test_deployment_is_one_standalone_replica_with_recreate() -> None:
+def test_deployment_is_one_replica_with_recreate() -> None:
     (dep,) = skeleton((TEMPLATES / "deployment.yaml").read_text())
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
-    assert "--standalone" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert default_values()["operator"]["replicas"] == 1
     assert schema()["properties"]["operator"]["properties"]["replicas"]["enum"] == [0, 1]
 

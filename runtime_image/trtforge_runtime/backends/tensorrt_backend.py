@@ -109,9 +109,6 @@ class CudaRuntime:
     def last_error(self) -> int:
         return int(self._lib.cudaGetLastError())
 
-    def destroy_stream(self, stream: int) -> None:
-        self._lib.cudaStreamDestroy(ctypes.c_void_p(stream))
-
 
 def _import_tensorrt(lean: bool) -> tuple[Any, str]:
     """The TensorRT module to deserialize with: the lean runtime for version-compatible plans."""

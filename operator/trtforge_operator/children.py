@@ -1,7 +1,7 @@
 """Pure builders of the objects the operator owns: build Jobs, runtime Deployments, the Service.
 
 Names are derived from their inputs (never ``generateName``), so a retry after a crash finds the object
-it made before instead of making a second one. Every pod is PSS-restricted.
+it made before instead of making a second one (docs/design.md §1). Every pod is PSS-restricted.
 """
 
 from __future__ import annotations

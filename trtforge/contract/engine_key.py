@@ -1,4 +1,4 @@
-"""The engine key: sha256 of a canonical record of everything that decides an engine (DESIGN.md §3).
+"""The engine key: sha256 of a canonical record of everything that decides an engine (docs/design.md §3).
 
 Same key → same engine: any request, from any namespace, with the same key reuses the stored engine.
 The operator computes it from a TRTEngine target and Node labels; the builder from its probe; both go

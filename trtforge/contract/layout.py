@@ -1,4 +1,4 @@
-"""Store layout (PVC path or S3 prefix), shared by builder, runtime and operator (DESIGN.md §3)."""
+"""Store layout (PVC path or S3 prefix), shared by builder, runtime and operator (docs/design.md §3)."""
 
 from __future__ import annotations
 

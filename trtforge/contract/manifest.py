@@ -1,4 +1,4 @@
-"""The engine manifest: written last into `engines/<key>/`, its presence is the commit (DESIGN.md §3)."""
+"""The engine manifest: written last into `engines/<key>/`, its presence is the commit (docs/design.md §3)."""
 
 from __future__ import annotations
 

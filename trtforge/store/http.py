@@ -1,7 +1,7 @@
 """A READ-ONLY client for the operator's engine broker: ``http(s)://host:port[/base]``.
 
 Runtime pods in tenant namespaces hold no store credentials; they fetch engines from the broker
-(DESIGN.md §3), presenting their projected service-account token. The URL scheme, relative to the
+(docs/design.md §3), presenting their projected service-account token. The URL scheme, relative to the
 store URI (``<base>``):
 
 =======  ==============================  =======================================================

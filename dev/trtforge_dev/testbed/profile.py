@@ -191,7 +191,7 @@ def gpu_resources(f: EmulatedGPUFile, healthy_only: bool) -> dict[str, int]:
 
 
 def node_labels(p: NodeProfile) -> dict[str, str]:
-    """Kubernetes well-known labels plus GPU Feature Discovery labels (DESIGN.md §4)."""
+    """Kubernetes well-known labels plus GPU Feature Discovery labels (docs/design.md §4)."""
     arch = p.node_arch
     labels = {
         "kubernetes.io/hostname": p.name,

@@ -1,7 +1,8 @@
 """Pure builders of the objects the operator owns: build Jobs, runtime Deployments, the Service.
 
 Names are derived from their inputs (never ``generateName``), so a retry after a crash finds the object
-it made before instead of making a second one (docs/design.md §1). Every pod is PSS-restricted.
+it made before instead of making a second one (docs/design.md §"Components and data flow"). Every pod
+is PSS-restricted.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def model_secret_copy(
 
 
 def build_id(engine_key: str | None, request_digest: str) -> str:
-    """What names a build: the engine key when known (pinned model sha256), else the request digest."""
+    """What names a build: the request key for a first build, the engine key for a fault rebuild."""
     return (engine_key or request_digest)[:20]
 
 
@@ -214,7 +215,7 @@ def builder_args(req: BuildRequest, store_uri: str) -> list[str]:
     args += ["--timeout", str(max(30, req.timeout_seconds - 30)), "--backend", req.backend]
     if req.rebuild_of:
         args.append("--rebuild")
-    args += ["--store", store_uri]
+    args += ["--request-key", req.request_digest, "--store", store_uri]
     return args
 
 
@@ -338,6 +339,7 @@ class RuntimeRequest:
     image: str
     image_pull_policy: str
     port: int = 8000
+    grpc_port: int = 8001
     max_batch_size: int = 1
     max_queue_delay_us: int = 0
     instances: int = 1
@@ -387,6 +389,8 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
         "$(POD_IP)",
         "--port",
         str(req.port),
+        "--grpc-port",
+        str(req.grpc_port),
         "--max-batch-size",
         str(req.max_batch_size),
         "--max-queue-delay-us",
@@ -447,7 +451,10 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
                 env,
                 resources,
                 mounts,
-                ports=[{"name": "http", "containerPort": req.port, "protocol": "TCP"}],
+                ports=[
+                    {"name": "http", "containerPort": req.port, "protocol": "TCP"},
+                    {"name": "grpc", "containerPort": req.grpc_port, "protocol": "TCP"},
+                ],
                 readinessProbe={**probe_base, "periodSeconds": 2, "failureThreshold": 2},
                 livenessProbe={
                     "httpGet": {"path": "/v2/health/live", "port": req.port},
@@ -491,11 +498,14 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
     }
 
 
-def runtime_service(namespace: str, infd: str, infd_uid: str, port: int) -> dict[str, Any]:
-    """One Service over every target's pods of an InferenceDeployment."""
+def runtime_service(namespace: str, infd: str, infd_uid: str, port: int, grpc_port: int) -> dict[str, Any]:
+    """One Service over every target's pods of an InferenceDeployment: HTTP and gRPC (KServe v2)."""
     spec = {
         "selector": selector_labels(infd),
-        "ports": [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "port": port, "targetPort": port, "protocol": "TCP"},
+            {"name": "grpc", "port": grpc_port, "targetPort": grpc_port, "protocol": "TCP"},
+        ],
     }
     return {
         "apiVersion": "v1",

@@ -147,6 +147,7 @@ INVALID_ENGINES = [
     (_engine(targets=[{"gpu": "NVIDIA-B200", "mig": "1g.23gb"}] * 2), "targets must be unique"),
     (_engine(targets=[{"gpu": "cpu", "mig": "1g.10gb"}]), "a cpu target has no MIG profile"),
     (_engine(model={"uri": "pvc://models/m.onnx", "secretRef": {"name": "creds"}}), "secretRef applies to"),
+    (_engine(builder={"stripWeights": True}), "stripWeights is not supported yet"),
 ]
 
 
@@ -183,6 +184,15 @@ def test_deployment_rules() -> None:
         "spec.targets: targets must be unique (gpu, mig) pairs"
     ]
     _refused(InferenceDeploymentSpec, dup)
+    same_ports = {"engineRef": {"name": "e"}, "runtime": {"port": 9000, "grpcPort": 9000}}
+    assert cel_violations("InferenceDeployment", same_ports) == [
+        "spec.runtime: runtime.grpcPort must differ from runtime.port"
+    ]
+    _refused(InferenceDeploymentSpec, same_ports)
+    assert (
+        cel_violations("InferenceDeployment", {"engineRef": {"name": "e"}, "runtime": {"grpcPort": 9001}})
+        == []
+    )
 
 
 def _refused(model: type[BaseModel], spec: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from trtforge_operator import children
 from trtforge_operator import labels as L
 from trtforge_operator.api import FaultRecord, InferenceDeployment, TRTEngine, get_condition
-from trtforge_operator.config import BackendSpec, OperatorConfig
+from trtforge_operator.config import OperatorConfig
 from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView
 from trtforge_operator.planning import faults as F
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
@@ -19,7 +19,7 @@ from trtforge.contract.gpu import GPUTarget
 
 NOW = 1_800_000_000.0
 CFG = OperatorConfig(
-    backends={"gpu": BackendSpec(backend="onnxruntime", version="1.22.0")},
+    backends={"gpu": "onnxruntime"},
     broker={"url": "http://broker:8081"},
 )
 H100 = GPUTarget(gpu="NVIDIA-H100-80GB-HBM3")
@@ -161,6 +161,12 @@ def test_one_deployment_per_ready_target_and_one_service() -> None:
     assert cmd[:2] == ["trtforge", "serve"] and cmd[cmd.index("--engine") + 1] == KEY_H
     assert cmd[cmd.index("--store") + 1] == "http://broker:8081"
     assert h["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert cmd[cmd.index("--grpc-port") + 1] == "8001"
+    assert [(p["name"], p["containerPort"]) for p in h["containers"][0]["ports"]] == [
+        ("http", 8000),
+        ("grpc", 8001),
+    ]
+    assert [(p["name"], p["port"]) for p in svcs[0]["spec"]["ports"]] == [("http", 8000), ("grpc", 8001)]
     strategy = by_target[H100.name]["spec"]["strategy"]["rollingUpdate"]
     assert strategy["maxUnavailable"] == 0  # the old engine keeps serving until the new one is Ready
     assert any(v.get("projected") for v in h["volumes"])  # the broker token, not store credentials

@@ -1,5 +1,5 @@
 """Build kube-apiserver, kube-controller-manager, kube-scheduler and kubectl from Debian's
-`kubernetes` source package (docs/design.md §6) and put them in the binary cache.
+`kubernetes` source package (docs/design.md §"The test bed") and put them in the binary cache.
 
 Steps, each logged: check Debian packages → make sure a deb-src entry exists → ``apt-get source
 --download-only kubernetes`` → unpack the upstream tarball → patch reflect2 → ``make WHAT=…`` (progress

@@ -46,7 +46,8 @@ def with_fault(
     f: EmulatedGPUFile, gpu: int | None, xid: int, now: float, message: str = ""
 ) -> tuple[EmulatedGPUFile, GPUDevice]:
     """`f` with an Xid event on device number `gpu` (its position in the file; default: the first
-    healthy device). A critical Xid (docs/design.md §4) also marks the device unhealthy."""
+    healthy device). A critical Xid (docs/design.md §"GPU faults") also marks the device
+    unhealthy."""
     if not f.devices:
         raise GPUError(f"node {f.node} has no GPUs to fault")
     if gpu is None:

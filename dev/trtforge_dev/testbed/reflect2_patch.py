@@ -1,4 +1,5 @@
-"""Patch the vendored github.com/modern-go/reflect2 v1.0.1 for Go ≥ 1.18 (docs/design.md §6).
+"""Patch the vendored github.com/modern-go/reflect2 v1.0.1 for Go ≥ 1.18 (docs/design.md §"The test
+bed").
 
 From Go 1.18 the runtime's ``reflect.mapiterinit(t, m, it *hiter)`` fills a caller-allocated
 iterator instead of returning one, and that iterator must have the runtime's full layout. v1.0.1

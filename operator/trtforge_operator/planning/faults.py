@@ -1,5 +1,5 @@
 """GPU fault detection, node avoidance and recovery bookkeeping for InferenceDeployments. No I/O.
-Why the operator moves pods itself after an Xid: docs/design.md §4.
+Why the operator moves pods itself after an Xid: docs/design.md §"GPU faults".
 
 Signals: a runtime container that ended with the GPU-fault exit code or a ``GPUFault`` termination
 message (Xid and GPU uuid inside); a runtime that could not load its engine (``EngineLoadFailed``,

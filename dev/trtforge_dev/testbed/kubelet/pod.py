@@ -25,6 +25,7 @@ from trtforge_dev.testbed.kubelet.podspec import (
     ConfigError,
     command_line,
     container_env,
+    image_stand_in,
     pod_phase,
     will_restart,
 )
@@ -272,7 +273,7 @@ class PodWorker(threading.Thread):
         base = self.ctx.base_env(self.uid, self.pod_name, self.ip, home)
         base.update(self._gpu_env())
         try:
-            env = container_env(self.pod, c.spec, base, self.ip, self._lookup)
+            env = image_stand_in(container_env(self.pod, c.spec, base, self.ip, self._lookup))
             argv = command_line(c.spec, env)
             mounts = container_mounts(c.spec, self.volumes)
         except (ConfigError, NotReady) as e:

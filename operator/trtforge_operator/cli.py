@@ -98,7 +98,7 @@ async def _gc_loop(state: Any) -> None:
     import asyncio
     import time
 
-    from trtforge_operator import labels as L
+    from trtforge_operator.labels import ANNOTATION_ENGINE_KEY, APP_MANAGED_BY, MANAGED_BY, TRTENGINES
     from trtforge_operator.observed import JobView
     from trtforge_operator.planning.gc import StoredEngine, plan_gc, referenced_keys
 
@@ -106,18 +106,18 @@ async def _gc_loop(state: Any) -> None:
     while True:
         await asyncio.sleep(cfg.gc.interval_seconds)
         try:
-            engines = await state.kube.list_custom(L.TRTENGINES)
+            engines = await state.kube.list_custom(TRTENGINES)
             deps = await asyncio.to_thread(
                 state.kube.apps.list_deployment_for_all_namespaces,
-                label_selector=f"{L.APP_MANAGED_BY}={L.MANAGED_BY}",
+                label_selector=f"{APP_MANAGED_BY}={MANAGED_BY}",
             )
             jobs = await asyncio.to_thread(
                 state.kube.batch.list_namespaced_job,
                 cfg.build_namespace,
-                label_selector=f"{L.APP_MANAGED_BY}={L.MANAGED_BY}",
+                label_selector=f"{APP_MANAGED_BY}={MANAGED_BY}",
             )
             tkeys = [
-                ((d.spec.template.metadata.annotations or {}).get(L.A_TEMPLATE_ENGINE_KEY, ""))
+                ((d.spec.template.metadata.annotations or {}).get(ANNOTATION_ENGINE_KEY, ""))
                 for d in deps.items
             ]
             views = [JobView.from_k8s(state.kube.api.sanitize_for_serialization(j)) for j in jobs.items]

@@ -221,9 +221,7 @@ def test_status_is_written_only_when_it_changes(
         for p in ("trtengines", "inferencedeployments")
     )
     wait_for(
-        lambda: all(
-            _reconciles(env).get(k, 0) - start.get(k, 0) > total for k in ("TRTEngine", "InferenceDeployment")
-        ),
+        lambda: all(_reconciles(env).get(k, 0) - start.get(k, 0) > total for k in ("trte", "infd")),
         timeout=4 * env.config["resync_seconds"] + 60,
         desc="a full resync pass of both loops",
     )

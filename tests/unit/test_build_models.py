@@ -22,7 +22,15 @@ from trtforge_builder.errors import BuildError
 from trtforge_builder.pipeline import probe_target, run_build
 from trtforge_builder.request import BuildRequest, make_build_config, parse_profiles
 
-from tests.modelzoo import dynamic_cnn, dynamic_mlp, light_input_name, light_model, sha256_of, two_input_model
+from tests.modelzoo import (
+    dynamic_cnn,
+    dynamic_mlp,
+    light_input_name,
+    light_model,
+    qdq_mlp,
+    sha256_of,
+    two_input_model,
+)
 from trtforge.contract import layout
 from trtforge.contract.canary import Canary
 from trtforge.contract.engine_key import EngineKeyRecord, RequestRecord, engine_key
@@ -203,6 +211,17 @@ def test_dynamic_models_and_profiles(tmp_path: Path) -> None:
     )
     batches = sorted(s["a"][0] for s in rec.shapes)
     assert len(batches) == 2 and batches[0] <= 4 and 8 <= batches[1] <= 16, batches
+
+
+def test_the_qdq_check_reads_real_models() -> None:
+    """The int8/fp8 refusal is about models without Q/DQ: an explicitly quantized one passes it."""
+    import onnx
+    from trtforge_builder.onnx_model import op_types
+
+    from trtforge.tensorrt.policy import has_qdq
+
+    assert has_qdq(op_types(onnx.load(str(qdq_mlp()))))
+    assert not has_qdq(op_types(onnx.load(str(dynamic_mlp()))))
 
 
 class RecordingBackend(OnnxRuntimeBackend):

@@ -7,6 +7,11 @@ zero delay, batches still form whenever requests arrive while the instances are 
 bounded: a request that finds it full is refused at once (503 with Retry-After), never parked.
 
 Each instance has its own worker thread; the event loop only moves requests and futures.
+
+Adapting to load (docs/design.md, "Adapting to load"): with a *solo* instance added (a session with
+every core's threads), a batch that finds nothing else executing and nothing else queued runs on it,
+so a lone request gets all the cores; while it runs, the pool's instances wait, so cores are never
+oversubscribed; as soon as requests overlap, batches go to the pool (one instance per core).
 """
 
 from __future__ import annotations
@@ -50,6 +55,14 @@ def _signature(inputs: dict[str, np.ndarray], batchable: bool) -> tuple[object, 
     return tuple(sorted((k, v.shape[1:], v.dtype.str) for k, v in inputs.items()))
 
 
+def _execute(instance: Instance, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Run one batch in the instance's thread: the requests' tensors are joined there, not on the
+    event loop (numpy copies without the GIL)."""
+    if len(feeds) == 1:
+        return instance.run(feeds[0])
+    return instance.run({k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]})
+
+
 class Batcher:
     def __init__(
         self,
@@ -73,6 +86,16 @@ class Batcher:
         ]
         self._tasks: list[asyncio.Task[None]] = []
         self.in_flight = 0  # requests accepted and not yet answered
+        self._solo: Instance | None = None
+        self._solo_executor: ThreadPoolExecutor | None = None
+        self._solo_idle = asyncio.Event()
+        self._solo_idle.set()
+        self._executing = 0  # batches running on any instance
+
+    def add_solo(self, instance: Instance) -> None:
+        """Run lone batches on `instance` from now on (see the module docstring)."""
+        self._solo_executor = ThreadPoolExecutor(1, thread_name_prefix="instance-solo")
+        self._solo = instance
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._worker(i)) for i in range(len(self._instances))]
@@ -83,6 +106,8 @@ class Batcher:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for ex in self._executors:
             ex.shutdown(wait=False, cancel_futures=True)
+        if self._solo_executor is not None:
+            self._solo_executor.shutdown(wait=False, cancel_futures=True)
 
     @property
     def depth(self) -> int:
@@ -158,15 +183,22 @@ class Batcher:
             now = time.monotonic()
             for it in batch:
                 m.queue_time_m.observe(now - it.enqueued)
-            if len(batch) == 1:
-                feed = batch[0].inputs
-            else:
-                feed = {k: np.concatenate([it.inputs[k] for it in batch]) for k in batch[0].inputs}
+            feeds = [it.inputs for it in batch]
             rows = sum(it.rows for it in batch)
             m.batch_size_m.observe(rows)
+            while not self._solo_idle.is_set():  # a lone batch has every core: wait for it
+                await self._solo_idle.wait()
+            solo = self._solo if self._executing == 0 and not self._queue else None
+            self._executing += 1
+            if solo is not None:
+                self._solo_idle.clear()
             try:
                 t0 = time.monotonic()
-                out = await loop.run_in_executor(executor, instance.run, feed)
+                if solo is not None:
+                    out = await loop.run_in_executor(self._solo_executor, _execute, solo, feeds)
+                    m.solo_batches_m.inc()
+                else:
+                    out = await loop.run_in_executor(executor, _execute, instance, feeds)
                 m.compute_time_m.observe(time.monotonic() - t0)
             except DeviceFault as e:
                 m.execution_errors.labels(m.model).inc()
@@ -182,6 +214,10 @@ class Batcher:
                     if not it.future.done():
                         it.future.set_exception(RequestError(500, f"execution failed: {e}"))
                 continue
+            finally:
+                self._executing -= 1
+                if solo is not None:
+                    self._solo_idle.set()
             if len(batch) == 1:
                 if not batch[0].future.done():
                     batch[0].future.set_result(out)

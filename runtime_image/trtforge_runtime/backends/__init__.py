@@ -39,7 +39,14 @@ def default_instances(backend: str) -> int:
 
 
 def load_backend(manifest: Manifest, artifact: Path, instances: int) -> Backend:
-    """Load the artifact with the backend the manifest names; Refusal(EngineLoadFailed) if it cannot."""
+    """Load the artifact with the backend the manifest names; Refusal(EngineLoadFailed) if it cannot.
+
+    A backend that a :mod:`~trtforge_runtime.warmstart` loaded for the same arguments is returned."""
+    from trtforge_runtime import warmstart
+
+    warm = warmstart.collect_backend(manifest.key, artifact, instances)
+    if warm is not None:
+        return warm
     if manifest.backend == "onnxruntime":
         from trtforge_runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
 

@@ -9,9 +9,10 @@ bounded: a request that finds it full is refused at once (503 with Retry-After),
 Each instance has its own worker thread; the event loop only moves requests and futures.
 
 Adapting to load (docs/design.md, "Adapting to load"): with a *solo* instance added (a session with
-every core's threads), a batch that finds nothing else executing and nothing else queued runs on it,
-so a lone request gets all the cores; while it runs, the pool's instances wait, so cores are never
-oversubscribed; as soon as requests overlap, batches go to the pool (one instance per core).
+every core's threads), a lone request (a batch of one that finds nothing else executing and nothing
+else queued) runs on it, so it gets all the cores; while it runs, the pool's instances wait, so cores
+are never oversubscribed; as soon as requests overlap, batches go to the pool (one instance per
+core). Free instances split what is queued evenly rather than one taking it all.
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ def _signature(inputs: dict[str, np.ndarray], batchable: bool) -> tuple[object, 
     return tuple(sorted((k, v.shape[1:], v.dtype.str) for k, v in inputs.items()))
 
 
+def share(max_batch: int, queued_rows: int, idle_workers: int) -> int:
+    """Rows one worker takes when `idle_workers` others are free too: an even share of what is queued
+    (at least one request), so free instances split the work instead of one taking it all."""
+    if idle_workers <= 0:
+        return max_batch
+    return max(1, min(max_batch, -(-queued_rows // (idle_workers + 1))))
+
+
 def _execute(instance: Instance, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Run one batch in the instance's thread: the requests' tensors are joined there, not on the
     event loop (numpy copies without the GIL)."""
@@ -91,6 +100,7 @@ class Batcher:
         self._solo_idle = asyncio.Event()
         self._solo_idle.set()
         self._executing = 0  # batches running on any instance
+        self._idle = 0  # workers waiting for requests
 
     def add_solo(self, instance: Instance) -> None:
         """Run lone batches on `instance` from now on (see the module docstring)."""
@@ -126,20 +136,21 @@ class Batcher:
         finally:
             self.in_flight -= 1
 
-    def _take(self, batch: list[_Item], rows: int) -> int:
-        """Move queued items compatible with batch[0] into `batch`, oldest first; the new row count."""
+    def _take(self, batch: list[_Item], rows: int, limit: int) -> int:
+        """Move queued items compatible with batch[0] into `batch` up to `limit` rows, oldest first;
+        the new row count."""
         sig = batch[0].signature
         keep: list[_Item] = []
-        while self._queue and rows < self.max_batch:
+        while self._queue and rows < limit:
             it = self._queue.popleft()
             if it.future.done():  # the client went away
                 continue
-            if it.signature == sig and rows + it.rows <= self.max_batch:
+            if it.signature == sig and rows + it.rows <= limit:
                 batch.append(it)
                 rows += it.rows
             else:
                 keep.append(it)
-                if rows + it.rows > self.max_batch and it.signature == sig:
+                if rows + it.rows > limit and it.signature == sig:
                     break
         self._queue.extendleft(reversed(keep))
         return rows
@@ -148,17 +159,22 @@ class Batcher:
         while True:
             while not self._queue:
                 self._arrived.clear()
-                await self._arrived.wait()
+                self._idle += 1
+                try:
+                    await self._arrived.wait()
+                finally:
+                    self._idle -= 1
             first = self._queue.popleft()
             if not first.future.done():
                 break
         batch = [first]
         if self.max_batch == 0:
             return batch
-        rows = self._take(batch, first.rows)
+        limit = share(self.max_batch, first.rows + sum(it.rows for it in self._queue), self._idle)
+        rows = self._take(batch, first.rows, limit)
         if self.max_queue_delay_s > 0:
             deadline = first.enqueued + self.max_queue_delay_s
-            while rows < self.max_batch:
+            while rows < limit:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -167,7 +183,7 @@ class Batcher:
                     await asyncio.wait_for(self._arrived.wait(), left)
                 except TimeoutError:
                     break
-                rows = self._take(batch, rows)
+                rows = self._take(batch, rows, limit)
         return batch
 
     async def _worker(self, index: int) -> None:
@@ -188,7 +204,8 @@ class Batcher:
             m.batch_size_m.observe(rows)
             while not self._solo_idle.is_set():  # a lone batch has every core: wait for it
                 await self._solo_idle.wait()
-            solo = self._solo if self._executing == 0 and not self._queue else None
+            lone = len(batch) == 1 and self._executing == 0 and not self._queue
+            solo = self._solo if lone else None
             self._executing += 1
             if solo is not None:
                 self._solo_idle.clear()

@@ -114,3 +114,26 @@ def test_pv_is_prebound_to_its_claim() -> None:
         "uid": "abc",
     }
     assert pv["spec"]["capacity"] == {"storage": "5Gi"} and pv["spec"]["hostPath"]["path"] == "/x/pvc-abc"
+
+
+# --- the pod worker survives API errors (apiserver restarts) -------------------------------------
+
+
+def test_api_retry_delay_doubles_and_caps() -> None:
+    from trtforge.testbed.kubelet.pod import api_retry_delay
+
+    assert [api_retry_delay(n) for n in range(0, 7)] == [0.0, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+
+
+def test_which_api_errors_are_transient() -> None:
+    import urllib3
+    from kubernetes.client.rest import ApiException
+
+    from trtforge.testbed.kubelet.pod import transient
+
+    assert transient(urllib3.exceptions.MaxRetryError(None, "/api", "refused"))  # type: ignore[arg-type]
+    assert transient(ConnectionRefusedError())
+    assert transient(ApiException(status=503))
+    assert transient(ApiException(status=429))
+    assert not transient(ApiException(status=422))
+    assert not transient(ValueError("a bug"))

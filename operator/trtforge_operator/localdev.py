@@ -136,7 +136,7 @@ class OperatorProcess:
             "TRTFORGE_LOG_FORMAT": "text",
             # Its leader-election identity, the same on every restart (as a pod's name is): a
             # restarted operator renews its own Lease at once instead of waiting it out.
-            "POD_NAME": f"local-{self.config.stem}",
+            "TRTFORGE_LEADER_IDENTITY": f"local-{self.config.stem}",
         }
         self.starts += 1
         with self.log.open("ab") as out:

@@ -18,10 +18,14 @@ from trtforge.testbed.helm import helm_path
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "trtforge"
-# Kinds whose CRDs the test bed lacks (the Prometheus Operator's), and kinds newer than its 1.20
-# apiserver (policy/v1 PodDisruptionBudget is 1.21+): not applied there, and said so by the callers.
-NEEDS_CRD = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
-NEWER_THAN_TESTBED = {("policy/v1", "PodDisruptionBudget")}
+# Kinds that exist only with the Prometheus Operator's CRDs, and kinds newer than the test bed's
+# 1.20 apiserver (policy/v1 PodDisruptionBudget is 1.21+): applied only where the apiserver serves
+# them; `apply` returns what it left out, and the callers say so.
+OPTIONAL_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("policy/v1", "PodDisruptionBudget"),
+}
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -59,28 +63,58 @@ def kind_of(doc: dict[str, Any]) -> tuple[str, str]:
     return str(doc.get("apiVersion")), str(doc.get("kind"))
 
 
-def for_testbed(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rendered documents with the operator container's `command` set (the image's entrypoint)."""
+def for_testbed(docs: list[dict[str, Any]], broker_url: str | None = None) -> list[dict[str, Any]]:
+    """The rendered documents with the operator container's `command` set (the image's entrypoint),
+    and, when given, the broker URL runtime pods get (the test bed has no Service DNS)."""
     out = []
     for d in docs:
         if d.get("kind") == "Deployment":
             for c in d["spec"]["template"]["spec"]["containers"]:
                 c.setdefault("command", ["trtforge"])
+        if d.get("kind") == "ConfigMap" and broker_url and "config.yaml" in d.get("data", {}):
+            cfg = yaml.safe_load(d["data"]["config.yaml"])
+            cfg["broker"]["url"] = broker_url
+            d["data"]["config.yaml"] = yaml.safe_dump(cfg)
         out.append(d)
     return out
 
 
+def served(tb: TestBed) -> set[tuple[str, str]]:
+    """The optional (apiVersion, kind) pairs this apiserver serves."""
+    out = set()
+    for api_version, kind in OPTIONAL_KINDS:
+        r = tb.kubectl("api-resources", f"--api-group={api_version.split('/')[0]}", "-o", "wide", check=False)
+        version = api_version.split("/")[1]
+        for line in r.stdout.splitlines()[1:]:
+            cols = line.split()
+            if kind in cols and any(c.endswith(f"/{version}") or c == version for c in cols):
+                out.add((api_version, kind))
+    if ("policy/v1", "PodDisruptionBudget") in OPTIONAL_KINDS:
+        versions = tb.kubectl("api-versions").stdout.split()
+        if "policy/v1" in versions:
+            out.add(("policy/v1", "PodDisruptionBudget"))
+        else:
+            out.discard(("policy/v1", "PodDisruptionBudget"))
+    return out
+
+
+def _kept(tb: TestBed, docs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    ok = served(tb)
+    missing = [kind_of(d) for d in docs if kind_of(d) in OPTIONAL_KINDS and kind_of(d) not in ok]
+    return [d for d in docs if kind_of(d) not in missing], missing
+
+
 def apply(tb: TestBed, docs: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """Server-side apply of every document the test bed can hold; returns the (apiVersion, kind) skipped."""
-    skipped = [kind_of(d) for d in docs if kind_of(d) in NEEDS_CRD | NEWER_THAN_TESTBED]
-    kept = [d for d in docs if kind_of(d) not in NEEDS_CRD | NEWER_THAN_TESTBED]
+    """Server-side apply of the rendered documents; returns the optional kinds left out because this
+    apiserver does not serve them (said by the caller)."""
+    kept, skipped = _kept(tb, docs)
     text = yaml.safe_dump_all(kept)
     tb.kubectl("apply", "--server-side", "--field-manager=helm-test", "-f", "-", input=text, timeout=180)
     return skipped
 
 
 def delete(tb: TestBed, docs: list[dict[str, Any]]) -> None:
-    kept = [d for d in docs if kind_of(d) not in NEEDS_CRD | NEWER_THAN_TESTBED]
+    kept, _ = _kept(tb, docs)
     tb.kubectl(
         "delete", "--ignore-not-found", "--wait=false", "-f", "-", input=yaml.safe_dump_all(kept), check=False
     )

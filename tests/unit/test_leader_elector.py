@@ -209,7 +209,9 @@ async def test_runner_stops_on_request_and_releases() -> None:
     assert lease.record is not None and lease.record.holder == ""
 
 
-def test_identity_is_the_pod_name_or_unique() -> None:
-    assert replica_identity({"POD_NAME": "trtforge-7d9f-abc"}) == "trtforge-7d9f-abc"
-    one, two = replica_identity({}), replica_identity({})
-    assert one != two
+def test_identity_is_unique_per_process_unless_fixed() -> None:
+    one = replica_identity({"POD_NAME": "trtforge-7d9f-abc"})
+    two = replica_identity({"POD_NAME": "trtforge-7d9f-abc"})
+    assert one.startswith("trtforge-7d9f-abc_") and one != two  # a restarted container is a new candidate
+    assert replica_identity({}) != replica_identity({})
+    assert replica_identity({"TRTFORGE_LEADER_IDENTITY": "local-op", "POD_NAME": "p"}) == "local-op"

@@ -36,14 +36,20 @@ WATCHDOG_TICK_S = 0.1
 Act = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
 
+IDENTITY_ENV = "TRTFORGE_LEADER_IDENTITY"
+
+
 def replica_identity(env: dict[str, str] | None = None) -> str:
-    """The pod's name when it has one (a restarted container renews its own Lease at once; pod names
-    are unique), else host name + a random suffix (two local processes never share one)."""
+    """``$TRTFORGE_LEADER_IDENTITY`` when set (a process that should reclaim its own Lease at once
+    after a restart, e.g. a local operator); else, as client-go does, the pod's name (or the host's)
+    plus a random suffix: a restarted container is a new candidate, never mistaken for the old
+    holder, so after a crash the standby that has been watching the Lease takes over."""
     env = dict(os.environ) if env is None else env
-    pod = env.get("POD_NAME", "").strip()
-    if pod:
-        return pod
-    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    fixed = env.get(IDENTITY_ENV, "").strip()
+    if fixed:
+        return fixed
+    base = env.get("POD_NAME", "").strip() or socket.gethostname()
+    return f"{base}_{uuid.uuid4().hex[:8]}"
 
 
 def exit_now(reason: str) -> None:

@@ -259,14 +259,16 @@ class ChartOperator:
 
     # --- the broker Service, as kube-proxy would serve it
     def _broker_endpoint(self) -> tuple[str, int]:
+        """A ready operator pod's broker port (the Service's endpoints; the test bed's endpoints
+        controller leaves its 127.N.x.y pod addresses out, so they are read from the pods)."""
         try:
-            ep = self.core.read_namespaced_endpoints(FULLNAME, self.ns, _request_timeout=2)
             found = [
-                (a.ip, p.port)
-                for s in ep.subsets or []
-                for a in s.addresses or []
-                for p in s.ports or []
-                if p.name == "broker"
+                (p.status.pod_ip, port.container_port)
+                for p in self.pods(timeout=2)
+                if _ready(p) and p.status.pod_ip
+                for c in p.spec.containers
+                for port in c.ports or []
+                if port.name == "broker"
             ]
             if found:
                 self._last_broker = found
@@ -278,11 +280,12 @@ class ChartOperator:
         return self._last_broker[self._rr % len(self._last_broker)]
 
     # --- who is who
-    def pods(self) -> list[Any]:
+    def pods(self, timeout: float | None = None) -> list[Any]:
         sel = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
+        kw = {"_request_timeout": timeout} if timeout else {}
         return [
             p
-            for p in self.core.list_namespaced_pod(self.ns, label_selector=sel).items
+            for p in self.core.list_namespaced_pod(self.ns, label_selector=sel, **kw).items
             if not p.metadata.deletion_timestamp
         ]
 
@@ -339,6 +342,17 @@ class ChartOperator:
 def pod_of_identity(identity: str) -> str:
     """A Lease holder identity is `<pod name>_<random>`."""
     return identity.rsplit("_", 1)[0]
+
+
+def _container_state(p: Any) -> str:
+    """`running`, `waiting:<reason>` or `terminated` of a pod's first container, or `pending`."""
+    for cs in p.status.container_statuses or []:
+        if cs.state.running:
+            return "running" + (" (ready)" if cs.ready else "")
+        if cs.state.waiting:
+            return f"waiting:{cs.state.waiting.reason}"
+        return "terminated"
+    return "pending"
 
 
 def _ready(p: Any) -> bool:
@@ -437,6 +451,7 @@ def apiserver_killed_mid_rollout(
         timeout=120,
         desc="runtime pods",
     )
+    states = sorted(_container_state(p) for p in pods)
     tb.kill_apiserver()
     down_at = time.monotonic()
     time.sleep(down_s)  # the outage under test
@@ -458,6 +473,7 @@ def apiserver_killed_mid_rollout(
     ]
     return {
         "runtime_pods_at_kill": len(pods),
+        "runtime_states_at_kill": states,
         "down_s": round(back_at - down_at, 1),
         "ready_after_return_s": round(ready_s, 1),
         "ready": infd["status"]["ready"],

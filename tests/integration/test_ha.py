@@ -128,7 +128,7 @@ def test_partitioned_leader_stops_before_the_other_acquires(ha: ChartOperator) -
 def test_apiserver_killed_mid_rollout_converges(ha: ChartOperator, testbed: Any) -> None:
     r = apiserver_killed_mid_rollout(ha, testbed, "ha-rollout", seed=202)
     print(
-        f"\napiserver SIGKILLed with {r['runtime_pods_at_kill']} runtime pods starting, "
+        f"\napiserver SIGKILLed with runtime pods {r['runtime_states_at_kill']}, "
         f"down {r['down_s']} s; "
         f"InferenceDeployment Ready {r['ready_after_return_s']} s after its return"
     )

@@ -215,3 +215,16 @@ def test_identity_is_unique_per_process_unless_fixed() -> None:
     assert one.startswith("trtforge-7d9f-abc_") and one != two  # a restarted container is a new candidate
     assert replica_identity({}) != replica_identity({})
     assert replica_identity({"TRTFORGE_LEADER_IDENTITY": "local-op", "POD_NAME": "p"}) == "local-op"
+
+
+@pytest.mark.asyncio
+async def test_healthz_is_ok_on_leader_and_standby() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+    from trtforge_operator.health import health_app
+
+    leading = [False]
+    async with TestClient(TestServer(health_app("pod-a_1234", lambda: leading[0]))) as c:
+        r = await c.get("/healthz")
+        assert r.status == 200 and await r.json() == {"identity": "pod-a_1234", "leader": False}
+        leading[0] = True
+        assert (await (await c.get("/healthz")).json())["leader"] is True

@@ -42,6 +42,14 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
     p.add_argument("--port", type=_non_negative, default=8000, help="HTTP port (0: any free port)")
+    grpc = p.add_mutually_exclusive_group()
+    grpc.add_argument(
+        "--grpc-port",
+        type=_non_negative,
+        default=8001,
+        help="port of the v2 gRPC protocol (inference.GRPCInferenceService; 0: any free port)",
+    )
+    grpc.add_argument("--no-grpc", action="store_true", help="serve HTTP only")
     p.add_argument(
         "--cache-dir",
         default="/var/cache/trtforge",
@@ -66,7 +74,39 @@ def register(subparsers: Any) -> None:
         default=256,
         help="requests that may wait for an instance; more are refused with 503",
     )
-    p.add_argument("--max-request-bytes", type=_positive, default=64 << 20, help="largest request body (413)")
+    p.add_argument(
+        "--max-request-bytes",
+        type=_positive,
+        default=64 << 20,
+        help="largest request body, as sent and after decompression (413)",
+    )
+    p.add_argument(
+        "--max-json-bytes",
+        type=_positive,
+        default=8 << 20,
+        help="largest JSON part of a request (413; also capped by the model's largest valid request)",
+    )
+    p.add_argument(
+        "--max-body-memory",
+        type=_positive,
+        default=None,
+        help="bytes of request bodies held at once, over all requests (default: 2x --max-request-bytes)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a connection may go without a complete request head (after opening or its last answer)",
+    )
+    p.add_argument(
+        "--body-timeout", type=float, default=60.0, help="seconds a request body may take to arrive (408)"
+    )
+    p.add_argument(
+        "--max-connections",
+        type=_positive,
+        default=1024,
+        help="open HTTP connections; past it, health probes are answered and others get 503",
+    )
     p.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds to drain in-flight requests on SIGTERM"
     )
@@ -74,17 +114,44 @@ def register(subparsers: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    import asyncio
     import logging
     from pathlib import Path
 
-    from trtforge.contract.gpu_probe import GPUProbeError, probe_from_env
+    from trtforge.contract.gpu_probe import GPUProbeError, probe_from_env, probe_identity
     from trtforge.contract.termination import TerminationMessage, write_termination_message
     from trtforge.store import open_store
     from trtforge.store.base import StoreError
-    from trtforge_runtime.server import Runtime, Settings
 
     log = logging.getLogger("trtforge_runtime")
+    try:
+        from trtforge.contract import layout
+
+        layout.engine_dir(args.engine)
+        probe = probe_from_env()
+        store = open_store(args.store)
+    except (ValueError, GPUProbeError, StoreError) as e:
+        log.error(str(e))
+        msg = TerminationMessage(reason="Error", message=str(e), engine_key=args.engine)
+        write_termination_message(msg)
+        return msg.exit_code
+
+    # The engine is fetched, verified and loaded on a thread while the HTTP server's modules import
+    # below; the runtime collects the result (trtforge_runtime.warmstart says what is kept checked).
+    from trtforge_runtime import warmstart
+    from trtforge_runtime.identity import check_identity
+
+    warmstart.begin(
+        store,
+        args.engine,
+        Path(args.cache_dir),
+        args.instances,
+        check=lambda manifest: check_identity(manifest, probe_identity(probe)),
+    )
+
+    import asyncio
+
+    from trtforge_runtime.server import Runtime, Settings
+
     settings = Settings(
         store_uri=args.store,
         engine_key=args.engine,
@@ -98,16 +165,11 @@ def handle(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_request_bytes=args.max_request_bytes,
         drain_timeout_s=args.drain_timeout,
+        max_json_bytes=args.max_json_bytes,
+        max_body_memory=args.max_body_memory,
+        idle_timeout_s=args.idle_timeout,
+        body_timeout_s=args.body_timeout,
+        max_connections=args.max_connections,
+        grpc_port=None if args.no_grpc else args.grpc_port,
     )
-    try:
-        from trtforge.contract import layout
-
-        layout.engine_dir(args.engine)
-        probe = probe_from_env()
-        store = open_store(args.store)
-    except (ValueError, GPUProbeError, StoreError) as e:
-        log.error(str(e))
-        msg = TerminationMessage(reason="Error", message=str(e), engine_key=args.engine)
-        write_termination_message(msg)
-        return msg.exit_code
     return asyncio.run(Runtime(settings, store, probe).run())

@@ -70,7 +70,7 @@ def model_secret_copy(
 
 
 def build_id(engine_key: str | None, request_digest: str) -> str:
-    """What names a build: the engine key when known (pinned model sha256), else the request digest."""
+    """What names a build: the request key for a first build, the engine key for a fault rebuild."""
     return (engine_key or request_digest)[:20]
 
 
@@ -214,7 +214,7 @@ def builder_args(req: BuildRequest, store_uri: str) -> list[str]:
     args += ["--timeout", str(max(30, req.timeout_seconds - 30)), "--backend", req.backend]
     if req.rebuild_of:
         args.append("--rebuild")
-    args += ["--store", store_uri]
+    args += ["--request-key", req.request_digest, "--store", store_uri]
     return args
 
 

@@ -1,25 +1,31 @@
 """TRTEngine planning: observed state in, desired build Jobs and status out. No I/O.
 
-Per resolved target: compute its engine key (Node labels + the contract's known-GPU table). When the
-model's sha256 is pinned the key is known up front and a stored manifest means Ready with no Job at
-all, from any namespace. Without a pin the build is named by a *request digest* of (model URI, build
-config, GPU identity, backend) and the key comes from the Job's result. Otherwise one Job per build id
-(derived from the key or digest), retried with exponential backoff under a new name per attempt,
-then Stalled.
+Per resolved target: compute its *request key* (docs/design.md §"Engine keys"): the model (sha256
+when pinned), the build config, the GPU binding the target and GFD labels state, the builder image and
+the recipe version. Never a TensorRT, CUDA or backend version: the builder reports those. The engine
+is found by what was asked for: the Job's result, or (pinned models) the store's request index that
+the builder writes, so a stored engine means Ready with no Job at all, from any namespace. Otherwise
+one Job per request key, retried with exponential backoff under a new name per attempt, then Stalled.
+When the request of a Ready target changes (a new builder image, recipe or spec), its engine keeps
+serving (reason Updating) until the new request's engine is in the store.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from trtforge.contract.build_result import BuildFailure, BuildResult
-from trtforge.contract.engine_key import EngineKeyRecord, engine_key
-from trtforge.contract.gpu import GPUIdentity, GPUTarget, UnknownTargetError, identity_for_target
+from trtforge.contract.engine_key import (
+    Backend,
+    RequestKeyRecord,
+    RequestRecord,
+    request_key,
+    target_binding,
+)
+from trtforge.contract.gpu import KNOWN_GPUS, GPUTarget
 from trtforge.contract.layout import engine_path
 from trtforge.contract.manifest import Manifest
 from trtforge_operator import children
@@ -32,10 +38,15 @@ from trtforge_operator.api import (
     ready_text,
     set_condition,
 )
-from trtforge_operator.config import BackendSpec, OperatorConfig
+from trtforge_operator.config import OperatorConfig
 from trtforge_operator.observed import JobView, NodeView, utc
 
 ManifestLookup = Callable[[str], Manifest | None]
+RequestLookup = Callable[[str], RequestRecord | None]
+
+
+def no_requests(_request_key: str) -> RequestRecord | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,7 @@ class EngineObserved:
     model_secret: str | None = None  # the copy's name in the build namespace (spec.model.secretRef)
     model_secret_error: str | None = None  # why the tenant's Secret could not be read
     unschedulable: Mapping[str, str] = field(default_factory=dict)  # build Job -> why its pod waits
+    requests: RequestLookup = no_requests  # the store's request index: request key -> engine
 
 
 @dataclass
@@ -90,12 +102,14 @@ class EnginePlan:
 @dataclass(frozen=True)
 class KeyInputs:
     target: GPUTarget
-    identity: GPUIdentity
-    backend: BackendSpec
-    request_digest: str
-    engine_key: str | None
+    backend: Backend
+    request_key: str
     node_selector: dict[str, str]
     hosting_nodes: tuple[str, ...]
+
+    @property
+    def request_digest(self) -> str:
+        return self.request_key
 
 
 def discovered_targets(spec: TRTEngineSpec, nodes: Sequence[NodeView]) -> list[GPUTarget]:
@@ -113,52 +127,40 @@ def resolve_targets(spec: TRTEngineSpec, nodes: Sequence[NodeView]) -> list[GPUT
     return spec.resolved_targets(discovered_targets(spec, nodes))
 
 
-def request_digest(
-    model_uri: str, model_sha256: str | None, spec: TRTEngineSpec, identity: GPUIdentity, backend: BackendSpec
-) -> str:
-    """Names a build whose key is not known before it runs (model sha256 not pinned)."""
-    rec = {
-        "model": model_uri,
-        "sha256": model_sha256,
-        "build": spec.build_config().canonical(),
-        "gpu": identity.model_dump(mode="json"),
-        "backend": backend.model_dump(mode="json"),
-    }
-    return hashlib.sha256(json.dumps(rec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 def key_inputs(
     spec: TRTEngineSpec, target: GPUTarget, nodes: Sequence[NodeView], cfg: OperatorConfig
 ) -> KeyInputs:
-    """Identity, key (when pinned), digest and node selector of one target. Raises UnknownTargetError."""
+    """Request key and node selector of one target (docs/design.md §"Engine keys").
+
+    The GPU part comes from the target and, for hardware-compatible builds, the GFD labels of the
+    first hosting node. Raises ValueError when a label such a build needs is missing.
+    """
     hosting = sorted((n for n in nodes if n.hosts(target)), key=lambda n: n.name)
     first = hosting[0] if hosting else None
-    identity = identity_for_target(
-        target,
-        arch=first.arch if first else None,
-        compute_capability=first.compute_capability if first else None,
-    )
+    build = spec.build_config()
     backend = cfg.backend_for(target.gpu)
-    key = None
-    if spec.model.sha256:
-        key = engine_key(
-            EngineKeyRecord(
-                model_sha256=spec.model.sha256,
-                build=spec.build_config(),
-                backend=backend.backend,
-                backend_version=backend.version,
-                cuda=backend.cuda,
-                gpu=identity,
-            )
+    binding = target_binding(
+        target.gpu,
+        target.mig,
+        build.hardware_compatibility,
+        compute_capability=first.compute_capability if first else None,
+        arch=first.arch if first else None,
+    )
+    rk = request_key(
+        RequestKeyRecord(
+            model_sha256=spec.model.sha256,
+            model_uri=None if spec.model.sha256 else spec.model.uri,
+            build=build,
+            gpu=binding,
+            backend=backend,
+            builder_image=cfg.builder_image,
         )
-    arch = first.arch if first and first.arch else (identity.arch if identity.arch != "amd64" else None)
+    )
     return KeyInputs(
         target=target,
-        identity=identity,
         backend=backend,
-        request_digest=request_digest(spec.model.uri, spec.model.sha256, spec, identity, backend),
-        engine_key=key,
-        node_selector=target.node_selector(arch),
+        request_key=rk,
+        node_selector=target.node_selector(first.arch if first and first.arch else None),
         hosting_nodes=tuple(n.name for n in hosting),
     )
 
@@ -182,7 +184,7 @@ def build_request(
         model_sha256=spec.model.sha256,
         build=spec.build_config(),
         engine_key=engine_key,
-        request_digest=ki.request_digest,
+        request_digest=ki.request_key,
         node_selector=ki.node_selector,
         requester=requester,
         timing_cache=spec.builder.timing_cache,
@@ -190,7 +192,7 @@ def build_request(
         samples=val.samples,
         rtol=val.rtol,
         atol=val.atol,
-        backend=ki.backend.backend,
+        backend=ki.backend,
         attempt=attempt,
         rebuild_of=rebuild_of,
         avoid_nodes=avoid_nodes,
@@ -270,6 +272,7 @@ def _fill_from_manifest(st: TargetStatus, m: Manifest, store_uri: str) -> None:
     st.size_bytes = m.size_bytes
     st.backend = m.backend
     st.backend_version = m.backend_version
+    st.cuda = m.cuda
     st.compute_capability = m.gpu.compute_capability
     st.build_seconds = round(m.build_seconds, 3)
     st.accuracy = Accuracy(
@@ -288,9 +291,53 @@ class _TargetOutcome:
     stalled: bool = False
     rebuilding: bool = False
     rebuild_failed: str | None = None
+    updating: bool = False  # a new request builds while the previous engine keeps serving
 
 
 def _plan_target(
+    obs: EngineObserved,
+    target: GPUTarget,
+    cfg: OperatorConfig,
+    jobs_by_id: Mapping[str, list[JobView]],
+    prev: TargetStatus | None = None,
+) -> _TargetOutcome:
+    """One target; while a changed request builds, the previous Ready engine keeps serving."""
+    out = _plan_request(obs, target, cfg, jobs_by_id)
+    st = out.status
+    if st.phase == "Ready" or prev is None or prev.phase != "Ready" or not prev.engine_key:
+        return out
+    if prev.request_key == st.request_key:
+        return out
+    old = obs.manifests(prev.engine_key)
+    if old is None:
+        return out
+    pending = f"{st.reason}: {st.message}" if st.message else (st.reason or st.phase)
+    failed = st.phase == "Failed"
+    serving = TargetStatus(
+        name=st.name,
+        gpu=st.gpu,
+        mig=st.mig,
+        phase="Ready",
+        request_key=prev.request_key,
+        job_name=st.job_name,
+        attempts=st.attempts,
+        last_attempt_time=st.last_attempt_time,
+        cache_hit=prev.cache_hit,
+    )
+    _fill_from_manifest(serving, old, cfg.store_uri)
+    serving.reason = "UpdateFailed" if failed else "Updating"
+    serving.message = one_line(
+        f"engine {old.key[:12]} keeps serving; the changed request "
+        f"{'failed' if failed else 'is in progress'} ({pending})"
+    )
+    out.status = serving
+    out.updating = not failed
+    if failed:
+        out.rebuild_failed = f"{st.name}: update failed: {pending}"
+    return out
+
+
+def _plan_request(
     obs: EngineObserved,
     target: GPUTarget,
     cfg: OperatorConfig,
@@ -299,13 +346,20 @@ def _plan_target(
     st = TargetStatus(name=target.name, gpu=target.gpu, mig=target.mig, phase="Pending")
     try:
         ki = key_inputs(obs.spec, target, obs.nodes, cfg)
-    except (UnknownTargetError, ValueError) as e:
+    except ValueError as e:
+        if not any(n.hosts(target) for n in obs.nodes):
+            st.reason, st.message = "NoMatchingNode", no_node_message(target)
+            return _TargetOutcome(st)
         st.phase, st.reason, st.message = "Failed", "InvalidTarget", one_line(str(e))
         return _TargetOutcome(st, stalled=True)
-    bid = children.build_id(ki.engine_key, ki.request_digest)
+    st.request_key = ki.request_key
+    bid = children.build_id(None, ki.request_key)
     builds = sorted((j for j in jobs_by_id.get(bid, []) if j.kind == "build"), key=lambda j: j.attempt)
     succeeded = [j for j in builds if j.complete]
-    key = ki.engine_key or next((k for j in reversed(succeeded) if (k := result_key(j.result()))), None)
+    key = next((k for j in reversed(succeeded) if (k := result_key(j.result()))), None)
+    if key is None and obs.spec.model.sha256:  # pinned: the store's index answers across namespaces
+        filed = obs.requests(ki.request_key)
+        key = filed.engine_key if filed is not None else None
     manifest = obs.manifests(key) if key else None
     latest = builds[-1] if builds else None
     out = _TargetOutcome(st)
@@ -358,7 +412,7 @@ def _plan_target(
         if latest.result() is None:
             st.phase, st.reason, st.message = "Building", "CollectingResult", "reading the build result"
             return out
-        if rk and (ki.engine_key is None or rk == ki.engine_key):
+        if rk:
             st.engine_key = rk
         failed_msg = result_error(latest.result()) or (
             f"build Job {latest.name} finished but the store has no engine {rk or key}"
@@ -397,13 +451,13 @@ def _plan_target(
         return out
     if not ki.hosting_nodes:
         st.phase, st.reason = ("Pending", "NoMatchingNode") if failed_msg is None else (st.phase, st.reason)
-        st.message = f"no schedulable node offers {target} ({target.resource_name() or 'cpu'})"
+        st.message = no_node_message(target)
         return out
     out.create = build_request(
         obs.spec,
         ki,
         obs_requester(obs),
-        engine_key=ki.engine_key,
+        engine_key=None,
         attempt=attempt + 1,
         model_secret=obs.model_secret,
     )
@@ -416,6 +470,16 @@ def _plan_target(
         st.phase, st.reason = "Building", "BuildRetrying"
         st.message = one_line(f"attempt {attempt} failed: {failed_msg}; starting attempt {attempt + 1}")
     return out
+
+
+def no_node_message(target: GPUTarget) -> str:
+    """Why a target has no node, with a hint from the known-GPU table (display only) when the MIG
+    profile is not one it lists for the product."""
+    msg = f"no schedulable node offers {target} ({target.resource_name() or 'cpu'})"
+    known = KNOWN_GPUS.get(target.gpu)
+    if target.mig and known is not None and target.mig not in known.mig:
+        msg += f"; note: {target.gpu} is not known to have MIG profile {target.mig} ({', '.join(known.mig)})"
+    return msg
 
 
 def obs_requester(obs: EngineObserved) -> str:
@@ -433,20 +497,27 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     plan = EnginePlan(status=TRTEngineStatus())
     outcomes: list[_TargetOutcome] = []
     extra_total = extra_ns = 0
+    planned: set[str] = set()
     for target in targets:
-        o = _plan_target(obs, target, cfg, jobs_by_id)
-        if o.create is not None:
+        o = _plan_target(obs, target, cfg, jobs_by_id, prev.get(target.name))
+        if o.create is not None and o.create.job_name in planned:
+            o.create = None  # targets that ask for the same engine (hardware-compatible) share a Job
+        elif o.create is not None:
             if obs.capacity.allows(extra_total, extra_ns):
+                planned.add(o.create.job_name)
                 extra_total += 1
                 extra_ns += 1
                 plan.jobs_to_create.append(children.build_job(o.create, cfg))
             else:
-                o.status.phase, o.status.reason = "Pending", "Queued"
-                o.status.message = (
+                queued = (
                     f"waiting for a build slot ({obs.capacity.running_total} running, "
                     f"limits {obs.capacity.max_total} total, "
                     f"{obs.capacity.max_per_namespace} per namespace)"
                 )
+                if o.updating:  # the previous engine keeps serving meanwhile
+                    o.status.message = one_line(f"{o.status.message}; {queued}")
+                else:
+                    o.status.phase, o.status.reason, o.status.message = "Pending", "Queued", queued
                 o.status.job_name = None
                 o.create = None
         if o.use_job:
@@ -483,7 +554,7 @@ def _conditions(
     ready = [s for s in statuses if s.phase == "Ready"]
     building = [s for s in statuses if s.phase == "Building"]
     failed = [s for s in statuses if s.phase == "Failed"]
-    rebuilding = [o.status.name for o in outcomes if o.rebuilding]
+    rebuilding = [o.status.name for o in outcomes if o.rebuilding or o.updating]
     rebuild_failed = [o.rebuild_failed for o in outcomes if o.rebuild_failed]
     stalled = [o.status for o in outcomes if o.stalled]
     if n == 0:
@@ -519,11 +590,12 @@ def _conditions(
         )
     if building or rebuilding:
         names = [s.name for s in building] + rebuilding
+        updating = any(o.updating for o in outcomes)
         conds = set_condition(
             conds,
             "Building",
             "True",
-            "Rebuilding" if not building else "BuildRunning",
+            "BuildRunning" if building else ("Updating" if updating else "Rebuilding"),
             f"building: {', '.join(names)}",
             observed_generation=gen,
             at=at,
@@ -572,7 +644,14 @@ def transition_events(old: TRTEngineStatus, new: TRTEngineStatus) -> list[Event]
         p = before.get(t.name)
         if p is not None and p.phase == t.phase and p.reason == t.reason and p.sha256 == t.sha256:
             continue
-        if t.phase == "Ready":
+        if t.phase == "Ready" and t.reason in ("Updating", "UpdateFailed"):
+            kind = "Normal" if t.reason == "Updating" else "Warning"
+            out.append(
+                Event(
+                    kind, "EngineUpdating" if kind == "Normal" else "UpdateFailed", f"{t.name}: {t.message}"
+                )
+            )
+        elif t.phase == "Ready":
             how = "cache hit" if t.cache_hit else f"built in {t.build_seconds}s"
             if p is not None and p.phase == "Ready" and p.sha256 != t.sha256:
                 how = "rebuilt engine published"

@@ -48,6 +48,7 @@ from trtforge_runtime.fetch import fetch_engine
 from trtforge_runtime.identity import check_identity
 from trtforge_runtime.metrics import Metrics
 from trtforge_runtime.model import ModelSpec, default_model_name, model_spec
+from trtforge_runtime.retry import budget_from_env, with_retries
 from trtforge_runtime.v2 import (
     DEFAULT_MAX_JSON_BYTES,
     HEADER_LENGTH,
@@ -166,7 +167,10 @@ class Runtime:
         """Runs in a worker thread. Raises Refusal to end the process."""
         m = self.metrics
         t0 = time.monotonic()
-        local = fetch_engine(self.store, self.s.engine_key, self.s.cache_dir, check=self._check_gpu)
+        local = with_retries(
+            lambda: fetch_engine(self.store, self.s.engine_key, self.s.cache_dir, check=self._check_gpu),
+            budget_from_env(),
+        )
         t1 = time.monotonic()
         m.startup.labels("fetch").set(t1 - t0)
         manifest = local.manifest

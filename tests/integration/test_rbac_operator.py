@@ -28,7 +28,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "charts" / "trtforge" / "templates"
-STATIC_RBAC = ["rbac-operator.yaml", "rbac-build.yaml", "rbac-tenant.yaml", "rbac-model-secrets.yaml"]
+STATIC_RBAC = [
+    "rbac-operator.yaml",
+    "rbac-build.yaml",
+    "rbac-tenant.yaml",
+    "rbac-model-secrets.yaml",
+    "rbac-leader-election.yaml",
+]
 H100 = "NVIDIA-H100-80GB-HBM3"
 
 
@@ -44,6 +50,7 @@ def _substitute(text: str, fullname: str, namespace: str) -> str:
         '{{ include "trtforge.serviceAccountName" . }}': fullname,
         '{{ include "trtforge.buildNamespace" . }}': namespace,
         "{{ .Release.Namespace }}": namespace,
+        "{{ .Values.operator.leaderElection.leaseName | quote }}": '"trtforge-operator"',
         '{{- include "trtforge.labels" . | nindent 4 }}': f"app.kubernetes.io/instance: {fullname}",
     }
     out: str = helpers.substitute_static(text, names)

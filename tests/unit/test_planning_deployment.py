@@ -17,7 +17,7 @@ from trtforge_operator.labels import (
     MANAGED_BY,
 )
 from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView
-from trtforge_operator.planning import faults as F
+from trtforge_operator.planning import faults
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
 
 from tests.fakes import default_nodes, gpu_node, iso, job
@@ -236,7 +236,7 @@ def test_gpu_fault_moves_the_pod_records_it_and_rebuilds() -> None:
         79,
         "GPU-1234",
         H100.name,
-        F.MOVED_REBUILD,
+        faults.MOVED_REBUILD,
     )
     assert f.recovered_seconds is None
     assert plan.delete_pods == ["p-h100"]
@@ -298,7 +298,7 @@ def test_rebuild_disabled_still_moves_the_pod() -> None:
     d = infd(faultPolicy={"rebuildOnGPUFault": False})
     pods = [pod("p-h100", "gpu-h100-0", terminated=gpu_fault())]
     plan = plan_deployment(observed(d, engine(), pods=pods), CFG)
-    assert plan.status.faults[0].action == F.MOVED_REBUILD_DISABLED
+    assert plan.status.faults[0].action == faults.MOVED_REBUILD_DISABLED
     assert plan.jobs_to_create == [] and plan.delete_pods == ["p-h100"]
 
 
@@ -310,7 +310,7 @@ def test_rebuilds_are_rate_limited_per_hour() -> None:
             node="gpu-h100-1",
             target=H100.name,
             xid=79,
-            action=F.MOVED_REBUILD,
+            action=faults.MOVED_REBUILD,
             recovered_seconds=10,
         )
         for m in (30, 40, 50)
@@ -320,7 +320,7 @@ def test_rebuilds_are_rate_limited_per_hour() -> None:
     plan = plan_deployment(
         observed(d, engine(), pods=[pod("p", "gpu-h100-0", terminated=gpu_fault(at=now))], now=now), CFG
     )
-    assert plan.status.faults[-1].action == F.MOVED_RATE_LIMITED and plan.jobs_to_create == []
+    assert plan.status.faults[-1].action == faults.MOVED_RATE_LIMITED and plan.jobs_to_create == []
 
 
 def test_node_losing_a_gpu_is_a_fault_for_the_pods_on_it() -> None:
@@ -348,9 +348,9 @@ def test_engine_load_failure_rebuilds_without_blaming_the_node() -> None:
     )
     plan = plan_deployment(observed(infd(), engine(), pods=[p]), CFG)
     (f,) = plan.status.faults
-    assert (f.reason, f.action) == ("EngineLoadFailed", F.REBUILD)
+    assert (f.reason, f.action) == ("EngineLoadFailed", faults.REBUILD)
     assert plan.delete_pods == [] and len(plan.jobs_to_create) == 1
-    assert F.avoid_nodes(plan.status.faults, [], NOW, 3600) == set()
+    assert faults.avoid_nodes(plan.status.faults, [], NOW, 3600) == set()
 
 
 def test_several_suspect_nodes_each_get_their_own_field_selector() -> None:

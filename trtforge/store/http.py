@@ -44,6 +44,11 @@ SHA256_HEADER = "X-Trtforge-Sha256"
 TIMEOUT_S = 30.0
 
 
+class BrokerDenied(StoreError):
+    """The broker refused (401: no valid token, 403: this namespace may not read the engine): retrying
+    the same request cannot help."""
+
+
 class BrokerStore:
     """An :class:`~trtforge.store.base.EngineStore` that can only read, through the engine broker."""
 
@@ -103,7 +108,7 @@ class BrokerStore:
                 raise ObjectNotFound(f"engine broker {self.uri}: {path} does not exist") from e
             if e.code in (401, 403):
                 why = "no valid token" if e.code == 401 else "this namespace may not read this engine"
-                raise StoreError(
+                raise BrokerDenied(
                     f"engine broker {self.uri}: {method} {path} refused ({e.code}, {why})"
                     + (f": {detail}" if detail else "")
                 ) from e

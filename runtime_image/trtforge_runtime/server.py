@@ -29,7 +29,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from trtforge import __version__
 from trtforge.contract.gpu_probe import GPUProbe, XidEvent, probe_identity
@@ -46,7 +46,7 @@ from trtforge_runtime.errors import DeviceFault, Refusal, RequestError
 from trtforge_runtime.faults import FaultMonitor, exit_now, gpu_fault_message
 from trtforge_runtime.fetch import fetch_engine
 from trtforge_runtime.identity import check_identity
-from trtforge_runtime.metrics import Metrics
+from trtforge_runtime.metrics import Metrics, exposition
 from trtforge_runtime.model import ModelSpec, default_model_name, model_spec
 from trtforge_runtime.retry import budget_from_env, with_retries
 from trtforge_runtime.v2 import (
@@ -56,6 +56,7 @@ from trtforge_runtime.v2 import (
     decode_request,
     encode_response,
 )
+from trtforge_runtime.workers import mark_ready
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -82,6 +83,7 @@ class Settings:
     body_timeout_s: float = 60.0
     max_connections: int = 1024
     grpc_port: int | None = 8001  # None: no gRPC endpoint; 0: any free port
+    reuse_port: bool = False  # a worker of `serve --workers N`: share the ports (SO_REUSEPORT)
 
     @property
     def body_memory(self) -> int:
@@ -230,6 +232,7 @@ class Runtime:
         self.state, self.reason = "ready", ""
         self.metrics.ready_m.set(1)
         log.info("ready", extra=fields(model=self.spec.name, port=self.port))
+        mark_ready()
 
     async def _startup(self) -> None:
         loop = asyncio.get_running_loop()
@@ -361,7 +364,7 @@ class Runtime:
             m.queue_depth_m.set(self.batcher.depth)
         if self._limiter is not None:
             m.open_connections.set(self._limiter.open)
-        return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=exposition(m), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def health_answer(self, path: str) -> tuple[int, dict[str, object]] | None:
         """The health endpoints' answers, for connections over the cap (None: not a health path)."""
@@ -497,7 +500,7 @@ class Runtime:
         limiter = ConnectionLimiter(http, self.s.max_connections, self.health_answer, lambda: self.metrics)
         self._limiter = limiter
         listener = await loop.create_server(
-            limiter, self.s.host, self.s.port, backlog=1024, reuse_address=True
+            limiter, self.s.host, self.s.port, backlog=1024, reuse_address=True, reuse_port=self.s.reuse_port
         )
         if listener.sockets:
             self.port = listener.sockets[0].getsockname()[1]

@@ -199,5 +199,6 @@ def handle(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         grpc_port=None if args.no_grpc else args.grpc_port,
         reuse_port=os.environ.get("TRTFORGE_REUSE_PORT") == "1",
+        listen_when_ready=os.environ.get(workers.WORKER_INDEX_ENV, "0") != "0",
     )
     return asyncio.run(Runtime(settings, store, probe).run())

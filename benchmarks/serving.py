@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layout", default="shared", choices=sorted(layouts()))
     p.add_argument("--seconds", type=float, default=3.0, help="measuring window per point (SqueezeNet)")
     p.add_argument("--warmup", type=float, default=1.0)
-    p.add_argument("--slow-factor", type=float, default=2.0, help="window multiplier for ResNet-50")
+    p.add_argument("--slow-factor", type=float, default=1.5, help="window multiplier for ResNet-50")
     p.add_argument("--ceiling-seconds", type=float, default=0.5)
     p.add_argument("--ceiling-batches", default="1,2,4,8,16,32")
     p.add_argument("--name", default="serving", help="result file name")

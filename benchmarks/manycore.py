@@ -212,7 +212,14 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name} N={n}: ceiling {best} img/s ({ceil['best']})")
             for s in settings:
                 flags = [] if s == "default" else shlex.split(expand(s, n))
-                srv, port, ready_s = serve(model, scpus, flags, log_dir / f"manycore-{name}-{n}.log")
+                try:
+                    srv, port, ready_s = serve(model, scpus, flags, log_dir / f"manycore-{name}-{n}.log")
+                except RuntimeError as e:  # recorded; the other settings and core counts still run
+                    log(f"  [{s}] FAILED: {e}")
+                    res.setdefault("failed", []).append(
+                        {"model": name, "n": n, "setting": s, "error": str(e)}
+                    )
+                    continue
                 try:
                     concs = (
                         [max(64, 8 * n)]

@@ -227,9 +227,22 @@ def main(argv: list[str] | None = None) -> int:
                         else [int(c) for c in a.concurrency.split(",")]
                     )
                     for c in concs:
-                        r = drive(
-                            model, port, ccpus, procs, c, a.seconds * slow, a.warmup * slow, ref, srv.pid
-                        )
+                        try:
+                            r = drive(
+                                model, port, ccpus, procs, c, a.seconds * slow, a.warmup * slow, ref, srv.pid
+                            )
+                        except (RuntimeError, subprocess.TimeoutExpired) as e:
+                            log(f"  [{s}] c={c} FAILED: {e}")
+                            res.setdefault("failed", []).append(
+                                {
+                                    "model": name,
+                                    "n": n,
+                                    "setting": s,
+                                    "concurrency": c,
+                                    "error": str(e)[-2000:],
+                                }
+                            )
+                            continue
                         r.pop("error_samples", None) if not r["errors"] else None
                         run = {
                             "model": name,

@@ -290,6 +290,10 @@ def render(res: dict[str, Any]) -> str:
         ]
         for r in res["runs"]
     ]
+    fails = "".join(
+        f"\n\nfailed: {f['model']} N={f['n']} [{f['setting']}]: {f['error'].strip().splitlines()[-1]}"
+        for f in res.get("failed", [])
+    )
     head = (
         f"Many cores: server on cores 0..N-1, client on the rest of {res['host_cpus']};"
         " every answer compared with ONNX Runtime's (a differing one counts as an error)."
@@ -315,6 +319,7 @@ def render(res: dict[str, Any]) -> str:
             ],
             rows,
         )
+        + fails
     )
 
 

@@ -27,9 +27,9 @@ from trtforge.contract.layout import KEY_RE, engine_path, manifest_path
 from trtforge.contract.manifest import Manifest
 from trtforge.logs import fields
 from trtforge.store import ObjectNotFound, StoreError
-from trtforge_operator import labels as L
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kube import Kube
+from trtforge_operator.labels import INFERENCEDEPLOYMENTS, TRTENGINES
 from trtforge_operator.metrics import Metrics
 from trtforge_operator.store_reader import StoreReader
 
@@ -98,8 +98,8 @@ class KubeAuthorizer:
         hit = self._keys.get(ns)
         if hit and time.monotonic() - hit[0] < AUTH_TTL_S:
             return hit[1]
-        infds = await self.kube.list_custom(L.INFERENCEDEPLOYMENTS, ns)
-        engines = {e["metadata"]["name"]: e for e in await self.kube.list_custom(L.TRTENGINES, ns)}
+        infds = await self.kube.list_custom(INFERENCEDEPLOYMENTS, ns)
+        engines = {e["metadata"]["name"]: e for e in await self.kube.list_custom(TRTENGINES, ns)}
         keys = keys_referenced(infds, engines)
         self._keys[ns] = (time.monotonic(), keys)
         return keys

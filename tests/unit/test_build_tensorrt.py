@@ -79,6 +79,10 @@ def test_tensorrt_backend_type_checks_against_the_stubs(tmp_path: Path) -> None:
     if not (site / "tensorrt_bindings" / "tensorrt.pyi").exists():
         pytest.skip("tensorrt-stubs is not installed")
     stubs = _repaired_stubs(tmp_path / "stubs")
+    # A call the stubs forbid: mypy reports it only if it really read them (an untyped or skipped
+    # tensorrt would make every call pass).
+    probe = tmp_path / "stubs_probe.py"
+    probe.write_text("import tensorrt as trt\n\ntrt.Builder(1, 2, 3)\n")
     env = {**os.environ, "MYPYPATH": str(stubs)}
     p = subprocess.run(
         [
@@ -90,6 +94,7 @@ def test_tensorrt_backend_type_checks_against_the_stubs(tmp_path: Path) -> None:
             str(tmp_path / "cache"),
             "--follow-imports=silent",
             *TENSORRT_MODULES,
+            str(probe),
         ],
         cwd=ROOT,
         env=env,
@@ -105,7 +110,10 @@ def test_tensorrt_backend_type_checks_against_the_stubs(tmp_path: Path) -> None:
     ]
     assert not ours, "\n".join(ours)
     assert "[syntax]" not in p.stdout and p.returncode in (0, 1), p.stdout + p.stderr
-    assert "tensorrt.pyi" in p.stdout or p.returncode == 0  # the stubs were read, not skipped
+    probed = [line for line in p.stdout.splitlines() if line.startswith(str(probe))]
+    assert any("Builder" in line and "error" in line for line in probed), (
+        "mypy did not check the probe against the stubs:\n" + p.stdout
+    )
 
 
 def test_tensorrt_asked_but_not_installed() -> None:

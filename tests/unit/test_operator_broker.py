@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 from trtforge_operator.broker import SHA256_HEADER, Denied, keys_referenced, make_app, namespace_of
 from trtforge_operator.store_reader import StoreReader
@@ -66,27 +67,25 @@ async def _allow(token: str, key: str) -> str:
     return "team-a/pod"
 
 
-def _run(tmp_path: Path, fn: Any) -> Any:
-    async def main() -> Any:
-        async with TestClient(TestServer(make_app(_store(tmp_path), _allow))) as c:
-            return await fn(c)
-
-    return asyncio.run(main())
-
-
-def test_serves_an_engine_file_with_its_sha_to_an_allowed_token(tmp_path: Path) -> None:
-    async def go(c: TestClient) -> None:
-        r = await c.get(f"/engines/{KEY}/model-1.onnx", headers={"Authorization": "Bearer good"})
-        assert r.status == 200 and await r.read() == b"engine-bytes"
-        assert r.headers[SHA256_HEADER] == "ab" * 32
-        h = await c.head(f"/engines/{KEY}/model-1.onnx", headers={"Authorization": "Bearer good"})
-        assert h.status == 200
-        ls = await c.get(f"/engines/{KEY}/", headers={"Authorization": "Bearer good"})
-        assert (await ls.json())["files"] == ["manifest.json", "model-1.onnx"]
-
-    _run(tmp_path, go)
+@pytest_asyncio.fixture
+async def broker(tmp_path: Path) -> AsyncIterator[TestClient[Any, Any]]:
+    """The broker app on a real local server, with `_allow` as its access rule."""
+    async with TestClient(TestServer(make_app(_store(tmp_path), _allow))) as c:
+        yield c
 
 
+@pytest.mark.asyncio
+async def test_serves_an_engine_file_with_its_sha_to_an_allowed_token(broker: TestClient[Any, Any]) -> None:
+    r = await broker.get(f"/engines/{KEY}/model-1.onnx", headers={"Authorization": "Bearer good"})
+    assert r.status == 200 and await r.read() == b"engine-bytes"
+    assert r.headers[SHA256_HEADER] == "ab" * 32
+    h = await broker.head(f"/engines/{KEY}/model-1.onnx", headers={"Authorization": "Bearer good"})
+    assert h.status == 200
+    ls = await broker.get(f"/engines/{KEY}/", headers={"Authorization": "Bearer good"})
+    assert (await ls.json())["files"] == ["manifest.json", "model-1.onnx"]
+
+
+@pytest.mark.asyncio
 @pytest.mark.parametrize(
     "headers,path,status",
     [
@@ -97,11 +96,10 @@ def test_serves_an_engine_file_with_its_sha_to_an_allowed_token(tmp_path: Path) 
         ({"Authorization": "Bearer good"}, "/engines/not-a-key/model-1.onnx", 404),
     ],
 )
-def test_refusals(tmp_path: Path, headers: dict[str, str], path: str, status: int) -> None:
-    async def go(c: TestClient) -> int:
-        return (await c.get(path, headers=headers)).status
-
-    assert _run(tmp_path, go) == status
+async def test_refusals(
+    broker: TestClient[Any, Any], headers: dict[str, str], path: str, status: int
+) -> None:
+    assert (await broker.get(path, headers=headers)).status == status
 
 
 def test_only_keys_of_engines_an_inferencedeployment_references() -> None:

@@ -392,3 +392,19 @@ def _conditions(
     else:
         conds = set_condition(conds, "Degraded", "False", "AsExpected", "", observed_generation=gen, at=at)
     return conds
+
+
+def invalid_deployment_status(
+    old: InferenceDeploymentStatus, generation: int, message: str, now: float
+) -> InferenceDeploymentStatus:
+    """Status of an InferenceDeployment whose spec the models refuse: Ready=False naming the field
+    (the CRD of an old cluster, without its CEL rules, lets such a spec in). Targets are kept."""
+    at = utc(now)
+    msg = one_line(message, 1000)
+    conds = set_condition(
+        list(old.conditions), "Ready", "False", "InvalidSpec", msg, observed_generation=generation, at=at
+    )
+    conds = set_condition(
+        conds, "Progressing", "False", "InvalidSpec", msg, observed_generation=generation, at=at
+    )
+    return old.model_copy(update={"observed_generation": generation, "conditions": conds})

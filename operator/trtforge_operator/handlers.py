@@ -70,6 +70,7 @@ from trtforge_operator.planning.engine import (
     one_line,
     plan_engine,
 )
+from trtforge_operator.planning.rebuild import annotation_patch, rebuild_job, requests_on
 from trtforge_operator.status_cache import StatusCache, resource_version
 from trtforge_operator.store_reader import StoreReader
 from trtforge_operator.workqueue import LoopWatch, WorkQueue
@@ -217,6 +218,11 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
             model_secret=secret_copy,
             model_secret_error=secret_error,
             unschedulable=unschedulable,
+            rebuild_jobs=[
+                job
+                for r in requests_on(meta.get("annotations") or {})
+                if (job := rebuild_job(obj, nodes, state.cfg, r)) is not None
+            ],
         )
 
     plan = await asyncio.to_thread(plan_engine, observe(state.slots.capacity(ns)), state.cfg)
@@ -362,19 +368,15 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
         await state.kube.delete("Deployment", ns, d)
     for p in plan.delete_pods:
         await state.kube.delete("Pod", ns, p)
-    if plan.jobs_to_create and state.slots.admit(_job_names(plan.jobs_to_create), ns):
-        created = await _create_jobs(state, plan.jobs_to_create, "rebuild")
-        ref = engine.spec.model.secret_ref if engine is not None else None
-        if ref is not None and created:
-            try:
-                data = await state.kube.read_secret_data(ns, ref.name)
-            except ApiException as e:
-                log.warning("rebuild of %s/%s: model secret %s unreadable: %s", ns, name, ref.name, e.reason)
-            else:
-                await _copy_model_secret(state, ns, ref.name, data, created)
-    for ev in plan.events:
-        if ev.reason == "GPUFault":
-            state.metrics.faults.labels(ev.message.rsplit("action ", 1)[-1]).inc()
+    if engine is not None:
+        # Rebuilds are asked of the TRTEngine, which owns every build Job (planning/rebuild.py).
+        patch = annotation_patch(f"{ns}/{name}", plan.rebuild_requests, engine.metadata.annotations)
+        if patch:
+            await state.kube.annotate("TRTEngine", ns, engine_name, patch)
+    known = {(f.pod, f.time) for f in old_status.faults}
+    for f in plan.status.faults:
+        if (f.pod, f.time) not in known:
+            state.metrics.faults.labels(f.action).inc()
     old_faults = {(f.pod, f.time) for f in old_status.faults if f.recovered_seconds is not None}
     for f in plan.status.faults:
         if f.recovered_seconds is not None and (f.pod, f.time) not in old_faults:

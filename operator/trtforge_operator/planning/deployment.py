@@ -35,7 +35,8 @@ from trtforge_operator.labels import (
 )
 from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView, utc
 from trtforge_operator.planning import faults
-from trtforge_operator.planning.engine import Event, build_request, key_inputs, one_line
+from trtforge_operator.planning.engine import Event, key_inputs, one_line
+from trtforge_operator.planning.rebuild import RebuildRequest
 
 
 @dataclass(frozen=True)
@@ -63,30 +64,10 @@ class DeploymentPlan:
     )  # Deployments + Service: create, or update on hash
     delete_deployments: list[str] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
-    jobs_to_create: list[dict[str, Any]] = field(default_factory=list)
+    # Rebuilds this deployment asks its TRTEngine for (the engine creates the Jobs; docs/design.md
+    # §"Scale" and planning/rebuild.py). Level-based: the full set still wanted, not a delta.
+    rebuild_requests: list[RebuildRequest] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-
-
-def _rebuild_request(
-    obs: DeploymentObserved, cfg: OperatorConfig, target: GPUTarget, key: str, fid: str, avoid: set[str]
-) -> children.BuildRequest | None:
-    engine = obs.engine
-    if engine is None:
-        return None
-    try:
-        ki = key_inputs(engine.spec, target, obs.nodes, cfg)
-    except ValueError:
-        return None
-    ref = engine.spec.model.secret_ref
-    return build_request(
-        engine.spec,
-        ki,
-        f"{obs.namespace}/{engine.metadata.name}",
-        engine_key=key,
-        rebuild_of=fid,
-        avoid_nodes=tuple(sorted(avoid)),
-        model_secret=children.model_secret_copy_name(obs.namespace, ref.name) if ref else None,
-    )
 
 
 def _gpu_faulted(pod: PodView) -> bool:
@@ -166,14 +147,16 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         if t is None or not t.engine_key:
             continue
         fid = faults.fault_id(rec)
-        name = children.job_name(t.engine_key[:20], rebuild_of=fid)
-        pending_rebuild[t.name] = name
-        if name not in jobs_by_name and not any(
-            j.kind == "rebuild" and j.running and j.build_id == t.engine_key[:20] for j in obs.jobs
-        ):
-            req = _rebuild_request(obs, cfg, t.target(), t.engine_key, fid, avoid_for(t.target()))
-            if req is not None:
-                plan.jobs_to_create.append(children.build_job(req, cfg))
+        pending_rebuild[t.name] = children.job_name(t.engine_key[:20], rebuild_of=fid)
+        plan.rebuild_requests.append(
+            RebuildRequest(
+                requester=f"{obs.namespace}/{obs.name}",
+                target=t.name,
+                engine_key=t.engine_key,
+                fault=fid,
+                avoid_nodes=tuple(sorted(avoid_for(t.target()))),
+            )
+        )
 
     # --- Deployments and the Service
     existing = {d.name: d for d in obs.deployments}

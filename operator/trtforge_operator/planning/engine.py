@@ -39,6 +39,7 @@ from trtforge_operator.api import (
     set_condition,
 )
 from trtforge_operator.config import OperatorConfig
+from trtforge_operator.labels import LABEL_BUILD_ID
 from trtforge_operator.observed import JobView, NodeView, utc
 
 ManifestLookup = Callable[[str], Manifest | None]
@@ -90,6 +91,9 @@ class EngineObserved:
     model_secret_error: str | None = None  # why the tenant's Secret could not be read
     unschedulable: Mapping[str, str] = field(default_factory=dict)  # build Job -> why its pod waits
     requests: RequestLookup = no_requests  # the store's request index: request key -> engine
+    # Fault rebuilds asked of this engine by its InferenceDeployments, as the Jobs they need
+    # (planning/rebuild.py): this planner creates them, the one owner of build Jobs.
+    rebuild_jobs: Sequence[dict[str, Any]] = ()
 
 
 @dataclass
@@ -555,6 +559,18 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
             wait = max(0.5, o.wake_at - obs.now)
             plan.requeue_after = wait if plan.requeue_after is None else min(plan.requeue_after, wait)
         outcomes.append(o)
+    for job in obs.rebuild_jobs:
+        name = job["metadata"]["name"]
+        existing = jobs_by_id.get(job["metadata"]["labels"][LABEL_BUILD_ID], [])
+        if name in planned or any(j.name == name or (j.kind == "rebuild" and j.running) for j in existing):
+            continue  # asked for already, or a rebuild of that engine is running: create-if-absent
+        if obs.capacity.allows(extra_total, extra_ns):
+            planned.add(name)
+            extra_total += 1
+            extra_ns += 1
+            plan.jobs_to_create.append(job)
+        else:
+            plan.requeue_after = min(plan.requeue_after or 5.0, 5.0)
     statuses = [_keep_times(o.status, prev.get(o.status.name)) for o in outcomes]
     plan.status = TRTEngineStatus(
         observed_generation=obs.generation,

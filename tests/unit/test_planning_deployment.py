@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from trtforge_operator import children
 from trtforge_operator.api import FaultRecord, InferenceDeployment, TRTEngine, get_condition
 from trtforge_operator.config import OperatorConfig
@@ -237,7 +238,7 @@ def test_gpu_fault_moves_the_pod_records_it_and_rebuilds() -> None:
         79,
         "GPU-1234",
         H100.name,
-        faults.MOVED_REBUILD,
+        faults.FaultAction.MOVED_REBUILD,
     )
     assert f.recovered_seconds is None
     assert plan.delete_pods == ["p-h100"]
@@ -305,7 +306,7 @@ def test_rebuild_disabled_still_moves_the_pod() -> None:
     d = infd(faultPolicy={"rebuildOnGPUFault": False})
     pods = [pod("p-h100", "gpu-h100-0", terminated=gpu_fault())]
     plan = plan_deployment(observed(d, engine(), pods=pods), CFG)
-    assert plan.status.faults[0].action == faults.MOVED_REBUILD_DISABLED
+    assert plan.status.faults[0].action == faults.FaultAction.MOVED_REBUILD_DISABLED
     assert plan.rebuild_requests == [] and plan.delete_pods == ["p-h100"]
 
 
@@ -317,7 +318,7 @@ def test_rebuilds_are_rate_limited_per_hour() -> None:
             node="gpu-h100-1",
             target=H100.name,
             xid=79,
-            action=faults.MOVED_REBUILD,
+            action=faults.FaultAction.MOVED_REBUILD,
             recovered_seconds=10,
         )
         for m in (30, 40, 50)
@@ -327,7 +328,9 @@ def test_rebuilds_are_rate_limited_per_hour() -> None:
     plan = plan_deployment(
         observed(d, engine(), pods=[pod("p", "gpu-h100-0", terminated=gpu_fault(at=now))], now=now), CFG
     )
-    assert plan.status.faults[-1].action == faults.MOVED_RATE_LIMITED and plan.rebuild_requests == []
+    assert (
+        plan.status.faults[-1].action == faults.FaultAction.MOVED_RATE_LIMITED and plan.rebuild_requests == []
+    )
 
 
 def test_node_losing_a_gpu_is_a_fault_for_the_pods_on_it() -> None:
@@ -355,7 +358,7 @@ def test_engine_load_failure_rebuilds_without_blaming_the_node() -> None:
     )
     plan = plan_deployment(observed(infd(), engine(), pods=[p]), CFG)
     (f,) = plan.status.faults
-    assert (f.reason, f.action) == ("EngineLoadFailed", faults.REBUILD)
+    assert (f.reason, f.action) == ("EngineLoadFailed", faults.FaultAction.REBUILD)
     assert plan.delete_pods == [] and len(plan.rebuild_requests) == 1
     assert faults.avoid_nodes(plan.status.faults, [], NOW, 3600) == set()
 
@@ -427,3 +430,26 @@ def test_a_fault_rebuild_requested_by_an_inferencedeployment_creates_its_job_thr
     assert engine_pass([JobView.from_k8s(job(created, at=NOW))]) == [], "create-if-absent"
     # Recovered: the deployment takes its request back.
     assert annotation_patch("team-a/resnet", [], annotations) == {request.annotation(): None}
+
+
+@pytest.mark.parametrize(
+    "suspect,enabled,engine_known,limited,expected",
+    [
+        (True, True, True, False, faults.FaultAction.MOVED_REBUILD),
+        (False, True, True, False, faults.FaultAction.REBUILD),
+        (True, True, True, True, faults.FaultAction.MOVED_RATE_LIMITED),
+        (False, True, True, True, faults.FaultAction.REBUILD_RATE_LIMITED),
+        (True, False, True, False, faults.FaultAction.MOVED_REBUILD_DISABLED),
+        (False, False, True, False, faults.FaultAction.REBUILD_DISABLED),
+        # No engine key is its own cause, not a rate limit.
+        (True, True, False, False, faults.FaultAction.MOVED_NO_ENGINE_KEY),
+        (False, True, False, True, faults.FaultAction.NO_ENGINE_KEY),
+    ],
+)
+def test_fault_actions_come_from_one_table(
+    suspect: bool, enabled: bool, engine_known: bool, limited: bool, expected: faults.FaultAction
+) -> None:
+    got = faults.fault_action(
+        node_suspect=suspect, rebuild_enabled=enabled, has_engine=engine_known, rate_limited=limited
+    )
+    assert got is expected

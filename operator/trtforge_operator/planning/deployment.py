@@ -101,16 +101,14 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     for d in new:
         rec = d.record
         t = engine_targets.get(rec.target or "")
-        can_rebuild = t is not None and t.engine_key is not None and obs.engine is not None
-        if not policy.rebuild_on_gpu_fault or not can_rebuild:
-            action = faults.MOVED_REBUILD_DISABLED if d.node_suspect else faults.REBUILD_RATE_LIMITED
-            if not policy.rebuild_on_gpu_fault and not d.node_suspect:
-                action = "RebuildDisabled"
-        elif faults.rebuilds_in_last_hour(records, rec.target or "", now) >= policy.max_rebuilds_per_hour:
-            action = faults.MOVED_RATE_LIMITED if d.node_suspect else faults.REBUILD_RATE_LIMITED
-        else:
-            action = faults.MOVED_REBUILD if d.node_suspect else faults.REBUILD
-        rec = rec.model_copy(update={"action": action})
+        action = faults.fault_action(
+            node_suspect=d.node_suspect,
+            rebuild_enabled=policy.rebuild_on_gpu_fault,
+            has_engine=t is not None and t.engine_key is not None and obs.engine is not None,
+            rate_limited=faults.rebuilds_in_last_hour(records, rec.target or "", now)
+            >= policy.max_rebuilds_per_hour,
+        )
+        rec = rec.model_copy(update={"action": action.value})
         records.append(rec)
         what = f"Xid {rec.xid}" if rec.xid is not None else (rec.reason or "fault")
         events.append(

@@ -161,6 +161,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     keep: set[str] = set()
     target_statuses: list[DeploymentTargetStatus] = []
     rollout_done: dict[str, bool] = {}
+    engine_not_ready: set[str] = set()  # targets whose engine is not Ready (typed, not read from text)
     runtime = spec.runtime
     image = runtime.image or cfg.runtime_image
     for target, replicas in wanted.items():
@@ -227,6 +228,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         )
         rollout_done[target.name] = done
         if ts.phase != "Ready":
+            engine_not_ready.add(target.name)
             st.message = f"engine {ts.phase.lower()}: {ts.message or ts.reason or ''}".strip()
         elif cur is not None and cur.progress_deadline_exceeded:
             st.message = "rollout stuck: new pods are not becoming ready (the previous engine keeps serving)"
@@ -268,7 +270,9 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     svc = children.service_name(obs.name)
     plan.status = InferenceDeploymentStatus(
         observed_generation=obs.generation,
-        conditions=_conditions(obs, wanted, target_statuses, rollout_done, records, existing),
+        conditions=_conditions(
+            obs, wanted, target_statuses, rollout_done, records, existing, engine_not_ready
+        ),
         targets=target_statuses,
         replicas=total,
         ready_replicas=ready_total,
@@ -287,6 +291,7 @@ def _conditions(
     done: dict[str, bool],
     records: list[FaultRecord],
     existing: dict[str, DeploymentView],
+    engine_not_ready: set[str],
 ) -> list[Condition]:
     gen, at = obs.generation, utc(obs.now)
     conds = list(obs.status.conditions)
@@ -310,7 +315,7 @@ def _conditions(
         )
     elif not_done:
         msg = one_line("; ".join(f"{t.name}: {t.message}" for t in not_done), 1000)
-        waiting_engine = any((t.message or "").startswith("engine ") for t in not_done)
+        waiting_engine = any(t.name in engine_not_ready for t in not_done)
         conds = set_condition(
             conds,
             "Ready",

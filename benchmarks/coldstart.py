@@ -148,7 +148,7 @@ def run_serve(
             str(port),
             "--cache-dir",
             str(cache),
-            *(["--grpc-port", "0"] if grpc_supported() else []),  # on, as by default, any free port
+            *(["--grpc-port", str(free_port())] if grpc_supported() else []),  # on, as by default
         ],
     )
     t0 = time.time()

@@ -11,8 +11,8 @@ for them, so the client is not what limits a fast server.
     python -m benchmarks.manycore --cores 2,4,8,14 --models squeezenet,resnet50
 
 Settings (``--settings``, ``;``-separated): ``default`` runs ``trtforge serve`` with no tuning flags
-(the runtime chooses for its cores); anything else is passed as flags, ``{n}`` replaced by N, e.g.
-``--instances {n} --max-batch-size 4``.
+(the runtime chooses for its cores); anything else is passed as flags, with each ``{expression}`` of
+``n`` (N) replaced by its value, e.g. ``--workers {max(1, n // 4)} --max-batch-size 4``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -48,6 +49,16 @@ from benchmarks.engines import ensure_engine, store_dir
 from benchmarks.models import model_info, sample_input
 from benchmarks.servers import Model
 from benchmarks.servers.trtforge import grpc_supported
+
+
+def expand(setting: str, n: int) -> str:
+    """`setting` with each ``{expression}`` of `n` (the server's cores) replaced by its value, e.g.
+    ``--workers {max(1, n // 4)}``."""
+    return re.sub(
+        r"\{([^{}]+)\}",
+        lambda m: str(eval(m.group(1), {"__builtins__": {}}, {"n": n, "max": max, "min": min})),
+        setting,
+    )
 
 
 def reference(model: Model) -> Path:
@@ -109,7 +120,7 @@ def serve(
         str(port),
         "--cache-dir",
         str(cache),
-        *(["--grpc-port", "0"] if grpc_supported() else []),  # on, as by default, on any free port
+        *(["--grpc-port", str(free_port())] if grpc_supported() else []),  # on, as by default
         *flags,
     ]
     t0 = time.monotonic()
@@ -169,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cores", default="2,4,8,14", help="server core counts N (cores 0..N-1)")
     p.add_argument("--models", default="squeezenet,resnet50")
     p.add_argument("--settings", default="default", help="';'-separated trtforge serve flags, {n} = N")
-    p.add_argument("--concurrency", default="64")
+    p.add_argument("--concurrency", default="auto", help="comma-separated, or auto: max(64, 8 N)")
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--slow-factor", type=float, default=1.6, help="window multiplier for ResNet-50")
@@ -200,10 +211,15 @@ def main(argv: list[str] | None = None) -> int:
             best = float(ceil["best"]["images_per_s"])
             log(f"{name} N={n}: ceiling {best} img/s ({ceil['best']})")
             for s in settings:
-                flags = [] if s == "default" else shlex.split(s.replace("{n}", str(n)))
+                flags = [] if s == "default" else shlex.split(expand(s, n))
                 srv, port, ready_s = serve(model, scpus, flags, log_dir / f"manycore-{name}-{n}.log")
                 try:
-                    for c in [int(c) for c in a.concurrency.split(",")]:
+                    concs = (
+                        [max(64, 8 * n)]
+                        if a.concurrency == "auto"
+                        else [int(c) for c in a.concurrency.split(",")]
+                    )
+                    for c in concs:
                         r = drive(
                             model, port, ccpus, procs, c, a.seconds * slow, a.warmup * slow, ref, srv.pid
                         )
@@ -228,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     stop(srv)
                     shutil.rmtree(CACHE / "manycore" / f"cache-{port}", ignore_errors=True)
+                write_result(a.name, res)  # after every server run: a run cut short keeps what it measured
     res["loadavg_after"] = os.getloadavg()
     write_result(a.name, res)
     print(render(res))

@@ -212,7 +212,14 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name} N={n}: ceiling {best} img/s ({ceil['best']})")
             for s in settings:
                 flags = [] if s == "default" else shlex.split(expand(s, n))
-                srv, port, ready_s = serve(model, scpus, flags, log_dir / f"manycore-{name}-{n}.log")
+                try:
+                    srv, port, ready_s = serve(model, scpus, flags, log_dir / f"manycore-{name}-{n}.log")
+                except RuntimeError as e:  # recorded; the other settings and core counts still run
+                    log(f"  [{s}] FAILED: {e}")
+                    res.setdefault("failed", []).append(
+                        {"model": name, "n": n, "setting": s, "error": str(e)}
+                    )
+                    continue
                 try:
                     concs = (
                         [max(64, 8 * n)]
@@ -220,9 +227,22 @@ def main(argv: list[str] | None = None) -> int:
                         else [int(c) for c in a.concurrency.split(",")]
                     )
                     for c in concs:
-                        r = drive(
-                            model, port, ccpus, procs, c, a.seconds * slow, a.warmup * slow, ref, srv.pid
-                        )
+                        try:
+                            r = drive(
+                                model, port, ccpus, procs, c, a.seconds * slow, a.warmup * slow, ref, srv.pid
+                            )
+                        except (RuntimeError, subprocess.TimeoutExpired) as e:
+                            log(f"  [{s}] c={c} FAILED: {e}")
+                            res.setdefault("failed", []).append(
+                                {
+                                    "model": name,
+                                    "n": n,
+                                    "setting": s,
+                                    "concurrency": c,
+                                    "error": str(e)[-2000:],
+                                }
+                            )
+                            continue
                         r.pop("error_samples", None) if not r["errors"] else None
                         run = {
                             "model": name,
@@ -270,6 +290,10 @@ def render(res: dict[str, Any]) -> str:
         ]
         for r in res["runs"]
     ]
+    fails = "".join(
+        f"\n\nfailed: {f['model']} N={f['n']} [{f['setting']}]: {f['error'].strip().splitlines()[-1]}"
+        for f in res.get("failed", [])
+    )
     head = (
         f"Many cores: server on cores 0..N-1, client on the rest of {res['host_cpus']};"
         " every answer compared with ONNX Runtime's (a differing one counts as an error)."
@@ -295,6 +319,7 @@ def render(res: dict[str, Any]) -> str:
             ],
             rows,
         )
+        + fails
     )
 
 

@@ -61,6 +61,19 @@ def expand(setting: str, n: int) -> str:
     )
 
 
+def without_defaults(flags: list[str]) -> list[str]:
+    """`flags` without a ``--workers 1`` (the default), to tell which settings are the same server."""
+    out: list[str] = []
+    i = 0
+    while i < len(flags):
+        if flags[i : i + 2] == ["--workers", "1"]:
+            i += 2
+            continue
+        out.append(flags[i])
+        i += 1
+    return out
+
+
 def reference(model: Model) -> Path:
     """ONNX Runtime's output for the load generator's input, saved for ``loadgen --check``."""
     from benchmarks.ceiling import ort_session
@@ -210,8 +223,12 @@ def main(argv: list[str] | None = None) -> int:
             ceil = ceiling(model, scpus, n, a.ceiling_seconds * slow, a.ceiling_batches)
             best = float(ceil["best"]["images_per_s"])
             log(f"{name} N={n}: ceiling {best} img/s ({ceil['best']})")
+            done: list[list[str]] = []
             for s in settings:
                 flags = [] if s == "default" else shlex.split(expand(s, n))
+                if without_defaults(flags) in done:
+                    continue  # the same server as a setting already run on these N cores
+                done.append(without_defaults(flags))
                 try:
                     srv, port, ready_s = serve(model, scpus, flags, log_dir / f"manycore-{name}-{n}.log")
                 except RuntimeError as e:  # recorded; the other settings and core counts still run

@@ -61,6 +61,19 @@ def expand(setting: str, n: int) -> str:
     )
 
 
+def without_defaults(flags: list[str]) -> list[str]:
+    """`flags` without a ``--workers 1`` (the default), to tell which settings are the same server."""
+    out: list[str] = []
+    i = 0
+    while i < len(flags):
+        if flags[i : i + 2] == ["--workers", "1"]:
+            i += 2
+            continue
+        out.append(flags[i])
+        i += 1
+    return out
+
+
 def reference(model: Model) -> Path:
     """ONNX Runtime's output for the load generator's input, saved for ``loadgen --check``."""
     from benchmarks.ceiling import ort_session
@@ -210,9 +223,20 @@ def main(argv: list[str] | None = None) -> int:
             ceil = ceiling(model, scpus, n, a.ceiling_seconds * slow, a.ceiling_batches)
             best = float(ceil["best"]["images_per_s"])
             log(f"{name} N={n}: ceiling {best} img/s ({ceil['best']})")
+            done: list[list[str]] = []
             for s in settings:
                 flags = [] if s == "default" else shlex.split(expand(s, n))
-                srv, port, ready_s = serve(model, scpus, flags, log_dir / f"manycore-{name}-{n}.log")
+                if without_defaults(flags) in done:
+                    continue  # the same server as a setting already run on these N cores
+                done.append(without_defaults(flags))
+                try:
+                    srv, port, ready_s = serve(model, scpus, flags, log_dir / f"manycore-{name}-{n}.log")
+                except RuntimeError as e:  # recorded; the other settings and core counts still run
+                    log(f"  [{s}] FAILED: {e}")
+                    res.setdefault("failed", []).append(
+                        {"model": name, "n": n, "setting": s, "error": str(e)}
+                    )
+                    continue
                 try:
                     concs = (
                         [max(64, 8 * n)]
@@ -220,9 +244,22 @@ def main(argv: list[str] | None = None) -> int:
                         else [int(c) for c in a.concurrency.split(",")]
                     )
                     for c in concs:
-                        r = drive(
-                            model, port, ccpus, procs, c, a.seconds * slow, a.warmup * slow, ref, srv.pid
-                        )
+                        try:
+                            r = drive(
+                                model, port, ccpus, procs, c, a.seconds * slow, a.warmup * slow, ref, srv.pid
+                            )
+                        except (RuntimeError, subprocess.TimeoutExpired) as e:
+                            log(f"  [{s}] c={c} FAILED: {e}")
+                            res.setdefault("failed", []).append(
+                                {
+                                    "model": name,
+                                    "n": n,
+                                    "setting": s,
+                                    "concurrency": c,
+                                    "error": str(e)[-2000:],
+                                }
+                            )
+                            continue
                         r.pop("error_samples", None) if not r["errors"] else None
                         run = {
                             "model": name,
@@ -270,6 +307,10 @@ def render(res: dict[str, Any]) -> str:
         ]
         for r in res["runs"]
     ]
+    fails = "".join(
+        f"\n\nfailed: {f['model']} N={f['n']} [{f['setting']}]: {f['error'].strip().splitlines()[-1]}"
+        for f in res.get("failed", [])
+    )
     head = (
         f"Many cores: server on cores 0..N-1, client on the rest of {res['host_cpus']};"
         " every answer compared with ONNX Runtime's (a differing one counts as an error)."
@@ -295,6 +336,7 @@ def render(res: dict[str, Any]) -> str:
             ],
             rows,
         )
+        + fails
     )
 
 

@@ -117,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         "controlplane": ("controlplane", controlplane.render),
         "recovery": ("recovery", recovery.render),
     }
-    body = targets(read_result("serving"), read_result("coldstart"), read_result("manycore"))
+    try:
+        body = targets(read_result("serving"), read_result("coldstart"), read_result("manycore"))
+    except KeyError as e:
+        body = f"(a result file is from an older harness: no {e})"
     doc = re.sub(
         r"(<!-- results:targets -->).*?(<!-- /results:targets -->)",
         lambda m: f"{m.group(1)}\n{body}\n{m.group(2)}",
@@ -128,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         res = read_result(name)
         if res is None:
             continue
-        body = _wrap(fn(res))
+        try:
+            body = _wrap(fn(res))
+        except KeyError as e:
+            log(f"results/{name}.json is from an older harness (no {e}); its table is left as it was")
+            continue
         pat = re.compile(rf"(<!-- results:{marker} -->).*?(<!-- /results:{marker} -->)", re.S)
         if pat.search(doc):
             doc = pat.sub(lambda m, b=body: f"{m.group(1)}\n{b}\n{m.group(2)}", doc)

@@ -214,33 +214,29 @@ def coldstart(res: dict[str, Any], fname: str = "bench-coldstart.png") -> list[P
 
 
 def controlplane(res: dict[str, Any]) -> list[Path]:
+    """Time after the last create against N, log-log, per scenario, with a slope-1 reference line."""
     plt = _plt()
-    cases = [c for c in res.get("cases", []) if c.get("done_s") is not None]
+    cases = [c for c in res.get("cases", []) if c.get("done_s")]
     if not cases:
         return []
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    labels = [f"{c['scenario']}\nN={c['n']}" for c in cases]
-    ax1.bar(
-        labels,
-        [c["done_s"] for c in cases],
-        color=["#1f77b4" if c["scenario"] == "cache" else "#ff7f0e" for c in cases],
-    )
-    for i, c in enumerate(cases):
-        ax1.text(i, c["done_s"], f"{c['done_s']:.1f}s", ha="center", va="bottom", fontsize=8)
-    ax1.set_ylabel("seconds after kubectl apply")
-    ax1.set_title("All targets resolved (cache) / all Jobs created (jobs)", fontsize=9)
-    ax2.bar(labels, [c["api_requests_per_engine"] for c in cases], color="#6baed6")
-    for i, c in enumerate(cases):
-        ax2.text(
-            i,
-            c["api_requests_per_engine"],
-            f"{c['api_requests_per_engine']:.1f}",
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
-    ax2.set_ylabel("API requests per TRTEngine")
-    ax2.set_title("apiserver requests per engine (net of idle and our polling)", fontsize=9)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for scenario, color in (("cache", "#1f77b4"), ("jobs", "#ff7f0e")):
+        pts = sorted((c["n"], c["done_s"]) for c in cases if c["scenario"] == scenario)
+        if not pts:
+            continue
+        xs, ys = [x for x, _ in pts], [y for _, y in pts]
+        ax1.loglog(xs, ys, "o-", color=color, label=f"{scenario}: time after the last create")
+        ax1.loglog(xs, [ys[0] * x / xs[0] for x in xs], ":", color=color, label=f"{scenario}: slope 1")
+        rss = sorted((c["n"], c["operator_peak_rss_mb"]) for c in cases if c["scenario"] == scenario)
+        ax2.plot([x for x, _ in rss], [y for _, y in rss], "o-", color=color, label=scenario)
+    ax1.set_xlabel("TRTEngines (x 3 targets)")
+    ax1.set_ylabel("seconds")
+    ax1.set_title("All Ready (cache) / all Jobs exist (jobs)", fontsize=9)
+    ax1.legend(fontsize=7)
+    ax2.set_xlabel("TRTEngines (x 3 targets)")
+    ax2.set_ylabel("operator peak RSS, MB")
+    ax2.set_title("Operator memory", fontsize=9)
+    ax2.legend(fontsize=7)
     fig.tight_layout()
     path = _save(fig, "bench-controlplane.png")
     plt.close(fig)

@@ -401,15 +401,19 @@ def main(argv: list[str] | None = None) -> int:
         "models": {},
     }
     t_begin = time.monotonic()
+    # Every model's ceiling first; then server by server (both models each), so a run cut short
+    # misses the last server (KServe, the reference peer), not half of every server.
+    models: dict[str, tuple[Model, Windows, np.ndarray]] = {}
     for name in a.models.split(","):
         model = model_info(name)
         slow = a.slow_factor if name != "squeezenet" else 1.0
-        win = Windows(a.seconds * slow, a.warmup * slow)
-        ref = reference_output(model)
+        models[name] = (model, Windows(a.seconds * slow, a.warmup * slow), reference_output(model))
         ceil = ceiling(model, lay, a.ceiling_seconds * slow, a.ceiling_batches)
         log(f"  {name}: ceiling {ceil['best']['images_per_s']} img/s ({ceil['best']})")
-        mres: dict[str, Any] = {"ceiling": ceil, "servers": {}}
-        for kind in servers:
+        results["models"][name] = {"ceiling": ceil, "servers": {}}
+    for kind in servers:
+        for name, (model, win, ref) in models.items():
+            mres = results["models"][name]
             t0 = time.monotonic()
             try:
                 mres["servers"][kind.name] = measure_server(kind, model, lay, concs, win, ref, log_dir)
@@ -417,14 +421,11 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"  {name} {kind.name} FAILED: {e}")
                 results.setdefault("failed", {}).setdefault(name, {})[kind.name] = str(e)[-2000:]
             log(f"  {name} {kind.name}: {time.monotonic() - t0:.0f}s")
-            # After every server, what is measured so far (a run cut short keeps it, marked partial).
-            results["models"][name] = mres
             ceil_pct(mres)
+            # After every server, what is measured so far (a run cut short keeps it, marked partial).
             partial = {**results, "partial": True, "loadavg_after": os.getloadavg()}
             partial["summary"] = summarize(partial)
             write_result(a.name, partial)
-        ceil_pct(mres)
-        results["models"][name] = mres
     results["loadavg_after"] = os.getloadavg()
     results["wall_s"] = round(time.monotonic() - t_begin, 1)
     results["summary"] = summarize(results)

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "crds": "trtforge_operator.crdgen",
     "operator": "trtforge_operator.cli",
     "build": "trtforge_builder.cli",
+    "stage-model": "trtforge_builder.stage",
     "serve": "trtforge_runtime.cli",
     "gpu": "trtforge.contract.probe_cli",
     "demo": "trtforge.demo",

@@ -105,6 +105,9 @@ class BuildRequest(BaseModel):
     seed: int = 0
     rebuild: bool = False  # build and replace even when the store has the key (after a GPU fault)
     workdir: Path | None = None  # scratch space (default: a temp dir)
+    # The model is the verified copy the broker staged in the store (models/<sha256>/), not model_uri.
+    staged_model: bool = False
+    cache_scope: str = Field(default="", pattern=r"^$|^(ns|group):[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
     @property
     def tolerances(self) -> tuple[float, float]:

@@ -77,6 +77,47 @@ class BrokerSettings(BaseModel):
     audience: str = "trtforge-broker"
     token_expiration_seconds: int = Field(default=3600, ge=600)
     auth: Literal["tokenreview", "none"] = "tokenreview"  # "none" only for local debugging
+    spool_dir: str | None = None  # where verify uploads are hashed before they enter the store (temp dir)
+    max_model_bytes: int = Field(default=64 << 30, ge=1)  # the largest model a verify step may upload
+
+
+class VerifySettings(BaseModel):
+    """Verify Jobs: a tenant proves it holds its model before it may use an engine (docs/security.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    cpu: str = "500m"
+    memory: str = "1Gi"
+    deadline_seconds: int = Field(default=1800, ge=60)
+
+
+CacheSharing = Literal["all", "namespace", "groups"]
+CACHE_GROUP_LABEL = "trtforge.io/cache-group"
+
+
+class CacheSettings(BaseModel):
+    """Who shares engines in the store. Possession is proven in every case; sharing decides whose
+    builds a namespace may hit at all.
+
+    - ``all``: one cache for every namespace.
+    - ``namespace``: each namespace its own cache.
+    - ``groups``: namespaces whose label ``group_label`` has the same value share one cache; a
+      namespace without the label has its own. Namespace labels are set by the platform team (tenants
+      with ``edit`` cannot label their namespace).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    sharing: CacheSharing = "groups"
+    group_label: str = Field(default=CACHE_GROUP_LABEL, min_length=1, max_length=316)
+
+    def scope(self, namespace: str, namespace_labels: dict[str, str] | None) -> str:
+        """The cache scope of `namespace` (see trtforge.contract.possession.scoped_key)."""
+        if self.sharing == "all":
+            return ""
+        if self.sharing == "groups":
+            group = (namespace_labels or {}).get(self.group_label, "")
+            if group:
+                return f"group:{group}"
+        return f"ns:{namespace}"
 
 
 class FaultSettings(BaseModel):
@@ -114,6 +155,8 @@ class OperatorConfig(BaseModel):
     build: BuildSettings = Field(default_factory=BuildSettings)
     gc: GCSettings = Field(default_factory=GCSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    verify: VerifySettings = Field(default_factory=VerifySettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
     faults: FaultSettings = Field(default_factory=FaultSettings)
     resync_seconds: float = Field(default=30.0, gt=0)  # level-based resync of every resource
     liveness_port: int = 8080

@@ -22,6 +22,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from trtforge.contract.build_result import BuildFailure, parse_build_message
+from trtforge.contract.possession import source_fingerprint
 from trtforge.logs import fields
 from trtforge_operator import children
 from trtforge_operator import labels as L
@@ -41,6 +42,7 @@ from trtforge_operator.planning.engine import (
     EngineObserved,
     Event,
     invalid_spec_status,
+    model_source_problem,
     one_line,
     plan_engine,
 )
@@ -187,12 +189,38 @@ async def _create_jobs(state: State, jobs: list[dict[str, Any]], kind: str) -> l
     return out
 
 
-async def _copy_model_secret(
-    state: State, ns: str, secret: str, data: Mapping[str, Any], jobs: list[dict[str, Any]]
-) -> None:
-    """Copy a tenant's model Secret into the build namespace for each Job just created (owned by it)."""
-    for job in jobs:
-        await state.kube.create(children.model_secret_copy(data, ns, secret, job, state.cfg.build_namespace))
+def _cache_scope(state: State, indices: Mapping[str, Any], namespace: str) -> str:
+    """The cache scope of `namespace` under the configured sharing policy (its labels from the index)."""
+    labels: dict[str, str] = {}
+    for found in list(indices["ns_idx"].get(namespace, [])):
+        labels = dict(found)
+    return state.cfg.cache.scope(namespace, labels)
+
+
+def _verify_failures(
+    indices: Mapping[str, Any], namespace: str, jobs: list[JobView]
+) -> dict[str, BuildFailure]:
+    """Failed verify Jobs of `namespace` -> the failure their pod reported (termination message)."""
+    out: dict[str, BuildFailure] = {}
+    for j in jobs:
+        for pod in list(indices["vpods_idx"].get((namespace, j.name), [])):
+            if not isinstance(pod, PodView):
+                continue
+            for c in pod.containers:
+                t = c.terminated
+                if t is None or t.exit_code == 0:
+                    continue
+                parsed = parse_build_message(t.message)
+                if isinstance(parsed, BuildFailure):
+                    out[j.name] = parsed
+                else:
+                    tail = t.message.strip().splitlines()[-1] if t.message.strip() else t.reason
+                    out[j.name] = BuildFailure(
+                        error=one_line(tail or f"exit code {t.exit_code}"),
+                        reason="Error",
+                        exit_code=t.exit_code,
+                    )
+    return out
 
 
 # ------------------------------------------------------------------------------------------ TRTEngine
@@ -213,21 +241,17 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
         return None
     nodes = _views(indices["nodes_idx"], NodeView)
     jobs = _views(indices["jobs_idx"], JobView)
-    secret_data, secret_copy, secret_error = None, None, None
-    if obj.spec.model.secret_ref is not None:
-        sname = obj.spec.model.secret_ref.name
-        try:
-            secret_data = await state.kube.read_secret_data(ns, sname)
-            secret_copy = children.model_secret_copy_name(ns, sname)
-        except ApiException as e:
-            why = (
-                "not found"
-                if e.status == 404
-                else "the operator may not read it"
-                if e.status == 403
-                else e.reason
-            )
-            secret_error = f"model secret {ns}/{sname}: {why} (grant it with rbac.modelSecrets in the chart)"
+    m = obj.spec.model
+    fingerprint = source_fingerprint(m.uri, m.secret_ref.name if m.secret_ref else None, m.sha256)
+    possession = await asyncio.to_thread(state.store.possession, ns, fingerprint)
+    verify_jobs = [j for j in list(indices["vjobs_idx"].get(ns, [])) if isinstance(j, JobView)]
+    verify_failures = _verify_failures(indices, ns, verify_jobs)
+    problem = model_source_problem(m.uri, state.cfg.store_uri)
+    if problem is not None:
+        status = invalid_spec_status(old_status, gen, problem, time.time(), reason="InvalidModelSource")
+        if await _write_status(state, "trte", L.TRTENGINES, body, old, status.to_wire()):
+            await state.kube.event(body, "Warning", "InvalidModelSource", problem)
+        return None
     async with state.build_lock:
         obs = EngineObserved(
             namespace=ns,
@@ -240,8 +264,11 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
             manifests=state.store.manifest,
             capacity=_capacity(state, jobs, ns),
             now=time.time(),
-            model_secret=secret_copy,
-            model_secret_error=secret_error,
+            uid=meta.get("uid", ""),
+            possession=possession,
+            verify_jobs=verify_jobs,
+            verify_failures=verify_failures,
+            cache_scope=_cache_scope(state, indices, ns),
             unschedulable={
                 name: p.unschedulable
                 for name, store in list(indices["bpods_idx"].items())
@@ -250,9 +277,10 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
             },
         )
         plan = await asyncio.to_thread(plan_engine, obs, state.cfg)
-        created = await _create_jobs(state, plan.jobs_to_create, "build")
-    if secret_data is not None and obj.spec.model.secret_ref is not None:
-        await _copy_model_secret(state, ns, obj.spec.model.secret_ref.name, secret_data, created)
+        await _create_jobs(state, plan.jobs_to_create, "build")
+    for vj in plan.verify_jobs_to_create:
+        if await state.kube.create(vj):
+            state.metrics.jobs_created.labels("verify").inc()
     requester = f"{ns}/{name}"
     by_name = {j.name: j for j in jobs}
     for jname in plan.add_requester:
@@ -356,6 +384,7 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
         jobs=jobs,
         now=time.time(),
         engine_problem=problem,
+        cache_scope=_cache_scope(state, indices, ns),
     )
     plan = plan_deployment(obs, state.cfg)
     old_norm = old_status.to_wire() if old else {}
@@ -380,15 +409,7 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
         await state.kube.delete("Pod", ns, p)
     if plan.jobs_to_create:
         async with state.build_lock:
-            created = await _create_jobs(state, plan.jobs_to_create, "rebuild")
-        ref = engine.spec.model.secret_ref if engine is not None else None
-        if ref is not None and created:
-            try:
-                data = await state.kube.read_secret_data(ns, ref.name)
-            except ApiException as e:
-                log.warning("rebuild of %s/%s: model secret %s unreadable: %s", ns, name, ref.name, e.reason)
-            else:
-                await _copy_model_secret(state, ns, ref.name, data, created)
+            await _create_jobs(state, plan.jobs_to_create, "rebuild")
     for ev in plan.events:
         if ev.reason == "GPUFault":
             state.metrics.faults.labels(ev.message.rsplit("action ", 1)[-1]).inc()
@@ -522,6 +543,32 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         j = JobView.from_k8s(body)
         return {j.build_id: j}
 
+    @kopf.index(
+        "batch",
+        "v1",
+        "jobs",
+        id="vjobs_idx",
+        labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_VERIFIER},
+        registry=registry,
+    )
+    def _vjobs_idx(**kw: Any) -> Any:
+        return {kw["namespace"]: JobView.from_k8s(kw["body"])}
+
+    @kopf.index(
+        "v1",
+        "pods",
+        id="vpods_idx",
+        labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_VERIFIER},
+        registry=registry,
+    )
+    def _vpods_idx(**kw: Any) -> Any:
+        job = kw["labels"].get("job-name") or kw["labels"].get("batch.kubernetes.io/job-name")
+        return {(kw["namespace"], job): PodView.from_k8s(kw["body"])} if job else None
+
+    @kopf.index("v1", "namespaces", id="ns_idx", registry=registry)
+    def _ns_idx(**kw: Any) -> Any:
+        return {kw["name"]: dict(kw["labels"] or {})}
+
     @kopf.index("v1", "nodes", id="nodes_idx", registry=registry)
     def _nodes_idx(**kw: Any) -> Any:
         body, name = kw["body"], kw["name"]
@@ -567,6 +614,12 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     def _job_event(**kw: Any) -> None:
         body = kw["body"]
         j = JobView.from_k8s(body)
+        if j.labels.get(L.APP_COMPONENT) == L.COMPONENT_VERIFIER:
+            if j.done:
+                fp = j.annotations.get(L.A_SOURCE_FINGERPRINT, "")
+                state.store.invalidate_possession(j.namespace, fp)
+            state.triggers.fire_all("trte", j.namespace)
+            return
         if j.done:
             key = j.engine_key or ((j.result() or {}).get("key") or "")
             if key:
@@ -588,6 +641,10 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         job = await state.kube.job_annotations(namespace, job_name)
         if job is not None and L.A_RESULT not in job:
             await state.kube.annotate("Job", namespace, job_name, {L.A_RESULT: result})
+
+    @kopf.on.event("v1", "pods", labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_VERIFIER}, registry=registry)
+    def _verify_pod_event(**kw: Any) -> None:
+        state.triggers.fire_all("trte", kw["namespace"])
 
     @kopf.on.event("v1", "pods", labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_RUNTIME}, registry=registry)
     def _runtime_pod_event(**kw: Any) -> None:

@@ -18,6 +18,7 @@ APP_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "trtforge-operator"
 COMPONENT_BUILDER = "builder"
 COMPONENT_RUNTIME = "runtime"
+COMPONENT_VERIFIER = "verifier"  # verify Jobs in tenant namespaces (proof of possession)
 
 # Build Jobs (build namespace, shared by every requester: no ownerRefs across namespaces).
 L_BUILD_ID = "trtforge.io/build-id"  # key[:20] (pinned model) or request digest[:20]
@@ -33,6 +34,8 @@ A_CREATED_FOR = "trtforge.io/created-for"  # the requester whose reconcile creat
 A_TARGET = "trtforge.io/target"  # JSON {gpu, mig}
 A_ATTEMPT = "trtforge.io/attempt"
 A_RESULT = "trtforge.io/result"  # the builder's result JSON, copied from the pod when it ends
+L_SOURCE = "trtforge.io/model-source"  # verify Jobs: source fingerprint[:20]
+A_SOURCE_FINGERPRINT = "trtforge.io/model-source-fingerprint"  # verify Jobs: the full fingerprint
 A_FAULT = "trtforge.io/fault"  # rebuild Jobs: the fault that asked for them
 
 # Runtime Deployments, their pods and the Service (tenant namespace, owned by the InferenceDeployment).

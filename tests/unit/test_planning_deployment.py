@@ -8,7 +8,7 @@ from typing import Any
 
 from trtforge_operator import children
 from trtforge_operator import labels as L
-from trtforge_operator.api import FaultRecord, InferenceDeployment, TRTEngine, get_condition
+from trtforge_operator.api import FaultRecord, InferenceDeployment, TRTEngine, VerifiedModel, get_condition
 from trtforge_operator.config import BackendSpec, OperatorConfig
 from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView
 from trtforge_operator.planning import faults as F
@@ -273,13 +273,20 @@ def test_gpu_fault_moves_the_pod_records_it_and_rebuilds() -> None:
     assert get_condition(plan3.status.conditions, "Degraded").status == "False"  # type: ignore[union-attr]
 
 
-def test_a_rebuild_gets_the_model_secret_as_the_first_build_did() -> None:
-    private = {"uri": "s3://models/r.onnx", "sha256": "f" * 64, "secretRef": {"name": "s3-creds"}}
+def test_a_rebuild_reads_the_verified_staged_model_not_the_tenants_secret() -> None:
+    import dataclasses
+
+    private = {"uri": "s3://models/r.onnx", "secretRef": {"name": "s3-creds"}}
+    e = engine(model=private)
+    e = e.model_copy(update={"status": e.status.model_copy(update={"model": VerifiedModel(sha256="d" * 64)})})
     pods = [pod("p-h100", "gpu-h100-0", terminated=gpu_fault())]
-    plan = plan_deployment(observed(infd(), engine(model=private), pods=pods), CFG)
-    (rb,) = plan.jobs_to_create
-    env_from = rb["spec"]["template"]["spec"]["containers"][0]["envFrom"]
-    assert env_from == [{"secretRef": {"name": children.model_secret_copy_name("team-a", "s3-creds")}}]
+    obs = dataclasses.replace(observed(infd(), e, pods=pods), cache_scope="ns:team-a")
+    (rb,) = plan_deployment(obs, CFG).jobs_to_create
+    c = rb["spec"]["template"]["spec"]["containers"][0]
+    assert "envFrom" not in c  # the build never holds the tenant's credentials
+    cmd = c["command"]
+    assert cmd[cmd.index("--sha256") + 1] == "d" * 64 and "--staged-model" in cmd
+    assert cmd[cmd.index("--cache-scope") + 1] == "ns:team-a" and "--rebuild" in cmd
 
 
 def test_rebuild_disabled_still_moves_the_pod() -> None:

@@ -48,6 +48,7 @@ class DeploymentObserved:
     jobs: Sequence[JobView]  # build Jobs (for rebuilds of our keys)
     now: float
     engine_problem: str | None = None  # why `engine` is None
+    cache_scope: str = ""  # the namespace's cache scope (a rebuild keys its engine in it)
 
 
 @dataclass
@@ -68,11 +69,14 @@ def _rebuild_request(
     engine = obs.engine
     if engine is None:
         return None
+    verified = engine.status.model.sha256 if engine.status.model is not None else None
     try:
-        ki = key_inputs(engine.spec, target, obs.nodes, cfg)
+        ki = key_inputs(
+            engine.spec, target, obs.nodes, cfg, model_sha256=verified, cache_scope=obs.cache_scope
+        )
     except ValueError:
         return None
-    ref = engine.spec.model.secret_ref
+    # The rebuild reads the staged copy this namespace verified; it needs no tenant credentials.
     return build_request(
         engine.spec,
         ki,
@@ -80,7 +84,8 @@ def _rebuild_request(
         engine_key=key,
         rebuild_of=fid,
         avoid_nodes=tuple(sorted(avoid)),
-        model_secret=children.model_secret_copy_name(obs.namespace, ref.name) if ref else None,
+        verified_sha256=verified,
+        cache_scope=obs.cache_scope,
     )
 
 

@@ -22,16 +22,20 @@ from trtforge.contract.engine_key import EngineKeyRecord, engine_key
 from trtforge.contract.gpu import GPUIdentity, GPUTarget, UnknownTargetError, identity_for_target
 from trtforge.contract.layout import engine_path
 from trtforge.contract.manifest import Manifest
+from trtforge.contract.possession import PossessionRecord, scoped_key, source_fingerprint
 from trtforge_operator import children
+from trtforge_operator import labels as L
 from trtforge_operator.api import (
     Accuracy,
     Condition,
     TargetStatus,
     TRTEngineSpec,
     TRTEngineStatus,
+    VerifiedModel,
     ready_text,
     set_condition,
 )
+from trtforge_operator.api.trtengine import TargetPhase
 from trtforge_operator.config import BackendSpec, OperatorConfig
 from trtforge_operator.observed import JobView, NodeView, utc
 
@@ -76,12 +80,33 @@ class EngineObserved:
     model_secret: str | None = None  # the copy's name in the build namespace (spec.model.secretRef)
     model_secret_error: str | None = None  # why the tenant's Secret could not be read
     unschedulable: Mapping[str, str] = field(default_factory=dict)  # build Job -> why its pod waits
+    uid: str = ""
+    # Proof of possession (docs/security.md): the broker's record for this namespace and the current
+    # source (None: not proven yet), the verify Jobs of this namespace, and why finished ones failed.
+    possession: PossessionRecord | None = None
+    verify_jobs: Sequence[JobView] = ()
+    verify_failures: Mapping[str, BuildFailure] = field(default_factory=dict)  # failed verify Job -> why
+    cache_scope: str = ""  # the namespace's cache scope (CacheSettings.scope)
+
+    @property
+    def source_fingerprint(self) -> str:
+        m = self.spec.model
+        return source_fingerprint(m.uri, m.secret_ref.name if m.secret_ref else None, m.sha256)
+
+    @property
+    def verified_sha256(self) -> str | None:
+        """The model digest this namespace proved it holds through the current source, else None."""
+        p = self.possession
+        if p is None or not p.proves(self.namespace, self.source_fingerprint, self.spec.model.sha256 or None):
+            return None
+        return p.sha256
 
 
 @dataclass
 class EnginePlan:
     status: TRTEngineStatus
     jobs_to_create: list[dict[str, Any]] = field(default_factory=list)
+    verify_jobs_to_create: list[dict[str, Any]] = field(default_factory=list)  # in the tenant namespace
     add_requester: list[str] = field(default_factory=list)  # names of existing Jobs this engine now uses
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None  # seconds until a backoff expires
@@ -128,9 +153,17 @@ def request_digest(
 
 
 def key_inputs(
-    spec: TRTEngineSpec, target: GPUTarget, nodes: Sequence[NodeView], cfg: OperatorConfig
+    spec: TRTEngineSpec,
+    target: GPUTarget,
+    nodes: Sequence[NodeView],
+    cfg: OperatorConfig,
+    *,
+    model_sha256: str | None = None,
+    cache_scope: str = "",
 ) -> KeyInputs:
-    """Identity, key (when pinned), digest and node selector of one target. Raises UnknownTargetError."""
+    """Identity, store key (when the model digest is known: pinned or verified), digest and node
+    selector of one target. The key is scoped to the namespace's cache scope. Raises
+    UnknownTargetError."""
     hosting = sorted((n for n in nodes if n.hosts(target)), key=lambda n: n.name)
     first = hosting[0] if hosting else None
     identity = identity_for_target(
@@ -140,23 +173,27 @@ def key_inputs(
     )
     backend = cfg.backend_for(target.gpu)
     key = None
-    if spec.model.sha256:
-        key = engine_key(
-            EngineKeyRecord(
-                model_sha256=spec.model.sha256,
-                build=spec.build_config(),
-                backend=backend.backend,
-                backend_version=backend.version,
-                cuda=backend.cuda,
-                gpu=identity,
-            )
+    digest = model_sha256 or spec.model.sha256
+    if digest:
+        key = scoped_key(
+            engine_key(
+                EngineKeyRecord(
+                    model_sha256=digest,
+                    build=spec.build_config(),
+                    backend=backend.backend,
+                    backend_version=backend.version,
+                    cuda=backend.cuda,
+                    gpu=identity,
+                )
+            ),
+            cache_scope,
         )
     arch = first.arch if first and first.arch else (identity.arch if identity.arch != "amd64" else None)
     return KeyInputs(
         target=target,
         identity=identity,
         backend=backend,
-        request_digest=request_digest(spec.model.uri, spec.model.sha256, spec, identity, backend),
+        request_digest=request_digest(spec.model.uri, digest, spec, identity, backend),
         engine_key=key,
         node_selector=target.node_selector(arch),
         hosting_nodes=tuple(n.name for n in hosting),
@@ -173,13 +210,20 @@ def build_request(
     model_secret: str | None = None,
     rebuild_of: str | None = None,
     avoid_nodes: tuple[str, ...] = (),
+    verified_sha256: str | None = None,
+    cache_scope: str = "",
 ) -> children.BuildRequest:
-    """The build of one target of `spec` (a first build, a retry, or a rebuild after a GPU fault)."""
+    """The build of one target of `spec` (a first build, a retry, or a rebuild after a GPU fault).
+
+    With `verified_sha256` (the namespace proved it holds the model) the build reads the broker's
+    staged copy of the model, not the tenant's source."""
     val = spec.validation_settings()
     return children.BuildRequest(
         target=ki.target,
         model_uri=spec.model.uri,
-        model_sha256=spec.model.sha256,
+        model_sha256=verified_sha256 or spec.model.sha256,
+        staged_model=verified_sha256 is not None,
+        cache_scope=cache_scope,
         build=spec.build_config(),
         engine_key=engine_key,
         request_digest=ki.request_digest,
@@ -298,7 +342,9 @@ def _plan_target(
 ) -> _TargetOutcome:
     st = TargetStatus(name=target.name, gpu=target.gpu, mig=target.mig, phase="Pending")
     try:
-        ki = key_inputs(obs.spec, target, obs.nodes, cfg)
+        ki = key_inputs(
+            obs.spec, target, obs.nodes, cfg, model_sha256=obs.verified_sha256, cache_scope=obs.cache_scope
+        )
     except (UnknownTargetError, ValueError) as e:
         st.phase, st.reason, st.message = "Failed", "InvalidTarget", one_line(str(e))
         return _TargetOutcome(st, stalled=True)
@@ -405,7 +451,8 @@ def _plan_target(
         obs_requester(obs),
         engine_key=ki.engine_key,
         attempt=attempt + 1,
-        model_secret=obs.model_secret,
+        verified_sha256=obs.verified_sha256,
+        cache_scope=obs.cache_scope,
     )
     st.job_name = out.create.job_name
     st.attempts = attempt + 1
@@ -416,6 +463,110 @@ def _plan_target(
         st.phase, st.reason = "Building", "BuildRetrying"
         st.message = one_line(f"attempt {attempt} failed: {failed_msg}; starting attempt {attempt + 1}")
     return out
+
+
+VERIFY_NO_RETRY = frozenset({"InvalidArgument", "ModelIntegrity"})
+VERIFY_RESULT_GRACE_S = 30.0  # a verify Job that succeeded but whose record the store does not show yet
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    """Where proof of possession stands while it is not there: every target waits on it."""
+
+    phase: TargetPhase
+    reason: str
+    message: str
+    create: children.VerifyRequest | None = None
+    wake_at: float | None = None
+    stalled: bool = False
+
+
+def plan_verify(obs: EngineObserved, cfg: OperatorConfig) -> VerifyOutcome:
+    """The next step of proving that obs.namespace holds the model through its current source.
+
+    One verify Job per source fingerprint and attempt (create-if-absent); a failed attempt is retried
+    with the build backoff up to build.maxAttempts, except when retrying cannot help (a pin the model
+    does not match, a path out of the claim)."""
+    fp = obs.source_fingerprint
+    mine = sorted(
+        (j for j in obs.verify_jobs if j.annotations.get(L.A_SOURCE_FINGERPRINT) == fp and not j.deleting),
+        key=lambda j: int(j.annotations.get(L.A_ATTEMPT) or 1),
+    )
+    latest = mine[-1] if mine else None
+    attempt = int(latest.annotations.get(L.A_ATTEMPT) or 1) if latest is not None else 0
+    uri = obs.spec.model.uri
+
+    def request(n: int) -> children.VerifyRequest:
+        m = obs.spec.model
+        return children.VerifyRequest(
+            namespace=obs.namespace,
+            engine=obs.name,
+            engine_uid=obs.uid,
+            model_uri=m.uri,
+            model_sha256=m.sha256,
+            secret=m.secret_ref.name if m.secret_ref else None,
+            fingerprint=fp,
+            attempt=n,
+        )
+
+    if latest is None:
+        req = request(1)
+        return VerifyOutcome(
+            "Pending",
+            "VerifyingModel",
+            f"verifying that this namespace holds {uri} (Job {req.job_name})",
+            req,
+        )
+    if latest.running:
+        return VerifyOutcome(
+            "Pending",
+            "VerifyingModel",
+            f"verifying that this namespace holds {uri} (Job {latest.name}, attempt {attempt})",
+        )
+    result = obs.verify_failures.get(latest.name)
+    if latest.complete and result is None:
+        done_at = latest.finished or obs.now
+        if obs.now - done_at < VERIFY_RESULT_GRACE_S:
+            return VerifyOutcome(
+                "Pending",
+                "VerifyingModel",
+                f"verify Job {latest.name} finished; reading the broker's record",
+                wake_at=done_at + VERIFY_RESULT_GRACE_S,
+            )
+        failure = "the verify Job finished, but the broker holds no record of it"
+    elif result is not None:
+        failure = one_line(f"{result.reason}: {result.error}")
+    else:
+        failure = failure_message(latest)
+    if result is not None and result.reason in VERIFY_NO_RETRY:
+        return VerifyOutcome(
+            "Failed",
+            "ModelVerifyFailed",
+            one_line(f"{failure}; not retrying (fix spec.model or the model)"),
+            stalled=True,
+        )
+    if attempt >= cfg.build.max_attempts:
+        return VerifyOutcome(
+            "Failed",
+            "ModelVerifyFailed",
+            one_line(f"verify attempt {attempt}/{cfg.build.max_attempts} failed: {failure}; giving up"),
+            stalled=True,
+        )
+    retry_at = (latest.finished or obs.now) + backoff_seconds(attempt, cfg)
+    if obs.now < retry_at:
+        return VerifyOutcome(
+            "Failed",
+            "ModelVerifyFailed",
+            one_line(f"verify attempt {attempt} failed: {failure}; retrying at {_iso(retry_at)}"),
+            wake_at=retry_at,
+        )
+    req = request(attempt + 1)
+    return VerifyOutcome(
+        "Pending",
+        "VerifyingModel",
+        one_line(f"verify attempt {attempt} failed: {failure}; starting {req.job_name}"),
+        req,
+    )
 
 
 def obs_requester(obs: EngineObserved) -> str:
@@ -433,7 +584,18 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     plan = EnginePlan(status=TRTEngineStatus())
     outcomes: list[_TargetOutcome] = []
     extra_total = extra_ns = 0
+    verify = plan_verify(obs, cfg) if obs.verified_sha256 is None and targets else None
+    if verify is not None:
+        if verify.create is not None:
+            plan.verify_jobs_to_create.append(children.verify_job(verify.create, cfg))
+        if verify.wake_at is not None:
+            plan.requeue_after = max(0.5, verify.wake_at - obs.now)
     for target in targets:
+        if verify is not None:
+            st = TargetStatus(name=target.name, gpu=target.gpu, mig=target.mig)
+            st.phase, st.reason, st.message = verify.phase, verify.reason, verify.message
+            outcomes.append(_TargetOutcome(st, stalled=verify.stalled))
+            continue
         o = _plan_target(obs, target, cfg, jobs_by_id)
         if o.create is not None:
             if obs.capacity.allows(extra_total, extra_ns):
@@ -456,11 +618,15 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
             plan.requeue_after = wait if plan.requeue_after is None else min(plan.requeue_after, wait)
         outcomes.append(o)
     statuses = [_keep_times(o.status, prev.get(o.status.name)) for o in outcomes]
+    p = obs.possession
     plan.status = TRTEngineStatus(
         observed_generation=obs.generation,
         conditions=_conditions(obs, outcomes, statuses),
         targets=statuses,
         ready_targets=ready_text(sum(1 for s in statuses if s.phase == "Ready"), len(statuses)),
+        model=VerifiedModel(sha256=p.sha256, verified_time=utc(p.verified_at), size_bytes=p.size_bytes)
+        if p is not None and obs.verified_sha256 is not None
+        else None,
     )
     plan.events = transition_events(obs.status, plan.status)
     return plan
@@ -547,7 +713,11 @@ def _conditions(
         conds = set_condition(conds, "Degraded", "False", "AsExpected", "", observed_generation=gen, at=at)
     if stalled:
         reason = next(
-            (s.reason for s in stalled if s.reason in ("InvalidTarget", "InvalidBuildInput")),
+            (
+                s.reason
+                for s in stalled
+                if s.reason in ("InvalidTarget", "InvalidBuildInput", "ModelVerifyFailed")
+            ),
             "BuildRetriesExhausted",
         )
         conds = set_condition(
@@ -588,15 +758,43 @@ def transition_events(old: TRTEngineStatus, new: TRTEngineStatus) -> list[Event]
     return out
 
 
-def invalid_spec_status(old: TRTEngineStatus, generation: int, message: str, now: float) -> TRTEngineStatus:
-    """Status of a TRTEngine whose spec the models refuse (the CRD of an old cluster lets it in)."""
+def model_source_problem(uri: str, store_uri: str) -> str | None:
+    """Why `spec.model.uri` may not be used as a model source, else None.
+
+    A ``pvc://`` source is a claim of the TRTEngine's own namespace (the verify Job mounts it there,
+    read-only), never the engine store's claim, and its path is plain names: no ``..``, ``.``, empty
+    parts or leading ``/`` (the CRD's pattern says the same where the apiserver checks it)."""
+    if not uri.startswith("pvc://"):
+        return None
+    claim, _, path = uri.removeprefix("pvc://").partition("/")
+    store_claim = (
+        store_uri.removeprefix("pvc://").partition("/")[0] if store_uri.startswith("pvc://") else None
+    )
+    if store_claim and claim == store_claim:
+        return (
+            f"spec.model.uri {uri}: pvc://{claim} is the engine store's claim; a model source is a claim "
+            "of this TRTEngine's own namespace"
+        )
+    if not path or any(p in ("", ".", "..") for p in path.split("/")):
+        return (
+            f"spec.model.uri {uri}: the path inside the claim must be plain names (no '..', '.', empty "
+            "parts or leading '/')"
+        )
+    return None
+
+
+def invalid_spec_status(
+    old: TRTEngineStatus, generation: int, message: str, now: float, *, reason: str = "InvalidSpec"
+) -> TRTEngineStatus:
+    """Status of a TRTEngine whose spec the models refuse (the CRD of an old cluster lets it in), or
+    whose model source is not allowed (`reason` InvalidModelSource)."""
     at = _ts(now)
     conds = list(old.conditions)
     msg = one_line(message, 1000)
-    conds = set_condition(conds, "Ready", "False", "InvalidSpec", msg, observed_generation=generation, at=at)
+    conds = set_condition(conds, "Ready", "False", reason, msg, observed_generation=generation, at=at)
     conds = set_condition(conds, "Building", "False", "Idle", "", observed_generation=generation, at=at)
     conds = set_condition(conds, "Degraded", "False", "AsExpected", "", observed_generation=generation, at=at)
-    conds = set_condition(conds, "Stalled", "True", "InvalidSpec", msg, observed_generation=generation, at=at)
+    conds = set_condition(conds, "Stalled", "True", reason, msg, observed_generation=generation, at=at)
     return TRTEngineStatus(
         observed_generation=generation,
         conditions=conds,

@@ -44,33 +44,6 @@ def dns_name(base: str, max_len: int = 63) -> str:
     return f"{slug[: max_len - 9].rstrip('-')}-{h}"
 
 
-def model_secret_copy_name(namespace: str, secret: str) -> str:
-    """The build namespace's copy of a tenant's model Secret (one per source Secret)."""
-    return f"trtforge-model-{short_hash(namespace, secret, n=12)}"
-
-
-def model_secret_copy(
-    source: Mapping[str, Any], namespace: str, name: str, job: Mapping[str, Any], build_namespace: str
-) -> dict[str, Any]:
-    """The copy of a model Secret for one build Job, owned by that Job (deleted with it)."""
-    meta = job["metadata"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        "metadata": {
-            "name": model_secret_copy_name(namespace, name),
-            "namespace": build_namespace,
-            "labels": {**L.BASE_LABELS, L.APP_COMPONENT: L.COMPONENT_BUILDER},
-            "annotations": {"trtforge.io/source": f"{namespace}/{name}"},
-            "ownerReferences": [
-                {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]}
-            ],
-        },
-        "data": dict(source),
-    }
-
-
 def build_id(engine_key: str | None, request_digest: str) -> str:
     """What names a build: the engine key when known (pinned model sha256), else the request digest."""
     return (engine_key or request_digest)[:20]
@@ -193,7 +166,6 @@ class BuildRequest:
     rebuild_of: str | None = None  # a fault id: a fresh rebuild that must not trust the stored artifact
     avoid_nodes: tuple[str, ...] = ()
     backend: str = "auto"  # the backend the key was computed for
-    model_secret: str | None = None  # the build namespace's copy of spec.model.secretRef (envFrom)
     # The model comes from the store's staging area (models/<model_sha256>/), put there by the broker
     # after the tenant's verify step; the build then needs neither the tenant's claim nor its Secret.
     staged_model: bool = False
@@ -290,7 +262,6 @@ def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
         mounts.append({"name": "store-credentials", "mountPath": S3_CREDENTIALS_DIR, "readOnly": True})
         env.append({"name": "TRTFORGE_S3_CREDENTIALS_DIR", "value": S3_CREDENTIALS_DIR})
     env += [{"name": k, "value": v} for k, v in sorted(cfg.build.env.items())]
-    env_from = [{"secretRef": {"name": req.model_secret}}] if req.model_secret else []
     resources: dict[str, Any] = {
         "requests": {"cpu": cfg.build.cpu, "memory": cfg.build.memory},
         "limits": {"memory": cfg.build.memory, **_gpu_limits(req.target)},
@@ -310,7 +281,6 @@ def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
                 env,
                 resources,
                 mounts,
-                **({"envFrom": env_from} if env_from else {}),
             )
         ],
         "volumes": volumes,

@@ -23,6 +23,7 @@ from kubernetes.client.rest import ApiException
 
 from trtforge.testbed.procs import free_port
 from trtforge.testbed.wait import wait_for
+from trtforge_operator.config import CACHE_GROUP_LABEL
 
 ROOT = Path(__file__).resolve().parents[2]
 STORE_CLAIM = "trtforge-store"
@@ -53,6 +54,12 @@ def ensure_namespace(api: client.ApiClient, name: str) -> None:
     )
 
 
+def label_namespace(api: client.ApiClient, ns: str, labels: dict[str, str]) -> None:
+    """What a platform team does to put namespaces into one cache group (tenants cannot)."""
+    core: Any = client.CoreV1Api(api)
+    core.patch_namespace(ns, {"metadata": {"labels": labels}})
+
+
 def _claim(core: Any, ns: str, name: str) -> None:
     body = {
         "apiVersion": "v1",
@@ -78,13 +85,60 @@ def claim_path(api: client.ApiClient, ns: str, name: str, timeout: float = 60) -
 
 
 def prepare_build_namespace(api: client.ApiClient, ns: str) -> tuple[Path, Path]:
-    """The build namespace with its ServiceAccount and the store and model PVCs; returns their host dirs."""
+    """The build namespace with its ServiceAccount and the store PVC, and a host directory of test
+    models (for tenants' `models` claims, see tenant_models_claim); returns (store dir, models dir).
+
+    The build namespace has no model claim: model sources live in the tenants' own namespaces."""
     ensure_namespace(api, ns)
     core: Any = client.CoreV1Api(api)
     _create_if_absent(core.create_namespaced_service_account, ns, {"metadata": {"name": "trtforge-builder"}})
     _claim(core, ns, STORE_CLAIM)
-    _claim(core, ns, MODELS_CLAIM)
-    return claim_path(api, ns, STORE_CLAIM), claim_path(api, ns, MODELS_CLAIM)
+    store = claim_path(api, ns, STORE_CLAIM)
+    models = store.parent / f"{store.name}-test-models"
+    models.mkdir(parents=True, exist_ok=True)
+    return store, models
+
+
+def tenant_models_claim(api: client.ApiClient, ns: str, host_dir: Path, name: str = MODELS_CLAIM) -> str:
+    """A claim `name` in tenant namespace `ns`, bound to a PV on `host_dir` (the test bed's stand-in
+    for a team's model volume); several tenants may be given the same directory, as several teams
+    may mount one read-only model share. Returns the PV's name (cluster-scoped: delete it after)."""
+    core: Any = client.CoreV1Api(api)
+    host_dir.mkdir(parents=True, exist_ok=True)
+    pv_name = f"{name}-{ns}"[:63]
+    _create_if_absent(
+        core.create_persistent_volume,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv_name, "labels": {"trtforge.io/test-models": "true"}},
+            "spec": {
+                "capacity": {"storage": "10Gi"},
+                "accessModes": ["ReadWriteMany"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": str(host_dir), "type": "Directory"},
+                "claimRef": {"namespace": ns, "name": name},
+            },
+        },
+    )
+    _create_if_absent(
+        core.create_namespaced_persistent_volume_claim,
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "",
+                "volumeName": pv_name,
+                "resources": {"requests": {"storage": "10Gi"}},
+            },
+        },
+    )
+    claim_path(api, ns, name)  # wait until bound
+    return pv_name
 
 
 def write_config(
@@ -243,8 +297,17 @@ class OperatorEnv:
     """A build namespace, tenant namespaces and a running operator scoped to them, on the test bed."""
 
     def __init__(
-        self, tb: Any, workdir: Path, tenants: Sequence[str], *, build_ns: str | None = None, **config: Any
+        self,
+        tb: Any,
+        workdir: Path,
+        tenants: Sequence[str],
+        *,
+        build_ns: str | None = None,
+        cache_group: str | None = None,
+        **config: Any,
     ) -> None:
+        """`cache_group`: label every tenant namespace into this cache group (the default sharing
+        policy, `groups`, then lets them share engines)."""
         import secrets
 
         self.tb = tb
@@ -255,8 +318,13 @@ class OperatorEnv:
         self.api = tb.api_client()
         install_crds(tb)
         self.store_dir, self.models_dir = prepare_build_namespace(self.api, self.build_ns)
+        self.pvs: list[str] = []
         for ns in self.tenants:
             ensure_namespace(self.api, ns)
+            if cache_group:
+                label_namespace(self.api, ns, {CACHE_GROUP_LABEL: cache_group})
+            # Each tenant's own `models` claim; in the test bed they share one directory of models.
+            self.pvs.append(tenant_models_claim(self.api, ns, self.models_dir))
         workdir.mkdir(parents=True, exist_ok=True)
         self.config_path = workdir / f"operator-{self.suffix}.yaml"
         self.config = write_config(
@@ -355,6 +423,11 @@ class OperatorEnv:
         for ns in [*self.tenants, self.build_ns]:
             try:
                 core.delete_namespace(ns)
+            except ApiException:
+                pass
+        for pv in self.pvs:
+            try:
+                core.delete_persistent_volume(pv)
             except ApiException:
                 pass
         self.api.close()

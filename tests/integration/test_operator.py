@@ -39,7 +39,9 @@ TARGETS = [{"gpu": H100}, {"gpu": GH200}, {"gpu": B200, "mig": "1g.23gb"}]
 @pytest.fixture(scope="module")
 def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorEnv]:
     tag = secrets.token_hex(3)
-    e = OperatorEnv(testbed, tmp_path_factory.mktemp("operator"), [f"op-a-{tag}", f"op-b-{tag}"])
+    e = OperatorEnv(
+        testbed, tmp_path_factory.mktemp("operator"), [f"op-a-{tag}", f"op-b-{tag}"], cache_group=f"g-{tag}"
+    )
     e.start()
     try:
         yield e
@@ -119,13 +121,19 @@ def _infer(pod_ip: str, model: Path) -> None:
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
 
 
-def test_same_key_in_another_namespace_creates_no_job(env: OperatorEnv, tiny: str) -> None:
+def test_same_key_in_another_namespace_of_the_group_pays_a_verify_not_a_build(
+    env: OperatorEnv, tiny: str
+) -> None:
     before = {j.metadata.name for j in env.jobs()}
     ns = env.tenants[1]
     env.apply(engine_manifest("tiny-copy", tiny, TARGETS), ns)
-    eng = env.wait_true("trtengines", ns, "tiny-copy", timeout=60)
+    eng = env.wait_true("trtengines", ns, "tiny-copy", timeout=120)
     assert all(t["cacheHit"] is True and t["phase"] == "Ready" for t in eng["status"]["targets"])
     assert {j.metadata.name for j in env.jobs()} == before
+    assert eng["status"]["model"]["sha256"] == tiny
+    batch: Any = client.BatchV1Api(env.api)
+    verify = batch.list_namespaced_job(ns, label_selector="app.kubernetes.io/component=verifier").items
+    assert len(verify) == 1 and verify[0].status.succeeded == 1
 
 
 def test_status_is_written_only_when_it_changes(env: OperatorEnv) -> None:

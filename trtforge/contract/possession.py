@@ -16,7 +16,7 @@ Cache scope: the store is shared according to the operator's ``cache.sharing`` p
 engine is stored under is :func:`scoped_key` of its engine key and the requesting namespace's scope
 (``""`` for one cache across all namespaces, else ``ns:<namespace>`` or ``group:<label value>``), so
 two scopes never see each other's engines, while one scope still builds each engine once. See
-docs/design.md ("Tenancy") and docs/security.md.
+docs/security.md (threat model, rules 6 and 7).
 """
 
 from __future__ import annotations

@@ -77,8 +77,6 @@ class EngineObserved:
     manifests: ManifestLookup
     capacity: Capacity
     now: float
-    model_secret: str | None = None  # the copy's name in the build namespace (spec.model.secretRef)
-    model_secret_error: str | None = None  # why the tenant's Secret could not be read
     unschedulable: Mapping[str, str] = field(default_factory=dict)  # build Job -> why its pod waits
     uid: str = ""
     # Proof of possession (docs/security.md): the broker's record for this namespace and the current
@@ -207,7 +205,6 @@ def build_request(
     *,
     engine_key: str | None,
     attempt: int = 1,
-    model_secret: str | None = None,
     rebuild_of: str | None = None,
     avoid_nodes: tuple[str, ...] = (),
     verified_sha256: str | None = None,
@@ -238,7 +235,6 @@ def build_request(
         attempt=attempt,
         rebuild_of=rebuild_of,
         avoid_nodes=avoid_nodes,
-        model_secret=model_secret,
     )
 
 
@@ -437,10 +433,6 @@ def _plan_target(
             )
             out.wake_at = retry_at
             return out
-    if obs.model_secret_error:
-        st.phase, st.reason = "Failed", "ModelSecretUnavailable"
-        st.message = one_line(obs.model_secret_error)
-        return out
     if not ki.hosting_nodes:
         st.phase, st.reason = ("Pending", "NoMatchingNode") if failed_msg is None else (st.phase, st.reason)
         st.message = f"no schedulable node offers {target} ({target.resource_name() or 'cpu'})"

@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "cluster": "trtforge.testbed.cli",
     "crds": "trtforge_operator.crdgen",
     "operator": "trtforge_operator.cli",
+    "broker": "trtforge_operator.broker_cli",
     "build": "trtforge_builder.cli",
     "stage-model": "trtforge_builder.stage",
     "serve": "trtforge_runtime.cli",

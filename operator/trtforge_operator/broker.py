@@ -36,7 +36,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import urllib3
 from aiohttp import web
+from kubernetes.client.rest import ApiException
 
 from trtforge.contract.layout import KEY_RE, engine_path, manifest_path
 from trtforge.contract.manifest import Manifest
@@ -52,7 +54,7 @@ from trtforge.store import ObjectNotFound, StoreError
 from trtforge_operator import labels as L
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kube import Kube
-from trtforge_operator.metrics import Metrics
+from trtforge_operator.metrics import BrokerMetrics, Metrics
 from trtforge_operator.store_reader import StoreReader
 
 log = logging.getLogger(__name__)
@@ -166,6 +168,16 @@ def grant_denial(
     )
 
 
+# The apiserver could not answer (down, restarting, partitioned): the client should retry, not give up.
+UNAVAILABLE: tuple[type[BaseException], ...] = (ApiException, OSError, urllib3.exceptions.HTTPError)
+
+
+def _short(e: BaseException) -> str:
+    if isinstance(e, ApiException):
+        return f"HTTP {e.status} {e.reason}"
+    return " ".join(str(e).split())[:200] or type(e).__name__
+
+
 class KubeAuthorizer:
     """TokenReview, then the InferenceDeployments/TRTEngines of the token's namespace (cached briefly)
     and the store's possession records."""
@@ -181,7 +193,10 @@ class KubeAuthorizer:
         hit = self._tokens.get(token)
         if hit and time.monotonic() - hit[0] < AUTH_TTL_S:
             return hit[1]
-        st = await self.kube.token_review(token, self.audience)
+        try:
+            st = await self.kube.token_review(token, self.audience)
+        except UNAVAILABLE as e:
+            raise Denied(503, f"cannot check the token now (TokenReview failed: {_short(e)}); retry") from e
         if not st.get("authenticated"):
             raise Denied(401, f"token not accepted: {st.get('error') or 'not authenticated'}")
         user = st.get("user") or {}
@@ -197,8 +212,11 @@ class KubeAuthorizer:
         hit = self._sources.get(ns)
         if not fresh and hit and time.monotonic() - hit[0] < AUTH_TTL_S:
             return hit[1]
-        infds = await self.kube.list_custom(L.INFERENCEDEPLOYMENTS, ns)
-        engines = {e["metadata"]["name"]: e for e in await self.kube.list_custom(L.TRTENGINES, ns)}
+        try:
+            infds = await self.kube.list_custom(L.INFERENCEDEPLOYMENTS, ns)
+            engines = {e["metadata"]["name"]: e for e in await self.kube.list_custom(L.TRTENGINES, ns)}
+        except UNAVAILABLE as e:
+            raise Denied(503, f"cannot read the namespace's references now ({_short(e)}); retry") from e
         out = sources_by_key(infds, engines)
         self._sources[ns] = (time.monotonic(), out)
         return out
@@ -247,12 +265,14 @@ async def _spool(request: web.Request, dest: str, limit: int) -> tuple[str, int]
 def make_app(
     store: StoreReader,
     authorizer: Authorizer | None,
-    metrics: Metrics | None = None,
+    metrics: Metrics | BrokerMetrics | None = None,
     *,
     spool_dir: str | None = None,
     max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES,
+    max_bytes_per_second: int = 0,
 ) -> web.Application:
-    """The broker's aiohttp application; `authorizer` None serves anyone (local debugging only)."""
+    """The broker's aiohttp application; `authorizer` None serves anyone (local debugging only).
+    `max_bytes_per_second` caps each download (0: no cap)."""
     auth: Authorizer = authorizer if authorizer is not None else OpenAuthorizer()
     open_access = authorizer is None
 
@@ -306,13 +326,22 @@ def make_app(
             return web.Response(status=200, headers=headers)
         resp = web.StreamResponse(status=200, headers={**headers, "Content-Type": "application/octet-stream"})
         await resp.prepare(request)
+        log.info("broker streaming %s to %s", path, who, extra=fields(key=key, file=name, client=str(who)))
         it = iter(store.store.iter_chunks(path))
+        sent, t0 = 0, time.monotonic()
         try:
             while True:
                 chunk = await asyncio.to_thread(next, it, None)
                 if chunk is None:
                     break
                 await resp.write(chunk)
+                sent += len(chunk)
+                if max_bytes_per_second:  # keep each download under the configured rate
+                    ahead = sent / max_bytes_per_second - (time.monotonic() - t0)
+                    if ahead > 0:
+                        await asyncio.sleep(ahead)
+                if isinstance(metrics, BrokerMetrics):
+                    metrics.broker_bytes.inc(len(chunk))
         except (ObjectNotFound, StoreError) as e:
             log.warning("broker: %s failed mid-stream: %s", path, e)
             raise
@@ -415,8 +444,14 @@ def make_app(
 
 
 async def start_broker(
-    cfg: OperatorConfig, store: StoreReader, kube: Kube, metrics: Metrics
+    cfg: OperatorConfig,
+    store: StoreReader,
+    kube: Kube,
+    metrics: Metrics | BrokerMetrics,
+    *,
+    serve_metrics: bool = False,
 ) -> web.AppRunner:
+    """Listen on broker.host:broker.port; `serve_metrics` adds /metrics (the standalone broker)."""
     auth: Authorizer | None = (
         KubeAuthorizer(kube, cfg.broker.audience, store) if cfg.broker.auth == "tokenreview" else None
     )
@@ -426,8 +461,17 @@ async def start_broker(
         metrics,
         spool_dir=cfg.broker.spool_dir,
         max_model_bytes=cfg.broker.max_model_bytes,
+        max_bytes_per_second=cfg.broker.max_bytes_per_second,
     )
-    runner = web.AppRunner(app, access_log=None)
+    if serve_metrics:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        async def prometheus(_: web.Request) -> web.Response:
+            body = generate_latest(metrics.registry)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        app.router.add_get("/metrics", prometheus)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=cfg.broker.shutdown_grace_seconds)
     await runner.setup()
     site = web.TCPSite(runner, cfg.broker.host, cfg.broker.port)
     await site.start()

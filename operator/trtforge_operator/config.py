@@ -70,6 +70,8 @@ class BrokerSettings(BaseModel):
     """The engine broker: serves engines to runtime pods that present a projected service-account token."""
 
     model_config = ConfigDict(extra="forbid")
+    # Also run the broker inside `trtforge operator` (one process: local runs, the test bed). The
+    # chart runs it as its own Deployment (`trtforge broker`), so serving never waits for the operator.
     enabled: bool = True
     host: str = "0.0.0.0"
     port: int = 8081
@@ -77,8 +79,13 @@ class BrokerSettings(BaseModel):
     audience: str = "trtforge-broker"
     token_expiration_seconds: int = Field(default=3600, ge=600)
     auth: Literal["tokenreview", "none"] = "tokenreview"  # "none" only for local debugging
+    # Where runtime pods and verify Jobs reach the broker: `url`, or `endpoints` tried in turn where
+    # there are no Service IPs (the test bed); default http://trtforge-broker.<operator ns>.svc:<port>.
+    endpoints: list[str] = Field(default_factory=list)
+    shutdown_grace_seconds: float = Field(default=20.0, ge=0)  # a stopping broker finishes downloads
     spool_dir: str | None = None  # where verify uploads are hashed before they enter the store (temp dir)
     max_model_bytes: int = Field(default=64 << 30, ge=1)  # the largest model a verify step may upload
+    max_bytes_per_second: int = Field(default=0, ge=0)  # per download, to spare the store; 0 = no cap
 
 
 class VerifySettings(BaseModel):
@@ -177,6 +184,9 @@ class OperatorConfig(BaseModel):
         return self.operator_store_uri or self.store_uri
 
     def broker_url(self) -> str:
+        """What runtime pods and verify Jobs get: one URL, or endpoints separated by commas."""
+        if self.broker.endpoints:
+            return ",".join(e.rstrip("/") for e in self.broker.endpoints)
         if self.broker.url:
             return self.broker.url.rstrip("/")
         return f"http://trtforge-broker.{self.operator_namespace}.svc:{self.broker.port}"

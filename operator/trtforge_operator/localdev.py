@@ -175,10 +175,14 @@ def write_config(
 
 
 class OperatorProcess:
-    """`trtforge operator` as a child process with its own log file."""
+    """`trtforge operator` (or another `trtforge` command on the operator's config, such as
+    `broker --port N`) as a child process with its own log file."""
 
-    def __init__(self, config: Path, kubeconfig: Path, log: Path) -> None:
+    def __init__(
+        self, config: Path, kubeconfig: Path, log: Path, command: Sequence[str] = ("operator",)
+    ) -> None:
         self.config, self.kubeconfig, self.log = config, kubeconfig, log
+        self.command = list(command)
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -187,11 +191,10 @@ class OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "TRTFORGE_LOG_FORMAT": "text"}
         self.starts += 1
         with self.log.open("ab") as out:
-            out.write(
-                f"\n===== operator start #{self.starts} at {time.strftime('%H:%M:%S')} =====\n".encode()
-            )
+            when = time.strftime("%H:%M:%S")
+            out.write(f"\n===== {self.command[0]} start #{self.starts} at {when} =====\n".encode())
             self.proc = subprocess.Popen(
-                [exe, "operator", "--config", str(self.config)],
+                [exe, *self.command, "--config", str(self.config)],
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -304,10 +307,13 @@ class OperatorEnv:
         *,
         build_ns: str | None = None,
         cache_group: str | None = None,
+        brokers: int = 0,
         **config: Any,
     ) -> None:
         """`cache_group`: label every tenant namespace into this cache group (the default sharing
-        policy, `groups`, then lets them share engines)."""
+        policy, `groups`, then lets them share engines). `brokers`: run that many standalone brokers
+        (`trtforge broker`, self.brokers) instead of the one inside the operator; runtime pods get
+        their endpoints as a list."""
         import secrets
 
         self.tb = tb
@@ -326,6 +332,13 @@ class OperatorEnv:
             # Each tenant's own `models` claim; in the test bed they share one directory of models.
             self.pvs.append(tenant_models_claim(self.api, ns, self.models_dir))
         workdir.mkdir(parents=True, exist_ok=True)
+        ports = [free_port() for _ in range(brokers)]
+        if brokers:
+            config["broker"] = {
+                **config.get("broker", {}),
+                "enabled": False,
+                "endpoints": [f"http://127.0.0.1:{p}" for p in ports],
+            }
         self.config_path = workdir / f"operator-{self.suffix}.yaml"
         self.config = write_config(
             self.config_path,
@@ -335,8 +348,19 @@ class OperatorEnv:
             **config,
         )
         self.op = OperatorProcess(self.config_path, tb.kubeconfig, workdir / f"operator-{self.suffix}.log")
+        self.brokers = [
+            OperatorProcess(
+                self.config_path,
+                tb.kubeconfig,
+                workdir / f"broker-{i}-{self.suffix}.log",
+                command=("broker", "--port", str(p)),
+            )
+            for i, p in enumerate(ports)
+        ]
 
     def start(self) -> None:
+        for b in self.brokers:
+            b.start()
         self.op.start()
 
     def apply(self, obj: dict[str, Any] | str, namespace: str) -> None:
@@ -406,6 +430,8 @@ class OperatorEnv:
             except TimeoutError:
                 pass
         self.op.stop()
+        for b in self.brokers:
+            b.stop()
         for ns in self.tenants:  # strip finalizers the operator could not remove
             for plural in ("inferencedeployments", "trtengines"):
                 try:

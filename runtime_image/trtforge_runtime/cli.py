@@ -66,7 +66,39 @@ def register(subparsers: Any) -> None:
         default=256,
         help="requests that may wait for an instance; more are refused with 503",
     )
-    p.add_argument("--max-request-bytes", type=_positive, default=64 << 20, help="largest request body (413)")
+    p.add_argument(
+        "--max-request-bytes",
+        type=_positive,
+        default=64 << 20,
+        help="largest request body, as sent and after decompression (413)",
+    )
+    p.add_argument(
+        "--max-json-bytes",
+        type=_positive,
+        default=8 << 20,
+        help="largest JSON part of a request (413; also capped by the model's largest valid request)",
+    )
+    p.add_argument(
+        "--max-body-memory",
+        type=_positive,
+        default=None,
+        help="bytes of request bodies held at once, over all requests (default: 2x --max-request-bytes)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a connection may go without a complete request head (after opening or its last answer)",
+    )
+    p.add_argument(
+        "--body-timeout", type=float, default=60.0, help="seconds a request body may take to arrive (408)"
+    )
+    p.add_argument(
+        "--max-connections",
+        type=_positive,
+        default=1024,
+        help="open HTTP connections; past it, health probes are answered and others get 503",
+    )
     p.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds to drain in-flight requests on SIGTERM"
     )
@@ -98,6 +130,11 @@ def handle(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_request_bytes=args.max_request_bytes,
         drain_timeout_s=args.drain_timeout,
+        max_json_bytes=args.max_json_bytes,
+        max_body_memory=args.max_body_memory,
+        idle_timeout_s=args.idle_timeout,
+        body_timeout_s=args.body_timeout,
+        max_connections=args.max_connections,
     )
     try:
         from trtforge.contract import layout

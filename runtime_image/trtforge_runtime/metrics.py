@@ -58,6 +58,14 @@ class Metrics:
         self.execution_errors = Counter(
             "trtforge_runtime_execution_errors", "Backend execution errors", ["model"], registry=r
         )
+        self.open_connections = Gauge(
+            "trtforge_runtime_open_connections", "HTTP connections the server handles", registry=r
+        )
+        self.connections_refused = Counter(
+            "trtforge_runtime_connections_refused",
+            "Connections answered and closed at once because --max-connections were open",
+            registry=r,
+        )
         self.model = model
         # Pre-bound children: labels() costs a dict lookup per call on the hot path.
         self.batch_size_m = self.batch_size.labels(model)

@@ -50,6 +50,19 @@ class TensorInfo:
     def metadata(self) -> dict[str, object]:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
+    def max_elements(self, max_batch: int) -> int | None:
+        """The most elements a valid tensor has (batch dim: `max_batch`); None when a dim is unbounded."""
+        n = 1
+        for i, d in enumerate(self.shape):
+            if i == 0 and max_batch:
+                d = max_batch
+            elif self.range is not None and i < len(self.range.max):
+                d = self.range.max[i]
+            if d < 0:
+                return None
+            n *= d
+        return n
+
 
 def _info(t: TensorSpec, rng: ShapeRange | None = None) -> TensorInfo:
     dt = np.dtype(np.object_) if t.dtype in ("str", "bytes", "object") else np.dtype(t.dtype)
@@ -82,6 +95,56 @@ class ModelSpec:
             "outputs": [t.metadata() for t in self.outputs],
         }
 
+    @property
+    def max_values(self) -> int | None:
+        """The most values one valid request can carry over all inputs; None when a shape is unbounded."""
+        total = 0
+        for t in self.inputs:
+            n = t.max_elements(self.max_batch)
+            if n is None:
+                return None
+            total += n
+        return total
+
+    def check_input(self, name: str, datatype: str, shape: tuple[int, ...]) -> TensorInfo:
+        """Check one input's name, datatype and shape as the request header declares them.
+
+        Runs before any tensor data is decoded, so a request for more than the model can take is
+        refused at the cost of reading its header only.
+        """
+        t = self.input_by_name.get(name)
+        if t is None:
+            raise RequestError(
+                400, f"unknown input {name!r}; the model takes {[i.name for i in self.inputs]}"
+            )
+        if datatype != t.datatype:
+            raise RequestError(400, f"input {name!r} has datatype {datatype}, expected {t.datatype}")
+        self._check_shape(t, shape)
+        return t
+
+    def _check_shape(self, t: TensorInfo, shape: tuple[int, ...]) -> None:
+        if len(shape) != len(t.shape) or any(d != -1 and s != d for s, d in zip(shape, t.shape, strict=True)):
+            raise RequestError(
+                400, f"input {t.name!r} has shape {list(shape)}, expected {list(t.shape)} (-1: any size)"
+            )
+        if t.range is not None:
+            lo, hi = list(t.range.min), list(t.range.max)
+            first = 1 if self.max_batch else 0
+            for i in range(first, len(shape)):
+                if not lo[i] <= shape[i] <= hi[i]:
+                    raise RequestError(
+                        400,
+                        f"input {t.name!r} dimension {i} is {shape[i]}, outside the "
+                        f"engine's profile range {lo[i]}..{hi[i]}",
+                    )
+        if self.max_batch:
+            if shape[0] < 1:
+                raise RequestError(400, "batch size (dimension 0) must be at least 1")
+            if shape[0] > self.max_batch:
+                raise RequestError(
+                    400, f"batch size {shape[0]} exceeds the model's max batch size {self.max_batch}"
+                )
+
     def validate(self, inputs: dict[str, np.ndarray]) -> int:
         """Check a request's tensors against the model; the number of rows (batch) it carries."""
         spec = self.input_by_name
@@ -100,23 +163,7 @@ class ModelSpec:
                     f"input {name!r} has datatype {NUMPY_TO_V2.get(arr.dtype.name, arr.dtype.name)},"
                     f" expected {t.datatype}",
                 )
-            if len(arr.shape) != len(t.shape) or any(
-                d != -1 and s != d for s, d in zip(arr.shape, t.shape, strict=True)
-            ):
-                raise RequestError(
-                    400,
-                    f"input {name!r} has shape {list(arr.shape)}, expected {list(t.shape)} (-1: any size)",
-                )
-            if t.range is not None:
-                lo, hi = list(t.range.min), list(t.range.max)
-                first = 1 if self.max_batch else 0
-                for i in range(first, len(arr.shape)):
-                    if not lo[i] <= arr.shape[i] <= hi[i]:
-                        raise RequestError(
-                            400,
-                            f"input {name!r} dimension {i} is {arr.shape[i]}, outside the "
-                            f"engine's profile range {lo[i]}..{hi[i]}",
-                        )
+            self._check_shape(t, arr.shape)
             if self.max_batch:
                 if rows not in (-1, arr.shape[0]):
                     raise RequestError(
@@ -125,15 +172,7 @@ class ModelSpec:
                         f"{arr.shape[0]} ({name!r})",
                     )
                 rows = arr.shape[0]
-        if self.max_batch:
-            if rows < 1:
-                raise RequestError(400, "batch size (dimension 0) must be at least 1")
-            if rows > self.max_batch:
-                raise RequestError(
-                    400, f"batch size {rows} exceeds the model's max batch size {self.max_batch}"
-                )
-            return rows
-        return 1
+        return rows if self.max_batch else 1
 
 
 def default_model_name(manifest: Manifest) -> str:

@@ -3,8 +3,16 @@
 Endpoints (KServe Open Inference Protocol v2 over HTTP, plus /metrics):
 ``/v2/health/live``, ``/v2/health/ready``, ``/v2``, ``/v2/models/{name}[/versions/{v}]``,
 ``.../ready``, ``.../config``, ``.../infer``. Errors are ``{"error": "..."}`` with 400 (bad
-request), 404 (unknown model), 413 (body over ``--max-request-bytes``), 503 (not ready, draining, or
-queue full, with Retry-After) and 500 (execution failed).
+request), 404 (unknown model), 408 (body slower than ``--body-timeout``), 413 (body, decompressed
+body or JSON over its limit), 415 (a Content-Encoding other than gzip, deflate, identity), 503 (not
+ready, draining, queue full, or too many large bodies at once, with Retry-After) and 500 (execution
+failed).
+
+Request limits (docs/design.md, "Runtime request limits"): the header's declarations are checked
+against the model before any data is decoded; bodies are read undecoded within the size limit and a
+memory budget shared by all requests; decompression and large decodes run in worker threads, so the
+event loop keeps answering health probes; connections idle (or stuck before a complete request) for
+``--idle-timeout`` are closed, and at most ``--max-connections`` are open.
 """
 
 from __future__ import annotations
@@ -14,12 +22,13 @@ import json
 import logging
 import signal
 import time
-import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from trtforge import __version__
@@ -30,14 +39,22 @@ from trtforge.logs import fields
 from trtforge.store.base import EngineStore
 from trtforge_runtime.backends import Backend, load_backend
 from trtforge_runtime.batcher import Batcher
+from trtforge_runtime.body import Coding, MemoryBudget, content_coding, decompress, read_body
 from trtforge_runtime.canary import run_canary
+from trtforge_runtime.connections import ConnectionLimiter
 from trtforge_runtime.errors import DeviceFault, Refusal, RequestError
 from trtforge_runtime.faults import FaultMonitor, exit_now, gpu_fault_message
 from trtforge_runtime.fetch import fetch_engine
 from trtforge_runtime.identity import check_identity
 from trtforge_runtime.metrics import Metrics
 from trtforge_runtime.model import ModelSpec, default_model_name, model_spec
-from trtforge_runtime.v2 import HEADER_LENGTH, decode_request, encode_response
+from trtforge_runtime.v2 import (
+    DEFAULT_MAX_JSON_BYTES,
+    HEADER_LENGTH,
+    InferRequest,
+    decode_request,
+    encode_response,
+)
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -57,6 +74,21 @@ class Settings:
     max_queue: int = 256
     max_request_bytes: int = 64 << 20
     drain_timeout_s: float = 30.0
+    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
+    max_body_memory: int | None = None  # bytes of bodies held at once; default 2 x max_request_bytes
+    idle_timeout_s: float = 30.0  # no complete request head for this long: the connection is closed
+    body_timeout_s: float = 60.0
+    max_connections: int = 1024
+
+    @property
+    def body_memory(self) -> int:
+        return max(self.max_body_memory or 0, 2 * self.max_request_bytes)
+
+
+# Requests whose JSON part is at most this big (and identity-coded) are decoded on the event loop:
+# binary tensors are views of the body, so their decode costs microseconds. Anything larger, or
+# compressed, is decoded in a worker thread.
+INLINE_DECODE_BYTES = 64 << 10
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -69,7 +101,14 @@ def _ok(obj: dict[str, Any]) -> web.Response:
     return web.Response(body=json.dumps(obj).encode(), content_type=JSON)
 
 
-_OUTCOME = {400: "bad_request", 404: "not_found", 413: "too_large", 503: "unavailable"}
+_OUTCOME = {
+    400: "bad_request",
+    404: "not_found",
+    408: "timeout",
+    413: "too_large",
+    415: "unsupported_encoding",
+    503: "unavailable",
+}
 
 
 class Runtime:
@@ -88,6 +127,10 @@ class Runtime:
         self._stop = asyncio.Event()
         self.exit_code = EXIT_OK
         self.port = settings.port
+        self._has_bytes = False
+        self._limiter: ConnectionLimiter | None = None
+        self.bodies = MemoryBudget(settings.body_memory)
+        self._decode_pool = ThreadPoolExecutor(2, thread_name_prefix="decode")
 
     # --- faults and ends ------------------------------------------------------------------
     def _fault(self, xid: int | None, gpu: str | None, detail: str) -> None:
@@ -136,6 +179,7 @@ class Runtime:
         m.startup.labels("load").set(t2 - t1)
         instances = [backend.new_instance() for _ in range(self.s.instances)]
         self.manifest, self.spec, self.backend = manifest, spec, backend
+        self._has_bytes = any(t.datatype == "BYTES" for t in spec.inputs)
         result = run_canary(instances[0], local.canary, spec, manifest.canary.atol, manifest.canary.rtol)
         t3 = time.monotonic()
         m.startup.labels("canary").set(t3 - t2)
@@ -278,48 +322,88 @@ class Runtime:
         m = self.metrics
         if self.batcher is not None:
             m.queue_depth_m.set(self.batcher.depth)
+        if self._limiter is not None:
+            m.open_connections.set(self._limiter.open)
         return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def _read_body(self, request: web.Request) -> bytes:
+    def health_answer(self, path: str) -> tuple[int, dict[str, object]] | None:
+        """The health endpoints' answers, for connections over the cap (None: not a health path)."""
+        path = path.split("?", 1)[0]
+        if path == "/v2/health/live":
+            return 200, {"live": True}
+        if path == "/v2/health/ready":
+            return (
+                (200, {"ready": True})
+                if self.state == "ready"
+                else (503, {"ready": False, "error": self.reason})
+            )
+        return None
+
+    async def _receive(self, request: web.Request, coding: Coding) -> tuple[bytearray, int]:
+        """The body as sent, and the bytes reserved for it in the shared budget (release them)."""
         limit = self.s.max_request_bytes
         cl = request.content_length
         if cl is not None and cl > limit:
             raise RequestError(413, f"request body of {cl} bytes exceeds the limit of {limit} bytes")
+        need = (cl if cl is not None else limit) + (0 if coding is Coding.IDENTITY else limit)
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge as e:
-            raise RequestError(413, f"request body exceeds the limit of {limit} bytes") from e
-        enc = request.headers.get("Content-Encoding", "").lower()
-        if enc in ("gzip", "deflate"):
-            d = zlib.decompressobj(zlib.MAX_WBITS | 16 if enc == "gzip" else zlib.MAX_WBITS)
-            try:
-                body = d.decompress(body, limit + 1)
-            except zlib.error as e:
-                raise RequestError(400, f"request body is not valid {enc}: {e}") from e
-            if len(body) > limit or d.unconsumed_tail:
-                raise RequestError(413, f"decompressed request body exceeds the limit of {limit} bytes")
-        elif enc not in ("", "identity"):
-            raise RequestError(400, f"Content-Encoding {enc!r} is not one of gzip, deflate, identity")
-        return body
+            async with asyncio.timeout(self.s.body_timeout_s):
+                reserved = await self.bodies.acquire(need)
+        except TimeoutError as e:
+            raise RequestError(
+                503,
+                f"the server is reading {self.bodies.total} bytes of other request bodies; retry later",
+                {"Retry-After": "1"},
+            ) from e
+        try:
+            async with asyncio.timeout(self.s.body_timeout_s):
+                return await read_body(request.content, cl, limit), reserved
+        except TimeoutError as e:
+            self.bodies.release(reserved)
+            raise RequestError(
+                408, f"the request body did not arrive within {self.s.body_timeout_s:g} s (--body-timeout)"
+            ) from e
+        except RequestPayloadError as e:
+            self.bodies.release(reserved)
+            raise RequestError(400, f"request body is malformed: {e}") from e
+        except BaseException:
+            self.bodies.release(reserved)
+            raise
+
+    def _decode(
+        self, raw: bytearray, coding: Coding, header_length: int | None, spec: ModelSpec
+    ) -> tuple[InferRequest, int]:
+        body = decompress(raw, coding, self.s.max_request_bytes)
+        req = decode_request(body, header_length, spec, self.s.max_json_bytes)
+        return req, spec.validate(req.inputs)
 
     async def infer(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
         self.active += 1
         outcome = "success"
+        reserved = 0
         try:
             spec = self._model(request)
             if self.state != "ready" or self.batcher is None:
                 raise RequestError(
                     503, f"model {spec.name!r} is not ready: {self.reason}", {"Retry-After": "1"}
                 )
-            body = await self._read_body(request)
+            coding = content_coding(request.headers.get("Content-Encoding"))
             hl = request.headers.get(HEADER_LENGTH)
             try:
                 header_length = int(hl) if hl is not None else None
             except ValueError as e:
                 raise RequestError(400, f"{HEADER_LENGTH} {hl!r} is not an integer") from e
-            req = decode_request(body, header_length, spec)
-            rows = spec.validate(req.inputs)
+            raw, reserved = await self._receive(request, coding)
+            json_part = len(raw) if header_length is None else header_length
+            if coding is Coding.IDENTITY and json_part <= INLINE_DECODE_BYTES and not self._has_bytes:
+                req, rows = self._decode(raw, coding, header_length, spec)
+            else:
+                loop = asyncio.get_running_loop()
+                req, rows = await loop.run_in_executor(
+                    self._decode_pool, self._decode, raw, coding, header_length, spec
+                )
+            del raw
             results = await self.batcher.submit(req.inputs, rows)
             out, out_hl = encode_response(spec, req, results)
             if out_hl is None:
@@ -335,6 +419,8 @@ class Runtime:
             log.exception("inference failed")
             return _error(500, f"inference failed: {e}")
         finally:
+            if reserved:
+                self.bodies.release(reserved)
             self.active -= 1
             self.metrics.observe_request(outcome, time.perf_counter() - t0)
 
@@ -359,13 +445,25 @@ class Runtime:
             loop.add_signal_handler(sig, self.request_stop)
         monitor = FaultMonitor(self.probe, self.on_xid)
         monitor.start()
-        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        # Bodies arrive undecoded (body.py decompresses them once, within the limit); a connection
+        # with no complete request head for --idle-timeout (after opening or its last answer) closes.
+        runner = web.AppRunner(
+            self.app(),
+            access_log=None,
+            handle_signals=False,
+            auto_decompress=False,
+            keepalive_timeout=self.s.idle_timeout_s,
+        )
         await runner.setup()
-        site = web.TCPSite(runner, self.s.host, self.s.port, backlog=1024, reuse_address=True)
-        await site.start()
-        server = getattr(site, "_server", None)
-        if server is not None and server.sockets:
-            self.port = server.sockets[0].getsockname()[1]
+        http = runner.server
+        assert http is not None
+        limiter = ConnectionLimiter(http, self.s.max_connections, self.health_answer, lambda: self.metrics)
+        self._limiter = limiter
+        listener = await loop.create_server(
+            limiter, self.s.host, self.s.port, backlog=1024, reuse_address=True
+        )
+        if listener.sockets:
+            self.port = listener.sockets[0].getsockname()[1]
         log.info("listening", extra=fields(host=self.s.host, port=self.port))
         startup = asyncio.create_task(self._startup())
         await self._stop.wait()
@@ -374,7 +472,7 @@ class Runtime:
         self.state, self.reason = "draining", "shutting down"
         self.metrics.ready_m.set(0)
         startup.cancel()
-        await site.stop()
+        listener.close()
         if was_ready:
             deadline = time.monotonic() + self.s.drain_timeout_s
             while (self.active or (self.batcher and self.batcher.in_flight)) and time.monotonic() < deadline:
@@ -383,6 +481,7 @@ class Runtime:
         if self.batcher is not None:
             await self.batcher.stop()
         await runner.cleanup()
+        self._decode_pool.shutdown(wait=False, cancel_futures=True)
         monitor.stop()
         if self.exit_code == EXIT_OK:
             write_termination_message(

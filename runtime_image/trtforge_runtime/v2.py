@@ -37,19 +37,26 @@ def _shape(raw: Any, name: str) -> tuple[int, ...]:
     return tuple(raw)
 
 
-def _decode_bytes_blob(blob: memoryview, name: str) -> list[bytes]:
-    out: list[bytes] = []
+def _decode_bytes_blob(blob: memoryview, name: str, count: int) -> np.ndarray:
+    """`count` length-prefixed elements filling `blob` exactly (at most `count` are ever made)."""
+    arr = np.empty(count, dtype=object)
     off, n = 0, len(blob)
-    while off < n:
+    for i in range(count):
         if off + 4 > n:
-            raise RequestError(400, f"input {name!r}: truncated BYTES element length")
+            raise RequestError(
+                400, f"input {name!r}: {i} BYTES elements in the binary data, expected {count}"
+            )
         (length,) = struct.unpack_from("<I", blob, off)
         off += 4
         if off + length > n:
-            raise RequestError(400, f"input {name!r}: BYTES element overruns the binary data")
-        out.append(bytes(blob[off : off + length]))
+            raise RequestError(400, f"input {name!r}: BYTES element {i} overruns the binary data")
+        arr[i] = bytes(blob[off : off + length])
         off += length
-    return out
+    if off != n:
+        raise RequestError(
+            400, f"input {name!r}: {n - off} bytes of binary data left after its {count} BYTES elements"
+        )
+    return arr
 
 
 def _encode_bytes_blob(arr: np.ndarray) -> bytes:
@@ -70,17 +77,70 @@ def _json_bytes_value(v: Any) -> Any:
     return v
 
 
-def decode_request(body: bytes, header_length: int | None, spec: ModelSpec) -> InferRequest:
+DEFAULT_MAX_JSON_BYTES = 8 << 20
+JSON_BYTES_PER_VALUE = 64  # generous: "-1.2345678901234567e-05, " plus indentation
+JSON_SLACK = 64 << 10
+
+
+def json_limit(spec: ModelSpec, max_json_bytes: int) -> int:
+    """The most JSON bytes a request to `spec` may carry: what its largest valid request needs.
+
+    Numbers written as JSON cost tens of bytes of Python objects each, so the JSON part is bounded by
+    the model's largest valid request (when its shapes are bounded and it has no BYTES input, whose
+    strings have no size bound) and by `max_json_bytes`. Large tensors belong in binary data.
+    """
+    n = spec.max_values
+    if n is None or any(t.datatype == "BYTES" for t in spec.inputs):
+        return max_json_bytes
+    return min(max_json_bytes, JSON_SLACK + JSON_BYTES_PER_VALUE * n)
+
+
+def _parse_header(head: bytes | memoryview, spec: ModelSpec, max_json_bytes: int) -> Any:
+    limit = json_limit(spec, max_json_bytes)
+    if len(head) > limit:
+        raise RequestError(
+            413,
+            f"the request's JSON is {len(head)} bytes; this model's requests take at most {limit} bytes "
+            "of JSON (send large tensors as binary data, with Inference-Header-Content-Length)",
+        )
+    head = bytes(head)
+    values = spec.max_values
+    if values is not None and not any(t.datatype == "BYTES" for t in spec.inputs):
+        # Each value but the last of an array is followed by a comma: more commas than the model's
+        # largest request has values means too many values, found without building them.
+        commas = head.count(b",")
+        if commas > values + 1024:
+            raise RequestError(
+                400,
+                f"the request's JSON holds over {commas} values; the model's inputs take at most {values}",
+            )
+    try:
+        return json.loads(head)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(400, f"request JSON is not valid: {e}") from e
+    except RecursionError as e:
+        raise RequestError(400, "request JSON is nested too deeply") from e
+
+
+def decode_request(
+    body: bytes | bytearray,
+    header_length: int | None,
+    spec: ModelSpec,
+    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
+) -> InferRequest:
+    """Parse a v2 request body into tensors for `spec`.
+
+    Everything the header declares (input names, datatypes, shapes, binary sizes) is checked against
+    the model before any tensor data is touched, so memory use is bounded by the model's largest
+    valid request, not by what the body claims. Binary tensors are views of `body`, not copies.
+    """
     if header_length is not None and not 0 <= header_length <= len(body):
         raise RequestError(400, f"{HEADER_LENGTH} is {header_length}, but the body has {len(body)} bytes")
     end = len(body) if header_length is None else header_length
-    try:
-        header = json.loads(body[:end])
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RequestError(400, f"request JSON is not valid: {e}") from e
+    view = memoryview(body)
+    header = _parse_header(view[:end], spec, max_json_bytes)
     if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
         raise RequestError(400, "request JSON must be an object with an 'inputs' list")
-    view = memoryview(body)
     offset = end
     inputs: dict[str, np.ndarray] = {}
     for item in header["inputs"]:
@@ -90,12 +150,13 @@ def decode_request(body: bytes, header_length: int | None, spec: ModelSpec) -> I
         if name in inputs:
             raise RequestError(400, f"input {name!r} appears twice")
         datatype = item.get("datatype")
-        dtype = V2_TO_NUMPY.get(datatype) if isinstance(datatype, str) else None
-        if dtype is None:
+        if not isinstance(datatype, str) or datatype not in V2_TO_NUMPY:
             raise RequestError(
                 400, f"input {name!r}: datatype {datatype!r} is not one of {sorted(V2_TO_NUMPY)}"
             )
+        dtype = V2_TO_NUMPY[datatype]
         shape = _shape(item.get("shape"), name)
+        spec.check_input(name, datatype, shape)
         count = 1
         for d in shape:
             count *= d
@@ -111,14 +172,7 @@ def decode_request(body: bytes, header_length: int | None, spec: ModelSpec) -> I
             blob = view[offset : offset + size]
             offset += size
             if datatype == "BYTES":
-                values = _decode_bytes_blob(blob, name)
-                if len(values) != count:
-                    raise RequestError(
-                        400, f"input {name!r}: {len(values)} BYTES elements for shape {list(shape)}"
-                    )
-                arr = np.empty(count, dtype=object)
-                arr[:] = values
-                arr = arr.reshape(shape)
+                arr = _decode_bytes_blob(blob, name, count).reshape(shape)
             else:
                 if size != count * dtype.itemsize:
                     raise RequestError(
@@ -130,18 +184,21 @@ def decode_request(body: bytes, header_length: int | None, spec: ModelSpec) -> I
         else:
             if "data" not in item:
                 raise RequestError(400, f"input {name!r} has neither 'data' nor parameters.binary_data_size")
+            data = item["data"]
+            if not isinstance(data, list):
+                raise RequestError(400, f"input {name!r}: 'data' must be a list of values")
             try:
                 if datatype == "BYTES":
-                    flat = np.asarray(item["data"], dtype=object).reshape(-1)
+                    flat = np.asarray(data, dtype=object).reshape(-1)
                     arr = np.empty(flat.size, dtype=object)
                     arr[:] = [v.encode() if isinstance(v, str) else v for v in flat]
                 else:
-                    arr = np.asarray(item["data"], dtype=dtype)
-                if arr.size != count:
-                    raise RequestError(400, f"input {name!r}: {arr.size} values for shape {list(shape)}")
-                arr = arr.reshape(shape)
-            except (ValueError, TypeError) as e:
+                    arr = np.asarray(data, dtype=dtype)
+            except (ValueError, TypeError, OverflowError) as e:
                 raise RequestError(400, f"input {name!r}: data does not convert to {datatype}: {e}") from e
+            if arr.size != count:
+                raise RequestError(400, f"input {name!r}: {arr.size} values for shape {list(shape)}")
+            arr = arr.reshape(shape)
         inputs[name] = arr
     if offset != len(body):
         raise RequestError(400, f"{len(body) - offset} bytes of binary data are not claimed by any input")

@@ -26,7 +26,12 @@ H100 = identity_for_target(GPUTarget(gpu="NVIDIA-H100-80GB-HBM3"))
 KEY = "a" * 64
 
 
-def _manifest(artifact: bytes = b"engine", canary: bytes = b"canary", **build: object) -> Manifest:
+def _manifest(
+    artifact: bytes = b"engine",
+    canary: bytes = b"canary",
+    inputs: list[TensorSpec] | None = None,
+    **build: object,
+) -> Manifest:
     return Manifest(
         key=KEY,
         engine_file="model.onnx",
@@ -43,7 +48,7 @@ def _manifest(artifact: bytes = b"engine", canary: bytes = b"canary", **build: o
         ),
         model_uri="s3://models/mlp.onnx",
         model_sha256="b" * 64,
-        inputs=[TensorSpec(name="x", dtype="float32", shape=[-1, 4])],
+        inputs=inputs or [TensorSpec(name="x", dtype="float32", shape=[-1, 4])],
         outputs=[
             TensorSpec(name="y", dtype="float32", shape=[-1, 2]),
             TensorSpec(name="s", dtype="str", shape=[-1]),
@@ -118,10 +123,12 @@ def test_json_and_bytes_inputs_and_request_errors() -> None:
             ]
         }
     ).encode()
-    assert list(decode_request(head + blob, len(head), spec).inputs["t"]) == [b"a", b"bc"]
+    text = model_spec(_manifest(inputs=[TensorSpec(name="t", dtype="str", shape=[-1])]), "text")
+    assert list(decode_request(head + blob, len(head), text).inputs["t"]) == [b"a", b"bc"]
     bad = [
         (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2]}]}', "2 values"),
         (b'{"inputs": [{"name": "x", "datatype": "FP33", "shape": [1], "data": [1]}]}', "datatype 'FP33'"),
+        (b'{"inputs": [{"name": "x", "datatype": "FP64", "shape": [1, 4], "data": [1]}]}', "expected FP32"),
         (
             b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "parameters": '
             b'{"binary_data_size": 16}}]}',
@@ -129,11 +136,11 @@ def test_json_and_bytes_inputs_and_request_errors() -> None:
         ),
         (b'{"inputs": []}   ', None),
     ]
-    for body, msg in bad[:3]:
+    for body, msg in bad[:4]:
         with pytest.raises(RequestError, match=msg):
             decode_request(body, len(body) if b"binary" in body else None, spec)
     with pytest.raises(RequestError, match="not claimed"):
-        decode_request(bad[3][0] + b"xx", len(bad[3][0]), spec)
+        decode_request(bad[4][0] + b"xx", len(bad[4][0]), spec)
     assert HEADER_LENGTH == "Inference-Header-Content-Length"
 
 

@@ -1,0 +1,93 @@
+"""A `trtforge serve` subprocess on a loopback port, for the serve tests (no Kubernetes)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tests.integration.serve_engines import env_for
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(
+        self, store: Path, key: str, tmp: Path, gpu_file: Path, *extra: str, cache: Path | None = None
+    ):
+        self.port = free_port()
+        self.url = f"127.0.0.1:{self.port}"
+        self.term = tmp / f"termination-{self.port}"
+        self.log = tmp / f"serve-{self.port}.log"
+        self.cache = cache or tmp / "cache"
+        cmd = [
+            sys.executable,
+            "-m",
+            "trtforge.cli",
+            "serve",
+            "--store",
+            str(store),
+            "--engine",
+            key,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--cache-dir",
+            str(self.cache),
+            *extra,
+        ]
+        self._log_f = open(self.log, "w")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            cmd, env=env_for(gpu_file, self.term), stdout=self._log_f, stderr=subprocess.STDOUT
+        )
+
+    def get(self, path: str) -> tuple[int, dict[str, object]]:
+        try:
+            with urllib.request.urlopen(f"http://{self.url}{path}", timeout=5) as r:
+                return r.status, json.loads(r.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    def wait(self, what: str = "ready", timeout: float = 60.0) -> None:
+        """Until /v2/health/<what> answers 200 (or the process ends: then fail with its log)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if self.get(f"/v2/health/{what}")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"serve not {what} after {timeout}s:\n{self.output()}")
+
+    def exit_code(self, timeout: float = 60.0) -> int:
+        return self.proc.wait(timeout)
+
+    def output(self) -> str:
+        if not self._log_f.closed:
+            self._log_f.flush()
+        return self.log.read_text()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log_f.close()
+        return self.proc.returncode

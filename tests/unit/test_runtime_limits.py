@@ -1,0 +1,186 @@
+"""Runtime request limits in-process: header checks before decoding, content codings, body reading,
+the shared body-memory budget and the answers given past the connection cap."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from trtforge_runtime.body import Coding, MemoryBudget, content_coding, decompress, read_body
+from trtforge_runtime.connections import http_response, overflow_answer
+from trtforge_runtime.errors import RequestError
+from trtforge_runtime.model import model_spec
+from trtforge_runtime.v2 import JSON_SLACK, decode_request, json_limit
+
+from tests.unit.test_runtime import _manifest
+from trtforge.contract.manifest import TensorSpec
+
+SPEC = model_spec(_manifest(), "mlp")  # x: FP32 [-1, 4], profile max batch 16
+
+
+def _binary(name: str, datatype: str, shape: list[int], blob: bytes) -> tuple[bytes, int]:
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": name,
+                    "datatype": datatype,
+                    "shape": shape,
+                    "parameters": {"binary_data_size": len(blob)},
+                }
+            ]
+        }
+    ).encode()
+    return head + blob, len(head)
+
+
+def test_header_declarations_are_checked_against_the_model_before_any_data() -> None:
+    # Binary data far smaller than declared: the declaration itself is refused, naming the field.
+    for name, datatype, shape, msg in [
+        ("x", "FP32", [10**9, 4], "batch size 1000000000 exceeds the model's max batch size 16"),
+        ("x", "FP32", [2, 10**6], r"shape \[2, 1000000\], expected \[-1, 4\]"),
+        ("x", "BYTES", [2, 4], "datatype BYTES, expected FP32"),
+        ("z", "FP32", [1, 4], "unknown input 'z'"),
+        ("x", "FP32", [0, 4], "batch size .* at least 1"),
+    ]:
+        body, hl = _binary(name, datatype, shape, b"\0" * 16)
+        with pytest.raises(RequestError, match=msg) as e:
+            decode_request(body, hl, SPEC)
+        assert e.value.status == 400
+
+
+def test_bytes_elements_are_decoded_up_to_the_declared_count_only() -> None:
+    text = model_spec(_manifest(inputs=[TensorSpec(name="t", dtype="str", shape=[-1])]), "text")
+    ok, hl = _binary("t", "BYTES", [2], struct.pack("<I", 1) + b"a" + struct.pack("<I", 0))
+    assert list(decode_request(ok, hl, text).inputs["t"]) == [b"a", b""]
+    # Millions of empty elements behind a header that declares two: refused after two.
+    body, hl = _binary("t", "BYTES", [2], b"\0" * 4_000_000)
+    with pytest.raises(RequestError, match="3999992 bytes of binary data left after its 2 BYTES elements"):
+        decode_request(body, hl, text)
+    body, hl = _binary("t", "BYTES", [3], struct.pack("<I", 1) + b"a")
+    with pytest.raises(RequestError, match="1 BYTES elements in the binary data, expected 3"):
+        decode_request(body, hl, text)
+    body, hl = _binary("t", "BYTES", [1], struct.pack("<I", 99) + b"a")
+    with pytest.raises(RequestError, match="overruns"):
+        decode_request(body, hl, text)
+
+
+def test_json_is_bounded_by_the_models_largest_request() -> None:
+    limit = json_limit(SPEC, 8 << 20)
+    assert limit == JSON_SLACK + 64 * 16 * 4  # 16 rows of 4 values
+    big = json.dumps(
+        {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [16, 4], "data": [0.0] * 64}],
+            "pad": "x" * limit,
+        }
+    ).encode()
+    with pytest.raises(RequestError, match=f"at most {limit} bytes of JSON") as e:
+        decode_request(big, None, SPEC)
+    assert e.value.status == 413
+    many = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0] * 5000}]})
+    with pytest.raises(RequestError, match="holds over 5003 values; the model's inputs take at most 64"):
+        decode_request(many.encode(), None, SPEC)
+    with pytest.raises(RequestError, match="nested too deeply"):
+        decode_request(b"[" * 60_000, None, SPEC)
+    # The explicit cap applies too, and a model with a BYTES input has no derived bound.
+    assert json_limit(SPEC, 1000) == 1000
+    text = model_spec(_manifest(inputs=[TensorSpec(name="t", dtype="str", shape=[-1])]), "text")
+    assert json_limit(text, 8 << 20) == 8 << 20
+    ok = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 4], "data": list(range(8))}]})
+    np.testing.assert_array_equal(decode_request(ok.encode(), None, SPEC).inputs["x"].ravel(), np.arange(8))
+
+
+def test_content_codings() -> None:
+    assert content_coding(None) is Coding.IDENTITY and content_coding("identity") is Coding.IDENTITY
+    assert content_coding("GZIP") is Coding.GZIP and content_coding("deflate") is Coding.DEFLATE
+    for bad in ("br", "zstd", "gzip, gzip"):
+        with pytest.raises(RequestError, match="not supported; send one of gzip, deflate, identity") as e:
+            content_coding(bad)
+        assert e.value.status == 415
+
+
+def test_decompress_once_within_the_limit() -> None:
+    data = b"tensor bytes " * 1000
+    assert decompress(gzip.compress(data), Coding.GZIP, len(data)) == data
+    assert decompress(zlib.compress(data), Coding.DEFLATE, len(data)) == data
+    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    assert decompress(raw.compress(data) + raw.flush(), Coding.DEFLATE, len(data)) == data
+    bomb = gzip.compress(b"\0" * (64 << 20))  # 64 MiB of zeros in ~64 kB
+    assert len(bomb) < 100_000
+    with pytest.raises(RequestError, match="decompressed from gzip exceeds the limit of 1048576") as e:
+        decompress(bomb, Coding.GZIP, 1 << 20)
+    assert e.value.status == 413
+    for body, msg in [
+        (b"not gzip at all", "not valid gzip"),
+        (gzip.compress(data)[:-20], "truncated"),
+        (gzip.compress(data) + b"junk", "4 bytes after the end"),
+    ]:
+        with pytest.raises(RequestError, match=msg) as e:
+            decompress(body, Coding.GZIP, 1 << 20)
+        assert e.value.status == 400
+
+
+class _Chunks:
+    def __init__(self, *chunks: bytes) -> None:
+        self._chunks = list(chunks)
+
+    async def readany(self) -> bytes:
+        return self._chunks.pop(0) if self._chunks else b""
+
+
+@pytest.mark.asyncio
+async def test_read_body_stops_at_the_limit_and_on_short_bodies() -> None:
+    assert await read_body(_Chunks(b"ab", b"cd"), 4, 10) == b"abcd"
+    assert await read_body(_Chunks(b"ab", b"cd"), None, 10) == b"abcd"
+    with pytest.raises(RequestError, match="exceeds the limit of 3 bytes") as e:
+        await read_body(_Chunks(b"ab", b"cd"), None, 3)
+    assert e.value.status == 413
+    with pytest.raises(RequestError, match="ended after 2 of its 4 bytes"):
+        await read_body(_Chunks(b"ab"), 4, 10)
+    with pytest.raises(RequestError, match="20 bytes exceeds"):
+        await read_body(_Chunks(), 20, 10)
+
+
+@pytest.mark.asyncio
+async def test_memory_budget_is_first_come_first_served_and_survives_cancellation() -> None:
+    budget = MemoryBudget(100)
+    assert await budget.acquire(60) == 60
+    order: list[str] = []
+
+    async def take(name: str, n: int) -> int:
+        got = await budget.acquire(n)
+        order.append(name)
+        return got
+
+    big = asyncio.create_task(take("big", 70))
+    small = asyncio.create_task(take("small", 10))  # fits, but waits behind the older request
+    gone = asyncio.create_task(take("gone", 5))
+    await asyncio.sleep(0)
+    assert budget.waiting == 3 and order == []
+    gone.cancel()
+    await asyncio.sleep(0)
+    assert budget.waiting == 2
+    budget.release(60)
+    assert await big == 70 and await small == 10 and order == ["big", "small"]
+    assert budget.used == 80
+    budget.release(70)
+    budget.release(10)
+    assert await budget.acquire(1000) == 100  # capped at the total, so it never waits forever
+
+
+def test_connections_past_the_cap_get_health_answers_or_503() -> None:
+    def health(path: str) -> tuple[int, dict[str, object]] | None:
+        return (200, {"live": True}) if path == "/v2/health/live" else None
+
+    assert overflow_answer(b"GET /v2/health/live HTTP/1.1", health, 8) == (200, {"live": True})
+    status, body = overflow_answer(b"POST /v2/models/m/infer HTTP/1.1", health, 8)
+    assert status == 503 and "8 open connections, its limit" in str(body["error"])
+    assert overflow_answer(b"", health, 8)[0] == 503
+    raw = http_response(503, {"error": "x"})
+    assert raw.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") and b"Retry-After: 1\r\n" in raw
+    assert b"Connection: close" in raw and raw.endswith(b'\r\n\r\n{"error": "x"}')

@@ -148,5 +148,10 @@ def test_tenant_isolation_holds_through_the_standalone_brokers(env: OperatorEnv,
             return int(e.code)
 
     for endpoint in env.config["broker"]["endpoints"]:
-        wait_for(lambda ep=endpoint: get(a, ep) == 200, timeout=60, desc=f"{endpoint} serving A")
+        wait_for(  # the replica killed above is back: wait until it listens
+            lambda ep=endpoint: get(a, ep) == 200,
+            timeout=60,
+            desc=f"{endpoint} serving A",
+            ignore=(urllib.error.URLError,),
+        )
         assert get(b, endpoint) == 403  # only A references (and proved) this engine

@@ -249,15 +249,18 @@ def test_a_spec_change_builds_new_engines_and_rolls_out_without_a_gap(env: Opera
     assert {j.metadata.name for j in env.jobs()} == jobs_before
 
 
-def test_a_bad_build_says_why_and_stalls(env: OperatorEnv, tiny: str) -> None:
+def test_a_wrong_pin_says_why_and_stalls_before_any_build(env: OperatorEnv, tiny: str) -> None:
     ns = env.tenants[1]
+    jobs = {j.metadata.name for j in env.jobs()}
     env.apply(engine_manifest("wrong-pin", "0" * 64, [{"gpu": H100}]), ns)
     eng = env.wait_true("trtengines", ns, "wrong-pin", cond="Stalled", timeout=120)
     stalled = condition(eng, "Stalled")
-    assert stalled is not None and stalled["reason"] == "InvalidBuildInput"
-    assert "sha256" in stalled["message"] and "\n" not in stalled["message"]
+    assert stalled is not None and stalled["reason"] == "ModelVerifyFailed"
+    assert "ModelIntegrity" in stalled["message"] and "sha256" in stalled["message"]
+    assert "\n" not in stalled["message"]
     (t,) = eng["status"]["targets"]
-    assert t["phase"] == "Failed" and t["attempts"] == 1
+    assert t["phase"] == "Failed" and not t.get("attempts")
+    assert {j.metadata.name for j in env.jobs()} == jobs  # the verify step caught it: no build
 
 
 def test_deletion_cleans_up_children_but_keeps_shared_jobs(env: OperatorEnv) -> None:

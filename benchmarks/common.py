@@ -22,7 +22,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 CACHE = ROOT / ".cache" / "bench"
-KSERVE_VENV = ROOT / ".cache" / "bench-kserve-venv"
 TRTFORGE = [sys.executable, "-m", "trtforge.cli"]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -32,27 +31,30 @@ def log(msg: str) -> None:
 
 
 # --- the machine ------------------------------------------------------------------------------
-def _cmd(args: Sequence[str]) -> str:
+def cmd_output(args: Sequence[str]) -> str:
     try:
         return subprocess.run(args, capture_output=True, text=True, timeout=30, check=False).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return ""
 
 
-def _pkg_version(python: Path | str, module: str) -> str:
-    out = _cmd([str(python), "-c", f"from importlib.metadata import version; print(version({module!r}))"])
+def pkg_version(python: Path | str, module: str) -> str:
+    out = cmd_output(
+        [str(python), "-c", f"from importlib.metadata import version; print(version({module!r}))"]
+    )
     return out.splitlines()[-1] if out else "absent"
 
 
 def machine_info() -> dict[str, Any]:
-    lscpu = _cmd(["lscpu"])
+    lscpu = cmd_output(["lscpu"])
     model = re.search(r"Model name:\s*(.+)", lscpu)
     hyper = re.search(r"Hypervisor vendor:\s*(.+)", lscpu)
     mem_kb = 0
     with contextlib.suppress(OSError):
         m = re.search(r"MemTotal:\s*(\d+)", Path("/proc/meminfo").read_text())
         mem_kb = int(m.group(1)) if m else 0
-    kpy = KSERVE_VENV / "bin" / "python"
+    from benchmarks.servers.venvs import VENVS
+
     return {
         "cpu_model": model.group(1).strip() if model else platform.processor(),
         "cpus": os.cpu_count(),
@@ -60,11 +62,15 @@ def machine_info() -> dict[str, Any]:
         "memory_gib": round(mem_kb / 2**20, 1),
         "kernel": platform.release(),
         "python": platform.python_version(),
-        "onnxruntime": _pkg_version(sys.executable, "onnxruntime"),
-        "aiohttp": _pkg_version(sys.executable, "aiohttp"),
-        "kserve": _pkg_version(kpy, "kserve") if kpy.exists() else "absent",
-        "kserve_onnxruntime": _pkg_version(kpy, "onnxruntime") if kpy.exists() else "absent",
-        "trtforge_commit": _cmd(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
+        "onnxruntime": pkg_version(sys.executable, "onnxruntime"),
+        "aiohttp": pkg_version(sys.executable, "aiohttp"),
+        "grpcio": pkg_version(sys.executable, "grpcio"),
+        "tritonclient": pkg_version(sys.executable, "tritonclient"),
+        "peers": {
+            name: {d: v.version(d) for d in (*(p.split("==")[0] for p in v.packages), "onnxruntime")}
+            for name, v in VENVS.items()
+        },
+        "trtforge_commit": cmd_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
         "loadavg_at_start": os.getloadavg()[0],
     }
 

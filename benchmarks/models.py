@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import CACHE, log
+from benchmarks.servers import Model
 
 MODELS = ("squeezenet", "resnet50")
 INPUT_SHAPE = (3, 224, 224)
@@ -70,3 +71,17 @@ def io_names(path: Path) -> tuple[str, str]:
 
 def sample_input(batch: int = 1, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).random((batch, *INPUT_SHAPE), dtype=np.float32)
+
+
+def model_info(name: str) -> Model:
+    """Everything a server needs to serve `name`: its file, tensor names and per-row shapes."""
+    import onnx
+
+    path = model_file(name)
+    in_name, out_name = io_names(path)
+    m = onnx.load(str(path), load_external_data=False)
+    out = next(o for o in m.graph.output if o.name == out_name)
+    out_shape = tuple(d.dim_value for d in out.type.tensor_type.shape.dim[1:])
+    if any(d <= 0 for d in out_shape):
+        raise ValueError(f"{path}: output {out_name!r} has a symbolic dimension past the batch: {out_shape}")
+    return Model(name, path, in_name, out_name, INPUT_SHAPE, out_shape)

@@ -9,7 +9,15 @@ from typing import Any
 from benchmarks.common import ROOT, log, read_result
 
 IMG = ROOT / "docs" / "img"
-COLORS = {"trtforge": "#1f77b4", "kserve": "#d62728", "ceiling": "#555555"}
+COLORS = {
+    "trtforge": "#1f77b4",
+    "triton": "#2ca02c",
+    "mlserver": "#ff7f0e",
+    "kserve": "#d62728",
+    "ceiling": "#555555",
+}
+LABELS = {"trtforge": "trtforge serve", "triton": "Triton", "mlserver": "MLServer", "kserve": "KServe"}
+PROTOCOL_STYLES = {"http": "o-", "grpc": "s--", "json": "^:"}
 TITLES = {"squeezenet": "SqueezeNet", "resnet50": "ResNet-50"}
 
 
@@ -32,62 +40,100 @@ def _save(fig: Any, name: str) -> Path:
 
 
 def serving(res: dict[str, Any]) -> list[Path]:
+    """Throughput and p99 against concurrency: one panel per model, one line per server and protocol."""
     plt = _plt()
-    layouts = list(res["layouts"].items())
-    models = list(layouts[0][1]["models"]) if layouts else []
+    models = list(res["models"])
     out = []
     for metric, ylabel, fname, logy in (
         ("throughput", "requests / s", "bench-serving-throughput.png", False),
         ("p99_ms", "p99 latency (ms, log scale)", "bench-serving-p99.png", True),
     ):
-        fig, axes = plt.subplots(
-            len(layouts), len(models), figsize=(5.2 * len(models), 3.6 * len(layouts)), squeeze=False
-        )
-        for i, (lname, lres) in enumerate(layouts):
-            lay = lres["layout"]
-            for j, model in enumerate(models):
-                ax = axes[i][j]
-                m = lres["models"][model]
-                for kind in ("trtforge", "kserve"):
-                    pts = m["servers"][kind]["points"]
+        fig, axes = plt.subplots(1, len(models), figsize=(6.2 * len(models), 4.4), squeeze=False)
+        for j, model in enumerate(models):
+            ax = axes[0][j]
+            m = res["models"][model]
+            for kind, srv in m["servers"].items():
+                for proto, style in PROTOCOL_STYLES.items():
+                    pts = sorted(
+                        (p for p in srv["points"] if p["protocol"] == proto), key=lambda p: p["concurrency"]
+                    )
+                    if not pts:
+                        continue
                     xs = [p["concurrency"] for p in pts]
                     ys = [p[metric] for p in pts]
-                    name = "trtforge serve" if kind == "trtforge" else "KServe"
-                    label = f"{name} ({lres['settings'][kind]['label']})"
-                    ax.plot(xs, ys, "o-", color=COLORS[kind], label=label)
-                    if metric == "throughput":
-                        for x, y in zip(xs, ys, strict=True):
-                            ax.annotate(
-                                f"{y:.0f}",
-                                (x, y),
-                                textcoords="offset points",
-                                xytext=(0, 5),
-                                ha="center",
-                                fontsize=8,
-                                color=COLORS[kind],
-                            )
-                if metric == "throughput":
-                    c = m["ceiling"]["best"]["images_per_s"]
-                    ax.axhline(c, ls="--", color=COLORS["ceiling"], label=f"in-process ceiling ({c:.0f}/s)")
-                    ax.axhline(0.9 * c, ls=":", color=COLORS["ceiling"], label="90% of ceiling")
-                    ax.set_ylim(bottom=0)
-                if logy:
-                    ax.set_yscale("log")
-                ax.set_xscale("log", base=2)
-                ax.set_xticks([p["concurrency"] for p in m["servers"]["trtforge"]["points"]])
-                ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
-                ax.set_title(
-                    f"{TITLES.get(model, model)} — {lname}: server cpus {lay['server_cpus']}, "
-                    f"client cpus {lay['client_cpus']}",
-                    fontsize=9,
-                )
-                ax.set_xlabel("concurrent clients")
-                ax.set_ylabel(ylabel)
-                ax.legend(fontsize=7, loc="best")
+                    ax.plot(
+                        xs,
+                        ys,
+                        style,
+                        color=COLORS.get(kind, "#777777"),
+                        label=f"{LABELS.get(kind, kind)}, {proto}",
+                    )
+            if metric == "throughput":
+                c = m["ceiling"]["best"]["images_per_s"]
+                ax.axhline(c, ls="--", color=COLORS["ceiling"], label=f"in-process ceiling ({c:.0f}/s)")
+                ax.axhline(0.9 * c, ls=":", color=COLORS["ceiling"], label="90% of ceiling")
+                ax.set_ylim(bottom=0)
+            if logy:
+                ax.set_yscale("log")
+            ax.set_xscale("log", base=2)
+            concs = sorted({p["concurrency"] for s in m["servers"].values() for p in s["points"]})
+            ax.set_xticks(concs)
+            ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
+            lay = res["layout"]
+            ax.set_title(
+                f"{TITLES.get(model, model)}: servers on cpus {lay['server_cpus']},"
+                f" client on {lay['client_cpus']}",
+                fontsize=9,
+            )
+            ax.set_xlabel("concurrent clients")
+            ax.set_ylabel(ylabel)
+            ax.legend(fontsize=6.5, loc="best", ncol=2)
         fig.tight_layout()
         out.append(_save(fig, fname))
         plt.close(fig)
     return out
+
+
+def manycore(res: dict[str, Any]) -> list[Path]:
+    """req/s and the same-run ceiling against the server's cores, per model."""
+    plt = _plt()
+    runs = res.get("runs", [])
+    models = list(dict.fromkeys(r["model"] for r in runs))
+    if not models:
+        return []
+    fig, axes = plt.subplots(1, len(models), figsize=(5.6 * len(models), 3.8), squeeze=False)
+    for j, model in enumerate(models):
+        ax = axes[0][j]
+        rs = [r for r in runs if r["model"] == model]
+        ns = sorted({r["n"] for r in rs})
+        ceil = [next(r for r in rs if r["n"] == n)["ceiling"]["best"]["images_per_s"] for n in ns]
+        ax.plot(ns, ceil, "s--", color=COLORS["ceiling"], label="in-process ceiling")
+        ax.plot(ns, [0.9 * c for c in ceil], ":", color=COLORS["ceiling"], label="90% of ceiling")
+        for setting in dict.fromkeys(r["setting"] for r in rs):
+            best = [
+                max((r for r in rs if r["n"] == n and r["setting"] == setting), key=lambda r: r["throughput"])
+                for n in ns
+            ]
+            ax.plot(ns, [r["throughput"] for r in best], "o-", label=f"trtforge serve ({setting})")
+            for r in best:
+                ax.annotate(
+                    f"{r['pct_of_ceiling']:.0f}%",
+                    (r["n"], r["throughput"]),
+                    textcoords="offset points",
+                    xytext=(0, 6),
+                    ha="center",
+                    fontsize=7,
+                )
+        ax.set_xticks(ns)
+        ax.set_xlabel("server cores (client on the rest)")
+        ax.set_ylabel("requests (images) / s")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"{TITLES.get(model, model)}: one pod on N cores", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = _save(fig, "bench-manycore.png")
+    plt.close(fig)
+    return [path]
 
 
 def coldstart(res: dict[str, Any]) -> list[Path]:
@@ -223,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     made: list[Path] = []
     for name, fn in (
         ("serving", serving),
+        ("manycore", manycore),
         ("coldstart", coldstart),
         ("controlplane", controlplane),
         ("recovery", recovery),

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from benchmarks.common import (
     CACHE,
-    KSERVE_VENV,
     ROOT,
     TRTFORGE,
     free_port,
@@ -33,6 +32,7 @@ from benchmarks.common import (
 )
 from benchmarks.engines import ensure_engine, store_dir
 from benchmarks.models import io_names, model_file
+from benchmarks.servers.venvs import KSERVE
 
 RAW = ("--format", "raw", "-o")
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serve-args", default="", help="extra `trtforge serve` arguments, e.g. '--instances 2'")
     p.add_argument("--top", type=int, default=20)
     a = p.parse_args(argv)
-    pyspy = shutil.which("py-spy") or str(KSERVE_VENV / "bin" / "py-spy")
+    pyspy = shutil.which("py-spy") or str(KSERVE.path / "bin" / "py-spy")
     if not Path(pyspy).exists():
         print("py-spy not found: .cache/bench-kserve-venv/bin/pip install py-spy", file=sys.stderr)
         return 2

@@ -1,7 +1,8 @@
 """Fill the generated tables of docs/benchmarks.md from benchmarks/results/*.json.
 
 The page keeps its prose; only the text between ``<!-- results:NAME -->`` and
-``<!-- /results:NAME -->`` is replaced (NAME: machine, serving, coldstart, controlplane, recovery).
+``<!-- /results:NAME -->`` is replaced (NAME: machine, serving, manycore, coldstart, controlplane,
+recovery).
 """
 
 from __future__ import annotations
@@ -23,12 +24,20 @@ def machine(res: dict[str, Any]) -> str:
         ["memory", f"{m['memory_gib']} GiB"],
         ["kernel", m["kernel"]],
         ["Python", m["python"]],
-        ["ONNX Runtime (both servers)", f"{m['onnxruntime']} (KServe venv: {m['kserve_onnxruntime']})"],
-        ["aiohttp (trtforge serve, load generator)", m["aiohttp"]],
-        ["KServe", m["kserve"]],
+        ["ONNX Runtime (trtforge, ceiling)", m["onnxruntime"]],
+        ["aiohttp (trtforge serve, HTTP load generator)", m["aiohttp"]],
+        ["grpcio, tritonclient (gRPC load generator)", f"{m.get('grpcio')}, {m.get('tritonclient')}"],
+    ]
+    for name, versions in (m.get("peers") or {}).items():
+        rows.append([f"{name} venv", ", ".join(f"{d} {v}" for d, v in versions.items())])
+    rows += [
         ["trtforge commit", m["trtforge_commit"]],
         ["run finished (UTC)", res["finished_utc"]],
-        ["1-min load average as the result was written (the benchmark included)", m["loadavg_at_start"]],
+        [
+            "1-min load average before / after the serving run",
+            " / ".join(f"{x[0]:.2f}" for x in (res.get("loadavg_before"), res.get("loadavg_after")) if x)
+            or m["loadavg_at_start"],
+        ],
     ]
     return table(["", ""], rows)
 
@@ -42,7 +51,7 @@ def _wrap(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks import coldstart, controlplane, recovery, serving
+    from benchmarks import coldstart, controlplane, manycore, recovery, serving
 
     if not DOC.exists():
         log(f"{DOC} does not exist; nothing to fill")
@@ -51,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     renderers: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
         "machine": ("serving", machine),
         "serving": ("serving", serving.render),
+        "manycore": ("manycore", manycore.render),
         "coldstart": ("coldstart", coldstart.render),
         "controlplane": ("controlplane", controlplane.render),
         "recovery": ("recovery", recovery.render),

@@ -1,14 +1,20 @@
-"""Serving: ``trtforge serve`` against KServe's Python model server over the same ONNX Runtime session.
+"""Serving: ``trtforge serve`` against Triton, MLServer and KServe over the same ONNX Runtime session.
 
-One run, one machine, one client. For each layout (which cores the server gets, which the client) and
-each model: the backend's in-process ceiling on the server's cores, then each server in turn pinned
-to those cores with the same ONNX Runtime threads, driven by the same closed-loop v2 client
-(:mod:`benchmarks.loadgen`, binary tensors) at each concurrency. KServe is first tried in a few
-settings on SqueezeNet at concurrency 32 and the best one is used for the full grid.
+One run, one machine, one client. For each model: the backend's in-process ceiling on the servers'
+cores, then each server in turn, pinned to those cores, driven by the same closed-loop v2 client
+(:mod:`benchmarks.loadgen`) over every protocol the server has: HTTP with binary tensors, gRPC with
+raw tensor contents, and REST JSON where a server has no binary HTTP (MLServer).
 
-Layouts on a 2-core machine: ``shared`` — servers on cores 0-1 with 2 intra-op threads, the client on
-the same cores (how the issue's reference numbers were taken); ``isolated`` — servers on core 1 with
-1 thread, the client alone on core 0 (nothing but the server competes for the server's core).
+Each server's settings sweep (:mod:`benchmarks.servers`) has the same size and axes for every server
+(instances x threads per session, max batch, queue delay). Every setting is measured at concurrency
+1 and 32 on the server's first protocol; the best one at concurrency 1 serves the low-concurrency
+points of the grid (c < 8), the best one at 32 the rest. Those two sweep points are reused as grid
+points; the other points are measured on a fresh start of the chosen setting. Before any load, each
+server's answer over each protocol is checked against ONNX Runtime run directly.
+
+Layouts on a 2-core machine: ``shared`` — servers on cores 0-1 with 2 ONNX Runtime threads, the client
+on the same cores (how the issue's reference numbers were taken); ``isolated`` — servers on core 1,
+the client alone on core 0.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import argparse
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
 import time
 import urllib.request
@@ -28,10 +36,9 @@ import numpy as np
 
 from benchmarks.common import (
     CACHE,
-    KSERVE_VENV,
     ROOT,
-    TRTFORGE,
     free_port,
+    http_get,
     log,
     start,
     stop,
@@ -42,9 +49,14 @@ from benchmarks.common import (
     wait_http_ok,
     write_result,
 )
-from benchmarks.engines import ensure_engine, store_dir
-from benchmarks.loadgen import v2_decode, v2_request
-from benchmarks.models import io_names, model_file, sample_input
+from benchmarks.loadgen import v2_decode, v2_json_request, v2_request
+from benchmarks.models import model_info, sample_input
+from benchmarks.servers import Kind, Launch, Model, Setting, kinds
+
+KINDS = ("trtforge", "triton", "mlserver", "kserve")
+PEERS_TO_BEAT = ("triton", "mlserver")
+SWEEP_LOW, SWEEP_HIGH = 1, 32  # the sweep's two concurrencies; grid points c < 8 use the low winner
+PROTOCOL_TITLES = {"http": "HTTP binary", "grpc": "gRPC", "json": "REST JSON"}
 
 
 @dataclass(frozen=True)
@@ -64,109 +76,51 @@ def layouts() -> dict[str, Layout]:
     }
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One configuration of a server: extra arguments and how many ONNX Runtime threads each
-    session gets (``divide``: the layout's threads divided among that many sessions)."""
-
-    label: str
-    args: tuple[str, ...]
-    divide: int = 1
-
-    def threads(self, lay: Layout) -> int:
-        return max(1, lay.threads // self.divide)
-
-
-# Tried on SqueezeNet at concurrency 32, the same way for both servers; the best one of each is used
-# for the full grid. Sessions x threads never exceed the layout's cores except where the label says.
-SETTINGS: dict[str, list[Setting]] = {
-    "trtforge": [
-        Setting("instances=1 (default), all threads", ()),
-        Setting("instances=2, threads split", ("--instances", "2"), 2),
-        Setting("instances=2, threads split, max batch 4", ("--instances", "2", "--max-batch-size", "4"), 2),
-    ],
-    "kserve": [
-        Setting("workers=1, def predict (defaults)", ("--workers", "1", "--predict_mode", "sync")),
-        Setting(
-            "workers=1, predict in thread pool, no latency log",
-            ("--workers", "1", "--predict_mode", "executor", "--enable_latency_logging", "false"),
-        ),
-        Setting(
-            "workers=2, threads split, no latency log",
-            ("--workers", "2", "--predict_mode", "sync", "--enable_latency_logging", "false"),
-            2,
-        ),
-        Setting(
-            "workers=2, all threads each, no latency log",
-            ("--workers", "2", "--predict_mode", "sync", "--enable_latency_logging", "false"),
-        ),
-    ],
-}
-
-
 class Server:
-    """A server process under test, pinned to the layout's server cores."""
+    """A server process under test, pinned to the layout's server cores, ready when constructed."""
 
-    def __init__(self, kind: str, model: str, lay: Layout, log_dir: Path, setting: Setting) -> None:
-        extra = list(setting.args)
-        threads = str(setting.threads(lay))
-        self.kind, self.model, self.lay = kind, model, lay
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        mfile = model_file(model)
-        if kind == "trtforge":
-            store = store_dir(model)
-            key, self.publisher = ensure_engine(mfile, store)
-            cache = CACHE / "serve-cache" / f"{model}-{self.port}"
-            cmd = [
-                *TRTFORGE,
-                "--log-format",
-                "json",
-                "serve",
-                "--store",
-                str(store),
-                "--engine",
-                key,
-                "--model-name",
-                model,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--cache-dir",
-                str(cache),
-                *extra,
-            ]
-            env = {"TRTFORGE_GPU_PROBE": "none", "TRTFORGE_ORT_THREADS": threads}
-        else:
-            cmd = [
-                str(KSERVE_VENV / "bin" / "python"),
-                str(ROOT / "benchmarks" / "kserve_server.py"),
-                "--model_file",
-                str(mfile),
-                "--model_name",
-                model,
-                "--http_port",
-                str(self.port),
-                "--ort_threads",
-                threads,
-                *extra,
-            ]
-            env = {}
-        self.cmd = taskset(lay.server_cpus, cmd)
-        self.log_path = log_dir / f"{kind}-{model}-{lay.name}-{self.port}.log"
-        self.proc = start(self.cmd, self.log_path, env)
+    def __init__(self, kind: Kind, model: Model, lay: Layout, setting: Setting, log_dir: Path) -> None:
+        self.kind, self.model, self.lay, self.setting = kind.name, model, lay, setting
+        work = CACHE / "servers"
+        work.mkdir(parents=True, exist_ok=True)
+        self.launch: Launch = kind.launch(model, setting, free_port(), free_port(), work)
+        self.http = f"http://127.0.0.1:{self.launch.http_port}"
+        self.log_path = log_dir / f"{kind.name}-{model.name}-{lay.name}-{self.launch.http_port}.log"
+        self.t_start = time.monotonic()
+        self.proc = start(taskset(lay.server_cpus, self.launch.cmd), self.log_path, self.launch.env)
         try:
-            wait_http_ok(f"{self.url}/v2/models/{model}/ready", timeout=180, proc=self.proc, interval=0.1)
-        except Exception:
-            stop(self.proc)
-            raise RuntimeError(f"{kind} did not become ready; see {self.log_path}") from None
+            wait_http_ok(
+                f"{self.http}/v2/models/{model.name}/ready", timeout=240, proc=self.proc, interval=0.1
+            )
+            if self.launch.grpc_port is not None:
+                _wait_grpc_ready(self.url("grpc"), model.name, self.proc)
+        except Exception as e:
+            self.close()
+            raise RuntimeError(f"{kind.name} did not become ready ({e}); see {self.log_path}") from None
+        self.ready_s = round(time.monotonic() - self.t_start, 2)
+
+    @property
+    def protocols(self) -> tuple[str, ...]:
+        return self.launch.protocols
+
+    def url(self, protocol: str) -> str:
+        if protocol == "grpc":
+            return f"grpc://127.0.0.1:{self.launch.grpc_port}"
+        return self.http
+
+    def server_metadata(self) -> dict[str, Any]:
+        status, body = http_get(f"{self.http}/v2")
+        try:
+            meta: dict[str, Any] = json.loads(body) if status == 200 else {}
+        except ValueError:
+            meta = {}
+        return {k: meta[k] for k in ("name", "version") if k in meta}
 
     def metrics(self) -> dict[str, float]:
         if self.kind != "trtforge":
             return {}
         try:
-            with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as r:
+            with urllib.request.urlopen(f"{self.http}/metrics", timeout=5) as r:
                 text = r.read().decode()
         except OSError:
             return {}
@@ -175,54 +129,118 @@ class Server:
             "trtforge_runtime_batch_size_sum",
             "trtforge_runtime_batch_size_count",
             "trtforge_runtime_compute_duration_seconds_sum",
-            "trtforge_runtime_queue_duration_seconds_sum",
         ):
-            m = re.search(rf"^{name}\{{[^}}]*\}} ([0-9.e+-]+)$", text, re.M)
-            if m:
-                out[name] = float(m.group(1))
+            total = sum(float(v) for v in re.findall(rf"^{name}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M))
+            out[name] = total
         return out
 
     def close(self) -> None:
         stop(self.proc)
+        for p in self.launch.cleanup:
+            shutil.rmtree(p, ignore_errors=True)
 
 
-def check_output(srv: Server, in_name: str, out_name: str, reference: np.ndarray) -> float:
-    body, headers = v2_request(in_name, out_name, sample_input(1))
-    req = urllib.request.Request(f"{srv.url}/v2/models/{srv.model}/infer", data=body, headers=headers)
+def _wait_grpc_ready(url: str, model: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url.split("://", 1)[1])
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                if client.is_model_ready(model):
+                    return
+            except Exception:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError(f"exited with {proc.returncode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gRPC {url} not ready after {timeout:.0f}s")
+            time.sleep(0.1)
+    finally:
+        client.close()
+
+
+# --- answers ------------------------------------------------------------------------------------------
+def answer(srv: Server, protocol: str, x: np.ndarray) -> np.ndarray:
+    """The server's output for `x` over `protocol`, decoded by a client no one here wrote where one
+    exists (``tritonclient.grpc`` for gRPC)."""
+    m = srv.model
+    if protocol == "grpc":
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(srv.url("grpc").split("://", 1)[1])
+        try:
+            inp = grpcclient.InferInput(m.input, list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            res = client.infer(m.name, [inp], outputs=[grpcclient.InferRequestedOutput(m.output)])
+            got = res.as_numpy(m.output)
+        finally:
+            client.close()
+        if got is None or got.size == 0:
+            raise RuntimeError(f"{srv.kind} answered gRPC with no raw contents for {m.output!r}")
+        return np.asarray(got)
+    make = v2_request if protocol == "http" else v2_json_request
+    body, headers = make(m.input, m.output, x)
+    req = urllib.request.Request(f"{srv.http}/v2/models/{m.name}/infer", data=body, headers=headers)
     with urllib.request.urlopen(req, timeout=60) as r:
-        got = v2_decode(r.read(), r.headers.get("Inference-Header-Content-Length"), out_name)
-    err = float(np.max(np.abs(got.reshape(reference.shape) - reference)))
-    if err > 1e-4:
-        raise RuntimeError(f"{srv.kind} answered {srv.model} with max abs error {err} against ONNX Runtime")
-    return err
+        return v2_decode(r.read(), r.headers.get("Inference-Header-Content-Length"), m.output)
 
 
-def load(srv: Server, lay: Layout, c: int, seconds: float, warmup: float) -> dict[str, Any]:
-    in_name, out_name = io_names(model_file(srv.model))
+def check_answers(srv: Server, reference: np.ndarray) -> dict[str, float]:
+    """Max abs error against ONNX Runtime for each protocol; raises when one is off."""
+    errs = {}
+    for protocol in srv.protocols:
+        got = answer(srv, protocol, sample_input(1))
+        err = float(np.max(np.abs(got.reshape(reference.shape) - reference)))
+        if err > 1e-4:
+            raise RuntimeError(
+                f"{srv.kind} answered {srv.model.name} over {protocol} with max abs error {err}"
+                " against ONNX Runtime run directly"
+            )
+        errs[protocol] = err
+    return errs
+
+
+def reference_output(model: Model) -> np.ndarray:
+    from benchmarks.ceiling import ort_session
+
+    sess = ort_session(str(model.file), 1)
+    (y,) = sess.run([model.output], {model.input: sample_input(1)})  # type: ignore[attr-defined]
+    return np.asarray(y)
+
+
+# --- load -------------------------------------------------------------------------------------------
+def load(
+    srv: Server, protocol: str, c: int, seconds: float, warmup: float, client_procs: int = 1
+) -> dict[str, Any]:
+    m = srv.model
     cmd = taskset(
-        lay.client_cpus,
+        srv.lay.client_cpus,
         [
             sys.executable,
             "-m",
             "benchmarks.loadgen",
             "--url",
-            srv.url,
+            srv.url(protocol),
+            "--protocol",
+            protocol,
             "--model",
-            srv.model,
+            m.name,
             "--input",
-            in_name,
+            m.input,
             "--output",
-            out_name,
+            m.output,
             "--concurrency",
             str(c),
             "--seconds",
             str(seconds),
             "--warmup",
             str(warmup),
+            "--procs",
+            str(client_procs),
         ],
     )
-    import subprocess
-
     m0 = srv.metrics()
     cpu0, t0 = tree_cpu_seconds(srv.proc.pid), time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=seconds + warmup + 300)
@@ -234,20 +252,20 @@ def load(srv: Server, lay: Layout, c: int, seconds: float, warmup: float) -> dic
     res["server_cpu_util"] = round((cpu1 - cpu0) / (t1 - t0), 3)
     res["server_rss_mb"] = round(tree_rss_bytes(srv.proc.pid) / 2**20, 1)
     if m0 and m1:
-        nb = m1.get("trtforge_runtime_batch_size_count", 0) - m0.get("trtforge_runtime_batch_size_count", 0)
-        rows = m1.get("trtforge_runtime_batch_size_sum", 0) - m0.get("trtforge_runtime_batch_size_sum", 0)
-        comp = m1.get("trtforge_runtime_compute_duration_seconds_sum", 0) - m0.get(
-            "trtforge_runtime_compute_duration_seconds_sum", 0
+        nb = m1["trtforge_runtime_batch_size_count"] - m0["trtforge_runtime_batch_size_count"]
+        rows = m1["trtforge_runtime_batch_size_sum"] - m0["trtforge_runtime_batch_size_sum"]
+        comp = (
+            m1["trtforge_runtime_compute_duration_seconds_sum"]
+            - m0["trtforge_runtime_compute_duration_seconds_sum"]
         )
         res["mean_batch"] = round(rows / nb, 2) if nb else None
-        res["compute_share"] = round(comp / (t1 - t0), 3)  # wall fraction the backend was computing
-    res.pop("error_samples", None) if not res.get("errors") else None
+        res["compute_share"] = round(comp / (t1 - t0), 3)  # instance-seconds computing per wall second
+    if not res.get("errors"):
+        res.pop("error_samples", None)
     return res
 
 
-def ceiling(model: str, lay: Layout, seconds: float) -> dict[str, Any]:
-    import subprocess
-
+def ceiling(model: Model, lay: Layout, seconds: float, batches: str) -> dict[str, Any]:
     cmd = taskset(
         lay.server_cpus,
         [
@@ -255,11 +273,13 @@ def ceiling(model: str, lay: Layout, seconds: float) -> dict[str, Any]:
             "-m",
             "benchmarks.ceiling",
             "--model-file",
-            str(model_file(model)),
+            str(model.file),
             "--threads",
             str(lay.threads),
             "--seconds",
             str(seconds),
+            "--batches",
+            batches,
         ],
     )
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
@@ -269,217 +289,333 @@ def ceiling(model: str, lay: Layout, seconds: float) -> dict[str, Any]:
     return res
 
 
-def reference_output(model: str) -> np.ndarray:
-    from benchmarks.ceiling import ort_session
-
-    mfile = model_file(model)
-    in_name, out_name = io_names(mfile)
-    sess = ort_session(str(mfile), 1)
-    (y,) = sess.run([out_name], {in_name: sample_input(1)})  # type: ignore[attr-defined]
-    return np.asarray(y)
+def pick_best(points: list[dict[str, Any]], tie: float = 0.03) -> int:
+    """The index with the highest throughput; within `tie` of it, the one with the lowest p99."""
+    top = max(float(r["throughput"]) for r in points)
+    near = [i for i, r in enumerate(points) if float(r["throughput"]) >= (1 - tie) * top]
+    return min(near, key=lambda i: float(points[i]["p99_ms"]))
 
 
-def sweep(kind: str, lay: Layout, seconds: float, warmup: float, log_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    for st in SETTINGS[kind]:
-        srv = Server(kind, "squeezenet", lay, log_dir, st)
+@dataclass(frozen=True)
+class Windows:
+    seconds: float
+    warmup: float
+
+
+def measure_server(
+    kind: Kind, model: Model, lay: Layout, concs: list[int], win: Windows, ref: np.ndarray, log_dir: Path
+) -> dict[str, Any]:
+    """Sweep, choose, then the grid over every protocol of the server."""
+    settings = kind.sweep(lay.threads)
+    sweep: list[dict[str, Any]] = []
+    answers: dict[str, float] = {}
+    meta: dict[str, Any] = {}
+    for s in settings:
+        srv = Server(kind, model, lay, s, log_dir)
         try:
-            r = load(srv, lay, 32, seconds, warmup)
+            answers = check_answers(srv, ref)
+            meta = srv.server_metadata()
+            primary = srv.protocols[0]
+            # keyed by str(concurrency), as the result file keeps them
+            pts = {str(c): load(srv, primary, c, win.seconds, win.warmup) for c in (SWEEP_LOW, SWEEP_HIGH)}
         finally:
             srv.close()
-        log(f"  {kind} [{st.label}] c=32: {r['throughput']} req/s, p99 {r['p99_ms']} ms")
-        out.append({"setting": st.label, "threads_per_session": st.threads(lay), **r})
-    return out
-
-
-def pick_best(sweep_results: list[dict[str, Any]], tie: float = 0.03) -> int:
-    """The setting with the highest throughput; within `tie` of it, the one with the lowest p99."""
-    top = max(float(r["throughput"]) for r in sweep_results)
-    near = [i for i, r in enumerate(sweep_results) if float(r["throughput"]) >= (1 - tie) * top]
-    return min(near, key=lambda i: float(sweep_results[i]["p99_ms"]))
+        lo, hi = pts[str(SWEEP_LOW)], pts[str(SWEEP_HIGH)]
+        log(
+            f"    {kind.name} [{s.label}] ready {srv.ready_s}s; {primary} c={SWEEP_LOW}:"
+            f" {lo['throughput']} req/s p99 {lo['p99_ms']} ms;"
+            f" c={SWEEP_HIGH}: {hi['throughput']} req/s p99 {hi['p99_ms']} ms"
+        )
+        sweep.append({"setting": s.as_dict(), "protocol": primary, "ready_s": srv.ready_s, "points": pts})
+    low = pick_best([sw["points"][str(SWEEP_LOW)] for sw in sweep])
+    high = pick_best([sw["points"][str(SWEEP_HIGH)] for sw in sweep])
+    points: list[dict[str, Any]] = []
+    for idx in dict.fromkeys((low, high)):  # each chosen setting once, low first
+        wanted = [c for c in concs if (low if c < 8 else high) == idx]
+        srv = Server(kind, model, lay, settings[idx], log_dir)
+        try:
+            answers = check_answers(srv, ref)
+            for protocol in srv.protocols:
+                for c in wanted:
+                    reuse = protocol == sweep[idx]["protocol"] and str(c) in sweep[idx]["points"]
+                    if reuse:
+                        r = dict(sweep[idx]["points"][str(c)], from_sweep=True)
+                    else:
+                        r = load(srv, protocol, c, win.seconds, win.warmup)
+                    r.update(protocol=protocol, setting=settings[idx].label)
+                    points.append(r)
+                    log(
+                        f"    {kind.name:8s} {protocol:4s} c={c:<3d} {r['throughput']:8.1f} req/s"
+                        f"  p50 {r['p50_ms']:8.1f}  p99 {r['p99_ms']:8.1f} ms  errors {r['errors']}"
+                        f"  cpu {r['server_cpu_util']}  batch {r.get('mean_batch')}"
+                        + ("  (sweep)" if reuse else "")
+                    )
+        finally:
+            srv.close()
+    points.sort(key=lambda p: (p["protocol"], p["concurrency"]))
+    return {
+        "title": kind.title,
+        "versions": {**kind.version(), **({"server": meta} if meta else {})},
+        "sweep": sweep,
+        "chosen": {"low": settings[low].label, "high": settings[high].label},
+        "answers_max_abs_error": answers,
+        "points": points,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="squeezenet,resnet50")
+    p.add_argument("--servers", default=",".join(KINDS))
     p.add_argument("--concurrency", default="1,8,32,64")
-    p.add_argument("--layouts", default="shared,isolated")
-    p.add_argument("--seconds", type=float, default=6.0, help="measuring window per point (SqueezeNet)")
-    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--layout", default="shared", choices=sorted(layouts()))
+    p.add_argument("--seconds", type=float, default=4.0, help="measuring window per point (SqueezeNet)")
+    p.add_argument("--warmup", type=float, default=1.5)
     p.add_argument("--slow-factor", type=float, default=2.0, help="window multiplier for ResNet-50")
-    p.add_argument("--ceiling-seconds", type=float, default=2.0)
-    p.add_argument("--no-sweep", action="store_true", help="both servers with their defaults only")
+    p.add_argument("--ceiling-seconds", type=float, default=1.0)
+    p.add_argument("--ceiling-batches", default="1,2,4,8,16,32")
     p.add_argument("--name", default="serving", help="result file name")
     a = p.parse_args(argv)
-    models = a.models.split(",")
-    concs = [int(c) for c in a.concurrency.split(",")]
+    concs = sorted({int(c) for c in a.concurrency.split(",")} | {SWEEP_LOW, SWEEP_HIGH})
+    lay = layouts()[a.layout]
+    all_kinds = kinds()
+    servers = [all_kinds[k] for k in a.servers.split(",")]
     log_dir = CACHE / "logs"
-    all_layouts = layouts()
-    results: dict[str, Any] = {"layouts": {}, "config": vars(a)}
-    for lname in a.layouts.split(","):
-        lay = all_layouts[lname]
-        log(
-            f"layout {lname}: servers on cpus {lay.server_cpus} ({lay.threads} threads),"
-            f" client on {lay.client_cpus}"
-        )
-        lres: dict[str, Any] = {"layout": vars(lay), "models": {}, "sweeps": {}, "settings": {}}
-        chosen: dict[str, Setting] = {}
-        for kind in ("trtforge", "kserve"):
-            if a.no_sweep:
-                chosen[kind] = SETTINGS[kind][0]
-                continue
-            sw = sweep(kind, lay, a.seconds * 0.75, a.warmup, log_dir)
-            lres["sweeps"][kind] = sw
-            chosen[kind] = SETTINGS[kind][pick_best(sw)]
-        lres["settings"] = {
-            k: {"label": v.label, "threads_per_session": v.threads(lay)} for k, v in chosen.items()
-        }
-        for model in models:
-            slow = a.slow_factor if model != "squeezenet" else 1.0
-            secs, warm = a.seconds * slow, a.warmup * (2.5 if slow > 1 else 1)
-            in_name, out_name = io_names(model_file(model))
-            ref = reference_output(model)
-            ceil = ceiling(model, lay, a.ceiling_seconds)
-            log(f"  {model}: ceiling {ceil['best']['images_per_s']} img/s (batch {ceil['best']['batch']})")
-            mres: dict[str, Any] = {"ceiling": ceil, "servers": {}}
-            for kind in ("trtforge", "kserve"):
-                srv = Server(kind, model, lay, log_dir, chosen[kind])
-                points = []
-                try:
-                    err = check_output(srv, in_name, out_name, ref)
-                    for c in concs:
-                        r = load(srv, lay, c, secs, warm)
-                        r["pct_of_ceiling"] = round(100 * r["throughput"] / ceil["best"]["images_per_s"], 1)
-                        points.append(r)
-                        log(
-                            f"    {kind:8s} c={c:<3d} {r['throughput']:8.1f} req/s  p50 {r['p50_ms']:8.1f} ms"
-                            f"  p99 {r['p99_ms']:8.1f} ms  errors {r['errors']}"
-                            f"  server cpu {r['server_cpu_util']}  batch {r.get('mean_batch')}"
-                        )
-                finally:
-                    srv.close()
-                mres["servers"][kind] = {
-                    "points": points,
-                    "max_abs_error_vs_ort": err,
-                    "setting": chosen[kind].label,
-                    **({"publisher": srv.publisher} if kind == "trtforge" else {}),
-                }
-            lres["models"][model] = mres
-        results["layouts"][lname] = lres
-    summary = summarize(results)
-    results["summary"] = summary
+    log(
+        f"layout {lay.name}: servers on cpus {lay.server_cpus} ({lay.threads} threads),"
+        f" client on {lay.client_cpus}"
+    )
+    results: dict[str, Any] = {
+        "layout": vars(lay),
+        "config": vars(a),
+        "loadavg_before": os.getloadavg(),
+        "models": {},
+    }
+    t_begin = time.monotonic()
+    for name in a.models.split(","):
+        model = model_info(name)
+        slow = a.slow_factor if name != "squeezenet" else 1.0
+        win = Windows(a.seconds * slow, a.warmup * slow)
+        ref = reference_output(model)
+        ceil = ceiling(model, lay, a.ceiling_seconds * slow, a.ceiling_batches)
+        log(f"  {name}: ceiling {ceil['best']['images_per_s']} img/s ({ceil['best']})")
+        mres: dict[str, Any] = {"ceiling": ceil, "servers": {}}
+        for kind in servers:
+            t0 = time.monotonic()
+            mres["servers"][kind.name] = measure_server(kind, model, lay, concs, win, ref, log_dir)
+            log(f"  {name} {kind.name}: {time.monotonic() - t0:.0f}s")
+        ceil_pct(mres)
+        results["models"][name] = mres
+    results["loadavg_after"] = os.getloadavg()
+    results["wall_s"] = round(time.monotonic() - t_begin, 1)
+    results["summary"] = summarize(results)
     write_result(a.name, results)
     print(render(results))
     return 0
 
 
+def ceil_pct(mres: dict[str, Any]) -> None:
+    c = float(mres["ceiling"]["best"]["images_per_s"])
+    for s in mres["servers"].values():
+        for p in s["points"]:
+            p["pct_of_ceiling"] = round(100 * p["throughput"] / c, 1)
+
+
+# --- summary: the issue's targets -------------------------------------------------------------------
+def _best_point(points: list[dict[str, Any]], c: int) -> dict[str, Any] | None:
+    at = [p for p in points if p["concurrency"] == c]
+    return max(at, key=lambda p: p["throughput"]) if at else None
+
+
+def verdict(tf: dict[str, Any], peer: dict[str, Any], ceiling: float, band: float = 0.05) -> str:
+    """``win`` (at or above the peer with a p99 no higher), ``tie`` (within `band` of the peer while one
+    of the two is within `band` of the ceiling), or ``loss``; a tie or loss on p99 says so."""
+    t, q = float(tf["throughput"]), float(peer["throughput"])
+    near_ceiling = max(t, q) >= (1 - band) * ceiling
+    p99_ok = float(tf["p99_ms"]) <= float(peer["p99_ms"])
+    if t >= q:
+        return "win" if p99_ok else "win, p99 higher"
+    if near_ceiling and t >= (1 - band) * q:
+        return "tie (5% band near the ceiling)" if p99_ok or t >= q else "tie, p99 higher"
+    return "loss"
+
+
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for lname, lres in results["layouts"].items():
-        s: dict[str, Any] = {}
-        for model, m in lres["models"].items():
-            tf = {p["concurrency"]: p for p in m["servers"]["trtforge"]["points"]}
-            ks = {p["concurrency"]: p for p in m["servers"]["kserve"]["points"]}
-            ms: dict[str, Any] = {}
-            if 32 in tf and 32 in ks:
-                ms["speedup_c32"] = round(tf[32]["throughput"] / max(ks[32]["throughput"], 1e-9), 1)
-                ms["p99_lower_c32"] = tf[32]["p99_ms"] < ks[32]["p99_ms"]
-            ks_default = next(iter((lres.get("sweeps") or {}).get("kserve") or []), None)
-            if model == "squeezenet" and 32 in tf and ks_default:
-                # KServe's defaults at the same point, from the sweep (taken in the same run)
-                ms["speedup_c32_vs_kserve_defaults"] = round(
-                    tf[32]["throughput"] / ks_default["throughput"], 1
-                )
-                ms["p99_lower_c32_vs_kserve_defaults"] = tf[32]["p99_ms"] < ks_default["p99_ms"]
-            ge8 = [p["pct_of_ceiling"] for c, p in tf.items() if c >= 8]
-            ms["min_pct_of_ceiling_c_ge_8"] = min(ge8) if ge8 else None
-            s[model] = ms
-        out[lname] = s
+    for model, m in results["models"].items():
+        srv = m["servers"]
+        ceil = float(m["ceiling"]["best"]["images_per_s"])
+        s: dict[str, Any] = {"points": []}
+        tf_pts = srv.get("trtforge", {}).get("points", [])
+        for c in sorted({p["concurrency"] for p in tf_pts}):
+            tf = _best_point(tf_pts, c)
+            peers = [
+                (k, bp)
+                for k in PEERS_TO_BEAT
+                if k in srv and (bp := _best_point(srv[k]["points"], c)) is not None
+            ]
+            if tf is None or not peers:
+                continue
+            kb, pb = max(peers, key=lambda kp: kp[1]["throughput"])
+            s["points"].append(
+                {
+                    "concurrency": c,
+                    "trtforge": {k: tf[k] for k in ("protocol", "throughput", "p99_ms", "pct_of_ceiling")},
+                    "best_peer": {"server": kb, **{k: pb[k] for k in ("protocol", "throughput", "p99_ms")}},
+                    "ratio": round(tf["throughput"] / max(pb["throughput"], 1e-9), 2),
+                    "verdict": verdict(tf, pb, ceil),
+                }
+            )
+        by = {(p["protocol"], p["concurrency"]): p for p in tf_pts}
+        ge8 = [p["pct_of_ceiling"] for p in tf_pts if p["concurrency"] >= 8 and p["protocol"] == "http"]
+        s["min_pct_of_ceiling_c_ge_8_http"] = min(ge8) if ge8 else None
+        ge8g = [p["pct_of_ceiling"] for p in tf_pts if p["concurrency"] >= 8 and p["protocol"] == "grpc"]
+        s["min_pct_of_ceiling_c_ge_8_grpc"] = min(ge8g) if ge8g else None
+        if ("http", 32) in by and ("grpc", 32) in by:
+            s["grpc_vs_http_c32"] = round(by[("grpc", 32)]["throughput"] / by[("http", 32)]["throughput"], 3)
+        out[model] = s
     return out
 
 
+# --- tables ------------------------------------------------------------------------------------------
+def _cell(p: dict[str, Any] | None) -> str:
+    return "-" if p is None else f"{p['throughput']:.1f} ({p['p99_ms']:.0f})"
+
+
 def render(results: dict[str, Any]) -> str:
-    parts = []
-    for lname, lres in results["layouts"].items():
-        lay = lres["layout"]
-        st = lres["settings"]
+    lay = results["layout"]
+    parts = [
+        f"Layout {lay['name']}: servers on cpus {lay['server_cpus']} ({lay['threads']} ONNX Runtime"
+        f" threads in all), client on cpus {lay['client_cpus']}. 1-min load average before the run"
+        f" {results['loadavg_before'][0]:.2f}, after {results['loadavg_after'][0]:.2f}."
+    ]
+    for model, m in results["models"].items():
+        servers = m["servers"]
+        ceil = m["ceiling"]["best"]
         parts.append(
-            f"\nLayout {lname}: servers on cpus {lay['server_cpus']}"
-            f" ({lay['threads']} ONNX Runtime threads in all), client on cpus {lay['client_cpus']}."
-            f" trtforge: {st['trtforge']['label']} ({st['trtforge']['threads_per_session']} thread(s)"
-            f" per session); KServe: {st['kserve']['label']} ({st['kserve']['threads_per_session']}"
-            " thread(s) per session)."
+            f"\n**{model}** — in-process ceiling {ceil['images_per_s']} img/s "
+            f"(batch {ceil['batch']}"
+            + (f", {ceil['sessions']} sessions side by side" if "sessions" in ceil else "")
+            + ")."
+            " Settings sweep (req/s and p99 ms on each server's first protocol):"
         )
-        sweep_rows = [
-            [
-                kind,
-                r["setting"],
-                r["threads_per_session"],
-                r["throughput"],
-                r["p50_ms"],
-                r["p99_ms"],
-                r["server_cpu_util"],
-            ]
-            for kind, sw in (lres.get("sweeps") or {}).items()
-            for r in sw
-        ]
-        if sweep_rows:
-            parts.append(
-                table(
-                    [
-                        "server",
-                        "setting (SqueezeNet, c=32)",
-                        "threads/session",
-                        "req/s",
-                        "p50 ms",
-                        "p99 ms",
-                        "server CPU",
-                    ],
-                    sweep_rows,
-                )
-            )
-            parts.append("")
         rows = []
-        for model, m in lres["models"].items():
-            ceil = m["ceiling"]["best"]["images_per_s"]
-            ks = {p["concurrency"]: p for p in m["servers"]["kserve"]["points"]}
-            for p in m["servers"]["trtforge"]["points"]:
-                k = ks.get(p["concurrency"], {})
+        for kind, s in servers.items():
+            for sw in s["sweep"]:
+                lo, hi = sw["points"][str(SWEEP_LOW)], sw["points"][str(SWEEP_HIGH)]
+                mark = [
+                    w
+                    for w, lab in (("c<8", s["chosen"]["low"]), ("c>=8", s["chosen"]["high"]))
+                    if lab == sw["setting"]["label"]
+                ]
                 rows.append(
                     [
-                        model,
-                        p["concurrency"],
-                        p["throughput"],
-                        p["p50_ms"],
-                        p["p99_ms"],
-                        f"{p['pct_of_ceiling']}%",
-                        p.get("mean_batch"),
-                        k.get("throughput"),
-                        k.get("p50_ms"),
-                        k.get("p99_ms"),
-                        round(p["throughput"] / k["throughput"], 1) if k.get("throughput") else None,
-                        ceil,
+                        kind,
+                        sw["setting"]["label"],
+                        PROTOCOL_TITLES[sw["protocol"]],
+                        lo["throughput"],
+                        lo["p99_ms"],
+                        hi["throughput"],
+                        hi["p99_ms"],
+                        hi["server_cpu_util"],
+                        ", ".join(mark) or "",
                     ]
                 )
         parts.append(
             table(
                 [
-                    "model",
-                    "conc",
-                    "trtforge req/s",
-                    "p50 ms",
+                    "server",
+                    "setting",
+                    "protocol",
+                    f"c={SWEEP_LOW} req/s",
                     "p99 ms",
-                    "of ceiling",
-                    "batch",
-                    "KServe req/s",
-                    "p50 ms",
+                    f"c={SWEEP_HIGH} req/s",
                     "p99 ms",
-                    "speed-up",
-                    "ceiling img/s",
+                    "server CPU",
+                    "chosen for",
                 ],
                 rows,
             )
         )
+        parts.append("")
+        parts.append(
+            f"Grid, **{model}**: req/s (p99 ms) in each server's chosen setting;"
+            " trtforge's share of the ceiling."
+        )
+        rows = []
+        protos = [
+            pr
+            for pr in PROTOCOL_TITLES
+            if any(p["protocol"] == pr for s in servers.values() for p in s["points"])
+        ]
+        concs = sorted({p["concurrency"] for s in servers.values() for p in s["points"]})
+        for c in concs:
+            for pr in protos:
+                at = {
+                    k: next((p for p in s["points"] if p["concurrency"] == c and p["protocol"] == pr), None)
+                    for k, s in servers.items()
+                }
+                if not any(at.values()):
+                    continue
+                tf = at.get("trtforge")
+                rows.append(
+                    [
+                        c,
+                        PROTOCOL_TITLES[pr],
+                        *(_cell(at.get(k)) for k in servers),
+                        f"{tf['pct_of_ceiling']}%" if tf else "-",
+                        tf.get("mean_batch") if tf else None,
+                    ]
+                )
+        parts.append(
+            table(
+                [
+                    "conc",
+                    "protocol",
+                    *(f"{k} req/s (p99)" for k in servers),
+                    "trtforge of ceiling",
+                    "trtforge batch",
+                ],
+                rows,
+            )
+        )
+        summ = results["summary"].get(model, {})
+        if summ.get("points"):
+            parts.append("")
+            parts.append(
+                f"trtforge against the best of Triton and MLServer, **{model}** (each at its best protocol):"
+            )
+            parts.append(
+                table(
+                    [
+                        "conc",
+                        "trtforge req/s",
+                        "p99 ms",
+                        "protocol",
+                        "best peer",
+                        "req/s",
+                        "p99 ms",
+                        "protocol",
+                        "ratio",
+                        "verdict",
+                    ],
+                    [
+                        [
+                            pt["concurrency"],
+                            pt["trtforge"]["throughput"],
+                            pt["trtforge"]["p99_ms"],
+                            pt["trtforge"]["protocol"],
+                            pt["best_peer"]["server"],
+                            pt["best_peer"]["throughput"],
+                            pt["best_peer"]["p99_ms"],
+                            pt["best_peer"]["protocol"],
+                            pt["ratio"],
+                            pt["verdict"],
+                        ]
+                        for pt in summ["points"]
+                    ],
+                )
+            )
     return "\n".join(parts)
 
 

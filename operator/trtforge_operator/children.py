@@ -469,6 +469,7 @@ class RuntimeRequest:
     image: str
     image_pull_policy: str
     port: int = 8000
+    grpc_port: int = 8001
     max_batch_size: int = 1
     max_queue_delay_us: int = 0
     instances: int = 1
@@ -518,6 +519,8 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
         "$(POD_IP)",
         "--port",
         str(req.port),
+        "--grpc-port",
+        str(req.grpc_port),
         "--max-batch-size",
         str(req.max_batch_size),
         "--max-queue-delay-us",
@@ -564,7 +567,10 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
                 env,
                 resources,
                 mounts,
-                ports=[{"name": "http", "containerPort": req.port, "protocol": "TCP"}],
+                ports=[
+                    {"name": "http", "containerPort": req.port, "protocol": "TCP"},
+                    {"name": "grpc", "containerPort": req.grpc_port, "protocol": "TCP"},
+                ],
                 readinessProbe={**probe_base, "periodSeconds": 2, "failureThreshold": 2},
                 livenessProbe={
                     "httpGet": {"path": "/v2/health/live", "port": req.port},
@@ -608,11 +614,14 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
     }
 
 
-def runtime_service(namespace: str, infd: str, infd_uid: str, port: int) -> dict[str, Any]:
-    """One Service over every target's pods of an InferenceDeployment."""
+def runtime_service(namespace: str, infd: str, infd_uid: str, port: int, grpc_port: int) -> dict[str, Any]:
+    """One Service over every target's pods of an InferenceDeployment: HTTP and gRPC (KServe v2)."""
     spec = {
         "selector": selector_labels(infd),
-        "ports": [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "port": port, "targetPort": port, "protocol": "TCP"},
+            {"name": "grpc", "port": grpc_port, "targetPort": grpc_port, "protocol": "TCP"},
+        ],
     }
     return {
         "apiVersion": "v1",

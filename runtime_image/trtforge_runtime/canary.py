@@ -1,7 +1,12 @@
 """The canary: the manifest's reference inputs must reproduce its reference outputs before Ready.
 
-The file format and the comparison are the contract's (:mod:`trtforge.contract.canary`); each sample
-runs as one execution, with the shapes it was recorded with.
+The file format and the comparison are the contract's (:mod:`trtforge.contract.canary`). The pod
+replays one sample, the one with the fewest input bytes, as one execution with the shapes it was
+recorded with, and compares every output: that is a real validation input through the engine as it
+is loaded on this GPU, against the reference the build recorded, which is what the canary is for
+(wrong engine, wrong device, broken numerics). The build itself already checked every sample; the
+larger ones would only make each pod's start slower (ResNet-50's batch-8 sample took 0.3 s of a
+1.5 s start on 2 CPU cores).
 """
 
 from __future__ import annotations
@@ -37,23 +42,32 @@ def run_canary(instance: Instance, path: Path, spec: ModelSpec, atol: float, rto
             f"canary tensors {canary.input_names} -> {canary.output_names} "
             f"do not match the model's {sorted(want_in)} -> {list(spec.output_names)}",
         )
+    if not canary.inputs:
+        return CanaryResult(False, float("inf"), f"canary file {path.name} holds no samples")
+    s = smallest_sample(canary)
+    ins, refs = canary.inputs[s], canary.outputs[s]
+    feed = {k: np.ascontiguousarray(v, dtype=spec.input_by_name[k].dtype) for k, v in ins.items()}
+    try:
+        out = instance.run(feed)
+    except DeviceFault:
+        raise
+    except Exception as e:
+        return CanaryResult(False, float("inf"), f"canary sample {s}: inference failed: {e}")
     worst = 0.0
-    for s, (ins, refs) in enumerate(zip(canary.inputs, canary.outputs, strict=True)):
-        feed = {k: np.ascontiguousarray(v, dtype=spec.input_by_name[k].dtype) for k, v in ins.items()}
-        try:
-            out = instance.run(feed)
-        except DeviceFault:
-            raise
-        except Exception as e:
-            return CanaryResult(False, float("inf"), f"canary sample {s}: inference failed: {e}")
-        for k, ref in refs.items():
-            max_abs, _rel, ok = compare(out[k], ref, atol, rtol)
-            worst = max(worst, max_abs)
-            if not ok:
-                return CanaryResult(
-                    False,
-                    max_abs,
-                    f"canary sample {s}, output {k!r}: outside atol {atol} / rtol "
-                    f"{rtol} of the reference (max abs error {max_abs:.3g})",
-                )
-    return CanaryResult(True, worst, f"{len(canary.inputs)} sample(s) within atol {atol} / rtol {rtol}")
+    for k, ref in refs.items():
+        max_abs, _rel, ok = compare(out[k], ref, atol, rtol)
+        worst = max(worst, max_abs)
+        if not ok:
+            return CanaryResult(
+                False,
+                max_abs,
+                f"canary sample {s}, output {k!r}: outside atol {atol} / rtol "
+                f"{rtol} of the reference (max abs error {max_abs:.3g})",
+            )
+    return CanaryResult(True, worst, f"sample {s} of {len(canary.inputs)} within atol {atol} / rtol {rtol}")
+
+
+def smallest_sample(canary: Canary) -> int:
+    """The index of the sample with the fewest input bytes (ties: the earlier)."""
+    sizes = [sum(np.asarray(v).nbytes for v in ins.values()) for ins in canary.inputs]
+    return min(range(len(sizes)), key=lambda i: (sizes[i], i))

@@ -42,6 +42,14 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
     p.add_argument("--port", type=_non_negative, default=8000, help="HTTP port (0: any free port)")
+    grpc = p.add_mutually_exclusive_group()
+    grpc.add_argument(
+        "--grpc-port",
+        type=_non_negative,
+        default=8001,
+        help="port of the v2 gRPC protocol (inference.GRPCInferenceService; 0: any free port)",
+    )
+    grpc.add_argument("--no-grpc", action="store_true", help="serve HTTP only")
     p.add_argument(
         "--cache-dir",
         default="/var/cache/trtforge",
@@ -106,17 +114,44 @@ def register(subparsers: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    import asyncio
     import logging
     from pathlib import Path
 
-    from trtforge.contract.gpu_probe import GPUProbeError, probe_from_env
+    from trtforge.contract.gpu_probe import GPUProbeError, probe_from_env, probe_identity
     from trtforge.contract.termination import TerminationMessage, write_termination_message
     from trtforge.store import open_store
     from trtforge.store.base import StoreError
-    from trtforge_runtime.server import Runtime, Settings
 
     log = logging.getLogger("trtforge_runtime")
+    try:
+        from trtforge.contract import layout
+
+        layout.engine_dir(args.engine)
+        probe = probe_from_env()
+        store = open_store(args.store)
+    except (ValueError, GPUProbeError, StoreError) as e:
+        log.error(str(e))
+        msg = TerminationMessage(reason="Error", message=str(e), engine_key=args.engine)
+        write_termination_message(msg)
+        return msg.exit_code
+
+    # The engine is fetched, verified and loaded on a thread while the HTTP server's modules import
+    # below; the runtime collects the result (trtforge_runtime.warmstart says what is kept checked).
+    from trtforge_runtime import warmstart
+    from trtforge_runtime.identity import check_identity
+
+    warmstart.begin(
+        store,
+        args.engine,
+        Path(args.cache_dir),
+        args.instances,
+        check=lambda manifest: check_identity(manifest, probe_identity(probe)),
+    )
+
+    import asyncio
+
+    from trtforge_runtime.server import Runtime, Settings
+
     settings = Settings(
         store_uri=args.store,
         engine_key=args.engine,
@@ -135,16 +170,6 @@ def handle(args: argparse.Namespace) -> int:
         idle_timeout_s=args.idle_timeout,
         body_timeout_s=args.body_timeout,
         max_connections=args.max_connections,
+        grpc_port=None if args.no_grpc else args.grpc_port,
     )
-    try:
-        from trtforge.contract import layout
-
-        layout.engine_dir(args.engine)
-        probe = probe_from_env()
-        store = open_store(args.store)
-    except (ValueError, GPUProbeError, StoreError) as e:
-        log.error(str(e))
-        msg = TerminationMessage(reason="Error", message=str(e), engine_key=args.engine)
-        write_termination_message(msg)
-        return msg.exit_code
     return asyncio.run(Runtime(settings, store, probe).run())

@@ -1,7 +1,16 @@
-"""Fetch an engine from the store into the pod's cache volume, verifying sha256 while it streams.
+"""Fetch an engine from the store into the pod's cache volume, verifying sha256 while it streams; or,
+from a store on a mounted volume (``pvc://``, ``file://``), verify it where it lies.
 
 Cache layout: ``<cache-dir>/<key>/{<engine file>, canary.npz, manifest.json}`` plus, per verified
 file, ``.<file>.verified`` holding ``{"sha256", "size", "mtime_ns", "ino"}``.
+
+In place (a mounted store): nothing is copied. Each file is opened once, hashed through that open
+descriptor (or trusted by a marker from an earlier start, below), and the backend is handed
+``/proc/self/fd/<n>``, a path to that same descriptor, which stays open for the life of the process.
+So what is loaded is the very file that was hashed, even if the store's name is renamed over in
+between. The markers then live in the cache dir as ``.<file>.verified`` and also record the store
+file's device and path; a container restart in the same pod trusts a file whose marker still equals
+its ``fstat`` without reading it again.
 
 Trust policy for the cache (a container restart must not download again): a file is written to a
 temporary name, hashed while it streams, and renamed into place only when its sha256 and size match
@@ -31,10 +40,14 @@ from trtforge.contract import layout
 from trtforge.contract.manifest import Manifest
 from trtforge.logs import fields
 from trtforge.store.base import EngineStore, ObjectNotFound, StoreError
+from trtforge.store.local import LocalStore
+from trtforge_runtime import warmstart
 from trtforge_runtime.errors import Refusal
 
 log = logging.getLogger(__name__)
 CHUNK = 4 << 20
+PROC_FD = Path("/proc/self/fd")
+_held_open: list[int] = []  # descriptors of files verified in place, open for the process's life
 
 
 @dataclass
@@ -42,7 +55,8 @@ class LocalEngine:
     manifest: Manifest
     artifact: Path
     canary: Path
-    downloaded_bytes: int  # 0 when everything came from the cache
+    downloaded_bytes: int  # 0 when everything came from the cache or was verified in place
+    hashed_bytes: int = 0  # read to verify in place (0 when markers vouched for every file)
 
 
 def _marker(path: Path) -> Path:
@@ -128,6 +142,61 @@ def _ensure(store: EngineStore, src: str, dst: Path, sha256: str, size: int | No
     return _fetch_file(store, src, dst, sha256, size)
 
 
+def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int | None) -> tuple[Path, int]:
+    """Verify the store's own file for `src` without copying it: a path to the verified open file,
+    and the bytes read to verify it."""
+    try:
+        fd = os.open(store.file(src), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError as e:
+        raise ObjectNotFound(f"store {store.uri}: {src} does not exist") from e
+    except OSError as e:
+        raise StoreError(f"store {store.uri}: cannot read {src}: {e.strerror or e}") from e
+    try:
+        st = os.fstat(fd)
+        seen = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "dev": st.st_dev}
+        if size is not None and st.st_size != size:
+            raise Refusal(
+                "EngineIntegrity",
+                f"{src} in store {store.uri} has {st.st_size} bytes, the manifest says {size}; "
+                "the file is corrupt or was tampered with, refusing to load it",
+            )
+        try:
+            m = json.loads(marker.read_text())
+            trusted = m.get("sha256") == sha256 and {k: m.get(k) for k in seen} == seen
+        except (OSError, ValueError):
+            trusted = False
+        hashed = 0
+        if trusted:
+            log.info("verified in place earlier; unchanged since", extra=fields(path=src))
+        else:
+            hashed = st.st_size
+            t0 = time.monotonic()
+            with open(fd, "rb", buffering=0, closefd=False) as f:
+                got = hashlib.file_digest(f, "sha256").hexdigest()
+            if got != sha256:
+                raise Refusal(
+                    "EngineIntegrity",
+                    f"{src} in store {store.uri}: sha256 {got} does not match the manifest's {sha256}; "
+                    "the file is corrupt or was tampered with, refusing to load it",
+                )
+            tmp = marker.with_name(marker.name + ".tmp")
+            tmp.write_text(json.dumps({"sha256": sha256, **seen, "source": str(store.file(src))}))
+            os.replace(tmp, marker)
+            secs = time.monotonic() - t0
+            log.info(
+                "verified in place",
+                extra=fields(path=src, bytes=st.st_size, seconds=round(secs, 3)),
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    if not PROC_FD.is_dir():  # no /proc: the name itself (the store only ever renames whole files in)
+        os.close(fd)
+        return store.file(src), hashed
+    _held_open.append(fd)
+    return PROC_FD / str(fd), hashed
+
+
 def _read_manifest(store: EngineStore, key: str, cached: Path) -> Manifest:
     mpath = layout.manifest_path(key)
     try:
@@ -159,10 +228,18 @@ def _read_manifest(store: EngineStore, key: str, cached: Path) -> Manifest:
 def fetch_engine(
     store: EngineStore, key: str, cache_dir: Path, check: Callable[[Manifest], None] | None = None
 ) -> LocalEngine:
-    """The manifest, and verified local copies of the artifact and the canary data.
+    """The manifest, and verified local copies of the artifact and the canary data (for a store on a
+    mounted volume, the verified store files themselves).
 
-    `check` sees the manifest before anything large is fetched (the GPU identity check).
+    `check` sees the manifest before anything large is fetched (the GPU identity check). What a
+    :mod:`~trtforge_runtime.warmstart` already fetched for the same key and cache dir is returned
+    (after `check` sees its manifest again) instead of fetching anew.
     """
+    warm = warmstart.collect_fetch(key, cache_dir)
+    if warm is not None:
+        if check is not None:
+            check(warm.manifest)
+        return warm
     layout.engine_dir(key)  # validates the key
     local = cache_dir / key
     local.mkdir(parents=True, exist_ok=True)
@@ -172,17 +249,21 @@ def fetch_engine(
         check(manifest)
     artifact = local / manifest.engine_file
     canary = local / manifest.canary.file
+    files = (
+        (manifest.engine_file, manifest.sha256, manifest.size_bytes),
+        (manifest.canary.file, manifest.canary.sha256, None),
+    )
+    n = hashed = 0
     try:
-        n = _ensure(
-            store,
-            layout.engine_path(key, manifest.engine_file),
-            artifact,
-            manifest.sha256,
-            manifest.size_bytes,
-        )
-        n += _ensure(
-            store, layout.engine_path(key, manifest.canary.file), canary, manifest.canary.sha256, None
-        )
+        if isinstance(store, LocalStore):
+            (artifact, h1), (canary, h2) = (
+                _in_place(store, layout.engine_path(key, f), _marker(local / f), sha, size)
+                for f, sha, size in files
+            )
+            hashed = h1 + h2
+        else:
+            for f, sha, size in files:
+                n += _ensure(store, layout.engine_path(key, f), local / f, sha, size)
     except ObjectNotFound as e:
         raise Refusal("EngineIntegrity", f"engine {key} in store {store.uri} is incomplete: {e}") from e
     except StoreError as e:
@@ -190,4 +271,6 @@ def fetch_engine(
     tmp = cached_manifest.with_name(cached_manifest.name + ".tmp")
     tmp.write_text(manifest.to_json())
     os.replace(tmp, cached_manifest)
-    return LocalEngine(manifest=manifest, artifact=artifact, canary=canary, downloaded_bytes=n)
+    return LocalEngine(
+        manifest=manifest, artifact=artifact, canary=canary, downloaded_bytes=n, hashed_bytes=hashed
+    )

@@ -79,6 +79,7 @@ class Settings:
     idle_timeout_s: float = 30.0  # no complete request head for this long: the connection is closed
     body_timeout_s: float = 60.0
     max_connections: int = 1024
+    grpc_port: int | None = 8001  # None: no gRPC endpoint; 0: any free port
 
     @property
     def body_memory(self) -> int:
@@ -127,10 +128,11 @@ class Runtime:
         self._stop = asyncio.Event()
         self.exit_code = EXIT_OK
         self.port = settings.port
-        self._has_bytes = False
+        self.has_bytes_inputs = False
         self._limiter: ConnectionLimiter | None = None
+        self.grpc_port: int | None = None
         self.bodies = MemoryBudget(settings.body_memory)
-        self._decode_pool = ThreadPoolExecutor(2, thread_name_prefix="decode")
+        self.decode_pool = ThreadPoolExecutor(2, thread_name_prefix="decode")
 
     # --- faults and ends ------------------------------------------------------------------
     def _fault(self, xid: int | None, gpu: str | None, detail: str) -> None:
@@ -179,7 +181,7 @@ class Runtime:
         m.startup.labels("load").set(t2 - t1)
         instances = [backend.new_instance() for _ in range(self.s.instances)]
         self.manifest, self.spec, self.backend = manifest, spec, backend
-        self._has_bytes = any(t.datatype == "BYTES" for t in spec.inputs)
+        self.has_bytes_inputs = any(t.datatype == "BYTES" for t in spec.inputs)
         result = run_canary(instances[0], local.canary, spec, manifest.canary.atol, manifest.canary.rtol)
         t3 = time.monotonic()
         m.startup.labels("canary").set(t3 - t2)
@@ -245,8 +247,10 @@ class Runtime:
 
     # --- HTTP ---------------------------------------------------------------------------------
     def _model(self, request: web.Request) -> ModelSpec:
-        name = request.match_info["name"]
-        version = request.match_info.get("version")
+        return self.model_spec_for(request.match_info["name"], request.match_info.get("version"))
+
+    def model_spec_for(self, name: str, version: str | None) -> ModelSpec:
+        """The served model if `name` (and `version`, when given) name it; 404, or 503 while loading."""
         spec = self.spec
         if spec is None:
             if self.s.model_name is None or name == self.s.model_name:
@@ -396,12 +400,12 @@ class Runtime:
                 raise RequestError(400, f"{HEADER_LENGTH} {hl!r} is not an integer") from e
             raw, reserved = await self._receive(request, coding)
             json_part = len(raw) if header_length is None else header_length
-            if coding is Coding.IDENTITY and json_part <= INLINE_DECODE_BYTES and not self._has_bytes:
+            if coding is Coding.IDENTITY and json_part <= INLINE_DECODE_BYTES and not self.has_bytes_inputs:
                 req, rows = self._decode(raw, coding, header_length, spec)
             else:
                 loop = asyncio.get_running_loop()
                 req, rows = await loop.run_in_executor(
-                    self._decode_pool, self._decode, raw, coding, header_length, spec
+                    self.decode_pool, self._decode, raw, coding, header_length, spec
                 )
             del raw
             results = await self.batcher.submit(req.inputs, rows)
@@ -466,6 +470,19 @@ class Runtime:
             self.port = listener.sockets[0].getsockname()[1]
         log.info("listening", extra=fields(host=self.s.host, port=self.port))
         startup = asyncio.create_task(self._startup())
+        grpc_server = None
+        if self.s.grpc_port is not None:
+            # After HTTP listens and the engine starts loading: importing grpc takes a while.
+            from trtforge_runtime.grpc_service import start_grpc
+
+            try:
+                grpc_server, self.grpc_port = await start_grpc(self, self.s.host, self.s.grpc_port)
+                log.info("listening for gRPC", extra=fields(host=self.s.host, grpc_port=self.grpc_port))
+            except OSError as e:
+                log.error(str(e))
+                msg = TerminationMessage(reason="Error", message=str(e), engine_key=self.s.engine_key)
+                write_termination_message(msg)
+                self.request_stop(msg.exit_code)
         await self._stop.wait()
         # Stop: not ready at once, no new connections, let in-flight requests finish.
         was_ready = self.state == "ready"
@@ -473,15 +490,22 @@ class Runtime:
         self.metrics.ready_m.set(0)
         startup.cancel()
         listener.close()
+        grpc_stopped = (
+            asyncio.ensure_future(grpc_server.stop(self.s.drain_timeout_s))
+            if grpc_server is not None
+            else None
+        )
         if was_ready:
             deadline = time.monotonic() + self.s.drain_timeout_s
             while (self.active or (self.batcher and self.batcher.in_flight)) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             log.info("drained", extra=fields(left=self.active))
+        if grpc_stopped is not None:
+            await grpc_stopped
         if self.batcher is not None:
             await self.batcher.stop()
         await runner.cleanup()
-        self._decode_pool.shutdown(wait=False, cancel_futures=True)
+        self.decode_pool.shutdown(wait=False, cancel_futures=True)
         monitor.stop()
         if self.exit_code == EXIT_OK:
             write_termination_message(

@@ -37,7 +37,7 @@ def _shape(raw: Any, name: str) -> tuple[int, ...]:
     return tuple(raw)
 
 
-def _decode_bytes_blob(blob: memoryview, name: str, count: int) -> np.ndarray:
+def decode_bytes_blob(blob: memoryview, name: str, count: int) -> np.ndarray:
     """`count` length-prefixed elements filling `blob` exactly (at most `count` are ever made)."""
     arr = np.empty(count, dtype=object)
     off, n = 0, len(blob)
@@ -59,7 +59,7 @@ def _decode_bytes_blob(blob: memoryview, name: str, count: int) -> np.ndarray:
     return arr
 
 
-def _encode_bytes_blob(arr: np.ndarray) -> bytes:
+def encode_bytes_blob(arr: np.ndarray) -> bytes:
     parts: list[bytes] = []
     for v in arr.reshape(-1):
         b = v if isinstance(v, bytes) else str(v).encode()
@@ -172,7 +172,7 @@ def decode_request(
             blob = view[offset : offset + size]
             offset += size
             if datatype == "BYTES":
-                arr = _decode_bytes_blob(blob, name, count).reshape(shape)
+                arr = decode_bytes_blob(blob, name, count).reshape(shape)
             else:
                 if size != count * dtype.itemsize:
                     raise RequestError(
@@ -229,6 +229,11 @@ def decode_request(
     return InferRequest(id=str(rid) if rid is not None else None, inputs=inputs, outputs=outputs)
 
 
+def output_datatype(arr: np.ndarray) -> str:
+    """The v2 datatype of an output array."""
+    return "BYTES" if arr.dtype.kind in "OSU" else NUMPY_TO_V2.get(arr.dtype.name, "BYTES")
+
+
 def encode_response(
     spec: ModelSpec, req: InferRequest, results: dict[str, np.ndarray]
 ) -> tuple[bytes, int | None]:
@@ -237,10 +242,10 @@ def encode_response(
     blobs: list[bytes] = []
     for name, binary in req.outputs:
         arr = results[name]
-        datatype = "BYTES" if arr.dtype.kind in "OSU" else NUMPY_TO_V2.get(arr.dtype.name, "BYTES")
+        datatype = output_datatype(arr)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
         if binary:
-            blob = _encode_bytes_blob(arr) if datatype == "BYTES" else np.ascontiguousarray(arr).tobytes()
+            blob = encode_bytes_blob(arr) if datatype == "BYTES" else np.ascontiguousarray(arr).tobytes()
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         elif datatype == "BYTES":

@@ -27,6 +27,8 @@ class Server:
     ):
         self.port = free_port()
         self.url = f"127.0.0.1:{self.port}"
+        self.grpc_port = free_port()
+        self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         self.term = tmp / f"termination-{self.port}"
         self.log = tmp / f"serve-{self.port}.log"
         self.cache = cache or tmp / "cache"
@@ -45,6 +47,8 @@ class Server:
             str(self.port),
             "--cache-dir",
             str(self.cache),
+            "--grpc-port",
+            str(self.grpc_port),
             *extra,
         ]
         self._log_f = open(self.log, "w")  # noqa: SIM115 (closed in stop)

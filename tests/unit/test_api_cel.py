@@ -183,6 +183,15 @@ def test_deployment_rules() -> None:
         "spec.targets: targets must be unique (gpu, mig) pairs"
     ]
     _refused(InferenceDeploymentSpec, dup)
+    same_ports = {"engineRef": {"name": "e"}, "runtime": {"port": 9000, "grpcPort": 9000}}
+    assert cel_violations("InferenceDeployment", same_ports) == [
+        "spec.runtime: runtime.grpcPort must differ from runtime.port"
+    ]
+    _refused(InferenceDeploymentSpec, same_ports)
+    assert (
+        cel_violations("InferenceDeployment", {"engineRef": {"name": "e"}, "runtime": {"grpcPort": 9001}})
+        == []
+    )
 
 
 def _refused(model: type[BaseModel], spec: dict[str, Any]) -> None:

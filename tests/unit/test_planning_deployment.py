@@ -161,6 +161,12 @@ def test_one_deployment_per_ready_target_and_one_service() -> None:
     assert cmd[:2] == ["trtforge", "serve"] and cmd[cmd.index("--engine") + 1] == KEY_H
     assert cmd[cmd.index("--store") + 1] == "http://broker:8081"
     assert h["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert cmd[cmd.index("--grpc-port") + 1] == "8001"
+    assert [(p["name"], p["containerPort"]) for p in h["containers"][0]["ports"]] == [
+        ("http", 8000),
+        ("grpc", 8001),
+    ]
+    assert [(p["name"], p["port"]) for p in svcs[0]["spec"]["ports"]] == [("http", 8000), ("grpc", 8001)]
     strategy = by_target[H100.name]["spec"]["strategy"]["rollingUpdate"]
     assert strategy["maxUnavailable"] == 0  # the old engine keeps serving until the new one is Ready
     assert any(v.get("projected") for v in h["volumes"])  # the broker token, not store credentials

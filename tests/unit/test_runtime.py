@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -20,7 +23,7 @@ from trtforge.contract.engine_key import BuildConfig, ShapeRange
 from trtforge.contract.gpu import GPUTarget, identity_for_target
 from trtforge.contract.manifest import Accuracy, CanaryRef, Manifest, TensorSpec
 from trtforge.contract.termination import EXIT_GPU_FAULT, TerminationMessage
-from trtforge.store import open_store
+from trtforge.store import EngineStore, open_store
 
 H100 = identity_for_target(GPUTarget(gpu="NVIDIA-H100-80GB-HBM3"))
 KEY = "a" * 64
@@ -172,14 +175,28 @@ def _store(tmp: Path, artifact: bytes, canary: bytes, manifest: Manifest) -> Pat
     return tmp / "store"
 
 
-def test_fetch_verifies_caches_and_trusts_only_an_unchanged_marked_copy(tmp_path: Path) -> None:
+class _RemoteStore:
+    """A store that is not on a mounted volume (as s3:// or the broker are to the runtime): it only
+    streams, so the runtime must copy. The bytes come from a real local store underneath."""
+
+    def __init__(self, inner: EngineStore) -> None:
+        self.inner, self.uri, self.read_only = inner, f"remote+{inner.uri}", True
+
+    def read_bytes(self, path: str) -> bytes:
+        return self.inner.read_bytes(path)
+
+    def iter_chunks(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        return self.inner.iter_chunks(path, chunk_size)
+
+
+def test_fetch_copies_from_a_remote_store_and_trusts_only_an_unchanged_marked_copy(tmp_path: Path) -> None:
     artifact, canary = b"x" * 10_000, b"canary"
     root = _store(tmp_path, artifact, canary, _manifest(artifact, canary))
-    store = open_store(str(root))
+    store = cast(EngineStore, _RemoteStore(open_store(str(root))))
     cache = tmp_path / "cache"
     first = fetch_engine(store, KEY, cache)
     assert first.downloaded_bytes == len(artifact) + len(canary)
-    assert first.artifact.read_bytes() == artifact
+    assert first.artifact.parent == cache / KEY and first.artifact.read_bytes() == artifact
     assert fetch_engine(store, KEY, cache).downloaded_bytes == 0  # marker + unchanged stat: no read
     first.artifact.write_bytes(b"y" * 10_000)  # the cached copy changes: re-hashed, fetched again
     again = fetch_engine(store, KEY, cache)
@@ -189,6 +206,37 @@ def test_fetch_verifies_caches_and_trusts_only_an_unchanged_marked_copy(tmp_path
     with pytest.raises(Refusal, match="does not match the manifest") as e:
         fetch_engine(store, KEY, tmp_path / "fresh-cache")
     assert e.value.reason == "EngineIntegrity"
+    with pytest.raises(Refusal, match="does not exist") as e:
+        fetch_engine(store, "b" * 64, cache)
+    assert e.value.reason == "EngineIntegrity"
+
+
+def test_fetch_verifies_a_mounted_store_in_place_and_loads_the_file_it_hashed(tmp_path: Path) -> None:
+    artifact, canary = b"x" * 10_000, b"canary"
+    root = _store(tmp_path, artifact, canary, _manifest(artifact, canary))
+    in_store = root / layout.engine_dir(KEY) / "model.onnx"
+    store = open_store(str(root))
+    cache = tmp_path / "cache"
+    first = fetch_engine(store, KEY, cache)
+    assert (first.downloaded_bytes, first.hashed_bytes) == (0, len(artifact) + len(canary))
+    assert not (cache / KEY / "model.onnx").exists()  # nothing copied
+    assert first.artifact.read_bytes() == artifact and first.canary.read_bytes() == canary
+    # A restart in the same pod: the markers vouch for the unchanged store files, nothing is read.
+    assert fetch_engine(store, KEY, cache).hashed_bytes == 0
+
+    # A different file renamed over the store's name after the check: the path handed to the
+    # backend still reads the file that was hashed.
+    swapped = in_store.with_name(".swap")
+    swapped.write_bytes(b"y" * 10_000)
+    os.replace(swapped, in_store)
+    assert first.artifact.read_bytes() == artifact
+    # ... and the next start sees a changed file (new inode), hashes it and refuses it.
+    with pytest.raises(Refusal, match="does not match the manifest") as e:
+        fetch_engine(store, KEY, cache)
+    assert e.value.reason == "EngineIntegrity"
+    in_store.write_bytes(b"x" * 9_999)  # the wrong size is refused before any read
+    with pytest.raises(Refusal, match="has 9999 bytes, the manifest says 10000"):
+        fetch_engine(store, KEY, cache)
     with pytest.raises(Refusal, match="does not exist") as e:
         fetch_engine(store, "b" * 64, cache)
     assert e.value.reason == "EngineIntegrity"

@@ -181,6 +181,12 @@ class LocalStore:
         self._fsync_dir(dest.parent)
         return True
 
+    def file(self, path: str) -> Path:
+        """The file behind store path `path` on the mounted directory (it may not exist), so a reader on
+        the same volume can use it in place instead of copying it."""
+        self._check_mount()
+        return self._abs(path)
+
     def _open(self, path: str) -> BinaryIO:
         self._check_mount()
         p = self._abs(path)

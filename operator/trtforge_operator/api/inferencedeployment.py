@@ -174,6 +174,12 @@ class RuntimeSettings(ApiModel):
     port: int = Field(
         default=8000, ge=1, le=65535, description="HTTP port of the inference protocol (KServe v2)."
     )
+    grpc_port: int = Field(
+        default=8001,
+        ge=1,
+        le=65535,
+        description="gRPC port of the inference protocol (KServe v2, inference.GRPCInferenceService).",
+    )
     batching: Batching = Field(
         default_factory=Batching, description="Dynamic batching.", json_schema_extra={"default": {}}
     )
@@ -231,7 +237,17 @@ class InferenceDeploymentSpec(ApiModel):
         },
     )
     runtime: RuntimeSettings = Field(
-        default_factory=RuntimeSettings, description="Runtime pods.", json_schema_extra={"default": {}}
+        default_factory=RuntimeSettings,
+        description="Runtime pods.",
+        json_schema_extra={
+            "default": {},
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.grpcPort != self.port",
+                    "message": "runtime.grpcPort must differ from runtime.port",
+                },
+            ],
+        },
     )
     rollout: Rollout = Field(
         default_factory=Rollout, description="Progressive rollout.", json_schema_extra={"default": {}}
@@ -242,6 +258,8 @@ class InferenceDeploymentSpec(ApiModel):
 
     @model_validator(mode="after")
     def _unique(self) -> InferenceDeploymentSpec:
+        if self.runtime.grpc_port == self.runtime.port:
+            raise ValueError(f"runtime.grpcPort must differ from runtime.port ({self.runtime.port})")
         seen = set()
         for t in self.targets:
             if (t.gpu, t.mig) in seen:

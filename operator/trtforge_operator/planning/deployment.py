@@ -208,6 +208,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 image=image,
                 image_pull_policy=runtime.image_pull_policy or cfg.image_pull_policy,
                 port=runtime.port,
+                grpc_port=runtime.grpc_port,
                 max_batch_size=runtime.batching.max_batch_size,
                 max_queue_delay_us=runtime.batching.max_queue_delay_microseconds,
                 instances=runtime.instances,
@@ -254,7 +255,9 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         target_statuses.append(st)
     plan.delete_deployments = sorted(n for n in existing if n not in keep)
     if wanted:
-        plan.apply.append(children.runtime_service(obs.namespace, obs.name, obs.uid, runtime.port))
+        plan.apply.append(
+            children.runtime_service(obs.namespace, obs.name, obs.uid, runtime.port, runtime.grpc_port)
+        )
 
     # --- recovery of recorded faults
     for i, rec in enumerate(records):

@@ -29,7 +29,14 @@ class Backend(Protocol):
 
 
 def load_backend(manifest: Manifest, artifact: Path, instances: int) -> Backend:
-    """Load the artifact with the backend the manifest names; Refusal(EngineLoadFailed) if it cannot."""
+    """Load the artifact with the backend the manifest names; Refusal(EngineLoadFailed) if it cannot.
+
+    A backend that a :mod:`~trtforge_runtime.warmstart` loaded for the same arguments is returned."""
+    from trtforge_runtime import warmstart
+
+    warm = warmstart.collect_backend(manifest.key, artifact, instances)
+    if warm is not None:
+        return warm
     if manifest.backend == "onnxruntime":
         from trtforge_runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
 

@@ -7,7 +7,8 @@ execution, all graph optimisations, no spinning).
 
 ``--predict_mode sync`` is KServe's documented custom-model pattern (``def predict``, run on the event
 loop); ``--predict_mode executor`` makes ``predict`` a coroutine that hands ``session.run`` to the
-server's thread pool, so the event loop keeps parsing requests while the session runs.
+server's thread pool, so the event loop keeps parsing requests while the session runs. KServe's
+own v2 gRPC server listens on ``--grpc_port``.
 """
 
 from __future__ import annotations
@@ -93,8 +94,9 @@ def main() -> None:
     logging.getLogger().setLevel(logging.WARNING)
     ModelServer(
         http_port=args.http_port,
+        grpc_port=args.grpc_port,
         workers=args.workers,
-        enable_grpc=False,
+        enable_grpc=True,
         enable_latency_logging=args.enable_latency_logging,
         max_asyncio_workers=args.max_asyncio_workers,
     ).start([model])

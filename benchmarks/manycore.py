@@ -1,0 +1,283 @@
+"""Many cores: does one ``trtforge serve`` pod use all of its cores?
+
+For each N (default 2, 4, 8 and 14 on a 16-core host): the server is pinned to cores 0..N-1 and the
+client to the rest. On the server's cores, first the backend's in-process ceiling (one session with
+N threads, and N single-thread sessions side by side; the best images per second of either), then
+``trtforge serve`` in each given setting, driven by :mod:`benchmarks.loadgen` at each concurrency,
+with every answer compared with ONNX Runtime's own output for the same input (``--check``): an
+answer that differs counts as an error. The client runs as several processes when it has the cores
+for them, so the client is not what limits a fast server.
+
+    python -m benchmarks.manycore --cores 2,4,8,14 --models squeezenet,resnet50
+
+Settings (``--settings``, ``;``-separated): ``default`` runs ``trtforge serve`` with no tuning flags
+(the runtime chooses for its cores); anything else is passed as flags, ``{n}`` replaced by N, e.g.
+``--instances {n} --max-batch-size 4``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import (
+    CACHE,
+    ROOT,
+    TRTFORGE,
+    free_port,
+    log,
+    start,
+    stop,
+    table,
+    taskset,
+    tree_cpu_seconds,
+    wait_http_ok,
+    write_result,
+)
+from benchmarks.engines import ensure_engine, store_dir
+from benchmarks.models import model_info, sample_input
+from benchmarks.servers import Model
+
+
+def reference(model: Model) -> Path:
+    """ONNX Runtime's output for the load generator's input, saved for ``loadgen --check``."""
+    from benchmarks.ceiling import ort_session
+
+    sess = ort_session(str(model.file), 1)
+    (y,) = sess.run([model.output], {model.input: sample_input(1)})  # type: ignore[attr-defined]
+    path = CACHE / "manycore" / f"{model.name}-reference.npy"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, np.asarray(y, dtype=np.float32))
+    return path
+
+
+def ceiling(model: Model, cpus: str, n: int, seconds: float, batches: str) -> dict[str, Any]:
+    cmd = taskset(
+        cpus,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.ceiling",
+            "--model-file",
+            str(model.file),
+            "--threads",
+            str(n),
+            "--seconds",
+            str(seconds),
+            "--batches",
+            batches,
+        ],
+    )
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"ceiling failed: {r.stderr[-2000:]}")
+    res: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    return res
+
+
+def serve(
+    model: Model, cpus: str, flags: list[str], log_path: Path
+) -> tuple[subprocess.Popen[bytes], int, float]:
+    key, _ = ensure_engine(model.file, store_dir(model.name))
+    port = free_port()
+    cache = CACHE / "manycore" / f"cache-{port}"
+    cmd = [
+        *TRTFORGE,
+        "--log-format",
+        "json",
+        "serve",
+        "--store",
+        str(store_dir(model.name)),
+        "--engine",
+        key,
+        "--model-name",
+        model.name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--cache-dir",
+        str(cache),
+        *flags,
+    ]
+    t0 = time.monotonic()
+    p = start(taskset(cpus, cmd), log_path, {"TRTFORGE_GPU_PROBE": "none"})
+    try:
+        wait_http_ok(
+            f"http://127.0.0.1:{port}/v2/models/{model.name}/ready", timeout=300, proc=p, interval=0.05
+        )
+    except Exception:
+        stop(p)
+        raise RuntimeError(f"trtforge serve did not become ready; see {log_path}") from None
+    return p, port, time.monotonic() - t0
+
+
+def drive(
+    model: Model, port: int, cpus: str, procs: int, c: int, seconds: float, warmup: float, ref: Path, pid: int
+) -> dict[str, Any]:
+    cmd = taskset(
+        cpus,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.loadgen",
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--model",
+            model.name,
+            "--input",
+            model.input,
+            "--output",
+            model.output,
+            "--concurrency",
+            str(c),
+            "--seconds",
+            str(seconds),
+            "--warmup",
+            str(warmup),
+            "--procs",
+            str(procs),
+            "--check",
+            str(ref),
+        ],
+    )
+    cpu0, t0 = tree_cpu_seconds(pid), time.monotonic()
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=seconds + warmup + 300)
+    cpu1, t1 = tree_cpu_seconds(pid), time.monotonic()
+    if r.returncode != 0:
+        raise RuntimeError(f"load generator failed: {r.stderr[-2000:]}")
+    res: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    res["server_cpu_cores"] = round((cpu1 - cpu0) / (t1 - t0), 2)
+    res["client_cpu_cores"] = round(res["client_cpu_s"] / max(res["seconds"], 1e-9), 2)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cores", default="2,4,8,14", help="server core counts N (cores 0..N-1)")
+    p.add_argument("--models", default="squeezenet,resnet50")
+    p.add_argument("--settings", default="default", help="';'-separated trtforge serve flags, {n} = N")
+    p.add_argument("--concurrency", default="64")
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--slow-factor", type=float, default=1.6, help="window multiplier for ResNet-50")
+    p.add_argument("--ceiling-seconds", type=float, default=1.0)
+    p.add_argument("--ceiling-batches", default="1,4,8,16,32")
+    p.add_argument("--name", default="manycore")
+    a = p.parse_args(argv)
+    total = os.cpu_count() or 1
+    cores = [int(n) for n in a.cores.split(",")]
+    if max(cores) >= total:
+        raise SystemExit(f"--cores {a.cores}: the client needs at least one of this machine's {total} cores")
+    settings = [s.strip() for s in a.settings.split(";") if s.strip()]
+    log_dir = CACHE / "logs"
+    res: dict[str, Any] = {
+        "host_cpus": total,
+        "config": vars(a),
+        "loadavg_before": os.getloadavg(),
+        "runs": [],
+    }
+    for name in a.models.split(","):
+        model = model_info(name)
+        ref = reference(model)
+        slow = a.slow_factor if name != "squeezenet" else 1.0
+        for n in cores:
+            scpus, ccpus = f"0-{n - 1}", f"{n}-{total - 1}"
+            procs = max(1, min(4, total - n))
+            ceil = ceiling(model, scpus, n, a.ceiling_seconds * slow, a.ceiling_batches)
+            best = float(ceil["best"]["images_per_s"])
+            log(f"{name} N={n}: ceiling {best} img/s ({ceil['best']})")
+            for s in settings:
+                flags = [] if s == "default" else shlex.split(s.replace("{n}", str(n)))
+                srv, port, ready_s = serve(model, scpus, flags, log_dir / f"manycore-{name}-{n}.log")
+                try:
+                    for c in [int(c) for c in a.concurrency.split(",")]:
+                        r = drive(
+                            model, port, ccpus, procs, c, a.seconds * slow, a.warmup * slow, ref, srv.pid
+                        )
+                        r.pop("error_samples", None) if not r["errors"] else None
+                        run = {
+                            "model": name,
+                            "n": n,
+                            "server_cpus": scpus,
+                            "client_cpus": ccpus,
+                            "setting": s,
+                            "ready_s": round(ready_s, 2),
+                            "ceiling": ceil,
+                            "pct_of_ceiling": round(100 * r["throughput"] / best, 1),
+                            **r,
+                        }
+                        res["runs"].append(run)
+                        log(
+                            f"  [{s}] c={c}: {r['throughput']} req/s = {run['pct_of_ceiling']}% of ceiling,"
+                            f" p99 {r['p99_ms']} ms, errors {r['errors']},"
+                            f" server {r['server_cpu_cores']} cores, client {r['client_cpu_cores']} cores"
+                        )
+                finally:
+                    stop(srv)
+                    shutil.rmtree(CACHE / "manycore" / f"cache-{port}", ignore_errors=True)
+    res["loadavg_after"] = os.getloadavg()
+    write_result(a.name, res)
+    print(render(res))
+    return 0
+
+
+def render(res: dict[str, Any]) -> str:
+    rows = [
+        [
+            r["model"],
+            r["n"],
+            r["setting"],
+            r["concurrency"],
+            r["ceiling"]["best"]["images_per_s"],
+            r["throughput"],
+            f"{r['pct_of_ceiling']}%",
+            r["p50_ms"],
+            r["p99_ms"],
+            r["errors"],
+            r["completed"],
+            r["server_cpu_cores"],
+            r["client_cpu_cores"],
+        ]
+        for r in res["runs"]
+    ]
+    head = (
+        f"Many cores: server on cores 0..N-1, client on the rest of {res['host_cpus']};"
+        " every answer compared with ONNX Runtime's (a differing one counts as an error)."
+    )
+    return (
+        head
+        + "\n"
+        + table(
+            [
+                "model",
+                "N",
+                "setting",
+                "conc",
+                "ceiling img/s",
+                "req/s",
+                "of ceiling",
+                "p50 ms",
+                "p99 ms",
+                "errors",
+                "answers checked",
+                "server cores busy",
+                "client cores busy",
+            ],
+            rows,
+        )
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

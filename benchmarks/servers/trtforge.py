@@ -1,0 +1,60 @@
+"""trtforge serve: the engine that ``trtforge build --gpu cpu --precision fp32`` published for the model,
+served from a local store with the setting's instances, threads, max batch and queue delay."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from benchmarks.common import CACHE, TRTFORGE, cmd_output
+from benchmarks.engines import ensure_engine, store_dir
+from benchmarks.servers import Kind, Launch, Model, Setting, default_sweep
+
+
+def launch(model: Model, s: Setting, http_port: int, grpc_port: int, work: Path) -> Launch:
+    store = store_dir(model.name)
+    key, _publisher = ensure_engine(model.file, store)
+    cache = CACHE / "serve-cache" / f"{model.name}-{http_port}"
+    cmd = [
+        *TRTFORGE,
+        "--log-format",
+        "json",
+        "serve",
+        "--store",
+        str(store),
+        "--engine",
+        key,
+        "--model-name",
+        model.name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(http_port),
+        "--cache-dir",
+        str(cache),
+        "--instances",
+        str(s.instances),
+        "--max-batch-size",
+        str(s.max_batch),
+        "--max-queue-delay-us",
+        str(s.queue_delay_us),
+    ]
+    protocols: tuple[str, ...] = ("http",)
+    if grpc_supported():
+        cmd += ["--grpc-port", str(grpc_port)]
+        protocols = ("http", "grpc")
+    env = {"TRTFORGE_GPU_PROBE": "none", "TRTFORGE_ORT_THREADS": str(s.threads)}
+    return Launch(cmd, env, http_port, grpc_port if len(protocols) > 1 else None, protocols, [cache])
+
+
+@functools.cache
+def grpc_supported() -> bool:
+    """Whether this tree's ``trtforge serve`` has a gRPC port."""
+    return "--grpc-port" in cmd_output([*TRTFORGE, "serve", "--help"])
+
+
+def version() -> dict[str, str]:
+    return {"trtforge": cmd_output(["git", "rev-parse", "--short", "HEAD"])}
+
+
+KIND = Kind("trtforge", "trtforge serve", default_sweep, launch, version)

@@ -1,0 +1,241 @@
+"""`trtforge serve` over the v2 gRPC protocol, driven by `tritonclient.grpc` (a client no one here wrote).
+
+Engines are real builds (ResNet-50 and a dynamic-batch MLP, as in test_serve.py); answers are
+compared with ONNX Runtime run directly on the source models. HTTP and gRPC share one batcher,
+one set of limits and metrics, and one readiness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import threading
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http.aio as httpaio
+from tritonclient.utils import InferenceServerException
+
+from tests.integration.serve_engines import (
+    build_engine,
+    copy_engine,
+    perturb_canary,
+    run_ort,
+    termination,
+    write_gpu_file,
+)
+from tests.integration.serve_process import Server
+from tests.modelzoo import dynamic_mlp, light_model
+
+pytestmark = pytest.mark.integration
+
+RESNET_IN, RESNET_OUT = "gpu_0/data_0", "gpu_0/softmax_1"
+
+
+@dataclass
+class Bed:
+    tmp: Path
+    store: Path
+    gpu_file: Path
+    resnet: Path
+    mlp: Path
+    resnet_key: str
+    mlp_key: str
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Bed:
+    tmp = tmp_path_factory.mktemp("grpc")
+    store = tmp / "store"
+    gpu_file = write_gpu_file(tmp / "gpus.json")
+    resnet = light_model("resnet50")
+    mlp = dynamic_mlp(seed=3, features=64, hidden=128, outputs=10)
+    return Bed(
+        tmp=tmp,
+        store=store,
+        gpu_file=gpu_file,
+        resnet=resnet,
+        mlp=mlp,
+        resnet_key=build_engine(store, resnet, name="resnet50", gpu_file=gpu_file, samples=1),
+        mlp_key=build_engine(
+            store, mlp, name="mlp", gpu_file=gpu_file, samples=8, profiles=["x:1x64:16x64:32x64"]
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def resnet_server(bed: Bed) -> Iterator[Server]:
+    s = Server(bed.store, bed.resnet_key, bed.tmp, bed.gpu_file, "--max-queue", "2")
+    s.wait()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def mlp_server(bed: Bed) -> Iterator[Server]:
+    s = Server(bed.store, bed.mlp_key, bed.tmp, bed.gpu_file, "--max-queue-delay-us", "2000")
+    s.wait()
+    yield s
+    s.stop()
+
+
+def _status(e: pytest.ExceptionInfo[InferenceServerException]) -> str:
+    return str(e.value.status())
+
+
+def test_grpc_health_metadata_and_resnet50_match_onnxruntime(bed: Bed, resnet_server: Server) -> None:
+    c = grpcclient.InferenceServerClient(resnet_server.grpc_url)
+    assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("resnet50")
+    meta = c.get_model_metadata("resnet50", as_json=True)
+    assert meta["name"] == "resnet50" and meta["platform"] == "onnxruntime_onnx"
+    assert meta["inputs"] == [{"name": RESNET_IN, "datatype": "FP32", "shape": ["1", "3", "224", "224"]}]
+    assert c.get_server_metadata().name == "trtforge"
+    x = np.random.default_rng(4).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    inp = grpcclient.InferInput(RESNET_IN, [1, 3, 224, 224], "FP32")
+    inp.set_data_from_numpy(x)
+    result = c.infer("resnet50", [inp], request_id="r-1")
+    np.testing.assert_allclose(
+        result.as_numpy(RESNET_OUT), run_ort(bed.resnet, {RESNET_IN: x})[RESNET_OUT], rtol=1e-5, atol=1e-6
+    )
+    assert result.get_response().id == "r-1"
+    with pytest.raises(InferenceServerException) as e:
+        c.is_model_ready("nope")
+    assert _status(e) == "StatusCode.NOT_FOUND"
+    c.close()
+
+
+def test_grpc_and_http_share_one_batcher_and_its_metrics(bed: Bed, mlp_server: Server) -> None:
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal((int(rng.integers(1, 4)), 64)).astype(np.float32) for _ in range(32 * 4)]
+    refs = [run_ort(bed.mlp, {"x": x})["y"] for x in xs]
+
+    async def grpc_client(i: int) -> int:
+        c = grpcaio.InferenceServerClient(mlp_server.grpc_url)
+        try:
+            for j in range(i, len(xs), 32):
+                inp = grpcaio.InferInput("x", list(xs[j].shape), "FP32")
+                inp.set_data_from_numpy(xs[j])
+                got = (await c.infer("mlp", [inp])).as_numpy("y")
+                np.testing.assert_allclose(got, refs[j], rtol=1e-5, atol=1e-6)
+            return 1
+        finally:
+            await c.close()
+
+    async def http_client(i: int) -> int:
+        c = httpaio.InferenceServerClient(mlp_server.url)
+        try:
+            for j in range(i, len(xs), 32):
+                inp = httpaio.InferInput("x", list(xs[j].shape), "FP32")
+                inp.set_data_from_numpy(xs[j])
+                got = (await c.infer("mlp", [inp])).as_numpy("y")
+                np.testing.assert_allclose(got, refs[j], rtol=1e-5, atol=1e-6)
+            return 1
+        finally:
+            await c.close()
+
+    async def main() -> list[int]:
+        return await asyncio.gather(*(grpc_client(i) if i % 2 else http_client(i) for i in range(32)))
+
+    assert sum(asyncio.run(main())) == 32
+    metrics = urllib.request.urlopen(f"http://{mlp_server.url}/metrics", timeout=30).read().decode()
+
+    def metric(series: str) -> float:
+        m = re.search(re.escape(series) + r" (\S+)", metrics)
+        assert m, f"{series} not in /metrics"
+        return float(m.group(1))
+
+    assert metric('trtforge_runtime_requests_total{model="mlp",outcome="success"}') == len(xs)
+    assert metric('trtforge_runtime_batch_size_count{model="mlp"}') < len(xs), (
+        "no two requests shared a batch"
+    )
+
+
+def test_grpc_bad_input_gets_invalid_argument_naming_the_field(mlp_server: Server) -> None:
+    c = grpcclient.InferenceServerClient(mlp_server.grpc_url)
+    for shape, datatype, text in [
+        ([2, 63], "FP32", r"shape \[2, 63\], expected \[-1, 64\]"),
+        ([2, 64], "FP64", "datatype FP64, expected FP32"),
+        ([33, 64], "FP32", "exceeds the model's max batch size 32"),
+    ]:
+        inp = grpcclient.InferInput("x", shape, datatype)
+        inp.set_data_from_numpy(np.zeros(shape, np.float64 if datatype == "FP64" else np.float32))
+        with pytest.raises(InferenceServerException, match=text) as e:
+            c.infer("mlp", [inp])
+        assert _status(e) == "StatusCode.INVALID_ARGUMENT"
+    inp = grpcclient.InferInput("x", [1, 64], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, 64), np.float32))
+    with pytest.raises(InferenceServerException, match="unknown model 'nope'") as e:
+        c.infer("nope", [inp])
+    assert _status(e) == "StatusCode.NOT_FOUND"
+    with pytest.raises(InferenceServerException, match="unknown output 'z'") as e:
+        c.infer("mlp", [inp], outputs=[grpcclient.InferRequestedOutput("z")])
+    assert _status(e) == "StatusCode.INVALID_ARGUMENT"
+    c.close()
+
+
+def test_grpc_full_queue_gets_resource_exhausted(resnet_server: Server) -> None:
+    """ResNet-50 takes ~100 ms a request here; with 2 queue slots, 12 at once overflow it."""
+    x = np.zeros((1, 3, 224, 224), np.float32)
+    outcomes: list[str] = []
+
+    def one() -> None:
+        c = grpcclient.InferenceServerClient(resnet_server.grpc_url)
+        inp = grpcclient.InferInput(RESNET_IN, [1, 3, 224, 224], "FP32")
+        inp.set_data_from_numpy(x)
+        try:
+            c.infer("resnet50", [inp])
+            outcomes.append("ok")
+        except InferenceServerException as e:
+            assert "queue is full" in str(e.message())
+            outcomes.append(str(e.status()))
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=one) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert "ok" in outcomes and "StatusCode.RESOURCE_EXHAUSTED" in outcomes, outcomes
+    assert set(outcomes) <= {"ok", "StatusCode.RESOURCE_EXHAUSTED"}
+
+
+def test_grpc_is_unavailable_while_not_ready(bed: Bed) -> None:
+    store = bed.tmp / "canary"
+    key = copy_engine(bed.store, bed.mlp_key, store)
+    perturb_canary(store, key, 0.5)
+    s = Server(store, key, bed.tmp, bed.gpu_file, cache=bed.tmp / "cache-canary")
+    try:
+        s.wait("live")
+        c = grpcclient.InferenceServerClient(s.grpc_url)
+        while termination(s.term).get("reason") != "CanaryFailed":  # the server stays up, not ready
+            assert s.proc.poll() is None, s.output()
+            threading.Event().wait(0.05)
+        assert c.is_server_live() and not c.is_server_ready() and not c.is_model_ready("mlp")
+        inp = grpcclient.InferInput("x", [1, 64], "FP32")
+        inp.set_data_from_numpy(np.zeros((1, 64), np.float32))
+        with pytest.raises(InferenceServerException, match="not ready: canary failed") as e:
+            c.infer("mlp", [inp])
+        assert _status(e) == "StatusCode.UNAVAILABLE"
+        c.close()
+    finally:
+        assert s.stop() == 0
+
+
+def test_grpc_port_in_use_is_a_clear_error(bed: Bed) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        s = Server(bed.store, bed.mlp_key, bed.tmp, bed.gpu_file, "--grpc-port", str(port))
+        code = s.exit_code()
+        s.stop()
+    assert code == 1, s.output()
+    assert f"cannot listen for gRPC on 127.0.0.1:{port}" in str(termination(s.term)["message"])

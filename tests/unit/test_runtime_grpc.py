@@ -1,0 +1,129 @@
+"""The v2 gRPC protocol in-process: our inference.proto against tritonclient's own descriptors (a client
+no one here wrote), the shipped stubs against a fresh generation, and the request/response codec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc.service_pb2 as triton_pb
+from google.protobuf.descriptor import Descriptor
+from trtforge_runtime.batcher import QueueFull
+from trtforge_runtime.errors import RequestError
+from trtforge_runtime.grpc_service import decode_infer_request, encode_infer_response, status_for
+from trtforge_runtime.grpc_v2 import inference_pb2 as pb
+from trtforge_runtime.grpc_v2.generate import HERE, OUTPUTS, generate
+from trtforge_runtime.model import model_spec
+
+from tests.unit.test_runtime import _manifest
+from trtforge.contract.manifest import TensorSpec
+
+SPEC = model_spec(_manifest(), "mlp")  # x: FP32 [-1, 4] (max batch 16); outputs y FP32 [-1, 2], s BYTES
+
+
+def _fields(d: Descriptor) -> dict[str, tuple[int, int, int, str]]:
+    out = {}
+    for f in d.fields:
+        sub = f.message_type.full_name if f.message_type is not None else ""
+        out[f.name] = (f.number, f.type, int(f.is_repeated), sub)
+    return out
+
+
+def _walk(d: Descriptor) -> dict[str, Descriptor]:
+    found = {d.full_name: d}
+    for n in d.nested_types:
+        found.update(_walk(n))
+    return found
+
+
+def test_every_message_and_method_matches_tritonclients_wire_format() -> None:
+    ours = pb.DESCRIPTOR
+    assert ours.package == triton_pb.DESCRIPTOR.package == "inference"
+    theirs_service = triton_pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    for m in ours.services_by_name["GRPCInferenceService"].methods:
+        t = theirs_service.methods_by_name[m.name]
+        assert (m.input_type.full_name, m.output_type.full_name) == (
+            t.input_type.full_name,
+            t.output_type.full_name,
+        )
+    checked = 0
+    for top in ours.message_types_by_name.values():
+        for name, d in _walk(top).items():
+            theirs = triton_pb.DESCRIPTOR.pool.FindMessageTypeByName(name)
+            their_fields = _fields(theirs)
+            for field, spec in _fields(d).items():
+                assert their_fields.get(field) == spec, (
+                    f"{name}.{field}: ours {spec}, theirs {their_fields.get(field)}"
+                )
+                checked += 1
+    assert checked > 60
+
+
+def test_shipped_stubs_are_what_the_proto_generates(tmp_path: Path) -> None:
+    for fresh in generate(tmp_path):
+        shipped = HERE / fresh.name
+        assert fresh.name in OUTPUTS
+        assert shipped.read_text() == fresh.read_text(), (
+            f"{shipped} is stale: run `python -m trtforge_runtime.grpc_v2.generate`"
+        )
+
+
+def _request(**inputs: tuple[str, list[int], bytes | None]) -> pb.ModelInferRequest:
+    msg = pb.ModelInferRequest(model_name="mlp")
+    for name, (datatype, shape, raw) in inputs.items():
+        msg.inputs.add(name=name, datatype=datatype, shape=shape)
+        if raw is not None:
+            msg.raw_input_contents.append(raw)
+    return msg
+
+
+def test_raw_and_typed_contents_decode_and_outputs_encode_raw() -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    req = decode_infer_request(_request(x=("FP32", [2, 4], x.tobytes())), SPEC)
+    np.testing.assert_array_equal(req.inputs["x"], x)
+    assert req.outputs == [("y", True), ("s", True)]
+    typed = pb.ModelInferRequest(model_name="mlp", id="r7")
+    t = typed.inputs.add(name="x", datatype="FP32", shape=[2, 4])
+    t.contents.fp32_contents.extend(x.ravel().tolist())
+    typed.outputs.add(name="y")
+    req = decode_infer_request(typed, SPEC)
+    np.testing.assert_array_equal(req.inputs["x"], x)
+    assert req.outputs == [("y", True)] and req.id == "r7"
+
+    y = np.array([[1.5, 2.5], [3.5, 4.5]], np.float32)
+    resp = encode_infer_response(SPEC, req, {"y": y})
+    assert (resp.model_name, resp.id, resp.outputs[0].datatype, list(resp.outputs[0].shape)) == (
+        "mlp",
+        "r7",
+        "FP32",
+        [2, 2],
+    )
+    np.testing.assert_array_equal(np.frombuffer(resp.raw_output_contents[0], np.float32).reshape(2, 2), y)
+
+    text = model_spec(_manifest(inputs=[TensorSpec(name="t", dtype="str", shape=[-1])]), "text")
+    blob = b"\x01\x00\x00\x00a\x02\x00\x00\x00bc"
+    assert list(decode_infer_request(_request(t=("BYTES", [2], blob)), text).inputs["t"]) == [b"a", b"bc"]
+
+
+def test_bad_requests_are_refused_before_decoding_with_the_right_status() -> None:
+    for msg, text in [
+        (_request(x=("FP32", [1000, 4], b"\0" * 16)), "exceeds the model's max batch size 16"),
+        (_request(x=("FP64", [1, 4], b"\0" * 32)), "datatype FP64, expected FP32"),
+        (_request(x=("FP32", [1, 4], b"\0" * 15)), "15 bytes of raw contents"),
+        (_request(x=("FP32", [1, 4], None)), r"0 values in contents.fp32_contents for shape \[1, 4\]"),
+        (_request(z=("FP32", [1, 4], b"")), "unknown input 'z'"),
+        (_request(x=("FP16", [1, 4], None)), "datatype FP16, expected FP32"),
+    ]:
+        with pytest.raises(RequestError, match=text) as e:
+            decode_infer_request(msg, SPEC)
+        assert status_for(e.value) == grpc.StatusCode.INVALID_ARGUMENT
+    two = _request(x=("FP32", [1, 4], b"\0" * 16))
+    two.raw_input_contents.append(b"")
+    with pytest.raises(RequestError, match="2 entries for 1 inputs"):
+        decode_infer_request(two, SPEC)
+    assert status_for(QueueFull(3)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert status_for(RequestError(503, "loading")) == grpc.StatusCode.UNAVAILABLE
+    assert status_for(RequestError(404, "who")) == grpc.StatusCode.NOT_FOUND
+    assert status_for(RequestError(500, "boom")) == grpc.StatusCode.INTERNAL

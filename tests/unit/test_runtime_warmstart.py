@@ -1,0 +1,84 @@
+"""The runtime's warm start: the engine fetched and loaded on a thread, collected by the usual calls."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from trtforge_runtime import warmstart
+from trtforge_runtime.backends import load_backend
+from trtforge_runtime.errors import Refusal
+from trtforge_runtime.fetch import fetch_engine
+
+from tests.modelzoo import dynamic_mlp
+from trtforge.contract import layout
+from trtforge.contract.engine_key import BuildConfig, ShapeRange
+from trtforge.contract.gpu import GPUTarget, identity_for_target
+from trtforge.contract.manifest import Accuracy, CanaryRef, Manifest, TensorSpec
+from trtforge.store import open_store
+
+KEY = "c" * 64
+
+
+def _store(tmp: Path) -> Path:
+    artifact = dynamic_mlp(features=4, outputs=2).read_bytes()
+    canary = b"canary"
+    m = Manifest(
+        key=KEY,
+        engine_file="model.onnx",
+        sha256=hashlib.sha256(artifact).hexdigest(),
+        size_bytes=len(artifact),
+        backend="onnxruntime",
+        backend_version="1.0",
+        cuda="none",
+        gpu=identity_for_target(GPUTarget(gpu="NVIDIA-H100-80GB-HBM3")),
+        build=BuildConfig(
+            precision="fp32", profiles=({"x": ShapeRange(min=(1, 4), opt=(8, 4), max=(16, 4))},)
+        ),
+        model_uri="s3://models/mlp.onnx",
+        model_sha256="b" * 64,
+        inputs=[TensorSpec(name="x", dtype="float32", shape=[-1, 4])],
+        outputs=[TensorSpec(name="y", dtype="float32", shape=[-1, 2])],
+        build_seconds=0.0,
+        accuracy=Accuracy(samples=1, max_abs_error=0, max_rel_error=0, atol=0, rtol=0, passed=True),
+        canary=CanaryRef(file="canary.npz", sha256=hashlib.sha256(canary).hexdigest(), atol=1e-4, rtol=1e-3),
+    )
+    d = tmp / "store" / layout.engine_dir(KEY)
+    d.mkdir(parents=True)
+    (d / "model.onnx").write_bytes(artifact)
+    (d / "canary.npz").write_bytes(canary)
+    (d / layout.MANIFEST).write_text(m.to_json())
+    return tmp / "store"
+
+
+def test_the_usual_calls_collect_what_the_warm_start_made_once(tmp_path: Path) -> None:
+    store, cache = open_store(str(_store(tmp_path))), tmp_path / "cache"
+    checked: list[str] = []
+    warmstart.begin(store, KEY, cache, 2, check=lambda m: checked.append("warm")).join()
+    local = fetch_engine(store, KEY, cache, check=lambda m: checked.append("runtime"))
+    assert local.hashed_bytes > 0  # the warm start verified it...
+    assert checked == ["warm", "runtime"]  # ...and the runtime's identity check still saw the manifest
+    backend = load_backend(local.manifest, local.artifact, 2)
+    assert load_backend(local.manifest, local.artifact, 2) is not backend  # collected once
+    again = fetch_engine(store, KEY, cache)
+    assert again is not local and again.hashed_bytes == 0  # a fetch of its own (markers vouch)
+
+
+def test_a_warm_start_for_other_arguments_is_not_used(tmp_path: Path) -> None:
+    store, cache = open_store(str(_store(tmp_path))), tmp_path / "cache"
+    warmstart.begin(store, KEY, cache, 4).join()
+    local = fetch_engine(store, KEY, cache)
+    other = load_backend(local.manifest, local.artifact, 1)  # loaded anew; the 4-instance one closed
+    assert warmstart.collect_backend(KEY, local.artifact, 4) is None
+    assert other.new_instance() is not None
+
+
+def test_what_the_warm_start_refused_the_runtime_refuses_itself(tmp_path: Path) -> None:
+    root = _store(tmp_path)
+    store, cache = open_store(str(root)), tmp_path / "cache"
+    (root / layout.engine_dir(KEY) / "model.onnx").write_bytes(b"tampered")
+    warmstart.begin(store, KEY, cache, 1).join()
+    with pytest.raises(Refusal, match="the manifest says") as e:
+        fetch_engine(store, KEY, cache)
+    assert e.value.reason == "EngineIntegrity"

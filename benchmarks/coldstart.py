@@ -41,8 +41,19 @@ from benchmarks.common import (
 )
 from benchmarks.engines import ensure_engine, store_dir
 from benchmarks.models import model_file
+from benchmarks.servers.trtforge import grpc_supported
 
 BUCKET = "trtforge-bench"
+SERVE_PHASES = (
+    "total_s",
+    "to_listening_s",
+    "warm_done_s",
+    "warm_fetch_s",
+    "warm_load_s",
+    "fetch_s",
+    "load_s",
+    "canary_s",
+)
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "bench",
     "AWS_SECRET_ACCESS_KEY": "bench-secret",
@@ -106,7 +117,9 @@ def _phases(log_path: Path, t0_epoch: float) -> dict[str, float]:
         msg = rec.get("msg", "")
         if msg == "listening" and "ts" in rec:
             out["to_listening_s"] = float(rec["ts"]) - t0_epoch
-        for k in ("fetch_s", "load_s", "canary_s"):
+        if msg.startswith("warm start") and "ts" in rec:
+            out["warm_done_s"] = float(rec["ts"]) - t0_epoch  # engine verified and loaded
+        for k in ("fetch_s", "load_s", "canary_s", "warm_fetch_s", "warm_load_s"):
             if k in rec:
                 out[k] = float(rec[k])
     return out
@@ -135,6 +148,7 @@ def run_serve(
             str(port),
             "--cache-dir",
             str(cache),
+            *(["--grpc-port", "0"] if grpc_supported() else []),  # on, as by default, any free port
         ],
     )
     t0 = time.time()
@@ -284,17 +298,11 @@ def main(argv: list[str] | None = None) -> int:
                     k: _median(floors, k)
                     for k in ("total_s", "interpreter_s", "import_s", "read_s", "session_s")
                 },
-                "serve_cold": {
-                    k: _median(colds, k)
-                    for k in ("total_s", "to_listening_s", "fetch_s", "load_s", "canary_s")
-                },
+                "serve_cold": {k: _median(colds, k) for k in SERVE_PHASES},
             }
             entry["ratio_cold"] = round(entry["serve_cold"]["total_s"] / fl, 2) if fl else None
             if warms:
-                entry["serve_restart"] = {
-                    k: _median(warms, k)
-                    for k in ("total_s", "to_listening_s", "fetch_s", "load_s", "canary_s")
-                }
+                entry["serve_restart"] = {k: _median(warms, k) for k in SERVE_PHASES}
                 entry["ratio_restart"] = round(entry["serve_restart"]["total_s"] / fl, 2) if fl else None
             entry["runs"] = {
                 "floor": [round(r["total_s"], 3) for r in floors],
@@ -326,8 +334,9 @@ def render(results: dict[str, Any]) -> str:
                     label,
                     s["total_s"],
                     s.get("to_listening_s"),
-                    s.get("fetch_s"),
-                    s.get("load_s"),
+                    s.get("warm_done_s"),
+                    s.get("warm_fetch_s", s.get("fetch_s")),
+                    s.get("warm_load_s", s.get("load_s")),
                     s.get("canary_s"),
                     fl["total_s"],
                     fl["read_s"],
@@ -344,8 +353,9 @@ def render(results: dict[str, Any]) -> str:
             "store",
             "start",
             "ready s",
-            "to listening s",
-            "fetch s",
+            "listening at s",
+            "engine loaded at s",
+            "verify/fetch s",
             "load s",
             "canary s",
             "floor s",
@@ -356,7 +366,12 @@ def render(results: dict[str, Any]) -> str:
         rows,
     )
     nm = "".join(f"\nnot measured: {k}: {v}" for k, v in results["not_measured"].items())
-    return f"{head}\n{t}{nm}"
+    note = (
+        "\n\n'listening at' and 'engine loaded at' are seconds after the process started; the engine's"
+        " verify/fetch and load run on a thread while the HTTP server imports (the warm start), so"
+        " the phases overlap and do not add up to 'ready'."
+    )
+    return f"{head}\n{t}{nm}{note}"
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def _publish_from_contract(model: Path, store: Path) -> None:
     import onnxruntime as ort
 
     from trtforge.contract.engine_key import BuildConfig, EngineKeyRecord, ShapeRange, engine_key
-    from trtforge.contract.gpu import GPUTarget, identity_for_target
+    from trtforge.contract.gpu import GPUTarget, known_identity
     from trtforge.contract.gpu_probe import host_arch
     from trtforge.contract.layout import CANARY, engine_dir
     from trtforge.contract.manifest import Accuracy, CanaryRef, Manifest, TensorSpec
@@ -86,15 +86,15 @@ def _publish_from_contract(model: Path, store: Path) -> None:
         precision="fp32",
         profiles=({in_name: ShapeRange(min=shape, opt=(8, *INPUT_SHAPE), max=(MAX_BATCH, *INPUT_SHAPE))},),
     )
-    gpu = identity_for_target(GPUTarget(gpu="cpu"), arch=host_arch())
+    gpu = known_identity(GPUTarget(gpu="cpu"), arch=host_arch())
     model_sha = _sha256(model)
-    rec = EngineKeyRecord(
+    rec = EngineKeyRecord.for_identity(
         model_sha256=model_sha,
         build=build,
         backend="onnxruntime",
         backend_version=ort.__version__,
         cuda="none",
-        gpu=gpu,
+        identity=gpu,
     )
     key = engine_key(rec)
     d = store / engine_dir(key)

@@ -93,6 +93,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--workdir", default=None, help="scratch directory (default: the system temp dir)")
     p.add_argument(
+        "--request-key",
+        default=None,
+        help="the operator's request key: file the engine under requests/<key>.json in the store",
+    )
+    p.add_argument(
         "--store", required=True, help="engine store: pvc://claim/path, s3://bucket/prefix or a path"
     )
     p.set_defaults(func=handle)
@@ -142,12 +147,14 @@ def _request(args: argparse.Namespace) -> Any:
             staged_model=args.staged_model,
             cache_scope=args.cache_scope,
             workdir=Path(args.workdir) if args.workdir else None,
+            request_key=args.request_key.lower() if args.request_key else None,
         )
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])
         flag = {
             "model_sha256": "--sha256",
+            "request_key": "--request-key",
             "mig": "--mig",
             "gpu": "--gpu",
             "samples": "--samples",

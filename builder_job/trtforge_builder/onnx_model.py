@@ -12,6 +12,7 @@ import numpy as np
 from trtforge.contract.engine_key import ShapeRange
 from trtforge.contract.manifest import TensorSpec
 from trtforge.logs import fields
+from trtforge.tensorrt.policy import float32_only
 from trtforge_builder.errors import BuildError
 
 log = logging.getLogger(__name__)
@@ -290,13 +291,31 @@ def round_float_weights(model: Any, precision: str) -> tuple[Any, int]:
     return m, n
 
 
+def op_types(model: Any) -> list[str]:
+    """Every node's op type, subgraphs (If/Loop/Scan bodies) included."""
+    out: list[str] = []
+
+    def walk(graph: Any) -> None:
+        for node in graph.node:
+            out.append(node.op_type)
+            for a in node.attribute:
+                if a.HasField("g"):
+                    walk(a.g)
+                for g in a.graphs:
+                    walk(g)
+
+    walk(model.graph)
+    return out
+
+
 def convert_float_precision(model: Any, precision: str) -> Any:
     """A copy computing in fp16 or bf16, for strongly typed TensorRT (11+), which has no precision flags.
 
     Float32 initializers and Constant values become the low-precision type; each float32 graph input
     gets a Cast to it, each float32 graph output a Cast back, so the model's interface stays float32;
-    Casts to float32 inside the graph cast to the low type. Ops that need float32 operands by their
-    definition are not special-cased here: TensorRT's parser reports them per node.
+    Casts to float32 inside the graph cast to the low type. Initializers and Constants that ONNX
+    requires to stay float32 (Resize/Upsample scales, Q/DQ scales:
+    :data:`trtforge.tensorrt.policy.FLOAT32_ONLY_INPUTS`) are left as they are.
     """
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -312,12 +331,18 @@ def convert_float_precision(model: Any, precision: str) -> Any:
         t = helper.make_tensor(name, TensorProto.BFLOAT16, arr.shape, arr.astype(np.float32).ravel().tolist())
         return t
 
+    keep = float32_only((n.op_type, list(n.input)) for n in g.node)
     for t in g.initializer:
-        if t.data_type == TensorProto.FLOAT:
+        if t.data_type == TensorProto.FLOAT and t.name not in keep:
             t.CopyFrom(low(numpy_helper.to_array(t), t.name))
     for node in g.node:
         for a in node.attribute:
-            if node.op_type == "Constant" and a.name == "value" and a.t.data_type == TensorProto.FLOAT:
+            if (
+                node.op_type == "Constant"
+                and a.name == "value"
+                and a.t.data_type == TensorProto.FLOAT
+                and not set(node.output) & keep
+            ):
                 a.t.CopyFrom(low(numpy_helper.to_array(a.t), a.t.name))
             if node.op_type == "Cast" and a.name == "to" and a.i == TensorProto.FLOAT:
                 a.i = target

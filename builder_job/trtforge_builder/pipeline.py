@@ -15,21 +15,29 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import Any, BinaryIO, cast
 
 from trtforge.contract import layout
 from trtforge.contract.build_result import BuildAccuracy, BuildResult
-from trtforge.contract.engine_key import EngineKeyRecord, engine_key
-from trtforge.contract.gpu import GPUIdentity, UnknownTargetError, identity_for_target
+from trtforge.contract.engine_key import RECIPE_VERSION, EngineKeyRecord, RequestRecord, engine_key
+from trtforge.contract.gpu import CPU, FULL_GPU, GPUIdentity
 from trtforge.contract.gpu_probe import GPUProbe, GPUProbeError, probe_from_env
 from trtforge.contract.manifest import Accuracy, CanaryRef, Manifest, TensorSpec
 from trtforge.contract.possession import scoped_key
 from trtforge.logs import fields
 from trtforge.store import EngineStore, IntegrityError, ObjectNotFound, StoreError, join_uri, open_store
+from trtforge.tensorrt.policy import QUANTIZE_HINT, has_qdq
 from trtforge_builder.backends import BuildBackend, BuildInputs, select_backend
 from trtforge_builder.errors import BuildError
 from trtforge_builder.fetch import FetchedModel, fetch_model, fetch_staged_model
-from trtforge_builder.onnx_model import load_model, make_batch_dynamic, model_io, resolve_profiles, save_model
+from trtforge_builder.onnx_model import (
+    load_model,
+    make_batch_dynamic,
+    model_io,
+    op_types,
+    resolve_profiles,
+    save_model,
+)
 from trtforge_builder.progress import Steps
 from trtforge_builder.request import BuildRequest
 from trtforge_builder.validate import check_batch_equivalence, make_samples, reference_outputs, validate
@@ -42,12 +50,18 @@ def _store_error(e: StoreError, step: str) -> BuildError:
 
 
 def probe_target(req: BuildRequest, probe: GPUProbe) -> tuple[GPUIdentity, str]:
-    """The identity to key on, as the operator computes it from Node labels; refuses a wrong GPU."""
+    """The identity of the device this build runs on, all from the probe; refuses a wrong GPU.
+
+    Every fact recorded (product, compute capability, SM count, memory, MIG profile) is what the
+    probe reports (NVML on a real GPU), never a table (docs/design.md §"GPU facts").
+    """
     target = req.target
     try:
         arch = probe.arch()
         if target.is_cpu:
-            return identity_for_target(target, arch=arch), "cpu"
+            return GPUIdentity(
+                product=CPU, compute_capability="none", mig_profile=FULL_GPU, sm_count=0, arch=arch
+            ), "cpu"
         devices = probe.devices()
     except GPUProbeError as e:
         raise BuildError(f"GPU probe ({probe.kind}) failed: {e}", "GPUMismatch", step="probe-gpu") from e
@@ -74,11 +88,35 @@ def probe_target(req: BuildRequest, probe: GPUProbe) -> tuple[GPUIdentity, str]:
             "GPUMismatch",
             step="probe-gpu",
         )
+    return found, f"{dev.name} {dev.uuid}"
+
+
+def file_request(store: EngineStore, req: BuildRequest, result: BuildResult) -> BuildResult:
+    """Record under the operator's request key which engine answered it (docs/design.md §"Engine
+    keys"); written after the manifest, so an entry always names a committed engine."""
+    if req.request_key is None:
+        return result
+    m = _cached(store, result.key)
+    if m is None:
+        raise BuildError(
+            f"store {store.uri}: engine {result.key} has no manifest to file request {req.request_key} under",
+            "StoreUnavailable",
+            step="file-request",
+        )
+    entry = RequestRecord(
+        request_key=req.request_key,
+        engine_key=m.key,
+        backend=m.backend,
+        backend_version=m.backend_version,
+        cuda=m.cuda,
+        recipe=m.recipe,
+    )
     try:
-        identity = identity_for_target(target, arch=arch, compute_capability=dev.compute_capability)
-    except UnknownTargetError as e:
-        raise BuildError(str(e), "GPUMismatch", step="probe-gpu") from e
-    return identity, f"{dev.name} {dev.uuid}"
+        store.put_bytes(layout.request_path(req.request_key), entry.to_json().encode())
+    except StoreError as e:
+        raise _store_error(e, "file-request") from e
+    log.info("request filed", extra=fields(request_key=req.request_key, key=m.key))
+    return result.model_copy(update={"request_key": req.request_key})
 
 
 def _cached(store: EngineStore, key: str) -> Manifest | None:
@@ -170,6 +208,7 @@ def _result(
         size_bytes=m.size_bytes,
         backend=m.backend,
         backend_version=m.backend_version,
+        cuda=m.cuda,
         compute_capability=m.gpu.compute_capability,
         gpu=m.gpu.product,
         mig=None if m.gpu.mig_profile == "full" else m.gpu.mig_profile,
@@ -238,13 +277,13 @@ def run_build(
 
         model_sha = req.model_sha256 or (fetched.sha256 if fetched else "")
         with steps.step("engine-key"):
-            record = EngineKeyRecord(
+            record = EngineKeyRecord.for_identity(
                 model_sha256=model_sha,
                 build=req.build,
                 backend=backend.name,
                 backend_version=backend.version,
                 cuda=backend.cuda,
-                gpu=identity,
+                identity=identity,
             )
             try:
                 key = scoped_key(engine_key(record), req.cache_scope)
@@ -261,7 +300,8 @@ def run_build(
                 hit, corrupt = verified_entry(store, key)
             if hit is not None:
                 log.info("cache hit: the store has this engine, verified", extra=fields(key=key))
-                return _result(store, hit, cache_hit=True, started=started)
+                with steps.step("file-request"):
+                    return file_request(store, req, _result(store, hit, cache_hit=True, started=started))
             if corrupt is not None:
                 log.warning(
                     "store integrity: the stored entry is corrupt; rebuilding and replacing it",
@@ -276,7 +316,7 @@ def run_build(
                         if req.staged_model
                         else fetch_model(req.model_uri, workdir, req.model_sha256)
                     )
-            return _build_and_publish(
+            result = _build_and_publish(
                 req, store, backend, identity, key, fetched, workdir, steps, started, replace_corrupt=corrupt
             )
         except BuildError as e:
@@ -288,6 +328,20 @@ def run_build(
                 "StoreIntegrity",
                 step=e.step,
             ) from e
+        with steps.step("file-request"):
+            return file_request(store, req, result)
+
+
+def check_precision(req: BuildRequest, model: Any) -> None:
+    """int8/fp8 need a quantized (Q/DQ) model, on every backend (docs/design.md §"TensorRT")."""
+    precision = req.build.precision
+    if precision in ("int8", "fp8") and not has_qdq(op_types(model)):
+        raise BuildError(
+            f"model {req.model_uri}: precision {precision} needs a quantized model, and this one has no "
+            "Q/DQ nodes: " + QUANTIZE_HINT.format(mode=precision),
+            "InvalidArgument",
+            step="check-model",
+        )
 
 
 def _probe() -> GPUProbe:
@@ -312,6 +366,7 @@ def _build_and_publish(
 ) -> BuildResult:
     with steps.step("check-model"):
         model = load_model(fetched.path, req.model_uri)
+        check_precision(req, model)
         io = model_io(model)
         resolved = resolve_profiles(io, req.build.profiles)
         prepared = fetched.path
@@ -467,6 +522,7 @@ def _publish(
             canary=CanaryRef(file=canary_file, sha256=canary_sha, atol=accuracy.atol, rtol=accuracy.rtol),
             builder_host=socket.gethostname(),
             layers=layers,
+            recipe=RECIPE_VERSION,
         )
         data = manifest.to_json().encode()
         if req.rebuild or replace_corrupt is not None:

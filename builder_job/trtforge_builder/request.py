@@ -105,6 +105,8 @@ class BuildRequest(BaseModel):
     seed: int = 0
     rebuild: bool = False  # build and replace even when the store has the key (after a GPU fault)
     workdir: Path | None = None  # scratch space (default: a temp dir)
+    # The operator's request key: the engine is filed under it (docs/design.md §"Engine keys").
+    request_key: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     # The model is the verified copy the broker staged in the store (models/<sha256>/), not model_uri.
     staged_model: bool = False
     cache_scope: str = Field(default="", pattern=r"^$|^(ns|group):[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -126,6 +128,13 @@ def make_build_config(
     version_compatible: bool = False,
     strip_weights: bool = False,
 ) -> BuildConfig:
+    if strip_weights:
+        raise BuildError(
+            "--strip-weights is refused: the runtime does not refit weight-stripped engines yet "
+            "(docs/design.md, TensorRT); build without it",
+            "InvalidArgument",
+            step="parse-arguments",
+        )
     try:
         return BuildConfig(
             precision=precision,

@@ -15,7 +15,7 @@ from typing import Any
 
 from trtforge.contract.engine_key import BuildConfig
 from trtforge.contract.gpu import GPUTarget
-from trtforge.contract.layout import ENGINES, TIMING_CACHES
+from trtforge.contract.layout import ENGINES, REQUESTS, TIMING_CACHES
 from trtforge.contract.possession import MODELS
 from trtforge.contract.termination import TERMINATION_LOG_ENV
 from trtforge_operator import labels as L
@@ -45,7 +45,7 @@ def dns_name(base: str, max_len: int = 63) -> str:
 
 
 def build_id(engine_key: str | None, request_digest: str) -> str:
-    """What names a build: the engine key when known (pinned model sha256), else the request digest."""
+    """What names a build: the request key for a first build, the engine key for a fault rebuild."""
     return (engine_key or request_digest)[:20]
 
 
@@ -109,16 +109,16 @@ def _pvc_claim(uri: str) -> str | None:
 
 
 def store_mounts(store_uri: str, *, staged_only: bool = True) -> list[dict[str, Any]]:
-    """A build's mounts of the store claim (volume "store"), least access: engines and timing caches
-    read-write, the model staging area read-only, nothing else (no possession records); the store
-    root stays unmounted, so a build cannot reach any other path of the claim."""
+    """A build's mounts of the store claim (volume "store"), least access: engines, the request index
+    and timing caches read-write, the model staging area read-only, nothing else (no possession
+    records); the store root stays unmounted, so a build cannot reach any other path of the claim."""
     claim = _pvc_claim(store_uri) or ""
     prefix = store_uri.removeprefix("pvc://").strip("/").partition("/")[2]
     base = f"{PVC_ROOT}/{claim}" + (f"/{prefix}" if prefix else "")
     sub = f"{prefix}/" if prefix else ""
     out: list[dict[str, Any]] = [
         {"name": "store", "mountPath": f"{base}/{d}", "subPath": f"{sub}{d}"}
-        for d in (ENGINES, TIMING_CACHES)
+        for d in (ENGINES, REQUESTS, TIMING_CACHES)
     ]
     if staged_only:
         out.append(
@@ -215,7 +215,7 @@ def builder_args(req: BuildRequest, store_uri: str) -> list[str]:
         args.append("--staged-model")
     if req.cache_scope:
         args += ["--cache-scope", req.cache_scope]
-    args += ["--store", store_uri]
+    args += ["--request-key", req.request_digest, "--store", store_uri]
     return args
 
 

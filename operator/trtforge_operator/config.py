@@ -23,22 +23,8 @@ class ConfigError(ValueError):
     """The configuration is invalid; the message names the field or file."""
 
 
-class BackendSpec(BaseModel):
-    """The backend builds of a kind of target use; part of the engine key, so it must match the builder."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    backend: Backend
-    version: str
-    cuda: str = "none"
-
-
-def local_onnxruntime() -> BackendSpec:
-    """The ONNX Runtime installed here: what the builder uses on the test bed's emulated GPUs."""
-    try:
-        import onnxruntime
-    except ImportError as e:  # pragma: no cover - the dev environment has it
-        raise ConfigError("backend 'local-onnxruntime' needs onnxruntime installed in the operator") from e
-    return BackendSpec(backend="onnxruntime", version=str(onnxruntime.__version__), cuda="none")
+def _default_backends() -> dict[str, Backend]:
+    return {"gpu": "tensorrt", "cpu": "onnxruntime"}
 
 
 class BuildSettings(BaseModel):
@@ -152,13 +138,10 @@ class OperatorConfig(BaseModel):
     runtime_image: str = "ghcr.io/trtforge/runtime:0.1.0"
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     build_service_account: str = "trtforge-builder"
-    # Engine-key backend per kind of target: "gpu", "cpu", or a GPU product label (most specific wins).
-    backends: dict[str, BackendSpec] = Field(
-        default_factory=lambda: {
-            "gpu": BackendSpec(backend="tensorrt", version="10.13.0", cuda="12.9"),
-            "cpu": BackendSpec(backend="onnxruntime", version="1.22.0", cuda="none"),
-        }
-    )
+    # The backend builds use per kind of target: "gpu", "cpu", or a GPU product label (most specific
+    # wins). Only its name: versions are what the builder image really has, which the builder reports
+    # (docs/design.md §"Engine keys"); the operator never guesses them.
+    backends: dict[str, Backend] = Field(default_factory=_default_backends)
     build: BuildSettings = Field(default_factory=BuildSettings)
     gc: GCSettings = Field(default_factory=GCSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
@@ -170,8 +153,8 @@ class OperatorConfig(BaseModel):
     metrics_port: int = 9090
     runtime_service_account: str = "default"  # in tenant namespaces; needs no API permissions
 
-    def backend_for(self, gpu: str) -> BackendSpec:
-        """The backend used for the key of a target on `gpu` (a product label or "cpu")."""
+    def backend_for(self, gpu: str) -> Backend:
+        """The backend builds for `gpu` (a product label or "cpu") ask for."""
         if gpu in self.backends:
             return self.backends[gpu]
         kind = "cpu" if gpu == "cpu" else "gpu"
@@ -225,12 +208,23 @@ def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
 
 
 def _expand_backends(data: dict[str, Any]) -> None:
-    """`backends: {gpu: local-onnxruntime}` means the ONNX Runtime installed in the operator."""
+    """`backends: {gpu: local-onnxruntime}` (older configs) means onnxruntime; a mapping with a
+    version is refused: the builder reports versions, the operator does not predict them."""
     backends = data.get("backends")
-    if isinstance(backends, dict):
-        for k, v in list(backends.items()):
-            if v == "local-onnxruntime":
-                backends[k] = local_onnxruntime().model_dump()
+    if not isinstance(backends, dict):
+        return
+    for k, v in list(backends.items()):
+        if v == "local-onnxruntime":
+            backends[k] = "onnxruntime"
+        elif isinstance(v, dict):
+            extra = sorted(set(v) - {"backend"})
+            if extra:
+                raise ConfigError(
+                    f"operator config field 'backends.{k}': {', '.join(extra)} are no longer set here; "
+                    "give only the backend name (tensorrt or onnxruntime): the builder reports the "
+                    "versions it really has (docs/design.md, Engine keys)"
+                )
+            backends[k] = v.get("backend")
 
 
 def load_config(path: str | Path | None = None, env: dict[str, str] | None = None) -> OperatorConfig:

@@ -262,6 +262,7 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
             nodes=nodes,
             jobs=jobs,
             manifests=state.store.manifest,
+            requests=state.store.request,
             capacity=_capacity(state, jobs, ns),
             now=time.time(),
             uid=meta.get("uid", ""),
@@ -316,7 +317,7 @@ async def cleanup_engine(state: State, body: Mapping[str, Any], indices: Mapping
     me = (meta["namespace"], meta["name"])
     requester = f"{me[0]}/{me[1]}"
     status = _parsed_status(TRTEngineStatus, body.get("status") or {})
-    mine_ids = {t.engine_key[:20] for t in status.targets if t.engine_key}
+    mine_ids = {k[:20] for t in status.targets for k in (t.engine_key, t.request_key) if k}
     mine_names = {t.job_name for t in status.targets if t.job_name}
     others_ids: set[str] = set()
     for key, store in list(indices["trte_idx"].items()):
@@ -324,8 +325,7 @@ async def cleanup_engine(state: State, body: Mapping[str, Any], indices: Mapping
             continue
         for other in list(store):
             for t in getattr(other.status, "targets", []):
-                if t.engine_key:
-                    others_ids.add(t.engine_key[:20])
+                others_ids.update(k[:20] for k in (t.engine_key, t.request_key) if k)
                 if t.job_name:
                     others_ids.add(t.job_name.removeprefix(children.JOB_PREFIX)[:20])
     for j in _views(indices["jobs_idx"], JobView):
@@ -624,6 +624,7 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
             key = j.engine_key or ((j.result() or {}).get("key") or "")
             if key:
                 state.store.invalidate(str(key))
+            state.store.invalidate_request(j.request_digest)
         for r in j.requesters():
             ns, _, n = r.partition("/")
             state.triggers.fire("trte", ns, n)

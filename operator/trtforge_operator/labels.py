@@ -25,8 +25,8 @@ L_BUILD_ID = "trtforge.io/build-id"  # key[:20] (pinned model) or request digest
 L_BUILD_KIND = "trtforge.io/build-kind"  # build | rebuild
 L_TARGET = "trtforge.io/target"  # GPUTarget.name
 L_REQ_NAMESPACE = "trtforge.io/requester-namespace"  # first requester, for per-namespace limits
-A_ENGINE_KEY = "trtforge.io/engine-key"  # full key ("" when the model sha256 is not pinned)
-A_REQUEST_DIGEST = "trtforge.io/request-digest"
+A_ENGINE_KEY = "trtforge.io/engine-key"  # the engine a fault rebuild replaces ("" for first builds)
+A_REQUEST_DIGEST = "trtforge.io/request-digest"  # the request key (docs/design.md, Engine keys)
 # One annotation per requester ("namespace/name"), so requesters add and remove themselves with
 # merge patches that never overwrite each other (a shared JSON list would be a read-modify-write race).
 REQUESTER_PREFIX = "requester.trtforge.io/"

@@ -332,6 +332,11 @@ class JobView:
         return self.labels.get(L.L_BUILD_ID, "")
 
     @property
+    def request_digest(self) -> str:
+        """The request key the Job was created for (docs/design.md §"Engine keys")."""
+        return self.annotations.get(L.A_REQUEST_DIGEST, "")
+
+    @property
     def kind(self) -> str:
         return self.labels.get(L.L_BUILD_KIND, "build")
 

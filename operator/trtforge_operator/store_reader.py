@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import time
 
-from trtforge.contract.layout import ENGINES, MANIFEST, manifest_path
+from trtforge.contract.engine_key import RequestRecord
+from trtforge.contract.layout import ENGINES, MANIFEST, manifest_path, request_path
 from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import PossessionRecord, possession_path
 from trtforge.logs import fields
@@ -22,6 +23,7 @@ class StoreReader:
         self.store: EngineStore = open_store(uri)
         self.ttl_s = ttl_s
         self._cache: dict[str, tuple[float, Manifest | None]] = {}
+        self._requests: dict[str, tuple[float, RequestRecord | None]] = {}
         self._possession: dict[tuple[str, str], tuple[float, PossessionRecord | None]] = {}
         self.last_error: str | None = None
 
@@ -72,6 +74,32 @@ class StoreReader:
 
     def invalidate(self, key: str) -> None:
         self._cache.pop(key, None)
+
+    def request(self, request_key: str) -> RequestRecord | None:
+        """The request index entry a builder filed (docs/design.md §"Engine keys"); None when absent.
+
+        Missing entries are cached briefly, present ones for the TTL (a builder may replace one)."""
+        now = time.monotonic()
+        hit = self._requests.get(request_key)
+        if hit is not None and now - hit[0] < (self.ttl_s if hit[1] is not None else self.ttl_s / 2):
+            return hit[1]
+        try:
+            r: RequestRecord | None = RequestRecord.from_json(
+                self.store.read_bytes(request_path(request_key))
+            )
+            if r is not None and r.request_key != request_key:
+                raise ValueError(f"{request_path(request_key)} names request {r.request_key}")
+        except ObjectNotFound:
+            r = None
+        except (StoreError, ValueError) as e:
+            self.last_error = f"store {self.uri}: {e}"
+            log.warning("cannot read request %s: %s", request_key[:12], e, extra=fields(request=request_key))
+            return hit[1] if hit is not None else None
+        self._requests[request_key] = (now, r)
+        return r
+
+    def invalidate_request(self, request_key: str) -> None:
+        self._requests.pop(request_key, None)
 
     def keys(self) -> list[str]:
         """Keys with a committed manifest."""

@@ -25,7 +25,7 @@ from trtforge_builder.request import BuildRequest, make_build_config, parse_prof
 from trtforge.contract import layout
 from trtforge.contract.canary import Canary
 from trtforge.contract.engine_key import EngineKeyRecord, engine_key
-from trtforge.contract.gpu import GPUTarget, identity_for_target
+from trtforge.contract.gpu import GPUTarget, known_identity
 from trtforge.contract.gpu_probe import EmulatedGPUFile, EmulatedGPUProbe, GPUDevice, XidEvent
 from trtforge.contract.manifest import CanaryRef, Manifest
 
@@ -86,14 +86,15 @@ def copy_engine(src: Path, key: str, dst: Path, *, gpu: GPUTarget | None = None)
     """
     m = manifest_of(src, key)
     if gpu is not None:
-        ident = identity_for_target(gpu, arch=m.gpu.arch)
-        record = EngineKeyRecord(
+        ident = known_identity(gpu, arch=m.gpu.arch)
+        record = EngineKeyRecord.for_identity(
             model_sha256=m.model_sha256,
             build=m.build,
             backend=m.backend,
             backend_version=m.backend_version,
             cuda=m.cuda,
-            gpu=ident,
+            identity=ident,
+            recipe=m.recipe,
         )
         m = m.model_copy(update={"gpu": ident, "key": engine_key(record)})
     d = dst / layout.engine_dir(m.key)

@@ -307,7 +307,9 @@ def test_operator_killed_mid_build_converges_with_one_job_per_key(env: OperatorE
     env.op.start()
     eng = env.wait_true("trtengines", ns, "restart", timeout=240)
     jobs = env.jobs()
-    keys = [j.metadata.annotations["trtforge.io/engine-key"] for j in jobs]
+    # One Job per request key (what the operator asked for; the engine key is the builder's answer).
+    keys = [j.metadata.annotations["trtforge.io/request-digest"] for j in jobs]
     assert len(jobs) == 3 and len(set(keys)) == 3, [j.metadata.name for j in jobs]
     assert not any(j.metadata.name.endswith("-a2") for j in jobs)
-    assert {t["engineKey"] for t in eng["status"]["targets"]} == set(keys)
+    assert {t["requestKey"] for t in eng["status"]["targets"]} == set(keys)
+    assert len({t["engineKey"] for t in eng["status"]["targets"]}) == 3

@@ -147,6 +147,7 @@ INVALID_ENGINES = [
     (_engine(targets=[{"gpu": "NVIDIA-B200", "mig": "1g.23gb"}] * 2), "targets must be unique"),
     (_engine(targets=[{"gpu": "cpu", "mig": "1g.10gb"}]), "a cpu target has no MIG profile"),
     (_engine(model={"uri": "pvc://models/m.onnx", "secretRef": {"name": "creds"}}), "secretRef applies to"),
+    (_engine(builder={"stripWeights": True}), "stripWeights is not supported yet"),
 ]
 
 

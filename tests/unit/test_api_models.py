@@ -80,7 +80,7 @@ def test_spec_defaults_match_the_issue() -> None:
 
 
 def test_camel_case_wire_and_snake_case_python() -> None:
-    spec = TRTEngineSpec.model_validate(_spec(builder={"optimizationLevel": 5, "stripWeights": True}))
+    spec = TRTEngineSpec.model_validate(_spec(builder={"optimizationLevel": 5, "versionCompatible": True}))
     assert spec.builder.optimization_level == 5
     by_name = TRTEngineSpec(
         model={"uri": "pvc://models/m.onnx"},
@@ -100,6 +100,13 @@ def test_camel_case_wire_and_snake_case_python() -> None:
     assert faults.to_wire()["faultPolicy"]["rebuildOnGPUFault"] is False
 
 
+def test_strip_weights_is_refused_until_the_runtime_refits() -> None:
+    """Weight-stripped engines would need a refit in the runtime, which it does not do: refused."""
+    with pytest.raises(ValidationError, match="stripWeights is not supported yet"):
+        TRTEngineSpec.model_validate(_spec(builder={"stripWeights": True}))
+    assert TRTEngineSpec.model_validate(_spec(builder={"stripWeights": False})).builder.strip_weights is False
+
+
 def test_build_config() -> None:
     spec = TRTEngineSpec.model_validate(
         _spec(
@@ -113,7 +120,6 @@ def test_build_config() -> None:
                 "workspace": "1.5Gi",
                 "hardwareCompatibility": "amperePlus",
                 "versionCompatible": True,
-                "stripWeights": True,
                 "timingCache": False,
                 "timeoutSeconds": 120,
             },
@@ -129,7 +135,6 @@ def test_build_config() -> None:
         workspace_bytes=1536 * 1024 * 1024,
         hardware_compatibility="amperePlus",
         version_compatible=True,
-        strip_weights=True,
     )
     assert TRTEngineSpec.model_validate(_spec()).build_config() == BuildConfig()
     # timing cache and timeout do not decide the engine

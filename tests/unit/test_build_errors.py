@@ -239,6 +239,42 @@ def test_bad_arguments(tmp_path: Path) -> None:
     assert msg.reason == "ModelFetchFailed" and "no such file" in msg.error
 
 
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+def test_int8_on_a_model_without_qdq_is_refused_with_how_to_quantize(tmp_path: Path, precision: str) -> None:
+    """TensorRT would silently build fp32 (11) or fall back to fp32 (10): refused, on every backend."""
+    code, msg, _ = build(
+        tmp_path,
+        "--model",
+        str(dynamic_cnn()),
+        "--gpu",
+        "cpu",
+        "--precision",
+        precision,
+        "--profile",
+        PROFILE,
+        "--store",
+        str(tmp_path / "s"),
+    )
+    assert code == 2 and msg.reason == "InvalidArgument" and msg.step == "check-model"
+    assert f"precision {precision} needs a quantized model" in msg.error and "no Q/DQ nodes" in msg.error
+    assert "modelopt.onnx.quantization" in msg.error and f"--quantize_mode {precision}" in msg.error
+    assert nothing_published(tmp_path / "s")
+
+
+def test_strip_weights_is_refused(tmp_path: Path) -> None:
+    _, msg, _ = build(
+        tmp_path,
+        "--model",
+        str(dynamic_cnn()),
+        "--gpu",
+        "cpu",
+        "--strip-weights",
+        "--store",
+        str(tmp_path / "s"),
+    )
+    assert msg.reason == "InvalidArgument" and "--strip-weights is refused" in msg.error
+
+
 def test_result_line_round_trips() -> None:
     line = json.dumps({"error": "x", "reason": "Timeout", "exitCode": 97})
     msg = parse_build_message("some log\n" + line)

@@ -19,14 +19,14 @@ import pytest
 from trtforge_builder.backends.base import BuildInputs, BuildOutput
 from trtforge_builder.backends.ort import OnnxRuntimeBackend
 from trtforge_builder.errors import BuildError
-from trtforge_builder.pipeline import run_build
+from trtforge_builder.pipeline import probe_target, run_build
 from trtforge_builder.request import BuildRequest, make_build_config, parse_profiles
 
 from tests.modelzoo import dynamic_cnn, dynamic_mlp, light_input_name, light_model, sha256_of, two_input_model
 from trtforge.contract import layout
 from trtforge.contract.canary import Canary
-from trtforge.contract.engine_key import EngineKeyRecord, engine_key
-from trtforge.contract.gpu import GPUTarget, identity_for_target
+from trtforge.contract.engine_key import EngineKeyRecord, RequestRecord, engine_key
+from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.gpu_probe import EmulatedGPUFile, EmulatedGPUProbe, GPUDevice
 from trtforge.contract.manifest import Manifest
 from trtforge.store import open_store
@@ -86,15 +86,15 @@ def test_squeezenet_cpu_build_then_cache_hit(tmp_path: Path) -> None:
     assert sha256_of(engine) == m.sha256
     canary = Canary.from_bytes((store / layout.engine_path(res.key, m.canary.file)).read_bytes())
     assert len(canary.inputs) == 2 and canary.outputs[0]["softmaxout_1"].shape == (1, 1000, 1, 1)
-    # the key is what the operator computes from the target and Node labels
-    ident = identity_for_target(GPUTarget(gpu="cpu"), arch=m.gpu.arch)
-    rec = EngineKeyRecord(
+    # the key is the builder's, from what it really has and probed (the manifest records it all)
+    rec = EngineKeyRecord.for_identity(
         model_sha256=m.model_sha256,
         build=m.build,
         backend="onnxruntime",
         backend_version=m.backend_version,
         cuda="none",
-        gpu=ident,
+        identity=m.gpu,
+        recipe=m.recipe,
     )
     assert engine_key(rec) == res.key
 
@@ -102,8 +102,35 @@ def test_squeezenet_cpu_build_then_cache_hit(tmp_path: Path) -> None:
     again = run_build(request(model, store, samples=3))
     assert again.cache_hit and again.key == res.key and again.sha256 == res.sha256
     assert time.monotonic() - t0 < 1.0
-    pinned = run_build(request(tmp_path / "absent.onnx", store, samples=3, model_sha256=m.model_sha256))
+    rk = "7" * 64  # the operator's request key: the builder files what answered it
+    pinned = run_build(
+        request(tmp_path / "absent.onnx", store, samples=3, model_sha256=m.model_sha256, request_key=rk)
+    )
     assert pinned.cache_hit and pinned.total_seconds < 0.5  # pinned: no model fetch at all
+    assert pinned.request_key == rk
+    filed = RequestRecord.from_json((store / layout.request_path(rk)).read_text())
+    assert (filed.engine_key, filed.backend_version, filed.recipe) == (res.key, m.backend_version, m.recipe)
+
+
+def test_the_builder_records_what_its_probe_reports_not_a_table(tmp_path: Path) -> None:
+    """A MIG slice's SMs and memory, and a product no table knows, come from the probe as they are."""
+    dev = GPUDevice(
+        index=0,
+        uuid="MIG-00000000-1111-2222-3333-444444444444",
+        name="NVIDIA H200 MIG 1g.35gb",
+        memory_mib=33280,
+        compute_capability="9.0",
+        mig_profile="1g.35gb",
+        sm_count=26,
+    )
+    EmulatedGPUFile(node="n", devices=[dev]).write(tmp_path / "gpus.json")
+    probe = EmulatedGPUProbe(tmp_path / "gpus.json", visible="all")
+    ident, _ = probe_target(request(tmp_path / "m.onnx", tmp_path, gpu="NVIDIA-H200", mig="1g.35gb"), probe)
+    assert (ident.sm_count, ident.memory_mib, ident.mig_profile) == (26, 33280, "1g.35gb")
+    l40s = dev.model_copy(update={"name": "NVIDIA L40S", "mig_profile": None, "compute_capability": "8.9"})
+    EmulatedGPUFile(node="n", devices=[l40s]).write(tmp_path / "gpus.json")
+    ident, _ = probe_target(request(tmp_path / "m.onnx", tmp_path, gpu="NVIDIA-L40S"), probe)
+    assert (ident.product, ident.compute_capability) == ("NVIDIA-L40S", "8.9")
 
 
 def test_resnet50_for_an_emulated_h100_with_a_batch_range(tmp_path: Path) -> None:

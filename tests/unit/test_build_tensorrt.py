@@ -55,6 +55,7 @@ def _fix_def(line: str) -> str:
 TENSORRT_MODULES = (
     "builder_job/trtforge_builder/backends/tensorrt.py",
     "runtime_image/trtforge_runtime/backends/tensorrt_backend.py",
+    "trtforge/tensorrt/engine.py",
 )
 
 
@@ -96,7 +97,11 @@ def test_tensorrt_backend_type_checks_against_the_stubs(tmp_path: Path) -> None:
         timeout=300,
     )
     # The stubs have errors of their own (a module-level `bool` shadows the builtin); ours must have none.
-    ours = [line for line in p.stdout.splitlines() if line.startswith(("builder_job/", "runtime_image/"))]
+    ours = [
+        line
+        for line in p.stdout.splitlines()
+        if line.startswith(("builder_job/", "runtime_image/", "trtforge/"))
+    ]
     assert not ours, "\n".join(ours)
     assert "[syntax]" not in p.stdout and p.returncode in (0, 1), p.stdout + p.stderr
     assert "tensorrt.pyi" in p.stdout or p.returncode == 0  # the stubs were read, not skipped
@@ -158,3 +163,27 @@ def test_tensorrt_build_validate_publish(tmp_path: Path) -> None:  # pragma: no 
     m = Manifest.from_json((tmp_path / "s" / layout.manifest_path(res.key)).read_text())
     assert m.backend == "tensorrt" and m.engine_file.endswith(".plan") and m.layers and m.accuracy.passed
     assert run_build(req, probe=probe).cache_hit
+
+
+def test_fp16_conversion_leaves_resize_scales_float32(tmp_path: Path) -> None:
+    """ONNX requires Resize scales to be float32: the TensorRT 11 cast must not touch them."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from trtforge_builder.onnx_model import convert_float_precision
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], dtype=np.float32), "scales")
+    w = numpy_helper.from_array(np.ones((1, 1, 1, 1), dtype=np.float32), "w")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"]),
+        helper.make_node("Resize", ["c", "", "scales"], ["y"], mode="nearest"),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], [scales, w]), opset_imports=[helper.make_opsetid("", 13)]
+    )
+    m = convert_float_precision(model, "fp16")
+    onnx.checker.check_model(m, full_check=True)
+    types = {t.name: t.data_type for t in m.graph.initializer}
+    assert types == {"scales": TensorProto.FLOAT, "w": TensorProto.FLOAT16}

@@ -56,7 +56,8 @@ def test_ci_values_files_exist() -> None:
         ({"build": {"memory": "lots"}}, "is not valid"),
         ({"service": {"type": "LoadBalancer"}}, "is not one of"),
         ({"service": {"brokerPort": 80}}, "less than the minimum"),  # non-root cannot bind < 1024
-        ({"engineBackends": {"gpu": {"backend": "tensorrt"}}}, "'version' is a required property"),
+        ({"engineBackends": {"gpu": {"backend": "tensorrt", "version": "1"}}}, "is not of type"),
+        ({"engineBackends": {"gpu": "tensorrt-10"}}, "is not one of"),
         ({"serviceAccount": {"create": False}}, "should be non-empty"),
         ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "does not match"),
     ],

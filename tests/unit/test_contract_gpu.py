@@ -6,12 +6,14 @@ import pytest
 from pydantic import ValidationError
 
 from trtforge.contract.gpu import (
+    KNOWN_GPUS,
     LABEL_ARCH,
     LABEL_MIG_CONFIG_STATE,
     LABEL_PRODUCT,
+    MIG_GUIDE,
     GPUTarget,
     UnknownTargetError,
-    identity_for_target,
+    known_identity,
     product_label,
 )
 
@@ -56,28 +58,30 @@ def test_resources_and_selectors() -> None:
     assert GPUTarget(gpu="NVIDIA-GH200-480GB").node_selector("arm64")[LABEL_ARCH] == "arm64"
 
 
-def test_identity_from_table() -> None:
-    ident = identity_for_target(GPUTarget(gpu="NVIDIA-B200", mig="3g.90gb"))
-    assert ident.compute_capability == "10.0"
-    assert ident.mig_profile == "3g.90gb"
-    assert 0 < ident.sm_count < 148
-    gh = identity_for_target(GPUTarget(gpu="NVIDIA-GH200-480GB"))
-    assert gh.arch == "arm64"
-    assert gh.mig_profile == "full"
+def test_table_hint_uses_nvml_figures_for_h200_mig() -> None:
+    """The H200 rows are what NVML reported on a real H200 (issue 11), not g x 16."""
+    want = {"1g.18gb": 16, "1g.35gb": 26, "2g.35gb": 32, "3g.71gb": 60, "4g.71gb": 64, "7g.141gb": 132}
+    h200 = KNOWN_GPUS["NVIDIA-H200"]
+    assert {p: f.sm_count for p, f in h200.mig.items()} == want
+    assert h200.mig["3g.71gb"].memory_mib == 71424
+    ident = known_identity(GPUTarget(gpu="NVIDIA-H200", mig="1g.35gb"))
+    assert (ident.sm_count, ident.memory_mib) == (26, 33280)
 
 
-def test_identity_rejects_a_profile_the_product_does_not_have() -> None:
+def test_other_rows_cite_the_mig_guide_and_claim_no_unmeasured_sm_count() -> None:
+    for product, known in KNOWN_GPUS.items():
+        assert known.source, product
+        if product != "NVIDIA-H200":
+            assert MIG_GUIDE in known.source
+            assert all(f.sm_count is None for f in known.mig.values()), product
+        assert [f.sm_fraction for f in known.mig.values()] == ["1/7", "1/7", "2/7", "3/7", "4/7", "7/7"]
+    # unmeasured: the hint says 0 (unknown), never a formula
+    assert known_identity(GPUTarget(gpu="NVIDIA-B200", mig="3g.90gb")).sm_count == 0
+    assert known_identity(GPUTarget(gpu="NVIDIA-GH200-480GB")).arch == "arm64"
+
+
+def test_hint_rejects_a_profile_the_product_does_not_have() -> None:
     with pytest.raises(UnknownTargetError, match=r"1g\.10gb.*B200|B200.*1g\.10gb"):
-        identity_for_target(GPUTarget(gpu="NVIDIA-B200", mig="1g.10gb"))
-
-
-def test_identity_of_unknown_product_needs_labels() -> None:
-    with pytest.raises(UnknownTargetError, match="compute capability"):
-        identity_for_target(GPUTarget(gpu="NVIDIA-L40S"))
-    ident = identity_for_target(GPUTarget(gpu="NVIDIA-L40S"), compute_capability="8.9")
-    assert ident.compute_capability == "8.9"
-
-
-def test_identity_disagreeing_with_the_table_is_refused() -> None:
-    with pytest.raises(UnknownTargetError, match=r"expected 9\.0"):
-        identity_for_target(GPUTarget(gpu="NVIDIA-H200"), compute_capability="8.0")
+        known_identity(GPUTarget(gpu="NVIDIA-B200", mig="1g.10gb"))
+    with pytest.raises(UnknownTargetError, match="known-GPU table"):
+        known_identity(GPUTarget(gpu="NVIDIA-L40S"))

@@ -100,3 +100,24 @@ def test_probe_selection_errors_are_clear(tmp_path: Path) -> None:
     with pytest.raises(GPUProbeError, match="does not exist"):
         missing.devices()
     assert probe_from_env("none").devices() == []
+
+
+def test_gpu_instance_profile_is_read_from_nvml_fields() -> None:
+    """NVML's c_nvmlGpuInstanceProfileInfo_v2_t, as a real H200 filled it for 1g.35gb."""
+    from types import SimpleNamespace
+
+    from trtforge.contract.gpu_probe import parse_gpu_instance_profile
+
+    info = SimpleNamespace(
+        id=15, sliceCount=1, instanceCount=4, multiprocessorCount=26, memorySizeMB=33280, name=b"MIG 1g.35gb"
+    )
+    p = parse_gpu_instance_profile(9, info)
+    assert (p.index, p.id, p.name, p.slices, p.instances, p.sm_count, p.memory_mib) == (
+        9,
+        15,
+        "1g.35gb",
+        1,
+        4,
+        26,
+        33280,
+    )

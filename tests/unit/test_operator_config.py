@@ -18,15 +18,24 @@ def test_defaults_file_and_env(tmp_path: Path) -> None:
     )
     assert cfg.build_namespace == "builds" and cfg.build.max_concurrent == 2
     assert cfg.store_uri == "s3://bucket/engines" and cfg.namespaces == ["a", "b"]
-    assert cfg.backend_for("NVIDIA-H100-80GB-HBM3").backend == "onnxruntime"
+    assert cfg.backend_for("NVIDIA-H100-80GB-HBM3") == "onnxruntime"
     assert cfg.engine_source() == "http://trtforge-broker.trtforge-system.svc:8081"
 
 
-def test_production_backend_is_tensorrt_with_cuda() -> None:
+def test_production_backend_is_tensorrt_and_names_no_version() -> None:
     cfg = load_config(None, env={})
-    b = cfg.backend_for("NVIDIA-B200")
-    assert b.backend == "tensorrt" and b.cuda != "none"
-    assert cfg.backend_for("cpu").backend == "onnxruntime"
+    assert cfg.backend_for("NVIDIA-B200") == "tensorrt"
+    assert cfg.backend_for("cpu") == "onnxruntime"
+
+
+def test_a_backend_version_in_the_config_is_refused_with_why(tmp_path: Path) -> None:
+    """The operator never guesses TensorRT/CUDA versions: the builder reports what it has."""
+    f = tmp_path / "op.yaml"
+    f.write_text('backends:\n  gpu: {backend: tensorrt, version: "10.13.0", cuda: "12.9"}\n')
+    with pytest.raises(ConfigError, match=r"backends\.gpu.*cuda, version.*builder reports"):
+        load_config(f, env={})
+    f.write_text("backends:\n  gpu: {backend: tensorrt}\n")
+    assert load_config(f, env={}).backend_for("NVIDIA-H200") == "tensorrt"
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from typing import Any
 from trtforge_operator import children
 from trtforge_operator import labels as L
 from trtforge_operator.api import FaultRecord, InferenceDeployment, TRTEngine, VerifiedModel, get_condition
-from trtforge_operator.config import BackendSpec, OperatorConfig
+from trtforge_operator.config import OperatorConfig
 from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView
 from trtforge_operator.planning import faults as F
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
@@ -19,7 +19,7 @@ from trtforge.contract.gpu import GPUTarget
 
 NOW = 1_800_000_000.0
 CFG = OperatorConfig(
-    backends={"gpu": BackendSpec(backend="onnxruntime", version="1.22.0")},
+    backends={"gpu": "onnxruntime"},
     broker={"url": "http://broker:8081"},
 )
 H100 = GPUTarget(gpu="NVIDIA-H100-80GB-HBM3")

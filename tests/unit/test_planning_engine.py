@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 from trtforge_operator import children
 from trtforge_operator import labels as L
 from trtforge_operator.api import TRTEngine, get_condition
-from trtforge_operator.config import BackendSpec, OperatorConfig
+from trtforge_operator.config import OperatorConfig
 from trtforge_operator.observed import JobView, NodeView
 from trtforge_operator.planning.engine import (
     Capacity,
@@ -22,17 +23,15 @@ from trtforge_operator.planning.engine import (
 
 from tests.fakes import default_nodes, gpu_node, job
 from trtforge.contract.build_result import BuildFailure
-from trtforge.contract.gpu import GPUTarget
+from trtforge.contract.engine_key import RequestRecord
+from trtforge.contract.gpu import GPUTarget, known_identity
 from trtforge.contract.manifest import Accuracy, CanaryRef, Manifest
 from trtforge.contract.possession import PossessionRecord, source_fingerprint
 
 SHA = "a" * 64
 NOW = 1_800_000_000.0
 CFG = OperatorConfig(
-    backends={
-        "gpu": BackendSpec(backend="onnxruntime", version="1.22.0"),
-        "cpu": BackendSpec(backend="onnxruntime", version="1.22.0"),
-    },
+    backends={"gpu": "onnxruntime", "cpu": "onnxruntime"},
     build={"retry_base_seconds": 30, "max_attempts": 3},
     cache={"sharing": "all"},
 )
@@ -69,13 +68,16 @@ def observe(
     now: float = NOW,
     running: int = 0,
     cfg: OperatorConfig = CFG,
+    filed: dict[str, str] | None = None,
     verified: str | None = "pin",
     verify_jobs: Sequence[dict[str, Any]] = (),
     verify_failures: dict[str, BuildFailure] | None = None,
     cache_scope: str = "",
 ) -> EngineObserved:
-    """`verified`: "pin" (default) — the namespace proved it holds the pinned model (or SHA); a digest —
-    it proved that one; None — no proof yet."""
+    """`filed`: the store's request index (request key -> engine key); by default every request whose
+    engine (:func:`engine_for`) is among `manifests` was filed, as a builder does. `verified`: "pin"
+    (default) — the namespace proved it holds the pinned model (or SHA); a digest — it proved that
+    one; None — no proof yet."""
     manifests = manifests or {}
     ns, m = e.metadata.namespace or "", e.spec.model
     fp = source_fingerprint(m.uri, m.secret_ref.name if m.secret_ref else None, m.sha256)
@@ -87,6 +89,21 @@ def observe(
         if digest
         else None
     )
+    index = filed
+
+    def requests(rk: str) -> RequestRecord | None:
+        ek = index.get(rk) if index is not None else engine_for(rk)
+        if ek is None or (index is None and ek not in manifests):
+            return None
+        return RequestRecord(
+            request_key=rk,
+            engine_key=ek,
+            backend="onnxruntime",
+            backend_version="1.22.0",
+            cuda="none",
+            recipe=2,
+        )
+
     return EngineObserved(
         namespace=e.metadata.namespace or "",
         name=e.metadata.name or "",
@@ -98,6 +115,7 @@ def observe(
         manifests=manifests.get,
         capacity=Capacity(running, running, cfg.build.max_concurrent, cfg.build.max_concurrent_per_namespace),
         now=now,
+        requests=requests,
         uid="u1",
         possession=record,
         verify_jobs=[JobView.from_k8s(j) for j in verify_jobs],
@@ -107,12 +125,7 @@ def observe(
 
 
 def manifest_for(key: str, target: GPUTarget, sha256: str = "b" * 64) -> Manifest:
-    ident = key_inputs(
-        engine([{"gpu": target.gpu, "mig": target.mig}]).spec,
-        target,
-        [NodeView.from_k8s(n) for n in default_nodes()],
-        CFG,
-    ).identity
+    ident = known_identity(target)
     return Manifest(
         key=key,
         engine_file="model.onnx",
@@ -152,10 +165,18 @@ def built(key: str, cache_hit: bool = False) -> dict[str, Any]:
     }
 
 
-def key_of(e: TRTEngine, target: GPUTarget) -> str:
-    k = key_inputs(e.spec, target, [NodeView.from_k8s(n) for n in default_nodes()], CFG).engine_key
-    assert k is not None
-    return k
+def rkey_of(e: TRTEngine, target: GPUTarget, cfg: OperatorConfig = CFG) -> str:
+    """The request key the operator computes for a target (it names the build Job)."""
+    return key_inputs(e.spec, target, [NodeView.from_k8s(n) for n in default_nodes()], cfg).request_key
+
+
+def engine_for(rk: str) -> str:
+    """The engine key a builder would report for request `rk` (any key the operator cannot predict)."""
+    return hashlib.sha256(f"engine built for {rk}".encode()).hexdigest()
+
+
+def key_of(e: TRTEngine, target: GPUTarget, cfg: OperatorConfig = CFG) -> str:
+    return engine_for(rkey_of(e, target, cfg))
 
 
 def with_status(e: TRTEngine, plan_status: Any) -> TRTEngine:
@@ -179,7 +200,7 @@ def test_one_job_per_target_pinned_to_its_gpu_type() -> None:
     }
     assert mig["nodeSelector"]["nvidia.com/mig.config.state"] == "success"
     # The name is derived from the key: the same request always names the same Job.
-    assert by_target[H100.name]["metadata"]["name"] == f"trtforge-build-{key_of(e, H100)[:20]}"
+    assert by_target[H100.name]["metadata"]["name"] == f"trtforge-build-{rkey_of(e, H100)[:20]}"
     assert all(t.phase == "Building" for t in plan.status.targets)
     assert get_condition(plan.status.conditions, "Building").status == "True"  # type: ignore[union-attr]
     assert get_condition(plan.status.conditions, "Ready").status == "False"  # type: ignore[union-attr]
@@ -215,8 +236,8 @@ def test_stored_manifest_means_ready_cache_hit_and_no_job() -> None:
 def test_key_does_not_depend_on_namespace_or_name() -> None:
     a = engine([{"gpu": H100.gpu}], namespace="team-a", name="x")
     b = engine([{"gpu": H100.gpu}], namespace="team-b", name="y")
-    assert key_of(a, H100) == key_of(b, H100)
-    assert key_of(a, H100) != key_of(engine([{"gpu": H100.gpu}], precision="fp32"), H100)
+    assert rkey_of(a, H100) == rkey_of(b, H100)
+    assert rkey_of(a, H100) != rkey_of(engine([{"gpu": H100.gpu}], precision="fp32"), H100)
 
 
 def test_a_running_job_of_another_requester_is_reused_not_duplicated() -> None:
@@ -233,10 +254,11 @@ def test_unpinned_model_is_keyed_by_the_digest_its_verify_step_proved() -> None:
     e = engine([{"gpu": H100.gpu}], sha=None)
     digest = "d" * 64
     (j,) = plan_engine(observe(e, verified=digest), CFG).jobs_to_create
-    key = key_of(engine([{"gpu": H100.gpu}], sha=digest), H100)
-    assert j["metadata"]["annotations"][L.A_ENGINE_KEY] == key
+    rk = rkey_of(engine([{"gpu": H100.gpu}], sha=digest), H100)
+    assert j["metadata"]["annotations"][L.A_REQUEST_DIGEST] == rk
     cmd = j["spec"]["template"]["spec"]["containers"][0]["command"]
     assert cmd[cmd.index("--sha256") + 1] == digest and "--staged-model" in cmd
+    key = engine_for(rk)  # another namespace's build filed it: found through the index
     plan = plan_engine(observe(e, verified=digest, manifests={key: manifest_for(key, H100)}), CFG)
     (t,) = plan.status.targets
     assert (t.phase, t.engine_key) == ("Ready", key)
@@ -300,11 +322,13 @@ def test_no_node_for_a_target_is_pending_without_a_job() -> None:
     assert plan.status.targets[0].reason == "NoMatchingNode"
 
 
-def test_unknown_mig_profile_is_invalid_and_stalled() -> None:
+def test_unknown_mig_profile_waits_for_a_node_with_a_hint_from_the_table() -> None:
+    """Which targets exist is the nodes' word (GFD labels); the known-GPU table only adds a hint."""
     e = engine([{"gpu": H100.gpu, "mig": "5g.99gb"}])
     plan = plan_engine(observe(e), CFG)
-    assert plan.status.targets[0].reason == "InvalidTarget"
-    assert get_condition(plan.status.conditions, "Stalled").reason == "InvalidTarget"  # type: ignore[union-attr]
+    (t,) = plan.status.targets
+    assert (t.phase, t.reason) == ("Pending", "NoMatchingNode") and plan.jobs_to_create == []
+    assert "not known to have MIG profile 5g.99gb" in (t.message or "") and "1g.10gb" in (t.message or "")
 
 
 def test_replanning_the_same_state_is_a_fixed_point() -> None:
@@ -480,7 +504,7 @@ def test_verify_job_reads_the_tenants_own_source_and_builds_read_only_the_staged
         for m in bpod["containers"][0]["volumeMounts"]
         if m["name"] == "store"
     }
-    assert set(mounts) == {"engines", "timing-caches", "models"}
+    assert set(mounts) == {"engines", "requests", "timing-caches", "models"}
     assert mounts["models"].get("readOnly") is True and not mounts["engines"].get("readOnly")
 
 
@@ -511,9 +535,9 @@ def test_cache_scopes_follow_the_sharing_policy() -> None:
     assert OperatorConfig().cache.sharing == "groups"  # the default keeps unlabelled namespaces apart
     e = engine([{"gpu": H100.gpu}])
     nodes = [NodeView.from_k8s(n) for n in default_nodes()]
-    a = key_inputs(e.spec, H100, nodes, CFG, cache_scope="ns:a").engine_key
-    b = key_inputs(e.spec, H100, nodes, CFG, cache_scope="ns:b").engine_key
-    assert a and b and a != b != key_of(e, H100)
+    a = key_inputs(e.spec, H100, nodes, CFG, cache_scope="ns:a").request_key
+    b = key_inputs(e.spec, H100, nodes, CFG, cache_scope="ns:b").request_key
+    assert a != b != rkey_of(e, H100)
     (j,) = plan_engine(observe(e, cache_scope="group:vision"), CFG).jobs_to_create
     cmd = j["spec"]["template"]["spec"]["containers"][0]["command"]
     assert cmd[cmd.index("--cache-scope") + 1] == "group:vision"
@@ -549,3 +573,101 @@ def test_requesters_are_one_annotation_each_so_concurrent_adds_never_clobber() -
     assert key != L.requester_annotation(a)
     prefix, name = key.split("/")
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", prefix) and len(name) <= 63
+
+
+# --- keys by construction (issue 11): the operator never predicts a backend version
+
+
+def test_a_builder_with_a_version_never_seen_converges_in_one_build() -> None:
+    """The builder reports an engine key the operator could not have computed (any TensorRT/CUDA);
+    the target is Ready from that result, and later from the store's request index alone."""
+    e = engine([{"gpu": H100.gpu}])
+    rk = rkey_of(e, H100)
+    (j,) = plan_engine(observe(e, filed={}), CFG).jobs_to_create
+    assert "--request-key" in (cmd := j["spec"]["template"]["spec"]["containers"][0]["command"])
+    assert cmd[cmd.index("--request-key") + 1] == rk
+    unseen = "f" * 64  # e.g. TensorRT 10.99 on CUDA 14: nothing in the operator knows it
+    done = job(j, state="complete", at=NOW - 60, result=built(unseen))
+    stored = {unseen: manifest_for(unseen, H100)}
+    plan = plan_engine(observe(e, jobs=[done], manifests=stored, filed={}), CFG)
+    (t,) = plan.status.targets
+    assert (t.phase, t.engine_key, t.request_key) == ("Ready", unseen, rk) and plan.jobs_to_create == []
+    # The Job is gone (GC), another namespace asks: the index the builder wrote answers, no Job.
+    other = engine([{"gpu": H100.gpu}], namespace="team-z")
+    plan = plan_engine(observe(other, manifests=stored, filed={rk: unseen}), CFG)
+    assert plan.status.targets[0].phase == "Ready" and plan.jobs_to_create == []
+    assert plan.status.targets[0].cache_hit is True
+
+
+def test_an_index_entry_whose_engine_is_gone_means_build_again() -> None:
+    e = engine([{"gpu": H100.gpu}])
+    plan = plan_engine(observe(e, filed={rkey_of(e, H100): "9" * 64}), CFG)
+    assert len(plan.jobs_to_create) == 1 and plan.status.targets[0].phase == "Building"
+
+
+def test_a_new_builder_image_rebuilds_once_while_the_old_engine_serves() -> None:
+    e = engine([{"gpu": H100.gpu}, {"gpu": GH200.gpu}])
+    old_keys = {t: key_of(e, t) for t in (H100, GH200)}
+    stored = {k: manifest_for(k, t) for t, k in old_keys.items()}
+    ready = plan_engine(observe(e, manifests=stored), CFG)
+    assert ready.jobs_to_create == [] and ready.status.ready_targets == "2/2"
+    e1 = with_status(e, ready.status)
+
+    cfg2 = CFG.model_copy(update={"builder_image": "ghcr.io/trtforge/builder:0.2.0"})
+    p1 = plan_engine(observe(e1, manifests=stored, cfg=cfg2), cfg2)
+    assert len(p1.jobs_to_create) == 2  # exactly one per target
+    for t in p1.status.targets:
+        assert (t.phase, t.reason) == ("Ready", "Updating")  # the old engine keeps serving
+        assert t.engine_key in old_keys.values() and t.request_key == rkey_of(e, t.target())
+    assert get_condition(p1.status.conditions, "Building").reason == "Updating"  # type: ignore[union-attr]
+    assert {ev.reason for ev in p1.events} == {"EngineUpdating"}
+
+    # Planning again while they run: no second Job, still serving the old engines.
+    e2 = with_status(e1, p1.status)
+    running = [job(j, at=NOW) for j in p1.jobs_to_create]
+    p2 = plan_engine(observe(e2, jobs=running, manifests=stored, cfg=cfg2, now=NOW + 30), cfg2)
+    assert p2.jobs_to_create == [] and all(t.reason == "Updating" for t in p2.status.targets)
+
+    # The new image's engines land: Ready on them (the deployment planner then rolls them out).
+    new_keys = {t: key_of(e, t, cfg2) for t in (H100, GH200)}
+    stored2 = stored | {k: manifest_for(k, t, sha256="e" * 64) for t, k in new_keys.items()}
+    done = [
+        job(
+            j,
+            state="complete",
+            at=NOW + 60,
+            result=built(new_keys[H100 if j["metadata"]["labels"][L.L_TARGET] == H100.name else GH200]),
+        )
+        for j in p1.jobs_to_create
+    ]
+    p3 = plan_engine(
+        observe(with_status(e2, p2.status), jobs=done, manifests=stored2, cfg=cfg2, now=NOW + 90), cfg2
+    )
+    assert p3.jobs_to_create == []
+    assert {t.engine_key for t in p3.status.targets} == set(new_keys.values())
+    assert all(t.phase == "Ready" and t.reason == "Built" for t in p3.status.targets)
+    assert all(t.request_key == rkey_of(e, t.target(), cfg2) for t in p3.status.targets)
+
+
+def test_a_failed_update_keeps_serving_and_says_degraded() -> None:
+    e = engine([{"gpu": H100.gpu}])
+    stored = {key_of(e, H100): manifest_for(key_of(e, H100), H100)}
+    e1 = with_status(e, plan_engine(observe(e, manifests=stored), CFG).status)
+    cfg2 = CFG.model_copy(update={"builder_image": "ghcr.io/trtforge/builder:0.2.0"})
+    (j,) = plan_engine(observe(e1, manifests=stored, cfg=cfg2), cfg2).jobs_to_create
+    bad = job(j, state="failed", at=NOW, result={"reason": "InvalidModel", "error": "truncated"})
+    p = plan_engine(observe(e1, jobs=[bad], manifests=stored, cfg=cfg2, now=NOW + 5), cfg2)
+    (t,) = p.status.targets
+    assert (t.phase, t.reason, t.engine_key) == ("Ready", "UpdateFailed", key_of(e, H100))
+    assert get_condition(p.status.conditions, "Degraded").status == "True"  # type: ignore[union-attr]
+
+
+def test_same_compute_capability_targets_share_one_build() -> None:
+    nodes = [*default_nodes(), gpu_node("h200-0", "NVIDIA-H200", 8)]
+    e = engine(
+        [{"gpu": H100.gpu}, {"gpu": "NVIDIA-H200"}],
+        builder={"hardwareCompatibility": "sameComputeCapability"},
+    )
+    plan = plan_engine(observe(e, nodes=nodes), CFG)
+    assert len(plan.jobs_to_create) == 1
+    assert {t.request_key for t in plan.status.targets} == {plan.status.targets[0].request_key}

@@ -20,12 +20,12 @@ from trtforge_runtime.v2 import HEADER_LENGTH, decode_request, encode_response
 
 from trtforge.contract import layout
 from trtforge.contract.engine_key import BuildConfig, ShapeRange
-from trtforge.contract.gpu import GPUTarget, identity_for_target
+from trtforge.contract.gpu import GPUTarget, known_identity
 from trtforge.contract.manifest import Accuracy, CanaryRef, Manifest, TensorSpec
 from trtforge.contract.termination import EXIT_GPU_FAULT, TerminationMessage
 from trtforge.store import EngineStore, open_store
 
-H100 = identity_for_target(GPUTarget(gpu="NVIDIA-H100-80GB-HBM3"))
+H100 = known_identity(GPUTarget(gpu="NVIDIA-H100-80GB-HBM3"))
 KEY = "a" * 64
 
 
@@ -149,20 +149,18 @@ def test_json_and_bytes_inputs_and_request_errors() -> None:
 
 def test_identity_check_names_what_differs() -> None:
     check_identity(_manifest(), H100)
-    b200 = identity_for_target(GPUTarget(gpu="NVIDIA-B200"))
+    b200 = known_identity(GPUTarget(gpu="NVIDIA-B200"))
     with pytest.raises(Refusal, match="differs in GPU product;") as e:
-        check_identity(_manifest(), identity_for_target(GPUTarget(gpu="NVIDIA-H200")))
+        check_identity(_manifest(), known_identity(GPUTarget(gpu="NVIDIA-H200")))
     assert e.value.reason == "GPUMismatch"
     with pytest.raises(Refusal, match="compute capability"):
         check_identity(_manifest(), b200)
     with pytest.raises(Refusal, match="MIG profile"):
-        check_identity(
-            _manifest(), identity_for_target(GPUTarget(gpu="NVIDIA-H100-80GB-HBM3", mig="1g.10gb"))
-        )
+        check_identity(_manifest(), known_identity(GPUTarget(gpu="NVIDIA-H100-80GB-HBM3", mig="1g.10gb")))
     # sameComputeCapability engines may run on any SM 9.0 product of the same architecture.
     check_identity(
         _manifest(hardware_compatibility="sameComputeCapability"),
-        identity_for_target(GPUTarget(gpu="NVIDIA-H200")),
+        known_identity(GPUTarget(gpu="NVIDIA-H200")),
     )
 
 

@@ -14,7 +14,7 @@ from trtforge_runtime.fetch import fetch_engine
 from tests.modelzoo import dynamic_mlp
 from trtforge.contract import layout
 from trtforge.contract.engine_key import BuildConfig, ShapeRange
-from trtforge.contract.gpu import GPUTarget, identity_for_target
+from trtforge.contract.gpu import GPUTarget, known_identity
 from trtforge.contract.manifest import Accuracy, CanaryRef, Manifest, TensorSpec
 from trtforge.store import open_store
 
@@ -32,7 +32,7 @@ def _store(tmp: Path) -> Path:
         backend="onnxruntime",
         backend_version="1.0",
         cuda="none",
-        gpu=identity_for_target(GPUTarget(gpu="NVIDIA-H100-80GB-HBM3")),
+        gpu=known_identity(GPUTarget(gpu="NVIDIA-H100-80GB-HBM3")),
         build=BuildConfig(
             precision="fp32", profiles=({"x": ShapeRange(min=(1, 4), opt=(8, 4), max=(16, 4))},)
         ),

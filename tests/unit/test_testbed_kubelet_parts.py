@@ -114,3 +114,25 @@ def test_pv_is_prebound_to_its_claim() -> None:
         "uid": "abc",
     }
     assert pv["spec"]["capacity"] == {"storage": "5Gi"} and pv["spec"]["hostPath"]["path"] == "/x/pvc-abc"
+
+
+def test_backend_version_env_stands_in_for_another_image(tmp_path: Path) -> None:
+    """The test bed ignores images: TRTFORGE_TESTBED_BACKEND_VERSION in a container's env makes its
+    ONNX Runtime report that version (what an image with another backend build would do)."""
+    import subprocess
+    import sys
+
+    from trtforge.testbed.kubelet.podspec import BACKEND_VERSION_ENV, image_stand_in
+
+    assert image_stand_in({"PATH": "/bin"}) == {"PATH": "/bin"}
+    env = image_stand_in({"PATH": "/bin", BACKEND_VERSION_ENV: "1.99.0+image2", "PYTHONPATH": "/x"})
+    assert env["PYTHONPATH"].endswith(":/x") and "image_shim" in env["PYTHONPATH"]
+    p = subprocess.run(
+        [sys.executable, "-c", "import onnxruntime; print(onnxruntime.__version__)"],
+        env={**env, "PATH": str(Path(sys.executable).parent)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert p.stdout.strip() == "1.99.0+image2"

@@ -115,10 +115,12 @@ def test_gpu_file_identity_matches_labels_and_probe(tmp_path: Path) -> None:
     b200 = gpu_file(prof.node("gpu-b200-mig-0"))
     migs = [d for d in b200.devices if d.mig_profile == "3g.90gb"]
     assert len(migs) == 2 and migs[0].name == "NVIDIA B200 MIG 3g.90gb"
-    assert (
-        migs[0].product == "NVIDIA-B200"
-        and migs[0].sm_count == KNOWN_GPUS["NVIDIA-B200"].mig_profiles["3g.90gb"]
-    )
+    # The emulated figures are the known-GPU table's: no SM count where NVML was never read (B200),
+    # NVML's own figures where it was (H200), never g x 16.
+    assert migs[0].product == "NVIDIA-B200" and migs[0].sm_count == 0
+    assert "nvidia.com/mig-3g.90gb.multiprocessors" not in node_labels(prof.node("gpu-b200-mig-0"))
+    h200 = KNOWN_GPUS["NVIDIA-H200"]
+    assert h200.mig["1g.35gb"].sm_count == 26 and h200.mig["3g.71gb"].memory_mib == 71424
     gh = gpu_file(prof.node("gpu-gh200-0"))
     assert gh.arch == "arm64" and product_label(gh.devices[0].name) == "NVIDIA-GH200-480GB"
     f = tmp_path / "gpus.json"

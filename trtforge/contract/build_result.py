@@ -111,7 +111,8 @@ class BuildResult(BaseModel):
     sha256: str
     size_bytes: int
     backend: str
-    backend_version: str
+    backend_version: str  # what the builder really has: the operator learns it here, never guesses
+    cuda: str = ""  # CUDA major.minor of the backend; "none" for CPU backends
     compute_capability: str  # "9.0"; "none" for CPU targets
     gpu: str  # GPU product label, or "cpu"
     mig: str | None = None
@@ -121,6 +122,7 @@ class BuildResult(BaseModel):
     accuracy: BuildAccuracy | None = None
     # Another builder committed the same key first; this result describes the winner's engine.
     lost_race: bool = False
+    request_key: str | None = None  # the operator's request this engine was filed under
     # The store held a corrupt entry under this key (why, in one line); this build replaced it.
     replaced_corrupt: str | None = None
 

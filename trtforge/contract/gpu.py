@@ -2,9 +2,9 @@
 
 A *target* is what a user asks for (`{gpu: <nvidia.com/gpu.product>, mig: <profile>}`); an *identity*
 is the full set of facts about that GPU that decide an engine (compute capability, SM count, MIG
-slice, CPU architecture). The operator derives identities from Node labels (GPU Feature Discovery);
-the builder and runtime derive them from the GPU probe. Both must agree, so both go through
-:func:`identity_for_target`, which fills what labels and probes do not carry from one table.
+slice, CPU architecture). Identities come only from a probe (NVML on a real GPU): the builder records
+its own in the manifest and the runtime compares it with its own. Planning uses GFD Node labels. The
+known-GPU table is for display and hints (docs/design.md §"GPU facts").
 """
 
 from __future__ import annotations
@@ -34,24 +34,49 @@ RESOURCE_GPU = "nvidia.com/gpu"
 MIG_PROFILE_RE = re.compile(r"^[1-7]g\.[0-9]+gb$")
 
 
+class MigFacts(BaseModel):
+    """One MIG profile of a known GPU: for display and validation hints only (docs/design.md §"GPU facts")."""
+
+    model_config = ConfigDict(frozen=True)
+    sm_fraction: str  # NVIDIA's MIG user guide, "Supported MIG Profiles": e.g. "1/7"
+    sm_count: int | None = None  # as NVML reported it on a real GPU; None where not measured
+    memory_mib: int | None = None  # likewise
+
+
 class KnownGPU(BaseModel):
-    """Facts about a GPU product that labels do not carry."""
+    """Facts about a GPU product, for display and validation hints only.
+
+    Nothing that decides correctness reads this table: the builder and runtime probe their GPU
+    (NVML), and planning reads GFD labels (docs/design.md §"GPU facts").
+    """
 
     model_config = ConfigDict(frozen=True)
     compute_capability: tuple[int, int]
     sm_count: int
     memory_mib: int
     arch: Literal["amd64", "arm64"]
-    # MIG profile -> SMs in that slice.
-    mig_profiles: dict[str, int] = Field(default_factory=dict)
+    mig: dict[str, MigFacts] = Field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def mig_profiles(self) -> list[str]:
+        return list(self.mig)
 
 
-def _mig(profiles: list[str], sms_per_g: int, full_sms: int) -> dict[str, int]:
-    out = {}
-    for p in profiles:
-        g = int(p.split("g.", 1)[0])
-        out[p] = full_sms if g == 7 else g * sms_per_g
-    return out
+# SM fractions of the 1g/1g(double memory)/2g/3g/4g/7g profiles on 7-slice GPUs (MIG user guide).
+_FRACTIONS = ("1/7", "1/7", "2/7", "3/7", "4/7", "7/7")
+MIG_GUIDE = "https://docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html"
+
+
+def _guide_rows(profiles: list[str]) -> dict[str, MigFacts]:
+    return {p: MigFacts(sm_fraction=f) for p, f in zip(profiles, _FRACTIONS, strict=True)}
+
+
+def _measured_rows(rows: list[tuple[str, int, int]]) -> dict[str, MigFacts]:
+    return {
+        p: MigFacts(sm_fraction=f, sm_count=sms, memory_mib=mib)
+        for (p, sms, mib), f in zip(rows, _FRACTIONS, strict=True)
+    }
 
 
 # Keyed by the GFD `nvidia.com/gpu.product` value (spaces of the NVML name become dashes).
@@ -61,28 +86,42 @@ KNOWN_GPUS: dict[str, KnownGPU] = {
         sm_count=132,
         memory_mib=81559,
         arch="amd64",
-        mig_profiles=_mig(["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"], 16, 132),
+        mig=_guide_rows(["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]),
+        source=MIG_GUIDE,
     ),
     "NVIDIA-H200": KnownGPU(
         compute_capability=(9, 0),
         sm_count=132,
         memory_mib=143771,
         arch="amd64",
-        mig_profiles=_mig(["1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"], 16, 132),
+        # NVML on a real H200, driver 580.159.04, nvmlDeviceGetGpuInstanceProfileInfoV (MIG off).
+        mig=_measured_rows(
+            [
+                ("1g.18gb", 16, 16384),
+                ("1g.35gb", 26, 33280),
+                ("2g.35gb", 32, 33280),
+                ("3g.71gb", 60, 71424),
+                ("4g.71gb", 64, 71424),
+                ("7g.141gb", 132, 143360),
+            ]
+        ),
+        source="NVML on a real H200 (docs/gpu-probe-h200.md); SM fractions: " + MIG_GUIDE,
     ),
     "NVIDIA-GH200-480GB": KnownGPU(
         compute_capability=(9, 0),
         sm_count=132,
         memory_mib=97871,
         arch="arm64",
-        mig_profiles=_mig(["1g.12gb", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"], 16, 132),
+        mig=_guide_rows(["1g.12gb", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"]),
+        source=MIG_GUIDE,
     ),
     "NVIDIA-B200": KnownGPU(
         compute_capability=(10, 0),
         sm_count=148,
         memory_mib=183359,
         arch="amd64",
-        mig_profiles=_mig(["1g.23gb", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"], 18, 148),
+        mig=_guide_rows(["1g.23gb", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"]),
+        source=MIG_GUIDE,
     ),
 }
 
@@ -153,6 +192,7 @@ class GPUIdentity(BaseModel):
     mig_profile: str  # a MIG profile or "full"
     sm_count: int  # 0 when unknown or CPU
     arch: str  # "amd64" | "arm64"
+    memory_mib: int = 0  # the device's (or MIG slice's) memory as probed; 0 when unknown
 
     def matches_target(self, target: GPUTarget) -> bool:
         return self.product == target.gpu and self.mig_profile == (target.mig or FULL_GPU)
@@ -162,48 +202,30 @@ class UnknownTargetError(ValueError):
     pass
 
 
-def identity_for_target(
-    target: GPUTarget,
-    *,
-    arch: str | None = None,
-    compute_capability: str | None = None,
-) -> GPUIdentity:
-    """The identity of a target, from the known-GPU table, Node labels, or both.
-
-    `compute_capability` and `arch` come from Node labels (operator) or the probe (builder/runtime);
-    they are required for a product missing from :data:`KNOWN_GPUS`, and must agree with the table
-    when the product is known.
-    """
+def known_identity(target: GPUTarget, *, arch: str | None = None) -> GPUIdentity:
+    """The identity the known-GPU table suggests for a target: for display, tests and the emulated
+    test bed only. Builds and runtimes use their probe; planning uses Node labels."""
     if target.is_cpu:
         return GPUIdentity(
             product=CPU, compute_capability="none", mig_profile=FULL_GPU, sm_count=0, arch=arch or "amd64"
         )
     known = KNOWN_GPUS.get(target.gpu)
-    mig = target.mig or FULL_GPU
     if known is None:
-        if compute_capability is None:
-            raise UnknownTargetError(
-                f"GPU product {target.gpu!r} is not in the known-GPU table; its compute capability must "
-                f"come from the node label {LABEL_CC_MAJOR}/{LABEL_CC_MINOR} or the GPU probe"
-            )
-        return GPUIdentity(
-            product=target.gpu,
-            compute_capability=compute_capability,
-            mig_profile=mig,
-            sm_count=0,
-            arch=arch or "amd64",
-        )
-    cc = f"{known.compute_capability[0]}.{known.compute_capability[1]}"
-    if compute_capability is not None and compute_capability != cc:
-        raise UnknownTargetError(
-            f"GPU product {target.gpu!r} reports compute capability {compute_capability}, expected {cc}"
-        )
-    if target.mig and target.mig not in known.mig_profiles:
+        raise UnknownTargetError(f"GPU product {target.gpu!r} is not in the known-GPU table")
+    if target.mig and target.mig not in known.mig:
         raise UnknownTargetError(
             f"MIG profile {target.mig!r} does not exist on {target.gpu}; "
-            f"expected one of {', '.join(known.mig_profiles)}"
+            f"expected one of {', '.join(known.mig)}"
         )
-    sms = known.mig_profiles[target.mig] if target.mig else known.sm_count
+    cc = f"{known.compute_capability[0]}.{known.compute_capability[1]}"
+    facts = known.mig.get(target.mig) if target.mig else None
+    sms = (facts.sm_count or 0) if facts is not None else known.sm_count
+    mib = (facts.memory_mib or 0) if facts is not None else known.memory_mib
     return GPUIdentity(
-        product=target.gpu, compute_capability=cc, mig_profile=mig, sm_count=sms, arch=arch or known.arch
+        product=target.gpu,
+        compute_capability=cc,
+        mig_profile=target.mig or FULL_GPU,
+        sm_count=sms,
+        memory_mib=mib,
+        arch=arch or known.arch,
     )

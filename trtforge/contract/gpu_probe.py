@@ -66,8 +66,42 @@ class GPUDevice(BaseModel):
             compute_capability=self.compute_capability,
             mig_profile=self.mig_profile or FULL_GPU,
             sm_count=self.sm_count,
+            memory_mib=self.memory_mib,
             arch=arch,
         )
+
+
+class GPUInstanceProfile(BaseModel):
+    """One MIG GPU-instance profile as NVML reports it (``nvmlDeviceGetGpuInstanceProfileInfoV``).
+
+    NVML answers this for every profile the GPU supports even with MIG off, so the builder and
+    runtime learn a slice's real SM count and memory from the driver (docs/design.md §"GPU facts").
+    """
+
+    model_config = ConfigDict(frozen=True)
+    index: int  # the NVML_GPU_INSTANCE_PROFILE_* value asked for
+    id: int  # the profile id the driver uses (nvidia-smi mig -lgip "ID")
+    name: str  # "1g.18gb" (NVML's "MIG 1g.18gb" without the prefix)
+    slices: int
+    instances: int
+    sm_count: int
+    memory_mib: int
+
+
+def parse_gpu_instance_profile(index: int, info: object) -> GPUInstanceProfile:
+    """A GPU-instance profile from NVML's ``c_nvmlGpuInstanceProfileInfo_v2_t`` (or anything with its
+    fields): ``memorySizeMB`` is MiB, as ``nvidia-smi mig -lgip`` shows it in GiB."""
+    raw = getattr(info, "name", b"")
+    name = _str(raw).strip().removeprefix("MIG ").strip()
+    return GPUInstanceProfile(
+        index=index,
+        id=int(getattr(info, "id")),  # noqa: B009 - NVML structs are read by field name
+        name=name,
+        slices=int(getattr(info, "sliceCount")),  # noqa: B009
+        instances=int(getattr(info, "instanceCount")),  # noqa: B009
+        sm_count=int(getattr(info, "multiprocessorCount")),  # noqa: B009
+        memory_mib=int(getattr(info, "memorySizeMB")),  # noqa: B009
+    )
 
 
 class GPUProbeError(RuntimeError):
@@ -219,9 +253,22 @@ class NVMLProbe:
     def arch(self) -> str:
         return host_arch()
 
-    def _handles(self) -> list[tuple[int, object, str | None]]:
+    def gpu_instance_profiles(self, index: int) -> list[GPUInstanceProfile]:
+        """Every MIG GPU-instance profile GPU `index` supports, from the driver (works with MIG off)."""
         nv = self._nvml
-        out: list[tuple[int, object, str | None]] = []
+        h = nv.nvmlDeviceGetHandleByIndex(index)
+        out = []
+        for p in range(nv.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:
+                info = nv.nvmlDeviceGetGpuInstanceProfileInfoV(h, p)
+            except nv.NVMLError:  # not supported on this GPU (or no MIG at all)
+                continue
+            out.append(parse_gpu_instance_profile(p, info))
+        return out
+
+    def _handles(self) -> list[tuple[int, object, GPUInstanceProfile | None]]:
+        nv = self._nvml
+        out: list[tuple[int, object, GPUInstanceProfile | None]] = []
         for i in range(nv.nvmlDeviceGetCount()):
             h = nv.nvmlDeviceGetHandleByIndex(i)
             try:
@@ -229,13 +276,18 @@ class NVMLProbe:
             except nv.NVMLError:
                 current = 0
             if current:
+                by_id = {p.id: p for p in self.gpu_instance_profiles(i)}
                 for j in range(nv.nvmlDeviceGetMaxMigDeviceCount(h)):
                     try:
                         mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
                     except nv.NVMLError:
                         continue
-                    name = _str(nv.nvmlDeviceGetName(mh))
-                    profile = name.rsplit(" ", 1)[-1] if " MIG " in name else None
+                    gi = nv.nvmlDeviceGetGpuInstanceById(h, nv.nvmlDeviceGetGpuInstanceId(mh))
+                    profile = by_id.get(int(nv.nvmlGpuInstanceGetInfo(gi).profileId))
+                    if profile is None:
+                        raise GPUProbeError(
+                            f"MIG device {j} of GPU {i}: its GPU-instance profile is not one NVML lists"
+                        )
                     out.append((i, mh, profile))
             else:
                 out.append((i, h, None))
@@ -247,15 +299,19 @@ class NVMLProbe:
         out = []
         for index, h, profile in self._handles():
             major, minor = nv.nvmlDeviceGetCudaComputeCapability(h)
-            sms = self._sm_count(h, major, minor)
+            memory = int(nv.nvmlDeviceGetMemoryInfo(h).total) // (1024 * 1024)
+            if profile is not None:  # the slice's SMs and memory from its GPU-instance profile
+                sms, memory = profile.sm_count, profile.memory_mib
+            else:
+                sms = self._sm_count(h, major, minor)
             out.append(
                 GPUDevice(
                     index=index,
                     uuid=_str(nv.nvmlDeviceGetUUID(h)),
                     name=_str(nv.nvmlDeviceGetName(h)),
-                    memory_mib=int(nv.nvmlDeviceGetMemoryInfo(h).total) // (1024 * 1024),
+                    memory_mib=memory,
                     compute_capability=f"{major}.{minor}",
-                    mig_profile=profile,
+                    mig_profile=profile.name if profile is not None else None,
                     sm_count=sms,
                     driver_version=driver,
                 )
@@ -263,7 +319,7 @@ class NVMLProbe:
         return out
 
     def _sm_count(self, handle: object, major: int, minor: int) -> int:
-        """SMs of a device. Attributes work on MIG instances; whole GPUs report CUDA cores instead
+        """SMs of a whole GPU. Attributes are for MIG instances; whole GPUs report CUDA cores instead
         (seen on an H200: attributes NotSupported, 16896 cores = 132 SMs x 128)."""
         nv = self._nvml
         try:

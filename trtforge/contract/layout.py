@@ -32,3 +32,11 @@ def manifest_path(key: str) -> str:
 def timing_cache_path(backend_version: str, gpu: str, mig: str | None) -> str:
     safe = [re.sub(r"[^A-Za-z0-9._-]", "_", p) for p in (backend_version, gpu, mig or "full")]
     return f"{TIMING_CACHES}/{safe[0]}/{safe[1]}/{safe[2]}.cache"
+
+
+REQUESTS = "requests"
+
+
+def request_path(request_key: str) -> str:
+    """The request index entry: which engine a request key produced (docs/design.md §"Engine keys")."""
+    return f"{REQUESTS}/{_check_key(request_key)}.json"

@@ -50,7 +50,7 @@ class Manifest(BaseModel):
     backend: Backend
     backend_version: str
     cuda: str
-    gpu: GPUIdentity
+    gpu: GPUIdentity  # the build device as the builder's probe saw it (NVML on a real GPU)
     build: BuildConfig
     model_uri: str
     model_sha256: str
@@ -62,6 +62,9 @@ class Manifest(BaseModel):
     created_at: float = Field(default_factory=time.time)
     builder_host: str = ""
     layers: dict[str, int] = Field(default_factory=dict)  # layer type -> count (TensorRT inspector)
+    # The builder recipe (trtforge.contract.engine_key.RECIPE_VERSION); manifests from before it was
+    # recorded count as recipe 1.
+    recipe: int = 1
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2)

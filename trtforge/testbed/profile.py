@@ -131,9 +131,19 @@ def _uuid(node: str, kind: str, *parts: object) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, "/".join(["trtforge-testbed", node, kind, *map(str, parts)])))
 
 
-def mig_memory_mib(profile: str) -> int:
-    """The memory of a MIG profile (`3g.90gb` -> 92160)."""
+def mig_memory_mib(product: str, profile: str) -> int:
+    """The memory of a MIG profile: the known-GPU table's NVML figure where it has one (the same
+    figures as a real GPU), else the nominal size in its name (`3g.90gb` -> 92160)."""
+    facts = g.KNOWN_GPUS[product].mig.get(profile)
+    if facts is not None and facts.memory_mib:
+        return facts.memory_mib
     return int(profile.split(".")[1].removesuffix("gb")) * 1024
+
+
+def mig_sm_count(product: str, profile: str) -> int:
+    """SMs of a MIG profile as the known-GPU table has them from NVML; 0 (unknown) where it has none."""
+    facts = g.KNOWN_GPUS[product].mig.get(profile)
+    return (facts.sm_count or 0) if facts is not None else 0
 
 
 def gpu_file(p: NodeProfile) -> EmulatedGPUFile:
@@ -165,10 +175,10 @@ def gpu_file(p: NodeProfile) -> EmulatedGPUFile:
                             index=i,
                             uuid=f"MIG-{_uuid(p.name, 'mig', i, n)}",
                             name=f"{name} MIG {prof}",
-                            memory_mib=mig_memory_mib(prof),
+                            memory_mib=mig_memory_mib(p.product, prof),
                             compute_capability=cc,
                             mig_profile=prof,
-                            sm_count=known.mig_profiles[prof],
+                            sm_count=mig_sm_count(p.product, prof),
                             driver_version=DRIVER_VERSION,
                         )
                     )
@@ -228,8 +238,9 @@ def node_labels(p: NodeProfile) -> dict[str, str]:
                     totals[prof] = totals.get(prof, 0) + n
             for prof, n in totals.items():
                 labels[f"nvidia.com/mig-{prof}.count"] = str(n)
-                labels[f"nvidia.com/mig-{prof}.memory"] = str(mig_memory_mib(prof))
-                labels[f"nvidia.com/mig-{prof}.multiprocessors"] = str(known.mig_profiles[prof])
+                labels[f"nvidia.com/mig-{prof}.memory"] = str(mig_memory_mib(p.product, prof))
+                if mig_sm_count(p.product, prof):
+                    labels[f"nvidia.com/mig-{prof}.multiprocessors"] = str(mig_sm_count(p.product, prof))
                 labels[f"nvidia.com/mig-{prof}.product"] = f"{p.product}-MIG-{prof}"
     labels.update(p.labels)
     return labels

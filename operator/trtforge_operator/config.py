@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trtforge.contract.engine_key import Backend
+from trtforge_operator.leader.lease import timing_problem
 
 ENV_PREFIX = "TRTFORGE_OPERATOR_"
 CONFIG_ENV = "TRTFORGE_OPERATOR_CONFIG"
@@ -113,6 +114,30 @@ class CacheSettings(BaseModel):
         return f"ns:{namespace}"
 
 
+class LeaderElectionSettings(BaseModel):
+    """Leader election on a coordination.k8s.io/v1 Lease in operator_namespace (client-go's defaults).
+
+    A replica acts only while it holds the Lease; a holder that cannot renew within the renew deadline
+    exits; a candidate takes over when the Lease has not been renewed for a lease duration.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    lease_name: str = Field(default="trtforge-operator", pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    lease_duration_seconds: int = Field(default=15, ge=2)
+    renew_deadline_seconds: float = Field(default=10.0, gt=0)
+    retry_period_seconds: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LeaderElectionSettings:
+        problem = timing_problem(
+            self.lease_duration_seconds, self.renew_deadline_seconds, self.retry_period_seconds
+        )
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
 class FaultSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     gpu_fault_exit_code: int = 86  # overridden by trtforge.contract.termination when present
@@ -148,9 +173,13 @@ class OperatorConfig(BaseModel):
     verify: VerifySettings = Field(default_factory=VerifySettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     faults: FaultSettings = Field(default_factory=FaultSettings)
+    leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
     resync_seconds: float = Field(default=30.0, gt=0)  # level-based resync of every resource
     liveness_port: int = 8080
     metrics_port: int = 9090
+    # Where metrics, /healthz and the broker listen. A pod's own IP instead of every address where
+    # pods share one network (the test bed: TRTFORGE_OPERATOR_BIND_ADDRESS from status.podIP).
+    bind_address: str = "0.0.0.0"
     runtime_service_account: str = "default"  # in tenant namespaces; needs no API permissions
 
     def backend_for(self, gpu: str) -> Backend:
@@ -193,6 +222,7 @@ def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
         "resync_seconds",
         "liveness_port",
         "metrics_port",
+        "bind_address",
         "image_pull_policy",
         "build_service_account",
         "runtime_service_account",

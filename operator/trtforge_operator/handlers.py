@@ -292,6 +292,7 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
             )
     old_norm = old_status.to_wire() if old else {}
     new = plan.status.to_wire()
+    state.metrics.observe_engine(ns, name, plan.status)
     if await _write_status(state, "trte", L.TRTENGINES, body, old_norm, new):
         state.triggers.fire_all("infd", ns)
         hits = sum(1 for t in plan.status.targets if t.cache_hit and t.phase == "Ready")
@@ -387,6 +388,7 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
         cache_scope=_cache_scope(state, indices, ns),
     )
     plan = plan_deployment(obs, state.cfg)
+    state.metrics.observe_deployment(ns, name, plan.status)
     old_norm = old_status.to_wire() if old else {}
     new = plan.status.to_wire()
     # Record faults (and their actions) before acting on them: a crash in between repeats the actions.
@@ -435,6 +437,7 @@ def _forget(state: State, kind: str, namespace: str, name: str) -> None:
     """Drop what the operator keeps about a deleted object (its wake-up flag, the status it wrote)."""
     state.triggers.drop(kind, namespace, name)
     state.written.pop((kind, namespace, name), None)
+    state.metrics.forget(kind, namespace, name)
 
 
 # ----------------------------------------------------------------------------------------- the loop
@@ -642,6 +645,7 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         job = await state.kube.job_annotations(namespace, job_name)
         if job is not None and L.A_RESULT not in job:
             await state.kube.annotate("Job", namespace, job_name, {L.A_RESULT: result})
+            state.metrics.observe_build_result(result)
 
     @kopf.on.event("v1", "pods", labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_VERIFIER}, registry=registry)
     def _verify_pod_event(**kw: Any) -> None:

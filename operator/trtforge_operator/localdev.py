@@ -188,7 +188,14 @@ class OperatorProcess:
 
     def start(self) -> None:
         exe = shutil.which("trtforge", path=str(Path(sys.executable).parent)) or "trtforge"
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "TRTFORGE_LOG_FORMAT": "text"}
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "TRTFORGE_LOG_FORMAT": "text",
+            # Its leader-election identity, the same on every restart (as a pod's name is): a
+            # restarted operator renews its own Lease at once instead of waiting it out.
+            "TRTFORGE_LEADER_IDENTITY": f"local-{self.config.stem}",
+        }
         self.starts += 1
         with self.log.open("ab") as out:
             when = time.strftime("%H:%M:%S")

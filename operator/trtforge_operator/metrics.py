@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+from trtforge.contract.build_result import BuildFailure, parse_build_message
 
 
 class Metrics:
@@ -47,6 +51,69 @@ class Metrics:
         self.gc_deleted = Counter(
             "trtforge_gc_engines_deleted_total", "Engines removed by GC", registry=registry
         )
+        self.leader = Gauge(
+            "trtforge_leader", "1 while this replica holds the leader Lease and acts", registry=registry
+        )
+        self.lease_transitions = Gauge(
+            "trtforge_leader_transitions",
+            "Times the leader Lease changed hands (its spec.leaseTransitions, as this replica last saw it)",
+            registry=registry,
+        )
+        # Per-object state for alerts (chart: templates/prometheusrule.yaml); set by the leader only.
+        # `tenant_namespace`, not `namespace`: scraping adds the operator pod's own `namespace` label.
+        self.engine_stalled = Gauge(
+            "trtforge_engine_stalled",
+            "1 while a TRTEngine's Stalled condition is True (a target gave up after its attempts)",
+            ["tenant_namespace", "name"],
+            registry=registry,
+        )
+        self.build_failures = Counter(
+            "trtforge_build_failures_total",
+            "Build Jobs that ended in failure, by the builder's typed reason",
+            ["reason"],
+            registry=registry,
+        )
+        self.deployment_replicas = Gauge(
+            "trtforge_inferencedeployment_replicas",
+            "Runtime pods an InferenceDeployment wants, all targets",
+            ["tenant_namespace", "name"],
+            registry=registry,
+        )
+        self.deployment_ready_replicas = Gauge(
+            "trtforge_inferencedeployment_ready_replicas",
+            "Runtime pods of an InferenceDeployment that are Ready",
+            ["tenant_namespace", "name"],
+            registry=registry,
+        )
+
+    def observe_engine(self, namespace: str, name: str, status: Any) -> None:
+        """From a TRTEngine's status as just planned (TRTEngineStatus)."""
+        stalled = any(c.type == "Stalled" and c.status == "True" for c in status.conditions)
+        self.engine_stalled.labels(namespace, name).set(int(stalled))
+
+    def observe_deployment(self, namespace: str, name: str, status: Any) -> None:
+        """From an InferenceDeployment's status as just planned (InferenceDeploymentStatus)."""
+        self.deployment_replicas.labels(namespace, name).set(status.replicas or 0)
+        self.deployment_ready_replicas.labels(namespace, name).set(status.ready_replicas or 0)
+
+    def observe_build_result(self, line: str) -> None:
+        """A finished build pod's result line, counted once per Job (when it is first recorded)."""
+        parsed = parse_build_message(line)
+        if isinstance(parsed, BuildFailure):
+            self.build_failures.labels(parsed.reason).inc()
+
+    def forget(self, kind: str, namespace: str, name: str) -> None:
+        """Drop a deleted object's series."""
+        gauges = (
+            [self.engine_stalled]
+            if kind == "trte"
+            else [self.deployment_replicas, self.deployment_ready_replicas]
+        )
+        for g in gauges:
+            try:
+                g.remove(namespace, name)
+            except KeyError:
+                pass
 
 
 class BrokerMetrics:

@@ -7,6 +7,12 @@ zero delay, batches still form whenever requests arrive while the instances are 
 bounded: a request that finds it full is refused at once (503 with Retry-After), never parked.
 
 Each instance has its own worker thread; the event loop only moves requests and futures.
+
+Adapting to load (docs/design.md, "Adapting to load"): with a *solo* instance added (a session with
+every core's threads), a lone request (a batch of one that finds nothing else executing and nothing
+else queued) runs on it, so it gets all the cores; while it runs, the pool's instances wait, so cores
+are never oversubscribed; as soon as requests overlap, batches go to the pool (one instance per
+core). Free instances split what is queued evenly rather than one taking it all.
 """
 
 from __future__ import annotations
@@ -50,6 +56,22 @@ def _signature(inputs: dict[str, np.ndarray], batchable: bool) -> tuple[object, 
     return tuple(sorted((k, v.shape[1:], v.dtype.str) for k, v in inputs.items()))
 
 
+def share(max_batch: int, queued_rows: int, idle_workers: int) -> int:
+    """Rows one worker takes when `idle_workers` others are free too: an even share of what is queued
+    (at least one request), so free instances split the work instead of one taking it all."""
+    if idle_workers <= 0:
+        return max_batch
+    return max(1, min(max_batch, -(-queued_rows // (idle_workers + 1))))
+
+
+def _execute(instance: Instance, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Run one batch in the instance's thread: the requests' tensors are joined there, not on the
+    event loop (numpy copies without the GIL)."""
+    if len(feeds) == 1:
+        return instance.run(feeds[0])
+    return instance.run({k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]})
+
+
 class Batcher:
     def __init__(
         self,
@@ -73,6 +95,17 @@ class Batcher:
         ]
         self._tasks: list[asyncio.Task[None]] = []
         self.in_flight = 0  # requests accepted and not yet answered
+        self._solo: Instance | None = None
+        self._solo_executor: ThreadPoolExecutor | None = None
+        self._solo_idle = asyncio.Event()
+        self._solo_idle.set()
+        self._executing = 0  # batches running on any instance
+        self._idle = 0  # workers waiting for requests
+
+    def add_solo(self, instance: Instance) -> None:
+        """Run lone batches on `instance` from now on (see the module docstring)."""
+        self._solo_executor = ThreadPoolExecutor(1, thread_name_prefix="instance-solo")
+        self._solo = instance
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._worker(i)) for i in range(len(self._instances))]
@@ -83,6 +116,8 @@ class Batcher:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for ex in self._executors:
             ex.shutdown(wait=False, cancel_futures=True)
+        if self._solo_executor is not None:
+            self._solo_executor.shutdown(wait=False, cancel_futures=True)
 
     @property
     def depth(self) -> int:
@@ -101,20 +136,21 @@ class Batcher:
         finally:
             self.in_flight -= 1
 
-    def _take(self, batch: list[_Item], rows: int) -> int:
-        """Move queued items compatible with batch[0] into `batch`, oldest first; the new row count."""
+    def _take(self, batch: list[_Item], rows: int, limit: int) -> int:
+        """Move queued items compatible with batch[0] into `batch` up to `limit` rows, oldest first;
+        the new row count."""
         sig = batch[0].signature
         keep: list[_Item] = []
-        while self._queue and rows < self.max_batch:
+        while self._queue and rows < limit:
             it = self._queue.popleft()
             if it.future.done():  # the client went away
                 continue
-            if it.signature == sig and rows + it.rows <= self.max_batch:
+            if it.signature == sig and rows + it.rows <= limit:
                 batch.append(it)
                 rows += it.rows
             else:
                 keep.append(it)
-                if rows + it.rows > self.max_batch and it.signature == sig:
+                if rows + it.rows > limit and it.signature == sig:
                     break
         self._queue.extendleft(reversed(keep))
         return rows
@@ -123,17 +159,22 @@ class Batcher:
         while True:
             while not self._queue:
                 self._arrived.clear()
-                await self._arrived.wait()
+                self._idle += 1
+                try:
+                    await self._arrived.wait()
+                finally:
+                    self._idle -= 1
             first = self._queue.popleft()
             if not first.future.done():
                 break
         batch = [first]
         if self.max_batch == 0:
             return batch
-        rows = self._take(batch, first.rows)
+        limit = share(self.max_batch, first.rows + sum(it.rows for it in self._queue), self._idle)
+        rows = self._take(batch, first.rows, limit)
         if self.max_queue_delay_s > 0:
             deadline = first.enqueued + self.max_queue_delay_s
-            while rows < self.max_batch:
+            while rows < limit:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -142,7 +183,7 @@ class Batcher:
                     await asyncio.wait_for(self._arrived.wait(), left)
                 except TimeoutError:
                     break
-                rows = self._take(batch, rows)
+                rows = self._take(batch, rows, limit)
         return batch
 
     async def _worker(self, index: int) -> None:
@@ -158,15 +199,23 @@ class Batcher:
             now = time.monotonic()
             for it in batch:
                 m.queue_time_m.observe(now - it.enqueued)
-            if len(batch) == 1:
-                feed = batch[0].inputs
-            else:
-                feed = {k: np.concatenate([it.inputs[k] for it in batch]) for k in batch[0].inputs}
+            feeds = [it.inputs for it in batch]
             rows = sum(it.rows for it in batch)
             m.batch_size_m.observe(rows)
+            while not self._solo_idle.is_set():  # a lone batch has every core: wait for it
+                await self._solo_idle.wait()
+            lone = len(batch) == 1 and self._executing == 0 and not self._queue
+            solo = self._solo if lone else None
+            self._executing += 1
+            if solo is not None:
+                self._solo_idle.clear()
             try:
                 t0 = time.monotonic()
-                out = await loop.run_in_executor(executor, instance.run, feed)
+                if solo is not None:
+                    out = await loop.run_in_executor(self._solo_executor, _execute, solo, feeds)
+                    m.solo_batches_m.inc()
+                else:
+                    out = await loop.run_in_executor(executor, _execute, instance, feeds)
                 m.compute_time_m.observe(time.monotonic() - t0)
             except DeviceFault as e:
                 m.execution_errors.labels(m.model).inc()
@@ -182,6 +231,10 @@ class Batcher:
                     if not it.future.done():
                         it.future.set_exception(RequestError(500, f"execution failed: {e}"))
                 continue
+            finally:
+                self._executing -= 1
+                if solo is not None:
+                    self._solo_idle.set()
             if len(batch) == 1:
                 if not batch[0].future.done():
                     batch[0].future.set_result(out)

@@ -67,7 +67,18 @@ def register(subparsers: Any) -> None:
         default=0,
         help="how long a partly filled batch waits for more requests",
     )
-    p.add_argument("--instances", type=_positive, default=1, help="execution instances (parallel batches)")
+    p.add_argument(
+        "--instances",
+        type=_positive,
+        default=None,
+        help="execution instances (parallel batches); default: one per CPU for ONNX Runtime, 1 for TensorRT",
+    )
+    p.add_argument(
+        "--no-solo",
+        action="store_true",
+        help="no solo instance (by default a request that arrives alone runs on a session with every "
+        "CPU's threads, when the instances split the CPUs)",
+    )
     p.add_argument(
         "--max-queue",
         type=_positive,
@@ -162,6 +173,7 @@ def handle(args: argparse.Namespace) -> int:
         max_batch_size=args.max_batch_size,
         max_queue_delay_us=args.max_queue_delay_us,
         instances=args.instances,
+        solo=not args.no_solo,
         max_queue=args.max_queue,
         max_request_bytes=args.max_request_bytes,
         drain_timeout_s=args.drain_timeout,

@@ -58,6 +58,12 @@ class Metrics:
         self.execution_errors = Counter(
             "trtforge_runtime_execution_errors", "Backend execution errors", ["model"], registry=r
         )
+        self.solo_batches = Counter(
+            "trtforge_runtime_solo_batches",
+            "Batches that ran alone on the solo instance (every core's threads)",
+            ["model"],
+            registry=r,
+        )
         self.open_connections = Gauge(
             "trtforge_runtime_open_connections", "HTTP connections the server handles", registry=r
         )
@@ -73,6 +79,7 @@ class Metrics:
         self.compute_time_m = self.compute_time.labels(model)
         self.queue_depth_m = self.queue_depth.labels(model)
         self.ready_m = self.ready.labels(model)
+        self.solo_batches_m = self.solo_batches.labels(model)
         self._outcomes: dict[str, tuple[Counter, Histogram]] = {}
 
     def observe_request(self, outcome: str, seconds: float) -> None:

@@ -37,7 +37,7 @@ from trtforge.contract.manifest import Manifest
 from trtforge.contract.termination import EXIT_OK, TerminationMessage, write_termination_message
 from trtforge.logs import fields
 from trtforge.store.base import EngineStore
-from trtforge_runtime.backends import Backend, load_backend
+from trtforge_runtime.backends import Backend, Instance, default_instances, load_backend
 from trtforge_runtime.batcher import Batcher
 from trtforge_runtime.body import Coding, MemoryBudget, content_coding, decompress, read_body
 from trtforge_runtime.canary import run_canary
@@ -48,6 +48,7 @@ from trtforge_runtime.fetch import fetch_engine
 from trtforge_runtime.identity import check_identity
 from trtforge_runtime.metrics import Metrics
 from trtforge_runtime.model import ModelSpec, default_model_name, model_spec
+from trtforge_runtime.retry import budget_from_env, with_retries
 from trtforge_runtime.v2 import (
     DEFAULT_MAX_JSON_BYTES,
     HEADER_LENGTH,
@@ -70,7 +71,8 @@ class Settings:
     cache_dir: Path = Path("/var/cache/trtforge")
     max_batch_size: int | None = None
     max_queue_delay_us: int = 0
-    instances: int = 1
+    instances: int | None = None  # None: one per CPU for CPU backends, 1 otherwise
+    solo: bool = True  # a lone request runs on a session with every CPU's threads (CPU backends)
     max_queue: int = 256
     max_request_bytes: int = 64 << 20
     drain_timeout_s: float = 30.0
@@ -165,7 +167,10 @@ class Runtime:
         """Runs in a worker thread. Raises Refusal to end the process."""
         m = self.metrics
         t0 = time.monotonic()
-        local = fetch_engine(self.store, self.s.engine_key, self.s.cache_dir, check=self._check_gpu)
+        local = with_retries(
+            lambda: fetch_engine(self.store, self.s.engine_key, self.s.cache_dir, check=self._check_gpu),
+            budget_from_env(),
+        )
         t1 = time.monotonic()
         m.startup.labels("fetch").set(t1 - t0)
         manifest = local.manifest
@@ -175,17 +180,19 @@ class Runtime:
             self.metrics.startup.labels("fetch").set(t1 - t0)
             m = self.metrics
         spec = model_spec(manifest, name, self.s.max_batch_size)
-        backend = load_backend(manifest, local.artifact, self.s.instances)
+        n_instances = self.s.instances or default_instances(manifest.backend)
+        backend = load_backend(manifest, local.artifact, n_instances)
         t2 = time.monotonic()
         m.engine_load.set(t2 - t1)
         m.startup.labels("load").set(t2 - t1)
-        instances = [backend.new_instance() for _ in range(self.s.instances)]
+        instances = [backend.new_instance() for _ in range(n_instances)]
         self.manifest, self.spec, self.backend = manifest, spec, backend
         self.has_bytes_inputs = any(t.datatype == "BYTES" for t in spec.inputs)
         result = run_canary(instances[0], local.canary, spec, manifest.canary.atol, manifest.canary.rtol)
         t3 = time.monotonic()
         m.startup.labels("canary").set(t3 - t2)
         self._instances = instances
+        self._canary = local.canary
         log_fields = fields(
             key=self.s.engine_key,
             model=name,
@@ -195,7 +202,7 @@ class Runtime:
             load_s=round(t2 - t1, 3),
             canary_s=round(t3 - t2, 3),
             max_batch=spec.max_batch,
-            instances=self.s.instances,
+            instances=n_instances,
         )
         if not result.passed:
             self.state, self.reason = "not_ready", f"canary failed: {result.message}"
@@ -244,6 +251,32 @@ class Runtime:
             return
         if self.state == "loading":
             await self._start_serving()
+            if self.s.solo:
+                await self._add_solo()
+
+    def _load_solo(self) -> Instance | None:
+        """Runs in a worker thread once ready: the solo instance, canary-checked; None without one."""
+        make = getattr(self.backend, "new_solo_instance", None)
+        solo = make() if make is not None else None
+        if solo is None or self.manifest is None or self.spec is None:
+            return None
+        c = self.manifest.canary
+        result = run_canary(solo, self._canary, self.spec, c.atol, c.rtol)
+        if not result.passed:
+            log.warning("the solo instance failed the canary; serving without it: " + result.message)
+            return None
+        return solo
+
+    async def _add_solo(self) -> None:
+        """After ready, so that it never delays start-up: a lone request gets every CPU's threads."""
+        try:
+            solo = await asyncio.get_running_loop().run_in_executor(None, self._load_solo)
+        except Exception:
+            log.exception("the solo instance did not load; serving without it")
+            return
+        if solo is not None and self.batcher is not None and self.state == "ready":
+            self.batcher.add_solo(solo)
+            log.info("solo instance ready", extra=fields(model=self.spec.name if self.spec else None))
 
     # --- HTTP ---------------------------------------------------------------------------------
     def _model(self, request: web.Request) -> ModelSpec:
@@ -313,7 +346,7 @@ class Runtime:
             "max_batch_size": spec.max_batch,
             "input": [t.metadata() for t in spec.inputs],
             "output": [t.metadata() for t in spec.outputs],
-            "instance_group": [{"count": self.s.instances}],
+            "instance_group": [{"count": len(self._instances) if self.batcher else self.s.instances or 1}],
         }
         if spec.max_batch:
             cfg["dynamic_batching"] = {

@@ -45,17 +45,20 @@ def begin(
     store: EngineStore,
     key: str,
     cache_dir: Path,
-    instances: int,
+    instances: int | None,
     check: Callable[[Manifest], None] | None = None,
 ) -> threading.Thread:
-    """Start fetching and loading engine `key` on a daemon thread; returns the thread."""
+    """Start fetching and loading engine `key` on a daemon thread; returns the thread.
+
+    `instances` None: the backend's default (:func:`~trtforge_runtime.backends.default_instances`),
+    as the runtime resolves it."""
     fetched: Future[LocalEngine] = Future()
     loaded: Future[Backend] = Future()
     with _lock:
         _fetches[(key, str(cache_dir))] = fetched
 
     def work() -> None:
-        from trtforge_runtime.backends import load_backend
+        from trtforge_runtime.backends import default_instances, load_backend
         from trtforge_runtime.fetch import fetch_engine
 
         t0 = time.monotonic()
@@ -65,11 +68,12 @@ def begin(
             fetched.set_exception(e)
             return
         t1 = time.monotonic()
+        n = instances or default_instances(local.manifest.backend)
         with _lock:
-            _backends[(key, str(local.artifact), str(instances))] = loaded
+            _backends[(key, str(local.artifact), str(n))] = loaded
         fetched.set_result(local)
         try:
-            loaded.set_result(load_backend(local.manifest, local.artifact, instances))
+            loaded.set_result(load_backend(local.manifest, local.artifact, n))
         except BaseException as e:
             loaded.set_exception(e)
             return

@@ -21,7 +21,13 @@ from trtforge.testbed.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "charts" / "trtforge" / "templates"
-STATIC_RBAC = ["rbac-operator.yaml", "rbac-build.yaml", "rbac-tenant.yaml", "rbac-model-secrets.yaml"]
+STATIC_RBAC = [
+    "rbac-operator.yaml",
+    "rbac-build.yaml",
+    "rbac-tenant.yaml",
+    "rbac-model-secrets.yaml",
+    "rbac-leader-election.yaml",
+]
 
 
 def _substitute(text: str, fullname: str, namespace: str) -> str:
@@ -36,6 +42,7 @@ def _substitute(text: str, fullname: str, namespace: str) -> str:
         '{{ include "trtforge.serviceAccountName" . }}': fullname,
         '{{ include "trtforge.buildNamespace" . }}': namespace,
         "{{ .Release.Namespace }}": namespace,
+        "{{ .Values.operator.leaderElection.leaseName | quote }}": '"trtforge-operator"',
         '{{- include "trtforge.labels" . | nindent 4 }}': f"app.kubernetes.io/instance: {fullname}",
     }
     out: str = helpers.substitute_static(text, names)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import signal
@@ -312,7 +313,7 @@ def test_gpu_fault_exits_with_the_fault_message_and_restart_uses_the_cache(bed: 
 
 
 def test_sigterm_drains_in_flight_requests(bed: Bed) -> None:
-    s = Server(bed.store, bed.resnet_key, bed.tmp, bed.gpu_file)
+    s = Server(bed.store, bed.resnet_key, bed.tmp, bed.gpu_file, "--instances", "1")
     s.wait()
     x = np.zeros((1, 3, 224, 224), np.float32)
     results: list[object] = []
@@ -356,3 +357,51 @@ def test_cli_refuses_a_malformed_key(bed: Bed) -> None:
     )
     assert r.returncode == 1 and "64 lowercase hex" in r.stderr
     shutil.rmtree(bed.tmp / "t", ignore_errors=True)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a solo instance needs 2 or more CPUs")
+def test_lone_requests_get_every_core_and_overlapping_ones_the_pool(bed: Bed) -> None:
+    s = Server(
+        bed.store, bed.mlp_key, bed.tmp, bed.gpu_file, "--instances", "2", "--max-queue-delay-us", "1000"
+    )
+    try:
+        s.wait()
+        deadline = time.monotonic() + 60
+        while "solo instance ready" not in s.output():  # it loads after ready, never delaying it
+            assert time.monotonic() < deadline, s.output()
+            time.sleep(0.05)
+        rng = np.random.default_rng(9)
+        c = httpclient.InferenceServerClient(s.url)
+        for _ in range(5):  # one at a time: each finds nothing else to do and gets the solo session
+            x = rng.standard_normal((2, 64)).astype(np.float32)
+            inp = httpclient.InferInput("x", [2, 64], "FP32")
+            inp.set_data_from_numpy(x)
+            got = c.infer("mlp", [inp]).as_numpy("y")
+            np.testing.assert_allclose(got, run_ort(bed.mlp, {"x": x})["y"], rtol=1e-5, atol=1e-6)
+        m = urllib.request.urlopen(f"http://{s.url}/metrics").read().decode()
+        assert _metric(m, 'trtforge_runtime_solo_batches_total{model="mlp"}') == 5
+        assert _metric(m, 'trtforge_runtime_batch_size_count{model="mlp"}') == 5
+
+        xs = [rng.standard_normal((1, 64)).astype(np.float32) for _ in range(256)]
+
+        async def client(i: int) -> None:
+            ac = aioclient.InferenceServerClient(s.url)
+            try:
+                for j in range(i, len(xs), 32):
+                    inp = aioclient.InferInput("x", [1, 64], "FP32")
+                    inp.set_data_from_numpy(xs[j])
+                    got = (await ac.infer("mlp", [inp])).as_numpy("y")
+                    np.testing.assert_allclose(got, run_ort(bed.mlp, {"x": xs[j]})["y"], rtol=1e-5, atol=1e-6)
+            finally:
+                await ac.close()
+
+        async def main() -> None:
+            await asyncio.gather(*(client(i) for i in range(32)))
+
+        asyncio.run(main())
+        m = urllib.request.urlopen(f"http://{s.url}/metrics").read().decode()
+        solo = _metric(m, 'trtforge_runtime_solo_batches_total{model="mlp"}')
+        batches = _metric(m, 'trtforge_runtime_batch_size_count{model="mlp"}')
+        assert batches - solo > 0, "32 concurrent clients never used the pool's instances"
+    finally:
+        s.stop()

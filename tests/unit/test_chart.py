@@ -43,7 +43,11 @@ def test_ci_values_files_exist() -> None:
         ({"operator": {"replicaCount": 2}}, "Additional properties"),  # a typo below
         ({"images": {"operator": {"tag": "latest"}}}, "should not be valid"),
         ({"images": {"runtime": {"digest": "sha256:xyz"}}}, "does not match"),
-        ({"operator": {"replicas": 2}}, "is not one of"),  # standalone: one replica
+        ({"operator": {"replicas": -1}}, "less than the minimum"),
+        ({"operator": {"leaderElection": {"leaseDuration": 15}}}, "Additional properties"),
+        ({"operator": {"leaderElection": {"leaseDurationSeconds": 1}}}, "less than the minimum"),
+        ({"operator": {"leaderElection": {"retryPeriodSeconds": 0}}}, "less than or equal to the minimum"),
+        ({"metrics": {"prometheusRule": {"for": {"stalled": "soon"}}}}, "does not match"),
         ({"operator": {"podSecurityContext": {"runAsUser": 0}}}, "less than the minimum"),
         ({"operator": {"podSecurityContext": {"privileged": True}}}, "Additional properties"),
         ({"store": {"type": "s3"}}, ""),  # no bucket, no credentials
@@ -139,12 +143,35 @@ def test_configmap_keys_are_operator_config_fields() -> None:
         assert must in config
 
 
-def test_deployment_is_one_standalone_replica_with_recreate() -> None:
+def test_deployment_runs_leader_elected_replicas_with_rolling_updates() -> None:
+    """Two replicas by default, more allowed; a rolling update never drops below the replicas."""
     (dep,) = skeleton((TEMPLATES / "deployment.yaml").read_text())
-    assert dep["spec"]["strategy"] == {"type": "Recreate"}
-    assert "--standalone" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert default_values()["operator"]["replicas"] == 1
-    assert schema()["properties"]["operator"]["properties"]["replicas"]["enum"] == [0, 1]
+    assert dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert "--standalone" not in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert default_values()["operator"]["replicas"] == 2
+    assert _errors(values_with({"operator": {"replicas": 5}})) == []
+    le = default_values()["operator"]["leaderElection"]
+    assert (le["leaseDurationSeconds"], le["renewDeadlineSeconds"], le["retryPeriodSeconds"]) == (15, 10, 2)
+
+
+def test_configmap_passes_leader_election_timings() -> None:
+    (cm,) = skeleton((TEMPLATES / "configmap.yaml").read_text())
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    assert set(config["leader_election"]) == {
+        "enabled",
+        "lease_name",
+        "lease_duration_seconds",
+        "renew_deadline_seconds",
+        "retry_period_seconds",
+    }
+
+
+def test_pdb_only_with_more_than_one_replica() -> None:
+    text = (TEMPLATES / "pdb-operator.yaml").read_text()
+    assert text.startswith(
+        "{{- if and .Values.operator.podDisruptionBudget.enabled (gt (int .Values.operator.replicas) 1) }}"
+    )
 
 
 def test_deployment_mounts_the_store_and_config() -> None:
@@ -175,6 +202,12 @@ def test_servicemonitor_is_optional() -> None:
     text = (TEMPLATES / "servicemonitor.yaml").read_text()
     assert text.startswith("{{- if .Values.metrics.serviceMonitor.enabled }}")
     assert default_values()["metrics"]["serviceMonitor"]["enabled"] is False
+
+
+def test_prometheusrule_is_optional() -> None:
+    text = (TEMPLATES / "prometheusrule.yaml").read_text()
+    assert text.startswith("{{- if .Values.metrics.prometheusRule.enabled }}")
+    assert default_values()["metrics"]["prometheusRule"]["enabled"] is False
 
 
 def test_store_claim_survives_uninstall() -> None:

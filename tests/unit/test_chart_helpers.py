@@ -34,6 +34,7 @@ RBAC_NAMES: dict[str, str] = {
     '{{ include "trtforge.serviceAccountName" . }}': FULLNAME,
     '{{ include "trtforge.buildNamespace" . }}': RELEASE_NAMESPACE,
     "{{ .Release.Namespace }}": RELEASE_NAMESPACE,
+    "{{ .Values.operator.leaderElection.leaseName | quote }}": '"trtforge-operator"',
     '{{- include "trtforge.labels" . | nindent 4 }}': "app.kubernetes.io/part-of: trtforge",
 }
 # Whole-file wrappers a static template may have: `{{- if .Values.x }}` first, `{{- end }}` last.

@@ -9,7 +9,13 @@ import pytest
 import yaml
 from test_chart_helpers import FULLNAME, RELEASE_NAMESPACE, REPO, TEMPLATES, skeleton, substitute_static
 
-STATIC_RBAC = ["rbac-operator.yaml", "rbac-build.yaml", "rbac-tenant.yaml", "rbac-model-secrets.yaml"]
+STATIC_RBAC = [
+    "rbac-operator.yaml",
+    "rbac-build.yaml",
+    "rbac-tenant.yaml",
+    "rbac-model-secrets.yaml",
+    "rbac-leader-election.yaml",
+]
 KNOWN_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
 DANGEROUS_VERBS = {"escalate", "bind", "impersonate", "approve", "sign", "*"}
 
@@ -167,3 +173,18 @@ def test_model_secret_bindings_are_per_namespace_unless_asked() -> None:
     text = path.read_text()
     assert "{{- if .Values.rbac.modelSecrets.allNamespaces }}" in text
     assert "{{- range .Values.rbac.modelSecrets.namespaces }}" in text
+
+
+def test_leases_only_in_the_release_namespace_and_only_ours() -> None:
+    """Leader election may touch Leases in the operator's namespace only; get/update only its own."""
+    for role in _roles():
+        grants = _grants(role)
+        if any(g == "coordination.k8s.io" for g, _, _ in grants):
+            assert role["kind"] == "Role", role["metadata"]["name"]
+            assert role["metadata"]["namespace"] == RELEASE_NAMESPACE
+            assert role["metadata"]["name"] == f"{FULLNAME}-leader-election"
+    role = _role(f"{FULLNAME}-leader-election")
+    by_verb = {v: rule for rule in role["rules"] for v in rule["verbs"]}
+    assert set(by_verb) == {"create", "get", "update"}
+    assert by_verb["get"]["resourceNames"] == ["trtforge-operator"]
+    assert by_verb["update"]["resourceNames"] == ["trtforge-operator"]

@@ -136,3 +136,26 @@ def test_backend_version_env_stands_in_for_another_image(tmp_path: Path) -> None
         check=True,
     )
     assert p.stdout.strip() == "1.99.0+image2"
+
+
+# --- the pod worker survives API errors (apiserver restarts) -------------------------------------
+
+
+def test_api_retry_delay_doubles_and_caps() -> None:
+    from trtforge.testbed.kubelet.pod import api_retry_delay
+
+    assert [api_retry_delay(n) for n in range(0, 7)] == [0.0, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+
+
+def test_which_api_errors_are_transient() -> None:
+    import urllib3
+    from kubernetes.client.rest import ApiException
+
+    from trtforge.testbed.kubelet.pod import transient
+
+    assert transient(urllib3.exceptions.MaxRetryError(None, "/api", "refused"))  # type: ignore[arg-type]
+    assert transient(ConnectionRefusedError())
+    assert transient(ApiException(status=503))
+    assert transient(ApiException(status=429))
+    assert not transient(ApiException(status=422))
+    assert not transient(ValueError("a bug"))

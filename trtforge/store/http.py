@@ -66,6 +66,11 @@ class _Retry(Exception):
     """This endpoint did not answer (connection, timeout, 5xx): another may."""
 
 
+class BrokerDenied(StoreError):
+    """The broker refused (401: no valid token, 403: this namespace may not read the engine): retrying
+    the same request cannot help."""
+
+
 class BrokerStore:
     """An :class:`~trtforge.store.base.EngineStore` that can only read, through the engine broker."""
 
@@ -134,7 +139,7 @@ class BrokerStore:
                 raise ObjectNotFound(f"engine broker {base}: {path} does not exist") from e
             if e.code in (401, 403):
                 why = "no valid token" if e.code == 401 else "this namespace may not read this engine"
-                raise StoreError(
+                raise BrokerDenied(
                     f"engine broker {base}: {method} {path} refused ({e.code}, {why})"
                     + (f": {detail}" if detail else "")
                 ) from e

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -433,6 +434,34 @@ def _node_ready(node: Any) -> bool:
         if c.type == "Ready":
             return bool(c.status == "True")
     return False
+
+
+def kill_apiserver(paths: StatePaths) -> int:
+    """SIGKILL the kube-apiserver, as a crash would; returns its pid. Everything else keeps running."""
+    pid = procs.read_pid(paths, "kube-apiserver")
+    if pid is None or not procs.is_alive(pid):
+        raise ClusterError(f"no kube-apiserver running for the test bed at {paths.root}")
+    os.kill(pid, signal.SIGKILL)
+    while procs.is_alive(pid):
+        time.sleep(0.02)
+    log.warning("kube-apiserver killed", extra=fields(pid=pid))
+    return pid
+
+
+def start_apiserver(paths: StatePaths, timeout_s: float = 60.0) -> int:
+    """Start the kube-apiserver again with the flags it had (same port, PKI and etcd); wait for /readyz."""
+    st = ClusterState.load(paths)
+    if st is None:
+        raise ClusterError(f"the test bed at {paths.root} is not up")
+    pid = procs.read_pid(paths, "kube-apiserver")
+    if pid is not None and procs.is_alive(pid):
+        raise ClusterError(f"kube-apiserver is already running (pid {pid})")
+    pki = ensure_pki(paths.pki)
+    b = Binaries(**{k.replace("-", "_"): Path(v) for k, v in st.binaries.items()})
+    pid = procs.spawn(paths, "kube-apiserver", _apiserver_argv(b, st, pki))
+    _wait_healthy(paths, "kube-apiserver", pid, f"{st.server}/readyz", _ssl_context(pki), timeout_s)
+    log.info("kube-apiserver restarted", extra=fields(pid=pid))
+    return pid
 
 
 def down(paths: StatePaths) -> list[str]:

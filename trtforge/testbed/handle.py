@@ -79,6 +79,13 @@ class TestBed:
     def node_up(self, node: str) -> None:
         faults.node_up(self.paths, node)
 
+    def kill_apiserver(self) -> int:
+        """SIGKILL the kube-apiserver (a crash); `start_apiserver` brings it back."""
+        return controlplane.kill_apiserver(self.paths)
+
+    def start_apiserver(self, timeout_s: float = 60.0) -> int:
+        return controlplane.start_apiserver(self.paths, timeout_s)
+
     def pod_log(self, namespace: str, pod: str, container: str | None = None, previous: bool = False) -> str:
         return read_pod_log(self.paths, namespace, pod, container, previous=previous)
 

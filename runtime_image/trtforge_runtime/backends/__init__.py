@@ -28,6 +28,16 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+def default_instances(backend: str) -> int:
+    """Execution instances when none are asked for: one per CPU for ONNX Runtime (each with one
+    thread; a lone request gets the solo instance), one for TensorRT."""
+    if backend == "onnxruntime":
+        from trtforge_runtime.backends.onnxruntime_backend import cpu_count
+
+        return cpu_count()
+    return 1
+
+
 def load_backend(manifest: Manifest, artifact: Path, instances: int) -> Backend:
     """Load the artifact with the backend the manifest names; Refusal(EngineLoadFailed) if it cannot.
 

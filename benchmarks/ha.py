@@ -33,9 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
     from ha import ChartOperator, apiserver_killed_mid_rollout, leader_killed_mid_build
-
-    from trtforge.testbed import handle
-    from trtforge.testbed.paths import StatePaths, default_root
+    from trtforge_dev.testbed import handle
+    from trtforge_dev.testbed.paths import StatePaths, default_root
 
     paths = StatePaths(default_root())
     tb = handle.acquire(paths)

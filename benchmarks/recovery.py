@@ -35,7 +35,7 @@ TENANT = f"bench-recovery-{SUFFIX}"
 
 
 def _infd(env: Any, name: str) -> dict[str, Any]:
-    from trtforge_operator.localdev import get_custom
+    from trtforge_dev.localdev import get_custom
 
     obj: dict[str, Any] = get_custom(env.api, "inferencedeployments", TENANT, name)
     return obj
@@ -77,7 +77,7 @@ def heal_all(env: Any, root: Path, timeout: float = 90) -> None:
 
 
 def one_run(env: Any, root: Path, engine: str, rebuild: bool, i: int, timeout: float) -> dict[str, Any]:
-    from trtforge_operator.localdev import deployment_manifest, is_true
+    from trtforge_dev.localdev import deployment_manifest, is_true
 
     name = f"rec-{'rebuild' if rebuild else 'move'}-{i}"
     env.apply(
@@ -165,10 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(a.root)
     results: dict[str, Any] = {"runs": [], "summary": {}, "not_measured": {}}
     try:
-        from trtforge_operator.localdev import MODELS_CLAIM, OperatorEnv, engine_manifest
-
-        from trtforge.testbed.handle import TestBed
-        from trtforge.testbed.paths import StatePaths
+        from trtforge_dev.localdev import MODELS_CLAIM, OperatorEnv, engine_manifest
+        from trtforge_dev.testbed.handle import TestBed
+        from trtforge_dev.testbed.paths import StatePaths
     except ImportError as e:
         why = f"the test bed or the operator is not in this tree: {e}"
         return not_measured("recovery", results, why, 0)

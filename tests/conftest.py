@@ -1,6 +1,6 @@
 """Shared fixtures. `testbed` (session): the local control plane with emulated GPU nodes, reused if
 already up; `namespace` (per test): a fresh namespace, deleted afterwards. Wait with
-`trtforge.testbed.wait.wait_for`, never with fixed sleeps."""
+`trtforge_dev.testbed.wait.wait_for`, never with fixed sleeps."""
 
 from __future__ import annotations
 
@@ -10,18 +10,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from trtforge.testbed.handle import TestBed
+from trtforge_dev.testbed.handle import TestBed
 
 
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[TestBed]:
     """The test bed at $TRTFORGE_CLUSTER_DIR or <project>/.cluster: used if up, else started here
     (and stopped by the last pytest session using it)."""
-    from trtforge.testbed import handle
-    from trtforge.testbed.binaries import BinariesError
-    from trtforge.testbed.controlplane import ClusterError
-    from trtforge.testbed.paths import StatePaths, default_root
+    from trtforge_dev.testbed import handle
+    from trtforge_dev.testbed.binaries import BinariesError
+    from trtforge_dev.testbed.controlplane import ClusterError
+    from trtforge_dev.testbed.paths import StatePaths, default_root
 
     paths = StatePaths(default_root())
     try:
@@ -38,8 +37,7 @@ def testbed() -> Iterator[TestBed]:
 def namespace(testbed: TestBed, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace whose `default` ServiceAccount has its token; deleted (not awaited) after."""
     from kubernetes import client
-
-    from trtforge.testbed.wait import wait_for
+    from trtforge_dev.testbed.wait import wait_for
 
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"t-{slug}-{secrets.token_hex(3)}"

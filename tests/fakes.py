@@ -6,7 +6,7 @@ import datetime as dt
 import json
 from typing import Any
 
-from trtforge_operator import labels as L
+from trtforge_operator.labels import ANNOTATION_RESULT
 
 from trtforge.contract.gpu import KNOWN_GPUS
 
@@ -85,7 +85,7 @@ def job(
     meta = obj["metadata"]
     meta["creationTimestamp"] = iso(at)
     if result is not None:
-        meta["annotations"][L.A_RESULT] = json.dumps(result)
+        meta["annotations"][ANNOTATION_RESULT] = json.dumps(result)
     status: dict[str, Any] = {"startTime": iso(at)}
     if state == "running":
         status["active"] = 1

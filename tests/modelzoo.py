@@ -241,6 +241,42 @@ def dynamic_mlp(seed: int = 0, features: int = 32, hidden: int = 64, outputs: in
     return _cached(f"dynamic_mlp-{VERSION}-{seed}-{features}-{hidden}-{outputs}.onnx", make)
 
 
+def qdq_mlp(seed: int = 0, features: int = 32, outputs: int = 8) -> Path:
+    """An explicitly quantized (int8 Q/DQ) MatMul-Add; input `x` [batch, features] (what Model
+    Optimizer produces, in miniature)."""
+
+    def make() -> Any:
+        from onnx import TensorProto, helper, numpy_helper
+
+        rng = np.random.default_rng(seed)
+        w = rng.normal(0, 0.1, (features, outputs)).astype(np.float32)
+        w_scale = np.float32(np.abs(w).max() / 127)
+        inits = [
+            numpy_helper.from_array(np.clip(np.round(w / w_scale), -127, 127).astype(np.int8), "w_q"),
+            numpy_helper.from_array(np.array(w_scale, dtype=np.float32), "w_scale"),
+            numpy_helper.from_array(np.array(0.05, dtype=np.float32), "x_scale"),
+            numpy_helper.from_array(np.array(0, dtype=np.int8), "zero"),
+            numpy_helper.from_array(rng.normal(0, 0.1, outputs).astype(np.float32), "b"),
+        ]
+        nodes = [
+            helper.make_node("QuantizeLinear", ["x", "x_scale", "zero"], ["x_q"]),
+            helper.make_node("DequantizeLinear", ["x_q", "x_scale", "zero"], ["x_dq"]),
+            helper.make_node("DequantizeLinear", ["w_q", "w_scale", "zero"], ["w_dq"]),
+            helper.make_node("MatMul", ["x_dq", "w_dq"], ["y0"]),
+            helper.make_node("Add", ["y0", "b"], ["y"]),
+        ]
+        graph = helper.make_graph(
+            nodes,
+            "qdq_mlp",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", features])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", outputs])],
+            inits,
+        )
+        return _opset(helper.make_model(graph, producer_name="trtforge-tests"))
+
+    return _cached(f"qdq_mlp-{VERSION}-{seed}-{features}-{outputs}.onnx", make)
+
+
 def two_input_model(seed: int = 0, features: int = 16) -> Path:
     """y = relu(a @ W) + b_in * 0.5; inputs `a` [batch, features], `b_in` [batch, 4] (two profiles' worth)."""
 

@@ -1,34 +1,28 @@
-"""The `trtforge` command. Each subcommand lives with its component and registers itself.
+"""The `trtforge` command. Each installed component registers its subcommands through the
+`trtforge.commands` entry-point group, so an image has exactly the subcommands of what it installs
+(the runtime image has no `operator`, no `cluster`).
 
+An entry point names a `register(subparsers)` function that adds its parser and sets `func` on it.
 Subcommand modules keep their top-level imports light; heavy work is imported inside handlers.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 
 from trtforge import __version__
 from trtforge.logs import configure_logging
 
-# subcommand -> module with `register(subparsers)`; the module sets `func` on its parser.
-SUBCOMMANDS: dict[str, str] = {
-    "cluster": "trtforge.testbed.cli",
-    "crds": "trtforge_operator.crdgen",
-    "operator": "trtforge_operator.cli",
-    "broker": "trtforge_operator.broker_cli",
-    "build": "trtforge_builder.cli",
-    "stage-model": "trtforge_builder.stage",
-    "serve": "trtforge_runtime.cli",
-    "gpu": "trtforge.contract.probe_cli",
-    "demo": "trtforge.demo",
-}
+ENTRY_POINT_GROUP = "trtforge.commands"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trtforge", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="trtforge", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
     parser.add_argument("--version", action="version", version=f"trtforge {__version__}")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
     parser.add_argument(
@@ -38,14 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="log line format (default: json when stderr is not a terminal)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module_name in SUBCOMMANDS.values():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name is None or not (module_name + ".").startswith(e.name + "."):
-                raise
-            continue  # a component not installed in this image (e.g. the runtime image has no operator)
-        module.register(sub)
+    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        entry.load()(sub)
     return parser
 
 

@@ -26,7 +26,7 @@ from trtforge.contract.manifest import Accuracy, CanaryRef, Manifest, TensorSpec
 from trtforge.contract.possession import scoped_key
 from trtforge.logs import fields
 from trtforge.store import EngineStore, IntegrityError, ObjectNotFound, StoreError, join_uri, open_store
-from trtforge.tensorrt.policy import QUANTIZE_HINT, has_qdq
+from trtforge.tensorrt.policy import QUANTIZE_HINT, has_qdq, samples_per_profile
 from trtforge_builder.backends import BuildBackend, BuildInputs, select_backend
 from trtforge_builder.errors import BuildError
 from trtforge_builder.fetch import FetchedModel, fetch_model, fetch_staged_model
@@ -427,7 +427,13 @@ def _build_and_publish(
 
     rtol, atol = req.tolerances
     with steps.step("validate"):
-        samples = make_samples(io, resolved.profiles[0], req.samples, req.seed)
+        # Every optimization profile gets samples (and a context) of its own, not only the first.
+        counts = samples_per_profile(req.samples, len(resolved.profiles))
+        samples = [
+            s
+            for i, (prof, k) in enumerate(zip(resolved.profiles, counts, strict=True))
+            for s in make_samples(io, prof, k, req.seed + i)
+        ]
         refs = reference_outputs(prepared, samples, req.model_uri)
         runner = backend.load(out.artifact, inp)
         try:

@@ -51,9 +51,9 @@ from trtforge.contract.possession import (
 )
 from trtforge.logs import fields
 from trtforge.store import ObjectNotFound, StoreError
-from trtforge_operator import labels as L
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kube import Kube
+from trtforge_operator.labels import INFERENCEDEPLOYMENTS, TRTENGINES
 from trtforge_operator.metrics import BrokerMetrics, Metrics
 from trtforge_operator.store_reader import StoreReader
 
@@ -213,8 +213,8 @@ class KubeAuthorizer:
         if not fresh and hit and time.monotonic() - hit[0] < AUTH_TTL_S:
             return hit[1]
         try:
-            infds = await self.kube.list_custom(L.INFERENCEDEPLOYMENTS, ns)
-            engines = {e["metadata"]["name"]: e for e in await self.kube.list_custom(L.TRTENGINES, ns)}
+            infds = await self.kube.list_custom(INFERENCEDEPLOYMENTS, ns)
+            engines = {e["metadata"]["name"]: e for e in await self.kube.list_custom(TRTENGINES, ns)}
         except UNAVAILABLE as e:
             raise Denied(503, f"cannot read the namespace's references now ({_short(e)}); retry") from e
         out = sources_by_key(infds, engines)

@@ -1,7 +1,8 @@
 """Pure builders of the objects the operator owns: build Jobs, runtime Deployments, the Service.
 
 Names are derived from their inputs (never ``generateName``), so a retry after a crash finds the object
-it made before instead of making a second one. Every pod is PSS-restricted.
+it made before instead of making a second one (docs/design.md §"Components and data flow"). Every pod
+is PSS-restricted.
 """
 
 from __future__ import annotations
@@ -18,8 +19,34 @@ from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.layout import ENGINES, REQUESTS, TIMING_CACHES
 from trtforge.contract.possession import MODELS
 from trtforge.contract.termination import TERMINATION_LOG_ENV
-from trtforge_operator import labels as L
 from trtforge_operator.config import OperatorConfig
+from trtforge_operator.labels import (
+    ANNOTATION_ATTEMPT,
+    ANNOTATION_AVOID_NODES,
+    ANNOTATION_CREATED_FOR,
+    ANNOTATION_ENGINE_KEY,
+    ANNOTATION_ENGINE_SHA256,
+    ANNOTATION_FAULT,
+    ANNOTATION_REQUEST_DIGEST,
+    ANNOTATION_SOURCE_FINGERPRINT,
+    ANNOTATION_SPEC_HASH,
+    ANNOTATION_TARGET,
+    APP_COMPONENT,
+    APP_NAME,
+    BASE_LABELS,
+    COMPONENT_BUILDER,
+    COMPONENT_RUNTIME,
+    COMPONENT_VERIFIER,
+    GROUP,
+    LABEL_BUILD_ID,
+    LABEL_BUILD_KIND,
+    LABEL_INFERENCEDEPLOYMENT,
+    LABEL_MODEL_SOURCE,
+    LABEL_REQUESTER_NAMESPACE,
+    LABEL_TARGET,
+    VERSION,
+    requester_annotation,
+)
 
 TERMINATION_PATH = "/dev/termination-log"
 JOB_PREFIX = "trtforge-build-"
@@ -222,23 +249,23 @@ def builder_args(req: BuildRequest, store_uri: str) -> list[str]:
 def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
     """The build Job for one request, in the build namespace (shared cache: no cross-namespace owners)."""
     labels = {
-        **L.BASE_LABELS,
-        L.APP_COMPONENT: L.COMPONENT_BUILDER,
-        L.L_BUILD_ID: req.build_id,
-        L.L_BUILD_KIND: "rebuild" if req.rebuild_of else "build",
-        L.L_TARGET: req.target.name,
-        L.L_REQ_NAMESPACE: req.requester.split("/", 1)[0],
+        **BASE_LABELS,
+        APP_COMPONENT: COMPONENT_BUILDER,
+        LABEL_BUILD_ID: req.build_id,
+        LABEL_BUILD_KIND: "rebuild" if req.rebuild_of else "build",
+        LABEL_TARGET: req.target.name,
+        LABEL_REQUESTER_NAMESPACE: req.requester.split("/", 1)[0],
     }
     annotations = {
-        L.A_ENGINE_KEY: req.engine_key or "",
-        L.A_REQUEST_DIGEST: req.request_digest,
-        L.requester_annotation(req.requester): req.requester,
-        L.A_CREATED_FOR: req.requester,
-        L.A_ATTEMPT: str(req.attempt),
-        L.A_TARGET: json.dumps(req.target.model_dump(mode="json"), sort_keys=True),
+        ANNOTATION_ENGINE_KEY: req.engine_key or "",
+        ANNOTATION_REQUEST_DIGEST: req.request_digest,
+        requester_annotation(req.requester): req.requester,
+        ANNOTATION_CREATED_FOR: req.requester,
+        ANNOTATION_ATTEMPT: str(req.attempt),
+        ANNOTATION_TARGET: json.dumps(req.target.model_dump(mode="json"), sort_keys=True),
     }
     if req.rebuild_of:
-        annotations[L.A_FAULT] = req.rebuild_of
+        annotations[ANNOTATION_FAULT] = req.rebuild_of
     volumes: list[dict[str, Any]] = [{"name": "scratch", "emptyDir": {"sizeLimit": cfg.build.scratch_size}}]
     mounts: list[dict[str, Any]] = [{"name": "scratch", "mountPath": "/tmp"}]
     env = [
@@ -362,14 +389,14 @@ def verify_job(req: VerifyRequest, cfg: OperatorConfig) -> dict[str, Any]:
     the tenant's own Secret, and holds nothing of the store: it reaches the store only through the
     broker, which accepts bytes whose sha256 it computes itself."""
     labels = {
-        **L.BASE_LABELS,
-        L.APP_COMPONENT: L.COMPONENT_VERIFIER,
-        L.L_SOURCE: req.fingerprint[:20],
+        **BASE_LABELS,
+        APP_COMPONENT: COMPONENT_VERIFIER,
+        LABEL_MODEL_SOURCE: req.fingerprint[:20],
     }
     annotations = {
-        L.A_SOURCE_FINGERPRINT: req.fingerprint,
-        L.A_ATTEMPT: str(req.attempt),
-        L.A_CREATED_FOR: f"{req.namespace}/{req.engine}",
+        ANNOTATION_SOURCE_FINGERPRINT: req.fingerprint,
+        ANNOTATION_ATTEMPT: str(req.attempt),
+        ANNOTATION_CREATED_FOR: f"{req.namespace}/{req.engine}",
     }
     token_volume, token_mount, token_env = broker_token_volume(cfg)
     volumes: list[dict[str, Any]] = [
@@ -448,9 +475,9 @@ def service_name(infd: str) -> str:
 
 
 def selector_labels(infd: str, target: GPUTarget | None = None) -> dict[str, str]:
-    sel = {L.APP_NAME: "trtforge", L.L_INFD: dns_name(infd)}
+    sel = {APP_NAME: "trtforge", LABEL_INFERENCEDEPLOYMENT: dns_name(infd)}
     if target is not None:
-        sel[L.L_TARGET] = target.name
+        sel[LABEL_TARGET] = target.name
     return sel
 
 
@@ -484,7 +511,7 @@ class RuntimeRequest:
 
 def owner_reference(kind: str, name: str, uid: str) -> dict[str, Any]:
     return {
-        "apiVersion": f"{L.GROUP}/{L.VERSION}",
+        "apiVersion": f"{GROUP}/{VERSION}",
         "kind": kind,
         "name": name,
         "uid": uid,
@@ -500,10 +527,10 @@ def spec_hash(obj: Mapping[str, Any]) -> str:
 def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, Any]:
     """The runtime Deployment of one target; the template changes (and rolls) when the engine does."""
     sel = selector_labels(req.infd, req.target)
-    labels = {**L.BASE_LABELS, **sel, L.APP_COMPONENT: L.COMPONENT_RUNTIME}
+    labels = {**BASE_LABELS, **sel, APP_COMPONENT: COMPONENT_RUNTIME}
     template_annotations = {
-        L.A_TEMPLATE_ENGINE_KEY: req.engine_key,
-        L.A_TEMPLATE_ENGINE_SHA: req.engine_sha256,
+        ANNOTATION_ENGINE_KEY: req.engine_key,
+        ANNOTATION_ENGINE_SHA256: req.engine_sha256,
     }
     source = cfg.engine_source()
     args = [
@@ -605,8 +632,8 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
             "namespace": req.namespace,
             "labels": labels,
             "annotations": {
-                L.A_SPEC_HASH: spec_hash(spec),
-                L.A_AVOID_NODES: ",".join(sorted(req.avoid_nodes)),
+                ANNOTATION_SPEC_HASH: spec_hash(spec),
+                ANNOTATION_AVOID_NODES: ",".join(sorted(req.avoid_nodes)),
             },
             "ownerReferences": [owner_reference("InferenceDeployment", req.infd, req.infd_uid)],
         },
@@ -629,8 +656,12 @@ def runtime_service(namespace: str, infd: str, infd_uid: str, port: int, grpc_po
         "metadata": {
             "name": service_name(infd),
             "namespace": namespace,
-            "labels": {**L.BASE_LABELS, L.L_INFD: dns_name(infd), L.APP_COMPONENT: L.COMPONENT_RUNTIME},
-            "annotations": {L.A_SPEC_HASH: spec_hash(spec)},
+            "labels": {
+                **BASE_LABELS,
+                LABEL_INFERENCEDEPLOYMENT: dns_name(infd),
+                APP_COMPONENT: COMPONENT_RUNTIME,
+            },
+            "annotations": {ANNOTATION_SPEC_HASH: spec_hash(spec)},
             "ownerReferences": [owner_reference("InferenceDeployment", infd, infd_uid)],
         },
         "spec": spec,

@@ -22,11 +22,6 @@ def register(subparsers: Any) -> None:
         default=None,
         help="watch only this namespace (repeatable); default: cluster-wide",
     )
-    p.add_argument(
-        "--standalone",
-        action="store_true",
-        help="no kopf peering (always so: run one replica with a Recreate strategy)",
-    )
     p.set_defaults(func=run)
 
 
@@ -122,9 +117,10 @@ async def _act(cfg: Any, kube: Any, store: Any, metrics: Any, namespaces: list[s
     from trtforge_operator.handlers import State, register
 
     state = State(cfg=cfg, kube=kube, store=store, metrics=metrics)
-    from kopf._core.intents.registries import SmartOperatorRegistry  # has the default login handlers
-
-    registry = SmartOperatorRegistry()
+    registry = kopf.OperatorRegistry()
+    # kopf's public registry brings no login handler: log in with the Kubernetes client's config
+    # (in-cluster or kubeconfig), as load_kube_config did.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
     register(state, registry)
     gc_task = asyncio.create_task(_gc_loop(state)) if cfg.gc.enabled else None
     try:
@@ -145,7 +141,12 @@ async def _gc_loop(state: Any) -> None:
     import asyncio
     import time
 
-    from trtforge_operator import labels as L
+    from trtforge_operator.labels import (
+        ANNOTATION_ENGINE_KEY,
+        APP_MANAGED_BY,
+        MANAGED_BY,
+        TRTENGINES,
+    )
     from trtforge_operator.observed import JobView
     from trtforge_operator.planning.gc import StoredEngine, plan_gc, referenced_keys
 
@@ -153,18 +154,18 @@ async def _gc_loop(state: Any) -> None:
     while True:
         await asyncio.sleep(cfg.gc.interval_seconds)
         try:
-            engines = await state.kube.list_custom(L.TRTENGINES)
+            engines = await state.kube.list_custom(TRTENGINES)
             deps = await asyncio.to_thread(
                 state.kube.apps.list_deployment_for_all_namespaces,
-                label_selector=f"{L.APP_MANAGED_BY}={L.MANAGED_BY}",
+                label_selector=f"{APP_MANAGED_BY}={MANAGED_BY}",
             )
             jobs = await asyncio.to_thread(
                 state.kube.batch.list_namespaced_job,
                 cfg.build_namespace,
-                label_selector=f"{L.APP_MANAGED_BY}={L.MANAGED_BY}",
+                label_selector=f"{APP_MANAGED_BY}={MANAGED_BY}",
             )
             tkeys = [
-                ((d.spec.template.metadata.annotations or {}).get(L.A_TEMPLATE_ENGINE_KEY, ""))
+                ((d.spec.template.metadata.annotations or {}).get(ANNOTATION_ENGINE_KEY, ""))
                 for d in deps.items
             ]
             views = [JobView.from_k8s(state.kube.api.sanitize_for_serialization(j)) for j in jobs.items]

@@ -140,7 +140,6 @@ class LeaderElectionSettings(BaseModel):
 
 class FaultSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    gpu_fault_exit_code: int = 86  # overridden by trtforge.contract.termination when present
     suspect_node_ttl_seconds: float = 3600.0  # keep pods off a faulty node this long (or while unhealthy)
     history: int = Field(default=10, ge=1)  # status.faults keeps the last N
 

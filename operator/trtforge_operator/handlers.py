@@ -25,7 +25,6 @@ from trtforge.contract.build_result import BuildFailure, parse_build_message
 from trtforge.contract.possession import source_fingerprint
 from trtforge.logs import fields
 from trtforge_operator import children
-from trtforge_operator import labels as L
 from trtforge_operator.api import (
     InferenceDeployment,
     InferenceDeploymentStatus,
@@ -33,7 +32,26 @@ from trtforge_operator.api import (
     TRTEngineStatus,
 )
 from trtforge_operator.config import OperatorConfig
+from trtforge_operator.kinds import Kind
 from trtforge_operator.kube import Kube, clean_status, status_patch
+from trtforge_operator.labels import (
+    ANNOTATION_RESULT,
+    ANNOTATION_SOURCE_FINGERPRINT,
+    APP_COMPONENT,
+    APP_MANAGED_BY,
+    COMPONENT_BUILDER,
+    COMPONENT_RUNTIME,
+    COMPONENT_VERIFIER,
+    FINALIZER,
+    GROUP,
+    INFERENCEDEPLOYMENTS,
+    LABEL_INFERENCEDEPLOYMENT,
+    LABEL_REQUESTER_NAMESPACE,
+    MANAGED_BY,
+    TRTENGINES,
+    VERSION,
+    requester_annotation,
+)
 from trtforge_operator.metrics import Metrics
 from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
@@ -49,7 +67,7 @@ from trtforge_operator.planning.engine import (
 from trtforge_operator.store_reader import StoreReader
 
 log = logging.getLogger(__name__)
-MANAGED = {L.APP_MANAGED_BY: L.MANAGED_BY}
+MANAGED = {APP_MANAGED_BY: MANAGED_BY}
 DEBOUNCE_S = 0.2
 V = TypeVar("V")
 S = TypeVar("S", TRTEngineStatus, InferenceDeploymentStatus)
@@ -62,23 +80,23 @@ class Triggers:
         self._events: dict[tuple[str, str, str], asyncio.Event] = {}
         self._nodes: dict[str, NodeView] = {}
 
-    def get(self, kind: str, namespace: str, name: str) -> asyncio.Event:
+    def get(self, kind: Kind, namespace: str, name: str) -> asyncio.Event:
         return self._events.setdefault((kind, namespace, name), asyncio.Event())
 
-    def drop(self, kind: str, namespace: str, name: str) -> None:
+    def drop(self, kind: Kind, namespace: str, name: str) -> None:
         self._events.pop((kind, namespace, name), None)
 
-    def fire(self, kind: str, namespace: str, name: str) -> None:
+    def fire(self, kind: Kind, namespace: str, name: str) -> None:
         ev = self._events.get((kind, namespace, name))
         if ev is not None:
             ev.set()
 
-    def fire_all(self, kind: str, namespace: str | None = None) -> None:
+    def fire_all(self, kind: Kind, namespace: str | None = None) -> None:
         for (k, ns, _), ev in self._events.items():
             if k == kind and (namespace is None or ns == namespace):
                 ev.set()
 
-    def fire_label(self, kind: str, namespace: str, label: str) -> None:
+    def fire_label(self, kind: Kind, namespace: str, label: str) -> None:
         """Wake the loops of `kind` in `namespace` whose children carry `label` (dns_name of the name)."""
         for (k, ns, n), ev in self._events.items():
             if k == kind and ns == namespace and children.dns_name(n) == label:
@@ -123,7 +141,7 @@ def _views(index: Any, cls: type[V]) -> list[V]:
     return [v for store in list(index.values()) for v in list(store) if isinstance(v, cls)]
 
 
-def _current_status(state: State, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
+def _current_status(state: State, kind: Kind, body: Mapping[str, Any]) -> dict[str, Any]:
     """The object's status, or what we wrote last when the body we hold is older than that write."""
     meta = body.get("metadata") or {}
     key = (kind, meta.get("namespace", ""), meta.get("name", ""))
@@ -135,7 +153,12 @@ def _current_status(state: State, kind: str, body: Mapping[str, Any]) -> dict[st
 
 
 async def _write_status(
-    state: State, kind: str, plural: str, body: Mapping[str, Any], old: Mapping[str, Any], new: dict[str, Any]
+    state: State,
+    kind: Kind,
+    plural: str,
+    body: Mapping[str, Any],
+    old: Mapping[str, Any],
+    new: dict[str, Any],
 ) -> bool:
     patch = status_patch(old, new)
     if patch is None:
@@ -161,7 +184,7 @@ def _capacity(state: State, jobs: list[JobView], namespace: str) -> Capacity:
     running = [j for j in jobs if j.running]
     state.metrics.builds_running.set(len(running))
     pending_ns = sum(1 for _, ns in state.pending_jobs.values() if ns == namespace)
-    in_ns = sum(1 for j in running if j.labels.get(L.L_REQ_NAMESPACE) == namespace) + pending_ns
+    in_ns = sum(1 for j in running if j.labels.get(LABEL_REQUESTER_NAMESPACE) == namespace) + pending_ns
     return Capacity(
         len(running) + len(state.pending_jobs),
         in_ns,
@@ -182,7 +205,7 @@ async def _create_jobs(state: State, jobs: list[dict[str, Any]], kind: str) -> l
         if created is not None:
             state.pending_jobs[j["metadata"]["name"]] = (
                 time.time(),
-                j["metadata"]["labels"][L.L_REQ_NAMESPACE],
+                j["metadata"]["labels"][LABEL_REQUESTER_NAMESPACE],
             )
             state.metrics.jobs_created.labels(kind).inc()
             out.append(created)
@@ -231,13 +254,13 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
     body = _plain(body)
     meta = body["metadata"]
     ns, name, gen = meta["namespace"], meta["name"], int(meta.get("generation") or 1)
-    old = _current_status(state, "trte", body)
+    old = _current_status(state, Kind.TRTENGINE, body)
     old_status = _parsed_status(TRTEngineStatus, old)
     try:
         obj = TRTEngine.model_validate({**body, "status": old})
     except ValidationError as e:
         status = invalid_spec_status(old_status, gen, f"invalid spec: {e.errors()[0]['msg']}", time.time())
-        await _write_status(state, "trte", L.TRTENGINES, body, old, status.to_wire())
+        await _write_status(state, Kind.TRTENGINE, TRTENGINES, body, old, status.to_wire())
         return None
     nodes = _views(indices["nodes_idx"], NodeView)
     jobs = _views(indices["jobs_idx"], JobView)
@@ -249,7 +272,7 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
     problem = model_source_problem(m.uri, state.cfg.store_uri)
     if problem is not None:
         status = invalid_spec_status(old_status, gen, problem, time.time(), reason="InvalidModelSource")
-        if await _write_status(state, "trte", L.TRTENGINES, body, old, status.to_wire()):
+        if await _write_status(state, Kind.TRTENGINE, TRTENGINES, body, old, status.to_wire()):
             await state.kube.event(body, "Warning", "InvalidModelSource", problem)
         return None
     async with state.build_lock:
@@ -288,13 +311,13 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
         j = by_name.get(jname)
         if j is not None and requester not in j.requesters():
             await state.kube.annotate(
-                "Job", state.cfg.build_namespace, jname, {L.requester_annotation(requester): requester}
+                "Job", state.cfg.build_namespace, jname, {requester_annotation(requester): requester}
             )
     old_norm = old_status.to_wire() if old else {}
     new = plan.status.to_wire()
     state.metrics.observe_engine(ns, name, plan.status)
-    if await _write_status(state, "trte", L.TRTENGINES, body, old_norm, new):
-        state.triggers.fire_all("infd", ns)
+    if await _write_status(state, Kind.TRTENGINE, TRTENGINES, body, old_norm, new):
+        state.triggers.fire_all(Kind.INFERENCEDEPLOYMENT, ns)
         hits = sum(1 for t in plan.status.targets if t.cache_hit and t.phase == "Ready")
         was = sum(1 for t in old_status.targets if t.cache_hit and t.phase == "Ready")
         if hits > was:
@@ -334,10 +357,10 @@ async def cleanup_engine(state: State, body: Mapping[str, Any], indices: Mapping
         if not ours:
             continue
         if j.build_id in others_ids:
-            await state.kube.annotate("Job", j.namespace, j.name, {L.requester_annotation(requester): None})
+            await state.kube.annotate("Job", j.namespace, j.name, {requester_annotation(requester): None})
         else:
             await state.kube.delete("Job", j.namespace, j.name)
-    _forget(state, "trte", *me)
+    _forget(state, Kind.TRTENGINE, *me)
 
 
 # ------------------------------------------------------------------------------- InferenceDeployment
@@ -352,7 +375,7 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
         int(meta.get("generation") or 1),
         meta.get("uid", ""),
     )
-    old = _current_status(state, "infd", body)
+    old = _current_status(state, Kind.INFERENCEDEPLOYMENT, body)
     old_status = _parsed_status(InferenceDeploymentStatus, old)
     try:
         obj = InferenceDeployment.model_validate({**body, "status": old})
@@ -392,7 +415,7 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     old_norm = old_status.to_wire() if old else {}
     new = plan.status.to_wire()
     # Record faults (and their actions) before acting on them: a crash in between repeats the actions.
-    await _write_status(state, "infd", L.INFERENCEDEPLOYMENTS, body, old_norm, new)
+    await _write_status(state, Kind.INFERENCEDEPLOYMENT, INFERENCEDEPLOYMENTS, body, old_norm, new)
     for obj_ in plan.apply:
         try:
             await state.kube.apply_owned(obj_)
@@ -430,10 +453,10 @@ async def cleanup_deployment(state: State, body: Mapping[str, Any], indices: Map
         if isinstance(d, DeploymentView):
             await state.kube.delete("Deployment", ns, d.name)
     await state.kube.delete("Service", ns, children.service_name(name))
-    _forget(state, "infd", ns, name)
+    _forget(state, Kind.INFERENCEDEPLOYMENT, ns, name)
 
 
-def _forget(state: State, kind: str, namespace: str, name: str) -> None:
+def _forget(state: State, kind: Kind, namespace: str, name: str) -> None:
     """Drop what the operator keeps about a deleted object (its wake-up flag, the status it wrote)."""
     state.triggers.drop(kind, namespace, name)
     state.written.pop((kind, namespace, name), None)
@@ -443,11 +466,11 @@ def _forget(state: State, kind: str, namespace: str, name: str) -> None:
 # ----------------------------------------------------------------------------------------- the loop
 
 
-async def _loop(state: State, kind: str, body: Any, stopped: Any, kwargs: Mapping[str, Any]) -> None:
+async def _loop(state: State, kind: Kind, body: Any, stopped: Any, kwargs: Mapping[str, Any]) -> None:
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
     trigger = state.triggers.get(kind, ns, name)
-    fn = reconcile_engine if kind == "trte" else reconcile_deployment
+    fn = reconcile_engine if kind == Kind.TRTENGINE else reconcile_deployment
     while not stopped:
         trigger.clear()
         t0 = time.monotonic()
@@ -521,7 +544,7 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.startup(registry=registry)
     def _settings(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.persistence.finalizer = L.FINALIZER
+        settings.persistence.finalizer = FINALIZER
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="trtforge.io")
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix="trtforge.io", key="last-handled-configuration"
@@ -551,7 +574,7 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         "v1",
         "jobs",
         id="vjobs_idx",
-        labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_VERIFIER},
+        labels={**MANAGED, APP_COMPONENT: COMPONENT_VERIFIER},
         registry=registry,
     )
     def _vjobs_idx(**kw: Any) -> Any:
@@ -561,7 +584,7 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         "v1",
         "pods",
         id="vpods_idx",
-        labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_VERIFIER},
+        labels={**MANAGED, APP_COMPONENT: COMPONENT_VERIFIER},
         registry=registry,
     )
     def _vpods_idx(**kw: Any) -> Any:
@@ -581,7 +604,7 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         "v1",
         "pods",
         id="bpods_idx",
-        labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_BUILDER},
+        labels={**MANAGED, APP_COMPONENT: COMPONENT_BUILDER},
         registry=registry,
     )
     def _bpods_idx(**kw: Any) -> Any:
@@ -592,19 +615,19 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         "v1",
         "pods",
         id="rpods_idx",
-        labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_RUNTIME},
+        labels={**MANAGED, APP_COMPONENT: COMPONENT_RUNTIME},
         registry=registry,
     )
     def _rpods_idx(**kw: Any) -> Any:
         body, namespace, labels = kw["body"], kw["namespace"], kw["labels"]
-        return {(namespace, labels.get(L.L_INFD, "")): PodView.from_k8s(body)}
+        return {(namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, "")): PodView.from_k8s(body)}
 
     @kopf.index("apps", "v1", "deployments", id="deps_idx", labels=MANAGED, registry=registry)
     def _deps_idx(**kw: Any) -> Any:
         body, namespace, labels = kw["body"], kw["namespace"], kw["labels"]
-        return {(namespace, labels.get(L.L_INFD, "")): DeploymentView.from_k8s(body)}
+        return {(namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, "")): DeploymentView.from_k8s(body)}
 
-    @kopf.index(L.GROUP, L.VERSION, L.TRTENGINES, id="trte_idx", registry=registry)
+    @kopf.index(GROUP, VERSION, TRTENGINES, id="trte_idx", registry=registry)
     def _trte_idx(**kw: Any) -> Any:
         body, namespace, name = kw["body"], kw["namespace"], kw["name"]
         try:
@@ -617,11 +640,11 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     def _job_event(**kw: Any) -> None:
         body = kw["body"]
         j = JobView.from_k8s(body)
-        if j.labels.get(L.APP_COMPONENT) == L.COMPONENT_VERIFIER:
+        if j.labels.get(APP_COMPONENT) == COMPONENT_VERIFIER:
             if j.done:
-                fp = j.annotations.get(L.A_SOURCE_FINGERPRINT, "")
+                fp = j.annotations.get(ANNOTATION_SOURCE_FINGERPRINT, "")
                 state.store.invalidate_possession(j.namespace, fp)
-            state.triggers.fire_all("trte", j.namespace)
+            state.triggers.fire_all(Kind.TRTENGINE, j.namespace)
             return
         if j.done:
             key = j.engine_key or ((j.result() or {}).get("key") or "")
@@ -630,10 +653,10 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
             state.store.invalidate_request(j.request_digest)
         for r in j.requesters():
             ns, _, n = r.partition("/")
-            state.triggers.fire("trte", ns, n)
-            state.triggers.fire_all("infd", ns)
+            state.triggers.fire(Kind.TRTENGINE, ns, n)
+            state.triggers.fire_all(Kind.INFERENCEDEPLOYMENT, ns)
 
-    @kopf.on.event("v1", "pods", labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_BUILDER}, registry=registry)
+    @kopf.on.event("v1", "pods", labels={**MANAGED, APP_COMPONENT: COMPONENT_BUILDER}, registry=registry)
     async def _build_pod_event(**kw: Any) -> None:
         body, namespace = kw["body"], kw["namespace"]
         job_name = _build_pod_job(namespace, kw["labels"])
@@ -643,66 +666,68 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         if result is None:
             return
         job = await state.kube.job_annotations(namespace, job_name)
-        if job is not None and L.A_RESULT not in job:
-            await state.kube.annotate("Job", namespace, job_name, {L.A_RESULT: result})
+        if job is not None and ANNOTATION_RESULT not in job:
+            await state.kube.annotate("Job", namespace, job_name, {ANNOTATION_RESULT: result})
             state.metrics.observe_build_result(result)
 
-    @kopf.on.event("v1", "pods", labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_VERIFIER}, registry=registry)
+    @kopf.on.event("v1", "pods", labels={**MANAGED, APP_COMPONENT: COMPONENT_VERIFIER}, registry=registry)
     def _verify_pod_event(**kw: Any) -> None:
-        state.triggers.fire_all("trte", kw["namespace"])
+        state.triggers.fire_all(Kind.TRTENGINE, kw["namespace"])
 
-    @kopf.on.event("v1", "pods", labels={**MANAGED, L.APP_COMPONENT: L.COMPONENT_RUNTIME}, registry=registry)
+    @kopf.on.event("v1", "pods", labels={**MANAGED, APP_COMPONENT: COMPONENT_RUNTIME}, registry=registry)
     def _runtime_pod_event(**kw: Any) -> None:
         namespace, labels = kw["namespace"], kw["labels"]
-        state.triggers.fire_label("infd", namespace, labels.get(L.L_INFD, ""))
+        state.triggers.fire_label(
+            Kind.INFERENCEDEPLOYMENT, namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, "")
+        )
 
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)
     def _deployment_event(**kw: Any) -> None:
         namespace, labels = kw["namespace"], kw["labels"]
-        state.triggers.fire_label("infd", namespace, labels.get(L.L_INFD, ""))
+        state.triggers.fire_label(
+            Kind.INFERENCEDEPLOYMENT, namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, "")
+        )
 
     @kopf.on.event("v1", "nodes", registry=registry)
     def _node_event(**kw: Any) -> None:
         body, name, type_ = kw["body"], kw["name"], kw.get("type")
         view = None if type_ == "DELETED" else NodeView.from_k8s(body)
         if state.triggers.node_changed(view, name):
-            state.triggers.fire_all("trte")
-            state.triggers.fire_all("infd")
+            state.triggers.fire_all(Kind.TRTENGINE)
+            state.triggers.fire_all(Kind.INFERENCEDEPLOYMENT)
 
-    @kopf.on.event(L.GROUP, L.VERSION, L.TRTENGINES, registry=registry)
+    @kopf.on.event(GROUP, VERSION, TRTENGINES, registry=registry)
     def _engine_event(**kw: Any) -> None:
         namespace, name = kw["namespace"], kw["name"]
-        state.triggers.fire("trte", namespace, name)
-        state.triggers.fire_all("infd", namespace)
+        state.triggers.fire(Kind.TRTENGINE, namespace, name)
+        state.triggers.fire_all(Kind.INFERENCEDEPLOYMENT, namespace)
 
-    @kopf.on.event(L.GROUP, L.VERSION, L.INFERENCEDEPLOYMENTS, registry=registry)
+    @kopf.on.event(GROUP, VERSION, INFERENCEDEPLOYMENTS, registry=registry)
     def _infd_event(**kw: Any) -> None:
         namespace, name = kw["namespace"], kw["name"]
-        state.triggers.fire("infd", namespace, name)
+        state.triggers.fire(Kind.INFERENCEDEPLOYMENT, namespace, name)
 
     # --- the level-based loops, one per resource
-    @kopf.daemon(
-        L.GROUP, L.VERSION, L.TRTENGINES, id="reconcile", cancellation_timeout=1.0, registry=registry
-    )
+    @kopf.daemon(GROUP, VERSION, TRTENGINES, id="reconcile", cancellation_timeout=1.0, registry=registry)
     async def _engine_daemon(body: Any, stopped: Any, **kwargs: Any) -> None:
-        await _loop(state, "trte", body, stopped, kwargs)
+        await _loop(state, Kind.TRTENGINE, body, stopped, kwargs)
 
     @kopf.daemon(
-        L.GROUP,
-        L.VERSION,
-        L.INFERENCEDEPLOYMENTS,
+        GROUP,
+        VERSION,
+        INFERENCEDEPLOYMENTS,
         id="reconcile",
         cancellation_timeout=1.0,
         registry=registry,
     )
     async def _infd_daemon(body: Any, stopped: Any, **kwargs: Any) -> None:
-        await _loop(state, "infd", body, stopped, kwargs)
+        await _loop(state, Kind.INFERENCEDEPLOYMENT, body, stopped, kwargs)
 
     # --- deletion (our finalizer holds the object until these succeed)
-    @kopf.on.delete(L.GROUP, L.VERSION, L.TRTENGINES, id="cleanup", registry=registry)
+    @kopf.on.delete(GROUP, VERSION, TRTENGINES, id="cleanup", registry=registry)
     async def _engine_deleted(body: Any, **kwargs: Any) -> None:
         await cleanup_engine(state, body, kwargs)
 
-    @kopf.on.delete(L.GROUP, L.VERSION, L.INFERENCEDEPLOYMENTS, id="cleanup", registry=registry)
+    @kopf.on.delete(GROUP, VERSION, INFERENCEDEPLOYMENTS, id="cleanup", registry=registry)
     async def _infd_deleted(body: Any, **kwargs: Any) -> None:
         await cleanup_deployment(state, body, kwargs)

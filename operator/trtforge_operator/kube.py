@@ -18,7 +18,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from trtforge.logs import fields
-from trtforge_operator import labels as L
+from trtforge_operator.labels import ANNOTATION_SPEC_HASH, GROUP, VERSION
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +100,9 @@ class Kube:
             "Service": self.core.read_namespaced_service,
         }[kind]
         cur = self.api.sanitize_for_serialization(await self._call(read, name, ns))
-        if (cur["metadata"].get("annotations") or {}).get(L.A_SPEC_HASH) == obj["metadata"][
+        if (cur["metadata"].get("annotations") or {}).get(ANNOTATION_SPEC_HASH) == obj["metadata"][
             "annotations"
-        ].get(L.A_SPEC_HASH):
+        ].get(ANNOTATION_SPEC_HASH):
             return "unchanged"
         new = dict(obj)
         meta = dict(obj["metadata"])
@@ -151,8 +151,8 @@ class Kube:
     async def patch_status(self, plural: str, namespace: str, name: str, patch: Mapping[str, Any]) -> Any:
         return await self._call(
             self.custom.patch_namespaced_custom_object_status,
-            L.GROUP,
-            L.VERSION,
+            GROUP,
+            VERSION,
             namespace,
             plural,
             name,
@@ -162,10 +162,10 @@ class Kube:
     async def list_custom(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
         if namespace:
             res = await self._call(
-                self.custom.list_namespaced_custom_object, L.GROUP, L.VERSION, namespace, plural
+                self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, plural
             )
         else:
-            res = await self._call(self.custom.list_cluster_custom_object, L.GROUP, L.VERSION, plural)
+            res = await self._call(self.custom.list_cluster_custom_object, GROUP, VERSION, plural)
         return list(res.get("items") or [])
 
     async def token_review(self, token: str, audience: str) -> dict[str, Any]:

@@ -22,7 +22,16 @@ from trtforge.contract.gpu import (
     GPUTarget,
 )
 from trtforge.contract.termination import REASON_BY_EXIT_CODE, TerminationMessage
-from trtforge_operator import labels as L
+from trtforge_operator.labels import (
+    ANNOTATION_ATTEMPT,
+    ANNOTATION_CREATED_FOR,
+    ANNOTATION_ENGINE_KEY,
+    ANNOTATION_REQUEST_DIGEST,
+    ANNOTATION_RESULT,
+    LABEL_BUILD_ID,
+    LABEL_BUILD_KIND,
+    REQUESTER_PREFIX,
+)
 
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 # Taints and Node conditions that say a node's GPUs are not healthy (GPU health checkers, NPD).
@@ -329,36 +338,36 @@ class JobView:
 
     @property
     def build_id(self) -> str:
-        return self.labels.get(L.L_BUILD_ID, "")
+        return self.labels.get(LABEL_BUILD_ID, "")
 
     @property
     def request_digest(self) -> str:
         """The request key the Job was created for (docs/design.md §"Engine keys")."""
-        return self.annotations.get(L.A_REQUEST_DIGEST, "")
+        return self.annotations.get(ANNOTATION_REQUEST_DIGEST, "")
 
     @property
     def kind(self) -> str:
-        return self.labels.get(L.L_BUILD_KIND, "build")
+        return self.labels.get(LABEL_BUILD_KIND, "build")
 
     @property
     def attempt(self) -> int:
-        return _qty_int(self.annotations.get(L.A_ATTEMPT, "1")) or 1
+        return _qty_int(self.annotations.get(ANNOTATION_ATTEMPT, "1")) or 1
 
     @property
     def engine_key(self) -> str:
-        return self.annotations.get(L.A_ENGINE_KEY, "")
+        return self.annotations.get(ANNOTATION_ENGINE_KEY, "")
 
     @property
     def created_for(self) -> str:
-        return self.annotations.get(L.A_CREATED_FOR, "")
+        return self.annotations.get(ANNOTATION_CREATED_FOR, "")
 
     def requesters(self) -> list[str]:
         """The TRTEngines (`namespace/name`) that use this Job, one annotation each."""
-        return sorted(v for k, v in self.annotations.items() if k.startswith(L.REQUESTER_PREFIX))
+        return sorted(v for k, v in self.annotations.items() if k.startswith(REQUESTER_PREFIX))
 
     def result(self) -> dict[str, Any] | None:
         """The builder's result JSON, once copied onto the Job from its pod."""
-        raw = self.annotations.get(L.A_RESULT)
+        raw = self.annotations.get(ANNOTATION_RESULT)
         if not raw:
             return None
         try:

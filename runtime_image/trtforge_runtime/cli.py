@@ -74,6 +74,13 @@ def register(subparsers: Any) -> None:
         help="execution instances (parallel batches); default: one per CPU for ONNX Runtime, 1 for TensorRT",
     )
     p.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        help="runtime processes on the same ports (SO_REUSEPORT), each pinned to its share of the CPUs: "
+        "per-request work spread over several event loops and GILs, for many cores",
+    )
+    p.add_argument(
         "--no-solo",
         action="store_true",
         help="no solo instance (by default a request that arrives alone runs on a session with every "
@@ -126,7 +133,15 @@ def register(subparsers: Any) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     import logging
+    import os
+    import sys
     from pathlib import Path
+
+    from trtforge_runtime import workers
+
+    if args.workers > 1:
+        return workers.supervise(sys.argv[1:], args.workers)
+    workers.pin_worker()
 
     from trtforge.contract.gpu_probe import GPUProbeError, probe_from_env, probe_identity
     from trtforge.contract.termination import TerminationMessage, write_termination_message
@@ -183,5 +198,7 @@ def handle(args: argparse.Namespace) -> int:
         body_timeout_s=args.body_timeout,
         max_connections=args.max_connections,
         grpc_port=None if args.no_grpc else args.grpc_port,
+        reuse_port=os.environ.get("TRTFORGE_REUSE_PORT") == "1",
+        listen_when_ready=os.environ.get(workers.WORKER_INDEX_ENV, "0") != "0",
     )
     return asyncio.run(Runtime(settings, store, probe).run())

@@ -2,7 +2,8 @@
 
 On a fault (a critical Xid/ECC event from the probe, or a device error during execution) the server
 turns not-ready, writes a ``GPUFault`` termination message and exits with ``EXIT_GPU_FAULT`` at once:
-results computed on that GPU can no longer be trusted, so in-flight requests are not drained.
+results computed on that GPU can no longer be trusted, so in-flight requests are not drained. The
+operator reads the message and moves the pod (docs/design.md §"GPU faults").
 """
 
 from __future__ import annotations

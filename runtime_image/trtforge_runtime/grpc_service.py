@@ -251,14 +251,15 @@ def grpc_address(host: str, port: int) -> str:
 async def start_grpc(runtime: Runtime, host: str, port: int) -> tuple[aio.Server, int]:
     """Serve the runtime over gRPC on host:port (0: any free port); the server and its port.
 
-    ``so_reuseport`` is off, so a port in use is an error rather than silently shared; messages are
+    ``so_reuseport`` is off (except for the workers of ``--workers N``, which share the port on
+    purpose), so a port in use is an error rather than silently shared; messages are
     limited to ``--max-request-bytes`` (gRPC answers RESOURCE_EXHAUSTED past it, after its own
     decompression); connections idle for ``--idle-timeout`` are closed.
     """
     s = runtime.s
     server = aio.server(
         options=[
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if s.reuse_port else 0),
             ("grpc.max_receive_message_length", s.max_request_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.max_connection_idle_ms", int(s.idle_timeout_s * 1000)),

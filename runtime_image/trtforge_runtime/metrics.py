@@ -1,8 +1,15 @@
-"""Prometheus metrics of one runtime process (served on /metrics)."""
+"""Prometheus metrics of one runtime process (served on /metrics).
+
+Under ``--workers N`` (trtforge_runtime.workers) each worker writes its values into the directory
+named by ``PROMETHEUS_MULTIPROC_DIR`` and :func:`exposition` aggregates all of them, so any worker's
+``/metrics`` shows the pod: counters and histograms summed, gauges as their mode says.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
@@ -43,14 +50,31 @@ class Metrics:
             registry=r,
         )
         self.queue_depth = Gauge(
-            "trtforge_runtime_queue_depth", "Requests waiting for an instance", ["model"], registry=r
+            "trtforge_runtime_queue_depth",
+            "Requests waiting for an instance",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livesum",
         )
-        self.ready = Gauge("trtforge_runtime_ready", "1 when the model serves", ["model"], registry=r)
+        self.ready = Gauge(
+            "trtforge_runtime_ready",
+            "1 when the model serves (every worker)",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livemin",
+        )
         self.startup = Gauge(
-            "trtforge_runtime_startup_seconds", "Seconds spent per start-up phase", ["phase"], registry=r
+            "trtforge_runtime_startup_seconds",
+            "Seconds spent per start-up phase",
+            ["phase"],
+            registry=r,
+            multiprocess_mode="max",
         )
         self.engine_load = Gauge(
-            "trtforge_runtime_engine_load_seconds", "Seconds to load the engine", registry=r
+            "trtforge_runtime_engine_load_seconds",
+            "Seconds to load the engine",
+            registry=r,
+            multiprocess_mode="max",
         )
         self.gpu_faults = Counter(
             "trtforge_runtime_gpu_faults", "GPU faults seen", ["gpu", "xid"], registry=r
@@ -65,7 +89,10 @@ class Metrics:
             registry=r,
         )
         self.open_connections = Gauge(
-            "trtforge_runtime_open_connections", "HTTP connections the server handles", registry=r
+            "trtforge_runtime_open_connections",
+            "HTTP connections the server handles",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.connections_refused = Counter(
             "trtforge_runtime_connections_refused",
@@ -89,3 +116,15 @@ class Metrics:
             self._outcomes[outcome] = pair
         pair[0].inc()
         pair[1].observe(seconds)
+
+
+def exposition(metrics: Metrics) -> bytes:
+    """The text exposition of `metrics`, or of every worker's when they share a multiprocess directory."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        return bytes(generate_latest(metrics.registry))
+    from prometheus_client import multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=directory)
+    return bytes(generate_latest(registry))

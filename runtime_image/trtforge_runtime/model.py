@@ -9,6 +9,7 @@ import numpy as np
 
 from trtforge.contract.engine_key import ShapeRange
 from trtforge.contract.manifest import Manifest, TensorSpec
+from trtforge.tensorrt.policy import covering_ranges
 from trtforge_runtime.errors import RequestError
 
 # Open Inference Protocol datatype <-> numpy dtype.
@@ -186,11 +187,12 @@ def default_model_name(manifest: Manifest) -> str:
 def model_spec(manifest: Manifest, name: str, max_batch_cap: int | None = None) -> ModelSpec:
     """The served model from its manifest.
 
-    Batchable when every input and output has a dynamic dimension 0; the max batch is the first
-    optimization profile's max for dimension 0 (or ``max_batch_cap`` when the manifest has no profile),
-    capped by ``max_batch_cap``.
+    Batchable when every input and output has a dynamic dimension 0; the max batch is the largest
+    dimension 0 any optimization profile accepts (or ``max_batch_cap`` when the manifest has no
+    profile), capped by ``max_batch_cap``. Shapes are checked against what all profiles together
+    cover; the backend picks the profile that fits each batch (docs/design.md §"TensorRT").
     """
-    profile = manifest.build.profiles[0] if manifest.build.profiles else {}
+    profile = covering_ranges(manifest.build.profiles)
     inputs = tuple(_info(t, profile.get(t.name)) for t in manifest.inputs)
     outputs = tuple(_info(t) for t in manifest.outputs)
     batchable = all(t.shape and t.shape[0] == -1 for t in (*inputs, *outputs))

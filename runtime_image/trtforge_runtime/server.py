@@ -29,7 +29,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from trtforge import __version__
 from trtforge.contract.gpu_probe import GPUProbe, XidEvent, probe_identity
@@ -46,7 +46,7 @@ from trtforge_runtime.errors import DeviceFault, Refusal, RequestError
 from trtforge_runtime.faults import FaultMonitor, exit_now, gpu_fault_message
 from trtforge_runtime.fetch import fetch_engine
 from trtforge_runtime.identity import check_identity
-from trtforge_runtime.metrics import Metrics
+from trtforge_runtime.metrics import Metrics, exposition
 from trtforge_runtime.model import ModelSpec, default_model_name, model_spec
 from trtforge_runtime.retry import budget_from_env, with_retries
 from trtforge_runtime.v2 import (
@@ -56,6 +56,7 @@ from trtforge_runtime.v2 import (
     decode_request,
     encode_response,
 )
+from trtforge_runtime.workers import mark_ready
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -82,6 +83,8 @@ class Settings:
     body_timeout_s: float = 60.0
     max_connections: int = 1024
     grpc_port: int | None = 8001  # None: no gRPC endpoint; 0: any free port
+    reuse_port: bool = False  # a worker of `serve --workers N`: share the ports (SO_REUSEPORT)
+    listen_when_ready: bool = False  # a later worker: bind only once ready
 
     @property
     def body_memory(self) -> int:
@@ -230,6 +233,7 @@ class Runtime:
         self.state, self.reason = "ready", ""
         self.metrics.ready_m.set(1)
         log.info("ready", extra=fields(model=self.spec.name, port=self.port))
+        mark_ready()
 
     async def _startup(self) -> None:
         loop = asyncio.get_running_loop()
@@ -361,7 +365,7 @@ class Runtime:
             m.queue_depth_m.set(self.batcher.depth)
         if self._limiter is not None:
             m.open_connections.set(self._limiter.open)
-        return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=exposition(m), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def health_answer(self, path: str) -> tuple[int, dict[str, object]] | None:
         """The health endpoints' answers, for connections over the cap (None: not a health path)."""
@@ -496,13 +500,23 @@ class Runtime:
         assert http is not None
         limiter = ConnectionLimiter(http, self.s.max_connections, self.health_answer, lambda: self.metrics)
         self._limiter = limiter
+        startup = asyncio.create_task(self._startup())
+        if self.s.listen_when_ready:
+            # A later worker of `serve --workers N`: the port already serves; join it ready or not at all.
+            await asyncio.wait(
+                [startup, asyncio.create_task(self._stop.wait())], return_when="FIRST_COMPLETED"
+            )
+            if self.state != "ready":
+                self.request_stop(self.exit_code)
+                await runner.cleanup()
+                monitor.stop()
+                return self.exit_code if self.exit_code != EXIT_OK else 1
         listener = await loop.create_server(
-            limiter, self.s.host, self.s.port, backlog=1024, reuse_address=True
+            limiter, self.s.host, self.s.port, backlog=1024, reuse_address=True, reuse_port=self.s.reuse_port
         )
         if listener.sockets:
             self.port = listener.sockets[0].getsockname()[1]
         log.info("listening", extra=fields(host=self.s.host, port=self.port))
-        startup = asyncio.create_task(self._startup())
         grpc_server = None
         if self.s.grpc_port is not None:
             # After HTTP listens and the engine starts loading: importing grpc takes a while.

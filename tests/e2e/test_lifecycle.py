@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from trtforge_operator.localdev import ROOT, OperatorEnv
+from trtforge_dev.localdev import ROOT, OperatorEnv
+from trtforge_dev.testbed.wait import wait_for
 
 from tests.modelzoo import light_model
-from trtforge.testbed.wait import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

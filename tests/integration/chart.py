@@ -1,4 +1,4 @@
-"""The chart through a real Helm (trtforge.testbed.helm): render it, adapt it to the test bed, apply it.
+"""The chart through a real Helm (trtforge_dev.testbed.helm): render it, adapt it to the test bed, apply it.
 
 The one test-bed adaptation: the emulated kubelet ignores images (there is no entrypoint), so the
 operator container gets `command: [trtforge]` (the image's ENTRYPOINT), run from this project's venv.
@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from trtforge.testbed.handle import TestBed
-from trtforge.testbed.helm import helm_path
+from trtforge_dev.testbed.handle import TestBed
+from trtforge_dev.testbed.helm import helm_path
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "trtforge"

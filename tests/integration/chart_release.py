@@ -14,10 +14,9 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from trtforge_operator import localdev
-
-from trtforge.testbed.handle import TestBed
-from trtforge.testbed.wait import wait_for
+from trtforge_dev import localdev
+from trtforge_dev.testbed.handle import TestBed
+from trtforge_dev.testbed.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "charts" / "trtforge" / "templates"

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from trtforge_operator.localdev import OperatorEnv, deployment_manifest, engine_manifest
+from trtforge_dev.localdev import OperatorEnv, deployment_manifest, engine_manifest
+from trtforge_dev.testbed.wait import wait_for
 
 from tests.modelzoo import light_model, sha256_of
-from trtforge.testbed.wait import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 H100 = "NVIDIA-H100-80GB-HBM3"

@@ -20,7 +20,7 @@ import yaml
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-CRDS = sorted((ROOT / "crds").glob("*.yaml"))
+CRDS = sorted((ROOT / "charts" / "trtforge" / "crds").glob("*.yaml"))
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 GROUP, VERSION = "trtforge.io", "v1alpha1"
 

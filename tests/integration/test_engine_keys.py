@@ -5,7 +5,7 @@ version; the builder reports the engine it really made. How a new builder image 
 test bed ignores images, so the operator's ``builder_image`` changes (that is what the request key
 holds) and build pods get ``TRTFORGE_TESTBED_BACKEND_VERSION`` through the operator's ``build.env``;
 the emulated kubelet honours that variable by making the pod's ONNX Runtime report that version
-(trtforge.testbed.kubelet.podspec.image_stand_in), as an image with another backend build would.
+(trtforge_dev.testbed.kubelet.podspec.image_stand_in), as an image with another backend build would.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from trtforge_operator.localdev import OperatorEnv, deployment_manifest, engine_manifest, tiny_model
+from trtforge_dev.localdev import OperatorEnv, deployment_manifest, engine_manifest, tiny_model
+from trtforge_dev.testbed.kubelet.podspec import BACKEND_VERSION_ENV
+from trtforge_dev.testbed.wait import wait_for
 
 from trtforge.contract.engine_key import RequestRecord
 from trtforge.contract.manifest import Manifest
-from trtforge.testbed.kubelet.podspec import BACKEND_VERSION_ENV
-from trtforge.testbed.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -27,8 +27,7 @@ from ha import (
     other_holder,
     pod_of_identity,
 )
-
-from trtforge.testbed.wait import wait_for
+from trtforge_dev.testbed.wait import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

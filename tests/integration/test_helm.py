@@ -1,4 +1,4 @@
-"""The chart through a real Helm (4.1.4, trtforge.testbed.helm) and its alerts through promtool.
+"""The chart through a real Helm (4.1.4, trtforge_dev.testbed.helm) and its alerts through promtool.
 
 - `helm lint`, and `helm template` of every ci/*-values.yaml;
 - the schema's and the templates' refusals, as Helm reports them;

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from kubernetes import client
-from trtforge_operator.localdev import (
+from trtforge_dev.localdev import (
     OperatorEnv,
     condition,
     delete_with_cleanup,
@@ -25,8 +25,7 @@ from trtforge_operator.localdev import (
     is_true,
     tiny_model,
 )
-
-from trtforge.testbed.wait import wait_for
+from trtforge_dev.testbed.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

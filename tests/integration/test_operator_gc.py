@@ -8,9 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from trtforge_operator.localdev import OperatorEnv, delete_with_cleanup, engine_manifest, tiny_model
-
-from trtforge.testbed.wait import wait_for
+from trtforge_dev.localdev import OperatorEnv, delete_with_cleanup, engine_manifest, tiny_model
+from trtforge_dev.testbed.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -22,9 +22,8 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-
-from trtforge.testbed.handle import TestBed
-from trtforge.testbed.wait import wait_for
+from trtforge_dev.testbed.handle import TestBed
+from trtforge_dev.testbed.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +86,9 @@ def release(testbed: TestBed) -> Iterator[Release]:
     )
     for ns in (rel.namespace, rel.tenant, rel.other):
         _create_namespace(testbed, ns)
-    for path in sorted((REPO / "crds").glob("*.yaml")):  # the CEL rules need --validate=false on 1.20
+    for path in sorted(
+        (REPO / "charts" / "trtforge" / "crds").glob("*.yaml")
+    ):  # the CEL rules need --validate=false on 1.20
         testbed.kubectl("apply", "--validate=false", "-f", str(path))
     helpers = _helpers()
     names = _names(rel.fullname, rel.namespace)

@@ -2,7 +2,7 @@
 
 Platform setup is done as admin, as a platform team installing the chart would: the chart's RBAC
 (the templates verbatim, names substituted), its ServiceAccount, the build namespace's builder
-ServiceAccount and store claims (trtforge_operator.localdev, the test bed's stand-in for the chart's
+ServiceAccount and store claims (trtforge_dev.localdev, the test bed's stand-in for the chart's
 PVC). Then `trtforge operator` runs with a kubeconfig holding only that ServiceAccount's token, and
 a tenant's TRTEngine and InferenceDeployment must become Ready and be deleted cleanly, with no
 authorization error in the operator's log.
@@ -16,18 +16,15 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from trtforge_dev import localdev
+from trtforge_dev.testbed.handle import TestBed
+from trtforge_dev.testbed.wait import wait_for
 
 from tests.integration.chart_release import chart_release, sa_kubeconfig, sa_token
-from trtforge.testbed.handle import TestBed
-from trtforge.testbed.wait import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 __all__ = ["chart_release"]  # the fixture
 H100 = "NVIDIA-H100-80GB-HBM3"
-
-localdev = pytest.importorskip(
-    "trtforge_operator.localdev", reason="the operator's test-bed helpers are not here"
-)
 
 
 def test_operator_lifecycle_as_the_charts_service_account(

@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from trtforge_operator import localdev
+from trtforge_dev import localdev
+from trtforge_dev.testbed.handle import TestBed
+from trtforge_dev.testbed.wait import wait_for
 from trtforge_operator.config import CACHE_GROUP_LABEL
 
 from tests.integration.chart_release import (
@@ -32,8 +34,6 @@ from tests.integration.chart_release import (
     tenant_namespaces,
     uninstall_chart_rbac,
 )
-from trtforge.testbed.handle import TestBed
-from trtforge.testbed.wait import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 H100 = "NVIDIA-H100-80GB-HBM3"

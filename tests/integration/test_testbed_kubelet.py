@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-
-from trtforge.testbed.handle import TestBed
-from trtforge.testbed.wait import wait_for
+from trtforge_dev.testbed.handle import TestBed
+from trtforge_dev.testbed.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -12,11 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from trtforge.testbed import procs
-from trtforge.testbed.binaries import resolve
-from trtforge.testbed.paths import StatePaths
-from trtforge.testbed.wait import wait_for
+from trtforge_dev.testbed import procs
+from trtforge_dev.testbed.binaries import resolve
+from trtforge_dev.testbed.paths import StatePaths
+from trtforge_dev.testbed.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -66,7 +66,17 @@ def test_committed_files_match_the_models() -> None:
 def test_chart_copy_equals_crds() -> None:
     for resource in RESOURCES:
         name = f"{crdgen.crd_name(resource)}.yaml"
-        assert (ROOT / "charts/trtforge/crds" / name).read_bytes() == (ROOT / "crds" / name).read_bytes()
+        packaged = (ROOT / crdgen.PACKAGE_CRD_DIR / name).read_bytes()
+        assert (ROOT / "charts/trtforge/crds" / name).read_bytes() == packaged
+
+
+def test_packaged_crds_are_found_as_package_data() -> None:
+    """What the test bed and demo install comes through importlib.resources, not a checkout path."""
+    rendered = crdgen.rendered_files()
+    packaged = crdgen.packaged_crds()
+    assert sorted(packaged) == sorted(f"{crdgen.crd_name(r)}.yaml" for r in RESOURCES)
+    for name, text in packaged.items():
+        assert text == rendered[f"{crdgen.PACKAGE_CRD_DIR}/{name}"]
 
 
 def test_check_mode_reports_drift(tmp_path: Path) -> None:
@@ -86,7 +96,7 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["crds", "--root", str(tmp_path), "--check"]) == 1
     assert "out of date" in capsys.readouterr().out
     assert main(["crds", "--root", str(tmp_path)]) == 0
-    assert (tmp_path / "crds/trtengines.trtforge.io.yaml").exists()
+    assert (tmp_path / crdgen.PACKAGE_CRD_DIR / "trtengines.trtforge.io.yaml").exists()
     assert main(["crds", "--root", str(tmp_path), "--check"]) == 0
 
 

@@ -112,7 +112,7 @@ def test_argocd_cm_embeds_the_same_scripts() -> None:
 
 
 def _crd_schema(kind: str) -> dict[str, Any] | None:
-    path = REPO / "crds" / CRD_FILES[kind]
+    path = REPO / "charts" / "trtforge" / "crds" / CRD_FILES[kind]
     if not path.exists():
         return None
     crd = yaml.safe_load(path.read_text())

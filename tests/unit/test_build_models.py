@@ -22,7 +22,15 @@ from trtforge_builder.errors import BuildError
 from trtforge_builder.pipeline import probe_target, run_build
 from trtforge_builder.request import BuildRequest, make_build_config, parse_profiles
 
-from tests.modelzoo import dynamic_cnn, dynamic_mlp, light_input_name, light_model, sha256_of, two_input_model
+from tests.modelzoo import (
+    dynamic_cnn,
+    dynamic_mlp,
+    light_input_name,
+    light_model,
+    qdq_mlp,
+    sha256_of,
+    two_input_model,
+)
 from trtforge.contract import layout
 from trtforge.contract.canary import Canary
 from trtforge.contract.engine_key import EngineKeyRecord, RequestRecord, engine_key
@@ -186,8 +194,56 @@ def test_dynamic_models_and_profiles(tmp_path: Path) -> None:
             profiles=["a:1x16:2x16:4x16", "b_in:1x4:2x4:4x4", "a:8x16:8x16:16x16", "b_in:8x4:8x4:16x4"],
         )
     )
-    assert len(manifest_of(store, two.key).build.profiles) == 2
+    m2 = manifest_of(store, two.key)
+    assert len(m2.build.profiles) == 2
     assert len({cnn.key, fixed.key, two.key}) == 3
+    # Validation runs samples of every profile, not only the first: the second's batches are 8..16.
+    rec = RecordingBackend()
+    run_build(
+        request(
+            two_input_model(),
+            tmp_path / "store2",
+            precision="fp32",
+            samples=2,
+            profiles=["a:1x16:2x16:4x16", "b_in:1x4:2x4:4x4", "a:8x16:8x16:16x16", "b_in:8x4:8x4:16x4"],
+        ),
+        backend=rec,
+    )
+    batches = sorted(s["a"][0] for s in rec.shapes)
+    assert len(batches) == 2 and batches[0] <= 4 and 8 <= batches[1] <= 16, batches
+
+
+def test_the_qdq_check_reads_real_models() -> None:
+    """The int8/fp8 refusal is about models without Q/DQ: an explicitly quantized one passes it."""
+    import onnx
+    from trtforge_builder.onnx_model import op_types
+
+    from trtforge.tensorrt.policy import has_qdq
+
+    assert has_qdq(op_types(onnx.load(str(qdq_mlp()))))
+    assert not has_qdq(op_types(onnx.load(str(dynamic_mlp()))))
+
+
+class RecordingBackend(OnnxRuntimeBackend):
+    """ONNX Runtime, recording the input shapes validation runs the built artifact with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[dict[str, tuple[int, ...]]] = []
+
+    def load(self, artifact: Path, inp: BuildInputs) -> Any:
+        runner = super().load(artifact, inp)
+        outer = self
+
+        class Recording:
+            def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+                outer.shapes.append({k: v.shape for k, v in feeds.items()})
+                return runner.run(feeds)
+
+            def close(self) -> None:
+                runner.close()
+
+        return Recording()
 
 
 class WrongBackend(OnnxRuntimeBackend):

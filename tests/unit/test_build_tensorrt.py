@@ -11,12 +11,13 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 import pytest
 from trtforge_builder.backends import select_backend, tensorrt_available
 from trtforge_builder.errors import BuildError
 
-from tests.modelzoo import dynamic_cnn
+from tests.modelzoo import dynamic_cnn, dynamic_mlp
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_TRT = (
@@ -78,6 +79,10 @@ def test_tensorrt_backend_type_checks_against_the_stubs(tmp_path: Path) -> None:
     if not (site / "tensorrt_bindings" / "tensorrt.pyi").exists():
         pytest.skip("tensorrt-stubs is not installed")
     stubs = _repaired_stubs(tmp_path / "stubs")
+    # A call the stubs forbid: mypy reports it only if it really read them (an untyped or skipped
+    # tensorrt would make every call pass).
+    probe = tmp_path / "stubs_probe.py"
+    probe.write_text("import tensorrt as trt\n\ntrt.Builder(1, 2, 3)\n")
     env = {**os.environ, "MYPYPATH": str(stubs)}
     p = subprocess.run(
         [
@@ -89,6 +94,7 @@ def test_tensorrt_backend_type_checks_against_the_stubs(tmp_path: Path) -> None:
             str(tmp_path / "cache"),
             "--follow-imports=silent",
             *TENSORRT_MODULES,
+            str(probe),
         ],
         cwd=ROOT,
         env=env,
@@ -104,7 +110,10 @@ def test_tensorrt_backend_type_checks_against_the_stubs(tmp_path: Path) -> None:
     ]
     assert not ours, "\n".join(ours)
     assert "[syntax]" not in p.stdout and p.returncode in (0, 1), p.stdout + p.stderr
-    assert "tensorrt.pyi" in p.stdout or p.returncode == 0  # the stubs were read, not skipped
+    probed = [line for line in p.stdout.splitlines() if line.startswith(str(probe))]
+    assert any("Builder" in line and "error" in line for line in probed), (
+        "mypy did not check the probe against the stubs:\n" + p.stdout
+    )
 
 
 def test_tensorrt_asked_but_not_installed() -> None:
@@ -187,3 +196,104 @@ def test_fp16_conversion_leaves_resize_scales_float32(tmp_path: Path) -> None:
     onnx.checker.check_model(m, full_check=True)
     types = {t.name: t.data_type for t in m.graph.initializer}
     assert types == {"scales": TensorProto.FLOAT, "w": TensorProto.FLOAT16}
+
+
+# --- Real TensorRT (the builder image, with a GPU): every precision, multi-profile, full and lean.
+# They skip where TensorRT is not installed; docs/design.md says which of them have run.
+
+
+def _real_build(tmp_path: Path, model: Path, precision: str, profiles: list[str], **build: Any) -> Any:
+    from trtforge_builder.pipeline import run_build
+    from trtforge_builder.request import BuildRequest, make_build_config, parse_profiles
+
+    from trtforge.contract import layout
+    from trtforge.contract.gpu import GPUTarget
+    from trtforge.contract.gpu_probe import probe_from_env
+    from trtforge.contract.manifest import Manifest
+
+    probe = probe_from_env("nvml")
+    dev = probe.devices()[0]
+    req = BuildRequest(
+        model_uri=str(model),
+        target=GPUTarget(gpu=dev.product, mig=dev.mig_profile),
+        build=make_build_config(precision=precision, profiles=parse_profiles(profiles), **build),  # type: ignore[arg-type]
+        store_uri=str(tmp_path / "s"),
+        backend="tensorrt",
+        samples=4,
+    )
+    res = run_build(req, probe=probe)
+    m = Manifest.from_json((tmp_path / "s" / layout.manifest_path(res.key)).read_text())
+    return res, m, (tmp_path / "s" / layout.engine_path(res.key, m.engine_file)).read_bytes()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16", "auto"])
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+@pytest.mark.skipif(not tensorrt_available(), reason=NO_TRT)
+def test_every_precision_builds_validates_and_records_its_flags(
+    tmp_path: Path, precision: str
+) -> None:  # pragma: no cover - needs TensorRT
+    _, m, _ = _real_build(tmp_path, dynamic_mlp(), precision, ["x:1x32:4x32:8x32"])
+    assert m.accuracy.passed and m.build.precision == precision and m.recipe >= 2
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+@pytest.mark.skipif(not tensorrt_available(), reason=NO_TRT)
+def test_int8_on_a_quantized_model(tmp_path: Path) -> None:  # pragma: no cover - needs TensorRT
+    from tests.modelzoo import qdq_mlp
+
+    _, m, _ = _real_build(tmp_path, qdq_mlp(), "int8", ["x:1x32:4x32:8x32"])
+    assert m.accuracy.passed
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+@pytest.mark.skipif(not tensorrt_available(), reason=NO_TRT)
+def test_two_profiles_each_serve_their_batches(tmp_path: Path) -> None:  # pragma: no cover
+    import numpy as np
+    import onnxruntime as ort
+
+    from tests.modelzoo import two_input_model
+    from trtforge.tensorrt.cuda import CudaRuntime
+    from trtforge.tensorrt.engine import Execution, LoadedEngine
+
+    profiles = ["a:1x16:2x16:4x16", "b_in:1x4:2x4:4x4", "a:8x16:8x16:16x16", "b_in:8x4:8x4:16x4"]
+    _, _, plan = _real_build(tmp_path, two_input_model(), "fp32", profiles)
+    loaded = LoadedEngine(plan, kind="full", version_compatible=False, lean_excluded=False, what="test")
+    assert len(loaded.profiles) == 2
+    ex = Execution(loaded, CudaRuntime())
+    ref = ort.InferenceSession(str(two_input_model()), providers=["CPUExecutionProvider"])
+    try:
+        rng = np.random.default_rng(0)
+        for batch in (1, 3, 8, 16):  # profile 0, 0, 1, 1
+            feeds = {
+                "a": rng.standard_normal((batch, 16)).astype(np.float32),
+                "b_in": rng.standard_normal((batch, 4)).astype(np.float32),
+            }
+            got = ex.run(feeds)
+            want = dict(zip([o.name for o in ref.get_outputs()], ref.run(None, feeds), strict=True))
+            for name, arr in want.items():
+                np.testing.assert_allclose(got[name], arr, rtol=1e-4, atol=1e-5)
+        with pytest.raises(Exception, match="no optimization profile fits"):
+            ex.run({"a": np.zeros((6, 16), np.float32), "b_in": np.zeros((6, 4), np.float32)})
+    finally:
+        ex.close()
+        ex.close()  # idempotent
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+@pytest.mark.skipif(not tensorrt_available(), reason=NO_TRT)
+def test_version_compatible_plans_load_in_the_lean_runtime_only(tmp_path: Path) -> None:  # pragma: no cover
+    import importlib.util
+
+    from trtforge.tensorrt.engine import EngineLoadError, LoadedEngine
+
+    _, m, plan = _real_build(tmp_path, dynamic_mlp(), "fp16", ["x:1x32:4x32:8x32"], version_compatible=True)
+    assert m.build.version_compatible
+    with pytest.raises(EngineLoadError, match="EXCLUDE_LEAN_RUNTIME"):
+        LoadedEngine(plan, kind="full", version_compatible=True, lean_excluded=True, what="vc plan")
+    if importlib.util.find_spec("tensorrt_lean") or importlib.util.find_spec("tensorrt_lean_bindings"):
+        loaded = LoadedEngine(plan, kind="lean", version_compatible=True, lean_excluded=True, what="vc plan")
+        assert [t.name for t in loaded.inputs] == ["x"]

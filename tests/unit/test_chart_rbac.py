@@ -112,7 +112,7 @@ def test_operator_cluster_role_is_cluster_wide_only_where_needed() -> None:
 
 def test_crd_resources_in_rules_exist() -> None:
     plurals = set()
-    for p in (REPO / "crds").glob("*.yaml"):
+    for p in (REPO / "operator" / "trtforge_operator" / "crds").glob("*.yaml"):
         crd = yaml.safe_load(p.read_text())
         plurals.add(crd["spec"]["names"]["plural"])
     if not plurals:

@@ -66,15 +66,28 @@ def test_base_images_are_pinned_by_arg_versions(component: str) -> None:
         assert "latest" not in a.split("#")[0].lower() or i in ("LABEL",), f"{i} {a}: a latest tag"
 
 
-def test_installs_this_distribution_with_its_extra(component: str) -> None:
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    extras = pyproject["project"]["optional-dependencies"]
-    runs = " ".join(a for i, a in instructions(DOCKERFILES[component]) if i == "RUN")
-    m = re.search(r'pip install [^;&]*"\.\[(\w+)\]"', runs)
-    assert m, "no `pip install .[extra]` of this repository"
-    assert m.group(1) == component and component in extras
-    copies = [a for i, a in instructions(DOCKERFILES[component]) if i == "COPY"]
-    assert any(a.startswith("pyproject.toml") for a in copies)
+FOLDERS = {"operator": "operator", "builder": "builder_job", "runtime": "runtime_image"}
+
+
+def installed_sources(component: str) -> tuple[list[str], list[str]]:
+    """(what the image COPYs from the repository, the local paths its `pip install` names)."""
+    ins = instructions(DOCKERFILES[component])
+    copies = [a.split()[0] for i, a in ins if i == "COPY" and not a.startswith("--from")]
+    runs = " ".join(a for i, a in ins if i == "RUN")
+    m = re.search(r"pip install ([^;&]*)", runs)
+    assert m, "no `pip install` of this repository"
+    local = [w for w in m.group(1).split() if w == "." or w.startswith("./")]
+    return copies, local
+
+
+def test_installs_only_the_base_and_its_own_component(component: str) -> None:
+    copies, local = installed_sources(component)
+    folder = FOLDERS[component]
+    assert sorted(local) == sorted([".", f"./{folder}"]), f"pip installs {local}: the base and {folder} only"
+    assert set(copies) == {"pyproject.toml", "trtforge", folder}, f"COPY {copies}: only what it installs"
+    assert tomllib.loads((REPO / folder / "pyproject.toml").read_text())["project"]["name"] == (
+        f"trtforge-{component}"
+    )
 
 
 def test_no_remote_add_and_entrypoint_is_the_cli(component: str) -> None:
@@ -104,6 +117,7 @@ def test_runtime_is_slim_with_the_full_runtime_as_an_option() -> None:
     args = dict(a.split("=", 1) for i, a in ins if i == "ARG" and "=" in a)
     assert args["TENSORRT_RUNTIME"] == "lean"
     runs = " ".join(a for i, a in ins if i == "RUN")
-    assert "tensorrt-lean-cu${CUDA_MAJOR}==${TENSORRT_VERSION}" in runs
+    assert "tensorrt-lean-cu${CUDA_MAJOR}-libs==${TENSORRT_VERSION}" in runs
+    assert "tensorrt-lean-cu${CUDA_MAJOR}-bindings==${TENSORRT_VERSION}" in runs
     assert "tensorrt-cu${CUDA_MAJOR}==${TENSORRT_VERSION}" in runs
     assert "--no-install-recommends" in runs and "rm -rf /var/lib/apt/lists/*" in runs

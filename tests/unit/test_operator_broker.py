@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 from trtforge_operator.broker import (
     SHA256_HEADER,
@@ -81,7 +82,7 @@ def _store(tmp_path: Path) -> StoreReader:
 
 class Tokens:
     """Tokens -> identities (the TokenReview stand-in), then the broker's real grant rule over the
-    real store's possession records; team-a's TRTEngine references KEY through SOURCE."""
+    real store's possession records; team-a's and team-b's TRTEngines reference KEY through SOURCE."""
 
     def __init__(self, store: StoreReader) -> None:
         self.store = store
@@ -93,7 +94,7 @@ class Tokens:
         return who
 
     async def check_engine(self, who: Identity, key: str) -> None:
-        sources = [SOURCE] if (who.namespace, key) in (("team-a", KEY), ("team-b", KEY)) else []
+        sources = [SOURCE] if key == KEY else []
         why = grant_denial(who.namespace, key, sources, self.store.manifest(key), self.store.possession)
         if why:
             raise Denied(403, why)
@@ -106,31 +107,27 @@ def _prove(tmp_path: Path, ns: str = "team-a", sha: str = MODEL_SHA) -> None:
     open_store(str(tmp_path)).put_bytes(possession_path(ns, SOURCE.fingerprint), rec.to_json().encode())
 
 
-def _run(tmp_path: Path, fn: Any, prove: bool = True) -> Any:
+@pytest_asyncio.fixture
+async def broker(tmp_path: Path) -> AsyncIterator[TestClient[Any, Any]]:
+    """The broker app on a real local server over a real store; team-a has proven possession."""
     store = _store(tmp_path)
-    if prove:
-        _prove(tmp_path)
-
-    async def main() -> Any:
-        async with TestClient(TestServer(make_app(store, Tokens(store), spool_dir=str(tmp_path)))) as c:
-            return await fn(c)
-
-    return asyncio.run(main())
+    _prove(tmp_path)
+    async with TestClient(TestServer(make_app(store, Tokens(store), spool_dir=str(tmp_path)))) as c:
+        yield c
 
 
-def test_serves_an_engine_file_with_its_sha_to_an_allowed_token(tmp_path: Path) -> None:
-    async def go(c: TestClient) -> None:
-        r = await c.get(f"/engines/{KEY}/model-1.onnx", headers={"Authorization": "Bearer good"})
-        assert r.status == 200 and await r.read() == b"engine-bytes"
-        assert r.headers[SHA256_HEADER] == "ab" * 32
-        h = await c.head(f"/engines/{KEY}/model-1.onnx", headers={"Authorization": "Bearer good"})
-        assert h.status == 200
-        ls = await c.get(f"/engines/{KEY}/", headers={"Authorization": "Bearer good"})
-        assert (await ls.json())["files"] == ["manifest.json", "model-1.onnx"]
-
-    _run(tmp_path, go)
+@pytest.mark.asyncio
+async def test_serves_an_engine_file_with_its_sha_to_an_allowed_token(broker: TestClient[Any, Any]) -> None:
+    r = await broker.get(f"/engines/{KEY}/model-1.onnx", headers={"Authorization": "Bearer good"})
+    assert r.status == 200 and await r.read() == b"engine-bytes"
+    assert r.headers[SHA256_HEADER] == "ab" * 32
+    h = await broker.head(f"/engines/{KEY}/model-1.onnx", headers={"Authorization": "Bearer good"})
+    assert h.status == 200
+    ls = await broker.get(f"/engines/{KEY}/", headers={"Authorization": "Bearer good"})
+    assert (await ls.json())["files"] == ["manifest.json", "model-1.onnx"]
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize(
     "headers,path,status",
     [
@@ -141,11 +138,10 @@ def test_serves_an_engine_file_with_its_sha_to_an_allowed_token(tmp_path: Path) 
         ({"Authorization": "Bearer good"}, "/engines/not-a-key/model-1.onnx", 404),
     ],
 )
-def test_refusals(tmp_path: Path, headers: dict[str, str], path: str, status: int) -> None:
-    async def go(c: TestClient) -> int:
-        return (await c.get(path, headers=headers)).status
-
-    assert _run(tmp_path, go) == status
+async def test_refusals(
+    broker: TestClient[Any, Any], headers: dict[str, str], path: str, status: int
+) -> None:
+    assert (await broker.get(path, headers=headers)).status == status
 
 
 def test_only_keys_of_engines_an_inferencedeployment_references() -> None:
@@ -159,13 +155,13 @@ def test_only_keys_of_engines_an_inferencedeployment_references() -> None:
     assert namespace_of("alice") is None
 
 
-def test_an_engine_is_refused_to_a_namespace_that_has_not_proven_it_holds_the_model(tmp_path: Path) -> None:
-    async def go(c: TestClient) -> tuple[int, str]:
-        r = await c.get(f"/engines/{KEY}/model-1.onnx", headers={"Authorization": "Bearer other"})
-        return r.status, (await r.json())["error"]
-
-    status, why = _run(tmp_path, go)  # team-a proved it, team-b (same reference, same key) did not
-    assert status == 403 and "has not proven it holds the model" in why
+@pytest.mark.asyncio
+async def test_an_engine_is_refused_to_a_namespace_that_has_not_proven_it_holds_the_model(
+    broker: TestClient[Any, Any],
+) -> None:
+    r = await broker.get(f"/engines/{KEY}/model-1.onnx", headers={"Authorization": "Bearer other"})
+    # team-a proved it; team-b references the same key but did not.
+    assert r.status == 403 and "has not proven it holds the model" in (await r.json())["error"]
 
 
 def test_a_record_of_another_digest_or_source_proves_nothing(tmp_path: Path) -> None:
@@ -181,29 +177,29 @@ def test_a_record_of_another_digest_or_source_proves_nothing(tmp_path: Path) -> 
     assert "no InferenceDeployment" in (grant_denial("team-a", KEY, [], m, store.possession) or "")
 
 
-def test_a_verify_upload_is_hashed_by_the_broker_staged_once_and_recorded(tmp_path: Path) -> None:
+@pytest.mark.asyncio
+async def test_a_verify_upload_is_hashed_by_the_broker_staged_once_and_recorded(
+    broker: TestClient[Any, Any], tmp_path: Path
+) -> None:
     fp = source_fingerprint(SOURCE.uri, None, None)
-
-    async def go(c: TestClient) -> None:
-        hdr = {"Authorization": "Bearer other", SOURCE_URI_HEADER: SOURCE.uri}
-        # Bytes that are not the digest named: refused, nothing recorded or staged.
-        bad = await c.put(f"/models/{MODEL_SHA}", data=b"something else", headers=hdr)
-        assert bad.status == 422 and "nothing was recorded" in (await bad.json())["error"]
-        assert not open_store(str(tmp_path)).exists(possession_path("team-b", fp))
-        assert not open_store(str(tmp_path)).exists(staged_model_path(MODEL_SHA))
-        # A pin that is not the digest: refused.
-        pinned = await c.put(f"/models/{MODEL_SHA}", data=MODEL, headers={**hdr, SOURCE_PIN_HEADER: "1" * 64})
-        assert pinned.status == 422
-        no_token = await c.put(f"/models/{MODEL_SHA}", data=MODEL, headers={SOURCE_URI_HEADER: SOURCE.uri})
-        assert no_token.status == 401
-        ok = await c.put(f"/models/{MODEL_SHA}", data=MODEL, headers=hdr)
-        assert ok.status == 200 and (await ok.json())["fingerprint"] == fp
-        # team-b now holds the model: the engine is served to it.
-        r = await c.get(f"/engines/{KEY}/model-1.onnx", headers={"Authorization": "Bearer other"})
-        assert r.status == 200
-
-    _run(tmp_path, go)
+    hdr = {"Authorization": "Bearer other", SOURCE_URI_HEADER: SOURCE.uri}
     store = open_store(str(tmp_path))
+    # Bytes that are not the digest named: refused, nothing recorded or staged.
+    bad = await broker.put(f"/models/{MODEL_SHA}", data=b"something else", headers=hdr)
+    assert bad.status == 422 and "nothing was recorded" in (await bad.json())["error"]
+    assert not store.exists(possession_path("team-b", fp)) and not store.exists(staged_model_path(MODEL_SHA))
+    # A pin that is not the digest: refused. No token: refused.
+    pinned = await broker.put(
+        f"/models/{MODEL_SHA}", data=MODEL, headers={**hdr, SOURCE_PIN_HEADER: "1" * 64}
+    )
+    assert pinned.status == 422
+    no_token = await broker.put(f"/models/{MODEL_SHA}", data=MODEL, headers={SOURCE_URI_HEADER: SOURCE.uri})
+    assert no_token.status == 401
+    ok = await broker.put(f"/models/{MODEL_SHA}", data=MODEL, headers=hdr)
+    assert ok.status == 200 and (await ok.json())["fingerprint"] == fp
+    # team-b now holds the model: the engine is served to it.
+    r = await broker.get(f"/engines/{KEY}/model-1.onnx", headers={"Authorization": "Bearer other"})
+    assert r.status == 200
     assert store.read_bytes(staged_model_path(MODEL_SHA)) == MODEL
     rec = PossessionRecord.from_json(store.read_bytes(possession_path("team-b", fp)))
     assert (rec.namespace, rec.sha256, rec.pod) == ("team-b", MODEL_SHA, "pod")

@@ -7,11 +7,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from trtforge_operator import children
-from trtforge_operator import labels as L
 from trtforge_operator.api import FaultRecord, InferenceDeployment, TRTEngine, VerifiedModel, get_condition
 from trtforge_operator.config import OperatorConfig
+from trtforge_operator.labels import (
+    ANNOTATION_ENGINE_SHA256,
+    APP_MANAGED_BY,
+    LABEL_BUILD_KIND,
+    LABEL_TARGET,
+    MANAGED_BY,
+)
 from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView
-from trtforge_operator.planning import faults as F
+from trtforge_operator.planning import faults
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
 
 from tests.fakes import default_nodes, gpu_node, iso, job
@@ -130,7 +136,7 @@ def pod(
             "name": name,
             "namespace": "team-a",
             "uid": f"u-{name}",
-            "labels": {**children.selector_labels("resnet", target), L.APP_MANAGED_BY: L.MANAGED_BY},
+            "labels": {**children.selector_labels("resnet", target), APP_MANAGED_BY: MANAGED_BY},
         },
         "spec": {"nodeName": node},
         "status": {
@@ -151,7 +157,7 @@ def test_one_deployment_per_ready_target_and_one_service() -> None:
     deps = [o for o in plan.apply if o["kind"] == "Deployment"]
     svcs = [o for o in plan.apply if o["kind"] == "Service"]
     assert len(deps) == 2 and len(svcs) == 1
-    by_target = {d["metadata"]["labels"][L.L_TARGET]: d for d in deps}
+    by_target = {d["metadata"]["labels"][LABEL_TARGET]: d for d in deps}
     h = by_target[H100.name]["spec"]["template"]["spec"]
     assert h["nodeSelector"]["nvidia.com/gpu.product"] == H100.gpu
     assert h["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -193,7 +199,7 @@ def test_a_rebuilt_artifact_rolls_the_template() -> None:
     deps = [live(o) for o in first.apply if o["kind"] == "Deployment"]
     plan = plan_deployment(observed(infd(), engine(sha_h="c" * 64), deployments=deps), CFG)
     (changed,) = [o for o in plan.apply if o["kind"] == "Deployment"]
-    assert changed["spec"]["template"]["metadata"]["annotations"][L.A_TEMPLATE_ENGINE_SHA] == "c" * 64
+    assert changed["spec"]["template"]["metadata"]["annotations"][ANNOTATION_ENGINE_SHA256] == "c" * 64
     assert get_condition(plan.status.conditions, "Progressing").status == "True"  # type: ignore[union-attr]
 
 
@@ -211,7 +217,7 @@ def test_subset_of_targets_and_missing_engine() -> None:
         observed(infd(targets=[{"gpu": MIG.gpu, "mig": MIG.mig, "replicas": 3}]), engine()), CFG
     )
     (dep,) = [o for o in plan.apply if o["kind"] == "Deployment"]
-    assert dep["spec"]["replicas"] == 3 and dep["metadata"]["labels"][L.L_TARGET] == MIG.name
+    assert dep["spec"]["replicas"] == 3 and dep["metadata"]["labels"][LABEL_TARGET] == MIG.name
     missing = plan_deployment(observed(infd(), None), CFG)
     assert missing.apply == []
     assert get_condition(missing.status.conditions, "Ready").reason == "EngineNotFound"  # type: ignore[union-attr]
@@ -230,7 +236,7 @@ def test_gpu_fault_moves_the_pod_records_it_and_rebuilds() -> None:
         79,
         "GPU-1234",
         H100.name,
-        F.MOVED_REBUILD,
+        faults.MOVED_REBUILD,
     )
     assert f.recovered_seconds is None
     assert plan.delete_pods == ["p-h100"]
@@ -243,7 +249,7 @@ def test_gpu_fault_moves_the_pod_records_it_and_rebuilds() -> None:
         {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["gpu-h100-0"]}]}
     ]
     (rb,) = plan.jobs_to_create
-    assert rb["metadata"]["labels"][L.L_BUILD_KIND] == "rebuild"
+    assert rb["metadata"]["labels"][LABEL_BUILD_KIND] == "rebuild"
     assert "--rebuild" in rb["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "gpu-h100-0" in json.dumps(rb["spec"]["template"]["spec"]["affinity"])  # built on a healthy node
     assert get_condition(plan.status.conditions, "Degraded").reason == "GPUFault"  # type: ignore[union-attr]
@@ -260,7 +266,7 @@ def test_gpu_fault_moves_the_pod_records_it_and_rebuilds() -> None:
     done = job(rb, state="complete", at=NOW, result={"key": KEY_H, "sha256": "a" * 64, "cacheHit": False})
     moved = [pod("p-h100-new", "gpu-h100-1"), pod("p-mig", "gpu-b200-mig-0", MIG)]
     moved_h100 = [live(o) for o in plan.apply if o["kind"] == "Deployment"]
-    deps3 = moved_h100 + [d for d in deps if d["metadata"]["labels"][L.L_TARGET] == MIG.name]
+    deps3 = moved_h100 + [d for d in deps if d["metadata"]["labels"][LABEL_TARGET] == MIG.name]
     plan3 = plan_deployment(
         observed(
             infd(status=plan2.status.to_wire()),
@@ -299,7 +305,7 @@ def test_rebuild_disabled_still_moves_the_pod() -> None:
     d = infd(faultPolicy={"rebuildOnGPUFault": False})
     pods = [pod("p-h100", "gpu-h100-0", terminated=gpu_fault())]
     plan = plan_deployment(observed(d, engine(), pods=pods), CFG)
-    assert plan.status.faults[0].action == F.MOVED_REBUILD_DISABLED
+    assert plan.status.faults[0].action == faults.MOVED_REBUILD_DISABLED
     assert plan.jobs_to_create == [] and plan.delete_pods == ["p-h100"]
 
 
@@ -311,7 +317,7 @@ def test_rebuilds_are_rate_limited_per_hour() -> None:
             node="gpu-h100-1",
             target=H100.name,
             xid=79,
-            action=F.MOVED_REBUILD,
+            action=faults.MOVED_REBUILD,
             recovered_seconds=10,
         )
         for m in (30, 40, 50)
@@ -321,7 +327,7 @@ def test_rebuilds_are_rate_limited_per_hour() -> None:
     plan = plan_deployment(
         observed(d, engine(), pods=[pod("p", "gpu-h100-0", terminated=gpu_fault(at=now))], now=now), CFG
     )
-    assert plan.status.faults[-1].action == F.MOVED_RATE_LIMITED and plan.jobs_to_create == []
+    assert plan.status.faults[-1].action == faults.MOVED_RATE_LIMITED and plan.jobs_to_create == []
 
 
 def test_node_losing_a_gpu_is_a_fault_for_the_pods_on_it() -> None:
@@ -335,7 +341,7 @@ def test_node_losing_a_gpu_is_a_fault_for_the_pods_on_it() -> None:
     (dep,) = [
         o
         for o in plan.apply
-        if o["kind"] == "Deployment" and o["metadata"]["labels"][L.L_TARGET] == H100.name
+        if o["kind"] == "Deployment" and o["metadata"]["labels"][LABEL_TARGET] == H100.name
     ]
     assert "gpu-h100-0" in json.dumps(dep["spec"]["template"]["spec"]["affinity"])
 
@@ -349,9 +355,9 @@ def test_engine_load_failure_rebuilds_without_blaming_the_node() -> None:
     )
     plan = plan_deployment(observed(infd(), engine(), pods=[p]), CFG)
     (f,) = plan.status.faults
-    assert (f.reason, f.action) == ("EngineLoadFailed", F.REBUILD)
+    assert (f.reason, f.action) == ("EngineLoadFailed", faults.REBUILD)
     assert plan.delete_pods == [] and len(plan.jobs_to_create) == 1
-    assert F.avoid_nodes(plan.status.faults, [], NOW, 3600) == set()
+    assert faults.avoid_nodes(plan.status.faults, [], NOW, 3600) == set()
 
 
 def test_several_suspect_nodes_each_get_their_own_field_selector() -> None:

@@ -9,9 +9,13 @@ from typing import Any
 
 import pytest
 from trtforge_operator import children
-from trtforge_operator import labels as L
 from trtforge_operator.api import TRTEngine, get_condition
 from trtforge_operator.config import OperatorConfig
+from trtforge_operator.labels import (
+    ANNOTATION_REQUEST_DIGEST,
+    LABEL_TARGET,
+    requester_annotation,
+)
 from trtforge_operator.observed import JobView, NodeView
 from trtforge_operator.planning.engine import (
     Capacity,
@@ -187,7 +191,7 @@ def test_one_job_per_target_pinned_to_its_gpu_type() -> None:
     e = engine([{"gpu": H100.gpu}, {"gpu": GH200.gpu}, {"gpu": B200_MIG.gpu, "mig": "1g.23gb"}])
     plan = plan_engine(observe(e), CFG)
     assert len(plan.jobs_to_create) == 3
-    by_target = {j["metadata"]["labels"][L.L_TARGET]: j for j in plan.jobs_to_create}
+    by_target = {j["metadata"]["labels"][LABEL_TARGET]: j for j in plan.jobs_to_create}
     h100 = by_target[H100.name]["spec"]["template"]["spec"]
     assert h100["nodeSelector"]["nvidia.com/gpu.product"] == H100.gpu
     assert h100["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -255,7 +259,7 @@ def test_unpinned_model_is_keyed_by_the_digest_its_verify_step_proved() -> None:
     digest = "d" * 64
     (j,) = plan_engine(observe(e, verified=digest), CFG).jobs_to_create
     rk = rkey_of(engine([{"gpu": H100.gpu}], sha=digest), H100)
-    assert j["metadata"]["annotations"][L.A_REQUEST_DIGEST] == rk
+    assert j["metadata"]["annotations"][ANNOTATION_REQUEST_DIGEST] == rk
     cmd = j["spec"]["template"]["spec"]["containers"][0]["command"]
     assert cmd[cmd.index("--sha256") + 1] == digest and "--staged-model" in cmd
     key = engine_for(rk)  # another namespace's build filed it: found through the index
@@ -567,10 +571,10 @@ def test_requesters_are_one_annotation_each_so_concurrent_adds_never_clobber() -
     a = next(iter(JobView.from_k8s(first).requesters()))
     b = "team-b/resnet"
     # Another engine adds itself with a merge patch of its own key: nothing of `a` is rewritten.
-    first["metadata"]["annotations"].update({L.requester_annotation(b): b})
+    first["metadata"]["annotations"].update({requester_annotation(b): b})
     assert JobView.from_k8s(first).requesters() == sorted([a, b])
-    key = L.requester_annotation(b)
-    assert key != L.requester_annotation(a)
+    key = requester_annotation(b)
+    assert key != requester_annotation(a)
     prefix, name = key.split("/")
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", prefix) and len(name) <= 63
 
@@ -636,7 +640,7 @@ def test_a_new_builder_image_rebuilds_once_while_the_old_engine_serves() -> None
             j,
             state="complete",
             at=NOW + 60,
-            result=built(new_keys[H100 if j["metadata"]["labels"][L.L_TARGET] == H100.name else GH200]),
+            result=built(new_keys[H100 if j["metadata"]["labels"][LABEL_TARGET] == H100.name else GH200]),
         )
         for j in p1.jobs_to_create
     ]

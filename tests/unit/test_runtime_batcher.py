@@ -12,6 +12,7 @@ import pytest
 from trtforge_runtime.backends.onnxruntime_backend import thread_plan
 from trtforge_runtime.batcher import Batcher, share
 from trtforge_runtime.metrics import Metrics
+from trtforge_runtime.workers import split_cpus
 
 
 def test_thread_plan() -> None:
@@ -71,3 +72,11 @@ async def test_lone_batches_go_solo_and_overlapping_ones_to_the_pool_never_both(
             assert all(p1 <= s0 or p0 >= s1 for p0, p1 in pool_runs), "solo overlapped the pool"
     finally:
         await b.stop()
+
+
+def test_workers_get_contiguous_even_shares_of_the_cpus() -> None:
+    assert split_cpus([0, 1], 2) == [[0], [1]]
+    assert split_cpus(range(14), 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10], [11, 12, 13]]
+    assert split_cpus([5, 3, 4], 1) == [[3, 4, 5]]
+    with pytest.raises(ValueError, match="3 workers need at least 3 CPUs; this process may use 2"):
+        split_cpus([0, 1], 3)

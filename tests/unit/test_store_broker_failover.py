@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from trtforge_dev.testbed.procs import free_port
 from trtforge_operator.broker import make_app
 from trtforge_operator.store_reader import StoreReader
 
 from trtforge.contract.layout import engine_path
 from trtforge.store import IntegrityError, StoreError, open_store
 from trtforge.store.http import BrokerStore
-from trtforge.testbed.procs import free_port
 
 KEY = "e" * 64
 DATA = bytes(range(256)) * 40_000  # ~10 MB

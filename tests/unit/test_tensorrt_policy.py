@@ -141,3 +141,19 @@ def test_only_allowed_initializers_are_cast() -> None:
         ("DequantizeLinear", ["q", "dq_scale", "dq_zero"]),
     ]
     assert policy.float32_only(nodes) == {"scales", "up_scales", "dq_scale"}
+
+
+def test_a_server_accepts_what_all_profiles_together_cover() -> None:
+    profiles = [
+        {"x": R(min=(1, 3), opt=(4, 3), max=(8, 3))},
+        {"x": R(min=(8, 3), opt=(16, 3), max=(32, 3))},
+    ]
+    assert policy.covering_ranges(profiles) == {"x": R(min=(1, 3), opt=(4, 3), max=(32, 3))}
+    assert policy.covering_ranges([]) == {}
+
+
+def test_every_profile_gets_validation_samples() -> None:
+    assert policy.samples_per_profile(4, 1) == [4]
+    assert policy.samples_per_profile(5, 2) == [3, 2]
+    assert policy.samples_per_profile(1, 3) == [1, 1, 1]  # at least one each
+    assert policy.samples_per_profile(4, 0) == [4]

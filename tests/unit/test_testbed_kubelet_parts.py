@@ -10,13 +10,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-from trtforge.testbed.kubelet.context import IPAllocator
-from trtforge.testbed.kubelet.logserver import tail_lines
-from trtforge.testbed.kubelet.probes import Prober, resolve_port
-from trtforge.testbed.kubelet.provisioner import STORAGE_CLASS, pv_for
-from trtforge.testbed.paths import StatePaths
-from trtforge.testbed.podlogs import PodLogError, read_pod_log
+from trtforge_dev.testbed.kubelet.context import IPAllocator
+from trtforge_dev.testbed.kubelet.logserver import tail_lines
+from trtforge_dev.testbed.kubelet.probes import Prober, resolve_port
+from trtforge_dev.testbed.kubelet.provisioner import STORAGE_CLASS, pv_for
+from trtforge_dev.testbed.paths import StatePaths
+from trtforge_dev.testbed.podlogs import PodLogError, read_pod_log
 
 
 @pytest.fixture
@@ -122,7 +121,7 @@ def test_backend_version_env_stands_in_for_another_image(tmp_path: Path) -> None
     import subprocess
     import sys
 
-    from trtforge.testbed.kubelet.podspec import BACKEND_VERSION_ENV, image_stand_in
+    from trtforge_dev.testbed.kubelet.podspec import BACKEND_VERSION_ENV, image_stand_in
 
     assert image_stand_in({"PATH": "/bin"}) == {"PATH": "/bin"}
     env = image_stand_in({"PATH": "/bin", BACKEND_VERSION_ENV: "1.99.0+image2", "PYTHONPATH": "/x"})
@@ -142,7 +141,7 @@ def test_backend_version_env_stands_in_for_another_image(tmp_path: Path) -> None
 
 
 def test_api_retry_delay_doubles_and_caps() -> None:
-    from trtforge.testbed.kubelet.pod import api_retry_delay
+    from trtforge_dev.testbed.kubelet.pod import api_retry_delay
 
     assert [api_retry_delay(n) for n in range(0, 7)] == [0.0, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
 
@@ -150,8 +149,7 @@ def test_api_retry_delay_doubles_and_caps() -> None:
 def test_which_api_errors_are_transient() -> None:
     import urllib3
     from kubernetes.client.rest import ApiException
-
-    from trtforge.testbed.kubelet.pod import transient
+    from trtforge_dev.testbed.kubelet.pod import transient
 
     assert transient(urllib3.exceptions.MaxRetryError(None, "/api", "refused"))  # type: ignore[arg-type]
     assert transient(ConnectionRefusedError())

@@ -9,16 +9,16 @@ import stat
 from pathlib import Path
 
 import pytest
+from trtforge_dev.testbed import binaries, gpus, procs, reflect2_patch
+from trtforge_dev.testbed.build import BinariesError, check_debian_packages, deb_src_entry
+from trtforge_dev.testbed.kubelet import podspec
+from trtforge_dev.testbed.kubelet.process import ContainerProcess, exit_code_of, mount_script
+from trtforge_dev.testbed.kubelet.volumes import Mount
+from trtforge_dev.testbed.profile import ProfileError, gpu_file, load_profile, node_labels, node_status
+from trtforge_dev.testbed.wait import WaitTimeout, wait_for
 
 from trtforge.contract.gpu import KNOWN_GPUS, product_label
 from trtforge.contract.gpu_probe import EmulatedGPUProbe
-from trtforge.testbed import binaries, gpus, procs, reflect2_patch
-from trtforge.testbed.build import BinariesError, check_debian_packages, deb_src_entry
-from trtforge.testbed.kubelet import podspec
-from trtforge.testbed.kubelet.process import ContainerProcess, exit_code_of, mount_script
-from trtforge.testbed.kubelet.volumes import Mount
-from trtforge.testbed.profile import ProfileError, gpu_file, load_profile, node_labels, node_status
-from trtforge.testbed.wait import WaitTimeout, wait_for
 
 # --- wait_for -------------------------------------------------------------------------------------
 
@@ -346,7 +346,7 @@ def test_resolve_reports_corrupt_cache_and_what_to_run(
 
 
 def test_missing_debian_packages_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    import trtforge.testbed.build as build
+    import trtforge_dev.testbed.build as build
 
     monkeypatch.setattr(build, "missing_debian_packages", lambda packages=(): ["golang-go", "rsync"])
     with pytest.raises(

@@ -59,7 +59,6 @@ FailureReason = Literal[
     "Timeout",
 ]
 
-EXIT_BUILT = 0
 BUILD_EXIT_CODES: dict[FailureReason, int] = {
     "Error": 1,
     "InvalidArgument": 2,

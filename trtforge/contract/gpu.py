@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 CPU = "cpu"
 FULL_GPU = "full"
 
-# GPU Feature Discovery label keys (DESIGN.md §4).
+# GPU Feature Discovery label keys (docs/design.md §"GPU labels").
 LABEL_PRODUCT = "nvidia.com/gpu.product"
 LABEL_CC_MAJOR = "nvidia.com/gpu.compute.major"
 LABEL_CC_MINOR = "nvidia.com/gpu.compute.minor"

@@ -13,7 +13,6 @@ Unset means ``nvml`` when NVML initialises, else ``none``.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from trtforge.contract.gpu import CPU, FULL_GPU, GPUIdentity, product_label
 PROBE_ENV = "TRTFORGE_GPU_PROBE"
 VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
 
-# Xid codes after which the GPU cannot be trusted to keep serving (DESIGN.md §4).
+# Xid codes after which the GPU cannot be trusted to keep serving (docs/design.md §"GPU faults").
 CRITICAL_XIDS = frozenset({13, 31, 43, 45, 48, 62, 63, 64, 74, 79, 94, 95, 119, 120})
 
 
@@ -390,7 +389,3 @@ def probe_identity(probe: GPUProbe) -> GPUIdentity:
             product=CPU, compute_capability="none", mig_profile=FULL_GPU, sm_count=0, arch=probe.arch()
         )
     return devs[0].identity(probe.arch())
-
-
-def dump_devices(probe: GPUProbe) -> str:
-    return json.dumps([d.model_dump(exclude={"xid_events"}) for d in probe.devices()], indent=2)

@@ -1,4 +1,5 @@
-"""Store layout (PVC path or S3 prefix), shared by builder, runtime and operator (DESIGN.md §3)."""
+"""Store layout (PVC path or S3 prefix), shared by builder, runtime and operator (docs/design.md §"Store
+and engine broker")."""
 
 from __future__ import annotations
 

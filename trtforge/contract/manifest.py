@@ -1,4 +1,5 @@
-"""The engine manifest: written last into `engines/<key>/`, its presence is the commit (DESIGN.md §3)."""
+"""The engine manifest: written last into `engines/<key>/`, its presence is the commit (docs/design.md
+§"Store and engine broker")."""
 
 from __future__ import annotations
 

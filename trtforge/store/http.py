@@ -1,8 +1,8 @@
 """A READ-ONLY client for the operator's engine broker: ``http(s)://host:port[/base]``.
 
 Runtime pods in tenant namespaces hold no store credentials; they fetch engines from the broker
-(DESIGN.md §3), presenting their projected service-account token. The URL scheme, relative to the
-store URI (``<base>``):
+(docs/design.md §"Store and engine broker"), presenting their projected service-account token. The
+URL scheme, relative to the store URI (``<base>``):
 
 =======  ==============================  =======================================================
 method   path                            answer

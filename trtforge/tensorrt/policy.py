@@ -213,6 +213,28 @@ def select_profile(profiles: Sequence[Mapping[str, ShapeRange]], shapes: Mapping
     return best[0]
 
 
+def covering_ranges(profiles: Sequence[Mapping[str, ShapeRange]]) -> dict[str, ShapeRange]:
+    """Per input, the range every profile together covers (min of mins, max of maxes; opt from the
+    first profile, clamped): what a server may accept. A batch between two profiles' ranges still
+    has to fit one of them, which :func:`select_profile` checks."""
+    out: dict[str, ShapeRange] = {}
+    for name in {n for p in profiles for n in p}:
+        ranges = [p[name] for p in profiles if name in p]
+        lo = tuple(min(d) for d in zip(*(r.min for r in ranges), strict=True))
+        hi = tuple(max(d) for d in zip(*(r.max for r in ranges), strict=True))
+        opt = tuple(min(max(o, a), b) for o, a, b in zip(ranges[0].opt, lo, hi, strict=True))
+        out[name] = ShapeRange(min=lo, opt=opt, max=hi)
+    return out
+
+
+def samples_per_profile(n: int, profiles: int) -> list[int]:
+    """Validation samples for each optimization profile: `n` spread evenly, at least one each, so
+    every profile is built and checked, not only the first."""
+    k = max(1, profiles)
+    base, extra = divmod(max(n, k), k)
+    return [base + (1 if i < extra else 0) for i in range(k)]
+
+
 # ONNX inputs that must stay float32 whatever the model's compute type: (op type, input index).
 # Resize scales and Upsample scales are tensor(float) only; Q/DQ scales before opset 19 likewise.
 FLOAT32_ONLY_INPUTS: frozenset[tuple[str, int]] = frozenset(

@@ -19,7 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
 
-from trtforge.contract.gpu import CPU, GPUTarget
+from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.quantity import QUANTITY_PATTERN, parse_quantity
 from trtforge_operator.api.common import (
     API_VERSION,
@@ -276,10 +276,6 @@ class InferenceDeploymentSpec(ApiModel):
             t.to_contract(): (self.replicas if t.replicas is None else t.replicas) for t in self.targets
         }
         return {t: wanted[t] for t in engine if t in wanted}
-
-    def uses_gpu(self) -> bool:
-        """False only when every selected target is cpu."""
-        return not self.targets or any(t.gpu != CPU for t in self.targets)
 
 
 # -------------------------------------------------------------------------------------------- status

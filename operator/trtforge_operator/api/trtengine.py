@@ -53,7 +53,6 @@ MAX_RANK = 8
 MAX_PROFILES = 8
 MAX_TARGETS = 32
 
-PHASES = ("Pending", "Building", "Ready", "Failed")
 TargetPhase = Literal["Pending", "Building", "Ready", "Failed"]
 Backend = Literal["tensorrt", "onnxruntime"]
 

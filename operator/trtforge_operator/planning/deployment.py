@@ -15,7 +15,6 @@ from typing import Any
 
 from trtforge.contract.gpu import GPUTarget
 from trtforge_operator import children
-from trtforge_operator import labels as L
 from trtforge_operator.api import (
     Condition,
     DeploymentTargetStatus,
@@ -28,8 +27,14 @@ from trtforge_operator.api import (
     set_condition,
 )
 from trtforge_operator.config import OperatorConfig
+from trtforge_operator.labels import (
+    ANNOTATION_ENGINE_KEY,
+    ANNOTATION_ENGINE_SHA256,
+    ANNOTATION_SPEC_HASH,
+    LABEL_TARGET,
+)
 from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView, utc
-from trtforge_operator.planning import faults as F
+from trtforge_operator.planning import faults
 from trtforge_operator.planning.engine import Event, build_request, key_inputs, one_line
 
 
@@ -92,7 +97,8 @@ def _rebuild_request(
 def _gpu_faulted(pod: PodView) -> bool:
     """The pod's own container reported a GPU fault (its device is bad for the rest of its life)."""
     return any(
-        t.exit_code == F.EXIT_GPU_FAULT or t.trtforge_reason() == F.GPU_FAULT for t in pod.terminations()
+        t.exit_code == faults.EXIT_GPU_FAULT or t.trtforge_reason() == faults.GPU_FAULT
+        for t in pod.terminations()
     )
 
 
@@ -113,21 +119,21 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     plan = DeploymentPlan(status=InferenceDeploymentStatus())
 
     # --- faults: detect, record once, decide the action
-    records = F.enrich_from_pods(list(obs.status.faults), our_pods)
-    new = F.detect_pod_faults(our_pods, records, now)
-    new += F.detect_node_faults(our_pods, obs.nodes, [*records, *(d.record for d in new)], now, ttl)
+    records = faults.enrich_from_pods(list(obs.status.faults), our_pods)
+    new = faults.detect_pod_faults(our_pods, records, now)
+    new += faults.detect_node_faults(our_pods, obs.nodes, [*records, *(d.record for d in new)], now, ttl)
     for d in new:
         rec = d.record
         t = engine_targets.get(rec.target or "")
         can_rebuild = t is not None and t.engine_key is not None and obs.engine is not None
         if not policy.rebuild_on_gpu_fault or not can_rebuild:
-            action = F.MOVED_REBUILD_DISABLED if d.node_suspect else F.REBUILD_RATE_LIMITED
+            action = faults.MOVED_REBUILD_DISABLED if d.node_suspect else faults.REBUILD_RATE_LIMITED
             if not policy.rebuild_on_gpu_fault and not d.node_suspect:
                 action = "RebuildDisabled"
-        elif F.rebuilds_in_last_hour(records, rec.target or "", now) >= policy.max_rebuilds_per_hour:
-            action = F.MOVED_RATE_LIMITED if d.node_suspect else F.REBUILD_RATE_LIMITED
+        elif faults.rebuilds_in_last_hour(records, rec.target or "", now) >= policy.max_rebuilds_per_hour:
+            action = faults.MOVED_RATE_LIMITED if d.node_suspect else faults.REBUILD_RATE_LIMITED
         else:
-            action = F.MOVED_REBUILD if d.node_suspect else F.REBUILD
+            action = faults.MOVED_REBUILD if d.node_suspect else faults.REBUILD
         rec = rec.model_copy(update={"action": action})
         records.append(rec)
         what = f"Xid {rec.xid}" if rec.xid is not None else (rec.reason or "fault")
@@ -138,7 +144,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 f"pod {rec.pod} on node {rec.node} ({rec.target}): {what}; action {action}",
             )
         )
-    avoid = F.avoid_nodes(records, obs.nodes, now, ttl)
+    avoid = faults.avoid_nodes(records, obs.nodes, now, ttl)
     node_by_name = {n.name: n for n in obs.nodes}
 
     def avoid_for(target: GPUTarget) -> set[str]:
@@ -159,12 +165,12 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     # --- rebuilds for unrecovered faults that asked for one (create-if-absent: level-based)
     pending_rebuild: dict[str, str] = {}  # target -> rebuild Job name
     for rec in records:
-        if rec.action not in F.REBUILD_ACTIONS or rec.recovered_seconds is not None:
+        if rec.action not in faults.REBUILD_ACTIONS or rec.recovered_seconds is not None:
             continue
         t = engine_targets.get(rec.target or "")
         if t is None or not t.engine_key:
             continue
-        fid = F.fault_id(rec)
+        fid = faults.fault_id(rec)
         name = children.job_name(t.engine_key[:20], rebuild_of=fid)
         pending_rebuild[t.name] = name
         if name not in jobs_by_name and not any(
@@ -221,17 +227,17 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 avoid_nodes=tuple(sorted(avoid_for(target))),
             )
             dep = children.runtime_deployment(rreq, cfg)
-            desired_hash = dep["metadata"]["annotations"][L.A_SPEC_HASH]
-            if cur is None or cur.annotations.get(L.A_SPEC_HASH) != desired_hash:
+            desired_hash = dep["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
+            if cur is None or cur.annotations.get(ANNOTATION_SPEC_HASH) != desired_hash:
                 plan.apply.append(dep)
         if cur is not None:
-            st.engine_key = cur.template_annotations.get(L.A_TEMPLATE_ENGINE_KEY)
+            st.engine_key = cur.template_annotations.get(ANNOTATION_ENGINE_KEY)
             st.ready_replicas = cur.ready_replicas
             st.updated_replicas = cur.updated_replicas
         up_to_date = (
             cur is not None
             and desired_hash is not None
-            and cur.annotations.get(L.A_SPEC_HASH) == desired_hash
+            and cur.annotations.get(ANNOTATION_SPEC_HASH) == desired_hash
         )
         done = (
             up_to_date
@@ -240,7 +246,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             and not any(
                 p.node in avoid
                 for p in our_pods
-                if p.labels.get(L.L_TARGET) == target.name and not p.deleting
+                if p.labels.get(LABEL_TARGET) == target.name and not p.deleting
             )
         )
         rollout_done[target.name] = done
@@ -266,13 +272,13 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         tname = rec.target or ""
         if not rollout_done.get(tname, False):
             continue
-        if rec.action in F.REBUILD_ACTIONS:
+        if rec.action in faults.REBUILD_ACTIONS:
             job = jobs_by_name.get(pending_rebuild.get(tname, ""))
             if job is None or job.running:
                 continue
             sha = (job.result() or {}).get("sha256") if job.complete else None
             cur = existing.get(dep_names.get(tname, ""))
-            if sha and (cur is None or cur.template_annotations.get(L.A_TEMPLATE_ENGINE_SHA) != sha):
+            if sha and (cur is None or cur.template_annotations.get(ANNOTATION_ENGINE_SHA256) != sha):
                 continue
         secs = round(max(0.0, now - rec.time.timestamp()), 1)
         records[i] = rec.model_copy(update={"recovered_seconds": secs})

@@ -30,7 +30,6 @@ from trtforge.contract.layout import engine_path
 from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import PossessionRecord, scoped_key, source_fingerprint
 from trtforge_operator import children
-from trtforge_operator import labels as L
 from trtforge_operator.api import (
     Accuracy,
     Condition,
@@ -43,6 +42,7 @@ from trtforge_operator.api import (
 )
 from trtforge_operator.api.trtengine import TargetPhase
 from trtforge_operator.config import OperatorConfig
+from trtforge_operator.labels import ANNOTATION_ATTEMPT, ANNOTATION_SOURCE_FINGERPRINT
 from trtforge_operator.observed import JobView, NodeView, utc
 
 ManifestLookup = Callable[[str], Manifest | None]
@@ -552,11 +552,15 @@ def plan_verify(obs: EngineObserved, cfg: OperatorConfig) -> VerifyOutcome:
     does not match, a path out of the claim)."""
     fp = obs.source_fingerprint
     mine = sorted(
-        (j for j in obs.verify_jobs if j.annotations.get(L.A_SOURCE_FINGERPRINT) == fp and not j.deleting),
-        key=lambda j: int(j.annotations.get(L.A_ATTEMPT) or 1),
+        (
+            j
+            for j in obs.verify_jobs
+            if j.annotations.get(ANNOTATION_SOURCE_FINGERPRINT) == fp and not j.deleting
+        ),
+        key=lambda j: int(j.annotations.get(ANNOTATION_ATTEMPT) or 1),
     )
     latest = mine[-1] if mine else None
-    attempt = int(latest.annotations.get(L.A_ATTEMPT) or 1) if latest is not None else 0
+    attempt = int(latest.annotations.get(ANNOTATION_ATTEMPT) or 1) if latest is not None else 0
     uri = obs.spec.model.uri
 
     def request(n: int) -> children.VerifyRequest:

@@ -1,4 +1,5 @@
 """GPU fault detection, node avoidance and recovery bookkeeping for InferenceDeployments. No I/O.
+Why the operator moves pods itself after an Xid: docs/design.md §"GPU faults".
 
 Signals: a runtime container that ended with the GPU-fault exit code or a ``GPUFault`` termination
 message (Xid and GPU uuid inside); a runtime that could not load its engine (``EngineLoadFailed``,
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 
 from trtforge.contract.termination import EXIT_GPU_FAULT
 from trtforge_operator import children
-from trtforge_operator import labels as L
 from trtforge_operator.api import FaultRecord
+from trtforge_operator.labels import LABEL_TARGET
 from trtforge_operator.observed import NodeView, PodView, utc
 
 GPU_FAULT = "GPUFault"
@@ -70,7 +71,7 @@ def detect_pod_faults(
                 pod=p.name,
                 node=p.node,
                 gpu=(msg.gpu if msg else None),
-                target=p.labels.get(L.L_TARGET),
+                target=p.labels.get(LABEL_TARGET),
                 xid=(msg.xid if msg else None),
                 reason=None if reason == GPU_FAULT and msg and msg.xid is not None else reason,
                 action=MOVED,
@@ -121,7 +122,7 @@ def detect_node_faults(
                     time=utc(now),
                     pod=p.name,
                     node=p.node,
-                    target=p.labels.get(L.L_TARGET),
+                    target=p.labels.get(LABEL_TARGET),
                     reason=problem,
                     action=MOVED,
                 ),

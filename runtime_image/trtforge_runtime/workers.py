@@ -1,0 +1,135 @@
+"""``trtforge serve --workers N``: N runtime processes on one port, each on its own CPUs.
+
+One event loop and one GIL carry every request's Python work (body read, decode, encode) in a
+single process; on many cores they, not the cores, become the limit. With ``--workers N`` this
+process becomes a small supervisor that starts N ``trtforge serve`` workers. Each worker is a whole
+runtime (fetch, verify, load, canary, HTTP and gRPC, batcher) pinned to its share of the CPUs
+(:func:`split_cpus`), listening on the same HTTP and gRPC ports with ``SO_REUSEPORT``, so the
+kernel spreads connections over them. Metrics are aggregated over the workers (prometheus_client's
+multiprocess mode, in a directory the supervisor makes), so any worker's ``/metrics`` tells the
+whole pod's story.
+
+Start-up: worker 0 starts at once (it listens before it loads: cold start is unchanged); the others
+start when it is ready, so they find the engine verified in the cache and never fetch it twice.
+A worker that ends ends the pod: the supervisor stops the others and exits with that worker's code
+(128 + the signal's number if a signal killed it; its termination message is the one on file), so a
+GPU fault still restarts the pod with its reason. SIGTERM is passed to every worker; each drains as
+one runtime does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from trtforge.logs import fields
+
+log = logging.getLogger(__name__)
+
+WORKER_INDEX_ENV = "TRTFORGE_WORKER_INDEX"
+READY_DIR_ENV = "TRTFORGE_WORKER_READY_DIR"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def split_cpus(cpus: Sequence[int], workers: int) -> list[list[int]]:
+    """The CPUs of each worker: contiguous, as even as can be (the first ones get one more)."""
+    if workers < 1:
+        raise ValueError("workers must be at least 1")
+    if workers > len(cpus):
+        raise ValueError(f"{workers} workers need at least {workers} CPUs; this process may use {len(cpus)}")
+    ordered = sorted(cpus)
+    base, extra = divmod(len(ordered), workers)
+    out, start = [], 0
+    for i in range(workers):
+        n = base + (1 if i < extra else 0)
+        out.append(ordered[start : start + n])
+        start += n
+    return out
+
+
+def worker_argv(argv: Sequence[str]) -> list[str]:
+    """The worker's command line: the supervisor's own, with one worker."""
+    return [sys.executable, "-m", "trtforge.cli", *argv, "--workers", "1"]
+
+
+def mark_ready() -> None:
+    """Called by a worker when it is ready: tells the supervisor (when there is one)."""
+    d = os.environ.get(READY_DIR_ENV)
+    index = os.environ.get(WORKER_INDEX_ENV)
+    if d and index is not None:
+        (Path(d) / f"ready-{index}").touch()
+
+
+def pin_worker() -> None:
+    """In a worker: keep to the CPUs the supervisor gave it (before any thread pool exists)."""
+    cpus = os.environ.get("TRTFORGE_WORKER_CPUS")
+    if cpus:
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+
+
+def supervise(argv: Sequence[str], workers: int) -> int:
+    """Run `workers` workers of the command line `argv` (without the program name); their exit code."""
+    cpus = split_cpus(sorted(os.sched_getaffinity(0)), workers)
+    state = Path(tempfile.mkdtemp(prefix="trtforge-serve-"))
+    metrics_dir = state / "metrics"
+    metrics_dir.mkdir()
+    procs: list[subprocess.Popen[bytes]] = []
+    stopping = False
+
+    def start(i: int) -> None:
+        env = dict(os.environ)
+        env.update(
+            {
+                WORKER_INDEX_ENV: str(i),
+                READY_DIR_ENV: str(state),
+                MULTIPROC_ENV: str(metrics_dir),
+                "TRTFORGE_WORKER_CPUS": ",".join(map(str, cpus[i])),
+                "TRTFORGE_REUSE_PORT": "1",
+            }
+        )
+        procs.append(subprocess.Popen(worker_argv(argv), env=env))
+        log.info("worker started", extra=fields(worker=i, pid=procs[-1].pid, cpus=cpus[i]))
+
+    def on_term(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    start(0)
+    code: int | None = None
+    while code is None:
+        if len(procs) < workers and not stopping and (state / "ready-0").exists():
+            for i in range(1, workers):
+                start(i)
+        for i, p in enumerate(procs):
+            rc = p.poll()
+            if rc is not None:
+                code = rc
+                if not stopping:
+                    log.error("a worker ended; stopping the others", extra=fields(worker=i, exit_code=rc))
+                    on_term(signal.SIGTERM, None)
+                break
+        time.sleep(0.05)
+    for p in procs:
+        try:
+            p.wait()
+        except KeyboardInterrupt:
+            p.kill()
+    shutil.rmtree(state, ignore_errors=True)
+    codes = [p.returncode for p in procs]
+    failed = [c for c in codes if c not in (0, -signal.SIGTERM)]
+    if not failed:
+        return 0
+    return 128 - failed[0] if failed[0] < 0 else failed[0]  # killed by a signal: 128 + its number

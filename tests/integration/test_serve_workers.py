@@ -1,0 +1,131 @@
+"""`trtforge serve --workers N`: N runtime processes on one port, each on its own CPUs, one pod's
+metrics, one exit code. Real processes, real sockets, answers compared with ONNX Runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http.aio as aioclient
+
+from tests.integration.serve_engines import build_engine, run_ort, write_gpu_file
+from tests.integration.serve_process import Server
+from tests.modelzoo import dynamic_mlp
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two workers need two CPUs"),
+]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children = (task / "children").read_text().split()
+        out += [int(c) for c in children]
+    return out
+
+
+def _cpus(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split()[1]
+    raise AssertionError("no Cpus_allowed_list")
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def _metric(url: str, series: str) -> float:
+    text = urllib.request.urlopen(f"http://{url}/metrics", timeout=30).read().decode()
+    m = re.search(re.escape(series) + r" (\S+)", text)
+    assert m, f"{series} not in /metrics"
+    return float(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, str]:
+    tmp = tmp_path_factory.mktemp("workers")
+    gpu_file = write_gpu_file(tmp / "gpus.json")
+    mlp = dynamic_mlp(seed=4, features=64, hidden=128, outputs=10)
+    key = build_engine(
+        tmp / "store", mlp, name="mlp", gpu_file=gpu_file, samples=4, profiles=["x:1x64:16x64:32x64"]
+    )
+    return tmp, gpu_file, mlp, key
+
+
+def test_two_workers_share_the_port_and_report_as_one_pod(engine: tuple[Path, Path, Path, str]) -> None:
+    tmp, gpu_file, mlp, key = engine
+    s = Server(tmp / "store", key, tmp, gpu_file, "--workers", "2")
+    try:
+        s.wait()
+        deadline = time.monotonic() + 60
+        while len(_children(s.proc.pid)) < 2 or s.output().count('"msg": "ready"') < 2:
+            assert time.monotonic() < deadline and s.proc.poll() is None, s.output()
+            time.sleep(0.05)
+        workers = _children(s.proc.pid)
+        assert len(workers) == 2
+        assert _cpus(workers[0]) != _cpus(workers[1])  # each on its own CPUs
+        before = [_cpu_ticks(p) for p in workers]
+
+        rng = np.random.default_rng(5)
+        xs = [rng.standard_normal((2, 64)).astype(np.float32) for _ in range(160)]
+
+        async def client(i: int) -> None:
+            c = aioclient.InferenceServerClient(s.url)  # a connection of its own
+            try:
+                for j in range(i, len(xs), 16):
+                    inp = aioclient.InferInput("x", [2, 64], "FP32")
+                    inp.set_data_from_numpy(xs[j])
+                    got = (await c.infer("mlp", [inp])).as_numpy("y")
+                    np.testing.assert_allclose(got, run_ort(mlp, {"x": xs[j]})["y"], rtol=1e-5, atol=1e-6)
+            finally:
+                await c.close()
+
+        async def main() -> None:
+            await asyncio.gather(*(client(i) for i in range(16)))
+
+        asyncio.run(main())
+        g = grpcclient.InferenceServerClient(s.grpc_url)  # gRPC shares its port the same way
+        inp = grpcclient.InferInput("x", [2, 64], "FP32")
+        inp.set_data_from_numpy(xs[0])
+        np.testing.assert_allclose(
+            g.infer("mlp", [inp]).as_numpy("y"), run_ort(mlp, {"x": xs[0]})["y"], rtol=1e-5
+        )
+        g.close()
+        after = [_cpu_ticks(p) for p in workers]
+        assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)  # both served
+        # One pod's metrics, whichever worker answers the scrape.
+        for _ in range(4):
+            assert _metric(s.url, 'trtforge_runtime_requests_total{model="mlp",outcome="success"}') == 161
+            assert _metric(s.url, 'trtforge_runtime_ready{model="mlp"}') == 1
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.exit_code(timeout=60) == 0
+    finally:
+        s.stop()
+
+
+def test_a_worker_that_dies_ends_the_pod(engine: tuple[Path, Path, Path, str]) -> None:
+    tmp, gpu_file, _, key = engine
+    s = Server(tmp / "store", key, tmp, gpu_file, "--workers", "2")
+    try:
+        s.wait()
+        deadline = time.monotonic() + 60
+        while len(_children(s.proc.pid)) < 2:
+            assert time.monotonic() < deadline, s.output()
+            time.sleep(0.05)
+        os.kill(_children(s.proc.pid)[1], signal.SIGKILL)
+        assert s.exit_code(timeout=60) == 128 + signal.SIGKILL
+        assert "a worker ended; stopping the others" in s.output()
+    finally:
+        s.stop()

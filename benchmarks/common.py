@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -22,7 +23,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 CACHE = ROOT / ".cache" / "bench"
-TRTFORGE = [sys.executable, "-m", "trtforge.cli"]
+# `BENCH_TRTFORGE` replaces the command, e.g. where the distributions are not installed (a device
+# machine that gets the source tree only).
+TRTFORGE = shlex.split(os.environ.get("BENCH_TRTFORGE", "")) or [sys.executable, "-m", "trtforge.cli"]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 

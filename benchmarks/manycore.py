@@ -11,8 +11,8 @@ for them, so the client is not what limits a fast server.
     python -m benchmarks.manycore --cores 2,4,8,14 --models squeezenet,resnet50
 
 Settings (``--settings``, ``;``-separated): ``default`` runs ``trtforge serve`` with no tuning flags
-(the runtime chooses for its cores); anything else is passed as flags, ``{n}`` replaced by N, e.g.
-``--instances {n} --max-batch-size 4``.
+(the runtime chooses for its cores); anything else is passed as flags, with each ``{expression}`` of
+``n`` (N) replaced by its value, e.g. ``--workers {max(1, n // 4)} --max-batch-size 4``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -48,6 +49,29 @@ from benchmarks.engines import ensure_engine, store_dir
 from benchmarks.models import model_info, sample_input
 from benchmarks.servers import Model
 from benchmarks.servers.trtforge import grpc_supported
+
+
+def expand(setting: str, n: int) -> str:
+    """`setting` with each ``{expression}`` of `n` (the server's cores) replaced by its value, e.g.
+    ``--workers {max(1, n // 4)}``."""
+    return re.sub(
+        r"\{([^{}]+)\}",
+        lambda m: str(eval(m.group(1), {"__builtins__": {}}, {"n": n, "max": max, "min": min})),
+        setting,
+    )
+
+
+def without_defaults(flags: list[str]) -> list[str]:
+    """`flags` without a ``--workers 1`` (the default), to tell which settings are the same server."""
+    out: list[str] = []
+    i = 0
+    while i < len(flags):
+        if flags[i : i + 2] == ["--workers", "1"]:
+            i += 2
+            continue
+        out.append(flags[i])
+        i += 1
+    return out
 
 
 def reference(model: Model) -> Path:
@@ -109,7 +133,7 @@ def serve(
         str(port),
         "--cache-dir",
         str(cache),
-        *(["--grpc-port", "0"] if grpc_supported() else []),  # on, as by default, on any free port
+        *(["--grpc-port", str(free_port())] if grpc_supported() else []),  # on, as by default
         *flags,
     ]
     t0 = time.monotonic()
@@ -169,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cores", default="2,4,8,14", help="server core counts N (cores 0..N-1)")
     p.add_argument("--models", default="squeezenet,resnet50")
     p.add_argument("--settings", default="default", help="';'-separated trtforge serve flags, {n} = N")
-    p.add_argument("--concurrency", default="64")
+    p.add_argument("--concurrency", default="auto", help="comma-separated, or auto: max(64, 8 N)")
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--slow-factor", type=float, default=1.6, help="window multiplier for ResNet-50")
@@ -199,14 +223,43 @@ def main(argv: list[str] | None = None) -> int:
             ceil = ceiling(model, scpus, n, a.ceiling_seconds * slow, a.ceiling_batches)
             best = float(ceil["best"]["images_per_s"])
             log(f"{name} N={n}: ceiling {best} img/s ({ceil['best']})")
+            done: list[list[str]] = []
             for s in settings:
-                flags = [] if s == "default" else shlex.split(s.replace("{n}", str(n)))
-                srv, port, ready_s = serve(model, scpus, flags, log_dir / f"manycore-{name}-{n}.log")
+                flags = [] if s == "default" else shlex.split(expand(s, n))
+                if without_defaults(flags) in done:
+                    continue  # the same server as a setting already run on these N cores
+                done.append(without_defaults(flags))
                 try:
-                    for c in [int(c) for c in a.concurrency.split(",")]:
-                        r = drive(
-                            model, port, ccpus, procs, c, a.seconds * slow, a.warmup * slow, ref, srv.pid
-                        )
+                    srv, port, ready_s = serve(model, scpus, flags, log_dir / f"manycore-{name}-{n}.log")
+                except RuntimeError as e:  # recorded; the other settings and core counts still run
+                    log(f"  [{s}] FAILED: {e}")
+                    res.setdefault("failed", []).append(
+                        {"model": name, "n": n, "setting": s, "error": str(e)}
+                    )
+                    continue
+                try:
+                    concs = (
+                        [max(64, 8 * n)]
+                        if a.concurrency == "auto"
+                        else [int(c) for c in a.concurrency.split(",")]
+                    )
+                    for c in concs:
+                        try:
+                            r = drive(
+                                model, port, ccpus, procs, c, a.seconds * slow, a.warmup * slow, ref, srv.pid
+                            )
+                        except (RuntimeError, subprocess.TimeoutExpired) as e:
+                            log(f"  [{s}] c={c} FAILED: {e}")
+                            res.setdefault("failed", []).append(
+                                {
+                                    "model": name,
+                                    "n": n,
+                                    "setting": s,
+                                    "concurrency": c,
+                                    "error": str(e)[-2000:],
+                                }
+                            )
+                            continue
                         r.pop("error_samples", None) if not r["errors"] else None
                         run = {
                             "model": name,
@@ -228,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     stop(srv)
                     shutil.rmtree(CACHE / "manycore" / f"cache-{port}", ignore_errors=True)
+                write_result(a.name, res)  # after every server run: a run cut short keeps what it measured
     res["loadavg_after"] = os.getloadavg()
     write_result(a.name, res)
     print(render(res))
@@ -253,6 +307,10 @@ def render(res: dict[str, Any]) -> str:
         ]
         for r in res["runs"]
     ]
+    fails = "".join(
+        f"\n\nfailed: {f['model']} N={f['n']} [{f['setting']}]: {f['error'].strip().splitlines()[-1]}"
+        for f in res.get("failed", [])
+    )
     head = (
         f"Many cores: server on cores 0..N-1, client on the rest of {res['host_cpus']};"
         " every answer compared with ONNX Runtime's (a differing one counts as an error)."
@@ -278,6 +336,7 @@ def render(res: dict[str, Any]) -> str:
             ],
             rows,
         )
+        + fails
     )
 
 

@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layout", default="shared", choices=sorted(layouts()))
     p.add_argument("--seconds", type=float, default=3.0, help="measuring window per point (SqueezeNet)")
     p.add_argument("--warmup", type=float, default=1.0)
-    p.add_argument("--slow-factor", type=float, default=2.0, help="window multiplier for ResNet-50")
+    p.add_argument("--slow-factor", type=float, default=1.5, help="window multiplier for ResNet-50")
     p.add_argument("--ceiling-seconds", type=float, default=0.5)
     p.add_argument("--ceiling-batches", default="1,2,4,8,16,32")
     p.add_argument("--name", default="serving", help="result file name")
@@ -411,7 +411,11 @@ def main(argv: list[str] | None = None) -> int:
         mres: dict[str, Any] = {"ceiling": ceil, "servers": {}}
         for kind in servers:
             t0 = time.monotonic()
-            mres["servers"][kind.name] = measure_server(kind, model, lay, concs, win, ref, log_dir)
+            try:
+                mres["servers"][kind.name] = measure_server(kind, model, lay, concs, win, ref, log_dir)
+            except Exception as e:  # one server failing must not lose the others' results
+                log(f"  {name} {kind.name} FAILED: {e}")
+                results.setdefault("failed", {}).setdefault(name, {})[kind.name] = str(e)[-2000:]
             log(f"  {name} {kind.name}: {time.monotonic() - t0:.0f}s")
         ceil_pct(mres)
         results["models"][name] = mres
@@ -420,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     results["summary"] = summarize(results)
     write_result(a.name, results)
     print(render(results))
-    return 0
+    return 1 if results.get("failed") else 0
 
 
 def ceil_pct(mres: dict[str, Any]) -> None:
@@ -498,6 +502,9 @@ def render(results: dict[str, Any]) -> str:
         f" threads in all), client on cpus {lay['client_cpus']}. 1-min load average before the run"
         f" {results['loadavg_before'][0]:.2f}, after {results['loadavg_after'][0]:.2f}."
     ]
+    for model, errors in (results.get("failed") or {}).items():
+        for kind, err in errors.items():
+            parts.append(f"\n**{kind} on {model} failed**: {err.splitlines()[-1] if err else err}")
     for model, m in results["models"].items():
         servers = m["servers"]
         ceil = m["ceiling"]["best"]

@@ -3,6 +3,7 @@ served from a local store with the setting's instances, threads, max batch and q
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -57,4 +58,13 @@ def version() -> dict[str, str]:
     return {"trtforge": cmd_output(["git", "rev-parse", "--short", "HEAD"])}
 
 
-KIND = Kind("trtforge", "trtforge serve", default_sweep, launch, version)
+def sweep(cores: int) -> list[Setting]:
+    """The common sweep; with several instances the runtime also keeps its solo session (on by
+    default) for a request that arrives alone, and the label says so."""
+    return [
+        dataclasses.replace(s, variant="+ solo session") if s.instances > 1 else s
+        for s in default_sweep(cores)
+    ]
+
+
+KIND = Kind("trtforge", "trtforge serve", sweep, launch, version)

@@ -77,30 +77,32 @@ class Source(Protocol):
     async def readany(self) -> bytes: ...
 
 
-async def read_body(source: Source, length: int | None, limit: int) -> bytearray:
+async def read_body(source: Source, length: int | None, limit: int) -> bytes | bytearray:
     """The whole body, as sent: `length` bytes when the request gave a Content-Length, else up to
-    `limit` (chunked). 413 as soon as a chunked body passes `limit`; 400 if the body ends early."""
-    if length is not None:
-        if length > limit:
-            raise RequestError(413, f"request body of {length} bytes exceeds the limit of {limit} bytes")
-        buf = bytearray(length)
-        pos = 0
-        while pos < length:
-            chunk = await source.readany()
-            if not chunk:
-                raise RequestError(400, f"request body ended after {pos} of its {length} bytes")
-            n = min(len(chunk), length - pos)
-            buf[pos : pos + n] = chunk[:n] if n < len(chunk) else chunk
-            pos += n
-        return buf
-    buf = bytearray()
-    while True:
+    `limit` (chunked). 413 as soon as a chunked body passes `limit`; 400 if the body ends early.
+
+    A body that arrives in one piece is returned as it is; one in several pieces is joined once."""
+    if length is not None and length > limit:
+        raise RequestError(413, f"request body of {length} bytes exceeds the limit of {limit} bytes")
+    want = limit if length is None else length
+    chunks: list[bytes] = []
+    got = 0
+    while length is None or got < length:
         chunk = await source.readany()
         if not chunk:
-            return buf
-        if len(buf) + len(chunk) > limit:
-            raise RequestError(413, f"request body exceeds the limit of {limit} bytes")
-        buf += chunk
+            if length is not None:
+                raise RequestError(400, f"request body ended after {got} of its {length} bytes")
+            break
+        got += len(chunk)
+        if got > want:
+            if length is None:
+                raise RequestError(413, f"request body exceeds the limit of {limit} bytes")
+            chunk = chunk[: len(chunk) - (got - want)]
+            got = want
+        chunks.append(chunk)
+    if len(chunks) == 1:
+        return chunks[0]
+    return b"".join(chunks)
 
 
 class MemoryBudget:

@@ -140,7 +140,17 @@ def handle(args: argparse.Namespace) -> int:
     from trtforge_runtime import workers
 
     if args.workers > 1:
-        return workers.supervise(sys.argv[1:], args.workers)
+        log = logging.getLogger("trtforge_runtime")
+        if args.port == 0 or (args.grpc_port == 0 and not args.no_grpc):
+            log.error(
+                "--workers shares its ports among the workers: give --port and --grpc-port numbers, not 0"
+            )
+            return 2
+        try:
+            return workers.supervise(sys.argv[1:], args.workers)
+        except ValueError as e:  # more workers than CPUs
+            log.error(f"--workers {args.workers}: {e}")
+            return 2
     workers.pin_worker()
 
     from trtforge.contract.gpu_probe import GPUProbeError, probe_from_env, probe_identity

@@ -46,6 +46,7 @@ from trtforge_runtime.errors import Refusal
 
 log = logging.getLogger(__name__)
 CHUNK = 4 << 20
+HASH_CHUNK = 16 << 20
 PROC_FD = Path("/proc/self/fd")
 _held_open: list[int] = []  # descriptors of files verified in place, open for the process's life
 
@@ -142,6 +143,19 @@ def _ensure(store: EngineStore, src: str, dst: Path, sha256: str, size: int | No
     return _fetch_file(store, src, dst, sha256, size)
 
 
+def _hash_fd(fd: int) -> str:
+    """sha256 of the open file `fd` from its start, read in large chunks: the hash releases the GIL
+    per chunk, so few chunks mean few waits for it while the server's imports hold it."""
+    h = hashlib.sha256()
+    buf = bytearray(HASH_CHUNK)
+    view = memoryview(buf)
+    offset = 0
+    while n := os.preadv(fd, [buf], offset):
+        h.update(view[:n])
+        offset += n
+    return h.hexdigest()
+
+
 def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int | None) -> tuple[Path, int]:
     """Verify the store's own file for `src` without copying it: a path to the verified open file,
     and the bytes read to verify it."""
@@ -171,8 +185,7 @@ def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int 
         else:
             hashed = st.st_size
             t0 = time.monotonic()
-            with open(fd, "rb", buffering=0, closefd=False) as f:
-                got = hashlib.file_digest(f, "sha256").hexdigest()
+            got = _hash_fd(fd)
             if got != sha256:
                 raise Refusal(
                     "EngineIntegrity",

@@ -380,7 +380,7 @@ class Runtime:
             )
         return None
 
-    async def _receive(self, request: web.Request, coding: Coding) -> tuple[bytearray, int]:
+    async def _receive(self, request: web.Request, coding: Coding) -> tuple[bytes | bytearray, int]:
         """The body as sent, and the bytes reserved for it in the shared budget (release them)."""
         limit = self.s.max_request_bytes
         cl = request.content_length
@@ -412,7 +412,7 @@ class Runtime:
             raise
 
     def _decode(
-        self, raw: bytearray, coding: Coding, header_length: int | None, spec: ModelSpec
+        self, raw: bytes | bytearray, coding: Coding, header_length: int | None, spec: ModelSpec
     ) -> tuple[InferRequest, int]:
         body = decompress(raw, coding, self.s.max_request_bytes)
         req = decode_request(body, header_length, spec, self.s.max_json_bytes)
@@ -468,6 +468,7 @@ class Runtime:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.s.max_request_bytes + 1)
         r = app.router
+        r.add_post("/v2/models/{name}/infer", self.infer)  # first: the hot path resolves soonest
         r.add_get("/v2/health/live", self.live)
         r.add_get("/v2/health/ready", self.ready)
         r.add_get("/v2", self.server_metadata)
@@ -476,7 +477,7 @@ class Runtime:
             r.add_get(base, self.model_metadata)
             r.add_get(base + "/ready", self.model_ready)
             r.add_get(base + "/config", self.model_config)
-            r.add_post(base + "/infer", self.infer)
+        r.add_post("/v2/models/{name}/versions/{version}/infer", self.infer)
         return app
 
     # --- the whole life ---------------------------------------------------------------------

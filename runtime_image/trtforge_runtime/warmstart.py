@@ -86,6 +86,7 @@ def begin(
 
     t = threading.Thread(target=work, name=THREAD_NAME, daemon=True)
     t.start()
+    log.info("warm start began", extra=fields(key=key))
     return t
 
 

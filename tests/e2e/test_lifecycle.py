@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from trtforge_dev.localdev import ROOT, OperatorEnv
+from trtforge_dev.localdev import OperatorEnv
 from trtforge_dev.testbed.wait import wait_for
 
 from tests.modelzoo import light_model
@@ -24,7 +24,7 @@ from tests.modelzoo import light_model
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 H100 = "NVIDIA-H100-80GB-HBM3"
-EXAMPLES = ROOT / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.fixture(scope="module")

@@ -182,9 +182,6 @@ class ChartOperator:
 
     # --- install / uninstall
     def values(self) -> dict[str, Any]:
-        import onnxruntime
-
-        ort = {"backend": "onnxruntime", "version": str(onnxruntime.__version__), "cuda": "none"}
         env = [
             {
                 "name": "TRTFORGE_OPERATOR_BIND_ADDRESS",
@@ -201,7 +198,7 @@ class ChartOperator:
                 "extraEnv": env,
             },
             "store": {"pvc": {"storageClassName": "trtforge-local", "size": "1Gi"}},
-            "engineBackends": {"gpu": ort, "cpu": ort},
+            "engineBackends": {"gpu": "onnxruntime", "cpu": "onnxruntime"},  # the emulated GPUs
             "build": {"cpu": "100m", "memory": "1Gi", "retryBaseSeconds": 5, "maxConcurrentPerNamespace": 4},
             "rbac": {"modelSecrets": {"namespaces": [self.tenant]}},
         }
@@ -425,7 +422,7 @@ def leader_killed_mid_build(ha: ChartOperator, seed: int) -> dict[str, Any]:
     )
     ready_at = time.time()
     jobs = ha.jobs_for(name)
-    keys = [(j.metadata.annotations or {}).get("trtforge.io/engine-key", "") for j in jobs]
+    keys = [(j.metadata.annotations or {}).get("trtforge.io/request-digest", "") for j in jobs]
     return {
         "killed_pod": old_pod,
         "new_leader_pod": pod_of_identity(str(identity)),
@@ -433,7 +430,7 @@ def leader_killed_mid_build(ha: ChartOperator, seed: int) -> dict[str, Any]:
         "takeover_s": round(acquired - killed_at, 2),
         "ready_after_kill_s": round(ready_at - killed_at, 1),
         "ready_targets": ready["status"]["readyTargets"],
-        "target_keys": sorted(t["engineKey"] for t in ready["status"]["targets"]),
+        "target_keys": sorted(t.get("requestKey", "") for t in ready["status"]["targets"]),
         "job_keys": sorted(keys),
     }
 
@@ -448,11 +445,13 @@ def apiserver_killed_mid_rollout(
     wait_for(lambda: is_true(ha.get("trtengines", name), "Ready"), timeout=300, desc=f"{name} built")
     ha.apply_obj(deployment_manifest(name, name, replicas=2))
     sel = f"trtforge.io/inferencedeployment={name}"
-    pods = wait_for(
-        lambda: ha.core.list_namespaced_pod(ha.tenant, label_selector=sel).items,
-        timeout=120,
-        desc="runtime pods",
-    )
+
+    def starting() -> list[Any]:
+        """The rollout's pods once one has its container running and not yet ready (fetching)."""
+        pods = ha.core.list_namespaced_pod(ha.tenant, label_selector=sel).items
+        return pods if any(_container_state(p) == "running" for p in pods) else []
+
+    pods = wait_for(starting, timeout=120, interval=0.05, desc="a runtime container started")
     states = sorted(_container_state(p) for p in pods)
     tb.kill_apiserver()
     down_at = time.monotonic()
@@ -473,7 +472,12 @@ def apiserver_killed_mid_rollout(
         for cs in p.status.container_statuses or []
         if cs.last_state and cs.last_state.terminated and cs.last_state.terminated.exit_code == 80
     ]
+    retries = sum(
+        ha.tb.pod_log(ha.tenant, p.metadata.name, "serve").count("store unavailable; retrying")
+        for p in ha.core.list_namespaced_pod(ha.tenant, label_selector=sel).items
+    )
     return {
+        "runtime_fetch_retries": retries,
         "runtime_pods_at_kill": len(pods),
         "runtime_states_at_kill": states,
         "down_s": round(back_at - down_at, 1),

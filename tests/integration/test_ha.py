@@ -129,7 +129,8 @@ def test_apiserver_killed_mid_rollout_converges(ha: ChartOperator, testbed: Any)
     print(
         f"\napiserver SIGKILLed with runtime pods {r['runtime_states_at_kill']}, "
         f"down {r['down_s']} s; "
-        f"InferenceDeployment Ready {r['ready_after_return_s']} s after its return"
+        f"InferenceDeployment Ready {r['ready_after_return_s']} s after its return; "
+        f"{r['runtime_fetch_retries']} fetch retries in the runtime logs"
     )
     assert r["ready"] == "2/2"
     assert r["exits_80"] == []  # the runtime waited for the broker instead of giving up

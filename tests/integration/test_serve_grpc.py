@@ -80,7 +80,16 @@ def resnet_server(bed: Bed) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def mlp_server(bed: Bed) -> Iterator[Server]:
-    s = Server(bed.store, bed.mlp_key, bed.tmp, bed.gpu_file, "--max-queue-delay-us", "2000")
+    s = Server(
+        bed.store,
+        bed.mlp_key,
+        bed.tmp,
+        bed.gpu_file,
+        "--max-queue-delay-us",
+        "2000",
+        "--max-request-bytes",
+        "100000",
+    )
     s.wait()
     yield s
     s.stop()
@@ -177,6 +186,12 @@ def test_grpc_bad_input_gets_invalid_argument_naming_the_field(mlp_server: Serve
     with pytest.raises(InferenceServerException, match="unknown output 'z'") as e:
         c.infer("mlp", [inp], outputs=[grpcclient.InferRequestedOutput("z")])
     assert _status(e) == "StatusCode.INVALID_ARGUMENT"
+    big = grpcclient.InferInput("x", [1000, 64], "FP32")  # 256 kB, over --max-request-bytes
+    big.set_data_from_numpy(np.zeros((1000, 64), np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        c.infer("mlp", [big])
+    assert _status(e) == "StatusCode.RESOURCE_EXHAUSTED"
+    c.infer("mlp", [inp])  # and the server carries on
     c.close()
 
 

@@ -7,6 +7,8 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -16,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http.aio as aioclient
 
-from tests.integration.serve_engines import build_engine, run_ort, write_gpu_file
+from tests.integration.serve_engines import build_engine, env_for, run_ort, write_gpu_file
 from tests.integration.serve_process import Server
 from tests.modelzoo import dynamic_mlp
 
@@ -129,3 +131,33 @@ def test_a_worker_that_dies_ends_the_pod(engine: tuple[Path, Path, Path, str]) -
         assert "a worker ended; stopping the others" in s.output()
     finally:
         s.stop()
+
+
+def test_workers_refuse_port_zero_and_more_workers_than_cpus(engine: tuple[Path, Path, Path, str]) -> None:
+    tmp, gpu_file, _, key = engine
+    too_many = str(len(os.sched_getaffinity(0)) + 1)
+    for extra, message in [
+        (["--port", "0", "--workers", "2"], "give --port and --grpc-port numbers, not 0"),
+        (
+            ["--port", "18999", "--grpc-port", "18998", "--workers", too_many],
+            f"{too_many} workers need at least",
+        ),
+    ]:
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trtforge.cli",
+                "serve",
+                "--store",
+                str(tmp / "store"),
+                "--engine",
+                key,
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            env=env_for(gpu_file, tmp / "t"),
+            timeout=60,
+        )
+        assert r.returncode == 2 and message in r.stderr + r.stdout, (r.stdout, r.stderr)

@@ -28,7 +28,7 @@ from trtforge.contract.gpu import GPUIdentity
 
 KEY_SCHEMA = "trtforge.io/engine-key/v2"
 REQUEST_SCHEMA = "trtforge.io/request-key/v1"
-# The builder recipe: how build settings become builder flags (trtforge.contract.tensorrt). Bump it
+# The builder recipe: how build settings become builder flags (trtforge.tensorrt.policy). Bump it
 # whenever that mapping changes, so engines built by an older recipe are not reused.
 RECIPE_VERSION = 2
 Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8", "auto"]

@@ -56,7 +56,11 @@ class CudaRuntime:
         lib.cudaRuntimeGetVersion.argtypes = [ctypes.POINTER(ctypes.c_int)]
 
     def check(self, call: str, code: int) -> None:
+        """Raise CudaError for a failed call. A failed call also leaves its error as the runtime's
+        "last error" (seen on an H200: after a cudaMalloc out of memory, cudaGetLastError returns 2
+        once), so it is read off here: a later :meth:`last_error` reports only newer errors."""
         if code != 0:
+            self._lib.cudaGetLastError()
             text = self._lib.cudaGetErrorString(code)
             raise CudaError(call, code, text.decode() if text else "unknown")
 

@@ -113,8 +113,10 @@ def manycore(res: dict[str, Any]) -> list[Path]:
             best = [
                 max((r for r in rs if r["n"] == n and r["setting"] == setting), key=lambda r: r["throughput"])
                 for n in ns
+                if any(r["n"] == n and r["setting"] == setting for r in rs)
             ]
-            ax.plot(ns, [r["throughput"] for r in best], "o-", label=f"trtforge serve ({setting})")
+            xs = [r["n"] for r in best]
+            ax.plot(xs, [r["throughput"] for r in best], "o-", label=f"trtforge serve ({setting})")
             for r in best:
                 ax.annotate(
                     f"{r['pct_of_ceiling']:.0f}%",
@@ -136,7 +138,7 @@ def manycore(res: dict[str, Any]) -> list[Path]:
     return [path]
 
 
-def coldstart(res: dict[str, Any]) -> list[Path]:
+def coldstart(res: dict[str, Any], fname: str = "bench-coldstart.png") -> list[Path]:
     plt = _plt()
     bars: list[tuple[str, list[tuple[str, float]]]] = []
     for src, e in res["sources"].items():
@@ -199,43 +201,42 @@ def coldstart(res: dict[str, Any]) -> list[Path]:
     ax.set_yticklabels([b[0] for b in bars], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds from process start to ready (median)")
-    ax.set_title(f"Cold start, {res['model']} ({res['artifact_bytes'] / 1e6:.0f} MB artifact)", fontsize=10)
+    where = f", {res['machine']['cpu_model']}, cpus {res['cpus']}" if res.get("machine") else ""
+    ax.set_title(
+        f"Cold start, {res['model']} ({res['artifact_bytes'] / 1e6:.0f} MB artifact{where})", fontsize=10
+    )
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3)
     ax.set_xlim(right=ax.get_xlim()[1] * 1.08)
     fig.tight_layout()
-    path = _save(fig, "bench-coldstart.png")
+    path = _save(fig, fname)
     plt.close(fig)
     return [path]
 
 
 def controlplane(res: dict[str, Any]) -> list[Path]:
+    """Time after the last create against N, log-log, per scenario, with a slope-1 reference line."""
     plt = _plt()
-    cases = [c for c in res.get("cases", []) if c.get("done_s") is not None]
+    cases = [c for c in res.get("cases", []) if c.get("done_s")]
     if not cases:
         return []
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    labels = [f"{c['scenario']}\nN={c['n']}" for c in cases]
-    ax1.bar(
-        labels,
-        [c["done_s"] for c in cases],
-        color=["#1f77b4" if c["scenario"] == "cache" else "#ff7f0e" for c in cases],
-    )
-    for i, c in enumerate(cases):
-        ax1.text(i, c["done_s"], f"{c['done_s']:.1f}s", ha="center", va="bottom", fontsize=8)
-    ax1.set_ylabel("seconds after kubectl apply")
-    ax1.set_title("All targets resolved (cache) / all Jobs created (jobs)", fontsize=9)
-    ax2.bar(labels, [c["api_requests_per_engine"] for c in cases], color="#6baed6")
-    for i, c in enumerate(cases):
-        ax2.text(
-            i,
-            c["api_requests_per_engine"],
-            f"{c['api_requests_per_engine']:.1f}",
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
-    ax2.set_ylabel("API requests per TRTEngine")
-    ax2.set_title("apiserver requests per engine (net of idle and our polling)", fontsize=9)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for scenario, color in (("cache", "#1f77b4"), ("jobs", "#ff7f0e")):
+        pts = sorted((c["n"], c["done_s"]) for c in cases if c["scenario"] == scenario)
+        if not pts:
+            continue
+        xs, ys = [x for x, _ in pts], [y for _, y in pts]
+        ax1.loglog(xs, ys, "o-", color=color, label=f"{scenario}: time after the last create")
+        ax1.loglog(xs, [ys[0] * x / xs[0] for x in xs], ":", color=color, label=f"{scenario}: slope 1")
+        rss = sorted((c["n"], c["operator_peak_rss_mb"]) for c in cases if c["scenario"] == scenario)
+        ax2.plot([x for x, _ in rss], [y for _, y in rss], "o-", color=color, label=scenario)
+    ax1.set_xlabel("TRTEngines (x 3 targets)")
+    ax1.set_ylabel("seconds")
+    ax1.set_title("All Ready (cache) / all Jobs exist (jobs)", fontsize=9)
+    ax1.legend(fontsize=7)
+    ax2.set_xlabel("TRTEngines (x 3 targets)")
+    ax2.set_ylabel("operator peak RSS, MB")
+    ax2.set_title("Operator memory", fontsize=9)
+    ax2.legend(fontsize=7)
     fig.tight_layout()
     path = _save(fig, "bench-controlplane.png")
     plt.close(fig)
@@ -284,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         ("serving", serving),
         ("manycore", manycore),
         ("coldstart", coldstart),
+        ("coldstart-h200", lambda r: coldstart(r, "bench-coldstart-h200.png")),
         ("controlplane", controlplane),
         ("recovery", recovery),
     ):

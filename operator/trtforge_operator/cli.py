@@ -59,6 +59,7 @@ async def main(cfg: Any) -> int:
     from trtforge_operator.leader.runner import replica_identity, run_while_leading
     from trtforge_operator.metrics import Metrics
     from trtforge_operator.store_reader import StoreReader
+    from trtforge_operator.workqueue import LoopWatch
 
     load_kube_config()
     metrics = Metrics()
@@ -76,8 +77,9 @@ async def main(cfg: Any) -> int:
         le,
         on_observe=lambda record: metrics.lease_transitions.set(record.transitions),
     )
+    watch = LoopWatch(stuck_after=cfg.liveness_stuck_seconds)
     health = await start_health(
-        cfg.bind_address, cfg.liveness_port, identity, elector.leading if le.enabled else None
+        cfg.bind_address, cfg.liveness_port, identity, elector.leading if le.enabled else None, watch.problem
     )
     namespaces = sorted({*cfg.namespaces, cfg.build_namespace}) if cfg.namespaces else []
     log.info(
@@ -94,7 +96,7 @@ async def main(cfg: Any) -> int:
     )
 
     async def act(stop: asyncio.Event) -> None:
-        await _act(cfg, kube, store, metrics, namespaces, stop)
+        await _act(cfg, kube, store, metrics, namespaces, stop, watch)
 
     try:
         if le.enabled:
@@ -108,7 +110,9 @@ async def main(cfg: Any) -> int:
             await runner.cleanup()
 
 
-async def _act(cfg: Any, kube: Any, store: Any, metrics: Any, namespaces: list[str], stop: Any) -> None:
+async def _act(
+    cfg: Any, kube: Any, store: Any, metrics: Any, namespaces: list[str], stop: Any, watch: Any
+) -> None:
     """What the leader does: the kopf handlers and the GC loop, until `stop` is set."""
     import asyncio
 
@@ -116,7 +120,7 @@ async def _act(cfg: Any, kube: Any, store: Any, metrics: Any, namespaces: list[s
 
     from trtforge_operator.handlers import State, register
 
-    state = State(cfg=cfg, kube=kube, store=store, metrics=metrics)
+    state = State(cfg=cfg, kube=kube, store=store, metrics=metrics, watch=watch)
     registry = kopf.OperatorRegistry()
     # kopf's public registry brings no login handler: log in with the Kubernetes client's config
     # (in-cluster or kubeconfig), as load_kube_config did.

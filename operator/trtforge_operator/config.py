@@ -174,6 +174,8 @@ class OperatorConfig(BaseModel):
     faults: FaultSettings = Field(default_factory=FaultSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
     resync_seconds: float = Field(default=30.0, gt=0)  # level-based resync of every resource
+    # /healthz fails (503) when one reconcile has run this long, or no loop has come round this long.
+    liveness_stuck_seconds: float = Field(default=300.0, gt=0)
     liveness_port: int = 8080
     metrics_port: int = 9090
     # Where metrics, /healthz and the broker listen. A pod's own IP instead of every address where
@@ -219,6 +221,7 @@ def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
         "build_namespace",
         "operator_namespace",
         "resync_seconds",
+        "liveness_stuck_seconds",
         "liveness_port",
         "metrics_port",
         "bind_address",

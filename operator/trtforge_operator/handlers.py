@@ -2,9 +2,12 @@
 
 One level-based path per resource: a daemon per TRTEngine / InferenceDeployment loops "observe → plan →
 apply → wait", woken by events on the resource and its children (Jobs, Pods, Deployments, Nodes) or by
-a resync timer. Observed children come from kopf indices, so a restarted operator sees every Job it
-created before acting (and creation is create-if-absent on derived names anyway). Status is patched
-only when it differs from what is there. Deletion handlers (with our finalizer) clean up children.
+a resync timer. Observed children come from kopf indices, looked up by key (a pass touches only its
+own targets' Jobs and its own pods), so a pass costs what its own work costs, not what the cluster
+holds (docs/design.md §"Scale"). An event wakes only the owners it names (workqueue.py). Build
+capacity is admitted in one synchronous step (build_slots.py); no lock is held across an API call.
+Status is patched only when it differs from what is there (status_cache.py). Deletion handlers (with
+our finalizer) clean up children.
 """
 
 from __future__ import annotations
@@ -31,10 +34,13 @@ from trtforge_operator.api import (
     TRTEngine,
     TRTEngineStatus,
 )
+from trtforge_operator.api.common import field_error
+from trtforge_operator.build_slots import BuildSlots
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kinds import Kind
 from trtforge_operator.kube import Kube, clean_status, status_patch
 from trtforge_operator.labels import (
+    ANNOTATION_CREATED_FOR,
     ANNOTATION_RESULT,
     ANNOTATION_SOURCE_FINGERPRINT,
     APP_COMPONENT,
@@ -54,7 +60,12 @@ from trtforge_operator.labels import (
 )
 from trtforge_operator.metrics import Metrics
 from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView
-from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
+from trtforge_operator.planning.cleanup import release_jobs
+from trtforge_operator.planning.deployment import (
+    DeploymentObserved,
+    invalid_deployment_status,
+    plan_deployment,
+)
 from trtforge_operator.planning.engine import (
     Capacity,
     EngineObserved,
@@ -64,7 +75,10 @@ from trtforge_operator.planning.engine import (
     one_line,
     plan_engine,
 )
+from trtforge_operator.planning.rebuild import annotation_patch, rebuild_job, requests_on
+from trtforge_operator.status_cache import StatusCache, resource_version
 from trtforge_operator.store_reader import StoreReader
+from trtforge_operator.workqueue import LoopWatch, WorkQueue
 
 log = logging.getLogger(__name__)
 MANAGED = {APP_MANAGED_BY: MANAGED_BY}
@@ -73,63 +87,19 @@ V = TypeVar("V")
 S = TypeVar("S", TRTEngineStatus, InferenceDeploymentStatus)
 
 
-class Triggers:
-    """Wake-up flags of the reconcile loops, keyed by (kind, namespace, name)."""
-
-    def __init__(self) -> None:
-        self._events: dict[tuple[str, str, str], asyncio.Event] = {}
-        self._nodes: dict[str, NodeView] = {}
-
-    def get(self, kind: Kind, namespace: str, name: str) -> asyncio.Event:
-        return self._events.setdefault((kind, namespace, name), asyncio.Event())
-
-    def drop(self, kind: Kind, namespace: str, name: str) -> None:
-        self._events.pop((kind, namespace, name), None)
-
-    def fire(self, kind: Kind, namespace: str, name: str) -> None:
-        ev = self._events.get((kind, namespace, name))
-        if ev is not None:
-            ev.set()
-
-    def fire_all(self, kind: Kind, namespace: str | None = None) -> None:
-        for (k, ns, _), ev in self._events.items():
-            if k == kind and (namespace is None or ns == namespace):
-                ev.set()
-
-    def fire_label(self, kind: Kind, namespace: str, label: str) -> None:
-        """Wake the loops of `kind` in `namespace` whose children carry `label` (dns_name of the name)."""
-        for (k, ns, n), ev in self._events.items():
-            if k == kind and ns == namespace and children.dns_name(n) == label:
-                ev.set()
-
-    def node_changed(self, view: NodeView | None, name: str) -> bool:
-        """True when a Node's projection (labels, GPU resources, health) changed, not just a heartbeat."""
-        if view is None:
-            return self._nodes.pop(name, None) is not None
-        old = self._nodes.get(name)
-        self._nodes[name] = view
-        return old != view
-
-
 @dataclasses.dataclass
 class State:
     cfg: OperatorConfig
     kube: Kube
     store: StoreReader
     metrics: Metrics
-    triggers: Triggers = dataclasses.field(default_factory=Triggers)
-    build_lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
-    # Jobs created but not yet seen in the index: counted against the build limits.
-    pending_jobs: dict[str, tuple[float, str]] = dataclasses.field(default_factory=dict)
-    # The status we last wrote per object, with the resourceVersion it produced (newer than a stale body).
-    written: dict[tuple[str, str, str], tuple[int, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    queue: WorkQueue = dataclasses.field(default_factory=WorkQueue)
+    watch: LoopWatch = dataclasses.field(default_factory=lambda: LoopWatch(stuck_after=300.0))
+    slots: BuildSlots = dataclasses.field(init=False)
+    statuses: StatusCache = dataclasses.field(default_factory=StatusCache)
 
-
-def _rv(meta: Mapping[str, Any]) -> int:
-    try:
-        return int(meta.get("resourceVersion") or 0)
-    except ValueError:
-        return 0
+    def __post_init__(self) -> None:
+        self.slots = BuildSlots(self.cfg.build.max_concurrent, self.cfg.build.max_concurrent_per_namespace)
 
 
 def _plain(body: Any) -> dict[str, Any]:
@@ -142,14 +112,7 @@ def _views(index: Any, cls: type[V]) -> list[V]:
 
 
 def _current_status(state: State, kind: Kind, body: Mapping[str, Any]) -> dict[str, Any]:
-    """The object's status, or what we wrote last when the body we hold is older than that write."""
-    meta = body.get("metadata") or {}
-    key = (kind, meta.get("namespace", ""), meta.get("name", ""))
-    cur = dict(body.get("status") or {})
-    w = state.written.get(key)
-    if w is not None and w[0] > _rv(meta):
-        return w[1]
-    return cur
+    return state.statuses.current(kind, body)
 
 
 async def _write_status(
@@ -165,8 +128,8 @@ async def _write_status(
         return False
     meta = body["metadata"]
     res = await state.kube.patch_status(plural, meta["namespace"], meta["name"], patch)
-    rv = _rv((res or {}).get("metadata") or {})
-    state.written[(kind, meta["namespace"], meta["name"])] = (rv, clean_status(new))
+    rv = resource_version((res or {}).get("metadata") or {})
+    state.statuses.wrote(kind, meta["namespace"], meta["name"], rv, clean_status(new))
     state.metrics.status_writes.labels(kind).inc()
     return True
 
@@ -176,23 +139,6 @@ async def _post_events(state: State, body: Mapping[str, Any], events: Iterable[E
         await state.kube.event(body, ev.type, ev.reason, ev.message)
 
 
-def _capacity(state: State, jobs: list[JobView], namespace: str) -> Capacity:
-    now = time.time()
-    for name, (t, _) in list(state.pending_jobs.items()):
-        if now - t > 60 or any(j.name == name for j in jobs):
-            state.pending_jobs.pop(name, None)
-    running = [j for j in jobs if j.running]
-    state.metrics.builds_running.set(len(running))
-    pending_ns = sum(1 for _, ns in state.pending_jobs.values() if ns == namespace)
-    in_ns = sum(1 for j in running if j.labels.get(LABEL_REQUESTER_NAMESPACE) == namespace) + pending_ns
-    return Capacity(
-        len(running) + len(state.pending_jobs),
-        in_ns,
-        state.cfg.build.max_concurrent,
-        state.cfg.build.max_concurrent_per_namespace,
-    )
-
-
 async def _create_jobs(state: State, jobs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     """Create-if-absent; returns the Jobs created now (as stored, with their uid)."""
     out: list[dict[str, Any]] = []
@@ -200,16 +146,17 @@ async def _create_jobs(state: State, jobs: list[dict[str, Any]], kind: str) -> l
         try:
             created = await state.kube.create_returning(j)
         except ApiException as e:
+            state.slots.forget(j["metadata"]["name"])
             log.warning("could not create Job %s: %s %s", j["metadata"]["name"], e.status, e.reason)
             continue
         if created is not None:
-            state.pending_jobs[j["metadata"]["name"]] = (
-                time.time(),
-                j["metadata"]["labels"][LABEL_REQUESTER_NAMESPACE],
-            )
             state.metrics.jobs_created.labels(kind).inc()
             out.append(created)
     return out
+
+
+def _job_names(jobs: list[dict[str, Any]]) -> list[str]:
+    return [str(j["metadata"]["name"]) for j in jobs]
 
 
 def _cache_scope(state: State, indices: Mapping[str, Any], namespace: str) -> str:
@@ -259,54 +206,76 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
     try:
         obj = TRTEngine.model_validate({**body, "status": old})
     except ValidationError as e:
-        status = invalid_spec_status(old_status, gen, f"invalid spec: {e.errors()[0]['msg']}", time.time())
+        status = invalid_spec_status(old_status, gen, f"invalid spec: {field_error(e)}", time.time())
         await _write_status(state, Kind.TRTENGINE, TRTENGINES, body, old, status.to_wire())
         return None
     nodes = _views(indices["nodes_idx"], NodeView)
-    jobs = _views(indices["jobs_idx"], JobView)
+    jobs_idx: Mapping[str, Any] = indices["jobs_idx"]  # by build id: looked up per target, never scanned
+    # Proof of possession (docs/security.md): the broker's record for this source, the verify Jobs.
     m = obj.spec.model
     fingerprint = source_fingerprint(m.uri, m.secret_ref.name if m.secret_ref else None, m.sha256)
     possession = await asyncio.to_thread(state.store.possession, ns, fingerprint)
     verify_jobs = [j for j in list(indices["vjobs_idx"].get(ns, [])) if isinstance(j, JobView)]
     verify_failures = _verify_failures(indices, ns, verify_jobs)
+    cache_scope = _cache_scope(state, indices, ns)
     problem = model_source_problem(m.uri, state.cfg.store_uri)
     if problem is not None:
         status = invalid_spec_status(old_status, gen, problem, time.time(), reason="InvalidModelSource")
         if await _write_status(state, Kind.TRTENGINE, TRTENGINES, body, old, status.to_wire()):
             await state.kube.event(body, "Warning", "InvalidModelSource", problem)
         return None
-    async with state.build_lock:
-        obs = EngineObserved(
+    unschedulable = {
+        job: p.unschedulable
+        for job in {t.job_name for t in obj.status.targets if t.job_name}
+        for p in list(indices["bpods_idx"].get(job, ()))
+        if isinstance(p, PodView) and p.unschedulable and p.phase == "Pending"
+    }
+
+    def observe(capacity: Capacity) -> EngineObserved:
+        return EngineObserved(
             namespace=ns,
             name=name,
             generation=gen,
             spec=obj.spec,
             status=obj.status,
             nodes=nodes,
-            jobs=jobs,
+            jobs=jobs_idx,
             manifests=state.store.manifest,
             requests=state.store.request,
-            capacity=_capacity(state, jobs, ns),
+            capacity=capacity,
             now=time.time(),
+            unschedulable=unschedulable,
+            rebuild_jobs=[
+                job
+                for r in requests_on(meta.get("annotations") or {})
+                if (job := rebuild_job(obj, nodes, state.cfg, r, cache_scope=cache_scope)) is not None
+            ],
             uid=meta.get("uid", ""),
             possession=possession,
             verify_jobs=verify_jobs,
             verify_failures=verify_failures,
-            cache_scope=_cache_scope(state, indices, ns),
-            unschedulable={
-                name: p.unschedulable
-                for name, store in list(indices["bpods_idx"].items())
-                for p in list(store)
-                if isinstance(p, PodView) and p.unschedulable and p.phase == "Pending"
-            },
+            cache_scope=cache_scope,
         )
-        plan = await asyncio.to_thread(plan_engine, obs, state.cfg)
-        await _create_jobs(state, plan.jobs_to_create, "build")
-    for vj in plan.verify_jobs_to_create:
+
+    plan = await asyncio.to_thread(plan_engine, observe(state.slots.capacity(ns)), state.cfg)
+    if plan.jobs_to_create and not state.slots.admit(_job_names(plan.jobs_to_create), ns):
+        # Another pass took the slots meanwhile: plan again against the current count and admit in the
+        # same synchronous step (no await between them), so the limits always hold.
+        plan = plan_engine(observe(state.slots.capacity(ns)), state.cfg)
+        if not state.slots.admit(_job_names(plan.jobs_to_create), ns):
+            raise RuntimeError("build slots refused a plan made against their own count")
+    state.metrics.builds_running.set(state.slots.running)
+    await _create_jobs(state, plan.jobs_to_create, "build")
+    for vj in plan.verify_jobs_to_create:  # in the tenant's namespace, not a build slot
         if await state.kube.create(vj):
             state.metrics.jobs_created.labels("verify").inc()
     requester = f"{ns}/{name}"
-    by_name = {j.name: j for j in jobs}
+    by_name = {
+        j.name: j
+        for bid in {n.removeprefix(children.JOB_PREFIX)[:20] for n in plan.add_requester}
+        for j in list(jobs_idx.get(bid, ()))
+        if isinstance(j, JobView)
+    }
     for jname in plan.add_requester:
         j = by_name.get(jname)
         if j is not None and requester not in j.requesters():
@@ -317,7 +286,7 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
     new = plan.status.to_wire()
     state.metrics.observe_engine(ns, name, plan.status)
     if await _write_status(state, Kind.TRTENGINE, TRTENGINES, body, old_norm, new):
-        state.triggers.fire_all(Kind.INFERENCEDEPLOYMENT, ns)
+        state.queue.fire_deployments_of(ns, name)
         hits = sum(1 for t in plan.status.targets if t.cache_hit and t.phase == "Ready")
         was = sum(1 for t in old_status.targets if t.cache_hit and t.phase == "Ready")
         if hits > was:
@@ -335,31 +304,24 @@ def _parsed_status(cls: type[S], raw: Mapping[str, Any]) -> S:
 
 
 async def cleanup_engine(state: State, body: Mapping[str, Any], indices: Mapping[str, Any]) -> None:
-    """On deletion: delete its build Jobs no other TRTEngine uses; engines stay in the store (a cache)."""
+    """On deletion: leave every build Job this engine requested. A Job whose requester annotations
+    name no one else is deleted; one that another requester still names only loses our annotation
+    (judged from the Job's own annotations, never from other engines' status). Engines stay in the
+    store (a cache)."""
     body = _plain(body)
     meta = body["metadata"]
     me = (meta["namespace"], meta["name"])
     requester = f"{me[0]}/{me[1]}"
     status = _parsed_status(TRTEngineStatus, body.get("status") or {})
-    mine_ids = {k[:20] for t in status.targets for k in (t.engine_key, t.request_key) if k}
-    mine_names = {t.job_name for t in status.targets if t.job_name}
-    others_ids: set[str] = set()
-    for key, store in list(indices["trte_idx"].items()):
-        if tuple(key) == me:
-            continue
-        for other in list(store):
-            for t in getattr(other.status, "targets", []):
-                others_ids.update(k[:20] for k in (t.engine_key, t.request_key) if k)
-                if t.job_name:
-                    others_ids.add(t.job_name.removeprefix(children.JOB_PREFIX)[:20])
-    for j in _views(indices["jobs_idx"], JobView):
-        ours = j.build_id in mine_ids or j.name in mine_names or requester in j.requesters()
-        if not ours:
-            continue
-        if j.build_id in others_ids:
-            await state.kube.annotate("Job", j.namespace, j.name, {requester_annotation(requester): None})
-        else:
-            await state.kube.delete("Job", j.namespace, j.name)
+    ids = {k[:20] for t in status.targets for k in (t.engine_key, t.request_key) if k}
+    ids |= {t.job_name.removeprefix(children.JOB_PREFIX)[:20] for t in status.targets if t.job_name}
+    jobs_idx: Mapping[str, Any] = indices["jobs_idx"]
+    candidates = [j for bid in ids for j in list(jobs_idx.get(bid, ())) if isinstance(j, JobView)]
+    release = release_jobs(requester, candidates)
+    for j in release.delete:
+        await state.kube.delete("Job", j.namespace, j.name)
+    for j in release.leave:
+        await state.kube.annotate("Job", j.namespace, j.name, {requester_annotation(requester): None})
     _forget(state, Kind.TRTENGINE, *me)
 
 
@@ -380,9 +342,15 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     try:
         obj = InferenceDeployment.model_validate({**body, "status": old})
     except ValidationError as e:
-        log.warning("InferenceDeployment %s/%s is invalid: %s", ns, name, e.errors()[0]["msg"])
+        message = f"invalid spec: {field_error(e)}"
+        log.warning("InferenceDeployment %s/%s: %s", ns, name, message)
+        status = invalid_deployment_status(old_status, gen, message, time.time())
+        await _write_status(
+            state, Kind.INFERENCEDEPLOYMENT, INFERENCEDEPLOYMENTS, body, old, status.to_wire()
+        )
         return
     engine_name = obj.spec.engine_ref.name
+    state.queue.set_engine_ref(ns, name, engine_name)
     engine: TRTEngine | None = None
     problem = None
     for found in list(indices["trte_idx"].get((ns, engine_name), [])):
@@ -393,7 +361,9 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     deployments = [v for v in list(indices["deps_idx"].get((ns, label), [])) if isinstance(v, DeploymentView)]
     pods = [v for v in list(indices["rpods_idx"].get((ns, label), [])) if isinstance(v, PodView)]
     nodes = _views(indices["nodes_idx"], NodeView)
-    jobs = _views(indices["jobs_idx"], JobView)
+    # The engine's own build and rebuild Jobs, by build id (rebuilds share the engine key's id).
+    ids = {t.engine_key[:20] for t in (engine.status.targets if engine is not None else []) if t.engine_key}
+    jobs = [j for bid in ids for j in list(indices["jobs_idx"].get(bid, ())) if isinstance(j, JobView)]
     obs = DeploymentObserved(
         namespace=ns,
         name=name,
@@ -408,7 +378,6 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
         jobs=jobs,
         now=time.time(),
         engine_problem=problem,
-        cache_scope=_cache_scope(state, indices, ns),
     )
     plan = plan_deployment(obs, state.cfg)
     state.metrics.observe_deployment(ns, name, plan.status)
@@ -432,12 +401,15 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
         await state.kube.delete("Deployment", ns, d)
     for p in plan.delete_pods:
         await state.kube.delete("Pod", ns, p)
-    if plan.jobs_to_create:
-        async with state.build_lock:
-            await _create_jobs(state, plan.jobs_to_create, "rebuild")
-    for ev in plan.events:
-        if ev.reason == "GPUFault":
-            state.metrics.faults.labels(ev.message.rsplit("action ", 1)[-1]).inc()
+    if engine is not None:
+        # Rebuilds are asked of the TRTEngine, which owns every build Job (planning/rebuild.py).
+        patch = annotation_patch(f"{ns}/{name}", plan.rebuild_requests, engine.metadata.annotations)
+        if patch:
+            await state.kube.annotate("TRTEngine", ns, engine_name, patch)
+    known = {(f.pod, f.time) for f in old_status.faults}
+    for f in plan.status.faults:
+        if (f.pod, f.time) not in known:
+            state.metrics.faults.labels(f.action).inc()
     old_faults = {(f.pod, f.time) for f in old_status.faults if f.recovered_seconds is not None}
     for f in plan.status.faults:
         if f.recovered_seconds is not None and (f.pod, f.time) not in old_faults:
@@ -458,8 +430,9 @@ async def cleanup_deployment(state: State, body: Mapping[str, Any], indices: Map
 
 def _forget(state: State, kind: Kind, namespace: str, name: str) -> None:
     """Drop what the operator keeps about a deleted object (its wake-up flag, the status it wrote)."""
-    state.triggers.drop(kind, namespace, name)
-    state.written.pop((kind, namespace, name), None)
+    state.queue.drop(kind, namespace, name)
+    state.watch.forget((kind, namespace, name))
+    state.statuses.forget(kind, namespace, name)
     state.metrics.forget(kind, namespace, name)
 
 
@@ -469,12 +442,14 @@ def _forget(state: State, kind: Kind, namespace: str, name: str) -> None:
 async def _loop(state: State, kind: Kind, body: Any, stopped: Any, kwargs: Mapping[str, Any]) -> None:
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
-    trigger = state.triggers.get(kind, ns, name)
+    trigger = state.queue.get(kind, ns, name)
     fn = reconcile_engine if kind == Kind.TRTENGINE else reconcile_deployment
+    key = (kind, ns, name)
     while not stopped:
         trigger.clear()
         t0 = time.monotonic()
         wait = state.cfg.resync_seconds
+        state.watch.started(key)
         try:
             again = await fn(state, body, kwargs)
             state.metrics.reconciles.labels(kind, "ok").inc()
@@ -496,6 +471,7 @@ async def _loop(state: State, kind: Kind, body: Any, stopped: Any, kwargs: Mappi
             log.exception("%s %s/%s: reconcile crashed", kind, ns, name)
             wait = min(wait, 10.0)
         finally:
+            state.watch.finished(key)
             state.metrics.reconcile_seconds.labels(kind).observe(time.monotonic() - t0)
         await _wait_any(trigger, stopped, wait)
         await asyncio.sleep(DEBOUNCE_S)
@@ -555,10 +531,6 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         settings.networking.request_timeout = 60
         settings.posting.level = logging.WARNING  # our own Events go through Kube.event
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event is noise
-
-    @kopf.on.probe(id="now", registry=registry)
-    def _probe(**_: Any) -> float:
-        return time.time()
 
     # --- indices (complete before any handler runs: a restart sees every Job it made)
     @kopf.index("batch", "v1", "jobs", id="jobs_idx", labels=MANAGED, registry=registry)
@@ -640,12 +612,18 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     def _job_event(**kw: Any) -> None:
         body = kw["body"]
         j = JobView.from_k8s(body)
-        if j.labels.get(APP_COMPONENT) == COMPONENT_VERIFIER:
+        if j.labels.get(APP_COMPONENT) == COMPONENT_VERIFIER:  # not a build: no slot, wake its engine
             if j.done:
                 fp = j.annotations.get(ANNOTATION_SOURCE_FINGERPRINT, "")
                 state.store.invalidate_possession(j.namespace, fp)
-            state.triggers.fire_all(Kind.TRTENGINE, j.namespace)
+            ns, _, n = j.annotations.get(ANNOTATION_CREATED_FOR, "").partition("/")
+            state.queue.fire(Kind.TRTENGINE, ns, n)
             return
+        if kw.get("type") == "DELETED":
+            state.slots.forget(j.name)
+        else:
+            state.slots.observe(j, j.labels.get(LABEL_REQUESTER_NAMESPACE, ""))
+        state.metrics.builds_running.set(state.slots.running)
         if j.done:
             key = j.engine_key or ((j.result() or {}).get("key") or "")
             if key:
@@ -653,8 +631,8 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
             state.store.invalidate_request(j.request_digest)
         for r in j.requesters():
             ns, _, n = r.partition("/")
-            state.triggers.fire(Kind.TRTENGINE, ns, n)
-            state.triggers.fire_all(Kind.INFERENCEDEPLOYMENT, ns)
+            state.queue.fire(Kind.TRTENGINE, ns, n)
+            state.queue.fire_deployments_of(ns, n)
 
     @kopf.on.event("v1", "pods", labels={**MANAGED, APP_COMPONENT: COMPONENT_BUILDER}, registry=registry)
     async def _build_pod_event(**kw: Any) -> None:
@@ -670,42 +648,37 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
             await state.kube.annotate("Job", namespace, job_name, {ANNOTATION_RESULT: result})
             state.metrics.observe_build_result(result)
 
-    @kopf.on.event("v1", "pods", labels={**MANAGED, APP_COMPONENT: COMPONENT_VERIFIER}, registry=registry)
-    def _verify_pod_event(**kw: Any) -> None:
-        state.triggers.fire_all(Kind.TRTENGINE, kw["namespace"])
-
     @kopf.on.event("v1", "pods", labels={**MANAGED, APP_COMPONENT: COMPONENT_RUNTIME}, registry=registry)
     def _runtime_pod_event(**kw: Any) -> None:
         namespace, labels = kw["namespace"], kw["labels"]
-        state.triggers.fire_label(
-            Kind.INFERENCEDEPLOYMENT, namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, "")
-        )
+        state.queue.fire_label(Kind.INFERENCEDEPLOYMENT, namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, ""))
 
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)
     def _deployment_event(**kw: Any) -> None:
         namespace, labels = kw["namespace"], kw["labels"]
-        state.triggers.fire_label(
-            Kind.INFERENCEDEPLOYMENT, namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, "")
-        )
+        state.queue.fire_label(Kind.INFERENCEDEPLOYMENT, namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, ""))
 
     @kopf.on.event("v1", "nodes", registry=registry)
     def _node_event(**kw: Any) -> None:
         body, name, type_ = kw["body"], kw["name"], kw.get("type")
         view = None if type_ == "DELETED" else NodeView.from_k8s(body)
-        if state.triggers.node_changed(view, name):
-            state.triggers.fire_all(Kind.TRTENGINE)
-            state.triggers.fire_all(Kind.INFERENCEDEPLOYMENT)
+        if state.queue.node_changed(view, name):
+            state.queue.fire_every(Kind.TRTENGINE)
+            state.queue.fire_every(Kind.INFERENCEDEPLOYMENT)
 
     @kopf.on.event(GROUP, VERSION, TRTENGINES, registry=registry)
     def _engine_event(**kw: Any) -> None:
         namespace, name = kw["namespace"], kw["name"]
-        state.triggers.fire(Kind.TRTENGINE, namespace, name)
-        state.triggers.fire_all(Kind.INFERENCEDEPLOYMENT, namespace)
+        state.queue.fire(Kind.TRTENGINE, namespace, name)
+        state.queue.fire_deployments_of(namespace, name)
 
     @kopf.on.event(GROUP, VERSION, INFERENCEDEPLOYMENTS, registry=registry)
     def _infd_event(**kw: Any) -> None:
         namespace, name = kw["namespace"], kw["name"]
-        state.triggers.fire(Kind.INFERENCEDEPLOYMENT, namespace, name)
+        ref = ((kw["body"].get("spec") or {}).get("engineRef") or {}).get("name")
+        if kw.get("type") != "DELETED":
+            state.queue.set_engine_ref(namespace, name, str(ref) if ref else None)
+        state.queue.fire(Kind.INFERENCEDEPLOYMENT, namespace, name)
 
     # --- the level-based loops, one per resource
     @kopf.daemon(GROUP, VERSION, TRTENGINES, id="reconcile", cancellation_timeout=1.0, registry=registry)

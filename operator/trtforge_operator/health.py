@@ -11,11 +11,19 @@ from collections.abc import Callable
 from aiohttp import web
 
 
-def health_app(identity: str, leading: Callable[[], bool] | None) -> web.Application:
-    """`leading` None: no leader election (the replica always acts)."""
+def health_app(
+    identity: str, leading: Callable[[], bool] | None, wedged: Callable[[], str | None] | None = None
+) -> web.Application:
+    """`leading` None: no leader election (the replica always acts). `wedged` says why the reconcile
+    loops are stuck (answered 503, so the kubelet restarts the replica), or None while they progress."""
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"identity": identity, "leader": True if leading is None else leading()})
+        leader = True if leading is None else leading()
+        problem = wedged() if wedged is not None and leader else None
+        body = {"identity": identity, "leader": leader}
+        if problem is not None:
+            return web.json_response({**body, "wedged": problem}, status=503)
+        return web.json_response(body)
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)
@@ -23,9 +31,13 @@ def health_app(identity: str, leading: Callable[[], bool] | None) -> web.Applica
 
 
 async def start_health(
-    host: str, port: int, identity: str, leading: Callable[[], bool] | None
+    host: str,
+    port: int,
+    identity: str,
+    leading: Callable[[], bool] | None,
+    wedged: Callable[[], str | None] | None = None,
 ) -> web.AppRunner:
-    runner = web.AppRunner(health_app(identity, leading), access_log=None)
+    runner = web.AppRunner(health_app(identity, leading, wedged), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner

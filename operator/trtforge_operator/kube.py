@@ -18,7 +18,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from trtforge.logs import fields
-from trtforge_operator.labels import ANNOTATION_SPEC_HASH, GROUP, VERSION
+from trtforge_operator.labels import ANNOTATION_SPEC_HASH, GROUP, TRTENGINES, VERSION
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +141,21 @@ class Kube:
     async def annotate(
         self, kind: str, namespace: str, name: str, annotations: Mapping[str, str | None]
     ) -> None:
-        fn = {"Job": self.batch.patch_namespaced_job}[kind]
+        body = {"metadata": {"annotations": dict(annotations)}}
         try:
-            await self._call(fn, name, namespace, {"metadata": {"annotations": dict(annotations)}})
+            if kind == "TRTEngine":
+                await self._call(
+                    self.custom.patch_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    TRTENGINES,
+                    name,
+                    body,
+                )
+            else:
+                fn = {"Job": self.batch.patch_namespaced_job}[kind]
+                await self._call(fn, name, namespace, body)
         except ApiException as e:
             if e.status != 404:
                 raise

@@ -10,7 +10,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -106,15 +105,13 @@ def test_squeezenet_cpu_build_then_cache_hit(tmp_path: Path) -> None:
     )
     assert engine_key(rec) == res.key
 
-    t0 = time.monotonic()
     again = run_build(request(model, store, samples=3))
     assert again.cache_hit and again.key == res.key and again.sha256 == res.sha256
-    assert time.monotonic() - t0 < 1.0
     rk = "7" * 64  # the operator's request key: the builder files what answered it
     pinned = run_build(
         request(tmp_path / "absent.onnx", store, samples=3, model_sha256=m.model_sha256, request_key=rk)
     )
-    assert pinned.cache_hit and pinned.total_seconds < 0.5  # pinned: no model fetch at all
+    assert pinned.cache_hit  # pinned: no model fetch at all (the model path does not exist)
     assert pinned.request_key == rk
     filed = RequestRecord.from_json((store / layout.request_path(rk)).read_text())
     assert (filed.engine_key, filed.backend_version, filed.recipe) == (res.key, m.backend_version, m.recipe)
@@ -308,7 +305,8 @@ def test_two_builders_racing_on_one_key(tmp_path: Path) -> None:
     )
 
 
-def test_cli_cache_hit_is_well_under_a_second(tmp_path: Path) -> None:
+def test_cli_second_build_of_the_same_request_is_a_cache_hit_that_builds_nothing(tmp_path: Path) -> None:
+    """How fast a cache hit is belongs to benchmarks; here: it is a hit and writes no engine."""
     model = tmp_path / "m.onnx"
     shutil.copy(dynamic_cnn(), model)
     base = [
@@ -327,12 +325,15 @@ def test_cli_cache_hit_is_well_under_a_second(tmp_path: Path) -> None:
     ]
     first = subprocess.run(base, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
-    t0 = time.monotonic()
+    built = json.loads(first.stdout.strip().splitlines()[-1])
+    engines = tmp_path / "s" / "engines"
+    before = {p: p.stat().st_mtime_ns for p in engines.rglob("*") if p.is_file()}
+    assert before, "the first build published nothing"
     second = subprocess.run(base, capture_output=True, text=True, timeout=120)
-    wall = time.monotonic() - t0
+    assert second.returncode == 0, second.stderr
     res = json.loads(second.stdout.strip().splitlines()[-1])
-    assert res["cacheHit"] is True and res["totalSeconds"] < 0.5
-    assert wall < 5  # the whole process, interpreter start-up and imports included
+    assert res["cacheHit"] is True and res["key"] == built["key"]
+    assert {p: p.stat().st_mtime_ns for p in engines.rglob("*") if p.is_file()} == before
 
 
 def test_canary_keeps_the_smallest_samples_in_order() -> None:

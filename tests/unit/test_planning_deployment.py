@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from trtforge_operator import children
 from trtforge_operator.api import FaultRecord, InferenceDeployment, TRTEngine, VerifiedModel, get_condition
 from trtforge_operator.config import OperatorConfig
@@ -19,6 +20,7 @@ from trtforge_operator.labels import (
 from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView
 from trtforge_operator.planning import faults
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
+from trtforge_operator.planning.rebuild import rebuild_job
 
 from tests.fakes import default_nodes, gpu_node, iso, job
 from trtforge.contract.gpu import GPUTarget
@@ -236,7 +238,7 @@ def test_gpu_fault_moves_the_pod_records_it_and_rebuilds() -> None:
         79,
         "GPU-1234",
         H100.name,
-        faults.MOVED_REBUILD,
+        faults.FaultAction.MOVED_REBUILD,
     )
     assert f.recovered_seconds is None
     assert plan.delete_pods == ["p-h100"]
@@ -248,7 +250,11 @@ def test_gpu_fault_moves_the_pod_records_it_and_rebuilds() -> None:
     assert terms == [
         {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["gpu-h100-0"]}]}
     ]
-    (rb,) = plan.jobs_to_create
+    # The deployment asks its TRTEngine for the rebuild; the engine's planner makes this Job.
+    (rq,) = plan.rebuild_requests
+    assert (rq.requester, rq.target, rq.engine_key) == ("team-a/resnet", H100.name, KEY_H)
+    rb = rebuild_job(engine(), observed(infd(), engine(), nodes=nodes).nodes, CFG, rq)
+    assert rb is not None
     assert rb["metadata"]["labels"][LABEL_BUILD_KIND] == "rebuild"
     assert "--rebuild" in rb["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "gpu-h100-0" in json.dumps(rb["spec"]["template"]["spec"]["affinity"])  # built on a healthy node
@@ -260,7 +266,7 @@ def test_gpu_fault_moves_the_pod_records_it_and_rebuilds() -> None:
     plan2 = plan_deployment(
         observed(d2, engine(), deployments=deps, pods=pods, nodes=nodes, jobs=[rb_running], now=NOW + 3), CFG
     )
-    assert len(plan2.status.faults) == 1 and plan2.jobs_to_create == []
+    assert len(plan2.status.faults) == 1 and plan2.rebuild_requests == [rq]  # the same request, still
 
     # The rebuild published, the H100 pods run elsewhere on the new template: recovered, with the time.
     done = job(rb, state="complete", at=NOW, result={"key": KEY_H, "sha256": "a" * 64, "cacheHit": False})
@@ -286,27 +292,30 @@ def test_gpu_fault_moves_the_pod_records_it_and_rebuilds() -> None:
 
 
 def test_a_rebuild_reads_the_verified_staged_model_not_the_tenants_secret() -> None:
-    import dataclasses
 
     private = {"uri": "s3://models/r.onnx", "secretRef": {"name": "s3-creds"}}
     e = engine(model=private)
     e = e.model_copy(update={"status": e.status.model_copy(update={"model": VerifiedModel(sha256="d" * 64)})})
     pods = [pod("p-h100", "gpu-h100-0", terminated=gpu_fault())]
-    obs = dataclasses.replace(observed(infd(), e, pods=pods), cache_scope="ns:team-a")
-    (rb,) = plan_deployment(obs, CFG).jobs_to_create
+    plan = plan_deployment(observed(infd(), e, pods=pods), CFG)
+    (rq,) = plan.rebuild_requests
+    rb = rebuild_job(e, observed(infd(), engine()).nodes, CFG, rq, cache_scope="ns:team-a")
+    assert rb is not None
     c = rb["spec"]["template"]["spec"]["containers"][0]
     assert "envFrom" not in c  # the build never holds the tenant's credentials
     cmd = c["command"]
     assert cmd[cmd.index("--sha256") + 1] == "d" * 64 and "--staged-model" in cmd
     assert cmd[cmd.index("--cache-scope") + 1] == "ns:team-a" and "--rebuild" in cmd
+    # Not proven (no status.model): no rebuild of a model the namespace has not shown it holds.
+    assert rebuild_job(engine(model=private), observed(infd(), engine()).nodes, CFG, rq) is None
 
 
 def test_rebuild_disabled_still_moves_the_pod() -> None:
     d = infd(faultPolicy={"rebuildOnGPUFault": False})
     pods = [pod("p-h100", "gpu-h100-0", terminated=gpu_fault())]
     plan = plan_deployment(observed(d, engine(), pods=pods), CFG)
-    assert plan.status.faults[0].action == faults.MOVED_REBUILD_DISABLED
-    assert plan.jobs_to_create == [] and plan.delete_pods == ["p-h100"]
+    assert plan.status.faults[0].action == faults.FaultAction.MOVED_REBUILD_DISABLED
+    assert plan.rebuild_requests == [] and plan.delete_pods == ["p-h100"]
 
 
 def test_rebuilds_are_rate_limited_per_hour() -> None:
@@ -317,7 +326,7 @@ def test_rebuilds_are_rate_limited_per_hour() -> None:
             node="gpu-h100-1",
             target=H100.name,
             xid=79,
-            action=faults.MOVED_REBUILD,
+            action=faults.FaultAction.MOVED_REBUILD,
             recovered_seconds=10,
         )
         for m in (30, 40, 50)
@@ -327,7 +336,9 @@ def test_rebuilds_are_rate_limited_per_hour() -> None:
     plan = plan_deployment(
         observed(d, engine(), pods=[pod("p", "gpu-h100-0", terminated=gpu_fault(at=now))], now=now), CFG
     )
-    assert plan.status.faults[-1].action == faults.MOVED_RATE_LIMITED and plan.jobs_to_create == []
+    assert (
+        plan.status.faults[-1].action == faults.FaultAction.MOVED_RATE_LIMITED and plan.rebuild_requests == []
+    )
 
 
 def test_node_losing_a_gpu_is_a_fault_for_the_pods_on_it() -> None:
@@ -355,8 +366,8 @@ def test_engine_load_failure_rebuilds_without_blaming_the_node() -> None:
     )
     plan = plan_deployment(observed(infd(), engine(), pods=[p]), CFG)
     (f,) = plan.status.faults
-    assert (f.reason, f.action) == ("EngineLoadFailed", faults.REBUILD)
-    assert plan.delete_pods == [] and len(plan.jobs_to_create) == 1
+    assert (f.reason, f.action) == ("EngineLoadFailed", faults.FaultAction.REBUILD)
+    assert plan.delete_pods == [] and len(plan.rebuild_requests) == 1
     assert faults.avoid_nodes(plan.status.faults, [], NOW, 3600) == set()
 
 
@@ -383,3 +394,70 @@ def test_several_suspect_nodes_each_get_their_own_field_selector() -> None:
         {"key": "metadata.name", "operator": "NotIn", "values": ["a"]},
         {"key": "metadata.name", "operator": "NotIn", "values": ["b"]},
     ]
+
+
+def test_a_fault_rebuild_requested_by_an_inferencedeployment_creates_its_job_through_the_trtengine() -> None:
+    """The deployment records a request on the engine; the engine's planner creates the Job, once."""
+    from trtforge_operator.planning.engine import Capacity, EngineObserved, plan_engine
+    from trtforge_operator.planning.rebuild import annotation_patch, requests_on
+
+    nodes = [gpu_node("gpu-h100-0", H100.gpu, 8, allocatable={"nvidia.com/gpu": 7}), *default_nodes()[1:]]
+    pods = [pod("p-h100", "gpu-h100-0", terminated=gpu_fault())]
+    obs = observed(infd(), engine(), pods=pods, nodes=nodes)
+    plan = plan_deployment(obs, CFG)
+    assert not hasattr(plan, "jobs_to_create"), "the deployment planner never makes build Jobs"
+    patch = annotation_patch("team-a/resnet", plan.rebuild_requests, {})
+    annotations = {k: v for k, v in patch.items() if v is not None}
+    (request,) = requests_on(annotations)
+    wanted = rebuild_job(engine(), obs.nodes, CFG, request)
+    assert wanted is not None
+
+    def engine_pass(jobs: list[JobView]) -> list[dict[str, Any]]:
+        e = engine()
+        eo = EngineObserved(
+            namespace="team-a",
+            name=e.metadata.name,
+            generation=1,
+            spec=e.spec,
+            status=e.status,
+            nodes=obs.nodes,
+            jobs=jobs,
+            manifests=lambda _key: None,
+            capacity=Capacity(0, 0, 10, 10),
+            now=NOW,
+            rebuild_jobs=[wanted],
+        )
+        return [
+            j
+            for j in plan_engine(eo, CFG).jobs_to_create
+            if j["metadata"]["labels"][LABEL_BUILD_KIND] == "rebuild"
+        ]
+
+    (created,) = engine_pass([])
+    assert created["metadata"]["name"] == wanted["metadata"]["name"]
+    assert engine_pass([JobView.from_k8s(job(created, at=NOW))]) == [], "create-if-absent"
+    # Recovered: the deployment takes its request back.
+    assert annotation_patch("team-a/resnet", [], annotations) == {request.annotation(): None}
+
+
+@pytest.mark.parametrize(
+    "suspect,enabled,engine_known,limited,expected",
+    [
+        (True, True, True, False, faults.FaultAction.MOVED_REBUILD),
+        (False, True, True, False, faults.FaultAction.REBUILD),
+        (True, True, True, True, faults.FaultAction.MOVED_RATE_LIMITED),
+        (False, True, True, True, faults.FaultAction.REBUILD_RATE_LIMITED),
+        (True, False, True, False, faults.FaultAction.MOVED_REBUILD_DISABLED),
+        (False, False, True, False, faults.FaultAction.REBUILD_DISABLED),
+        # No engine key is its own cause, not a rate limit.
+        (True, True, False, False, faults.FaultAction.MOVED_NO_ENGINE_KEY),
+        (False, True, False, True, faults.FaultAction.NO_ENGINE_KEY),
+    ],
+)
+def test_fault_actions_come_from_one_table(
+    suspect: bool, enabled: bool, engine_known: bool, limited: bool, expected: faults.FaultAction
+) -> None:
+    got = faults.fault_action(
+        node_suspect=suspect, rebuild_enabled=enabled, has_engine=engine_known, rate_limited=limited
+    )
+    assert got is expected

@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, ValidationError
 from pydantic.alias_generators import to_camel
 
 GROUP: Final = "trtforge.io"
@@ -153,3 +153,12 @@ def set_condition(
 def ready_text(ready: int, total: int) -> str:
     """``"2/3"``: what the Ready printer columns show."""
     return f"{ready}/{total}"
+
+
+def field_error(e: ValidationError) -> str:
+    """The first error of a refused object, naming its field (``spec.targets[0].gpu: ...``)."""
+    err = e.errors()[0]
+    path = ""
+    for part in err.get("loc", ()):
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return f"{path}: {err['msg']}" if path else str(err["msg"])

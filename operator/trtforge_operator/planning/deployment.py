@@ -35,7 +35,8 @@ from trtforge_operator.labels import (
 )
 from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView, utc
 from trtforge_operator.planning import faults
-from trtforge_operator.planning.engine import Event, build_request, key_inputs, one_line
+from trtforge_operator.planning.engine import Event, key_inputs, one_line
+from trtforge_operator.planning.rebuild import RebuildRequest
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,6 @@ class DeploymentObserved:
     jobs: Sequence[JobView]  # build Jobs (for rebuilds of our keys)
     now: float
     engine_problem: str | None = None  # why `engine` is None
-    cache_scope: str = ""  # the namespace's cache scope (a rebuild keys its engine in it)
 
 
 @dataclass
@@ -64,34 +64,10 @@ class DeploymentPlan:
     )  # Deployments + Service: create, or update on hash
     delete_deployments: list[str] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
-    jobs_to_create: list[dict[str, Any]] = field(default_factory=list)
+    # Rebuilds this deployment asks its TRTEngine for (the engine creates the Jobs; docs/design.md
+    # §"Scale" and planning/rebuild.py). Level-based: the full set still wanted, not a delta.
+    rebuild_requests: list[RebuildRequest] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-
-
-def _rebuild_request(
-    obs: DeploymentObserved, cfg: OperatorConfig, target: GPUTarget, key: str, fid: str, avoid: set[str]
-) -> children.BuildRequest | None:
-    engine = obs.engine
-    if engine is None:
-        return None
-    verified = engine.status.model.sha256 if engine.status.model is not None else None
-    try:
-        ki = key_inputs(
-            engine.spec, target, obs.nodes, cfg, model_sha256=verified, cache_scope=obs.cache_scope
-        )
-    except ValueError:
-        return None
-    # The rebuild reads the staged copy this namespace verified; it needs no tenant credentials.
-    return build_request(
-        engine.spec,
-        ki,
-        f"{obs.namespace}/{engine.metadata.name}",
-        engine_key=key,
-        rebuild_of=fid,
-        avoid_nodes=tuple(sorted(avoid)),
-        verified_sha256=verified,
-        cache_scope=obs.cache_scope,
-    )
 
 
 def _gpu_faulted(pod: PodView) -> bool:
@@ -125,16 +101,14 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     for d in new:
         rec = d.record
         t = engine_targets.get(rec.target or "")
-        can_rebuild = t is not None and t.engine_key is not None and obs.engine is not None
-        if not policy.rebuild_on_gpu_fault or not can_rebuild:
-            action = faults.MOVED_REBUILD_DISABLED if d.node_suspect else faults.REBUILD_RATE_LIMITED
-            if not policy.rebuild_on_gpu_fault and not d.node_suspect:
-                action = "RebuildDisabled"
-        elif faults.rebuilds_in_last_hour(records, rec.target or "", now) >= policy.max_rebuilds_per_hour:
-            action = faults.MOVED_RATE_LIMITED if d.node_suspect else faults.REBUILD_RATE_LIMITED
-        else:
-            action = faults.MOVED_REBUILD if d.node_suspect else faults.REBUILD
-        rec = rec.model_copy(update={"action": action})
+        action = faults.fault_action(
+            node_suspect=d.node_suspect,
+            rebuild_enabled=policy.rebuild_on_gpu_fault,
+            has_engine=t is not None and t.engine_key is not None and obs.engine is not None,
+            rate_limited=faults.rebuilds_in_last_hour(records, rec.target or "", now)
+            >= policy.max_rebuilds_per_hour,
+        )
+        rec = rec.model_copy(update={"action": action.value})
         records.append(rec)
         what = f"Xid {rec.xid}" if rec.xid is not None else (rec.reason or "fault")
         events.append(
@@ -171,20 +145,23 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         if t is None or not t.engine_key:
             continue
         fid = faults.fault_id(rec)
-        name = children.job_name(t.engine_key[:20], rebuild_of=fid)
-        pending_rebuild[t.name] = name
-        if name not in jobs_by_name and not any(
-            j.kind == "rebuild" and j.running and j.build_id == t.engine_key[:20] for j in obs.jobs
-        ):
-            req = _rebuild_request(obs, cfg, t.target(), t.engine_key, fid, avoid_for(t.target()))
-            if req is not None:
-                plan.jobs_to_create.append(children.build_job(req, cfg))
+        pending_rebuild[t.name] = children.job_name(t.engine_key[:20], rebuild_of=fid)
+        plan.rebuild_requests.append(
+            RebuildRequest(
+                requester=f"{obs.namespace}/{obs.name}",
+                target=t.name,
+                engine_key=t.engine_key,
+                fault=fid,
+                avoid_nodes=tuple(sorted(avoid_for(t.target()))),
+            )
+        )
 
     # --- Deployments and the Service
     existing = {d.name: d for d in obs.deployments}
     keep: set[str] = set()
     target_statuses: list[DeploymentTargetStatus] = []
     rollout_done: dict[str, bool] = {}
+    engine_not_ready: set[str] = set()  # targets whose engine is not Ready (typed, not read from text)
     runtime = spec.runtime
     image = runtime.image or cfg.runtime_image
     for target, replicas in wanted.items():
@@ -251,6 +228,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         )
         rollout_done[target.name] = done
         if ts.phase != "Ready":
+            engine_not_ready.add(target.name)
             st.message = f"engine {ts.phase.lower()}: {ts.message or ts.reason or ''}".strip()
         elif cur is not None and cur.progress_deadline_exceeded:
             st.message = "rollout stuck: new pods are not becoming ready (the previous engine keeps serving)"
@@ -292,7 +270,9 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     svc = children.service_name(obs.name)
     plan.status = InferenceDeploymentStatus(
         observed_generation=obs.generation,
-        conditions=_conditions(obs, wanted, target_statuses, rollout_done, records, existing),
+        conditions=_conditions(
+            obs, wanted, target_statuses, rollout_done, records, existing, engine_not_ready
+        ),
         targets=target_statuses,
         replicas=total,
         ready_replicas=ready_total,
@@ -311,6 +291,7 @@ def _conditions(
     done: dict[str, bool],
     records: list[FaultRecord],
     existing: dict[str, DeploymentView],
+    engine_not_ready: set[str],
 ) -> list[Condition]:
     gen, at = obs.generation, utc(obs.now)
     conds = list(obs.status.conditions)
@@ -334,7 +315,7 @@ def _conditions(
         )
     elif not_done:
         msg = one_line("; ".join(f"{t.name}: {t.message}" for t in not_done), 1000)
-        waiting_engine = any((t.message or "").startswith("engine ") for t in not_done)
+        waiting_engine = any(t.name in engine_not_ready for t in not_done)
         conds = set_condition(
             conds,
             "Ready",
@@ -397,3 +378,19 @@ def _conditions(
     else:
         conds = set_condition(conds, "Degraded", "False", "AsExpected", "", observed_generation=gen, at=at)
     return conds
+
+
+def invalid_deployment_status(
+    old: InferenceDeploymentStatus, generation: int, message: str, now: float
+) -> InferenceDeploymentStatus:
+    """Status of an InferenceDeployment whose spec the models refuse: Ready=False naming the field
+    (the CRD of an old cluster, without its CEL rules, lets such a spec in). Targets are kept."""
+    at = utc(now)
+    msg = one_line(message, 1000)
+    conds = set_condition(
+        list(old.conditions), "Ready", "False", "InvalidSpec", msg, observed_generation=generation, at=at
+    )
+    conds = set_condition(
+        conds, "Progressing", "False", "InvalidSpec", msg, observed_generation=generation, at=at
+    )
+    return old.model_copy(update={"observed_generation": generation, "conditions": conds})

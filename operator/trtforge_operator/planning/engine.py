@@ -13,7 +13,7 @@ serving (reason Updating) until the new request's engine is in the store.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +42,7 @@ from trtforge_operator.api import (
 )
 from trtforge_operator.api.trtengine import TargetPhase
 from trtforge_operator.config import OperatorConfig
-from trtforge_operator.labels import ANNOTATION_ATTEMPT, ANNOTATION_SOURCE_FINGERPRINT
+from trtforge_operator.labels import ANNOTATION_ATTEMPT, ANNOTATION_SOURCE_FINGERPRINT, LABEL_BUILD_ID
 from trtforge_operator.observed import JobView, NodeView, utc
 
 ManifestLookup = Callable[[str], Manifest | None]
@@ -84,7 +84,9 @@ class EngineObserved:
     spec: TRTEngineSpec
     status: TRTEngineStatus
     nodes: Sequence[NodeView]
-    jobs: Sequence[JobView]  # build Jobs in the build namespace (all of them, or those of relevant ids)
+    # Build Jobs of the build namespace: a list, or (the operator's way) an index by build id, so one
+    # pass looks up only its own targets' Jobs instead of scanning every Job (docs/design.md §"Scale").
+    jobs: Sequence[JobView] | Mapping[str, Iterable[object]]
     manifests: ManifestLookup
     capacity: Capacity
     now: float
@@ -110,6 +112,10 @@ class EngineObserved:
         if p is None or not p.proves(self.namespace, self.source_fingerprint, self.spec.model.sha256 or None):
             return None
         return p.sha256
+
+    # Fault rebuilds asked of this engine by its InferenceDeployments, as the Jobs they need
+    # (planning/rebuild.py): this planner creates them, the one owner of build Jobs.
+    rebuild_jobs: Sequence[dict[str, Any]] = ()
 
 
 @dataclass
@@ -636,6 +642,36 @@ def plan_verify(obs: EngineObserved, cfg: OperatorConfig) -> VerifyOutcome:
     )
 
 
+class _IndexedJobs(Mapping[str, list[JobView]]):
+    """Live Jobs of an index keyed by build id, looked up one id at a time (never scanned whole)."""
+
+    def __init__(self, index: Mapping[str, Iterable[object]]) -> None:
+        self._index = index
+
+    def __getitem__(self, build_id: str) -> list[JobView]:
+        found = [j for j in list(self._index.get(build_id, ())) if isinstance(j, JobView) and not j.deleting]
+        if not found:
+            raise KeyError(build_id)
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._index))
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
+def jobs_by_build_id(jobs: Sequence[JobView] | Mapping[str, Iterable[object]]) -> Mapping[str, list[JobView]]:
+    """The live (not deleting) Jobs per build id, from a list or from an index keyed by build id."""
+    if isinstance(jobs, Mapping):
+        return _IndexedJobs(jobs)
+    out: dict[str, list[JobView]] = {}
+    for j in jobs:
+        if not j.deleting:
+            out.setdefault(j.build_id, []).append(j)
+    return out
+
+
 def obs_requester(obs: EngineObserved) -> str:
     return f"{obs.namespace}/{obs.name}"
 
@@ -643,10 +679,7 @@ def obs_requester(obs: EngineObserved) -> str:
 def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     """The desired Jobs and status of one TRTEngine."""
     targets = resolve_targets(obs.spec, obs.nodes)
-    jobs_by_id: dict[str, list[JobView]] = {}
-    for j in obs.jobs:
-        if not j.deleting:
-            jobs_by_id.setdefault(j.build_id, []).append(j)
+    jobs_by_id = jobs_by_build_id(obs.jobs)
     prev = {t.name: t for t in obs.status.targets}
     plan = EnginePlan(status=TRTEngineStatus())
     outcomes: list[_TargetOutcome] = []
@@ -686,6 +719,18 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
             wait = max(0.5, o.wake_at - obs.now)
             plan.requeue_after = wait if plan.requeue_after is None else min(plan.requeue_after, wait)
         outcomes.append(o)
+    for job in obs.rebuild_jobs:
+        name = job["metadata"]["name"]
+        existing = jobs_by_id.get(job["metadata"]["labels"][LABEL_BUILD_ID], [])
+        if name in planned or any(j.name == name or (j.kind == "rebuild" and j.running) for j in existing):
+            continue  # asked for already, or a rebuild of that engine is running: create-if-absent
+        if obs.capacity.allows(extra_total, extra_ns):
+            planned.add(name)
+            extra_total += 1
+            extra_ns += 1
+            plan.jobs_to_create.append(job)
+        else:
+            plan.requeue_after = min(plan.requeue_after or 5.0, 5.0)
     statuses = [_keep_times(o.status, prev.get(o.status.name)) for o in outcomes]
     p = obs.possession
     plan.status = TRTEngineStatus(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from trtforge.contract.termination import EXIT_GPU_FAULT
 from trtforge_operator import children
@@ -23,14 +24,36 @@ from trtforge_operator.observed import NodeView, PodView, utc
 GPU_FAULT = "GPUFault"
 LOAD_FAILURES = frozenset({"EngineLoadFailed", "GPUMismatch", "EngineIntegrity"})
 
-# Actions recorded in status.faults[].action.
-MOVED = "PodMoved"
-MOVED_REBUILD = "PodMovedAndRebuild"
-MOVED_RATE_LIMITED = "PodMovedRebuildRateLimited"
-MOVED_REBUILD_DISABLED = "PodMovedRebuildDisabled"
-REBUILD = "Rebuild"
-REBUILD_RATE_LIMITED = "RebuildRateLimited"
-REBUILD_ACTIONS = frozenset({MOVED_REBUILD, REBUILD})
+
+class FaultAction(StrEnum):
+    """What the operator did about a fault, as status.faults[].action records it."""
+
+    MOVED = "PodMoved"
+    MOVED_REBUILD = "PodMovedAndRebuild"
+    MOVED_RATE_LIMITED = "PodMovedRebuildRateLimited"
+    MOVED_REBUILD_DISABLED = "PodMovedRebuildDisabled"
+    MOVED_NO_ENGINE_KEY = "PodMovedNoEngineKey"
+    REBUILD = "Rebuild"
+    REBUILD_RATE_LIMITED = "RebuildRateLimited"
+    REBUILD_DISABLED = "RebuildDisabled"
+    NO_ENGINE_KEY = "NoEngineKey"
+
+
+REBUILD_ACTIONS = frozenset({FaultAction.MOVED_REBUILD, FaultAction.REBUILD})
+
+
+def fault_action(
+    *, node_suspect: bool, rebuild_enabled: bool, has_engine: bool, rate_limited: bool
+) -> FaultAction:
+    """The action for a new fault, from a table: whether its node is suspect (the pod moves), whether
+    the policy allows a rebuild, whether there is an engine (key) to rebuild, and the hourly limit."""
+    if not rebuild_enabled:
+        return FaultAction.MOVED_REBUILD_DISABLED if node_suspect else FaultAction.REBUILD_DISABLED
+    if not has_engine:
+        return FaultAction.MOVED_NO_ENGINE_KEY if node_suspect else FaultAction.NO_ENGINE_KEY
+    if rate_limited:
+        return FaultAction.MOVED_RATE_LIMITED if node_suspect else FaultAction.REBUILD_RATE_LIMITED
+    return FaultAction.MOVED_REBUILD if node_suspect else FaultAction.REBUILD
 
 
 @dataclass(frozen=True)
@@ -74,7 +97,7 @@ def detect_pod_faults(
                 target=p.labels.get(LABEL_TARGET),
                 xid=(msg.xid if msg else None),
                 reason=None if reason == GPU_FAULT and msg and msg.xid is not None else reason,
-                action=MOVED,
+                action=FaultAction.MOVED.value,
             )
             out.append(DetectedFault(rec, node_suspect=reason == GPU_FAULT))
             seen.add(p.name)
@@ -124,7 +147,7 @@ def detect_node_faults(
                     node=p.node,
                     target=p.labels.get(LABEL_TARGET),
                     reason=problem,
-                    action=MOVED,
+                    action=FaultAction.MOVED.value,
                 ),
                 node_suspect=True,
             )

@@ -1,0 +1,34 @@
+"""What a deleted TRTEngine does to the build Jobs it requested. No I/O.
+
+A build Job is shared: every TRTEngine that uses it (from any namespace) records itself in its own
+requester annotation on the Job. So whether a Job is still needed is read from the Job itself, never
+from other engines' status, which may not yet record a claim already made on the Job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from trtforge_operator.observed import JobView
+
+
+@dataclass
+class Release:
+    delete: list[JobView] = field(default_factory=list)  # no requester but the leaving one
+    leave: list[JobView] = field(default_factory=list)  # others still named: only drop our annotation
+
+
+def release_jobs(requester: str, jobs: Iterable[JobView]) -> Release:
+    """Split the Jobs `requester` (`namespace/name`) used into those to delete and those to leave."""
+    out = Release()
+    seen: set[str] = set()
+    for j in jobs:
+        if j.name in seen or requester not in j.requesters():
+            continue
+        seen.add(j.name)
+        if set(j.requesters()) - {requester}:
+            out.leave.append(j)
+        else:
+            out.delete.append(j)
+    return out

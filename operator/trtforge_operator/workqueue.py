@@ -1,0 +1,130 @@
+"""Which reconcile loop to wake, and whether the loops are alive. No Kubernetes calls.
+
+- :class:`WorkQueue`: one wake-up flag per (kind, namespace, name), plus the two owner indices that
+  let an event wake only the loops it concerns: runtime children by their label (the owner's DNS
+  name) and InferenceDeployments by the TRTEngine they reference. Every lookup is by key; nothing
+  here scans all loops (docs/design.md §"Scale").
+- :class:`LoopWatch`: when each reconcile started and each loop last came round, so liveness can
+  fail when a loop is wedged instead of answering the time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from trtforge_operator.children import dns_name
+from trtforge_operator.kinds import Kind
+from trtforge_operator.observed import NodeView
+
+Key = tuple[Kind, str, str]
+
+
+class WorkQueue:
+    """Wake-up flags of the reconcile loops and the indices that find them by what an event names."""
+
+    def __init__(self) -> None:
+        self._events: dict[Key, asyncio.Event] = {}
+        self._by_label: dict[tuple[Kind, str, str], set[str]] = {}
+        self._engine_of: dict[tuple[str, str], str] = {}  # (ns, InferenceDeployment) -> TRTEngine
+        self._users: dict[tuple[str, str], set[str]] = {}  # (ns, TRTEngine) -> InferenceDeployments
+        self._nodes: dict[str, NodeView] = {}
+
+    def get(self, kind: Kind, namespace: str, name: str) -> asyncio.Event:
+        key = (kind, namespace, name)
+        if key not in self._events:
+            self._events[key] = asyncio.Event()
+            self._by_label.setdefault((kind, namespace, dns_name(name)), set()).add(name)
+        return self._events[key]
+
+    def drop(self, kind: Kind, namespace: str, name: str) -> None:
+        self._events.pop((kind, namespace, name), None)
+        names = self._by_label.get((kind, namespace, dns_name(name)))
+        if names is not None:
+            names.discard(name)
+            if not names:
+                del self._by_label[(kind, namespace, dns_name(name))]
+        if kind == Kind.INFERENCEDEPLOYMENT:
+            self.set_engine_ref(namespace, name, None)
+
+    def fire(self, kind: Kind, namespace: str, name: str) -> None:
+        ev = self._events.get((kind, namespace, name))
+        if ev is not None:
+            ev.set()
+
+    def fire_every(self, kind: Kind) -> None:
+        """Wake every loop of `kind` (only for what concerns all of them: a Node's GPUs changed)."""
+        for (k, _, _), ev in list(self._events.items()):
+            if k == kind:
+                ev.set()
+
+    def fire_label(self, kind: Kind, namespace: str, label: str) -> None:
+        """Wake the loops of `kind` in `namespace` whose children carry `label` (dns_name of the name)."""
+        for name in list(self._by_label.get((kind, namespace, label), ())):
+            self.fire(kind, namespace, name)
+
+    def set_engine_ref(self, namespace: str, deployment: str, engine: str | None) -> None:
+        """Record which TRTEngine an InferenceDeployment serves (None: forget it)."""
+        old = self._engine_of.pop((namespace, deployment), None)
+        if old is not None:
+            users = self._users.get((namespace, old))
+            if users is not None:
+                users.discard(deployment)
+                if not users:
+                    del self._users[(namespace, old)]
+        if engine is not None:
+            self._engine_of[(namespace, deployment)] = engine
+            self._users.setdefault((namespace, engine), set()).add(deployment)
+
+    def deployments_of(self, namespace: str, engine: str) -> list[str]:
+        return sorted(self._users.get((namespace, engine), ()))
+
+    def fire_deployments_of(self, namespace: str, engine: str) -> None:
+        """Wake the InferenceDeployments that serve this TRTEngine, and no other."""
+        for name in self.deployments_of(namespace, engine):
+            self.fire(Kind.INFERENCEDEPLOYMENT, namespace, name)
+
+    def node_changed(self, view: NodeView | None, name: str) -> bool:
+        """True when a Node's projection (labels, GPU resources, health) changed, not just a heartbeat."""
+        if view is None:
+            return self._nodes.pop(name, None) is not None
+        old = self._nodes.get(name)
+        self._nodes[name] = view
+        return old != view
+
+
+class LoopWatch:
+    """Start times of running reconciles and the last time each loop came round.
+
+    A loop is wedged when one reconcile has run longer than `stuck_after` seconds (an API call that
+    never returns, a deadlock), or when loops exist and none has come round for `stuck_after`.
+    """
+
+    def __init__(self, stuck_after: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stuck_after = stuck_after
+        self._clock = clock
+        self._running: dict[Key, float] = {}
+        self._last_round: dict[Key, float] = {}
+
+    def started(self, key: Key) -> None:
+        self._running[key] = self._clock()
+
+    def finished(self, key: Key) -> None:
+        self._running.pop(key, None)
+        self._last_round[key] = self._clock()
+
+    def forget(self, key: Key) -> None:
+        self._running.pop(key, None)
+        self._last_round.pop(key, None)
+
+    def problem(self) -> str | None:
+        """Why liveness should fail now, or None when every loop is making progress."""
+        now = self._clock()
+        for key, t0 in list(self._running.items()):
+            if now - t0 > self.stuck_after:
+                kind, ns, name = key
+                return f"{kind} {ns}/{name}: one reconcile has run for {now - t0:.0f}s"
+        if self._last_round and now - max(self._last_round.values()) > self.stuck_after:
+            return f"no reconcile loop has come round for {now - max(self._last_round.values()):.0f}s"
+        return None

@@ -1,0 +1,177 @@
+"""Issue 13's operator parts, each on its own: Job release by requester annotations, build slots,
+wake-ups by key, the loop watch behind liveness, and the refusal of an invalid InferenceDeployment."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from pydantic import ValidationError
+from trtforge_operator.api import InferenceDeployment, InferenceDeploymentStatus
+from trtforge_operator.api.common import field_error
+from trtforge_operator.build_slots import PENDING_TTL_S, BuildSlots
+from trtforge_operator.health import health_app
+from trtforge_operator.kinds import Kind
+from trtforge_operator.labels import LABEL_BUILD_ID, LABEL_REQUESTER_NAMESPACE, requester_annotation
+from trtforge_operator.observed import JobView
+from trtforge_operator.planning.cleanup import release_jobs
+from trtforge_operator.planning.deployment import invalid_deployment_status
+from trtforge_operator.workqueue import LoopWatch, WorkQueue
+
+
+def job(name: str, *requesters: str, running: bool = True) -> JobView:
+    status: dict[str, Any] = (
+        {"active": 1}
+        if running
+        else {
+            "succeeded": 1,
+            "conditions": [{"type": "Complete", "status": "True"}],
+        }
+    )
+    return JobView.from_k8s(
+        {
+            "metadata": {
+                "name": name,
+                "namespace": "build",
+                "labels": {LABEL_BUILD_ID: name[-20:], LABEL_REQUESTER_NAMESPACE: "team-a"},
+                "annotations": {requester_annotation(r): r for r in requesters},
+            },
+            "status": status,
+        }
+    )
+
+
+# --------------------------------------------------------------------------- release by requester
+
+
+def test_an_engine_deleted_while_a_second_engine_has_claimed_its_job_leaves_that_job_alone() -> None:
+    """The second engine's claim is on the Job (its annotation), though its status does not show it
+    yet: the Job stays, only the leaving engine's annotation goes."""
+    shared = job("trtforge-build-" + "a" * 20, "team-a/first", "team-b/second")
+    alone = job("trtforge-build-" + "b" * 20, "team-a/first")
+    other = job("trtforge-build-" + "c" * 20, "team-b/second")
+    out = release_jobs("team-a/first", [shared, alone, other, shared])
+    assert [j.name for j in out.leave] == [shared.name]
+    assert [j.name for j in out.delete] == [alone.name]
+
+
+# ---------------------------------------------------------------------------------------- build slots
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_build_slots_admit_all_or_nothing_within_both_limits() -> None:
+    slots = BuildSlots(max_total=3, max_per_namespace=2, clock=Clock())
+    assert slots.admit(["j1", "j2"], "a")
+    assert not slots.admit(["j3"], "a"), "namespace a is at its limit"
+    assert slots.admit(["j3"], "b")
+    assert not slots.admit(["j4"], "c"), "the cluster-wide limit is reached"
+    assert slots.capacity("a").running_in_namespace == 2 and slots.capacity("c").running_total == 3
+    assert slots.admit(["j1"], "a"), "a Job already admitted needs no second slot"
+
+
+def test_build_slots_follow_job_events_and_expire_unseen_reservations() -> None:
+    clock = Clock()
+    slots = BuildSlots(max_total=2, max_per_namespace=2, clock=clock)
+    assert slots.admit(["trtforge-build-" + "a" * 20], "team-a")
+    slots.observe(job("trtforge-build-" + "a" * 20, "team-a/e"), "team-a")  # created: now running
+    assert slots.capacity("team-a").running_total == 1 and slots.running == 1
+    slots.observe(job("trtforge-build-" + "a" * 20, "team-a/e", running=False), "team-a")  # finished
+    assert slots.capacity("team-a").running_total == 0
+    assert slots.admit(["lost"], "team-a")  # created, but its event never comes
+    clock.t += PENDING_TTL_S + 1
+    assert slots.capacity("team-a").running_total == 0
+
+
+# ----------------------------------------------------------------------------------- wake-ups by key
+
+
+@pytest.mark.asyncio
+async def test_an_engine_event_wakes_only_the_deployments_that_serve_it() -> None:
+    q = WorkQueue()
+    serving = q.get(Kind.INFERENCEDEPLOYMENT, "team-a", "serve-x")
+    unrelated = q.get(Kind.INFERENCEDEPLOYMENT, "team-a", "serve-y")
+    other_ns = q.get(Kind.INFERENCEDEPLOYMENT, "team-b", "serve-x")
+    q.set_engine_ref("team-a", "serve-x", "x")
+    q.set_engine_ref("team-a", "serve-y", "y")
+    q.set_engine_ref("team-b", "serve-x", "x")
+    q.fire_deployments_of("team-a", "x")
+    await asyncio.wait_for(serving.wait(), 5)
+    assert not unrelated.is_set() and not other_ns.is_set()
+    q.set_engine_ref("team-a", "serve-x", "y")  # the deployment now serves another engine
+    serving.clear()
+    q.fire_deployments_of("team-a", "x")
+    assert not serving.is_set()
+    q.drop(Kind.INFERENCEDEPLOYMENT, "team-a", "serve-y")
+    assert q.deployments_of("team-a", "y") == ["serve-x"]
+
+
+@pytest.mark.asyncio
+async def test_a_child_event_wakes_its_owner_by_label() -> None:
+    q = WorkQueue()
+    owner = q.get(Kind.INFERENCEDEPLOYMENT, "team-a", "My.Model")
+    bystander = q.get(Kind.INFERENCEDEPLOYMENT, "team-a", "other")
+    from trtforge_operator.children import dns_name
+
+    q.fire_label(Kind.INFERENCEDEPLOYMENT, "team-a", dns_name("My.Model"))
+    await asyncio.wait_for(owner.wait(), 5)
+    assert not bystander.is_set()
+
+
+# ------------------------------------------------------------------------------------ liveness
+
+
+def test_loop_watch_reports_a_reconcile_that_never_returns() -> None:
+    clock = Clock()
+    watch = LoopWatch(stuck_after=60, clock=clock)
+    key = (Kind.TRTENGINE, "team-a", "e")
+    watch.started(key)
+    clock.t += 30
+    assert watch.problem() is None
+    clock.t += 31
+    assert watch.problem() == "trte team-a/e: one reconcile has run for 61s"
+    watch.finished(key)
+    assert watch.problem() is None
+    clock.t += 61  # loops exist, none came round since
+    assert watch.problem() is not None and "no reconcile loop" in str(watch.problem())
+
+
+@pytest.mark.asyncio
+async def test_a_wedged_loop_fails_liveness() -> None:
+    clock = Clock()
+    watch = LoopWatch(stuck_after=60, clock=clock)
+    async with TestClient(TestServer(health_app("replica-0", None, watch.problem))) as c:
+        assert (await c.get("/healthz")).status == 200
+        watch.started((Kind.INFERENCEDEPLOYMENT, "team-a", "d"))
+        clock.t += 120
+        r = await c.get("/healthz")
+        assert r.status == 503
+        assert "infd team-a/d" in (await r.json())["wedged"]
+
+
+# -------------------------------------------------------------------------- invalid InferenceDeployment
+
+
+def test_an_invalid_inferencedeployment_gets_ready_false_naming_the_field() -> None:
+    body = {
+        "apiVersion": "trtforge.io/v1alpha1",
+        "kind": "InferenceDeployment",
+        "metadata": {"name": "d", "namespace": "team-a", "generation": 3},
+        "spec": {"engineRef": {"name": "e"}, "replicas": -1},
+    }
+    with pytest.raises(ValidationError) as refused:
+        InferenceDeployment.model_validate(body)
+    message = f"invalid spec: {field_error(refused.value)}"
+    assert message.startswith("invalid spec: spec.replicas: ")
+    status = invalid_deployment_status(InferenceDeploymentStatus(), 3, message, 1_800_000_000.0)
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason, ready.message) == ("False", "InvalidSpec", message)
+    assert status.observed_generation == 3

@@ -44,6 +44,7 @@ def engine(sha_h: str = "a" * 64, phase_h: str = "Ready", model: dict[str, Any] 
                 "targets": [{"gpu": H100.gpu}, {"gpu": MIG.gpu, "mig": MIG.mig}],
             },
             "status": {
+                "model": {"sha256": "f" * 64},  # the namespace proved it holds the model
                 "targets": [
                     {
                         "name": H100.name,
@@ -307,7 +308,8 @@ def test_a_rebuild_reads_the_verified_staged_model_not_the_tenants_secret() -> N
     assert cmd[cmd.index("--sha256") + 1] == "d" * 64 and "--staged-model" in cmd
     assert cmd[cmd.index("--cache-scope") + 1] == "ns:team-a" and "--rebuild" in cmd
     # Not proven (no status.model): no rebuild of a model the namespace has not shown it holds.
-    assert rebuild_job(engine(model=private), observed(infd(), engine()).nodes, CFG, rq) is None
+    unproven = e.model_copy(update={"status": e.status.model_copy(update={"model": None})})
+    assert rebuild_job(unproven, observed(infd(), engine()).nodes, CFG, rq) is None
 
 
 def test_rebuild_disabled_still_moves_the_pod() -> None:

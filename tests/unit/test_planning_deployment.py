@@ -61,7 +61,7 @@ def engine(sha_h: str = "a" * 64, phase_h: str = "Ready", model: dict[str, Any] 
                         "engineKey": KEY_M,
                         "sha256": "b" * 64,
                     },
-                ]
+                ],
             },
         }
     )

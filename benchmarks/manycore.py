@@ -61,6 +61,15 @@ def expand(setting: str, n: int) -> str:
     )
 
 
+def _ready_lines(log_path: Path) -> int:
+    """How many runtimes (workers) of the server have logged that they are ready."""
+    n = 0
+    for line in log_path.read_text(errors="replace").splitlines():
+        if line.startswith("{") and '"msg": "ready"' in line:
+            n += 1
+    return n
+
+
 def without_defaults(flags: list[str]) -> list[str]:
     """`flags` without a ``--workers 1`` (the default), to tell which settings are the same server."""
     out: list[str] = []
@@ -142,6 +151,14 @@ def serve(
         wait_http_ok(
             f"http://127.0.0.1:{port}/v2/models/{model.name}/ready", timeout=300, proc=p, interval=0.05
         )
+        # With --workers the first ready worker answers the probe while the others still load, and a
+        # connection stays with the worker that accepted it: load starts once every worker is ready.
+        workers = int(flags[flags.index("--workers") + 1]) if "--workers" in flags else 1
+        deadline = time.monotonic() + 300
+        while _ready_lines(log_path) < workers:
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{workers} workers never were all ready")
+            time.sleep(0.05)
     except Exception:
         stop(p)
         raise RuntimeError(f"trtforge serve did not become ready; see {log_path}") from None
@@ -307,7 +324,16 @@ def render(res: dict[str, Any]) -> str:
         ]
         for r in res["runs"]
     ]
-    fails = "".join(
+    invalid = res.get("invalid_runs") or []
+    if invalid:
+        fails_head = (
+            f"\n\nNot valid, left out of the table ({len(invalid)} runs with "
+            f"{', '.join(sorted({r['setting'] for r in invalid}))}): {invalid[0]['invalid']}."
+            + "".join(f" {r['model']} N={r['n']} [{r['setting']}]: {r['throughput']} req/s;" for r in invalid)
+        )
+    else:
+        fails_head = ""
+    fails = fails_head + "".join(
         f"\n\nfailed: {f['model']} N={f['n']} [{f['setting']}]: {f['error'].strip().splitlines()[-1]}"
         for f in res.get("failed", [])
     )

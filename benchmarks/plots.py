@@ -113,8 +113,10 @@ def manycore(res: dict[str, Any]) -> list[Path]:
             best = [
                 max((r for r in rs if r["n"] == n and r["setting"] == setting), key=lambda r: r["throughput"])
                 for n in ns
+                if any(r["n"] == n and r["setting"] == setting for r in rs)
             ]
-            ax.plot(ns, [r["throughput"] for r in best], "o-", label=f"trtforge serve ({setting})")
+            xs = [r["n"] for r in best]
+            ax.plot(xs, [r["throughput"] for r in best], "o-", label=f"trtforge serve ({setting})")
             for r in best:
                 ax.annotate(
                     f"{r['pct_of_ceiling']:.0f}%",
@@ -136,7 +138,7 @@ def manycore(res: dict[str, Any]) -> list[Path]:
     return [path]
 
 
-def coldstart(res: dict[str, Any]) -> list[Path]:
+def coldstart(res: dict[str, Any], fname: str = "bench-coldstart.png") -> list[Path]:
     plt = _plt()
     bars: list[tuple[str, list[tuple[str, float]]]] = []
     for src, e in res["sources"].items():
@@ -199,11 +201,14 @@ def coldstart(res: dict[str, Any]) -> list[Path]:
     ax.set_yticklabels([b[0] for b in bars], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds from process start to ready (median)")
-    ax.set_title(f"Cold start, {res['model']} ({res['artifact_bytes'] / 1e6:.0f} MB artifact)", fontsize=10)
+    where = f", {res['machine']['cpu_model']}, cpus {res['cpus']}" if res.get("machine") else ""
+    ax.set_title(
+        f"Cold start, {res['model']} ({res['artifact_bytes'] / 1e6:.0f} MB artifact{where})", fontsize=10
+    )
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3)
     ax.set_xlim(right=ax.get_xlim()[1] * 1.08)
     fig.tight_layout()
-    path = _save(fig, "bench-coldstart.png")
+    path = _save(fig, fname)
     plt.close(fig)
     return [path]
 
@@ -280,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         ("serving", serving),
         ("manycore", manycore),
         ("coldstart", coldstart),
+        ("coldstart-h200", lambda r: coldstart(r, "bench-coldstart-h200.png")),
         ("controlplane", controlplane),
         ("recovery", recovery),
     ):

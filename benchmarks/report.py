@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         "serving": ("serving", serving.render),
         "manycore": ("manycore", manycore.render),
         "coldstart": ("coldstart", coldstart.render),
+        "coldstart-h200": ("coldstart-h200", coldstart.render),
         "controlplane": ("controlplane", controlplane.render),
         "recovery": ("recovery", recovery.render),
     }

@@ -330,6 +330,7 @@ def run_case(
         }
     if env.op.proc is not None:
         res["operator_peak_rss_mb"] = round(peak_rss_bytes(env.op.proc.pid) / 2**20, 1)
+    log(f"{scenario} N={n} measured (deleting now): {res}")
     delete_all(env, counted, selector)
     if scenario == "jobs":
         env.tb.kubectl(

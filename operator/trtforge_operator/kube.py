@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import functools
 import logging
 import uuid
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client, config
@@ -25,32 +23,12 @@ from trtforge_operator.labels import ANNOTATION_SPEC_HASH, GROUP, TRTENGINES, VE
 log = logging.getLogger(__name__)
 
 
-# Kubernetes calls run on worker threads (the client is synchronous). With thousands of engines the
-# calls in flight at once, not CPU, bound a pass: at ~0.4 s per call on a loaded apiserver the default
-# six workers served ~15 calls/s (docs/benchmarks.md). So the operator gives them their own pool.
-API_WORKERS = 64
-
-
 def load_kube_config() -> None:
-    """In-cluster config when running in a pod, else $KUBECONFIG / ~/.kube/config; a connection pool
-    as large as the pool of threads that use it."""
+    """In-cluster config when running in a pod, else $KUBECONFIG / ~/.kube/config."""
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    cfg = client.Configuration.get_default_copy()
-    cfg.connection_pool_maxsize = API_WORKERS
-    client.Configuration.set_default(cfg)
-
-
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _api_pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(API_WORKERS, thread_name_prefix="kube-api")
-    return _POOL
 
 
 class Kube:
@@ -66,9 +44,7 @@ class Kube:
 
     @staticmethod
     async def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(
-            _api_pool(), functools.partial(fn, *args, **kwargs)
-        )
+        return await asyncio.to_thread(fn, *args, **kwargs)
 
     async def create(self, obj: Mapping[str, Any]) -> bool:
         """Create `obj` (Job, Deployment, Service, Secret); False when it already exists (409)."""

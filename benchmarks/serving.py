@@ -417,6 +417,12 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"  {name} {kind.name} FAILED: {e}")
                 results.setdefault("failed", {}).setdefault(name, {})[kind.name] = str(e)[-2000:]
             log(f"  {name} {kind.name}: {time.monotonic() - t0:.0f}s")
+            # After every server, what is measured so far (a run cut short keeps it, marked partial).
+            results["models"][name] = mres
+            ceil_pct(mres)
+            partial = {**results, "partial": True, "loadavg_after": os.getloadavg()}
+            partial["summary"] = summarize(partial)
+            write_result(a.name, partial)
         ceil_pct(mres)
         results["models"][name] = mres
     results["loadavg_after"] = os.getloadavg()
@@ -498,7 +504,12 @@ def _cell(p: dict[str, Any] | None) -> str:
 def render(results: dict[str, Any]) -> str:
     lay = results["layout"]
     parts = [
-        f"Layout {lay['name']}: servers on cpus {lay['server_cpus']} ({lay['threads']} ONNX Runtime"
+        (
+            "**Partial: the run was cut short; what follows is what it measured.**\n"
+            if results.get("partial")
+            else ""
+        )
+        + f"Layout {lay['name']}: servers on cpus {lay['server_cpus']} ({lay['threads']} ONNX Runtime"
         f" threads in all), client on cpus {lay['client_cpus']}. 1-min load average before the run"
         f" {results['loadavg_before'][0]:.2f}, after {results['loadavg_after'][0]:.2f}."
     ]

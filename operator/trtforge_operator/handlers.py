@@ -629,6 +629,14 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
             if key:
                 state.store.invalidate(str(key))
             state.store.invalidate_request(j.request_digest)
+        gone = kw.get("type") == "DELETED"
+        projection = (
+            None
+            if gone
+            else (j.running, j.done, j.complete, j.deleting, j.annotations.get(ANNOTATION_RESULT))
+        )
+        if not state.queue.job_changed(j.name, projection):
+            return  # only a requester annotation changed: the engine that added it knows already
         for r in j.requesters():
             ns, _, n = r.partition("/")
             state.queue.fire(Kind.TRTENGINE, ns, n)

@@ -15,9 +15,9 @@ EPILOG = """\
 shapes are written 1x3x224x224; a profile entry is INPUT:MIN:OPT:MAX and an input named again
 starts the next optimization profile. Model URIs: pvc://claim/path, s3://bucket/key, https://...,
 file:///path or a path. Exit codes: 0 built or found in the store; 1 unexpected error; 2 bad
-arguments; 80 store unavailable; 82 GPU mismatch; 90 model fetch failed; 91 model sha256 mismatch;
-92 invalid model; 93 invalid profile; 94 backend unavailable; 95 build failed; 96 validation
-failed; 97 timeout.
+arguments; 80 store unavailable; 81 corrupt store entry not rebuilt; 82 GPU mismatch; 90 model
+fetch failed; 91 model sha256 mismatch; 92 invalid model; 93 invalid profile; 94 backend
+unavailable; 95 build failed; 96 validation failed; 97 timeout.
 """
 
 
@@ -79,6 +79,18 @@ def register(sub: Any) -> None:
         action="store_true",
         help="build even when the store has the key, and replace it (after a GPU fault)",
     )
+    p.add_argument(
+        "--staged-model",
+        action="store_true",
+        help="read the model from the store's staging area (models/<--sha256>/), where the engine "
+        "broker put it after verifying the tenant's copy; --model then only names its source",
+    )
+    p.add_argument(
+        "--cache-scope",
+        default="",
+        help="cache scope of the requesting namespace ('' shared, ns:<namespace>, group:<name>); "
+        "part of the store key",
+    )
     p.add_argument("--workdir", default=None, help="scratch directory (default: the system temp dir)")
     p.add_argument(
         "--request-key",
@@ -132,6 +144,8 @@ def _request(args: argparse.Namespace) -> Any:
             atol=args.atol,
             seed=args.seed,
             rebuild=args.rebuild,
+            staged_model=args.staged_model,
+            cache_scope=args.cache_scope,
             workdir=Path(args.workdir) if args.workdir else None,
             request_key=args.request_key.lower() if args.request_key else None,
         )
@@ -146,6 +160,7 @@ def _request(args: argparse.Namespace) -> Any:
             "samples": "--samples",
             "rtol": "--rtol",
             "atol": "--atol",
+            "cache_scope": "--cache-scope",
         }.get(loc, loc)
         raise BuildError(
             f"{flag}: {err['msg'].removeprefix('Value error, ')}", "InvalidArgument", step="parse-arguments"

@@ -17,11 +17,14 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import TYPE_CHECKING, BinaryIO, cast
 
-from trtforge.store.base import IntegrityError, ObjectNotFound, StoreError
+from trtforge.store.base import EngineStore, IntegrityError, ObjectNotFound, StoreError
 from trtforge_builder.errors import BuildError
 from trtforge_builder.progress import Progress
+
+if TYPE_CHECKING:
+    from trtforge_builder.request import BuildRequest
 
 CHUNK = 1 << 20
 HTTP_TIMEOUT_S = 60.0
@@ -40,15 +43,43 @@ def _fail(uri: str, why: str) -> BuildError:
     return BuildError(f"model {uri}: {why}", "ModelFetchFailed", step="fetch-model")
 
 
+def clean_claim_path(uri: str) -> tuple[str, str]:
+    """(claim, path) of a ``pvc://<claim>/<path>`` URI whose path is plain names: no ``..``, ``.``,
+    empty parts or leading ``/`` (raises ModelFetchFailed naming what is wrong)."""
+    rest = uri.removeprefix("pvc://")
+    claim, _, sub = rest.partition("/")
+    if not claim or not sub:
+        raise _fail(uri, "expected pvc://<claim>/<path to the .onnx file>")
+    parts = sub.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise BuildError(
+            f"model {uri}: the path inside the claim must be plain names (no '..', '.', empty parts or "
+            "leading '/'); a model source stays inside its own claim",
+            "InvalidArgument",
+            step="fetch-model",
+        )
+    return claim, sub
+
+
 def local_model_path(uri: str) -> Path:
     from trtforge.store.local import DEFAULT_PVC_ROOT, PVC_ROOT_ENV
 
     if uri.startswith("pvc://"):
-        rest = uri.removeprefix("pvc://")
-        claim, _, sub = rest.partition("/")
-        if not claim or not sub:
-            raise _fail(uri, "expected pvc://<claim>/<path to the .onnx file>")
-        return Path(os.environ.get(PVC_ROOT_ENV) or DEFAULT_PVC_ROOT) / claim / sub
+        claim, sub = clean_claim_path(uri)
+        mount = Path(os.environ.get(PVC_ROOT_ENV) or DEFAULT_PVC_ROOT) / claim
+        path = mount / sub
+        try:
+            real, root = path.resolve(), mount.resolve()
+        except OSError as e:
+            raise _fail(uri, f"cannot resolve {path}: {e.strerror or e}") from e
+        if root not in real.parents:
+            raise BuildError(
+                f"model {uri}: {path} resolves to {real}, outside the claim (a symlink out of it); "
+                "a model source stays inside its own claim",
+                "InvalidArgument",
+                step="fetch-model",
+            )
+        return real
     if uri.startswith("file://"):
         return Path(uri.removeprefix("file://"))
     return Path(uri).expanduser()
@@ -70,6 +101,29 @@ def fetch_model(uri: str, workdir: Path, expected_sha256: str | None = None) -> 
             step="fetch-model",
         )
     return fetched
+
+
+def fetch_staged_model(store: EngineStore, req: BuildRequest, workdir: Path) -> FetchedModel:
+    """The broker-verified copy of the model from the store's staging area, hashed again on the way."""
+    from trtforge.contract.possession import staged_model_path
+
+    sha = req.model_sha256 or ""
+    path = staged_model_path(sha)
+    dest = workdir / "model.onnx"
+    try:
+        with open(dest, "wb") as f:
+            got = store.get(
+                path, cast(BinaryIO, _ProgressWriter(f, Progress(f"reading staged model {path}"))), sha
+            )
+    except ObjectNotFound as e:
+        raise _fail(
+            req.model_uri, f"no verified copy at {path} in the store (the verify step stages it)"
+        ) from e
+    except IntegrityError as e:
+        raise BuildError(str(e), "ModelIntegrity", step="fetch-model") from e
+    except StoreError as e:
+        raise _fail(req.model_uri, str(e)) from e
+    return FetchedModel(path=dest, sha256=got.sha256, size_bytes=got.size_bytes, uri=req.model_uri)
 
 
 def _hash_local(uri: str, path: Path) -> FetchedModel:

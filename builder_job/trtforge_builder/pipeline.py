@@ -15,7 +15,7 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from trtforge.contract import layout
 from trtforge.contract.build_result import BuildAccuracy, BuildResult
@@ -23,12 +23,13 @@ from trtforge.contract.engine_key import RECIPE_VERSION, EngineKeyRecord, Reques
 from trtforge.contract.gpu import CPU, FULL_GPU, GPUIdentity
 from trtforge.contract.gpu_probe import GPUProbe, GPUProbeError, probe_from_env
 from trtforge.contract.manifest import Accuracy, CanaryRef, Manifest, TensorSpec
+from trtforge.contract.possession import scoped_key
 from trtforge.logs import fields
-from trtforge.store import EngineStore, ObjectNotFound, StoreError, join_uri, open_store
+from trtforge.store import EngineStore, IntegrityError, ObjectNotFound, StoreError, join_uri, open_store
 from trtforge.tensorrt.policy import QUANTIZE_HINT, has_qdq, samples_per_profile
 from trtforge_builder.backends import BuildBackend, BuildInputs, select_backend
 from trtforge_builder.errors import BuildError
-from trtforge_builder.fetch import FetchedModel, fetch_model
+from trtforge_builder.fetch import FetchedModel, fetch_model, fetch_staged_model
 from trtforge_builder.onnx_model import (
     load_model,
     make_batch_dynamic,
@@ -119,6 +120,7 @@ def file_request(store: EngineStore, req: BuildRequest, result: BuildResult) -> 
 
 
 def _cached(store: EngineStore, key: str) -> Manifest | None:
+    """The committed manifest of `key`, unverified (the winner of a commit race just wrote it)."""
     path = layout.manifest_path(key)
     try:
         if not store.exists(path):
@@ -133,17 +135,60 @@ def _cached(store: EngineStore, key: str) -> Manifest | None:
     except ValueError as e:
         why = str(e).splitlines()[0]
         raise BuildError(
-            f"store {store.uri}: {path} is not a valid manifest ({why}); remove it or rebuild with --rebuild",
-            "StoreUnavailable",
-            step="cache-lookup",
+            f"store {store.uri}: {path} is not a valid manifest ({why})", "StoreIntegrity", step="publish"
         ) from e
     if m.key != key:
         raise BuildError(
-            f"store {store.uri}: {path} names key {m.key}, expected {key}; the store is inconsistent",
-            "StoreUnavailable",
-            step="cache-lookup",
+            f"store {store.uri}: {path} names key {m.key}, expected {key}", "StoreIntegrity", step="publish"
         )
     return m
+
+
+class _Discard:
+    """A sink for bytes that are only hashed."""
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def _check_file(store: EngineStore, key: str, name: str, sha256: str, size: int | None) -> str | None:
+    """Why the stored file is not the one the manifest names (None when it is). StoreError passes."""
+    path = layout.engine_path(key, name)
+    try:
+        got = store.get(path, cast(BinaryIO, _Discard()), expected_sha256=sha256)
+    except ObjectNotFound:
+        return f"{path} is missing"
+    except IntegrityError as e:
+        return str(e)
+    if size is not None and got.size_bytes != size:
+        return f"{path} has {got.size_bytes} bytes, the manifest says {size}"
+    return None
+
+
+def verified_entry(store: EngineStore, key: str) -> tuple[Manifest | None, str | None]:
+    """The stored entry of `key` if it is whole: (manifest, None); (None, None) when there is none;
+    (None, why) when it is corrupt: a junk manifest, another key, an engine or canary file missing or
+    not of the manifest's size and sha256. Every byte is hashed: a cache hit is never taken on the
+    manifest alone. StoreError (the store cannot be read) becomes StoreUnavailable."""
+    path = layout.manifest_path(key)
+    try:
+        if not store.exists(path):
+            return None, None
+        text = store.read_bytes(path)
+        try:
+            m = Manifest.from_json(text)
+        except ValueError as e:
+            return None, f"{path} is not a valid manifest ({str(e).splitlines()[0]})"
+        if m.key != key:
+            return None, f"{path} names key {m.key}, expected {key}"
+        why = _check_file(store, key, m.engine_file, m.sha256, m.size_bytes) or _check_file(
+            store, key, m.canary.file, m.canary.sha256, None
+        )
+    except ObjectNotFound:
+        return None, None
+    except StoreError as e:
+        raise _store_error(e, "cache-lookup") from e
+    return (None, why) if why else (m, None)
 
 
 def _result(
@@ -198,6 +243,12 @@ def run_build(
     with tempfile.TemporaryDirectory(prefix="trtforge-build-", dir=req.workdir) as tmp:
         workdir = Path(tmp)
         fetched: FetchedModel | None = None
+        if req.staged_model and req.model_sha256 is None:
+            raise BuildError(
+                "--staged-model needs --sha256 (the staging area is keyed by the model's digest)",
+                "InvalidArgument",
+                step="parse-arguments",
+            )
         if req.model_sha256 is None:  # the key needs the model's sha256
             with steps.step("fetch-model"):
                 fetched = fetch_model(req.model_uri, workdir, None)
@@ -234,21 +285,49 @@ def run_build(
                 cuda=backend.cuda,
                 identity=identity,
             )
-            key = engine_key(record)
-            log.info("engine key", extra=fields(key=key, record=record.canonical_json()))
+            try:
+                key = scoped_key(engine_key(record), req.cache_scope)
+            except ValueError as e:
+                raise BuildError(f"--cache-scope: {e}", "InvalidArgument", step="engine-key") from e
+            log.info(
+                "engine key",
+                extra=fields(key=key, scope=req.cache_scope, record=record.canonical_json()),
+            )
 
+        corrupt: str | None = None
         if not req.rebuild:
             with steps.step("cache-lookup"):
-                hit = _cached(store, key)
+                hit, corrupt = verified_entry(store, key)
             if hit is not None:
-                log.info("cache hit: the store already has this engine", extra=fields(key=key))
+                log.info("cache hit: the store has this engine, verified", extra=fields(key=key))
                 with steps.step("file-request"):
                     return file_request(store, req, _result(store, hit, cache_hit=True, started=started))
+            if corrupt is not None:
+                log.warning(
+                    "store integrity: the stored entry is corrupt; rebuilding and replacing it",
+                    extra=fields(key=key, reason="StoreIntegrity", error=corrupt),
+                )
 
-        if fetched is None:
-            with steps.step("fetch-model"):
-                fetched = fetch_model(req.model_uri, workdir, req.model_sha256)
-        result = _build_and_publish(req, store, backend, identity, key, fetched, workdir, steps, started)
+        try:
+            if fetched is None:
+                with steps.step("fetch-model"):
+                    fetched = (
+                        fetch_staged_model(store, req, workdir)
+                        if req.staged_model
+                        else fetch_model(req.model_uri, workdir, req.model_sha256)
+                    )
+            result = _build_and_publish(
+                req, store, backend, identity, key, fetched, workdir, steps, started, replace_corrupt=corrupt
+            )
+        except BuildError as e:
+            if corrupt is None:
+                raise
+            raise BuildError(
+                f"store {store.uri}: the entry of {key} is corrupt ({corrupt}) and rebuilding it failed "
+                f"({e.reason}: {e})",
+                "StoreIntegrity",
+                step=e.step,
+            ) from e
         with steps.step("file-request"):
             return file_request(store, req, result)
 
@@ -282,6 +361,8 @@ def _build_and_publish(
     workdir: Path,
     steps: Steps,
     started: float,
+    *,
+    replace_corrupt: str | None = None,
 ) -> BuildResult:
     with steps.step("check-model"):
         model = load_model(fetched.path, req.model_uri)
@@ -381,6 +462,7 @@ def _build_and_publish(
             canary.to_bytes(),
             build_seconds,
             started,
+            replace_corrupt,
         )
 
     if backend.uses_timing_cache and req.timing_cache and out.timing_cache:
@@ -404,6 +486,7 @@ def _publish(
     canary_bytes: bytes,
     build_seconds: float,
     started: float,
+    replace_corrupt: str | None = None,
 ) -> BuildResult:
     h = hashlib.sha256()
     with open(artifact, "rb") as f:
@@ -448,8 +531,9 @@ def _publish(
             recipe=RECIPE_VERSION,
         )
         data = manifest.to_json().encode()
-        if req.rebuild:
-            store.put_bytes(layout.manifest_path(key), data)  # replace (after a GPU fault)
+        if req.rebuild or replace_corrupt is not None:
+            # Replace: after a GPU fault, or over a corrupt entry (a concurrent repair writes the same).
+            store.put_bytes(layout.manifest_path(key), data)
             won = True
         else:
             won = store.commit(layout.manifest_path(key), data)
@@ -461,7 +545,8 @@ def _publish(
         raise
     if won:
         log.info("engine published", extra=fields(key=key, engine=engine_file, bytes=put.size_bytes))
-        return _result(store, manifest, cache_hit=False, started=started, build_seconds=build_seconds)
+        res = _result(store, manifest, cache_hit=False, started=started, build_seconds=build_seconds)
+        return res.model_copy(update={"replaced_corrupt": replace_corrupt})
     log.info("another builder committed this key first; using its engine", extra=fields(key=key))
     winner = _cached(store, key)
     if winner is None:

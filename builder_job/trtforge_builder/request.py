@@ -107,6 +107,9 @@ class BuildRequest(BaseModel):
     workdir: Path | None = None  # scratch space (default: a temp dir)
     # The operator's request key: the engine is filed under it (docs/design.md §"Engine keys").
     request_key: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    # The model is the verified copy the broker staged in the store (models/<sha256>/), not model_uri.
+    staged_model: bool = False
+    cache_scope: str = Field(default="", pattern=r"^$|^(ns|group):[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
     @property
     def tolerances(self) -> tuple[float, float]:

@@ -84,6 +84,7 @@ def _run(args: argparse.Namespace) -> int:
             tb,
             Path(tempfile.mkdtemp(prefix="trtforge-demo-")),
             [team_a, team_b],
+            cache_group=f"demo-{tag}",  # the platform team lets the two teams share engines
             faults={"suspect_node_ttl_seconds": 600},
         )
         sha = tiny_model(env.models_dir / "demo.onnx", seed=42)
@@ -148,14 +149,15 @@ def _run(args: argparse.Namespace) -> int:
         story.say(f"pod {h100.metadata.name} answered y = {np.round(got[0][:4], 4)}…")
         story.say(f"max |y - onnxruntime| = {float(np.max(np.abs(got - ref))):.2e}")
 
-        story.step("The same engine requested from another namespace: a cache hit, no Job")
+        story.step("The same model held by another namespace of the cache group: a verify step, no build")
         jobs_before = len(env.jobs())
         env.apply(engine_manifest("demo", sha, targets, model=MODEL), team_b)
         eng_b = env.wait_true("trtengines", team_b, "demo", timeout=60)
         hits = [t["cacheHit"] for t in eng_b["status"]["targets"]]
         story.say(
             f"{team_b}/demo Ready {eng_b['status']['readyTargets']}, cacheHit={hits}, "
-            f"build Jobs {jobs_before} -> {len(env.jobs())}"
+            f"build Jobs {jobs_before} -> {len(env.jobs())}; it proved it holds sha256 "
+            f"{eng_b['status']['model']['sha256'][:16]}… with its own claim first"
         )
 
         story.step("GPU fault: Xid 79 (fallen off the bus) on the node serving the H100 pod")

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from trtforge_operator.config import CACHE_GROUP_LABEL
 
 from trtforge_dev.testbed.procs import free_port
 from trtforge_dev.testbed.wait import wait_for
@@ -55,6 +56,12 @@ def ensure_namespace(api: client.ApiClient, name: str) -> None:
     )
 
 
+def label_namespace(api: client.ApiClient, ns: str, labels: dict[str, str]) -> None:
+    """What a platform team does to put namespaces into one cache group (tenants cannot)."""
+    core: Any = client.CoreV1Api(api)
+    core.patch_namespace(ns, {"metadata": {"labels": labels}})
+
+
 def _claim(core: Any, ns: str, name: str) -> None:
     body = {
         "apiVersion": "v1",
@@ -80,13 +87,60 @@ def claim_path(api: client.ApiClient, ns: str, name: str, timeout: float = 60) -
 
 
 def prepare_build_namespace(api: client.ApiClient, ns: str) -> tuple[Path, Path]:
-    """The build namespace with its ServiceAccount and the store and model PVCs; returns their host dirs."""
+    """The build namespace with its ServiceAccount and the store PVC, and a host directory of test
+    models (for tenants' `models` claims, see tenant_models_claim); returns (store dir, models dir).
+
+    The build namespace has no model claim: model sources live in the tenants' own namespaces."""
     ensure_namespace(api, ns)
     core: Any = client.CoreV1Api(api)
     _create_if_absent(core.create_namespaced_service_account, ns, {"metadata": {"name": "trtforge-builder"}})
     _claim(core, ns, STORE_CLAIM)
-    _claim(core, ns, MODELS_CLAIM)
-    return claim_path(api, ns, STORE_CLAIM), claim_path(api, ns, MODELS_CLAIM)
+    store = claim_path(api, ns, STORE_CLAIM)
+    models = store.parent / f"{store.name}-test-models"
+    models.mkdir(parents=True, exist_ok=True)
+    return store, models
+
+
+def tenant_models_claim(api: client.ApiClient, ns: str, host_dir: Path, name: str = MODELS_CLAIM) -> str:
+    """A claim `name` in tenant namespace `ns`, bound to a PV on `host_dir` (the test bed's stand-in
+    for a team's model volume); several tenants may be given the same directory, as several teams
+    may mount one read-only model share. Returns the PV's name (cluster-scoped: delete it after)."""
+    core: Any = client.CoreV1Api(api)
+    host_dir.mkdir(parents=True, exist_ok=True)
+    pv_name = f"{name}-{ns}"[:63]
+    _create_if_absent(
+        core.create_persistent_volume,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv_name, "labels": {"trtforge.io/test-models": "true"}},
+            "spec": {
+                "capacity": {"storage": "10Gi"},
+                "accessModes": ["ReadWriteMany"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": str(host_dir), "type": "Directory"},
+                "claimRef": {"namespace": ns, "name": name},
+            },
+        },
+    )
+    _create_if_absent(
+        core.create_namespaced_persistent_volume_claim,
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "",
+                "volumeName": pv_name,
+                "resources": {"requests": {"storage": "10Gi"}},
+            },
+        },
+    )
+    claim_path(api, ns, name)  # wait until bound
+    return pv_name
 
 
 def write_config(
@@ -123,10 +177,14 @@ def write_config(
 
 
 class OperatorProcess:
-    """`trtforge operator` as a child process with its own log file."""
+    """`trtforge operator` (or another `trtforge` command on the operator's config, such as
+    `broker --port N`) as a child process with its own log file."""
 
-    def __init__(self, config: Path, kubeconfig: Path, log: Path) -> None:
+    def __init__(
+        self, config: Path, kubeconfig: Path, log: Path, command: Sequence[str] = ("operator",)
+    ) -> None:
         self.config, self.kubeconfig, self.log = config, kubeconfig, log
+        self.command = list(command)
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -142,11 +200,10 @@ class OperatorProcess:
         }
         self.starts += 1
         with self.log.open("ab") as out:
-            out.write(
-                f"\n===== operator start #{self.starts} at {time.strftime('%H:%M:%S')} =====\n".encode()
-            )
+            when = time.strftime("%H:%M:%S")
+            out.write(f"\n===== {self.command[0]} start #{self.starts} at {when} =====\n".encode())
             self.proc = subprocess.Popen(
-                [exe, "operator", "--config", str(self.config)],
+                [exe, *self.command, "--config", str(self.config)],
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -252,8 +309,20 @@ class OperatorEnv:
     """A build namespace, tenant namespaces and a running operator scoped to them, on the test bed."""
 
     def __init__(
-        self, tb: Any, workdir: Path, tenants: Sequence[str], *, build_ns: str | None = None, **config: Any
+        self,
+        tb: Any,
+        workdir: Path,
+        tenants: Sequence[str],
+        *,
+        build_ns: str | None = None,
+        cache_group: str | None = None,
+        brokers: int = 0,
+        **config: Any,
     ) -> None:
+        """`cache_group`: label every tenant namespace into this cache group (the default sharing
+        policy, `groups`, then lets them share engines). `brokers`: run that many standalone brokers
+        (`trtforge broker`, self.brokers) instead of the one inside the operator; runtime pods get
+        their endpoints as a list."""
         import secrets
 
         self.tb = tb
@@ -264,9 +333,21 @@ class OperatorEnv:
         self.api = tb.api_client()
         install_crds(tb)
         self.store_dir, self.models_dir = prepare_build_namespace(self.api, self.build_ns)
+        self.pvs: list[str] = []
         for ns in self.tenants:
             ensure_namespace(self.api, ns)
+            if cache_group:
+                label_namespace(self.api, ns, {CACHE_GROUP_LABEL: cache_group})
+            # Each tenant's own `models` claim; in the test bed they share one directory of models.
+            self.pvs.append(tenant_models_claim(self.api, ns, self.models_dir))
         workdir.mkdir(parents=True, exist_ok=True)
+        ports = [free_port() for _ in range(brokers)]
+        if brokers:
+            config["broker"] = {
+                **config.get("broker", {}),
+                "enabled": False,
+                "endpoints": [f"http://127.0.0.1:{p}" for p in ports],
+            }
         self.config_path = workdir / f"operator-{self.suffix}.yaml"
         self.config = write_config(
             self.config_path,
@@ -276,8 +357,19 @@ class OperatorEnv:
             **config,
         )
         self.op = OperatorProcess(self.config_path, tb.kubeconfig, workdir / f"operator-{self.suffix}.log")
+        self.brokers = [
+            OperatorProcess(
+                self.config_path,
+                tb.kubeconfig,
+                workdir / f"broker-{i}-{self.suffix}.log",
+                command=("broker", "--port", str(p)),
+            )
+            for i, p in enumerate(ports)
+        ]
 
     def start(self) -> None:
+        for b in self.brokers:
+            b.start()
         self.op.start()
 
     def apply(self, obj: dict[str, Any] | str, namespace: str) -> None:
@@ -347,6 +439,8 @@ class OperatorEnv:
             except TimeoutError:
                 pass
         self.op.stop()
+        for b in self.brokers:
+            b.stop()
         for ns in self.tenants:  # strip finalizers the operator could not remove
             for plural in ("inferencedeployments", "trtengines"):
                 try:
@@ -364,6 +458,11 @@ class OperatorEnv:
         for ns in [*self.tenants, self.build_ns]:
             try:
                 core.delete_namespace(ns)
+            except ApiException:
+                pass
+        for pv in self.pvs:
+            try:
+                core.delete_persistent_volume(pv)
             except ApiException:
                 pass
         self.api.close()

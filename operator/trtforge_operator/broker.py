@@ -1,43 +1,72 @@
-"""The engine broker: serves stored engines to runtime pods, so tenants never hold store credentials.
+"""The engine broker: serves stored engines to runtime pods, so tenants never hold store credentials,
+and takes the model bytes of verify steps (proof of possession, docs/security.md).
 
 URL scheme (the read-only client is :mod:`trtforge.store.http`)::
 
     GET  /engines/<key>/<file>   the bytes (X-Trtforge-Sha256 for the engine file)
     HEAD /engines/<key>/<file>   200 when it exists
     GET  /engines/<key>/         {"files": [...]}
+    PUT  /models/<sha256>        a verify step's model bytes (headers X-Trtforge-Source-Uri, and
+                                 -Secret / -Pin when the TRTEngine has them)
 
 A request carries ``Authorization: Bearer <projected service-account token>`` (audience from the
 config). The broker asks the apiserver (TokenReview) who it is: ``system:serviceaccount:<ns>:<sa>``,
-with the pod name in the token's extra info. It is allowed only when an InferenceDeployment in
-``<ns>`` references a TRTEngine (same namespace) whose status lists that engine key. 401 without a
-valid token, 403 when the namespace has no claim on the key, 404 when the store has no such file.
+with the pod name in the token's extra info.
+
+- An engine file is served to ``<ns>`` only when (1) an InferenceDeployment in ``<ns>`` references a
+  TRTEngine (same namespace) whose status lists that engine key, and (2) ``<ns>`` proved it holds
+  that engine's model (``Manifest.model_sha256``) through the model source that TRTEngine names now:
+  a possession record ``possession/<ns>/<source fingerprint>.json`` of that digest. 401 without a
+  valid token, 403 when (1) or (2) fails, 404 when the store has no such file.
+- A ``PUT /models/<sha256>`` body is hashed by the broker while it is spooled to local disk; only
+  bytes whose sha256 is the one named (and the pin, if any) are kept: once per digest in the staging
+  area ``models/<sha256>/model.onnx`` (what build Jobs read), and a possession record for the token's
+  namespace and the named source. 422 when the bytes do not match, 413 when too large.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import os
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+import urllib3
 from aiohttp import web
+from kubernetes.client.rest import ApiException
 
 from trtforge.contract.layout import KEY_RE, engine_path, manifest_path
 from trtforge.contract.manifest import Manifest
+from trtforge.contract.possession import (
+    SHA256_RE,
+    PossessionRecord,
+    possession_path,
+    source_fingerprint,
+    staged_model_path,
+)
 from trtforge.logs import fields
 from trtforge.store import ObjectNotFound, StoreError
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kube import Kube
 from trtforge_operator.labels import INFERENCEDEPLOYMENTS, TRTENGINES
-from trtforge_operator.metrics import Metrics
+from trtforge_operator.metrics import BrokerMetrics, Metrics
 from trtforge_operator.store_reader import StoreReader
 
 log = logging.getLogger(__name__)
 SA_PREFIX = "system:serviceaccount:"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 SHA256_HEADER = "X-Trtforge-Sha256"
+SOURCE_URI_HEADER = "X-Trtforge-Source-Uri"
+SOURCE_SECRET_HEADER = "X-Trtforge-Source-Secret"
+SOURCE_PIN_HEADER = "X-Trtforge-Source-Pin"
 AUTH_TTL_S = 5.0
+SPOOL_CHUNK = 1 << 20
+DEFAULT_MAX_MODEL_BYTES = 64 << 30
 
 
 class Denied(Exception):
@@ -46,7 +75,36 @@ class Denied(Exception):
         self.status = status
 
 
-Authorizer = Callable[[str, str], Awaitable[str]]  # (token, key) -> who (for logs); raises Denied
+@dataclass(frozen=True)
+class Identity:
+    namespace: str
+    pod: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.pod}" if self.pod else self.namespace
+
+
+@dataclass(frozen=True)
+class ModelSourceRef:
+    """The model source a TRTEngine names now (what its possession record must be for)."""
+
+    uri: str
+    secret: str | None
+    pin: str | None
+
+    @property
+    def fingerprint(self) -> str:
+        return source_fingerprint(self.uri, self.secret, self.pin)
+
+
+class Authorizer(Protocol):
+    async def identify(self, token: str) -> Identity:
+        """Who holds `token`; raises Denied (401/403)."""
+        ...
+
+    async def check_engine(self, who: Identity, key: str) -> None:
+        """Raises Denied (403) unless `who`'s namespace may read engine `key`."""
+        ...
 
 
 def namespace_of(username: str) -> str | None:
@@ -56,34 +114,89 @@ def namespace_of(username: str) -> str | None:
     return ns if ns and sa else None
 
 
-def keys_referenced(infds: list[dict[str, Any]], engines: dict[str, dict[str, Any]]) -> set[str]:
-    """Engine keys the InferenceDeployments of one namespace may read (via their same-namespace engines)."""
-    out: set[str] = set()
+def sources_by_key(
+    infds: list[dict[str, Any]], engines: dict[str, dict[str, Any]]
+) -> dict[str, list[ModelSourceRef]]:
+    """Engine key -> the model sources of the TRTEngines (same namespace) that list it in their status
+    and that an InferenceDeployment of the namespace references."""
+    out: dict[str, list[ModelSourceRef]] = {}
     for d in infds:
         ref = ((d.get("spec") or {}).get("engineRef") or {}).get("name")
         e = engines.get(ref or "")
         if e is None:
             continue
+        model = (e.get("spec") or {}).get("model") or {}
+        src = ModelSourceRef(
+            uri=str(model.get("uri") or ""),
+            secret=((model.get("secretRef") or {}).get("name")) or None,
+            pin=model.get("sha256") or None,
+        )
         for t in (e.get("status") or {}).get("targets") or []:
             if t.get("engineKey"):
-                out.add(str(t["engineKey"]))
+                out.setdefault(str(t["engineKey"]), []).append(src)
     return out
 
 
-class KubeAuthorizer:
-    """TokenReview + the InferenceDeployments/TRTEngines of the token's namespace, cached briefly."""
+def keys_referenced(infds: list[dict[str, Any]], engines: dict[str, dict[str, Any]]) -> set[str]:
+    """Engine keys the InferenceDeployments of one namespace reference (via their same-namespace engines)."""
+    return set(sources_by_key(infds, engines))
 
-    def __init__(self, kube: Kube, audience: str) -> None:
+
+def grant_denial(
+    namespace: str,
+    key: str,
+    sources: Iterable[ModelSourceRef],
+    manifest: Manifest | None,
+    possession: Callable[[str, str], PossessionRecord | None],
+) -> str | None:
+    """Why `namespace` may not read engine `key` (None: it may). Pure but for the `possession` lookup.
+
+    `sources`: the model sources of the namespace's referencing TRTEngines (empty: none references
+    it). Without a manifest there is nothing to serve; the caller answers 404."""
+    sources = list(sources)
+    if not sources:
+        return f"namespace {namespace} has no InferenceDeployment serving engine {key[:12]}"
+    if manifest is None:
+        return None
+    for src in sources:
+        rec = possession(namespace, src.fingerprint)
+        if rec is not None and rec.proves(namespace, src.fingerprint, manifest.model_sha256):
+            return None
+    return (
+        f"namespace {namespace} has not proven it holds the model of engine {key[:12]}: no verify "
+        "step of its TRTEngine's current model source streamed a model with that sha256"
+    )
+
+
+# The apiserver could not answer (down, restarting, partitioned): the client should retry, not give up.
+UNAVAILABLE: tuple[type[BaseException], ...] = (ApiException, OSError, urllib3.exceptions.HTTPError)
+
+
+def _short(e: BaseException) -> str:
+    if isinstance(e, ApiException):
+        return f"HTTP {e.status} {e.reason}"
+    return " ".join(str(e).split())[:200] or type(e).__name__
+
+
+class KubeAuthorizer:
+    """TokenReview, then the InferenceDeployments/TRTEngines of the token's namespace (cached briefly)
+    and the store's possession records."""
+
+    def __init__(self, kube: Kube, audience: str, store: StoreReader) -> None:
         self.kube = kube
         self.audience = audience
-        self._tokens: dict[str, tuple[float, str, str]] = {}
-        self._keys: dict[str, tuple[float, set[str]]] = {}
+        self.store = store
+        self._tokens: dict[str, tuple[float, Identity]] = {}
+        self._sources: dict[str, tuple[float, dict[str, list[ModelSourceRef]]]] = {}
 
-    async def _who(self, token: str) -> tuple[str, str]:
+    async def identify(self, token: str) -> Identity:
         hit = self._tokens.get(token)
         if hit and time.monotonic() - hit[0] < AUTH_TTL_S:
-            return hit[1], hit[2]
-        st = await self.kube.token_review(token, self.audience)
+            return hit[1]
+        try:
+            st = await self.kube.token_review(token, self.audience)
+        except UNAVAILABLE as e:
+            raise Denied(503, f"cannot check the token now (TokenReview failed: {_short(e)}); retry") from e
         if not st.get("authenticated"):
             raise Denied(401, f"token not accepted: {st.get('error') or 'not authenticated'}")
         user = st.get("user") or {}
@@ -91,54 +204,107 @@ class KubeAuthorizer:
         if ns is None:
             raise Denied(403, f"{user.get('username')} is not a service account")
         pod = ((user.get("extra") or {}).get(POD_NAME_EXTRA) or [""])[0]
-        self._tokens[token] = (time.monotonic(), ns, pod)
-        return ns, pod
+        who = Identity(ns, pod)
+        self._tokens[token] = (time.monotonic(), who)
+        return who
 
-    async def _keys_of(self, ns: str) -> set[str]:
-        hit = self._keys.get(ns)
-        if hit and time.monotonic() - hit[0] < AUTH_TTL_S:
+    async def _sources_of(self, ns: str, fresh: bool = False) -> dict[str, list[ModelSourceRef]]:
+        hit = self._sources.get(ns)
+        if not fresh and hit and time.monotonic() - hit[0] < AUTH_TTL_S:
             return hit[1]
-        infds = await self.kube.list_custom(INFERENCEDEPLOYMENTS, ns)
-        engines = {e["metadata"]["name"]: e for e in await self.kube.list_custom(TRTENGINES, ns)}
-        keys = keys_referenced(infds, engines)
-        self._keys[ns] = (time.monotonic(), keys)
-        return keys
+        try:
+            infds = await self.kube.list_custom(INFERENCEDEPLOYMENTS, ns)
+            engines = {e["metadata"]["name"]: e for e in await self.kube.list_custom(TRTENGINES, ns)}
+        except UNAVAILABLE as e:
+            raise Denied(503, f"cannot read the namespace's references now ({_short(e)}); retry") from e
+        out = sources_by_key(infds, engines)
+        self._sources[ns] = (time.monotonic(), out)
+        return out
 
-    async def __call__(self, token: str, key: str) -> str:
-        ns, pod = await self._who(token)
-        if key not in await self._keys_of(ns):
-            self._keys.pop(ns, None)  # a just-created reference may not be cached yet
-            if key not in await self._keys_of(ns):
-                raise Denied(403, f"namespace {ns} has no InferenceDeployment serving engine {key[:12]}")
-        return f"{ns}/{pod}" if pod else ns
+    async def check_engine(self, who: Identity, key: str) -> None:
+        manifest = await asyncio.to_thread(self.store.manifest, key)
+        why = None
+        for fresh in (False, True):  # a just-created reference or record may not be cached yet
+            sources = (await self._sources_of(who.namespace, fresh)).get(key, [])
+            why = await asyncio.to_thread(
+                grant_denial, who.namespace, key, sources, manifest, self._possession
+            )
+            if why is None:
+                return
+        raise Denied(403, why or "denied")
+
+    def _possession(self, ns: str, fp: str) -> PossessionRecord | None:
+        return self.store.possession(ns, fp)
+
+
+class OpenAuthorizer:
+    """`broker.auth: none` (local debugging only): anyone, as namespace `X-Trtforge-Namespace` or
+    "local"; engines are served without the reference or possession checks."""
+
+    async def identify(self, token: str) -> Identity:
+        return Identity(token or "local")
+
+    async def check_engine(self, who: Identity, key: str) -> None:
+        return None
+
+
+async def _spool(request: web.Request, dest: str, limit: int) -> tuple[str, int]:
+    """Stream the request body into `dest`, hashing it; (sha256, size). Denied(413) past `limit`."""
+    h = hashlib.sha256()
+    size = 0
+    with open(dest, "wb") as f:
+        async for chunk in request.content.iter_chunked(SPOOL_CHUNK):
+            size += len(chunk)
+            if size > limit:
+                raise Denied(413, f"the model is larger than the broker accepts ({limit} bytes)")
+            h.update(chunk)
+            await asyncio.to_thread(f.write, chunk)
+    return h.hexdigest(), size
 
 
 def make_app(
-    store: StoreReader, authorize: Authorizer | None, metrics: Metrics | None = None
+    store: StoreReader,
+    authorizer: Authorizer | None,
+    metrics: Metrics | BrokerMetrics | None = None,
+    *,
+    spool_dir: str | None = None,
+    max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES,
+    max_bytes_per_second: int = 0,
 ) -> web.Application:
-    """The broker's aiohttp application; `authorize` None serves anyone (local debugging only)."""
+    """The broker's aiohttp application; `authorizer` None serves anyone (local debugging only).
+    `max_bytes_per_second` caps each download (0: no cap)."""
+    auth: Authorizer = authorizer if authorizer is not None else OpenAuthorizer()
+    open_access = authorizer is None
 
-    async def _check(request: web.Request, key: str) -> str:
+    async def _identify(request: web.Request) -> Identity:
+        if open_access:
+            return Identity(request.headers.get("X-Trtforge-Namespace", "local"))
+        header = request.headers.get("Authorization", "")
+        if not header.startswith("Bearer "):
+            raise Denied(401, "no bearer token")
+        return await auth.identify(header.removeprefix("Bearer ").strip())
+
+    async def _check(request: web.Request, key: str) -> Identity:
         if not KEY_RE.match(key):
             raise Denied(404, "not an engine key")
-        if authorize is None:
-            return "anonymous"
-        auth = request.headers.get("Authorization", "")
-        if not auth.startswith("Bearer "):
-            raise Denied(401, "no bearer token")
-        return await authorize(auth.removeprefix("Bearer ").strip(), key)
+        who = await _identify(request)
+        await auth.check_engine(who, key)
+        return who
 
     def _count(code: int) -> None:
         if metrics is not None:
             metrics.broker_requests.labels(str(code)).inc()
+
+    def _deny(e: Denied) -> web.Response:
+        _count(e.status)
+        return web.json_response({"error": str(e)}, status=e.status)
 
     async def get_file(request: web.Request) -> web.StreamResponse:
         key, name = request.match_info["key"], request.match_info["file"]
         try:
             who = await _check(request, key)
         except Denied as e:
-            _count(e.status)
-            return web.json_response({"error": str(e)}, status=e.status)
+            return _deny(e)
         if "/" in name or name.startswith("."):
             _count(404)
             return web.json_response({"error": "no such file"}, status=404)
@@ -160,19 +326,28 @@ def make_app(
             return web.Response(status=200, headers=headers)
         resp = web.StreamResponse(status=200, headers={**headers, "Content-Type": "application/octet-stream"})
         await resp.prepare(request)
+        log.info("broker streaming %s to %s", path, who, extra=fields(key=key, file=name, client=str(who)))
         it = iter(store.store.iter_chunks(path))
+        sent, t0 = 0, time.monotonic()
         try:
             while True:
                 chunk = await asyncio.to_thread(next, it, None)
                 if chunk is None:
                     break
                 await resp.write(chunk)
+                sent += len(chunk)
+                if max_bytes_per_second:  # keep each download under the configured rate
+                    ahead = sent / max_bytes_per_second - (time.monotonic() - t0)
+                    if ahead > 0:
+                        await asyncio.sleep(ahead)
+                if isinstance(metrics, BrokerMetrics):
+                    metrics.broker_bytes.inc(len(chunk))
         except (ObjectNotFound, StoreError) as e:
             log.warning("broker: %s failed mid-stream: %s", path, e)
             raise
         await resp.write_eof()
         _count(200)
-        log.info("broker served %s to %s", path, who, extra=fields(key=key, file=name, client=who))
+        log.info("broker served %s to %s", path, who, extra=fields(key=key, file=name, client=str(who)))
         return resp
 
     async def list_files(request: web.Request) -> web.Response:
@@ -180,8 +355,7 @@ def make_app(
         try:
             await _check(request, key)
         except Denied as e:
-            _count(e.status)
-            return web.json_response({"error": str(e)}, status=e.status)
+            return _deny(e)
         try:
             paths = await asyncio.to_thread(store.store.list, f"engines/{key}/")
         except StoreError as e:
@@ -193,24 +367,111 @@ def make_app(
         _count(200)
         return web.json_response({"files": sorted(p.rsplit("/", 1)[-1] for p in paths)})
 
+    async def put_model(request: web.Request) -> web.Response:
+        sha = request.match_info["sha256"]
+        try:
+            if not SHA256_RE.match(sha):
+                raise Denied(404, "not a model digest (64 lowercase hex)")
+            who = await _identify(request)
+            uri = request.headers.get(SOURCE_URI_HEADER, "").strip()
+            if not uri:
+                raise Denied(400, f"header {SOURCE_URI_HEADER} (the model source) is missing")
+            secret = request.headers.get(SOURCE_SECRET_HEADER) or None
+            pin = request.headers.get(SOURCE_PIN_HEADER) or None
+            if pin is not None and pin != sha:
+                raise Denied(422, f"the source pins sha256 {pin}, not {sha}")
+            length = request.content_length
+            if length is not None and length > max_model_bytes:
+                raise Denied(413, f"the model is larger than the broker accepts ({max_model_bytes} bytes)")
+            fd, tmp = tempfile.mkstemp(prefix="trtforge-model-", suffix=".part", dir=spool_dir)
+            os.close(fd)
+            try:
+                got, size = await _spool(request, tmp, max_model_bytes)
+                if got != sha:
+                    raise Denied(
+                        422,
+                        f"the bytes sent have sha256 {got} ({size} bytes), not {sha}; nothing was recorded",
+                    )
+                staged = staged_model_path(sha)
+                if not await asyncio.to_thread(store.store.exists, staged):
+
+                    def _put() -> None:
+                        with open(tmp, "rb") as f:
+                            store.store.put(staged, f)
+
+                    await asyncio.to_thread(_put)
+            finally:
+                os.unlink(tmp)
+            fp = source_fingerprint(uri, secret, pin)
+            rec = PossessionRecord(
+                namespace=who.namespace,
+                fingerprint=fp,
+                sha256=sha,
+                size_bytes=size,
+                uri=uri,
+                secret=secret or "",
+                pod=who.pod,
+            )
+            await asyncio.to_thread(
+                store.store.put_bytes, possession_path(who.namespace, fp), rec.to_json().encode()
+            )
+            store.invalidate_possession(who.namespace, fp)
+        except Denied as e:
+            return _deny(e)
+        except (StoreError, OSError) as e:
+            _count(502)
+            log.warning("broker: could not stage model %s: %s", sha[:12], e)
+            return web.json_response({"error": f"could not stage the model: {e}"}, status=502)
+        _count(200)
+        log.info(
+            "possession verified: %s holds model %s",
+            who,
+            sha[:12],
+            extra=fields(namespace=who.namespace, sha256=sha, bytes=size, source=uri, client=str(who)),
+        )
+        return web.json_response({"sha256": sha, "sizeBytes": size, "fingerprint": fp})
+
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
-    app = web.Application()
+    app = web.Application(client_max_size=1 << 20)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/engines/{key}/", list_files)
     app.router.add_route("GET", "/engines/{key}/{file}", get_file)
     app.router.add_route("HEAD", "/engines/{key}/{file}", get_file)
+    app.router.add_put("/models/{sha256}", put_model)
     return app
 
 
 async def start_broker(
-    cfg: OperatorConfig, store: StoreReader, kube: Kube, metrics: Metrics
+    cfg: OperatorConfig,
+    store: StoreReader,
+    kube: Kube,
+    metrics: Metrics | BrokerMetrics,
+    *,
+    serve_metrics: bool = False,
 ) -> web.AppRunner:
+    """Listen on broker.host:broker.port; `serve_metrics` adds /metrics (the standalone broker)."""
     auth: Authorizer | None = (
-        KubeAuthorizer(kube, cfg.broker.audience) if cfg.broker.auth == "tokenreview" else None
+        KubeAuthorizer(kube, cfg.broker.audience, store) if cfg.broker.auth == "tokenreview" else None
     )
-    runner = web.AppRunner(make_app(store, auth, metrics), access_log=None)
+    app = make_app(
+        store,
+        auth,
+        metrics,
+        spool_dir=cfg.broker.spool_dir,
+        max_model_bytes=cfg.broker.max_model_bytes,
+        max_bytes_per_second=cfg.broker.max_bytes_per_second,
+    )
+    if serve_metrics:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        async def prometheus(_: web.Request) -> web.Response:
+            body = generate_latest(metrics.registry)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        app.router.add_get("/metrics", prometheus)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=cfg.broker.shutdown_grace_seconds)
     await runner.setup()
     site = web.TCPSite(runner, cfg.broker.host, cfg.broker.port)
     await site.start()

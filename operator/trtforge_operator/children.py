@@ -16,6 +16,8 @@ from typing import Any
 
 from trtforge.contract.engine_key import BuildConfig
 from trtforge.contract.gpu import GPUTarget
+from trtforge.contract.layout import ENGINES, REQUESTS, TIMING_CACHES
+from trtforge.contract.possession import MODELS
 from trtforge.contract.termination import TERMINATION_LOG_ENV
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import (
@@ -26,6 +28,7 @@ from trtforge_operator.labels import (
     ANNOTATION_ENGINE_SHA256,
     ANNOTATION_FAULT,
     ANNOTATION_REQUEST_DIGEST,
+    ANNOTATION_SOURCE_FINGERPRINT,
     ANNOTATION_SPEC_HASH,
     ANNOTATION_TARGET,
     APP_COMPONENT,
@@ -33,10 +36,12 @@ from trtforge_operator.labels import (
     BASE_LABELS,
     COMPONENT_BUILDER,
     COMPONENT_RUNTIME,
+    COMPONENT_VERIFIER,
     GROUP,
     LABEL_BUILD_ID,
     LABEL_BUILD_KIND,
     LABEL_INFERENCEDEPLOYMENT,
+    LABEL_MODEL_SOURCE,
     LABEL_REQUESTER_NAMESPACE,
     LABEL_TARGET,
     VERSION,
@@ -64,33 +69,6 @@ def dns_name(base: str, max_len: int = 63) -> str:
         return slug
     h = short_hash(slug, n=8)
     return f"{slug[: max_len - 9].rstrip('-')}-{h}"
-
-
-def model_secret_copy_name(namespace: str, secret: str) -> str:
-    """The build namespace's copy of a tenant's model Secret (one per source Secret)."""
-    return f"trtforge-model-{short_hash(namespace, secret, n=12)}"
-
-
-def model_secret_copy(
-    source: Mapping[str, Any], namespace: str, name: str, job: Mapping[str, Any], build_namespace: str
-) -> dict[str, Any]:
-    """The copy of a model Secret for one build Job, owned by that Job (deleted with it)."""
-    meta = job["metadata"]
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        "metadata": {
-            "name": model_secret_copy_name(namespace, name),
-            "namespace": build_namespace,
-            "labels": {**BASE_LABELS, APP_COMPONENT: COMPONENT_BUILDER},
-            "annotations": {"trtforge.io/source": f"{namespace}/{name}"},
-            "ownerReferences": [
-                {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]}
-            ],
-        },
-        "data": dict(source),
-    }
 
 
 def build_id(engine_key: str | None, request_digest: str) -> str:
@@ -157,6 +135,25 @@ def _pvc_claim(uri: str) -> str | None:
     return None
 
 
+def store_mounts(store_uri: str, *, staged_only: bool = True) -> list[dict[str, Any]]:
+    """A build's mounts of the store claim (volume "store"), least access: engines, the request index
+    and timing caches read-write, the model staging area read-only, nothing else (no possession
+    records); the store root stays unmounted, so a build cannot reach any other path of the claim."""
+    claim = _pvc_claim(store_uri) or ""
+    prefix = store_uri.removeprefix("pvc://").strip("/").partition("/")[2]
+    base = f"{PVC_ROOT}/{claim}" + (f"/{prefix}" if prefix else "")
+    sub = f"{prefix}/" if prefix else ""
+    out: list[dict[str, Any]] = [
+        {"name": "store", "mountPath": f"{base}/{d}", "subPath": f"{sub}{d}"}
+        for d in (ENGINES, REQUESTS, TIMING_CACHES)
+    ]
+    if staged_only:
+        out.append(
+            {"name": "store", "mountPath": f"{base}/{MODELS}", "subPath": f"{sub}{MODELS}", "readOnly": True}
+        )
+    return out
+
+
 def _avoid_affinity(avoid_nodes: Iterable[str]) -> dict[str, Any] | None:
     """Keep pods off these nodes: one NotIn per node (a node field selector takes exactly one value)."""
     nodes = sorted(set(avoid_nodes))
@@ -196,7 +193,10 @@ class BuildRequest:
     rebuild_of: str | None = None  # a fault id: a fresh rebuild that must not trust the stored artifact
     avoid_nodes: tuple[str, ...] = ()
     backend: str = "auto"  # the backend the key was computed for
-    model_secret: str | None = None  # the build namespace's copy of spec.model.secretRef (envFrom)
+    # The model comes from the store's staging area (models/<model_sha256>/), put there by the broker
+    # after the tenant's verify step; the build then needs neither the tenant's claim nor its Secret.
+    staged_model: bool = False
+    cache_scope: str = ""  # the requesting namespace's cache scope (part of the store key)
 
     @property
     def build_id(self) -> str:
@@ -238,6 +238,10 @@ def builder_args(req: BuildRequest, store_uri: str) -> list[str]:
     args += ["--timeout", str(max(30, req.timeout_seconds - 30)), "--backend", req.backend]
     if req.rebuild_of:
         args.append("--rebuild")
+    if req.staged_model:
+        args.append("--staged-model")
+    if req.cache_scope:
+        args += ["--cache-scope", req.cache_scope]
     args += ["--request-key", req.request_digest, "--store", store_uri]
     return args
 
@@ -269,22 +273,22 @@ def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
         {"name": "TRTFORGE_PVC_ROOT", "value": PVC_ROOT},
         {"name": "HOME", "value": "/tmp"},
     ]
-    claims: list[tuple[str, bool]] = []
     store_claim = _pvc_claim(cfg.store_uri)
     if store_claim:
-        claims.append((store_claim, False))
+        volumes.append({"name": "store", "persistentVolumeClaim": {"claimName": store_claim}})
+        mounts += store_mounts(cfg.store_uri, staged_only=req.staged_model)
     model_claim = _pvc_claim(req.model_uri)
-    if model_claim and model_claim != store_claim:
-        claims.append((model_claim, True))
-    for i, (claim, ro) in enumerate(claims):
-        volumes.append({"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": ro}})
-        mounts.append({"name": f"pvc-{i}", "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": ro})
+    if not req.staged_model and model_claim and model_claim != store_claim:
+        # Only for a build not staged through the broker (a single-tenant install's own claim).
+        volumes.append(
+            {"name": "model", "persistentVolumeClaim": {"claimName": model_claim, "readOnly": True}}
+        )
+        mounts.append({"name": "model", "mountPath": f"{PVC_ROOT}/{model_claim}", "readOnly": True})
     if cfg.store_credentials_secret:
         volumes.append({"name": "store-credentials", "secret": {"secretName": cfg.store_credentials_secret}})
         mounts.append({"name": "store-credentials", "mountPath": S3_CREDENTIALS_DIR, "readOnly": True})
         env.append({"name": "TRTFORGE_S3_CREDENTIALS_DIR", "value": S3_CREDENTIALS_DIR})
     env += [{"name": k, "value": v} for k, v in sorted(cfg.build.env.items())]
-    env_from = [{"secretRef": {"name": req.model_secret}}] if req.model_secret else []
     resources: dict[str, Any] = {
         "requests": {"cpu": cfg.build.cpu, "memory": cfg.build.memory},
         "limits": {"memory": cfg.build.memory, **_gpu_limits(req.target)},
@@ -304,7 +308,6 @@ def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
                 env,
                 resources,
                 mounts,
-                **({"envFrom": env_from} if env_from else {}),
             )
         ],
         "volumes": volumes,
@@ -324,6 +327,137 @@ def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
         "spec": {
             "backoffLimit": cfg.build.backoff_limit,
             "activeDeadlineSeconds": min(req.timeout_seconds, cfg.build.deadline_seconds),
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+# ----------------------------------------------------------------------------------------- verify
+
+VERIFY_PREFIX = "trtforge-verify-"
+
+
+def verify_job_name(fingerprint: str, attempt: int = 1) -> str:
+    """`trtforge-verify-<fingerprint[:20]>`, later attempts `-a<n>` (one per source and attempt)."""
+    base = f"{VERIFY_PREFIX}{fingerprint[:20]}"
+    return base if attempt <= 1 else f"{base}-a{attempt}"
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    """Prove that a tenant namespace holds its model: read it with the tenant's own source and
+    credentials, in the tenant's namespace, and stream it to the broker, which hashes it."""
+
+    namespace: str
+    engine: str  # the TRTEngine that asked (owner of the Job: deleted with it)
+    engine_uid: str
+    model_uri: str
+    model_sha256: str | None
+    secret: str | None  # spec.model.secretRef: the tenant's own Secret, in its own namespace
+    fingerprint: str
+    attempt: int = 1
+
+    @property
+    def job_name(self) -> str:
+        return verify_job_name(self.fingerprint, self.attempt)
+
+
+def broker_token_volume(cfg: OperatorConfig) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(volume, mount, env) of the projected service-account token for the broker's audience."""
+    volume = {
+        "name": "broker-token",
+        "projected": {
+            "sources": [
+                {
+                    "serviceAccountToken": {
+                        "audience": cfg.broker.audience,
+                        "expirationSeconds": cfg.broker.token_expiration_seconds,
+                        "path": TOKEN_FILE,
+                    }
+                }
+            ]
+        },
+    }
+    mount = {"name": "broker-token", "mountPath": TOKEN_DIR, "readOnly": True}
+    return volume, mount, {"name": TOKEN_ENV, "value": f"{TOKEN_DIR}/{TOKEN_FILE}"}
+
+
+def verify_job(req: VerifyRequest, cfg: OperatorConfig) -> dict[str, Any]:
+    """The verify Job, in the tenant's namespace, under its runtime ServiceAccount (no API rights).
+
+    It mounts the model's claim (one of the tenant's own) read-only, takes s3/https credentials from
+    the tenant's own Secret, and holds nothing of the store: it reaches the store only through the
+    broker, which accepts bytes whose sha256 it computes itself."""
+    labels = {
+        **BASE_LABELS,
+        APP_COMPONENT: COMPONENT_VERIFIER,
+        LABEL_MODEL_SOURCE: req.fingerprint[:20],
+    }
+    annotations = {
+        ANNOTATION_SOURCE_FINGERPRINT: req.fingerprint,
+        ANNOTATION_ATTEMPT: str(req.attempt),
+        ANNOTATION_CREATED_FOR: f"{req.namespace}/{req.engine}",
+    }
+    token_volume, token_mount, token_env = broker_token_volume(cfg)
+    volumes: list[dict[str, Any]] = [
+        {"name": "scratch", "emptyDir": {"sizeLimit": cfg.build.scratch_size}},
+        token_volume,
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "scratch", "mountPath": "/tmp"}, token_mount]
+    env = [
+        {"name": TERMINATION_LOG_ENV, "value": TERMINATION_PATH},
+        {"name": "TRTFORGE_PVC_ROOT", "value": PVC_ROOT},
+        {"name": "HOME", "value": "/tmp"},
+        token_env,
+    ]
+    claim = _pvc_claim(req.model_uri)
+    if claim:
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": "model", "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": True})
+    args = ["trtforge", "stage-model", "--model", req.model_uri, "--broker", cfg.broker_url()]
+    if req.model_sha256:
+        args += ["--sha256", req.model_sha256]
+    if req.secret:
+        args += ["--secret-name", req.secret]
+    env_from = [{"secretRef": {"name": req.secret}}] if req.secret else []
+    resources = {
+        "requests": {"cpu": cfg.verify.cpu, "memory": cfg.verify.memory},
+        "limits": {"memory": cfg.verify.memory},
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": cfg.runtime_service_account,
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security_context(),
+        "containers": [
+            container(
+                "verify",
+                cfg.builder_image,
+                cfg.image_pull_policy,
+                args,
+                env,
+                resources,
+                mounts,
+                **({"envFrom": env_from} if env_from else {}),
+            )
+        ],
+        "volumes": volumes,
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": req.job_name,
+            "namespace": req.namespace,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [
+                {**owner_reference("TRTEngine", req.engine, req.engine_uid), "controller": False}
+            ],
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": cfg.verify.deadline_seconds,
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
@@ -435,24 +569,10 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     if source.startswith(("http://", "https://")):
-        env.append({"name": TOKEN_ENV, "value": f"{TOKEN_DIR}/{TOKEN_FILE}"})
-        volumes.append(
-            {
-                "name": "broker-token",
-                "projected": {
-                    "sources": [
-                        {
-                            "serviceAccountToken": {
-                                "audience": cfg.broker.audience,
-                                "expirationSeconds": cfg.broker.token_expiration_seconds,
-                                "path": TOKEN_FILE,
-                            }
-                        }
-                    ]
-                },
-            }
-        )
-        mounts.append({"name": "broker-token", "mountPath": TOKEN_DIR, "readOnly": True})
+        token_volume, token_mount, token_env = broker_token_volume(cfg)
+        env.append(token_env)
+        volumes.append(token_volume)
+        mounts.append(token_mount)
     env += [dict(e) for e in req.env]
     resources = {k: dict(v) for k, v in (req.resources or {}).items() if v}
     limits = {**resources.get("limits", {}), **_gpu_limits(req.target)}

@@ -57,6 +57,8 @@ class BrokerSettings(BaseModel):
     """The engine broker: serves engines to runtime pods that present a projected service-account token."""
 
     model_config = ConfigDict(extra="forbid")
+    # Also run the broker inside `trtforge operator` (one process: local runs, the test bed). The
+    # chart runs it as its own Deployment (`trtforge broker`), so serving never waits for the operator.
     enabled: bool = True
     host: str = "0.0.0.0"
     port: int = 8081
@@ -64,6 +66,52 @@ class BrokerSettings(BaseModel):
     audience: str = "trtforge-broker"
     token_expiration_seconds: int = Field(default=3600, ge=600)
     auth: Literal["tokenreview", "none"] = "tokenreview"  # "none" only for local debugging
+    # Where runtime pods and verify Jobs reach the broker: `url`, or `endpoints` tried in turn where
+    # there are no Service IPs (the test bed); default http://trtforge-broker.<operator ns>.svc:<port>.
+    endpoints: list[str] = Field(default_factory=list)
+    shutdown_grace_seconds: float = Field(default=20.0, ge=0)  # a stopping broker finishes downloads
+    spool_dir: str | None = None  # where verify uploads are hashed before they enter the store (temp dir)
+    max_model_bytes: int = Field(default=64 << 30, ge=1)  # the largest model a verify step may upload
+    max_bytes_per_second: int = Field(default=0, ge=0)  # per download, to spare the store; 0 = no cap
+
+
+class VerifySettings(BaseModel):
+    """Verify Jobs: a tenant proves it holds its model before it may use an engine (docs/security.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    cpu: str = "500m"
+    memory: str = "1Gi"
+    deadline_seconds: int = Field(default=1800, ge=60)
+
+
+CacheSharing = Literal["all", "namespace", "groups"]
+CACHE_GROUP_LABEL = "trtforge.io/cache-group"
+
+
+class CacheSettings(BaseModel):
+    """Who shares engines in the store. Possession is proven in every case; sharing decides whose
+    builds a namespace may hit at all.
+
+    - ``all``: one cache for every namespace.
+    - ``namespace``: each namespace its own cache.
+    - ``groups``: namespaces whose label ``group_label`` has the same value share one cache; a
+      namespace without the label has its own. Namespace labels are set by the platform team (tenants
+      with ``edit`` cannot label their namespace).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    sharing: CacheSharing = "groups"
+    group_label: str = Field(default=CACHE_GROUP_LABEL, min_length=1, max_length=316)
+
+    def scope(self, namespace: str, namespace_labels: dict[str, str] | None) -> str:
+        """The cache scope of `namespace` (see trtforge.contract.possession.scoped_key)."""
+        if self.sharing == "all":
+            return ""
+        if self.sharing == "groups":
+            group = (namespace_labels or {}).get(self.group_label, "")
+            if group:
+                return f"group:{group}"
+        return f"ns:{namespace}"
 
 
 class LeaderElectionSettings(BaseModel):
@@ -121,6 +169,8 @@ class OperatorConfig(BaseModel):
     build: BuildSettings = Field(default_factory=BuildSettings)
     gc: GCSettings = Field(default_factory=GCSettings)
     broker: BrokerSettings = Field(default_factory=BrokerSettings)
+    verify: VerifySettings = Field(default_factory=VerifySettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
     faults: FaultSettings = Field(default_factory=FaultSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
     resync_seconds: float = Field(default=30.0, gt=0)  # level-based resync of every resource
@@ -147,6 +197,9 @@ class OperatorConfig(BaseModel):
         return self.operator_store_uri or self.store_uri
 
     def broker_url(self) -> str:
+        """What runtime pods and verify Jobs get: one URL, or endpoints separated by commas."""
+        if self.broker.endpoints:
+            return ",".join(e.rstrip("/") for e in self.broker.endpoints)
         if self.broker.url:
             return self.broker.url.rstrip("/")
         return f"http://trtforge-broker.{self.operator_namespace}.svc:{self.broker.port}"

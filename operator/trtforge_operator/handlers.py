@@ -25,6 +25,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from trtforge.contract.build_result import BuildFailure, parse_build_message
+from trtforge.contract.possession import source_fingerprint
 from trtforge.logs import fields
 from trtforge_operator import children
 from trtforge_operator.api import (
@@ -39,11 +40,14 @@ from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kinds import Kind
 from trtforge_operator.kube import Kube, clean_status, status_patch
 from trtforge_operator.labels import (
+    ANNOTATION_CREATED_FOR,
     ANNOTATION_RESULT,
+    ANNOTATION_SOURCE_FINGERPRINT,
     APP_COMPONENT,
     APP_MANAGED_BY,
     COMPONENT_BUILDER,
     COMPONENT_RUNTIME,
+    COMPONENT_VERIFIER,
     FINALIZER,
     GROUP,
     INFERENCEDEPLOYMENTS,
@@ -67,6 +71,7 @@ from trtforge_operator.planning.engine import (
     EngineObserved,
     Event,
     invalid_spec_status,
+    model_source_problem,
     one_line,
     plan_engine,
 )
@@ -154,12 +159,38 @@ def _job_names(jobs: list[dict[str, Any]]) -> list[str]:
     return [str(j["metadata"]["name"]) for j in jobs]
 
 
-async def _copy_model_secret(
-    state: State, ns: str, secret: str, data: Mapping[str, Any], jobs: list[dict[str, Any]]
-) -> None:
-    """Copy a tenant's model Secret into the build namespace for each Job just created (owned by it)."""
-    for job in jobs:
-        await state.kube.create(children.model_secret_copy(data, ns, secret, job, state.cfg.build_namespace))
+def _cache_scope(state: State, indices: Mapping[str, Any], namespace: str) -> str:
+    """The cache scope of `namespace` under the configured sharing policy (its labels from the index)."""
+    labels: dict[str, str] = {}
+    for found in list(indices["ns_idx"].get(namespace, [])):
+        labels = dict(found)
+    return state.cfg.cache.scope(namespace, labels)
+
+
+def _verify_failures(
+    indices: Mapping[str, Any], namespace: str, jobs: list[JobView]
+) -> dict[str, BuildFailure]:
+    """Failed verify Jobs of `namespace` -> the failure their pod reported (termination message)."""
+    out: dict[str, BuildFailure] = {}
+    for j in jobs:
+        for pod in list(indices["vpods_idx"].get((namespace, j.name), [])):
+            if not isinstance(pod, PodView):
+                continue
+            for c in pod.containers:
+                t = c.terminated
+                if t is None or t.exit_code == 0:
+                    continue
+                parsed = parse_build_message(t.message)
+                if isinstance(parsed, BuildFailure):
+                    out[j.name] = parsed
+                else:
+                    tail = t.message.strip().splitlines()[-1] if t.message.strip() else t.reason
+                    out[j.name] = BuildFailure(
+                        error=one_line(tail or f"exit code {t.exit_code}"),
+                        reason="Error",
+                        exit_code=t.exit_code,
+                    )
+    return out
 
 
 # ------------------------------------------------------------------------------------------ TRTEngine
@@ -180,21 +211,19 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
         return None
     nodes = _views(indices["nodes_idx"], NodeView)
     jobs_idx: Mapping[str, Any] = indices["jobs_idx"]  # by build id: looked up per target, never scanned
-    secret_data, secret_copy, secret_error = None, None, None
-    if obj.spec.model.secret_ref is not None:
-        sname = obj.spec.model.secret_ref.name
-        try:
-            secret_data = await state.kube.read_secret_data(ns, sname)
-            secret_copy = children.model_secret_copy_name(ns, sname)
-        except ApiException as e:
-            why = (
-                "not found"
-                if e.status == 404
-                else "the operator may not read it"
-                if e.status == 403
-                else e.reason
-            )
-            secret_error = f"model secret {ns}/{sname}: {why} (grant it with rbac.modelSecrets in the chart)"
+    # Proof of possession (docs/security.md): the broker's record for this source, the verify Jobs.
+    m = obj.spec.model
+    fingerprint = source_fingerprint(m.uri, m.secret_ref.name if m.secret_ref else None, m.sha256)
+    possession = await asyncio.to_thread(state.store.possession, ns, fingerprint)
+    verify_jobs = [j for j in list(indices["vjobs_idx"].get(ns, [])) if isinstance(j, JobView)]
+    verify_failures = _verify_failures(indices, ns, verify_jobs)
+    cache_scope = _cache_scope(state, indices, ns)
+    problem = model_source_problem(m.uri, state.cfg.store_uri)
+    if problem is not None:
+        status = invalid_spec_status(old_status, gen, problem, time.time(), reason="InvalidModelSource")
+        if await _write_status(state, Kind.TRTENGINE, TRTENGINES, body, old, status.to_wire()):
+            await state.kube.event(body, "Warning", "InvalidModelSource", problem)
+        return None
     unschedulable = {
         job: p.unschedulable
         for job in {t.job_name for t in obj.status.targets if t.job_name}
@@ -215,14 +244,17 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
             requests=state.store.request,
             capacity=capacity,
             now=time.time(),
-            model_secret=secret_copy,
-            model_secret_error=secret_error,
             unschedulable=unschedulable,
             rebuild_jobs=[
                 job
                 for r in requests_on(meta.get("annotations") or {})
-                if (job := rebuild_job(obj, nodes, state.cfg, r)) is not None
+                if (job := rebuild_job(obj, nodes, state.cfg, r, cache_scope=cache_scope)) is not None
             ],
+            uid=meta.get("uid", ""),
+            possession=possession,
+            verify_jobs=verify_jobs,
+            verify_failures=verify_failures,
+            cache_scope=cache_scope,
         )
 
     plan = await asyncio.to_thread(plan_engine, observe(state.slots.capacity(ns)), state.cfg)
@@ -233,9 +265,10 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
         if not state.slots.admit(_job_names(plan.jobs_to_create), ns):
             raise RuntimeError("build slots refused a plan made against their own count")
     state.metrics.builds_running.set(state.slots.running)
-    created = await _create_jobs(state, plan.jobs_to_create, "build")
-    if secret_data is not None and obj.spec.model.secret_ref is not None:
-        await _copy_model_secret(state, ns, obj.spec.model.secret_ref.name, secret_data, created)
+    await _create_jobs(state, plan.jobs_to_create, "build")
+    for vj in plan.verify_jobs_to_create:  # in the tenant's namespace, not a build slot
+        if await state.kube.create(vj):
+            state.metrics.jobs_created.labels("verify").inc()
     requester = f"{ns}/{name}"
     by_name = {
         j.name: j
@@ -508,6 +541,32 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         j = JobView.from_k8s(body)
         return {j.build_id: j}
 
+    @kopf.index(
+        "batch",
+        "v1",
+        "jobs",
+        id="vjobs_idx",
+        labels={**MANAGED, APP_COMPONENT: COMPONENT_VERIFIER},
+        registry=registry,
+    )
+    def _vjobs_idx(**kw: Any) -> Any:
+        return {kw["namespace"]: JobView.from_k8s(kw["body"])}
+
+    @kopf.index(
+        "v1",
+        "pods",
+        id="vpods_idx",
+        labels={**MANAGED, APP_COMPONENT: COMPONENT_VERIFIER},
+        registry=registry,
+    )
+    def _vpods_idx(**kw: Any) -> Any:
+        job = kw["labels"].get("job-name") or kw["labels"].get("batch.kubernetes.io/job-name")
+        return {(kw["namespace"], job): PodView.from_k8s(kw["body"])} if job else None
+
+    @kopf.index("v1", "namespaces", id="ns_idx", registry=registry)
+    def _ns_idx(**kw: Any) -> Any:
+        return {kw["name"]: dict(kw["labels"] or {})}
+
     @kopf.index("v1", "nodes", id="nodes_idx", registry=registry)
     def _nodes_idx(**kw: Any) -> Any:
         body, name = kw["body"], kw["name"]
@@ -553,6 +612,13 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     def _job_event(**kw: Any) -> None:
         body = kw["body"]
         j = JobView.from_k8s(body)
+        if j.labels.get(APP_COMPONENT) == COMPONENT_VERIFIER:  # not a build: no slot, wake its engine
+            if j.done:
+                fp = j.annotations.get(ANNOTATION_SOURCE_FINGERPRINT, "")
+                state.store.invalidate_possession(j.namespace, fp)
+            ns, _, n = j.annotations.get(ANNOTATION_CREATED_FOR, "").partition("/")
+            state.queue.fire(Kind.TRTENGINE, ns, n)
+            return
         if kw.get("type") == "DELETED":
             state.slots.forget(j.name)
         else:
@@ -563,6 +629,14 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
             if key:
                 state.store.invalidate(str(key))
             state.store.invalidate_request(j.request_digest)
+        gone = kw.get("type") == "DELETED"
+        projection = (
+            None
+            if gone
+            else (j.running, j.done, j.complete, j.deleting, j.annotations.get(ANNOTATION_RESULT))
+        )
+        if not state.queue.job_changed(j.name, projection):
+            return  # only a requester annotation changed: the engine that added it knows already
         for r in j.requesters():
             ns, _, n = r.partition("/")
             state.queue.fire(Kind.TRTENGINE, ns, n)

@@ -20,6 +20,7 @@ APP_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "trtforge-operator"
 COMPONENT_BUILDER = "builder"
 COMPONENT_RUNTIME = "runtime"
+COMPONENT_VERIFIER = "verifier"  # verify Jobs in tenant namespaces (proof of possession)
 
 # Build Jobs (build namespace, shared by every requester: no ownerRefs across namespaces).
 LABEL_BUILD_ID = "trtforge.io/build-id"  # key[:20] (pinned model) or request digest[:20]
@@ -37,6 +38,8 @@ ANNOTATION_CREATED_FOR = "trtforge.io/created-for"  # the requester whose reconc
 ANNOTATION_TARGET = "trtforge.io/target"  # JSON {gpu, mig}
 ANNOTATION_ATTEMPT = "trtforge.io/attempt"
 ANNOTATION_RESULT = "trtforge.io/result"  # the builder's result JSON, copied from the pod when it ends
+LABEL_MODEL_SOURCE = "trtforge.io/model-source"  # verify Jobs: source fingerprint[:20]
+ANNOTATION_SOURCE_FINGERPRINT = "trtforge.io/model-source-fingerprint"  # verify Jobs: the full fingerprint
 ANNOTATION_FAULT = "trtforge.io/fault"  # rebuild Jobs: the fault that asked for them
 
 # Runtime Deployments, their pods and the Service (tenant namespace, owned by the InferenceDeployment).

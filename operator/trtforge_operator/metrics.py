@@ -114,3 +114,19 @@ class Metrics:
                 g.remove(namespace, name)
             except KeyError:
                 pass
+
+
+class BrokerMetrics:
+    """Metrics of a standalone engine broker (`trtforge broker`)."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.registry = registry
+        self.broker_requests = Counter(
+            "trtforge_broker_requests_total",
+            "Engine broker requests by status code",
+            ["code"],
+            registry=registry,
+        )
+        self.broker_bytes = Counter(
+            "trtforge_broker_served_bytes_total", "Engine bytes the broker streamed", registry=registry
+        )

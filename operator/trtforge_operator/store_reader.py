@@ -8,6 +8,7 @@ import time
 from trtforge.contract.engine_key import RequestRecord
 from trtforge.contract.layout import ENGINES, MANIFEST, manifest_path, request_path
 from trtforge.contract.manifest import Manifest
+from trtforge.contract.possession import PossessionRecord, possession_path
 from trtforge.logs import fields
 from trtforge.store import EngineStore, ObjectNotFound, StoreError, open_store
 
@@ -23,6 +24,7 @@ class StoreReader:
         self.ttl_s = ttl_s
         self._cache: dict[str, tuple[float, Manifest | None]] = {}
         self._requests: dict[str, tuple[float, RequestRecord | None]] = {}
+        self._possession: dict[tuple[str, str], tuple[float, PossessionRecord | None]] = {}
         self.last_error: str | None = None
 
     def manifest(self, key: str) -> Manifest | None:
@@ -41,6 +43,34 @@ class StoreReader:
             return hit[1] if hit is not None else None
         self._cache[key] = (now, m)
         return m
+
+    def possession(self, namespace: str, fingerprint: str) -> PossessionRecord | None:
+        """The broker's record that `namespace` holds a model through the source `fingerprint`.
+
+        A record that does not parse counts as none (the namespace verifies again)."""
+        now = time.monotonic()
+        k = (namespace, fingerprint)
+        hit = self._possession.get(k)
+        if hit is not None and now - hit[0] < (self.ttl_s if hit[1] is not None else self.ttl_s / 2):
+            return hit[1]
+        try:
+            rec: PossessionRecord | None = PossessionRecord.from_json(
+                self.store.read_bytes(possession_path(namespace, fingerprint))
+            )
+        except ObjectNotFound:
+            rec = None
+        except ValueError as e:
+            log.warning("possession record %s/%s is not valid: %s", namespace, fingerprint[:12], e)
+            rec = None
+        except StoreError as e:
+            self.last_error = f"store {self.uri}: {e}"
+            log.warning("cannot read possession record %s/%s: %s", namespace, fingerprint[:12], e)
+            return hit[1] if hit is not None else None
+        self._possession[k] = (now, rec)
+        return rec
+
+    def invalidate_possession(self, namespace: str, fingerprint: str) -> None:
+        self._possession.pop((namespace, fingerprint), None)
 
     def invalidate(self, key: str) -> None:
         self._cache.pop(key, None)

@@ -30,6 +30,7 @@ class WorkQueue:
         self._engine_of: dict[tuple[str, str], str] = {}  # (ns, InferenceDeployment) -> TRTEngine
         self._users: dict[tuple[str, str], set[str]] = {}  # (ns, TRTEngine) -> InferenceDeployments
         self._nodes: dict[str, NodeView] = {}
+        self._jobs: dict[str, tuple[object, ...]] = {}
 
     def get(self, kind: Kind, namespace: str, name: str) -> asyncio.Event:
         key = (kind, namespace, name)
@@ -84,6 +85,16 @@ class WorkQueue:
         """Wake the InferenceDeployments that serve this TRTEngine, and no other."""
         for name in self.deployments_of(namespace, engine):
             self.fire(Kind.INFERENCEDEPLOYMENT, namespace, name)
+
+    def job_changed(self, name: str, projection: tuple[object, ...] | None) -> bool:
+        """True when a Job is new, gone, or its state (running, done, result) changed: what its
+        requesters plan from. A requester annotation added by one engine wakes no other engine (with
+        N engines sharing a Job, waking all on each claim made the work N squared)."""
+        if projection is None:
+            return self._jobs.pop(name, None) is not None
+        old = self._jobs.get(name)
+        self._jobs[name] = projection
+        return old != projection
 
     def node_changed(self, view: NodeView | None, name: str) -> bool:
         """True when a Node's projection (labels, GPU resources, health) changed, not just a heartbeat."""

@@ -210,8 +210,9 @@ class ChartOperator:
         localdev.install_crds(self.tb)
         for ns in (self.ns, self.tenant):
             localdev.ensure_namespace(self.api, ns)
-        localdev._claim(self.core, self.ns, localdev.MODELS_CLAIM)
-        self.models_dir = localdev.claim_path(self.api, self.ns, localdev.MODELS_CLAIM)
+        # The tenant's own model claim (model sources stay in the TRTEngine's namespace).
+        self.models_dir = self.workdir / "models"
+        self.models_pv = localdev.tenant_models_claim(self.api, self.tenant, self.models_dir)
         docs, _ = render(RELEASE, self.ns, self.values())
         self.docs = for_testbed(docs, broker_url=f"http://127.0.0.1:{self.broker.port}")
         self.skipped = apply(self.tb, self.docs)
@@ -249,6 +250,8 @@ class ChartOperator:
         for ns in (self.tenant, self.ns):
             with contextlib.suppress(ApiException):
                 self.core.delete_namespace(ns)
+        with contextlib.suppress(ApiException, AttributeError):
+            self.core.delete_persistent_volume(self.models_pv)
         self.apiserver.close()
         self.broker.close()
         self.api.close()

@@ -44,7 +44,10 @@ NAMESPACE_POOL = 20
 def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorEnv]:
     tag = secrets.token_hex(3)
     e = OperatorEnv(
-        testbed, tmp_path_factory.mktemp("operator"), [f"op-{i}-{tag}" for i in range(NAMESPACE_POOL)]
+        testbed,
+        tmp_path_factory.mktemp("operator"),
+        [f"op-{i}-{tag}" for i in range(NAMESPACE_POOL)],
+        cache_group=f"g-{tag}",  # one cache group: the namespaces share engines (docs/security.md)
     )
     e.start()
     try:
@@ -187,16 +190,20 @@ def _infer(pod_ip: str, model: Path) -> None:
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
 
 
-def test_same_key_in_another_namespace_creates_no_job(
+def test_same_key_in_another_namespace_of_the_group_pays_a_verify_not_a_build(
     env: OperatorEnv, tenants: tuple[str, str], model: Model
 ) -> None:
     a, b = tenants
     ready_engine(env, a, "tiny", model, TARGETS)
     before = {j.metadata.name for j in env.jobs()}
     env.apply(engine("tiny-copy", model, TARGETS), b)
-    eng = env.wait_true("trtengines", b, "tiny-copy", timeout=60)
+    eng = env.wait_true("trtengines", b, "tiny-copy", timeout=120)
     assert all(t["cacheHit"] is True and t["phase"] == "Ready" for t in eng["status"]["targets"])
     assert {j.metadata.name for j in env.jobs()} == before
+    assert eng["status"]["model"]["sha256"] == model.sha256
+    batch: Any = client.BatchV1Api(env.api)
+    verify = batch.list_namespaced_job(b, label_selector="app.kubernetes.io/component=verifier").items
+    assert len(verify) == 1 and verify[0].status.succeeded == 1
 
 
 def _reconciles(env: OperatorEnv) -> dict[str, float]:
@@ -341,15 +348,19 @@ def test_a_spec_change_builds_new_engines_and_rolls_out_without_a_gap(
     assert {j.metadata.name for j in env.jobs()} == jobs_before
 
 
-def test_a_bad_build_says_why_and_stalls(env: OperatorEnv, tenants: tuple[str, str], model: Model) -> None:
+def test_a_wrong_pin_says_why_and_stalls_before_any_build(
+    env: OperatorEnv, tenants: tuple[str, str], model: Model
+) -> None:
     ns = tenants[0]
     env.apply(engine_manifest("wrong-pin", "0" * 64, [{"gpu": H100}], model=model.uri), ns)
     eng = env.wait_true("trtengines", ns, "wrong-pin", cond="Stalled", timeout=120)
     stalled = condition(eng, "Stalled")
-    assert stalled is not None and stalled["reason"] == "InvalidBuildInput"
-    assert "sha256" in stalled["message"] and "\n" not in stalled["message"]
+    assert stalled is not None and stalled["reason"] == "ModelVerifyFailed"
+    assert "ModelIntegrity" in stalled["message"] and "sha256" in stalled["message"]
+    assert "\n" not in stalled["message"]
     (t,) = eng["status"]["targets"]
-    assert t["phase"] == "Failed" and t["attempts"] == 1
+    assert t["phase"] == "Failed" and not t.get("attempts")
+    assert not jobs_of(env, ns)  # the verify step caught it: no build
 
 
 def test_deletion_cleans_up_children_but_keeps_shared_jobs(

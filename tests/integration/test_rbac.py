@@ -369,7 +369,7 @@ def test_operator_is_denied_what_it_does_not_need(testbed: TestBed, release: Rel
     denied = [
         ("get", "secrets", tenant),
         ("list", "secrets", None),
-        ("create", "jobs.batch", tenant),
+        ("patch", "jobs.batch", tenant),  # it creates verify Jobs there, and never changes one
         ("create", "pods", tenant),
         ("create", "pods", release.namespace),
         ("update", "nodes", None),
@@ -456,6 +456,18 @@ def test_operator_really_creates_a_build_job_and_a_tokenreview(testbed: TestBed,
     r = as_user(testbed, release.operator, "create", "-f", "-", "-o", "json", input=json.dumps(tr))
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["status"].get("authenticated") in (None, False)
+    # Verify Jobs (proof of possession) run in the tenant's namespace; annotating is build-namespace only.
     job["metadata"]["namespace"] = release.tenant
     r = as_user(testbed, release.operator, "create", "-f", "-", input=json.dumps(job))
-    assert _forbidden(r), "the operator may not create Jobs outside the build namespace"
+    assert r.returncode == 0, r.stderr
+    r = as_user(
+        testbed,
+        release.operator,
+        "annotate",
+        "job",
+        "-n",
+        release.tenant,
+        job["metadata"]["name"],
+        "x=y",
+    )
+    assert _forbidden(r), "the operator may not change Jobs outside the build namespace"

@@ -195,6 +195,10 @@ def test_tolerances_loosen_with_lower_precision() -> None:
         (_spec(builder={"optimizationLevel": 7}), "optimizationLevel"),
         (_spec(targets=[{"mig": "1g.10gb"}]), "gpu"),
         (_spec(model={"uri": "ftp://host/m.onnx"}), "uri"),
+        (_spec(model={"uri": "pvc://models/../trtforge-store/engines/x"}), "uri"),
+        (_spec(model={"uri": "pvc://models//etc/passwd"}), "uri"),
+        (_spec(model={"uri": "pvc://models/a/./b.onnx"}), "uri"),
+        (_spec(model={"uri": "pvc://models/a/.."}), "uri"),
         (_spec(model={"uri": "pvc://models/m.onnx", "sha256": "ABC"}), "sha256"),
         ({"targets": [{"gpu": "cpu"}]}, "model"),
         (_spec(targets=[]), "not both"),
@@ -224,7 +228,13 @@ def test_invalid_engine_specs_name_the_problem(spec: dict[str, Any], message: st
 
 
 @pytest.mark.parametrize(
-    "uri", ["s3://my-bucket/models/m.onnx", "pvc://models/a/b.onnx", "https://models.example.com/m.onnx"]
+    "uri",
+    [
+        "s3://my-bucket/models/m.onnx",
+        "pvc://models/a/b.onnx",
+        "pvc://models/.hidden/..b.onnx",
+        "https://models.example.com/m.onnx",
+    ],
 )
 def test_model_uri_schemes(uri: str) -> None:
     TRTEngineSpec.model_validate(_spec(model={"uri": uri}))

@@ -196,5 +196,9 @@ def test_an_images_package_set_holds_only_its_component(image: str, tmp_path: Pa
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert result["modules"] > 3
     assert result["blocked"] == NEVER[image], f"importable in the {image} image: {result}"
-    own = {"builder": {"build"}, "runtime": {"serve"}, "operator": {"operator", "crds"}}[image]
+    own = {
+        "builder": {"build", "stage-model"},
+        "runtime": {"serve"},
+        "operator": {"operator", "broker", "crds"},
+    }[image]
     assert set(result["commands"]) == own | {"gpu"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -9,13 +10,33 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
-from trtforge_operator.broker import SHA256_HEADER, Denied, keys_referenced, make_app, namespace_of
+from trtforge_operator.broker import (
+    SHA256_HEADER,
+    SOURCE_PIN_HEADER,
+    SOURCE_URI_HEADER,
+    Denied,
+    Identity,
+    ModelSourceRef,
+    grant_denial,
+    keys_referenced,
+    make_app,
+    namespace_of,
+)
 from trtforge_operator.store_reader import StoreReader
 
 from trtforge.contract.layout import engine_path, manifest_path
+from trtforge.contract.possession import (
+    PossessionRecord,
+    possession_path,
+    source_fingerprint,
+    staged_model_path,
+)
 from trtforge.store import open_store
 
 KEY = "e" * 64
+MODEL = b"the tenant's model bytes"
+MODEL_SHA = hashlib.sha256(MODEL).hexdigest()
+SOURCE = ModelSourceRef(uri="pvc://models/x.onnx", secret=None, pin=None)
 
 
 def _store(tmp_path: Path) -> StoreReader:
@@ -39,7 +60,7 @@ def _store(tmp_path: Path) -> StoreReader:
         },
         "build": {},
         "model_uri": "pvc://m/x.onnx",
-        "model_sha256": "f" * 64,
+        "model_sha256": MODEL_SHA,
         "inputs": [],
         "outputs": [],
         "build_seconds": 1.0,
@@ -59,18 +80,39 @@ def _store(tmp_path: Path) -> StoreReader:
     return StoreReader(str(tmp_path))
 
 
-async def _allow(token: str, key: str) -> str:
-    if token != "good":
-        raise Denied(401, "bad token")
-    if key != KEY:
-        raise Denied(403, "not yours")
-    return "team-a/pod"
+class Tokens:
+    """Tokens -> identities (the TokenReview stand-in), then the broker's real grant rule over the
+    real store's possession records; team-a's and team-b's TRTEngines reference KEY through SOURCE."""
+
+    def __init__(self, store: StoreReader) -> None:
+        self.store = store
+
+    async def identify(self, token: str) -> Identity:
+        who = {"good": Identity("team-a", "pod"), "other": Identity("team-b", "pod")}.get(token)
+        if who is None:
+            raise Denied(401, "bad token")
+        return who
+
+    async def check_engine(self, who: Identity, key: str) -> None:
+        sources = [SOURCE] if key == KEY else []
+        why = grant_denial(who.namespace, key, sources, self.store.manifest(key), self.store.possession)
+        if why:
+            raise Denied(403, why)
+
+
+def _prove(tmp_path: Path, ns: str = "team-a", sha: str = MODEL_SHA) -> None:
+    rec = PossessionRecord(
+        namespace=ns, fingerprint=SOURCE.fingerprint, sha256=sha, size_bytes=1, uri=SOURCE.uri
+    )
+    open_store(str(tmp_path)).put_bytes(possession_path(ns, SOURCE.fingerprint), rec.to_json().encode())
 
 
 @pytest_asyncio.fixture
 async def broker(tmp_path: Path) -> AsyncIterator[TestClient[Any, Any]]:
-    """The broker app on a real local server, with `_allow` as its access rule."""
-    async with TestClient(TestServer(make_app(_store(tmp_path), _allow))) as c:
+    """The broker app on a real local server over a real store; team-a has proven possession."""
+    store = _store(tmp_path)
+    _prove(tmp_path)
+    async with TestClient(TestServer(make_app(store, Tokens(store), spool_dir=str(tmp_path)))) as c:
         yield c
 
 
@@ -111,3 +153,53 @@ def test_only_keys_of_engines_an_inferencedeployment_references() -> None:
     assert keys_referenced(infds, engines) == {"1" * 64, "2" * 64}
     assert namespace_of("system:serviceaccount:team-a:default") == "team-a"
     assert namespace_of("alice") is None
+
+
+@pytest.mark.asyncio
+async def test_an_engine_is_refused_to_a_namespace_that_has_not_proven_it_holds_the_model(
+    broker: TestClient[Any, Any],
+) -> None:
+    r = await broker.get(f"/engines/{KEY}/model-1.onnx", headers={"Authorization": "Bearer other"})
+    # team-a proved it; team-b references the same key but did not.
+    assert r.status == 403 and "has not proven it holds the model" in (await r.json())["error"]
+
+
+def test_a_record_of_another_digest_or_source_proves_nothing(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    _prove(tmp_path, sha="0" * 64)
+    m = store.manifest(KEY)
+    assert grant_denial("team-a", KEY, [SOURCE], m, store.possession) is not None
+    moved = ModelSourceRef(uri="pvc://models/y.onnx", secret=None, pin=None)
+    _prove(tmp_path)
+    store.invalidate_possession("team-a", SOURCE.fingerprint)  # the broker does this when it records
+    assert grant_denial("team-a", KEY, [SOURCE], m, store.possession) is None
+    assert grant_denial("team-a", KEY, [moved], m, store.possession) is not None
+    assert "no InferenceDeployment" in (grant_denial("team-a", KEY, [], m, store.possession) or "")
+
+
+@pytest.mark.asyncio
+async def test_a_verify_upload_is_hashed_by_the_broker_staged_once_and_recorded(
+    broker: TestClient[Any, Any], tmp_path: Path
+) -> None:
+    fp = source_fingerprint(SOURCE.uri, None, None)
+    hdr = {"Authorization": "Bearer other", SOURCE_URI_HEADER: SOURCE.uri}
+    store = open_store(str(tmp_path))
+    # Bytes that are not the digest named: refused, nothing recorded or staged.
+    bad = await broker.put(f"/models/{MODEL_SHA}", data=b"something else", headers=hdr)
+    assert bad.status == 422 and "nothing was recorded" in (await bad.json())["error"]
+    assert not store.exists(possession_path("team-b", fp)) and not store.exists(staged_model_path(MODEL_SHA))
+    # A pin that is not the digest: refused. No token: refused.
+    pinned = await broker.put(
+        f"/models/{MODEL_SHA}", data=MODEL, headers={**hdr, SOURCE_PIN_HEADER: "1" * 64}
+    )
+    assert pinned.status == 422
+    no_token = await broker.put(f"/models/{MODEL_SHA}", data=MODEL, headers={SOURCE_URI_HEADER: SOURCE.uri})
+    assert no_token.status == 401
+    ok = await broker.put(f"/models/{MODEL_SHA}", data=MODEL, headers=hdr)
+    assert ok.status == 200 and (await ok.json())["fingerprint"] == fp
+    # team-b now holds the model: the engine is served to it.
+    r = await broker.get(f"/engines/{KEY}/model-1.onnx", headers={"Authorization": "Bearer other"})
+    assert r.status == 200
+    assert store.read_bytes(staged_model_path(MODEL_SHA)) == MODEL
+    rec = PossessionRecord.from_json(store.read_bytes(possession_path("team-b", fp)))
+    assert (rec.namespace, rec.sha256, rec.pod) == ("team-b", MODEL_SHA, "pod")

@@ -175,3 +175,18 @@ def test_an_invalid_inferencedeployment_gets_ready_false_naming_the_field() -> N
     ready = next(c for c in status.conditions if c.type == "Ready")
     assert (ready.status, ready.reason, ready.message) == ("False", "InvalidSpec", message)
     assert status.observed_generation == 3
+
+
+def test_a_claim_on_a_shared_job_wakes_no_other_engine() -> None:
+    """N engines sharing a Job: each adding its requester annotation must not wake the other N-1."""
+    q = WorkQueue()
+    running = job("trtforge-build-" + "a" * 20, "team-a/e1")
+    state = (running.running, running.done, running.complete, running.deleting, None)
+    assert q.job_changed(running.name, state), "a new Job concerns its requesters"
+    claimed = job("trtforge-build-" + "a" * 20, "team-a/e1", "team-a/e2")
+    assert not q.job_changed(
+        claimed.name, (claimed.running, claimed.done, claimed.complete, claimed.deleting, None)
+    )
+    done = job("trtforge-build-" + "a" * 20, "team-a/e1", "team-a/e2", running=False)
+    assert q.job_changed(done.name, (done.running, done.done, done.complete, done.deleting, None))
+    assert q.job_changed(done.name, None) and not q.job_changed(done.name, None)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from trtforge_operator import children
-from trtforge_operator.api import FaultRecord, InferenceDeployment, TRTEngine, get_condition
+from trtforge_operator.api import FaultRecord, InferenceDeployment, TRTEngine, VerifiedModel, get_condition
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import (
     ANNOTATION_ENGINE_SHA256,
@@ -44,6 +44,7 @@ def engine(sha_h: str = "a" * 64, phase_h: str = "Ready", model: dict[str, Any] 
                 "targets": [{"gpu": H100.gpu}, {"gpu": MIG.gpu, "mig": MIG.mig}],
             },
             "status": {
+                "model": {"sha256": "f" * 64},  # the namespace proved it holds the model
                 "targets": [
                     {
                         "name": H100.name,
@@ -60,7 +61,7 @@ def engine(sha_h: str = "a" * 64, phase_h: str = "Ready", model: dict[str, Any] 
                         "engineKey": KEY_M,
                         "sha256": "b" * 64,
                     },
-                ]
+                ],
             },
         }
     )
@@ -291,15 +292,24 @@ def test_gpu_fault_moves_the_pod_records_it_and_rebuilds() -> None:
     assert get_condition(plan3.status.conditions, "Degraded").status == "False"  # type: ignore[union-attr]
 
 
-def test_a_rebuild_gets_the_model_secret_as_the_first_build_did() -> None:
-    private = {"uri": "s3://models/r.onnx", "sha256": "f" * 64, "secretRef": {"name": "s3-creds"}}
+def test_a_rebuild_reads_the_verified_staged_model_not_the_tenants_secret() -> None:
+
+    private = {"uri": "s3://models/r.onnx", "secretRef": {"name": "s3-creds"}}
+    e = engine(model=private)
+    e = e.model_copy(update={"status": e.status.model_copy(update={"model": VerifiedModel(sha256="d" * 64)})})
     pods = [pod("p-h100", "gpu-h100-0", terminated=gpu_fault())]
-    plan = plan_deployment(observed(infd(), engine(model=private), pods=pods), CFG)
+    plan = plan_deployment(observed(infd(), e, pods=pods), CFG)
     (rq,) = plan.rebuild_requests
-    rb = rebuild_job(engine(model=private), observed(infd(), engine()).nodes, CFG, rq)
+    rb = rebuild_job(e, observed(infd(), engine()).nodes, CFG, rq, cache_scope="ns:team-a")
     assert rb is not None
-    env_from = rb["spec"]["template"]["spec"]["containers"][0]["envFrom"]
-    assert env_from == [{"secretRef": {"name": children.model_secret_copy_name("team-a", "s3-creds")}}]
+    c = rb["spec"]["template"]["spec"]["containers"][0]
+    assert "envFrom" not in c  # the build never holds the tenant's credentials
+    cmd = c["command"]
+    assert cmd[cmd.index("--sha256") + 1] == "d" * 64 and "--staged-model" in cmd
+    assert cmd[cmd.index("--cache-scope") + 1] == "ns:team-a" and "--rebuild" in cmd
+    # Not proven (no status.model): no rebuild of a model the namespace has not shown it holds.
+    unproven = e.model_copy(update={"status": e.status.model_copy(update={"model": None})})
+    assert rebuild_job(unproven, observed(infd(), engine()).nodes, CFG, rq) is None
 
 
 def test_rebuild_disabled_still_moves_the_pod() -> None:

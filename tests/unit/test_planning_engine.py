@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -10,20 +11,33 @@ import pytest
 from trtforge_operator import children
 from trtforge_operator.api import TRTEngine, get_condition
 from trtforge_operator.config import OperatorConfig
-from trtforge_operator.labels import ANNOTATION_ENGINE_KEY, LABEL_TARGET, requester_annotation
+from trtforge_operator.labels import (
+    ANNOTATION_REQUEST_DIGEST,
+    LABEL_TARGET,
+    requester_annotation,
+)
 from trtforge_operator.observed import JobView, NodeView
-from trtforge_operator.planning.engine import Capacity, EngineObserved, key_inputs, plan_engine
+from trtforge_operator.planning.engine import (
+    Capacity,
+    EngineObserved,
+    key_inputs,
+    model_source_problem,
+    plan_engine,
+)
 
 from tests.fakes import default_nodes, gpu_node, job
+from trtforge.contract.build_result import BuildFailure
 from trtforge.contract.engine_key import RequestRecord
 from trtforge.contract.gpu import GPUTarget, known_identity
 from trtforge.contract.manifest import Accuracy, CanaryRef, Manifest
+from trtforge.contract.possession import PossessionRecord, source_fingerprint
 
 SHA = "a" * 64
 NOW = 1_800_000_000.0
 CFG = OperatorConfig(
     backends={"gpu": "onnxruntime", "cpu": "onnxruntime"},
     build={"retry_base_seconds": 30, "max_attempts": 3},
+    cache={"sharing": "all"},
 )
 H100 = GPUTarget(gpu="NVIDIA-H100-80GB-HBM3")
 GH200 = GPUTarget(gpu="NVIDIA-GH200-480GB")
@@ -59,10 +73,26 @@ def observe(
     running: int = 0,
     cfg: OperatorConfig = CFG,
     filed: dict[str, str] | None = None,
+    verified: str | None = "pin",
+    verify_jobs: Sequence[dict[str, Any]] = (),
+    verify_failures: dict[str, BuildFailure] | None = None,
+    cache_scope: str = "",
 ) -> EngineObserved:
     """`filed`: the store's request index (request key -> engine key); by default every request whose
-    engine (:func:`engine_for`) is among `manifests` was filed, as a builder does."""
+    engine (:func:`engine_for`) is among `manifests` was filed, as a builder does. `verified`: "pin"
+    (default) — the namespace proved it holds the pinned model (or SHA); a digest — it proved that
+    one; None — no proof yet."""
     manifests = manifests or {}
+    ns, m = e.metadata.namespace or "", e.spec.model
+    fp = source_fingerprint(m.uri, m.secret_ref.name if m.secret_ref else None, m.sha256)
+    digest = (m.sha256 or SHA) if verified == "pin" else verified
+    record = (
+        PossessionRecord(
+            namespace=ns, fingerprint=fp, sha256=digest, size_bytes=10, uri=m.uri, verified_at=NOW
+        )
+        if digest
+        else None
+    )
     index = filed
 
     def requests(rk: str) -> RequestRecord | None:
@@ -90,6 +120,11 @@ def observe(
         capacity=Capacity(running, running, cfg.build.max_concurrent, cfg.build.max_concurrent_per_namespace),
         now=now,
         requests=requests,
+        uid="u1",
+        possession=record,
+        verify_jobs=[JobView.from_k8s(j) for j in verify_jobs],
+        verify_failures=verify_failures or {},
+        cache_scope=cache_scope,
     )
 
 
@@ -219,16 +254,19 @@ def test_a_running_job_of_another_requester_is_reused_not_duplicated() -> None:
     assert plan.status.targets[0].phase == "Building"
 
 
-def test_unpinned_model_uses_request_digest_and_key_from_result() -> None:
+def test_unpinned_model_is_keyed_by_the_digest_its_verify_step_proved() -> None:
     e = engine([{"gpu": H100.gpu}], sha=None)
-    (j,) = plan_engine(observe(e), CFG).jobs_to_create
-    assert j["metadata"]["annotations"][ANNOTATION_ENGINE_KEY] == ""
-    key = "d" * 64
-    done = job(j, state="complete", at=NOW - 60, result=built(key))
-    plan = plan_engine(observe(e, jobs=[done], manifests={key: manifest_for(key, H100)}), CFG)
+    digest = "d" * 64
+    (j,) = plan_engine(observe(e, verified=digest), CFG).jobs_to_create
+    rk = rkey_of(engine([{"gpu": H100.gpu}], sha=digest), H100)
+    assert j["metadata"]["annotations"][ANNOTATION_REQUEST_DIGEST] == rk
+    cmd = j["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--sha256") + 1] == digest and "--staged-model" in cmd
+    key = engine_for(rk)  # another namespace's build filed it: found through the index
+    plan = plan_engine(observe(e, verified=digest, manifests={key: manifest_for(key, H100)}), CFG)
     (t,) = plan.status.targets
-    assert (t.phase, t.engine_key, t.cache_hit) == ("Ready", key, False)
-    assert plan.jobs_to_create == []
+    assert (t.phase, t.engine_key) == ("Ready", key)
+    assert plan.status.model is not None and plan.status.model.sha256 == digest
 
 
 def test_failed_build_backs_off_retries_under_a_new_name_then_stalls() -> None:
@@ -379,27 +417,134 @@ def test_invalid_model_is_not_retried() -> None:
     assert "truncated ONNX" in stalled.message
 
 
-def test_model_secret_goes_to_the_job_as_a_copy_and_an_unreadable_one_says_why() -> None:
-    import dataclasses
+def test_no_build_and_no_cache_hit_before_the_namespace_proves_it_holds_the_model() -> None:
+    e = engine([{"gpu": H100.gpu}], namespace="team-a")
+    key = key_of(e, H100)
+    # The store has the engine (another tenant built it), but team-a has not proven possession.
+    plan = plan_engine(observe(e, verified=None, manifests={key: manifest_for(key, H100)}), CFG)
+    assert plan.jobs_to_create == []
+    (t,) = plan.status.targets
+    assert (t.phase, t.reason, t.engine_key, t.cache_hit) == ("Pending", "VerifyingModel", None, None)
+    (vj,) = plan.verify_jobs_to_create
+    assert vj["metadata"]["namespace"] == "team-a" and vj["metadata"]["name"].startswith("trtforge-verify-")
+    assert get_condition(plan.status.conditions, "Ready").status == "False"  # type: ignore[union-attr]
+    # While it runs: nothing new.
+    running = plan_engine(observe(e, verified=None, verify_jobs=[job(vj, at=NOW)]), CFG)
+    assert running.verify_jobs_to_create == [] and running.status.targets[0].reason == "VerifyingModel"
+    # Proven: a cache hit, no Job.
+    hit = plan_engine(observe(e, manifests={key: manifest_for(key, H100)}), CFG)
+    assert hit.jobs_to_create == [] and hit.verify_jobs_to_create == []
+    assert hit.status.targets[0].cache_hit is True
 
+
+def test_a_failed_verify_says_why_and_a_pin_mismatch_stalls() -> None:
     e = engine([{"gpu": H100.gpu}])
-    obs = dataclasses.replace(observe(e), model_secret=children.model_secret_copy_name("team-a", "s3"))
-    (j,) = plan_engine(obs, CFG).jobs_to_create
-    c = j["spec"]["template"]["spec"]["containers"][0]
-    assert c["envFrom"] == [{"secretRef": {"name": children.model_secret_copy_name("team-a", "s3")}}]
-    copy = children.model_secret_copy(
-        {"AWS_ACCESS_KEY_ID": "eA=="},
-        "team-a",
-        "s3",
-        {"metadata": {"name": j["metadata"]["name"], "uid": "job-uid"}},
-        "builds",
+    (vj,) = plan_engine(observe(e, verified=None), CFG).verify_jobs_to_create
+    failed = job(vj, state="failed", at=NOW - 15)
+    missing = BuildFailure(error="model pvc://models/resnet.onnx: no such file", reason="ModelFetchFailed")
+    plan = plan_engine(
+        observe(e, verified=None, verify_jobs=[failed], verify_failures={vj["metadata"]["name"]: missing}),
+        CFG,
     )
-    assert copy["metadata"]["ownerReferences"][0]["uid"] == "job-uid"  # deleted with its Job
-    denied = dataclasses.replace(
-        observe(e), model_secret_error="model secret team-a/s3: the operator may not read it"
+    (t,) = plan.status.targets
+    assert (t.phase, t.reason) == ("Failed", "ModelVerifyFailed") and "no such file" in (t.message or "")
+    assert plan.requeue_after is not None and plan.jobs_to_create == []
+    later = plan_engine(
+        observe(
+            e,
+            verified=None,
+            verify_jobs=[failed],
+            verify_failures={vj["metadata"]["name"]: missing},
+            now=NOW + 60,
+        ),
+        CFG,
     )
-    plan = plan_engine(denied, CFG)
-    assert plan.jobs_to_create == [] and plan.status.targets[0].reason == "ModelSecretUnavailable"
+    (vj2,) = later.verify_jobs_to_create
+    assert vj2["metadata"]["name"] == vj["metadata"]["name"] + "-a2"
+    wrong = BuildFailure(error="model has sha256 0000, but --sha256 pins aaaa", reason="ModelIntegrity")
+    plan = plan_engine(
+        observe(e, verified=None, verify_jobs=[failed], verify_failures={vj["metadata"]["name"]: wrong}), CFG
+    )
+    stalled = get_condition(plan.status.conditions, "Stalled")
+    assert stalled is not None and stalled.status == "True" and stalled.reason == "ModelVerifyFailed"
+
+
+def test_a_changed_model_source_is_verified_again() -> None:
+    e = engine([{"gpu": H100.gpu}])
+    other = engine([{"gpu": H100.gpu}], model={"uri": "s3://bucket/resnet.onnx", "sha256": SHA})
+    obs = observe(e)  # proven for pvc://models/resnet.onnx
+    moved = dataclasses.replace(obs, spec=other.spec)
+    plan = plan_engine(moved, CFG)
+    assert plan.jobs_to_create == [] and plan.status.targets[0].reason == "VerifyingModel"
+    (vj,) = plan.verify_jobs_to_create
+    cmd = vj["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--model") + 1] == "s3://bucket/resnet.onnx"
+
+
+def test_verify_job_reads_the_tenants_own_source_and_builds_read_only_the_staged_copy() -> None:
+    e = engine([{"gpu": H100.gpu}], model={"uri": "s3://bucket/m.onnx", "secretRef": {"name": "creds"}})
+    (vj,) = plan_engine(observe(e, verified=None), CFG).verify_jobs_to_create
+    pod = vj["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert vj["metadata"]["namespace"] == "team-a"
+    assert c["envFrom"] == [{"secretRef": {"name": "creds"}}]  # its own Secret, never a copy
+    assert (
+        pod["serviceAccountName"] == CFG.runtime_service_account and not pod["automountServiceAccountToken"]
+    )
+    assert not any("persistentVolumeClaim" in v for v in pod["volumes"])  # no store, no claim
+    assert vj["metadata"]["ownerReferences"][0]["kind"] == "TRTEngine"
+    pvc = engine([{"gpu": H100.gpu}])
+    (vj,) = plan_engine(observe(pvc, verified=None), CFG).verify_jobs_to_create
+    pod = vj["spec"]["template"]["spec"]
+    (claim,) = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    assert claim["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert all(m["readOnly"] for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model")
+    # The build: no Secret, no tenant claim; the store with least access.
+    (bj,) = plan_engine(observe(e), CFG).jobs_to_create
+    bpod = bj["spec"]["template"]["spec"]
+    assert "envFrom" not in bpod["containers"][0]
+    mounts = {
+        m["mountPath"].rsplit("/", 1)[-1]: m
+        for m in bpod["containers"][0]["volumeMounts"]
+        if m["name"] == "store"
+    }
+    assert set(mounts) == {"engines", "requests", "timing-caches", "models"}
+    assert mounts["models"].get("readOnly") is True and not mounts["engines"].get("readOnly")
+
+
+@pytest.mark.parametrize(
+    "uri, problem",
+    [
+        ("pvc://trtforge-store/engines/" + "e" * 64 + "/model.onnx", "engine store's claim"),
+        ("pvc://models/../trtforge-store/x.onnx", "plain names"),
+        ("pvc://models//etc/passwd", "plain names"),
+        ("pvc://models/ok/model.onnx", None),
+        ("s3://bucket/../x", None),
+    ],
+)
+def test_model_sources_stay_inside_the_tenant(uri: str, problem: str | None) -> None:
+    got = model_source_problem(uri, "pvc://trtforge-store/")
+    assert (got is None) if problem is None else (got is not None and problem in got)
+
+
+def test_cache_scopes_follow_the_sharing_policy() -> None:
+    shared = CFG.cache.model_copy(update={"sharing": "all"})
+    ns_only = CFG.cache.model_copy(update={"sharing": "namespace"})
+    groups = CFG.cache.model_copy(update={"sharing": "groups"})
+    assert shared.scope("a", {}) == shared.scope("b", {}) == ""
+    assert ns_only.scope("a", {}) == "ns:a" != ns_only.scope("b", {})
+    label = {groups.group_label: "vision"}
+    assert groups.scope("a", label) == groups.scope("b", label) == "group:vision"
+    assert groups.scope("c", {}) == "ns:c"
+    assert OperatorConfig().cache.sharing == "groups"  # the default keeps unlabelled namespaces apart
+    e = engine([{"gpu": H100.gpu}])
+    nodes = [NodeView.from_k8s(n) for n in default_nodes()]
+    a = key_inputs(e.spec, H100, nodes, CFG, cache_scope="ns:a").request_key
+    b = key_inputs(e.spec, H100, nodes, CFG, cache_scope="ns:b").request_key
+    assert a != b != rkey_of(e, H100)
+    (j,) = plan_engine(observe(e, cache_scope="group:vision"), CFG).jobs_to_create
+    cmd = j["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--cache-scope") + 1] == "group:vision"
 
 
 def test_a_build_pod_the_scheduler_cannot_place_says_so() -> None:

@@ -15,6 +15,8 @@ code  reason                   meaning; what the operator should do
 1     ``Error``                unexpected crash (a bug); retry with backoff
 2     ``InvalidArgument``      bad command line or build settings; fix the spec, do not retry
 80    ``StoreUnavailable``     the store could not be reached or refused an operation; retry
+81    ``StoreIntegrity``       a stored entry is corrupt (junk manifest, engine file missing, wrong
+                               size or sha256) and could not be rebuilt here; retry (a retry rebuilds)
 82    ``GPUMismatch``          the GPU found is not the target (or none, or unhealthy); fix placement
 90    ``ModelFetchFailed``     the model could not be downloaded or read; retry or fix the URI
 91    ``ModelIntegrity``       the model's sha256 is not the pinned one; fix the pin or the model
@@ -45,6 +47,7 @@ FailureReason = Literal[
     "Error",
     "InvalidArgument",
     "StoreUnavailable",
+    "StoreIntegrity",
     "GPUMismatch",
     "ModelFetchFailed",
     "ModelIntegrity",
@@ -60,6 +63,7 @@ BUILD_EXIT_CODES: dict[FailureReason, int] = {
     "Error": 1,
     "InvalidArgument": 2,
     "StoreUnavailable": 80,
+    "StoreIntegrity": 81,
     "GPUMismatch": 82,
     "ModelFetchFailed": 90,
     "ModelIntegrity": 91,
@@ -118,6 +122,8 @@ class BuildResult(BaseModel):
     # Another builder committed the same key first; this result describes the winner's engine.
     lost_race: bool = False
     request_key: str | None = None  # the operator's request this engine was filed under
+    # The store held a corrupt entry under this key (why, in one line); this build replaced it.
+    replaced_corrupt: str | None = None
 
     def to_line(self) -> str:
         return self.model_dump_json(by_alias=True, exclude_none=True)

@@ -16,8 +16,17 @@ GET      ``<base>/engines/<key>/``        200 ``{"files": ["manifest.json", ...]
 =======  ==============================  =======================================================
 
 Status codes: 404 — no such engine or file (:class:`ObjectNotFound`); 401 — no or bad token;
-403 — the token's namespace has no InferenceDeployment that references this engine; 5xx — the
-broker or its store failed. Every request carries ``Authorization: Bearer <token>``, the token
+403 — the token's namespace has no InferenceDeployment that references this engine, or has not
+proven it holds the engine's model; 5xx — the broker or its store failed.
+
+Several brokers: the URI may list endpoints separated by commas (``http://10.0.0.5:8081,
+http://10.0.0.6:8081``) where there are no Service IPs; one URL (the broker Service) where there are.
+Every request tries the endpoints in turn, starting with the last one that answered, and after a
+round where none answered (connection refused or reset, timeout, 5xx) waits with exponential backoff
+(``retry_rounds`` rounds). 4xx answers are final. A download that breaks midway (a replica killed)
+goes on from the next endpoint: the bytes already passed on are skipped in the new response, and the
+caller's sha256 check of the whole file still decides; a file that changed size in between is an
+error, never a spliced file. Every request carries ``Authorization: Bearer <token>``, the token
 re-read on each request from the file named by ``$TRTFORGE_BROKER_TOKEN_FILE`` (kubelet rotates
 projected tokens); no header when the variable is unset. For https, ``$TRTFORGE_BROKER_CA_FILE``
 names the CA bundle to trust (else the system's). Only paths under ``engines/`` are served; timing
@@ -26,22 +35,35 @@ caches and writes are for build Jobs, which use the store itself.
 
 from __future__ import annotations
 
+import http.client
 import json
+import logging
 import os
 import ssl
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
+from trtforge.logs import fields
 from trtforge.store.base import ObjectNotFound, PutResult, StoreError, stream_to, verify
 from trtforge.store.local import check_relpath
+
+log = logging.getLogger(__name__)
 
 TOKEN_FILE_ENV = "TRTFORGE_BROKER_TOKEN_FILE"
 CA_FILE_ENV = "TRTFORGE_BROKER_CA_FILE"
 SHA256_HEADER = "X-Trtforge-Sha256"
 TIMEOUT_S = 30.0
+RETRY_ROUNDS = 5  # rounds over every endpoint before a request fails
+BACKOFF_S = 0.5  # wait after the first round where no endpoint answered; doubles each round
+MAX_BACKOFF_S = 8.0
+
+
+class _Retry(Exception):
+    """This endpoint did not answer (connection, timeout, 5xx): another may."""
 
 
 class BrokerDenied(StoreError):
@@ -60,10 +82,17 @@ class BrokerStore:
         token_file: str | None = None,
         ca_file: str | None = None,
         timeout_s: float = TIMEOUT_S,
+        retry_rounds: int = RETRY_ROUNDS,
+        backoff_s: float = BACKOFF_S,
     ) -> None:
-        if not uri.startswith(("http://", "https://")):
-            raise StoreError(f"{uri!r} is not an http(s):// engine broker URI")
-        self.uri = uri.rstrip("/")
+        endpoints = [u.strip().rstrip("/") for u in uri.split(",") if u.strip()]
+        if not endpoints or not all(u.startswith(("http://", "https://")) for u in endpoints):
+            raise StoreError(f"{uri!r} is not an http(s):// engine broker URI (or a comma-separated list)")
+        self.endpoints = endpoints
+        self._current = 0  # the endpoint that answered last
+        self.retry_rounds = max(1, retry_rounds)
+        self.backoff_s = backoff_s
+        self.uri = ",".join(endpoints)
         self.token_file = token_file if token_file is not None else os.environ.get(TOKEN_FILE_ENV)
         ca = ca_file if ca_file is not None else os.environ.get(CA_FILE_ENV)
         self.timeout_s = timeout_s
@@ -73,10 +102,11 @@ class BrokerStore:
         return f"BrokerStore({self.uri!r})"
 
     def _url(self, path: str, *, directory: bool = False) -> str:
+        """The URL of `path` relative to an endpoint (checked; the endpoint is prefixed per attempt)."""
         check_relpath(path)
         if not path.startswith("engines/"):
             raise StoreError(f"engine broker {self.uri} serves only engines/<key>/...; not {path}")
-        return f"{self.uri}/{quote(path)}" + ("/" if directory else "")
+        return f"/{quote(path)}" + ("/" if directory else "")
 
     def _request(self, url: str, method: str = "GET") -> urllib.request.Request:
         req = urllib.request.Request(url, method=method)
@@ -93,10 +123,11 @@ class BrokerStore:
             req.add_unredirected_header("Authorization", f"Bearer {token}")
         return req
 
-    def _open(self, path: str, url: str, method: str = "GET") -> Any:
+    def _open_one(self, base: str, path: str, url: str, method: str) -> Any:
+        """One attempt at one endpoint. _Retry: try another endpoint; StoreError: final."""
         try:
             return urllib.request.urlopen(
-                self._request(url, method), timeout=self.timeout_s, context=self._ssl
+                self._request(base + url, method), timeout=self.timeout_s, context=self._ssl
             )
         except urllib.error.HTTPError as e:
             detail = ""
@@ -105,23 +136,44 @@ class BrokerStore:
             except Exception:
                 pass
             if e.code == 404:
-                raise ObjectNotFound(f"engine broker {self.uri}: {path} does not exist") from e
+                raise ObjectNotFound(f"engine broker {base}: {path} does not exist") from e
             if e.code in (401, 403):
                 why = "no valid token" if e.code == 401 else "this namespace may not read this engine"
                 raise BrokerDenied(
-                    f"engine broker {self.uri}: {method} {path} refused ({e.code}, {why})"
+                    f"engine broker {base}: {method} {path} refused ({e.code}, {why})"
                     + (f": {detail}" if detail else "")
                 ) from e
-            raise StoreError(
-                f"engine broker {self.uri}: {method} {path} failed: HTTP {e.code}"
-                + (f": {detail}" if detail else "")
-            ) from e
+            msg = f"engine broker {base}: {method} {path} failed: HTTP {e.code}" + (
+                f": {detail}" if detail else ""
+            )
+            if e.code >= 500:
+                raise _Retry(msg) from e
+            raise StoreError(msg) from e
         except urllib.error.URLError as e:
-            raise StoreError(
-                f"engine broker {self.uri}: cannot reach it to {method} {path}: {e.reason}"
-            ) from e
-        except (OSError, ValueError) as e:
-            raise StoreError(f"engine broker {self.uri}: {method} {path} failed: {e}") from e
+            raise _Retry(f"engine broker {base}: cannot reach it to {method} {path}: {e.reason}") from e
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            raise _Retry(f"engine broker {base}: {method} {path} failed: {e}") from e
+
+    def _open(
+        self, path: str, url: str, method: str = "GET", *, headers: dict[str, str] | None = None
+    ) -> Any:
+        """The first endpoint that answers, tried in turn from the last good one, rounds with backoff."""
+        last = ""
+        n = len(self.endpoints)
+        for round_ in range(self.retry_rounds):
+            if round_:
+                time.sleep(min(MAX_BACKOFF_S, self.backoff_s * 2 ** (round_ - 1)))
+            for i in range(n):
+                idx = (self._current + i) % n
+                try:
+                    resp = self._open_one(self.endpoints[idx], path, url, method)
+                except _Retry as e:
+                    last = str(e)
+                    log.warning("engine broker unavailable, trying the next", extra=fields(error=last))
+                    continue
+                self._current = idx
+                return resp
+        raise StoreError(f"no engine broker answered ({n} endpoint(s), {self.retry_rounds} rounds): {last}")
 
     def _read_only(self, what: str) -> StoreError:
         return StoreError(f"engine broker {self.uri} is read-only: cannot {what}")
@@ -141,14 +193,40 @@ class BrokerStore:
 
     # -- reads -------------------------------------------------------------------------------
     def _stream(self, path: str, chunk_size: int) -> Iterator[tuple[bytes, str | None]]:
-        resp = self._open(path, self._url(path))
-        with resp:
-            announced = resp.headers.get(SHA256_HEADER)
-            try:
-                while chunk := resp.read(chunk_size):
-                    yield chunk, announced
-            except OSError as e:
-                raise StoreError(f"engine broker {self.uri}: reading {path} failed midway: {e}") from e
+        """The file's bytes, resumed on another endpoint when a response breaks midway."""
+        passed = 0  # bytes already yielded
+        breaks = 0
+        while True:
+            resp = self._open(path, self._url(path))
+            skip = passed
+            with resp:
+                announced = resp.headers.get(SHA256_HEADER)
+                try:
+                    while chunk := resp.read(chunk_size):
+                        if skip:
+                            if len(chunk) <= skip:
+                                skip -= len(chunk)
+                                continue
+                            chunk, skip = chunk[skip:], 0
+                        passed += len(chunk)
+                        yield chunk, announced
+                    if getattr(resp, "length", None):  # read(n) ends quietly short of Content-Length
+                        raise http.client.IncompleteRead(b"", resp.length)
+                except (OSError, http.client.HTTPException) as e:
+                    breaks += 1
+                    if breaks > self.retry_rounds * len(self.endpoints):
+                        raise StoreError(
+                            f"engine broker {self.uri}: reading {path} failed midway {breaks} times: {e}"
+                        ) from e
+                    log.warning(
+                        "download broke midway; going on from another broker endpoint",
+                        extra=fields(path=path, bytes=passed, error=str(e)),
+                    )
+                    self._current = (self._current + 1) % len(self.endpoints)
+                    continue
+            if skip:
+                raise StoreError(f"engine broker {self.uri}: {path} got shorter between two attempts")
+            return
 
     def iter_chunks(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         for chunk, _ in self._stream(path, chunk_size):

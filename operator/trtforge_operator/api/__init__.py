@@ -58,6 +58,7 @@ from trtforge_operator.api.trtengine import (
     TRTEngineStatus,
     ValidationSettings,
     ValidationSpec,
+    VerifiedModel,
 )
 
 RESOURCES = (TRTEngine, InferenceDeployment)
@@ -103,6 +104,7 @@ __all__ = [
     "Toleration",
     "ValidationSettings",
     "ValidationSpec",
+    "VerifiedModel",
     "get_condition",
     "now",
     "parse_quantity",

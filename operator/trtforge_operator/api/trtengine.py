@@ -39,9 +39,11 @@ from trtforge_operator.api.common import (
     Time,
 )
 
+# A path part of a pvc:// URI: a plain name, never "", "." or ".." (RE2 has no lookahead).
+_PLAIN_PART = r"([^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+)"
 MODEL_URI_PATTERN = (
     r"^(s3://[a-z0-9][-a-z0-9.]{1,61}[a-z0-9]/.+"
-    r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+"
+    rf"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/{_PLAIN_PART}(/{_PLAIN_PART})*"
     r"|https://[^/]+/.+)$"
 )
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
@@ -128,7 +130,10 @@ class ModelSource(ApiModel):
     uri: str = Field(
         max_length=2048,
         pattern=MODEL_URI_PATTERN,
-        description="s3://bucket/key, pvc://claim/path (a PVC in the store namespace) or https://host/path.",
+        description=(
+            "s3://bucket/key, pvc://claim/path (a PVC in this TRTEngine's own namespace; the path is "
+            "plain names, no '..') or https://host/path."
+        ),
     )
     sha256: str | None = Field(
         default=None,
@@ -497,6 +502,14 @@ class TargetStatus(ApiModel):
         return GPUTarget(gpu=self.gpu, mig=self.mig)
 
 
+class VerifiedModel(ApiModel):
+    """The model this namespace proved it holds (its verify step streamed it to the broker)."""
+
+    sha256: str = Field(max_length=64, description="sha256 of the model, as the broker computed it.")
+    verified_time: Time | None = Field(default=None, description="When the verify step finished.")
+    size_bytes: int | None = Field(default=None, ge=0, description="Model size.")
+
+
 class TRTEngineStatus(ApiModel):
     """Observed state, written only by the operator."""
 
@@ -517,6 +530,9 @@ class TRTEngineStatus(ApiModel):
     )
     ready_targets: str | None = Field(
         default=None, max_length=16, description='Ready targets out of all, like "2/3".'
+    )
+    model: VerifiedModel | None = Field(
+        default=None, description="The model this namespace proved it holds, for the current source."
     )
 
 

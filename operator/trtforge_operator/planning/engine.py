@@ -28,6 +28,7 @@ from trtforge.contract.engine_key import (
 from trtforge.contract.gpu import KNOWN_GPUS, GPUTarget
 from trtforge.contract.layout import engine_path
 from trtforge.contract.manifest import Manifest
+from trtforge.contract.possession import PossessionRecord, scoped_key, source_fingerprint
 from trtforge_operator import children
 from trtforge_operator.api import (
     Accuracy,
@@ -35,11 +36,13 @@ from trtforge_operator.api import (
     TargetStatus,
     TRTEngineSpec,
     TRTEngineStatus,
+    VerifiedModel,
     ready_text,
     set_condition,
 )
+from trtforge_operator.api.trtengine import TargetPhase
 from trtforge_operator.config import OperatorConfig
-from trtforge_operator.labels import LABEL_BUILD_ID
+from trtforge_operator.labels import ANNOTATION_ATTEMPT, ANNOTATION_SOURCE_FINGERPRINT, LABEL_BUILD_ID
 from trtforge_operator.observed import JobView, NodeView, utc
 
 ManifestLookup = Callable[[str], Manifest | None]
@@ -87,10 +90,29 @@ class EngineObserved:
     manifests: ManifestLookup
     capacity: Capacity
     now: float
-    model_secret: str | None = None  # the copy's name in the build namespace (spec.model.secretRef)
-    model_secret_error: str | None = None  # why the tenant's Secret could not be read
     unschedulable: Mapping[str, str] = field(default_factory=dict)  # build Job -> why its pod waits
     requests: RequestLookup = no_requests  # the store's request index: request key -> engine
+    uid: str = ""
+    # Proof of possession (docs/security.md): the broker's record for this namespace and the current
+    # source (None: not proven yet), the verify Jobs of this namespace, and why finished ones failed.
+    possession: PossessionRecord | None = None
+    verify_jobs: Sequence[JobView] = ()
+    verify_failures: Mapping[str, BuildFailure] = field(default_factory=dict)  # failed verify Job -> why
+    cache_scope: str = ""  # the namespace's cache scope (CacheSettings.scope)
+
+    @property
+    def source_fingerprint(self) -> str:
+        m = self.spec.model
+        return source_fingerprint(m.uri, m.secret_ref.name if m.secret_ref else None, m.sha256)
+
+    @property
+    def verified_sha256(self) -> str | None:
+        """The model digest this namespace proved it holds through the current source, else None."""
+        p = self.possession
+        if p is None or not p.proves(self.namespace, self.source_fingerprint, self.spec.model.sha256 or None):
+            return None
+        return p.sha256
+
     # Fault rebuilds asked of this engine by its InferenceDeployments, as the Jobs they need
     # (planning/rebuild.py): this planner creates them, the one owner of build Jobs.
     rebuild_jobs: Sequence[dict[str, Any]] = ()
@@ -100,6 +122,7 @@ class EngineObserved:
 class EnginePlan:
     status: TRTEngineStatus
     jobs_to_create: list[dict[str, Any]] = field(default_factory=list)
+    verify_jobs_to_create: list[dict[str, Any]] = field(default_factory=list)  # in the tenant namespace
     add_requester: list[str] = field(default_factory=list)  # names of existing Jobs this engine now uses
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None  # seconds until a backoff expires
@@ -134,12 +157,20 @@ def resolve_targets(spec: TRTEngineSpec, nodes: Sequence[NodeView]) -> list[GPUT
 
 
 def key_inputs(
-    spec: TRTEngineSpec, target: GPUTarget, nodes: Sequence[NodeView], cfg: OperatorConfig
+    spec: TRTEngineSpec,
+    target: GPUTarget,
+    nodes: Sequence[NodeView],
+    cfg: OperatorConfig,
+    *,
+    model_sha256: str | None = None,
+    cache_scope: str = "",
 ) -> KeyInputs:
     """Request key and node selector of one target (docs/design.md §"Engine keys").
 
     The GPU part comes from the target and, for hardware-compatible builds, the GFD labels of the
-    first hosting node. Raises ValueError when a label such a build needs is missing.
+    first hosting node. Raises ValueError when a label such a build needs is missing. The model is
+    its pin, or `model_sha256`, the digest the namespace proved it holds; the key is scoped to the
+    namespace's cache scope (docs/security.md).
     """
     hosting = sorted((n for n in nodes if n.hosts(target)), key=lambda n: n.name)
     first = hosting[0] if hosting else None
@@ -152,15 +183,19 @@ def key_inputs(
         compute_capability=first.compute_capability if first else None,
         arch=first.arch if first else None,
     )
-    rk = request_key(
-        RequestKeyRecord(
-            model_sha256=spec.model.sha256,
-            model_uri=None if spec.model.sha256 else spec.model.uri,
-            build=build,
-            gpu=binding,
-            backend=backend,
-            builder_image=cfg.builder_image,
-        )
+    digest = model_sha256 or spec.model.sha256
+    rk = scoped_key(
+        request_key(
+            RequestKeyRecord(
+                model_sha256=digest,
+                model_uri=None if digest else spec.model.uri,
+                build=build,
+                gpu=binding,
+                backend=backend,
+                builder_image=cfg.builder_image,
+            )
+        ),
+        cache_scope,
     )
     return KeyInputs(
         target=target,
@@ -178,16 +213,22 @@ def build_request(
     *,
     engine_key: str | None,
     attempt: int = 1,
-    model_secret: str | None = None,
     rebuild_of: str | None = None,
     avoid_nodes: tuple[str, ...] = (),
+    verified_sha256: str | None = None,
+    cache_scope: str = "",
 ) -> children.BuildRequest:
-    """The build of one target of `spec` (a first build, a retry, or a rebuild after a GPU fault)."""
+    """The build of one target of `spec` (a first build, a retry, or a rebuild after a GPU fault).
+
+    With `verified_sha256` (the namespace proved it holds the model) the build reads the broker's
+    staged copy of the model, not the tenant's source."""
     val = spec.validation_settings()
     return children.BuildRequest(
         target=ki.target,
         model_uri=spec.model.uri,
-        model_sha256=spec.model.sha256,
+        model_sha256=verified_sha256 or spec.model.sha256,
+        staged_model=verified_sha256 is not None,
+        cache_scope=cache_scope,
         build=spec.build_config(),
         engine_key=engine_key,
         request_digest=ki.request_key,
@@ -202,7 +243,6 @@ def build_request(
         attempt=attempt,
         rebuild_of=rebuild_of,
         avoid_nodes=avoid_nodes,
-        model_secret=model_secret,
     )
 
 
@@ -306,9 +346,11 @@ def _plan_target(
     cfg: OperatorConfig,
     jobs_by_id: Mapping[str, list[JobView]],
     prev: TargetStatus | None = None,
+    verify: VerifyOutcome | None = None,
 ) -> _TargetOutcome:
-    """One target; while a changed request builds, the previous Ready engine keeps serving."""
-    out = _plan_request(obs, target, cfg, jobs_by_id)
+    """One target; while a changed request builds (or its new model source is verified), the
+    previous Ready engine keeps serving."""
+    out = _plan_request(obs, target, cfg, jobs_by_id, verify)
     st = out.status
     if st.phase == "Ready" or prev is None or prev.phase != "Ready" or not prev.engine_key:
         return out
@@ -348,10 +390,16 @@ def _plan_request(
     target: GPUTarget,
     cfg: OperatorConfig,
     jobs_by_id: Mapping[str, list[JobView]],
+    verify: VerifyOutcome | None = None,
 ) -> _TargetOutcome:
     st = TargetStatus(name=target.name, gpu=target.gpu, mig=target.mig, phase="Pending")
+    if verify is not None:  # no build and no cache hit before the namespace proves it holds the model
+        st.phase, st.reason, st.message = verify.phase, verify.reason, verify.message
+        return _TargetOutcome(st, stalled=verify.stalled)
     try:
-        ki = key_inputs(obs.spec, target, obs.nodes, cfg)
+        ki = key_inputs(
+            obs.spec, target, obs.nodes, cfg, model_sha256=obs.verified_sha256, cache_scope=obs.cache_scope
+        )
     except ValueError as e:
         if not any(n.hosts(target) for n in obs.nodes):
             st.reason, st.message = "NoMatchingNode", no_node_message(target)
@@ -363,7 +411,8 @@ def _plan_request(
     builds = sorted((j for j in jobs_by_id.get(bid, []) if j.kind == "build"), key=lambda j: j.attempt)
     succeeded = [j for j in builds if j.complete]
     key = next((k for j in reversed(succeeded) if (k := result_key(j.result()))), None)
-    if key is None and obs.spec.model.sha256:  # pinned: the store's index answers across namespaces
+    if key is None and (obs.verified_sha256 or obs.spec.model.sha256):
+        # a known digest: the store's index answers across the namespaces of the cache scope
         filed = obs.requests(ki.request_key)
         key = filed.engine_key if filed is not None else None
     manifest = obs.manifests(key) if key else None
@@ -451,10 +500,6 @@ def _plan_request(
             )
             out.wake_at = retry_at
             return out
-    if obs.model_secret_error:
-        st.phase, st.reason = "Failed", "ModelSecretUnavailable"
-        st.message = one_line(obs.model_secret_error)
-        return out
     if not ki.hosting_nodes:
         st.phase, st.reason = ("Pending", "NoMatchingNode") if failed_msg is None else (st.phase, st.reason)
         st.message = no_node_message(target)
@@ -465,7 +510,8 @@ def _plan_request(
         obs_requester(obs),
         engine_key=None,
         attempt=attempt + 1,
-        model_secret=obs.model_secret,
+        verified_sha256=obs.verified_sha256,
+        cache_scope=obs.cache_scope,
     )
     st.job_name = out.create.job_name
     st.attempts = attempt + 1
@@ -486,6 +532,114 @@ def no_node_message(target: GPUTarget) -> str:
     if target.mig and known is not None and target.mig not in known.mig:
         msg += f"; note: {target.gpu} is not known to have MIG profile {target.mig} ({', '.join(known.mig)})"
     return msg
+
+
+VERIFY_NO_RETRY = frozenset({"InvalidArgument", "ModelIntegrity"})
+VERIFY_RESULT_GRACE_S = 30.0  # a verify Job that succeeded but whose record the store does not show yet
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    """Where proof of possession stands while it is not there: every target waits on it."""
+
+    phase: TargetPhase
+    reason: str
+    message: str
+    create: children.VerifyRequest | None = None
+    wake_at: float | None = None
+    stalled: bool = False
+
+
+def plan_verify(obs: EngineObserved, cfg: OperatorConfig) -> VerifyOutcome:
+    """The next step of proving that obs.namespace holds the model through its current source.
+
+    One verify Job per source fingerprint and attempt (create-if-absent); a failed attempt is retried
+    with the build backoff up to build.maxAttempts, except when retrying cannot help (a pin the model
+    does not match, a path out of the claim)."""
+    fp = obs.source_fingerprint
+    mine = sorted(
+        (
+            j
+            for j in obs.verify_jobs
+            if j.annotations.get(ANNOTATION_SOURCE_FINGERPRINT) == fp and not j.deleting
+        ),
+        key=lambda j: int(j.annotations.get(ANNOTATION_ATTEMPT) or 1),
+    )
+    latest = mine[-1] if mine else None
+    attempt = int(latest.annotations.get(ANNOTATION_ATTEMPT) or 1) if latest is not None else 0
+    uri = obs.spec.model.uri
+
+    def request(n: int) -> children.VerifyRequest:
+        m = obs.spec.model
+        return children.VerifyRequest(
+            namespace=obs.namespace,
+            engine=obs.name,
+            engine_uid=obs.uid,
+            model_uri=m.uri,
+            model_sha256=m.sha256,
+            secret=m.secret_ref.name if m.secret_ref else None,
+            fingerprint=fp,
+            attempt=n,
+        )
+
+    if latest is None:
+        req = request(1)
+        return VerifyOutcome(
+            "Pending",
+            "VerifyingModel",
+            f"verifying that this namespace holds {uri} (Job {req.job_name})",
+            req,
+        )
+    if latest.running:
+        return VerifyOutcome(
+            "Pending",
+            "VerifyingModel",
+            f"verifying that this namespace holds {uri} (Job {latest.name}, attempt {attempt})",
+        )
+    result = obs.verify_failures.get(latest.name)
+    if latest.complete and result is None:
+        done_at = latest.finished or obs.now
+        if obs.now - done_at < VERIFY_RESULT_GRACE_S:
+            return VerifyOutcome(
+                "Pending",
+                "VerifyingModel",
+                f"verify Job {latest.name} finished; reading the broker's record",
+                wake_at=done_at + VERIFY_RESULT_GRACE_S,
+            )
+        failure = "the verify Job finished, but the broker holds no record of it"
+    elif result is not None:
+        failure = one_line(f"{result.reason}: {result.error}")
+    else:
+        failure = failure_message(latest)
+    if result is not None and result.reason in VERIFY_NO_RETRY:
+        return VerifyOutcome(
+            "Failed",
+            "ModelVerifyFailed",
+            one_line(f"{failure}; not retrying (fix spec.model or the model)"),
+            stalled=True,
+        )
+    if attempt >= cfg.build.max_attempts:
+        return VerifyOutcome(
+            "Failed",
+            "ModelVerifyFailed",
+            one_line(f"verify attempt {attempt}/{cfg.build.max_attempts} failed: {failure}; giving up"),
+            stalled=True,
+        )
+    retry_at = (latest.finished or obs.now) + backoff_seconds(attempt, cfg)
+    if obs.now < retry_at:
+        return VerifyOutcome(
+            "Failed",
+            "ModelVerifyFailed",
+            one_line(f"verify attempt {attempt} failed: {failure}; retrying at {_iso(retry_at)}"),
+            wake_at=retry_at,
+        )
+    req = request(attempt + 1)
+    return VerifyOutcome(
+        "Pending",
+        "VerifyingModel",
+        one_line(f"verify attempt {attempt} failed: {failure}; starting {req.job_name}"),
+        req,
+    )
 
 
 class _IndexedJobs(Mapping[str, list[JobView]]):
@@ -531,8 +685,14 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     outcomes: list[_TargetOutcome] = []
     extra_total = extra_ns = 0
     planned: set[str] = set()
+    verify = plan_verify(obs, cfg) if obs.verified_sha256 is None and targets else None
+    if verify is not None:
+        if verify.create is not None:
+            plan.verify_jobs_to_create.append(children.verify_job(verify.create, cfg))
+        if verify.wake_at is not None:
+            plan.requeue_after = max(0.5, verify.wake_at - obs.now)
     for target in targets:
-        o = _plan_target(obs, target, cfg, jobs_by_id, prev.get(target.name))
+        o = _plan_target(obs, target, cfg, jobs_by_id, prev.get(target.name), verify)
         if o.create is not None and o.create.job_name in planned:
             o.create = None  # targets that ask for the same engine (hardware-compatible) share a Job
         elif o.create is not None:
@@ -572,11 +732,15 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
         else:
             plan.requeue_after = min(plan.requeue_after or 5.0, 5.0)
     statuses = [_keep_times(o.status, prev.get(o.status.name)) for o in outcomes]
+    p = obs.possession
     plan.status = TRTEngineStatus(
         observed_generation=obs.generation,
         conditions=_conditions(obs, outcomes, statuses),
         targets=statuses,
         ready_targets=ready_text(sum(1 for s in statuses if s.phase == "Ready"), len(statuses)),
+        model=VerifiedModel(sha256=p.sha256, verified_time=utc(p.verified_at), size_bytes=p.size_bytes)
+        if p is not None and obs.verified_sha256 is not None
+        else None,
     )
     plan.events = transition_events(obs.status, plan.status)
     return plan
@@ -664,7 +828,11 @@ def _conditions(
         conds = set_condition(conds, "Degraded", "False", "AsExpected", "", observed_generation=gen, at=at)
     if stalled:
         reason = next(
-            (s.reason for s in stalled if s.reason in ("InvalidTarget", "InvalidBuildInput")),
+            (
+                s.reason
+                for s in stalled
+                if s.reason in ("InvalidTarget", "InvalidBuildInput", "ModelVerifyFailed")
+            ),
             "BuildRetriesExhausted",
         )
         conds = set_condition(
@@ -712,15 +880,43 @@ def transition_events(old: TRTEngineStatus, new: TRTEngineStatus) -> list[Event]
     return out
 
 
-def invalid_spec_status(old: TRTEngineStatus, generation: int, message: str, now: float) -> TRTEngineStatus:
-    """Status of a TRTEngine whose spec the models refuse (the CRD of an old cluster lets it in)."""
+def model_source_problem(uri: str, store_uri: str) -> str | None:
+    """Why `spec.model.uri` may not be used as a model source, else None.
+
+    A ``pvc://`` source is a claim of the TRTEngine's own namespace (the verify Job mounts it there,
+    read-only), never the engine store's claim, and its path is plain names: no ``..``, ``.``, empty
+    parts or leading ``/`` (the CRD's pattern says the same where the apiserver checks it)."""
+    if not uri.startswith("pvc://"):
+        return None
+    claim, _, path = uri.removeprefix("pvc://").partition("/")
+    store_claim = (
+        store_uri.removeprefix("pvc://").partition("/")[0] if store_uri.startswith("pvc://") else None
+    )
+    if store_claim and claim == store_claim:
+        return (
+            f"spec.model.uri {uri}: pvc://{claim} is the engine store's claim; a model source is a claim "
+            "of this TRTEngine's own namespace"
+        )
+    if not path or any(p in ("", ".", "..") for p in path.split("/")):
+        return (
+            f"spec.model.uri {uri}: the path inside the claim must be plain names (no '..', '.', empty "
+            "parts or leading '/')"
+        )
+    return None
+
+
+def invalid_spec_status(
+    old: TRTEngineStatus, generation: int, message: str, now: float, *, reason: str = "InvalidSpec"
+) -> TRTEngineStatus:
+    """Status of a TRTEngine whose spec the models refuse (the CRD of an old cluster lets it in), or
+    whose model source is not allowed (`reason` InvalidModelSource)."""
     at = _ts(now)
     conds = list(old.conditions)
     msg = one_line(message, 1000)
-    conds = set_condition(conds, "Ready", "False", "InvalidSpec", msg, observed_generation=generation, at=at)
+    conds = set_condition(conds, "Ready", "False", reason, msg, observed_generation=generation, at=at)
     conds = set_condition(conds, "Building", "False", "Idle", "", observed_generation=generation, at=at)
     conds = set_condition(conds, "Degraded", "False", "AsExpected", "", observed_generation=generation, at=at)
-    conds = set_condition(conds, "Stalled", "True", "InvalidSpec", msg, observed_generation=generation, at=at)
+    conds = set_condition(conds, "Stalled", "True", reason, msg, observed_generation=generation, at=at)
     return TRTEngineStatus(
         observed_generation=generation,
         conditions=conds,

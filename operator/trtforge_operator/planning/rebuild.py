@@ -67,17 +67,27 @@ def annotation_patch(
 
 
 def rebuild_job(
-    engine: TRTEngine, nodes: Sequence[NodeView], cfg: OperatorConfig, req: RebuildRequest
+    engine: TRTEngine,
+    nodes: Sequence[NodeView],
+    cfg: OperatorConfig,
+    req: RebuildRequest,
+    *,
+    cache_scope: str = "",
 ) -> dict[str, Any] | None:
-    """The rebuild Job the TRTEngine creates for `req`; None when its target is no longer resolvable."""
+    """The rebuild Job the TRTEngine creates for `req`; None when its target is no longer resolvable.
+
+    It reads the staged copy of the model the namespace proved it holds (status.model), keyed in the
+    namespace's cache scope: no tenant credentials, as for the first build (docs/security.md)."""
     target = next((t.target() for t in engine.status.targets if t.name == req.target), None)
     if target is None:
         return None
+    verified = engine.status.model.sha256 if engine.status.model is not None else None
+    if verified is None:  # the namespace has not proven it holds its current model: no build of it
+        return None
     try:
-        ki = key_inputs(engine.spec, target, nodes, cfg)
+        ki = key_inputs(engine.spec, target, nodes, cfg, model_sha256=verified, cache_scope=cache_scope)
     except ValueError:
         return None
-    ref = engine.spec.model.secret_ref
     ns = engine.metadata.namespace or req.requester.split("/", 1)[0]
     build = build_request(
         engine.spec,
@@ -86,6 +96,7 @@ def rebuild_job(
         engine_key=req.engine_key,
         rebuild_of=req.fault,
         avoid_nodes=tuple(sorted(req.avoid_nodes)),
-        model_secret=children.model_secret_copy_name(ns, ref.name) if ref else None,
+        verified_sha256=verified,
+        cache_scope=cache_scope,
     )
     return children.build_job(build, cfg)

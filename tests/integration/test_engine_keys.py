@@ -48,6 +48,9 @@ def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Oper
         testbed,
         tmp_path_factory.mktemp("keys"),
         [f"keys-a-{tag}", f"keys-b-{tag}"],
+        # One cache group: under the default sharing policy (`groups`) only namespaces the platform
+        # team labelled together share engines, and the second tenant's cache hit is what is shown.
+        cache_group=f"keys-{tag}",
         **_new_image("ghcr.io/trtforge/builder:unseen", UNSEEN),
     )
     e.start()
@@ -96,7 +99,8 @@ def test_a_builder_with_an_unseen_backend_version_converges_in_one_build(env: Op
         batch.delete_namespaced_job(j.metadata.name, env.build_ns, propagation_policy="Background")
     wait_for(lambda: not env.jobs(), timeout=60, desc="build Jobs deleted")
     env.apply(engine_manifest("tiny-copy", sha, TARGETS), env.tenants[1])
-    copy = env.wait_true("trtengines", env.tenants[1], "tiny-copy", timeout=60)
+    # Ready after the second tenant's verify step (its own claim, its own namespace), never a build.
+    copy = env.wait_true("trtengines", env.tenants[1], "tiny-copy", timeout=180)
     assert all(t["cacheHit"] is True for t in copy["status"]["targets"])
     assert {t["engineKey"] for t in copy["status"]["targets"]} == {
         t["engineKey"] for t in eng["status"]["targets"]

@@ -66,16 +66,12 @@ from trtforge_operator.planning.deployment import (
     invalid_deployment_status,
     plan_deployment,
 )
-from trtforge_operator.planning.engine import (
-    Capacity,
-    EngineObserved,
-    Event,
-    invalid_spec_status,
-    model_source_problem,
-    one_line,
-    plan_engine,
-)
+from trtforge_operator.planning.engine import model_source_problem, plan_engine
+from trtforge_operator.planning.engine_conditions import EngineReason, invalid_spec_status
+from trtforge_operator.planning.events import Event
+from trtforge_operator.planning.observed_engine import Capacity, EngineObserved
 from trtforge_operator.planning.rebuild import annotation_patch, rebuild_job, requests_on
+from trtforge_operator.planning.text import one_line
 from trtforge_operator.status_cache import StatusCache, resource_version
 from trtforge_operator.store_reader import StoreReader
 from trtforge_operator.workqueue import LoopWatch, WorkQueue
@@ -220,9 +216,11 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
     cache_scope = _cache_scope(state, indices, ns)
     problem = model_source_problem(m.uri, state.cfg.store_uri)
     if problem is not None:
-        status = invalid_spec_status(old_status, gen, problem, time.time(), reason="InvalidModelSource")
+        status = invalid_spec_status(
+            old_status, gen, problem, time.time(), reason=EngineReason.INVALID_MODEL_SOURCE
+        )
         if await _write_status(state, Kind.TRTENGINE, TRTENGINES, body, old, status.to_wire()):
-            await state.kube.event(body, "Warning", "InvalidModelSource", problem)
+            await state.kube.event(body, "Warning", EngineReason.INVALID_MODEL_SOURCE, problem)
         return None
     unschedulable = {
         job: p.unschedulable
@@ -265,6 +263,9 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
         if not state.slots.admit(_job_names(plan.jobs_to_create), ns):
             raise RuntimeError("build slots refused a plan made against their own count")
     state.metrics.builds_running.set(state.slots.running)
+    for refused in plan.refused:  # a planner bug: the status still shows what was observed
+        log.warning("%s/%s: %s", ns, name, refused, extra=fields(namespace=ns, name=name))
+        state.metrics.refused_transitions.labels(str(refused.before or "None"), refused.after).inc()
     await _create_jobs(state, plan.jobs_to_create, "build")
     for vj in plan.verify_jobs_to_create:  # in the tenant's namespace, not a build slot
         if await state.kube.create(vj):

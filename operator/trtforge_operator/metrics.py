@@ -67,6 +67,12 @@ class Metrics:
             ["tenant_namespace", "name"],
             registry=registry,
         )
+        self.refused_transitions = Counter(
+            "trtforge_refused_target_transitions_total",
+            "Target state changes the transition table refuses (a planner bug; status shows what was seen)",
+            ["before", "after"],
+            registry=registry,
+        )
         self.build_failures = Counter(
             "trtforge_build_failures_total",
             "Build Jobs that ended in failure, by the builder's typed reason",

@@ -17,13 +17,9 @@ from trtforge_operator.labels import (
     requester_annotation,
 )
 from trtforge_operator.observed import JobView, NodeView
-from trtforge_operator.planning.engine import (
-    Capacity,
-    EngineObserved,
-    key_inputs,
-    model_source_problem,
-    plan_engine,
-)
+from trtforge_operator.planning.engine import model_source_problem, plan_engine
+from trtforge_operator.planning.keys import key_inputs
+from trtforge_operator.planning.observed_engine import Capacity, EngineObserved
 
 from tests.fakes import default_nodes, gpu_node, job
 from trtforge.contract.build_result import BuildFailure

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from trtforge.contract.build_result import BuildFailure, parse_build_message
 from trtforge.contract.possession import source_fingerprint
 from trtforge.logs import fields
-from trtforge_operator import children
+from trtforge_operator import children, job_cleanup
 from trtforge_operator.api import (
     InferenceDeployment,
     InferenceDeploymentStatus,
@@ -93,6 +93,8 @@ class State:
     watch: LoopWatch = dataclasses.field(default_factory=lambda: LoopWatch(stuck_after=300.0))
     slots: BuildSlots = dataclasses.field(init=False)
     statuses: StatusCache = dataclasses.field(default_factory=StatusCache)
+    indices: Mapping[str, Any] | None = None  # kopf's indices, once a handler has been given them
+    tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)  # background loops
 
     def __post_init__(self) -> None:
         self.slots = BuildSlots(self.cfg.build.max_concurrent, self.cfg.build.max_concurrent_per_namespace)
@@ -444,6 +446,8 @@ async def _loop(state: State, kind: Kind, body: Any, stopped: Any, kwargs: Mappi
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
     trigger = state.queue.get(kind, ns, name)
+    if state.indices is None:
+        state.indices = kwargs  # the same index objects every handler gets (finished-Job cleanup reads them)
     fn = reconcile_engine if kind == Kind.TRTENGINE else reconcile_deployment
     key = (kind, ns, name)
     while not stopped:
@@ -532,6 +536,18 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         settings.networking.request_timeout = 60
         settings.posting.level = logging.WARNING  # our own Events go through Kube.event
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event is noise
+
+    @kopf.on.startup(registry=registry)
+    async def _start_job_cleanup(**_: Any) -> None:
+        if cfg.build.finished_job_ttl_seconds > 0:
+            state.tasks.append(
+                asyncio.create_task(job_cleanup.run(cfg, state.kube, state.metrics, lambda: state.indices))
+            )
+
+    @kopf.on.cleanup(registry=registry)
+    async def _stop_job_cleanup(**_: Any) -> None:
+        for t in state.tasks:
+            t.cancel()
 
     # --- indices (complete before any handler runs: a restart sees every Job it made)
     @kopf.index("batch", "v1", "jobs", id="jobs_idx", labels=MANAGED, registry=registry)

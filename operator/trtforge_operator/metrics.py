@@ -67,6 +67,11 @@ class Metrics:
             ["tenant_namespace", "name"],
             registry=registry,
         )
+        self.finished_jobs_deleted = Counter(
+            "trtforge_finished_jobs_deleted_total",
+            "Finished build Jobs deleted after their TTL, once every requester had recorded them",
+            registry=registry,
+        )
         self.refused_transitions = Counter(
             "trtforge_refused_target_transitions_total",
             "Target state changes the transition table refuses (a planner bug; status shows what was seen)",

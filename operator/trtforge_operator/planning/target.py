@@ -94,6 +94,7 @@ def plan_target(
     previous Ready engine keeps serving."""
     out = _plan_request(obs, target, cfg, jobs_by_id, verify)
     st = out.status
+    _keep_recorded_build(out, prev)
     if out.state.serving or prev is None or prev.phase != "Ready" or not prev.engine_key:
         return out
     if prev.request_key == st.request_key:
@@ -127,6 +128,24 @@ def plan_target(
     if failed:
         out.rebuild_failed = f"{st.name}: update failed: {pending}"
     return out
+
+
+def _keep_recorded_build(out: TargetOutcome, prev: TargetStatus | None) -> None:
+    """A served engine whose build Job was cleaned up (planning/finished_jobs.py) stays as recorded:
+    the same request and engine keep their Job, attempts and Built-or-CacheHit (no status churn)."""
+    st = out.status
+    before = TargetState.of(prev.reason) if prev is not None else None
+    if (
+        prev is None
+        or before not in (TargetState.BUILT, TargetState.CACHE_HIT)
+        or out.state not in (TargetState.BUILT, TargetState.CACHE_HIT)
+        or st.job_name is not None
+        or (prev.request_key, prev.engine_key) != (st.request_key, st.engine_key)
+    ):
+        return
+    st.job_name, st.attempts, st.last_attempt_time = prev.job_name, prev.attempts, prev.last_attempt_time
+    st.cache_hit = prev.cache_hit
+    out.enter(before, prev.message or "")
 
 
 def _plan_request(

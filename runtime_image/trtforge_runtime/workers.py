@@ -32,9 +32,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from trtforge.logs import fields
+from trtforge_runtime import cpus as cpus_mod
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,25 @@ def split_cpus(cpus: Sequence[int], workers: int) -> list[list[int]]:
         out.append(ordered[start : start + n])
         start += n
     return out
+
+
+@dataclass(frozen=True)
+class WorkerCpus:
+    """One worker's CPUs: how many it sizes its threads for, and the CPUs it is pinned to (None: not
+    pinned, when a CPU limit rather than the affinity bounds the pod)."""
+
+    count: int
+    pinned: list[int] | None
+
+
+def plan_cpus(affinity: Sequence[int], usable: int, workers: int) -> list[WorkerCpus]:
+    """Each worker's CPUs. With a CPU limit below the affinity (a pod with `resources.limits.cpu` on
+    a bigger node) workers are not pinned (the quota is the pod's, not per CPU) and split the limit's
+    CPUs; otherwise each is pinned to its contiguous share (:func:`split_cpus`)."""
+    if usable < len(affinity):
+        counts = [len(c) for c in split_cpus(range(usable), workers)]
+        return [WorkerCpus(n, None) for n in counts]
+    return [WorkerCpus(len(c), c) for c in split_cpus(affinity, workers)]
 
 
 def worker_argv(argv: Sequence[str]) -> list[str]:
@@ -103,7 +124,7 @@ def pin_worker() -> None:
 
 def supervise(argv: Sequence[str], workers: int) -> int:
     """Run `workers` workers of the command line `argv` (without the program name); their exit code."""
-    cpus = split_cpus(sorted(os.sched_getaffinity(0)), workers)
+    cpus = plan_cpus(cpus_mod.affinity(), cpus_mod.usable_cpus(), workers)
     state = Path(tempfile.mkdtemp(prefix="trtforge-serve-"))
     metrics_dir = state / "metrics"
     metrics_dir.mkdir()
@@ -118,12 +139,20 @@ def supervise(argv: Sequence[str], workers: int) -> int:
                 READY_DIR_ENV: str(state),
                 WORKERS_ENV: str(workers),
                 MULTIPROC_ENV: str(metrics_dir),
-                "TRTFORGE_WORKER_CPUS": ",".join(map(str, cpus[i])),
+                cpus_mod.CPUS_ENV: str(cpus[i].count),
                 "TRTFORGE_REUSE_PORT": "1",
             }
         )
+        pinned = cpus[i].pinned
+        if pinned is not None:
+            env["TRTFORGE_WORKER_CPUS"] = ",".join(map(str, pinned))
+        else:
+            env.pop("TRTFORGE_WORKER_CPUS", None)
         procs.append(subprocess.Popen(worker_argv(argv), env=env))
-        log.info("worker started", extra=fields(worker=i, pid=procs[-1].pid, cpus=cpus[i]))
+        log.info(
+            "worker started",
+            extra=fields(worker=i, pid=procs[-1].pid, cpus=cpus[i].count, pinned=pinned),
+        )
 
     def on_term(signum: int, frame: object) -> None:
         nonlocal stopping

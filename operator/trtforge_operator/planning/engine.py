@@ -24,7 +24,7 @@ from trtforge_operator.planning.engine_conditions import (
     engine_conditions,
     transition_events,
 )
-from trtforge_operator.planning.events import Event
+from trtforge_operator.planning.events import Event, merged
 from trtforge_operator.planning.keys import (
     resolve_targets,
 )
@@ -115,7 +115,8 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
         if p is not None and obs.verified_sha256 is not None
         else None,
     )
-    plan.events, plan.refused = transition_events(obs.status.targets, outcomes)
+    events, plan.refused = transition_events(obs.status.targets, outcomes)
+    plan.events = merged(events)
     return plan
 
 

@@ -186,7 +186,9 @@ def _plan_request(
         st.job_name = latest.name
         st.attempts = latest.attempt
         st.last_attempt_time = timestamp(latest.started or latest.created)
-        if obs_requester(obs) not in latest.requesters():
+        if manifest is None and obs_requester(obs) not in latest.requesters():
+            # claim only a Job this target waits on: a served engine needs no Job (at scale, every
+            # claim on a shared Job is a patch whose whole Job every watcher reads again)
             out.use_job = latest.name
     if key:
         st.engine_key = key

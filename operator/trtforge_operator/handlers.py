@@ -694,12 +694,16 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event(GROUP, VERSION, TRTENGINES, registry=registry)
     def _engine_event(**kw: Any) -> None:
         namespace, name = kw["namespace"], kw["name"]
+        if kw.get("type") != "DELETED" and state.statuses.echoes(Kind.TRTENGINE, kw["body"]):
+            return  # our own status write coming back: its loop and deployments were woken by it
         state.queue.fire(Kind.TRTENGINE, namespace, name)
         state.queue.fire_deployments_of(namespace, name)
 
     @kopf.on.event(GROUP, VERSION, INFERENCEDEPLOYMENTS, registry=registry)
     def _infd_event(**kw: Any) -> None:
         namespace, name = kw["namespace"], kw["name"]
+        if kw.get("type") != "DELETED" and state.statuses.echoes(Kind.INFERENCEDEPLOYMENT, kw["body"]):
+            return  # our own status write coming back
         ref = ((kw["body"].get("spec") or {}).get("engineRef") or {}).get("name")
         if kw.get("type") != "DELETED":
             state.queue.set_engine_ref(namespace, name, str(ref) if ref else None)

@@ -37,6 +37,7 @@ from trtforge.contract.manifest import Manifest
 from trtforge.contract.termination import EXIT_OK, TerminationMessage, write_termination_message
 from trtforge.logs import fields
 from trtforge.store.base import EngineStore
+from trtforge_runtime import warmstart
 from trtforge_runtime.backends import Backend, Instance, default_instances, load_backend
 from trtforge_runtime.batcher import Batcher
 from trtforge_runtime.body import Coding, MemoryBudget, content_coding, decompress, read_body
@@ -191,10 +192,15 @@ class Runtime:
         t2 = time.monotonic()
         m.engine_load.set(t2 - t1)
         m.startup.labels("load").set(t2 - t1)
-        instances = [backend.new_instance() for _ in range(n_instances)]
+        warm = warmstart.collect_canary(manifest.key, backend, local.canary, spec)
+        if warm is not None:  # run on the warm start's thread, on the first of the instances
+            first, result = warm
+            instances = [first, *(backend.new_instance() for _ in range(n_instances - 1))]
+        else:
+            instances = [backend.new_instance() for _ in range(n_instances)]
+            result = run_canary(instances[0], local.canary, spec, manifest.canary.atol, manifest.canary.rtol)
         self.manifest, self.spec, self.backend = manifest, spec, backend
         self.has_bytes_inputs = any(t.datatype == "BYTES" for t in spec.inputs)
-        result = run_canary(instances[0], local.canary, spec, manifest.canary.atol, manifest.canary.rtol)
         t3 = time.monotonic()
         m.startup.labels("canary").set(t3 - t2)
         self._instances = instances

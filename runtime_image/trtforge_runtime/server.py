@@ -410,15 +410,17 @@ class Runtime:
         if cl is not None and cl > limit:
             raise RequestError(413, f"request body of {cl} bytes exceeds the limit of {limit} bytes")
         need = (cl if cl is not None else limit) + (0 if coding is Coding.IDENTITY else limit)
-        try:
-            async with asyncio.timeout(self.s.body_timeout_s):
-                reserved = await self.bodies.acquire(need)
-        except TimeoutError as e:
-            raise RequestError(
-                503,
-                f"the server is reading {self.bodies.total} bytes of other request bodies; retry later",
-                {"Retry-After": "1"},
-            ) from e
+        reserved = self.bodies.try_acquire(need)  # the common case: no wait, no timer
+        if reserved is None:
+            try:
+                async with asyncio.timeout(self.s.body_timeout_s):
+                    reserved = await self.bodies.acquire(need)
+            except TimeoutError as e:
+                raise RequestError(
+                    503,
+                    f"the server is reading {self.bodies.total} bytes of other request bodies; retry later",
+                    {"Retry-After": "1"},
+                ) from e
         try:
             async with asyncio.timeout(self.s.body_timeout_s):
                 return await read_body(request.content, cl, limit), reserved
@@ -460,7 +462,7 @@ class Runtime:
                 raise RequestError(400, f"{HEADER_LENGTH} {hl!r} is not an integer") from e
             raw, reserved = await self._receive(request, coding)
             json_part = len(raw) if header_length is None else header_length
-            if coding is Coding.IDENTITY and json_part <= INLINE_DECODE_BYTES and not self.has_bytes_inputs:
+            if coding is Coding.IDENTITY and json_part <= INLINE_DECODE_BYTES and not spec.has_bytes_inputs:
                 req, rows = self._decode(raw, coding, header_length, spec)
             else:
                 loop = asyncio.get_running_loop()

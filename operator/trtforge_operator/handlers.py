@@ -95,9 +95,29 @@ class State:
     statuses: StatusCache = dataclasses.field(default_factory=StatusCache)
     indices: Mapping[str, Any] | None = None  # kopf's indices, once a handler has been given them
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)  # background loops
+    node_views: list[NodeView] | None = None  # the Nodes index as a list; None after any Node event
+
+    def nodes(self, indices: Mapping[str, Any]) -> list[NodeView]:
+        """Every Node's view, read from the index once per Node event (not once per pass)."""
+        if self.node_views is None:
+            self.node_views = _views(indices["nodes_idx"], NodeView)
+        return self.node_views
 
     def __post_init__(self) -> None:
         self.slots = BuildSlots(self.cfg.build.max_concurrent, self.cfg.build.max_concurrent_per_namespace)
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """Keep no diff-base: the only changing handlers are deletions, which need none. Kopf's default
+    writes a last-handled-configuration annotation on every new object: one more write of each
+    TRTEngine for nothing (docs/design.md §"Scale"). Every event then reads as a creation with no
+    creation handler: nothing runs and nothing is written."""
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
 
 
 def _plain(body: Any) -> dict[str, Any]:
@@ -207,7 +227,7 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
         status = invalid_spec_status(old_status, gen, f"invalid spec: {field_error(e)}", time.time())
         await _write_status(state, Kind.TRTENGINE, TRTENGINES, body, old, status.to_wire())
         return None
-    nodes = _views(indices["nodes_idx"], NodeView)
+    nodes = state.nodes(indices)
     jobs_idx: Mapping[str, Any] = indices["jobs_idx"]  # by build id: looked up per target, never scanned
     # Proof of possession (docs/security.md): the broker's record for this source, the verify Jobs.
     m = obj.spec.model
@@ -363,7 +383,7 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     label = children.dns_name(name)
     deployments = [v for v in list(indices["deps_idx"].get((ns, label), [])) if isinstance(v, DeploymentView)]
     pods = [v for v in list(indices["rpods_idx"].get((ns, label), [])) if isinstance(v, PodView)]
-    nodes = _views(indices["nodes_idx"], NodeView)
+    nodes = state.nodes(indices)
     # The engine's own build and rebuild Jobs, by build id (rebuilds share the engine key's id).
     ids = {t.engine_key[:20] for t in (engine.status.targets if engine is not None else []) if t.engine_key}
     jobs = [j for bid in ids for j in list(indices["jobs_idx"].get(bid, ())) if isinstance(j, JobView)]
@@ -527,9 +547,7 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     def _settings(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.persistence.finalizer = FINALIZER
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="trtforge.io")
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix="trtforge.io", key="last-handled-configuration"
-        )
+        settings.persistence.diffbase_storage = NoDiffBase()
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 310
         settings.watching.connect_timeout = 30
@@ -686,6 +704,7 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event("v1", "nodes", registry=registry)
     def _node_event(**kw: Any) -> None:
         body, name, type_ = kw["body"], kw["name"], kw.get("type")
+        state.node_views = None  # the index has this event already: read it again on the next pass
         view = None if type_ == "DELETED" else NodeView.from_k8s(body)
         if state.queue.node_changed(view, name):
             state.queue.fire_every(Kind.TRTENGINE)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from trtforge.contract.build_result import BuildFailure
@@ -66,12 +67,12 @@ class EngineObserved:
     verify_failures: Mapping[str, BuildFailure] = field(default_factory=dict)  # failed verify Job -> why
     cache_scope: str = ""  # the namespace's cache scope (CacheSettings.scope)
 
-    @property
+    @cached_property  # hashed once per pass, not once per target and call
     def source_fingerprint(self) -> str:
         m = self.spec.model
         return source_fingerprint(m.uri, m.secret_ref.name if m.secret_ref else None, m.sha256)
 
-    @property
+    @cached_property
     def verified_sha256(self) -> str | None:
         """The model digest this namespace proved it holds through the current source, else None."""
         p = self.possession

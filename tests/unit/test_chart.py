@@ -256,9 +256,9 @@ def test_operator_config_turns_the_in_process_broker_off_and_points_at_the_servi
     config = yaml.safe_load(cm["data"]["config.yaml"])
     assert config["broker"]["enabled"] is False
     helpers = (TEMPLATES / "_helpers.tpl").read_text()
-    assert (
-        'printf "http://%s.%s.svc:%d" (include "trtforge.brokerName" .) .Release.Namespace' in helpers
-    ), "runtime pods reach the broker Service, not the operator's"
+    assert 'printf "http://%s.%s.svc:%d" (include "trtforge.brokerName" .) .Release.Namespace' in helpers, (
+        "runtime pods reach the broker Service, not the operator's"
+    )
 
 
 def test_images_never_default_to_a_mutable_tag() -> None:

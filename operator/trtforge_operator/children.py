@@ -499,7 +499,8 @@ class RuntimeRequest:
     grpc_port: int = 8001
     max_batch_size: int = 1
     max_queue_delay_us: int = 0
-    instances: int = 1
+    instances: int | None = None  # None: the runtime's default
+    workers: int | None = None  # None: the runtime's default (auto)
     resources: Mapping[str, Any] | None = None
     env: tuple[Mapping[str, Any], ...] = ()
     tolerations: tuple[Mapping[str, Any], ...] = ()
@@ -552,11 +553,13 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
         str(req.max_batch_size),
         "--max-queue-delay-us",
         str(req.max_queue_delay_us),
-        "--instances",
-        str(req.instances),
         "--cache-dir",
         "/cache",
     ]
+    if req.instances is not None:
+        args += ["--instances", str(req.instances)]
+    if req.workers is not None:
+        args += ["--workers", str(req.workers)]
     env: list[dict[str, Any]] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},

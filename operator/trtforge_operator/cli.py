@@ -117,6 +117,7 @@ async def _act(
 
     import kopf
 
+    from trtforge_operator.engine_gc import gc_loop
     from trtforge_operator.handlers import State, register
 
     state = State(cfg=cfg, kube=kube, store=store, metrics=metrics, watch=watch)
@@ -125,7 +126,7 @@ async def _act(
     # (in-cluster or kubeconfig), as load_kube_config did.
     kopf.on.login(registry=registry)(kopf.login_via_client)
     register(state, registry)
-    gc_task = asyncio.create_task(_gc_loop(state)) if cfg.gc.enabled else None
+    gc_task = asyncio.create_task(gc_loop(state)) if cfg.gc.enabled else None
     try:
         await kopf.operator(
             registry=registry,
@@ -137,51 +138,3 @@ async def _act(
     finally:
         if gc_task is not None:
             gc_task.cancel()
-
-
-async def _gc_loop(state: Any) -> None:
-    """Opt-in engine GC: every interval, delete engines nothing references (see planning.gc)."""
-    import asyncio
-    import time
-
-    from trtforge_operator.labels import (
-        ANNOTATION_ENGINE_KEY,
-        APP_MANAGED_BY,
-        MANAGED_BY,
-        TRTENGINES,
-    )
-    from trtforge_operator.observed import JobView
-    from trtforge_operator.planning.gc import StoredEngine, plan_gc, referenced_keys
-
-    cfg = state.cfg
-    while True:
-        await asyncio.sleep(cfg.gc.interval_seconds)
-        try:
-            engines = await state.kube.list_custom(TRTENGINES)
-            deps = await asyncio.to_thread(
-                state.kube.apps.list_deployment_for_all_namespaces,
-                label_selector=f"{APP_MANAGED_BY}={MANAGED_BY}",
-            )
-            jobs = await asyncio.to_thread(
-                state.kube.batch.list_namespaced_job,
-                cfg.build_namespace,
-                label_selector=f"{APP_MANAGED_BY}={MANAGED_BY}",
-            )
-            tkeys = [
-                ((d.spec.template.metadata.annotations or {}).get(ANNOTATION_ENGINE_KEY, ""))
-                for d in deps.items
-            ]
-            views = [JobView.from_k8s(state.kube.api.sanitize_for_serialization(j)) for j in jobs.items]
-            jkeys = [v.engine_key for v in views if v.running]  # a build still running may publish
-            refs = referenced_keys([e.get("status") or {} for e in engines], tkeys, jkeys)
-            stored = []
-            for k in await asyncio.to_thread(state.store.keys):
-                m = await asyncio.to_thread(state.store.manifest, k)
-                if m is not None:
-                    stored.append(StoredEngine(k, m.created_at))
-            for k in plan_gc(stored, refs, time.time(), cfg.gc):
-                await asyncio.to_thread(state.store.delete_engine, k)
-                state.metrics.gc_deleted.inc()
-                log.info("gc: deleted unreferenced engine %s", k)
-        except Exception:
-            log.exception("gc pass failed; trying again next interval")

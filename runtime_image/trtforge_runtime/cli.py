@@ -23,6 +23,16 @@ def _non_negative(v: str) -> int:
     return n
 
 
+def _workers(v: str) -> int | None:
+    """`--workers`: a number, or auto (None: one per 4 usable CPUs, trtforge_runtime.cpus)."""
+    if v == "auto":
+        return None
+    try:
+        return _positive(v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{v!r} is neither auto nor a number") from e
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "serve",
@@ -75,10 +85,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--workers",
-        type=_positive,
-        default=1,
-        help="runtime processes on the same ports (SO_REUSEPORT), each pinned to its share of the CPUs: "
-        "per-request work spread over several event loops and GILs, for many cores",
+        type=_workers,
+        default="auto",
+        help="runtime processes on the same ports (SO_REUSEPORT), each on its share of the CPUs: "
+        "per-request work spread over several event loops and GILs, for many cores. auto: one per 4 "
+        "CPUs the pod may use (its affinity capped by its CPU limit), 1 with --port 0 or --grpc-port 0",
     )
     p.add_argument(
         "--no-solo",
@@ -139,9 +150,14 @@ def handle(args: argparse.Namespace) -> int:
 
     from trtforge_runtime import workers
 
+    any_port = args.port == 0 or (args.grpc_port == 0 and not args.no_grpc)
+    if args.workers is None:  # auto
+        from trtforge_runtime.cpus import auto_workers, usable_cpus
+
+        args.workers = 1 if any_port else auto_workers(usable_cpus())
     if args.workers > 1:
         log = logging.getLogger("trtforge_runtime")
-        if args.port == 0 or (args.grpc_port == 0 and not args.no_grpc):
+        if any_port:
             log.error(
                 "--workers shares its ports among the workers: give --port and --grpc-port numbers, not 0"
             )

@@ -176,7 +176,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerReady(
         self, request: pb.ServerReadyRequest, context: aio.ServicerContext[Any, Any]
     ) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self._rt.state == "ready")
+        return pb.ServerReadyResponse(ready=self._rt.not_ready_reason() is None)
 
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: aio.ServicerContext[Any, Any]
@@ -187,7 +187,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             if e.status == 404:
                 await context.abort(grpc.StatusCode.NOT_FOUND, e.message)
             return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=self._rt.state == "ready")
+        return pb.ModelReadyResponse(ready=self._rt.not_ready_reason() is None)
 
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: aio.ServicerContext[Any, Any]

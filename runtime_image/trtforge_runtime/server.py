@@ -56,7 +56,7 @@ from trtforge_runtime.v2 import (
     decode_request,
     encode_response,
 )
-from trtforge_runtime.workers import mark_ready
+from trtforge_runtime.workers import Pod
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -138,6 +138,9 @@ class Runtime:
         self.grpc_port: int | None = None
         self.bodies = MemoryBudget(settings.body_memory)
         self.decode_pool = ThreadPoolExecutor(2, thread_name_prefix="decode")
+        self.pod = Pod.from_env()  # the other workers of `serve --workers N`, if any
+        self._listening = False  # on every port (HTTP, and gRPC when on)
+        self._serving = asyncio.Event()  # set once ready (the batcher runs)
 
     # --- faults and ends ------------------------------------------------------------------
     def _fault(self, xid: int | None, gpu: str | None, detail: str) -> None:
@@ -233,7 +236,22 @@ class Runtime:
         self.state, self.reason = "ready", ""
         self.metrics.ready_m.set(1)
         log.info("ready", extra=fields(model=self.spec.name, port=self.port))
-        mark_ready()
+        self._serving.set()
+        self._announce()
+
+    def _announce(self) -> None:
+        """Tell the pod's other workers that this one is ready and listening (once both are true)."""
+        if self.pod is not None and self._listening and self.state == "ready":
+            self.pod.mark_ready()
+
+    def not_ready_reason(self) -> str | None:
+        """Why the readiness probes say not ready; None when ready. A worker of `serve --workers N`
+        is ready only once every worker of its pod is ready and listening (workers.Pod)."""
+        if self.state != "ready":
+            return self.reason or self.state
+        if self.pod is not None and not self.pod.all_ready():
+            return f"{self.pod.ready_count()} of {self.pod.workers} workers ready"
+        return None
 
     async def _startup(self) -> None:
         loop = asyncio.get_running_loop()
@@ -303,10 +321,11 @@ class Runtime:
         return _ok({"live": True})
 
     async def ready(self, request: web.Request) -> web.Response:
-        if self.state == "ready":
+        why = self.not_ready_reason()
+        if why is None:
             return _ok({"ready": True})
         return web.Response(
-            status=503, content_type=JSON, body=json.dumps({"ready": False, "error": self.reason}).encode()
+            status=503, content_type=JSON, body=json.dumps({"ready": False, "error": why}).encode()
         )
 
     async def server_metadata(self, request: web.Request) -> web.Response:
@@ -331,12 +350,13 @@ class Runtime:
                     {"name": request.match_info["name"], "ready": False, "error": self.reason}
                 ).encode(),
             )
-        if self.state == "ready":
+        why = self.not_ready_reason()
+        if why is None:
             return _ok({"name": spec.name, "ready": True})
         return web.Response(
             status=503,
             content_type=JSON,
-            body=json.dumps({"name": spec.name, "ready": False, "error": self.reason}).encode(),
+            body=json.dumps({"name": spec.name, "ready": False, "error": why}).encode(),
         )
 
     async def model_config(self, request: web.Request) -> web.Response:
@@ -373,11 +393,8 @@ class Runtime:
         if path == "/v2/health/live":
             return 200, {"live": True}
         if path == "/v2/health/ready":
-            return (
-                (200, {"ready": True})
-                if self.state == "ready"
-                else (503, {"ready": False, "error": self.reason})
-            )
+            why = self.not_ready_reason()
+            return (200, {"ready": True}) if why is None else (503, {"ready": False, "error": why})
         return None
 
     async def _receive(self, request: web.Request, coding: Coding) -> tuple[bytes | bytearray, int]:
@@ -503,12 +520,16 @@ class Runtime:
         self._limiter = limiter
         startup = asyncio.create_task(self._startup())
         if self.s.listen_when_ready:
-            # A later worker of `serve --workers N`: the port already serves; join it ready or not at all.
-            await asyncio.wait(
-                [startup, asyncio.create_task(self._stop.wait())], return_when="FIRST_COMPLETED"
-            )
+            # A later worker of `serve --workers N`: the port already serves; join it ready or not at
+            # all (once ready, not after the solo instance: it loads while this worker serves).
+            stop = asyncio.create_task(self._stop.wait())
+            serving = asyncio.create_task(self._serving.wait())
+            await asyncio.wait([startup, stop, serving], return_when="FIRST_COMPLETED")
+            stop.cancel()
+            serving.cancel()
             if self.state != "ready":
                 self.request_stop(self.exit_code)
+                startup.cancel()
                 await runner.cleanup()
                 monitor.stop()
                 return self.exit_code if self.exit_code != EXIT_OK else 1
@@ -531,6 +552,8 @@ class Runtime:
                 msg = TerminationMessage(reason="Error", message=str(e), engine_key=self.s.engine_key)
                 write_termination_message(msg)
                 self.request_stop(msg.exit_code)
+        self._listening = True
+        self._announce()
         await self._stop.wait()
         # Stop: not ready at once, no new connections, let in-flight requests finish.
         was_ready = self.state == "ready"

@@ -9,8 +9,12 @@ kernel spreads connections over them. Metrics are aggregated over the workers (p
 multiprocess mode, in a directory the supervisor makes), so any worker's ``/metrics`` tells the
 whole pod's story.
 
-Start-up: worker 0 starts at once (it listens before it loads: cold start is unchanged); the others
-start when it is ready, so they find the engine verified in the cache and never fetch it twice.
+Start-up: worker 0 starts at once (it listens before it loads, so liveness answers during a cold
+start); the others start when it is ready, so they find the engine verified in the cache and never
+fetch it twice, and each binds the ports only once it is ready. The pod reports Ready only when
+every worker is ready and listening (:class:`Pod`): a client that connects once the pod is Ready can
+land on any worker, and keep-alive connections spread over all of them (``SO_REUSEPORT`` balances
+connections, not requests).
 A worker that ends ends the pod: the supervisor stops the others and exits with that worker's code
 (128 + the signal's number if a signal killed it; its termination message is the one on file), so a
 GPU fault still restarts the pod with its reason. SIGTERM is passed to every worker; each drains as
@@ -28,14 +32,17 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from trtforge.logs import fields
+from trtforge_runtime import cpus as cpus_mod
 
 log = logging.getLogger(__name__)
 
 WORKER_INDEX_ENV = "TRTFORGE_WORKER_INDEX"
 READY_DIR_ENV = "TRTFORGE_WORKER_READY_DIR"
+WORKERS_ENV = "TRTFORGE_WORKERS"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
@@ -55,17 +62,57 @@ def split_cpus(cpus: Sequence[int], workers: int) -> list[list[int]]:
     return out
 
 
+@dataclass(frozen=True)
+class WorkerCpus:
+    """One worker's CPUs: how many it sizes its threads for, and the CPUs it is pinned to (None: not
+    pinned, when a CPU limit rather than the affinity bounds the pod)."""
+
+    count: int
+    pinned: list[int] | None
+
+
+def plan_cpus(affinity: Sequence[int], usable: int, workers: int) -> list[WorkerCpus]:
+    """Each worker's CPUs. With a CPU limit below the affinity (a pod with `resources.limits.cpu` on
+    a bigger node) workers are not pinned (the quota is the pod's, not per CPU) and split the limit's
+    CPUs; otherwise each is pinned to its contiguous share (:func:`split_cpus`)."""
+    if usable < len(affinity):
+        counts = [len(c) for c in split_cpus(range(usable), workers)]
+        return [WorkerCpus(n, None) for n in counts]
+    return [WorkerCpus(len(c), c) for c in split_cpus(affinity, workers)]
+
+
 def worker_argv(argv: Sequence[str]) -> list[str]:
     """The worker's command line: the supervisor's own, with one worker."""
     return [sys.executable, "-m", "trtforge.cli", *argv, "--workers", "1"]
 
 
-def mark_ready() -> None:
-    """Called by a worker when it is ready: tells the supervisor (when there is one)."""
-    d = os.environ.get(READY_DIR_ENV)
-    index = os.environ.get(WORKER_INDEX_ENV)
-    if d and index is not None:
-        (Path(d) / f"ready-{index}").touch()
+class Pod:
+    """A worker's view of its pod: which workers are ready and listening (a file each, in a directory
+    the supervisor made). Once all are, the pod stays ready (a worker that ends ends the pod)."""
+
+    def __init__(self, ready_dir: Path, index: int, workers: int) -> None:
+        self.ready_dir, self.index, self.workers = ready_dir, index, workers
+        self._all = False
+
+    @classmethod
+    def from_env(cls) -> Pod | None:
+        """This process's pod, when a supervisor started it (None: a runtime on its own)."""
+        d, index = os.environ.get(READY_DIR_ENV), os.environ.get(WORKER_INDEX_ENV)
+        if not d or index is None:
+            return None
+        return cls(Path(d), int(index), int(os.environ.get(WORKERS_ENV, "1")))
+
+    def mark_ready(self) -> None:
+        """This worker is ready and listens on every port."""
+        (self.ready_dir / f"ready-{self.index}").touch()
+
+    def ready_count(self) -> int:
+        return sum((self.ready_dir / f"ready-{i}").exists() for i in range(self.workers))
+
+    def all_ready(self) -> bool:
+        if not self._all:
+            self._all = self.ready_count() == self.workers
+        return self._all
 
 
 def pin_worker() -> None:
@@ -77,7 +124,7 @@ def pin_worker() -> None:
 
 def supervise(argv: Sequence[str], workers: int) -> int:
     """Run `workers` workers of the command line `argv` (without the program name); their exit code."""
-    cpus = split_cpus(sorted(os.sched_getaffinity(0)), workers)
+    cpus = plan_cpus(cpus_mod.affinity(), cpus_mod.usable_cpus(), workers)
     state = Path(tempfile.mkdtemp(prefix="trtforge-serve-"))
     metrics_dir = state / "metrics"
     metrics_dir.mkdir()
@@ -90,13 +137,22 @@ def supervise(argv: Sequence[str], workers: int) -> int:
             {
                 WORKER_INDEX_ENV: str(i),
                 READY_DIR_ENV: str(state),
+                WORKERS_ENV: str(workers),
                 MULTIPROC_ENV: str(metrics_dir),
-                "TRTFORGE_WORKER_CPUS": ",".join(map(str, cpus[i])),
+                cpus_mod.CPUS_ENV: str(cpus[i].count),
                 "TRTFORGE_REUSE_PORT": "1",
             }
         )
+        pinned = cpus[i].pinned
+        if pinned is not None:
+            env["TRTFORGE_WORKER_CPUS"] = ",".join(map(str, pinned))
+        else:
+            env.pop("TRTFORGE_WORKER_CPUS", None)
         procs.append(subprocess.Popen(worker_argv(argv), env=env))
-        log.info("worker started", extra=fields(worker=i, pid=procs[-1].pid, cpus=cpus[i]))
+        log.info(
+            "worker started",
+            extra=fields(worker=i, pid=procs[-1].pid, cpus=cpus[i].count, pinned=pinned),
+        )
 
     def on_term(signum: int, frame: object) -> None:
         nonlocal stopping

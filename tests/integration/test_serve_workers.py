@@ -48,6 +48,13 @@ def _cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
+def _get_or_none(s: Server, path: str) -> tuple[int, dict[str, object]] | None:
+    try:
+        return s.get(path)
+    except OSError:
+        return None  # not listening yet
+
+
 def _metric(url: str, series: str) -> float:
     text = urllib.request.urlopen(f"http://{url}/metrics", timeout=30).read().decode()
     m = re.search(re.escape(series) + r" (\S+)", text)
@@ -70,11 +77,22 @@ def test_two_workers_share_the_port_and_report_as_one_pod(engine: tuple[Path, Pa
     tmp, gpu_file, mlp, key = engine
     s = Server(tmp / "store", key, tmp, gpu_file, "--workers", "2")
     try:
-        s.wait()
+        # Worker 1 starts once worker 0 is ready: meanwhile the pod is not Ready, and says why.
         deadline = time.monotonic() + 60
-        while len(_children(s.proc.pid)) < 2 or s.output().count('"msg": "ready"') < 2:
+        while (got := _get_or_none(s, "/v2/health/ready")) != (
+            503,
+            {"ready": False, "error": "1 of 2 workers ready"},
+        ):
+            assert got is None or got[0] == 503, got  # never Ready with one worker
             assert time.monotonic() < deadline and s.proc.poll() is None, s.output()
-            time.sleep(0.05)
+            time.sleep(0.01)
+        s.wait()
+        # Ready only once every worker is ready and listens on both ports, so clients that connect
+        # from now on spread over all of them.
+        out = s.output()
+        assert out.count('"msg": "ready"') == 2, out
+        assert out.count('"msg": "listening"') == 2 and out.count('"msg": "listening for gRPC"') == 2, out
+        assert grpcclient.InferenceServerClient(s.grpc_url).is_server_ready()
         workers = _children(s.proc.pid)
         assert len(workers) == 2
         assert _cpus(workers[0]) != _cpus(workers[1])  # each on its own CPUs

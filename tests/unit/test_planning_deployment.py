@@ -183,6 +183,17 @@ def test_one_deployment_per_ready_target_and_one_service() -> None:
     assert get_condition(plan.status.conditions, "Ready").status == "False"  # type: ignore[union-attr]
 
 
+def test_instances_and_workers_pass_through_and_are_left_to_the_runtime_when_unset() -> None:
+    def cmd(d: InferenceDeployment) -> list[str]:
+        dep = next(o for o in plan_deployment(observed(d, engine()), CFG).apply if o["kind"] == "Deployment")
+        return list(dep["spec"]["template"]["spec"]["containers"][0]["command"])
+
+    unset = cmd(infd())
+    assert "--instances" not in unset and "--workers" not in unset  # the runtime sizes itself
+    got = cmd(infd(runtime={"instances": 2, "workers": 3}))
+    assert got[got.index("--instances") + 1] == "2" and got[got.index("--workers") + 1] == "3"
+
+
 def test_ready_when_every_target_has_its_replicas_and_stable_after() -> None:
     first = plan_deployment(observed(infd(replicas=2), engine()), CFG)
     deps = [live(o) for o in first.apply if o["kind"] == "Deployment"]

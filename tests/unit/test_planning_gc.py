@@ -20,3 +20,37 @@ def test_keep_latest_and_every_kind_of_reference() -> None:
     assert refs == {"a", "b", "c"}
     # d is newer than e: keep_latest=1 keeps d.
     assert plan_gc(stored, refs, NOW, GCSettings(min_age_seconds=0, keep_latest=1)) == ["e"]
+
+
+def test_a_target_without_an_engine_key_protects_what_its_request_key_resolves_to() -> None:
+    """A build published its engine but the TRTEngine has not recorded it yet: the request index
+    names the engine, so GC keeps it; a target that records an engine key is not resolved again."""
+    filed = {"r1": "a", "r2": "b"}
+    asked: list[str] = []
+
+    def resolve(rk: str) -> str | None:
+        asked.append(rk)
+        return filed.get(rk)
+
+    statuses = [
+        {"targets": [{"requestKey": "r1"}, {"requestKey": "r2", "engineKey": "c"}, {"requestKey": "r3"}]}
+    ]
+    refs = referenced_keys(statuses, template_keys=[], job_keys=[], resolve_request=resolve)
+    assert refs == {"a", "c"}
+    assert sorted(asked) == ["r1", "r3"]
+    stored = [StoredEngine(k, NOW - 10_000) for k in "abc"]
+    assert plan_gc(stored, refs, NOW, GCSettings(min_age_seconds=0)) == ["b"]
+
+
+def test_engines_newer_than_an_unresolved_running_build_are_kept() -> None:
+    """Between a builder's manifest and its request-index entry, only the Job's start time links the
+    build to its engine: nothing created since (less the clock-skew margin) is collected."""
+    started = NOW - 1_000
+    old, new, skewed = (
+        StoredEngine("old", started - 10_000),
+        StoredEngine("new", started + 5),
+        StoredEngine("skewed", started - 30),
+    )
+    policy = GCSettings(min_age_seconds=0)
+    assert plan_gc([old, new, skewed], set(), NOW, policy, unresolved_build_started=started) == ["old"]
+    assert plan_gc([old, new, skewed], set(), NOW, policy) == ["old", "skewed", "new"]

@@ -183,8 +183,19 @@ class RuntimeSettings(ApiModel):
     batching: Batching = Field(
         default_factory=Batching, description="Dynamic batching.", json_schema_extra={"default": {}}
     )
-    instances: int = Field(
-        default=1, ge=1, le=16, description="Engine execution contexts per pod (concurrent requests)."
+    instances: int | None = Field(
+        default=None,
+        ge=1,
+        le=16,
+        description="Engine execution contexts per worker (concurrent batches); unset: the runtime's "
+        "default (one per CPU for ONNX Runtime, 1 for TensorRT).",
+    )
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Runtime processes per pod on the same ports, each on its share of the CPUs; unset: "
+        "one per 4 CPUs the pod may use (its CPU limit, else its node's CPUs).",
     )
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=32, description="Tolerations added to the runtime pods."

@@ -195,6 +195,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 max_batch_size=runtime.batching.max_batch_size,
                 max_queue_delay_us=runtime.batching.max_queue_delay_microseconds,
                 instances=runtime.instances,
+                workers=runtime.workers,
                 resources=runtime.resources.to_wire(),
                 env=tuple(e.to_wire() for e in runtime.env),
                 tolerations=tuple(t.to_wire() for t in runtime.tolerations),

@@ -26,10 +26,10 @@ log = logging.getLogger(__name__)
 
 
 def cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """The CPUs the sessions' threads are sized for (the affinity capped by the CPU limit)."""
+    from trtforge_runtime.cpus import usable_cpus
+
+    return usable_cpus()
 
 
 class _OrtInstance:

@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpus", default=f"0-{(os.cpu_count() or 1) - 1}")
     p.add_argument("--serve-args", default="", help="extra `trtforge serve` arguments, e.g. '--instances 2'")
     p.add_argument("--top", type=int, default=20)
+    p.add_argument(
+        "--gil", action="store_true", help="sample only the thread holding the GIL (where the CPU goes)"
+    )
     a = p.parse_args(argv)
     pyspy = shutil.which("py-spy") or str(KSERVE.path / "bin" / "py-spy")
     if not Path(pyspy).exists():
@@ -134,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                 "-r",
                 "200",
                 "--threads",
+                *(["--gil"] if a.gil else []),
                 *RAW,
                 str(raw),
             ],

@@ -23,12 +23,12 @@ from benchmarks.common import CACHE, log
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="serving,coldstart,controlplane,recovery", help="also: manycore")
+    p.add_argument("--only", default="serving,coldstart,hostile,controlplane,recovery", help="also: manycore")
     p.add_argument("--quick", action="store_true", help="short runs to check the harness")
     a = p.parse_args(argv)
     only = a.only.split(",")
     root = str(CACHE / "cluster")
-    from benchmarks import coldstart, controlplane, manycore, plots, recovery, report, serving
+    from benchmarks import coldstart, controlplane, hostile, manycore, plots, recovery, report, serving
     from benchmarks.servers import venvs
 
     q = a.quick
@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             else [],
         ),
         ("coldstart", coldstart.main, ["--reps", "1"] if q else []),
+        ("hostile", hostile.main, ["--rounds", "1", "--half-open", "50"] if q else []),
         (
             "controlplane",
             controlplane.main,

@@ -3,7 +3,9 @@
 (the runtime image has no `operator`, no `cluster`).
 
 An entry point names a `register(subparsers)` function that adds its parser and sets `func` on it.
-Subcommand modules keep their top-level imports light; heavy work is imported inside handlers.
+Subcommand modules keep their top-level imports light; heavy work is imported inside handlers. When
+the command line names a subcommand, only that subcommand's module is imported (`trtforge serve`'s
+cold start pays for no other component's parser).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from importlib.metadata import entry_points
 
 from trtforge import __version__
 from trtforge.logs import configure_logging
@@ -19,7 +20,24 @@ from trtforge.logs import configure_logging
 ENTRY_POINT_GROUP = "trtforge.commands"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand named on a command line (the first word that is not an option), if any."""
+    takes_value = {"--log-level", "--log-format"}
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in takes_value:
+            skip = True
+        elif not a.startswith("-"):
+            return a
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with `command` one of the installed subcommands, only that one's."""
+    from importlib.metadata import entry_points
+
     parser = argparse.ArgumentParser(
         prog="trtforge", description=__doc__.split("\n\n")[0] if __doc__ else None
     )
@@ -32,13 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="log line format (default: json when stderr is not a terminal)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+    entries = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+    named = [e for e in entries if e.name == command]
+    for entry in named or entries:
         entry.load()(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(command_of(argv))
     args = parser.parse_args(argv)
     configure_logging(args.log_level, args.log_format)
     rc = args.func(args)

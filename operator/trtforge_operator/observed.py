@@ -20,6 +20,7 @@ from trtforge.contract.gpu import (
     LABEL_PRODUCT,
     RESOURCE_GPU,
     GPUTarget,
+    mig_profile_of_resource,
 )
 from trtforge.contract.termination import REASON_BY_EXIT_CODE, TerminationMessage
 from trtforge_operator.labels import (
@@ -131,7 +132,7 @@ class NodeView:
 
     def mig_profiles(self) -> list[str]:
         return sorted(
-            k.removeprefix(MIG_RESOURCE_PREFIX)
+            mig_profile_of_resource(k.removeprefix(MIG_RESOURCE_PREFIX))
             for k, v in self.capacity.items()
             if k.startswith(MIG_RESOURCE_PREFIX) and v > 0
         )

@@ -51,9 +51,13 @@ class _Item:
 
 
 def _signature(inputs: dict[str, np.ndarray], batchable: bool) -> tuple[object, ...]:
+    """What requests must share to be batched together: each input's non-batch shape and dtype."""
     if not batchable:
         return ()
-    return tuple(sorted((k, v.shape[1:], v.dtype.str) for k, v in inputs.items()))
+    if len(inputs) == 1:
+        for k, v in inputs.items():
+            return (k, v.shape[1:], v.dtype)
+    return tuple(sorted(((k, v.shape[1:], v.dtype) for k, v in inputs.items()), key=lambda e: e[0]))
 
 
 def share(max_batch: int, queued_rows: int, idle_workers: int) -> int:
@@ -128,8 +132,7 @@ class Batcher:
             raise QueueFull(len(self._queue))
         fut: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
         self._queue.append(_Item(inputs, rows, _signature(inputs, self.max_batch > 0), fut))
-        self._metrics.queue_depth_m.set(len(self._queue))
-        self._arrived.set()
+        self._arrived.set()  # the queue-depth gauge is set per batch taken and on each scrape
         self.in_flight += 1
         try:
             return await fut

@@ -115,12 +115,20 @@ class MemoryBudget:
         self.used = 0
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
 
-    async def acquire(self, n: int) -> int:
-        """Reserve `n` bytes (at most the total); the amount reserved, for :meth:`release`."""
+    def try_acquire(self, n: int) -> int | None:
+        """Reserve `n` bytes (at most the total) if that needs no waiting; None otherwise."""
         n = min(n, self.total)
         if not self._waiters and self.used + n <= self.total:
             self.used += n
             return n
+        return None
+
+    async def acquire(self, n: int) -> int:
+        """Reserve `n` bytes (at most the total); the amount reserved, for :meth:`release`."""
+        got = self.try_acquire(n)
+        if got is not None:
+            return got
+        n = min(n, self.total)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (n, fut)
         self._waiters.append(entry)

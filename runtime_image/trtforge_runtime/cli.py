@@ -142,6 +142,18 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=handle)
 
 
+def _refuse(engine_key: str, message: str) -> int:
+    """Log the error, write the termination message, and return its exit code."""
+    import logging
+
+    from trtforge.contract.termination import TerminationMessage, write_termination_message
+
+    logging.getLogger("trtforge_runtime").error(message)
+    msg = TerminationMessage(reason="Error", message=message, engine_key=engine_key)
+    write_termination_message(msg)
+    return msg.exit_code
+
+
 def handle(args: argparse.Namespace) -> int:
     import logging
     import os
@@ -169,40 +181,34 @@ def handle(args: argparse.Namespace) -> int:
             return 2
     workers.pin_worker()
 
-    from trtforge.contract.gpu_probe import GPUProbeError, probe_from_env, probe_identity
-    from trtforge.contract.termination import TerminationMessage, write_termination_message
-    from trtforge.store import open_store
-    from trtforge.store.base import StoreError
-
-    log = logging.getLogger("trtforge_runtime")
-    try:
-        from trtforge.contract import layout
-
-        layout.engine_dir(args.engine)
-        probe = probe_from_env()
-        store = open_store(args.store)
-    except (ValueError, GPUProbeError, StoreError) as e:
-        log.error(str(e))
-        msg = TerminationMessage(reason="Error", message=str(e), engine_key=args.engine)
-        write_termination_message(msg)
-        return msg.exit_code
-
-    # The engine is fetched, verified and loaded on a thread while the HTTP server's modules import
-    # below; the runtime collects the result (trtforge_runtime.warmstart says what is kept checked).
+    # First thing: the engine is fetched, verified, loaded and canary-checked on a thread (which also
+    # opens the store and the GPU probe) while this one imports the rest (pydantic, the HTTP server);
+    # the runtime collects the results (trtforge_runtime.warmstart says what is kept checked).
+    from trtforge.contract import layout
     from trtforge_runtime import warmstart
-    from trtforge_runtime.identity import check_identity
 
-    warmstart.begin(
-        store,
-        args.engine,
-        Path(args.cache_dir),
-        args.instances,
-        check=lambda manifest: check_identity(manifest, probe_identity(probe)),
+    try:
+        layout.engine_dir(args.engine)
+    except ValueError as e:
+        return _refuse(args.engine, str(e))
+    warmstart.begin_serve(
+        args.store, args.engine, Path(args.cache_dir), args.instances, args.model_name, args.max_batch_size
     )
 
     import asyncio
 
+    from trtforge.contract.gpu_probe import GPUProbeError, probe_from_env
+    from trtforge.store import open_store
+    from trtforge.store.base import StoreError
     from trtforge_runtime.server import Runtime, Settings
+
+    try:
+        opened = warmstart.collect_setup(args.store)
+        if opened is None:  # the warm start could not open them: do it here, and report what fails
+            opened = probe_from_env(), open_store(args.store)
+        probe, store = opened
+    except (ValueError, GPUProbeError, StoreError) as e:
+        return _refuse(args.engine, str(e))
 
     settings = Settings(
         store_uri=args.store,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -72,6 +73,8 @@ def _info(t: TensorSpec, rng: ShapeRange | None = None) -> TensorInfo:
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """The served model. Derived values are computed once (every request consults them)."""
+
     name: str
     version: str
     platform: str
@@ -79,13 +82,17 @@ class ModelSpec:
     outputs: tuple[TensorInfo, ...]
     max_batch: int  # 0: not batchable (requests run one by one with the shapes as declared)
 
-    @property
+    @cached_property
     def input_by_name(self) -> dict[str, TensorInfo]:
         return {t.name: t for t in self.inputs}
 
-    @property
+    @cached_property
     def output_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.outputs)
+
+    @cached_property
+    def has_bytes_inputs(self) -> bool:
+        return any(t.datatype == "BYTES" for t in self.inputs)
 
     def metadata(self) -> dict[str, object]:
         return {
@@ -96,7 +103,7 @@ class ModelSpec:
             "outputs": [t.metadata() for t in self.outputs],
         }
 
-    @property
+    @cached_property
     def max_values(self) -> int | None:
         """The most values one valid request can carry over all inputs; None when a shape is unbounded."""
         total = 0

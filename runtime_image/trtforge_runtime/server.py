@@ -37,6 +37,7 @@ from trtforge.contract.manifest import Manifest
 from trtforge.contract.termination import EXIT_OK, TerminationMessage, write_termination_message
 from trtforge.logs import fields
 from trtforge.store.base import EngineStore
+from trtforge_runtime import warmstart
 from trtforge_runtime.backends import Backend, Instance, default_instances, load_backend
 from trtforge_runtime.batcher import Batcher
 from trtforge_runtime.body import Coding, MemoryBudget, content_coding, decompress, read_body
@@ -191,10 +192,15 @@ class Runtime:
         t2 = time.monotonic()
         m.engine_load.set(t2 - t1)
         m.startup.labels("load").set(t2 - t1)
-        instances = [backend.new_instance() for _ in range(n_instances)]
+        warm = warmstart.collect_canary(manifest.key, backend, local.canary, spec)
+        if warm is not None:  # run on the warm start's thread, on the first of the instances
+            first, result = warm
+            instances = [first, *(backend.new_instance() for _ in range(n_instances - 1))]
+        else:
+            instances = [backend.new_instance() for _ in range(n_instances)]
+            result = run_canary(instances[0], local.canary, spec, manifest.canary.atol, manifest.canary.rtol)
         self.manifest, self.spec, self.backend = manifest, spec, backend
         self.has_bytes_inputs = any(t.datatype == "BYTES" for t in spec.inputs)
-        result = run_canary(instances[0], local.canary, spec, manifest.canary.atol, manifest.canary.rtol)
         t3 = time.monotonic()
         m.startup.labels("canary").set(t3 - t2)
         self._instances = instances
@@ -404,15 +410,17 @@ class Runtime:
         if cl is not None and cl > limit:
             raise RequestError(413, f"request body of {cl} bytes exceeds the limit of {limit} bytes")
         need = (cl if cl is not None else limit) + (0 if coding is Coding.IDENTITY else limit)
-        try:
-            async with asyncio.timeout(self.s.body_timeout_s):
-                reserved = await self.bodies.acquire(need)
-        except TimeoutError as e:
-            raise RequestError(
-                503,
-                f"the server is reading {self.bodies.total} bytes of other request bodies; retry later",
-                {"Retry-After": "1"},
-            ) from e
+        reserved = self.bodies.try_acquire(need)  # the common case: no wait, no timer
+        if reserved is None:
+            try:
+                async with asyncio.timeout(self.s.body_timeout_s):
+                    reserved = await self.bodies.acquire(need)
+            except TimeoutError as e:
+                raise RequestError(
+                    503,
+                    f"the server is reading {self.bodies.total} bytes of other request bodies; retry later",
+                    {"Retry-After": "1"},
+                ) from e
         try:
             async with asyncio.timeout(self.s.body_timeout_s):
                 return await read_body(request.content, cl, limit), reserved
@@ -454,7 +462,7 @@ class Runtime:
                 raise RequestError(400, f"{HEADER_LENGTH} {hl!r} is not an integer") from e
             raw, reserved = await self._receive(request, coding)
             json_part = len(raw) if header_length is None else header_length
-            if coding is Coding.IDENTITY and json_part <= INLINE_DECODE_BYTES and not self.has_bytes_inputs:
+            if coding is Coding.IDENTITY and json_part <= INLINE_DECODE_BYTES and not spec.has_bytes_inputs:
                 req, rows = self._decode(raw, coding, header_length, spec)
             else:
                 loop = asyncio.get_running_loop()

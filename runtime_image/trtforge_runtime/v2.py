@@ -90,7 +90,7 @@ def json_limit(spec: ModelSpec, max_json_bytes: int) -> int:
     strings have no size bound) and by `max_json_bytes`. Large tensors belong in binary data.
     """
     n = spec.max_values
-    if n is None or any(t.datatype == "BYTES" for t in spec.inputs):
+    if n is None or spec.has_bytes_inputs:
         return max_json_bytes
     return min(max_json_bytes, JSON_SLACK + JSON_BYTES_PER_VALUE * n)
 
@@ -105,7 +105,7 @@ def _parse_header(head: bytes | memoryview, spec: ModelSpec, max_json_bytes: int
         )
     head = bytes(head)
     values = spec.max_values
-    if values is not None and not any(t.datatype == "BYTES" for t in spec.inputs):
+    if values is not None and not spec.has_bytes_inputs:
         # Each value but the last of an array is followed by a comma: more commas than the model's
         # largest request has values means too many values, found without building them.
         commas = head.count(b",")
@@ -229,9 +229,18 @@ def decode_request(
     return InferRequest(id=str(rid) if rid is not None else None, inputs=inputs, outputs=outputs)
 
 
+_OUTPUT_DATATYPES: dict[np.dtype, str] = {}
+
+
 def output_datatype(arr: np.ndarray) -> str:
     """The v2 datatype of an output array."""
-    return "BYTES" if arr.dtype.kind in "OSU" else NUMPY_TO_V2.get(arr.dtype.name, "BYTES")
+    dt = arr.dtype
+    got = _OUTPUT_DATATYPES.get(dt)
+    if got is None:
+        if dt.kind in "OSU":  # strings: one dtype per length, not worth keeping
+            return "BYTES"
+        got = _OUTPUT_DATATYPES[dt] = NUMPY_TO_V2.get(dt.name, "BYTES")
+    return got
 
 
 def encode_response(

@@ -1,12 +1,14 @@
-"""Warm start: fetch, verify and load the engine on a thread while the HTTP server's modules import.
+"""Warm start: fetch, verify, load and canary-check the engine on a thread while the server imports.
 
-``trtforge serve`` calls :func:`begin` before it imports the server (aiohttp, prometheus_client, the
-batcher). The runtime then calls :func:`~trtforge_runtime.fetch.fetch_engine` and
-:func:`~trtforge_runtime.backends.load_backend` as always, and each first collects what the warm
-start made for the same arguments, waiting for it if it is still working. What the warm start could
-not do, or did for other arguments, those calls do again themselves and report as usual, so a warm
-start changes when the work happens, never what is checked or in which order: the GPU identity check
-before anything large is read, the sha256 before the backend sees the file, the canary before Ready.
+``trtforge serve`` calls :func:`begin_serve` first thing, before it imports the store, the GPU probe
+(pydantic) or the server (aiohttp, prometheus_client, the batcher): the thread opens the store and
+the probe itself. The runtime then opens them through :func:`collect_setup` and calls
+:func:`~trtforge_runtime.fetch.fetch_engine`, :func:`~trtforge_runtime.backends.load_backend` and the
+canary (:func:`collect_canary`) as always, and each first collects what the warm start made for the
+same arguments, waiting for it if it is still working. What the warm start could not do, or did for
+other arguments, those calls do again themselves and report as usual, so a warm start changes when
+the work happens, never what is checked or in which order: the GPU identity check before anything
+large is read, the sha256 before the backend sees the file, the canary before Ready.
 
 Why it pays: hashing releases the GIL, and so does ONNX Runtime while it builds a session, so on two
 cores the engine is verified and loaded while the interpreter imports the server (measured in
@@ -26,10 +28,13 @@ from typing import TYPE_CHECKING, TypeVar
 from trtforge.logs import fields
 
 if TYPE_CHECKING:
+    from trtforge.contract.gpu_probe import GPUProbe
     from trtforge.contract.manifest import Manifest
     from trtforge.store.base import EngineStore
-    from trtforge_runtime.backends import Backend
+    from trtforge_runtime.backends import Backend, Instance
+    from trtforge_runtime.canary import CanaryResult
     from trtforge_runtime.fetch import LocalEngine
+    from trtforge_runtime.model import ModelSpec
 
 log = logging.getLogger(__name__)
 THREAD_NAME = "warm-start"
@@ -39,6 +44,40 @@ _lock = threading.Lock()
 # keyed by (engine key, other arguments as strings); each future is collected once
 _fetches: dict[tuple[str, ...], Future[LocalEngine]] = {}
 _backends: dict[tuple[str, ...], Future[Backend]] = {}
+_setups: dict[str, Future[tuple[GPUProbe, EngineStore]]] = {}
+# keyed by engine key: the backend it was run on, the canary file, the model spec, and its result
+_canaries: dict[str, Future[tuple[Backend, Path, ModelSpec, Instance, CanaryResult]]] = {}
+
+
+def begin_serve(
+    store_uri: str,
+    key: str,
+    cache_dir: Path,
+    instances: int | None,
+    model_name: str | None,
+    max_batch_size: int | None,
+) -> threading.Thread:
+    """``trtforge serve``'s warm start: open the store and the GPU probe, then fetch, verify (with the
+    GPU identity check), load and run the canary, all on a daemon thread; returns the thread."""
+    setup: Future[tuple[GPUProbe, EngineStore]] = Future()
+    with _lock:
+        _setups[store_uri] = setup
+
+    def open_all() -> tuple[EngineStore, Callable[[Manifest], None]]:
+        from trtforge.contract.gpu_probe import probe_from_env, probe_identity
+        from trtforge.store import open_store
+        from trtforge_runtime.identity import check_identity
+
+        try:
+            probe = probe_from_env()
+            store = open_store(store_uri)
+        except BaseException as e:
+            setup.set_exception(e)
+            raise
+        setup.set_result((probe, store))
+        return store, lambda manifest: check_identity(manifest, probe_identity(probe))
+
+    return _start(open_all, key, cache_dir, instances, (model_name, max_batch_size))
 
 
 def begin(
@@ -52,17 +91,30 @@ def begin(
 
     `instances` None: the backend's default (:func:`~trtforge_runtime.backends.default_instances`),
     as the runtime resolves it."""
+    return _start(lambda: (store, check), key, cache_dir, instances, None)
+
+
+def _start(
+    open_all: Callable[[], tuple[EngineStore, Callable[[Manifest], None] | None]],
+    key: str,
+    cache_dir: Path,
+    instances: int | None,
+    canary_for: tuple[str | None, int | None] | None,
+) -> threading.Thread:
+    """The thread: `open_all` gives the store and the identity check; `canary_for` (model name, max
+    batch size) the model spec to run the canary with (None: no canary)."""
     fetched: Future[LocalEngine] = Future()
     loaded: Future[Backend] = Future()
     with _lock:
         _fetches[(key, str(cache_dir))] = fetched
 
     def work() -> None:
-        from trtforge_runtime.backends import default_instances, load_backend
-        from trtforge_runtime.fetch import fetch_engine
-
         t0 = time.monotonic()
         try:
+            store, check = open_all()
+            from trtforge_runtime.backends import default_instances, load_backend
+            from trtforge_runtime.fetch import fetch_engine
+
             local = fetch_engine(store, key, cache_dir, check)
         except BaseException as e:
             fetched.set_exception(e)
@@ -73,10 +125,17 @@ def begin(
             _backends[(key, str(local.artifact), str(n))] = loaded
         fetched.set_result(local)
         try:
-            loaded.set_result(load_backend(local.manifest, local.artifact, n))
+            backend = load_backend(local.manifest, local.artifact, n)
         except BaseException as e:
             loaded.set_exception(e)
             return
+        checked: Future[tuple[Backend, Path, ModelSpec, Instance, CanaryResult]] = Future()
+        if canary_for is not None:
+            with _lock:
+                _canaries[key] = checked
+        loaded.set_result(backend)
+        if canary_for is not None:
+            _canary(checked, local, backend, *canary_for)
         log.info(
             "warm start: engine fetched and loaded",
             extra=fields(
@@ -88,6 +147,26 @@ def begin(
     t.start()
     log.info("warm start began", extra=fields(key=key))
     return t
+
+
+def _canary(
+    out: Future[tuple[Backend, Path, ModelSpec, Instance, CanaryResult]],
+    local: LocalEngine,
+    backend: Backend,
+    model_name: str | None,
+    max_batch_size: int | None,
+) -> None:
+    from trtforge_runtime.canary import run_canary
+    from trtforge_runtime.model import default_model_name, model_spec
+
+    try:
+        m = local.manifest
+        spec = model_spec(m, model_name or default_model_name(m), max_batch_size)
+        instance = backend.new_instance()
+        result = run_canary(instance, local.canary, spec, m.canary.atol, m.canary.rtol)
+        out.set_result((backend, local.canary, spec, instance, result))
+    except BaseException as e:
+        out.set_exception(e)
 
 
 def _take(
@@ -128,3 +207,26 @@ def collect_backend(key: str, artifact: Path, instances: int) -> Backend | None:
         if (b := _result(fut)) is not None:
             b.close()
     return _result(same)
+
+
+def collect_setup(store_uri: str) -> tuple[GPUProbe, EngineStore] | None:
+    """The GPU probe and store :func:`begin_serve` opened for `store_uri`, once; None if it could not
+    (the caller opens them itself and reports what fails)."""
+    with _lock:
+        fut = _setups.pop(store_uri, None)
+    return _result(fut)
+
+
+def collect_canary(
+    key: str, backend: Backend, canary: Path, spec: ModelSpec
+) -> tuple[Instance, CanaryResult] | None:
+    """The instance the warm start ran engine `key`'s canary on and its result, for this very
+    backend, canary file and model spec, once; None otherwise (the caller runs the canary itself)."""
+    if threading.current_thread().name == THREAD_NAME:
+        return None
+    with _lock:
+        fut = _canaries.pop(key, None)
+    got = _result(fut)
+    if got is not None and got[0] is backend and got[1] == canary and got[2] == spec:
+        return got[3], got[4]
+    return None

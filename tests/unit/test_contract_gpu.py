@@ -14,6 +14,8 @@ from trtforge.contract.gpu import (
     GPUTarget,
     UnknownTargetError,
     known_identity,
+    mig_profile_of_resource,
+    mig_resource_suffix,
     product_label,
 )
 
@@ -28,6 +30,8 @@ def test_product_label_matches_gfd_spelling() -> None:
     [
         (GPUTarget(gpu="NVIDIA-H100-80GB-HBM3"), "h100-80gb-hbm3"),
         (GPUTarget(gpu="NVIDIA-B200", mig="3g.90gb"), "b200-mig-3g-90gb"),
+        (GPUTarget(gpu="NVIDIA-H200", mig="1g.18gb+me"), "h200-mig-1g-18gb-plus-me"),
+        (GPUTarget(gpu="NVIDIA-B200", mig="1g.23gb-me"), "b200-mig-1g-23gb-me"),
         (GPUTarget(gpu="cpu"), "cpu"),
     ],
 )
@@ -47,6 +51,25 @@ def test_bad_mig_profile_is_refused_with_the_expected_form() -> None:
         GPUTarget(gpu="NVIDIA-B200", mig="three-slices")
 
 
+@pytest.mark.parametrize(
+    ("profile", "resource"),
+    [
+        ("1g.18gb", "nvidia.com/mig-1g.18gb"),
+        ("1g.18gb+me", "nvidia.com/mig-1g.18gb.me"),  # NVML's name on a real H200 (profile ID 20)
+        ("1g.23gb+gfx", "nvidia.com/mig-1g.23gb.gfx"),
+        ("1g.23gb-me", "nvidia.com/mig-1g.23gb-me"),
+    ],
+)
+def test_media_extension_profiles_map_to_the_device_plugins_resource_and_back(
+    profile: str, resource: str
+) -> None:
+    """The device plugin turns a profile's `+` into `.` (resource names allow no `+`)."""
+    assert GPUTarget(gpu="NVIDIA-H200", mig=profile).resource_name() == resource
+    suffix = resource.removeprefix("nvidia.com/mig-")
+    assert mig_resource_suffix(profile) == suffix
+    assert mig_profile_of_resource(suffix) == profile
+
+
 def test_resources_and_selectors() -> None:
     full = GPUTarget(gpu="NVIDIA-H100-80GB-HBM3")
     mig = GPUTarget(gpu="NVIDIA-B200", mig="1g.23gb")
@@ -60,7 +83,15 @@ def test_resources_and_selectors() -> None:
 
 def test_table_hint_uses_nvml_figures_for_h200_mig() -> None:
     """The H200 rows are what NVML reported on a real H200 (issue 11), not g x 16."""
-    want = {"1g.18gb": 16, "1g.35gb": 26, "2g.35gb": 32, "3g.71gb": 60, "4g.71gb": 64, "7g.141gb": 132}
+    want = {
+        "1g.18gb": 16,
+        "1g.18gb+me": 16,
+        "1g.35gb": 26,
+        "2g.35gb": 32,
+        "3g.71gb": 60,
+        "4g.71gb": 64,
+        "7g.141gb": 132,
+    }
     h200 = KNOWN_GPUS["NVIDIA-H200"]
     assert {p: f.sm_count for p, f in h200.mig.items()} == want
     assert h200.mig["3g.71gb"].memory_mib == 71424
@@ -74,7 +105,8 @@ def test_other_rows_cite_the_mig_guide_and_claim_no_unmeasured_sm_count() -> Non
         if product != "NVIDIA-H200":
             assert MIG_GUIDE in known.source
             assert all(f.sm_count is None for f in known.mig.values()), product
-        assert [f.sm_fraction for f in known.mig.values()] == ["1/7", "1/7", "2/7", "3/7", "4/7", "7/7"]
+        plain = [f.sm_fraction for p, f in known.mig.items() if "+" not in p]
+        assert plain == ["1/7", "1/7", "2/7", "3/7", "4/7", "7/7"]
     # unmeasured: the hint says 0 (unknown), never a formula
     assert known_identity(GPUTarget(gpu="NVIDIA-B200", mig="3g.90gb")).sm_count == 0
     assert known_identity(GPUTarget(gpu="NVIDIA-GH200-480GB")).arch == "arm64"
@@ -85,3 +117,15 @@ def test_hint_rejects_a_profile_the_product_does_not_have() -> None:
         known_identity(GPUTarget(gpu="NVIDIA-B200", mig="1g.10gb"))
     with pytest.raises(UnknownTargetError, match="known-GPU table"):
         known_identity(GPUTarget(gpu="NVIDIA-L40S"))
+
+
+def test_a_node_advertising_a_media_extension_slice_hosts_that_profile() -> None:
+    """What the device plugin advertises (`nvidia.com/mig-1g.18gb.me`) is read back as NVML's profile."""
+    from trtforge_operator.observed import NodeView
+
+    from tests.fakes import gpu_node
+
+    node = NodeView.from_k8s(gpu_node("h200-mig", "NVIDIA-H200", 1, mig={"1g.18gb.me": 1, "1g.18gb": 5}))
+    me = GPUTarget(gpu="NVIDIA-H200", mig="1g.18gb+me")
+    assert node.mig_profiles() == ["1g.18gb", "1g.18gb+me"]
+    assert me in node.targets() and node.hosts(me)

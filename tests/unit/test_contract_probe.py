@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from trtforge.contract.gpu_probe import (
+    APPLICATION_XIDS,
+    CRITICAL_XIDS,
     EmulatedGPUFile,
     EmulatedGPUProbe,
     GPUDevice,
@@ -83,13 +85,19 @@ def test_fault_on_another_device_is_not_ours(tmp_path: Path) -> None:
     assert probe.wait_for_fault(0.2) is None
 
 
-def test_non_critical_xid_is_ignored(tmp_path: Path) -> None:
+@pytest.mark.parametrize("xid", [999, *sorted(APPLICATION_XIDS)])
+def test_non_critical_xid_is_ignored(tmp_path: Path, xid: int) -> None:
+    """Unknown Xids and application Xids (a tenant's request can cause those) are not GPU faults."""
     path = gpu_file(tmp_path)
     probe = EmulatedGPUProbe(path, visible="GPU-0", poll_interval_s=0.02)
     d = EmulatedGPUFile.read(path)
-    d.devices[0].xid_events.append(XidEvent(xid=999, gpu_uuid="GPU-0"))
+    d.devices[0].xid_events.append(XidEvent(xid=xid, gpu_uuid="GPU-0"))
     d.write(path)
     assert probe.wait_for_fault(0.2) is None
+
+
+def test_application_and_critical_xids_are_disjoint() -> None:
+    assert not APPLICATION_XIDS & CRITICAL_XIDS
 
 
 def test_probe_selection_errors_are_clear(tmp_path: Path) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 from trtforge_runtime import warmstart
 from trtforge_runtime.backends import load_backend
 from trtforge_runtime.errors import Refusal
 from trtforge_runtime.fetch import fetch_engine
+from trtforge_runtime.model import model_spec
 
 from tests.modelzoo import dynamic_mlp
 from trtforge.contract import layout
@@ -21,7 +23,7 @@ from trtforge.store import open_store
 KEY = "c" * 64
 
 
-def _store(tmp: Path) -> Path:
+def _store(tmp: Path, gpu: str = "NVIDIA-H100-80GB-HBM3") -> Path:
     artifact = dynamic_mlp(features=4, outputs=2).read_bytes()
     canary = b"canary"
     m = Manifest(
@@ -32,7 +34,7 @@ def _store(tmp: Path) -> Path:
         backend="onnxruntime",
         backend_version="1.0",
         cuda="none",
-        gpu=known_identity(GPUTarget(gpu="NVIDIA-H100-80GB-HBM3")),
+        gpu=known_identity(GPUTarget(gpu=gpu)),
         build=BuildConfig(
             precision="fp32", profiles=({"x": ShapeRange(min=(1, 4), opt=(8, 4), max=(16, 4))},)
         ),
@@ -82,3 +84,36 @@ def test_what_the_warm_start_refused_the_runtime_refuses_itself(tmp_path: Path) 
     with pytest.raises(Refusal, match="the manifest says") as e:
         fetch_engine(store, KEY, cache)
     assert e.value.reason == "EngineIntegrity"
+
+
+def test_serves_warm_start_opens_the_store_and_probe_and_runs_the_canary_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRTFORGE_GPU_PROBE", "none")
+    root, cache = str(_store(tmp_path, gpu="cpu")), tmp_path / "cache"
+    warmstart.begin_serve(root, KEY, cache, 2, "mlp", None).join()
+    opened = warmstart.collect_setup(root)
+    assert opened is not None and warmstart.collect_setup(root) is None  # collected once
+    probe, store = opened
+    assert probe.devices() == []
+    local = fetch_engine(store, KEY, cache)
+    backend = load_backend(local.manifest, local.artifact, 2)
+    spec = model_spec(local.manifest, "mlp", None)
+    assert (
+        warmstart.collect_canary(KEY, backend, local.canary, model_spec(local.manifest, "other", None))
+        is None
+    )
+    warmstart.begin_serve(root, KEY, cache, 2, "mlp", None).join()  # again: a new backend and canary
+    local = fetch_engine(store, KEY, cache)
+    backend = load_backend(local.manifest, local.artifact, 2)
+    got = warmstart.collect_canary(KEY, backend, local.canary, spec)
+    assert got is not None
+    instance, result = got
+    assert not result.passed and "not readable" in result.message  # this store's canary is no npz
+    assert instance.run({"x": np.zeros((1, 4), np.float32)})["y"].shape == (1, 2)
+    assert warmstart.collect_canary(KEY, backend, local.canary, spec) is None  # once
+
+
+def test_a_store_the_warm_start_cannot_open_is_opened_and_reported_by_the_runtime() -> None:
+    warmstart.begin_serve("nope://x", KEY, Path("/nonexistent"), 1, None, None).join()
+    assert warmstart.collect_setup("nope://x") is None

@@ -175,10 +175,12 @@ def test_allocate_picks_healthy_free_devices_and_refuses_too_many() -> None:
 
 def test_fault_critical_vs_noncritical_and_heal(tmp_path: Path) -> None:
     f = gpu_file(load_profile().node("gpu-h100-1"))
-    f2, d = gpus.with_fault(f, 2, 31, 5.0)
-    assert not d.healthy and f2.devices[2].xid_events[0].xid == 31 and f.devices[2].healthy
+    f2, d = gpus.with_fault(f, 2, 48, 5.0)
+    assert not d.healthy and f2.devices[2].xid_events[0].xid == 48 and f.devices[2].healthy
     f3, d3 = gpus.with_fault(f2, 3, 999, 6.0)
     assert d3.healthy and f3.devices[3].xid_events[0].xid == 999
+    f3, d31 = gpus.with_fault(f3, 4, 31, 6.5)  # an application's page fault: the GPU stays healthy
+    assert d31.healthy and f3.devices[4].xid_events[0].xid == 31
     with pytest.raises(gpus.GPUError, match="out of range"):
         gpus.with_fault(f, 8, 79, 1.0)
     healed = gpus.healed(f3)

@@ -31,7 +31,23 @@ LABEL_MIG_CONFIG_STATE = "nvidia.com/mig.config.state"
 LABEL_ARCH = "kubernetes.io/arch"
 RESOURCE_GPU = "nvidia.com/gpu"
 
-MIG_PROFILE_RE = re.compile(r"^[1-7]g\.[0-9]+gb$")
+# MIG profiles as NVML names them: `<slices>g.<memory>gb`, and the variants with media extensions
+# (`+me`, e.g. the H200's 1g.18gb+me) or Blackwell's `+gfx` and `-me`.
+MIG_PROFILE_RE = re.compile(r"^[1-7]g\.[0-9]+gb(\+me|\+gfx|-me)?$")
+# NVIDIA's device plugin advertises a profile as `nvidia.com/mig-<profile>` with `+` turned into `.`
+# (resource names allow no `+`): 1g.18gb+me is `nvidia.com/mig-1g.18gb.me`.
+_MIG_RESOURCE_VARIANT_RE = re.compile(r"^([1-7]g\.[0-9]+gb)\.(me|gfx)$")
+
+
+def mig_resource_suffix(profile: str) -> str:
+    """The part after `nvidia.com/mig-` of the resource that offers `profile`."""
+    return profile.replace("+", ".")
+
+
+def mig_profile_of_resource(suffix: str) -> str:
+    """The MIG profile a `nvidia.com/mig-<suffix>` resource offers (inverse of mig_resource_suffix)."""
+    m = _MIG_RESOURCE_VARIANT_RE.match(suffix)
+    return f"{m.group(1)}+{m.group(2)}" if m else suffix
 
 
 class MigFacts(BaseModel):
@@ -95,16 +111,19 @@ KNOWN_GPUS: dict[str, KnownGPU] = {
         memory_mib=143771,
         arch="amd64",
         # NVML on a real H200, driver 580.159.04, nvmlDeviceGetGpuInstanceProfileInfoV (MIG off).
-        mig=_measured_rows(
-            [
-                ("1g.18gb", 16, 16384),
-                ("1g.35gb", 26, 33280),
-                ("2g.35gb", 32, 33280),
-                ("3g.71gb", 60, 71424),
-                ("4g.71gb", 64, 71424),
-                ("7g.141gb", 132, 143360),
-            ]
-        ),
+        mig={
+            **_measured_rows(
+                [
+                    ("1g.18gb", 16, 16384),
+                    ("1g.35gb", 26, 33280),
+                    ("2g.35gb", 32, 33280),
+                    ("3g.71gb", 60, 71424),
+                    ("4g.71gb", 64, 71424),
+                    ("7g.141gb", 132, 143360),
+                ]
+            ),
+            "1g.18gb+me": MigFacts(sm_fraction="1/7", sm_count=16, memory_mib=16384),  # profile ID 20
+        },
         source="NVML on a real H200 (docs/gpu-probe-h200.md); SM fractions: " + MIG_GUIDE,
     ),
     "NVIDIA-GH200-480GB": KnownGPU(
@@ -142,7 +161,10 @@ class GPUTarget(BaseModel):
     @classmethod
     def _mig_profile(cls, v: str | None) -> str | None:
         if v is not None and not MIG_PROFILE_RE.match(v):
-            raise ValueError(f"mig profile {v!r} is not like '1g.10gb' (<slices>g.<memory>gb)")
+            raise ValueError(
+                f"mig profile {v!r} is not like '1g.10gb' or '1g.18gb+me' "
+                "(<slices>g.<memory>gb, then optionally +me, +gfx or -me)"
+            )
         return v
 
     @property
@@ -154,7 +176,7 @@ class GPUTarget(BaseModel):
         """A DNS-1123 label naming this target, stable and unique per (gpu, mig)."""
         base = "cpu" if self.is_cpu else self.gpu.lower().removeprefix("nvidia-")
         if self.mig:
-            base = f"{base}-mig-{self.mig}"
+            base = f"{base}-mig-{self.mig.replace('+', '-plus-')}"  # 1g.23gb+me and 1g.23gb-me differ
         slug = re.sub(r"[^a-z0-9-]+", "-", base.lower()).strip("-")
         if len(slug) > 40:
             digest = hashlib.sha256(slug.encode()).hexdigest()[:8]
@@ -165,7 +187,7 @@ class GPUTarget(BaseModel):
         """The extended resource a pod requests for one unit of this target (None for CPU)."""
         if self.is_cpu:
             return None
-        return f"nvidia.com/mig-{self.mig}" if self.mig else RESOURCE_GPU
+        return f"nvidia.com/mig-{mig_resource_suffix(self.mig)}" if self.mig else RESOURCE_GPU
 
     def node_selector(self, arch: str | None = None) -> dict[str, str]:
         """Labels a node must carry to host this target (mixed MIG strategy: the resource does the rest)."""

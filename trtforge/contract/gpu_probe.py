@@ -26,7 +26,10 @@ PROBE_ENV = "TRTFORGE_GPU_PROBE"
 VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
 
 # Xid codes after which the GPU cannot be trusted to keep serving (docs/design.md §"GPU faults").
-CRITICAL_XIDS = frozenset({13, 31, 43, 45, 48, 62, 63, 64, 74, 79, 94, 95, 119, 120})
+CRITICAL_XIDS = frozenset({46, 48, 62, 63, 64, 74, 79, 94, 95, 119, 120})
+# Xids that say one application's work failed while the GPU stays healthy (what NVIDIA's device plugin
+# ignores). A tenant's own request can cause them, so they must never move pods or rebuild engines.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 
 class XidEvent(BaseModel):

@@ -188,7 +188,7 @@ def gpu_file(p: NodeProfile) -> EmulatedGPUFile:
 
 def resource_of(d: GPUDevice) -> str:
     """The extended resource a device is advertised as (mixed MIG strategy)."""
-    return f"nvidia.com/mig-{d.mig_profile}" if d.mig_profile else g.RESOURCE_GPU
+    return f"nvidia.com/mig-{g.mig_resource_suffix(d.mig_profile)}" if d.mig_profile else g.RESOURCE_GPU
 
 
 def gpu_resources(f: EmulatedGPUFile, healthy_only: bool) -> dict[str, int]:
@@ -237,11 +237,12 @@ def node_labels(p: NodeProfile) -> dict[str, str]:
                 for prof, n in per_gpu.items():
                     totals[prof] = totals.get(prof, 0) + n
             for prof, n in totals.items():
-                labels[f"nvidia.com/mig-{prof}.count"] = str(n)
-                labels[f"nvidia.com/mig-{prof}.memory"] = str(mig_memory_mib(p.product, prof))
+                res = g.mig_resource_suffix(prof)  # as the device plugin and GFD spell it
+                labels[f"nvidia.com/mig-{res}.count"] = str(n)
+                labels[f"nvidia.com/mig-{res}.memory"] = str(mig_memory_mib(p.product, prof))
                 if mig_sm_count(p.product, prof):
-                    labels[f"nvidia.com/mig-{prof}.multiprocessors"] = str(mig_sm_count(p.product, prof))
-                labels[f"nvidia.com/mig-{prof}.product"] = f"{p.product}-MIG-{prof}"
+                    labels[f"nvidia.com/mig-{res}.multiprocessors"] = str(mig_sm_count(p.product, prof))
+                labels[f"nvidia.com/mig-{res}.product"] = f"{p.product}-MIG-{res}"
     labels.update(p.labels)
     return labels
 

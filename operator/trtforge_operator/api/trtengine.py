@@ -28,7 +28,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from pydantic.json_schema import JsonDict
 
 from trtforge.contract.engine_key import BuildConfig, HardwareCompatibility, Precision, ShapeRange
-from trtforge.contract.gpu import CPU, GPUTarget
+from trtforge.contract.gpu import CPU, MIG_PROFILE_RE, GPUTarget
 from trtforge.contract.quantity import NONNEGATIVE_QUANTITY_PATTERN, quantity_to_bytes
 from trtforge_operator.api.common import (
     API_VERSION,
@@ -48,7 +48,7 @@ MODEL_URI_PATTERN = (
 )
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 GPU_PRODUCT_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-MIG_PROFILE_PATTERN = r"^[1-7]g\.[0-9]+gb$"
+MIG_PROFILE_PATTERN = MIG_PROFILE_RE.pattern
 MAX_RANK = 8
 MAX_PROFILES = 8
 MAX_TARGETS = 32

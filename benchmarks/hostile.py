@@ -1,0 +1,258 @@
+"""Liveness under hostile load: does ``/v2/health/live`` answer within 100 ms while tenants attack?
+
+``trtforge serve`` (SqueezeNet, the benchmark engine) is pinned to ``--server-cpus``; a prober on
+``--probe-cpus`` polls ``/v2/health/live`` on a fresh connection every 20 ms, as a kubelet would;
+attackers on ``--attack-cpus`` send, for ``--rounds`` rounds: every body of the hostile catalogue
+(:mod:`trtforge_dev.hostile`: 60 MB of every shape, a gzip bomb, corrupt encodings), ``--parallel``
+60 MB bodies at once, and ``--half-open`` connections that never finish a request (closed by the
+server's idle timeout). A valid request follows each attack and must match ONNX Runtime.
+
+Reported: the probes' latency percentiles and failures (per phase and overall), the server's peak
+RSS above idle, and every attack's status. The tests (tests/integration/test_serve_hostile.py) assert
+the answers; this measures the timing, which belongs on a quiet machine.
+
+    python -m benchmarks.hostile --server-cpus 0-1 --probe-cpus 2 --attack-cpus 3-5
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.client
+import json
+import os
+import socket
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from trtforge_dev.hostile import MB, LiveProbe, binary_body, hostile_requests, post, rss_kb
+
+from benchmarks.common import (
+    CACHE,
+    TRTFORGE,
+    free_port,
+    log,
+    start,
+    stop,
+    table,
+    taskset,
+    wait_http_ok,
+    write_result,
+)
+from benchmarks.engines import ensure_engine, store_dir
+from benchmarks.models import INPUT_SHAPE, io_names, model_file, sample_input
+
+LIVENESS_TARGET_MS = 100.0
+INFER = "/v2/models/squeezenet/infer"
+RSS_BOUND_MB = 300.0
+
+
+class Valid:
+    """A valid binary request whose answer must equal ONNX Runtime's on the same input."""
+
+    def __init__(self, model: Path, address: str, name: str, in_name: str) -> None:
+        import onnxruntime as ort
+
+        self.session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        self.address, self.name, self.in_name = address, name, in_name
+        self.failures = 0
+
+    def __call__(self, seed: int) -> None:
+        x = sample_input(1, seed)
+        body, h = binary_body(self.in_name, "FP32", list(x.shape), x.tobytes())
+        conn = http.client.HTTPConnection(self.address, timeout=120)
+        try:
+            conn.request("POST", f"/v2/models/{self.name}/infer", body=body, headers=h)
+            r = conn.getresponse()
+            data = r.read()
+        finally:
+            conn.close()
+        ok = r.status == 200
+        if ok:
+            out = json.loads(data)["outputs"][0]
+            ref = self.session.run(None, {self.in_name: x})[0]
+            ok = np.allclose(
+                np.asarray(out["data"], np.float32).reshape(ref.shape), ref, rtol=1e-4, atol=1e-5
+            )
+        if not ok:
+            self.failures += 1
+            log(f"valid request (seed {seed}) failed: {r.status} {data[:200]!r}")
+
+
+def _phase_stats(probe: LiveProbe, start_t: float, end_t: float) -> dict[str, Any]:
+    lat = sorted(lat for t, lat in zip(probe.times, probe.latencies, strict=True) if start_t <= t <= end_t)
+    bad = sum(
+        1 for t, s in zip(probe.times, probe.statuses, strict=True) if start_t <= t <= end_t and s != "200"
+    )
+    if not lat:
+        return {"probes": 0, "failed": bad}
+
+    def q(p: float) -> float:
+        return round(lat[min(len(lat) - 1, max(0, int(np.ceil(p * len(lat))) - 1))] * 1e3, 1)
+
+    return {
+        "probes": len(lat),
+        "failed": bad,
+        "p50_ms": q(0.5),
+        "p99_ms": q(0.99),
+        "max_ms": round(lat[-1] * 1e3, 1),
+    }
+
+
+def run(a: argparse.Namespace) -> dict[str, Any]:
+    model = model_file("squeezenet")
+    in_name, _ = io_names(model)
+    store = store_dir("squeezenet")
+    key, publisher = ensure_engine(model, store)
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    work = Path(tempfile.mkdtemp(prefix="hostile-", dir=CACHE))
+    cmd = taskset(
+        a.server_cpus,
+        [
+            *TRTFORGE,
+            "--log-format",
+            "json",
+            "serve",
+            "--store",
+            str(store),
+            "--engine",
+            key,
+            "--model-name",
+            "squeezenet",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-grpc",
+            "--cache-dir",
+            str(work / "cache"),
+            "--idle-timeout",
+            str(a.idle_timeout),
+        ],
+    )
+    proc = start(cmd, work / "serve.log", {"TRTFORGE_GPU_PROBE": "none"})
+    phases: dict[str, tuple[float, float]] = {}
+    attacks: list[dict[str, Any]] = []
+    try:
+        wait_http_ok(f"http://{address}/v2/health/ready", 300, proc)
+        os.sched_setaffinity(0, _cpus(a.attack_cpus))
+        valid = Valid(model, address, "squeezenet", in_name)
+        for i in range(3):
+            valid(i)
+        time.sleep(1.0)
+        idle_kb = rss_kb(proc.pid, "VmRSS")
+        catalogue = list(hostile_requests(in_name, INPUT_SHAPE))
+        big, big_h = binary_body(in_name, "FP32", [1, *INPUT_SHAPE], bytes(60 * MB))
+        send = functools.partial(post, address, path=INFER)
+        with LiveProbe(address, work / "probe.log", cpus=a.probe_cpus) as probe:
+            time.sleep(2.0)
+            phases["idle"] = (time.time() - 2.0, time.time())
+            for rnd in range(a.rounds):
+                t0 = time.time()
+                for req in catalogue:
+                    s0 = time.time()
+                    status, _error = post(address, req.body, req.headers, path=INFER)
+                    attacks.append(
+                        {"round": rnd, "what": req.what, "status": status, "s": round(time.time() - s0, 3)}
+                    )
+                    valid(rnd)
+                phases[f"catalogue round {rnd + 1}"] = (t0, time.time())
+                t0 = time.time()
+                with ThreadPoolExecutor(a.parallel) as pool:
+                    got = [r[0] for r in pool.map(send, [big] * a.parallel, [big_h] * a.parallel)]
+                attacks.append(
+                    {"round": rnd, "what": f"{a.parallel} x 60 MB at once", "status": sorted(set(got))}
+                )
+                valid(rnd)
+                phases[f"{a.parallel} x 60 MB, round {rnd + 1}"] = (t0, time.time())
+            t0 = time.time()
+            partial = b"POST /v2/models/squeezenet/infer HTTP/1.1\r\nHost: x\r\nContent-Le"
+            socks = []
+            for i in range(a.half_open):
+                s = socket.create_connection(("127.0.0.1", port))
+                if i % 2:
+                    s.sendall(partial)
+                socks.append(s)
+            valid(99)
+            closed = 0
+            for s in socks:
+                s.settimeout(a.idle_timeout * 10)
+                try:
+                    closed += s.recv(1024) == b""
+                except OSError:
+                    pass
+                s.close()
+            phases[f"{a.half_open} half-open connections"] = (t0, time.time())
+            time.sleep(1.0)
+        peak_mb = (rss_kb(proc.pid, "VmHWM") - idle_kb) / 1024
+        alive = proc.poll() is None
+    finally:
+        stop(proc)
+    overall = _phase_stats(probe, min(s for s, _ in phases.values()), max(e for _, e in phases.values()))
+    return {
+        "engine": {"key": key, "publisher": publisher},
+        "cpus": {"server": a.server_cpus, "probe": a.probe_cpus, "attack": a.attack_cpus},
+        "rounds": a.rounds,
+        "overall": overall,
+        "phases": {name: _phase_stats(probe, s, e) for name, (s, e) in phases.items()},
+        "peak_rss_above_idle_mb": round(peak_mb, 1),
+        "half_open_closed": f"{closed}/{a.half_open}",
+        "valid_failures": valid.failures,
+        "server_alive": alive,
+        "attacks": attacks,
+        "targets": {
+            "liveness_p99_ms": LIVENESS_TARGET_MS,
+            "liveness_met": bool(
+                overall.get("failed") == 0 and overall.get("max_ms", 1e9) <= LIVENESS_TARGET_MS
+            ),
+            "rss_bound_mb": RSS_BOUND_MB,
+            "rss_met": peak_mb <= RSS_BOUND_MB,
+        },
+    }
+
+
+def _cpus(spec: str | None) -> set[int]:
+    if not spec:
+        return set(os.sched_getaffinity(0))
+    out: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--server-cpus", default=None, help="taskset list for the server (default: any)")
+    p.add_argument("--probe-cpus", default=None, help="taskset list for the liveness prober")
+    p.add_argument("--attack-cpus", default=None, help="CPUs for the attackers (this process)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--parallel", type=int, default=4, help="60 MB bodies sent at once")
+    p.add_argument("--half-open", type=int, default=500)
+    p.add_argument("--idle-timeout", type=float, default=2.0, help="the server's --idle-timeout")
+    a = p.parse_args(argv)
+    res = run(a)
+    write_result("hostile", res)
+    rows = [
+        [name, *(st.get(k, "") for k in ("probes", "failed", "p50_ms", "p99_ms", "max_ms"))]
+        for name, st in res["phases"].items()
+    ]
+    rows.append(
+        ["overall", *(res["overall"].get(k, "") for k in ("probes", "failed", "p50_ms", "p99_ms", "max_ms"))]
+    )
+    print(table(["phase", "probes", "failed", "p50 ms", "p99 ms", "max ms"], rows))
+    print(
+        f"peak RSS {res['peak_rss_above_idle_mb']} MB above idle; "
+        f"half-open closed {res['half_open_closed']}; "
+        f"valid requests failed {res['valid_failures']}; server alive {res['server_alive']}"
+    )
+    return 0 if res["server_alive"] and res["valid_failures"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

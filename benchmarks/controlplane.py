@@ -16,12 +16,25 @@ as a process scoped to one tenant namespace and a build namespace (``trtforge_de
   rate measured just before); and in the cache case a quiet window after everything is Ready:
   resourceVersion changes of the TRTEngines and the operator's own reconcile and status-write
   counters (target: zero writes when nothing changes).
+- For every case the 1-minute load average before and after, since the test bed, the operator and
+  this harness share the machine's cores: a run on a busy machine says so in its results.
+
+The full grid (issue 13), on a quiet machine, writes benchmarks/results/controlplane.json, the plot
+docs/img/bench-controlplane.png and the tables of docs/benchmarks.md:
+
+    python -m benchmarks.controlplane --n 100,500,1000,2000 --scenarios cache,jobs
+
+(about 20-30 min on 2 cores). While developing, a small run that leaves docs/ alone:
+
+    python -m benchmarks.controlplane --n 50 --scenarios cache --quiet 10 --no-docs --result controlplane-dev
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
+import os
 import re
 import subprocess
 import sys
@@ -243,6 +256,7 @@ def run_case(
     c0 = operator_counters(mport)
     req0, by0 = apiserver_requests(env.tb)
     docs = engine_docs(n, prefix, sha, model_uri)
+    load_before = os.getloadavg()[0]
     t_start = time.monotonic()
     t0 = create_concurrently(env.tb, docs)  # time runs from the last create
     t_applied = t0 - t_start
@@ -273,6 +287,9 @@ def run_case(
         "apply_s": round(t_applied, 2),
         "done_s": round(done_s, 2) if done_s is not None else None,
         "progress_at_end": progress,
+        "loadavg_1m_before": round(load_before, 2),
+        "loadavg_1m_after": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
         "operator_peak_rss_mb": None,
         "api_requests_total": int(api_total),
         "api_requests_idle_rate_per_s": round(idle_rate, 2),
@@ -353,12 +370,18 @@ def seed(env: Any, timeout: float) -> tuple[str, str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--n", default="100,500")
+    p.add_argument("--n", default="100,500,1000,2000", help="engine counts, each x 3 targets")
     p.add_argument("--scenarios", default="cache,jobs")
     p.add_argument("--quiet", type=float, default=60.0, help="seconds of the quiet window (cache scenario)")
     p.add_argument("--timeout", type=float, default=900.0, help="per case")
     p.add_argument("--root", default=str(CACHE / "cluster"), help="the benchmark's own test-bed state dir")
     p.add_argument("--keep-cluster", action="store_true")
+    p.add_argument(
+        "--result", default="controlplane", help="results file name (benchmarks/results/NAME.json)"
+    )
+    p.add_argument(
+        "--no-docs", action="store_true", help="leave docs/ alone (no plot, no tables): for trial runs"
+    )
     a = p.parse_args(argv)
     root = Path(a.root)
     results: dict[str, Any] = {"cases": [], "not_measured": {}, "targets": TARGETS}
@@ -415,9 +438,42 @@ def main(argv: list[str] | None = None) -> int:
             env.close()
         if started and not a.keep_cluster:
             cluster(root, "down")
-    write_result("controlplane", results)
+    results["verdicts"] = verdicts(results["cases"])
+    path = write_result(a.result, results)
     print(render(results))
+    if not a.no_docs and a.result == "controlplane":
+        from benchmarks import plots, report
+
+        plots.controlplane(json.loads(path.read_text()))
+        report.main([])
     return 0
+
+
+def _case(cases: list[dict[str, Any]], scenario: str, n: int) -> dict[str, Any] | None:
+    return next((c for c in cases if c["scenario"] == scenario and c["n"] == n), None)
+
+
+def verdicts(cases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Issue 13's targets against what was measured (None: not measured)."""
+    c500, c2000, j2000 = _case(cases, "cache", 500), _case(cases, "cache", 2000), _case(cases, "jobs", 2000)
+    out: dict[str, dict[str, Any]] = {}
+
+    def put(name: str, value: Any, ok: bool | None) -> None:
+        out[name] = {"value": value, "met": ok}
+
+    t2000 = c2000["done_s"] if c2000 else None
+    put("cache N=2000 all Ready within 60 s", t2000, None if t2000 is None else t2000 <= 60)
+    t500 = c500["done_s"] if c500 else None
+    ratio = round(t2000 / t500, 2) if t2000 and t500 else None
+    put("time(2000)/time(500) <= 4.4", ratio, None if ratio is None else ratio <= 4.4)
+    rss = c2000["operator_peak_rss_mb"] if c2000 else None
+    put("operator peak RSS <= 600 MB at N=2000", rss, None if rss is None else rss <= 600)
+    quiet = (c2000 or {}).get("quiet") or {}
+    wr = quiet.get("status_writes")
+    put("zero status writes in the quiet window (N=2000)", wr, None if wr is None else wr == 0)
+    tj = j2000["done_s"] if j2000 else None
+    put("jobs N=2000: all 6000 Jobs within 90 s", tj, None if tj is None else tj <= 90)
+    return out
 
 
 def render(results: dict[str, Any]) -> str:
@@ -438,6 +494,7 @@ def render(results: dict[str, Any]) -> str:
                 c["status_writes"],
                 c["reconciles"],
                 c.get("reconcile_s_per_engine"),
+                f"{c.get('loadavg_1m_before', '-')} / {c.get('loadavg_1m_after', '-')}",
             ]
         )
         q = c.get("quiet")
@@ -473,10 +530,24 @@ def render(results: dict[str, Any]) -> str:
                 "status writes",
                 "reconciles",
                 "reconcile s/engine",
+                f"load 1m before / after ({results.get('machine', {}).get('cpus', '?')} CPUs)",
             ],
             rows,
         ),
     ]
+    v = results.get("verdicts") or {}
+    if v:
+        out += [
+            "",
+            "Issue 13's targets:",
+            table(
+                ["target", "measured", "verdict"],
+                [
+                    [k, x["value"], "-" if x["met"] is None else "met" if x["met"] else "missed"]
+                    for k, x in v.items()
+                ],
+            ),
+        ]
     if quiet_rows:
         out += [
             "",

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from trtforge_operator.observed import JobView
-from trtforge_operator.planning.engine import Capacity
+from trtforge_operator.planning.observed_engine import Capacity
 
 # A Job created but not seen in an event yet is counted for at most this long.
 PENDING_TTL_S = 60.0

@@ -37,6 +37,9 @@ class BuildSettings(BaseModel):
     retry_max_seconds: float = Field(default=600.0, ge=0)
     max_concurrent: int = Field(default=8, ge=1)  # build Jobs running at once, cluster-wide
     max_concurrent_per_namespace: int = Field(default=4, ge=1)  # ... requested from one namespace
+    # A finished build Job is deleted this long after it finished, once every requester has recorded
+    # its result (docs/design.md "Finished build Jobs"); 0 keeps them all.
+    finished_job_ttl_seconds: float = Field(default=3600.0, ge=0)
     cpu: str = "2"
     memory: str = "8Gi"
     scratch_size: str = "20Gi"

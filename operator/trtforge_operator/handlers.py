@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from trtforge.contract.build_result import BuildFailure, parse_build_message
 from trtforge.contract.possession import source_fingerprint
 from trtforge.logs import fields
-from trtforge_operator import children
+from trtforge_operator import children, job_cleanup
 from trtforge_operator.api import (
     InferenceDeployment,
     InferenceDeploymentStatus,
@@ -66,16 +66,12 @@ from trtforge_operator.planning.deployment import (
     invalid_deployment_status,
     plan_deployment,
 )
-from trtforge_operator.planning.engine import (
-    Capacity,
-    EngineObserved,
-    Event,
-    invalid_spec_status,
-    model_source_problem,
-    one_line,
-    plan_engine,
-)
+from trtforge_operator.planning.engine import model_source_problem, plan_engine
+from trtforge_operator.planning.engine_conditions import EngineReason, invalid_spec_status
+from trtforge_operator.planning.events import Event
+from trtforge_operator.planning.observed_engine import Capacity, EngineObserved
 from trtforge_operator.planning.rebuild import annotation_patch, rebuild_job, requests_on
+from trtforge_operator.planning.text import one_line
 from trtforge_operator.status_cache import StatusCache, resource_version
 from trtforge_operator.store_reader import StoreReader
 from trtforge_operator.workqueue import LoopWatch, WorkQueue
@@ -97,6 +93,8 @@ class State:
     watch: LoopWatch = dataclasses.field(default_factory=lambda: LoopWatch(stuck_after=300.0))
     slots: BuildSlots = dataclasses.field(init=False)
     statuses: StatusCache = dataclasses.field(default_factory=StatusCache)
+    indices: Mapping[str, Any] | None = None  # kopf's indices, once a handler has been given them
+    tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)  # background loops
 
     def __post_init__(self) -> None:
         self.slots = BuildSlots(self.cfg.build.max_concurrent, self.cfg.build.max_concurrent_per_namespace)
@@ -220,9 +218,11 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
     cache_scope = _cache_scope(state, indices, ns)
     problem = model_source_problem(m.uri, state.cfg.store_uri)
     if problem is not None:
-        status = invalid_spec_status(old_status, gen, problem, time.time(), reason="InvalidModelSource")
+        status = invalid_spec_status(
+            old_status, gen, problem, time.time(), reason=EngineReason.INVALID_MODEL_SOURCE
+        )
         if await _write_status(state, Kind.TRTENGINE, TRTENGINES, body, old, status.to_wire()):
-            await state.kube.event(body, "Warning", "InvalidModelSource", problem)
+            await state.kube.event(body, "Warning", EngineReason.INVALID_MODEL_SOURCE, problem)
         return None
     unschedulable = {
         job: p.unschedulable
@@ -265,6 +265,9 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
         if not state.slots.admit(_job_names(plan.jobs_to_create), ns):
             raise RuntimeError("build slots refused a plan made against their own count")
     state.metrics.builds_running.set(state.slots.running)
+    for refused in plan.refused:  # a planner bug: the status still shows what was observed
+        log.warning("%s/%s: %s", ns, name, refused, extra=fields(namespace=ns, name=name))
+        state.metrics.refused_transitions.labels(str(refused.before or "None"), refused.after).inc()
     await _create_jobs(state, plan.jobs_to_create, "build")
     for vj in plan.verify_jobs_to_create:  # in the tenant's namespace, not a build slot
         if await state.kube.create(vj):
@@ -443,6 +446,8 @@ async def _loop(state: State, kind: Kind, body: Any, stopped: Any, kwargs: Mappi
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
     trigger = state.queue.get(kind, ns, name)
+    if state.indices is None:
+        state.indices = kwargs  # the same index objects every handler gets (finished-Job cleanup reads them)
     fn = reconcile_engine if kind == Kind.TRTENGINE else reconcile_deployment
     key = (kind, ns, name)
     while not stopped:
@@ -531,6 +536,18 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         settings.networking.request_timeout = 60
         settings.posting.level = logging.WARNING  # our own Events go through Kube.event
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event is noise
+
+    @kopf.on.startup(registry=registry)
+    async def _start_job_cleanup(**_: Any) -> None:
+        if cfg.build.finished_job_ttl_seconds > 0:
+            state.tasks.append(
+                asyncio.create_task(job_cleanup.run(cfg, state.kube, state.metrics, lambda: state.indices))
+            )
+
+    @kopf.on.cleanup(registry=registry)
+    async def _stop_job_cleanup(**_: Any) -> None:
+        for t in state.tasks:
+            t.cancel()
 
     # --- indices (complete before any handler runs: a restart sees every Job it made)
     @kopf.index("batch", "v1", "jobs", id="jobs_idx", labels=MANAGED, registry=registry)
@@ -677,12 +694,16 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event(GROUP, VERSION, TRTENGINES, registry=registry)
     def _engine_event(**kw: Any) -> None:
         namespace, name = kw["namespace"], kw["name"]
+        if kw.get("type") != "DELETED" and state.statuses.echoes(Kind.TRTENGINE, kw["body"]):
+            return  # our own status write coming back: its loop and deployments were woken by it
         state.queue.fire(Kind.TRTENGINE, namespace, name)
         state.queue.fire_deployments_of(namespace, name)
 
     @kopf.on.event(GROUP, VERSION, INFERENCEDEPLOYMENTS, registry=registry)
     def _infd_event(**kw: Any) -> None:
         namespace, name = kw["namespace"], kw["name"]
+        if kw.get("type") != "DELETED" and state.statuses.echoes(Kind.INFERENCEDEPLOYMENT, kw["body"]):
+            return  # our own status write coming back
         ref = ((kw["body"].get("spec") or {}).get("engineRef") or {}).get("name")
         if kw.get("type") != "DELETED":
             state.queue.set_engine_ref(namespace, name, str(ref) if ref else None)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client, config
@@ -31,20 +33,32 @@ def load_kube_config() -> None:
         config.load_kube_config()
 
 
-class Kube:
-    """Async wrappers around the generated API classes."""
+# Kubernetes calls in flight at once. The official client blocks, so each call holds a thread: on
+# asyncio's default executor (cpu + 4 threads, shared with the planners) a few slow answers queued
+# every reconcile behind them (docs/design.md §"Scale"). Our own pool, with as many connections.
+API_THREADS = 16
 
-    def __init__(self, api: client.ApiClient | None = None) -> None:
-        self.api = api or client.ApiClient()
+
+class Kube:
+    """Async wrappers around the generated API classes, each call on the client's own thread pool."""
+
+    def __init__(self, api: client.ApiClient | None = None, threads: int = API_THREADS) -> None:
+        if api is None:
+            conf = client.Configuration.get_default_copy()
+            conf.connection_pool_maxsize = max(conf.connection_pool_maxsize or 0, threads)
+            api = client.ApiClient(conf)
+        self.api = api
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kube-api")
         self.core = client.CoreV1Api(self.api)
         self.apps = client.AppsV1Api(self.api)
         self.batch = client.BatchV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.auth = client.AuthenticationV1Api(self.api)
 
-    @staticmethod
-    async def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(fn, *args, **kwargs)
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, functools.partial(fn, *args, **kwargs)
+        )
 
     async def create(self, obj: Mapping[str, Any]) -> bool:
         """Create `obj` (Job, Deployment, Service, Secret); False when it already exists (409)."""

@@ -67,6 +67,17 @@ class Metrics:
             ["tenant_namespace", "name"],
             registry=registry,
         )
+        self.finished_jobs_deleted = Counter(
+            "trtforge_finished_jobs_deleted_total",
+            "Finished build Jobs deleted after their TTL, once every requester had recorded them",
+            registry=registry,
+        )
+        self.refused_transitions = Counter(
+            "trtforge_refused_target_transitions_total",
+            "Target state changes the transition table refuses (a planner bug; status shows what was seen)",
+            ["before", "after"],
+            registry=registry,
+        )
         self.build_failures = Counter(
             "trtforge_build_failures_total",
             "Build Jobs that ended in failure, by the builder's typed reason",

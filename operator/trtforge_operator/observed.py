@@ -23,6 +23,7 @@ from trtforge.contract.gpu import (
     mig_profile_of_resource,
 )
 from trtforge.contract.termination import REASON_BY_EXIT_CODE, TerminationMessage
+from trtforge_operator.api.inferencedeployment import NodeProblem
 from trtforge_operator.labels import (
     ANNOTATION_ATTEMPT,
     ANNOTATION_CREATED_FOR,
@@ -164,20 +165,33 @@ class NodeView:
             return False
         return res is not None and self.capacity.get(res, 0) > 0
 
-    def gpu_problem(self) -> str | None:
+    def gpu_problem(self) -> GPUProblem | None:
         """Why this node's GPUs cannot be trusted right now, or None when they look healthy."""
         if not self.ready:
-            return "NodeNotReady"
+            return GPUProblem(NodeProblem.NOT_READY)
         for key in sorted(self.taint_keys & GPU_HEALTH_TAINTS):
-            return f"GPUHealthTaint {key}"
+            return GPUProblem(NodeProblem.GPU_HEALTH_TAINT, key)
         if self.bad_conditions:
-            return f"NodeCondition {self.bad_conditions[0]}"
+            return GPUProblem(NodeProblem.NODE_CONDITION, self.bad_conditions[0])
         for res, cap in sorted(self.capacity.items()):
             if (res == RESOURCE_GPU or res.startswith(MIG_RESOURCE_PREFIX)) and self.allocatable.get(
                 res, 0
             ) < cap:
-                return f"AllocatableDropped {res} {self.allocatable.get(res, 0)}/{cap}"
+                return GPUProblem(
+                    NodeProblem.ALLOCATABLE_DROPPED, f"{res} {self.allocatable.get(res, 0)}/{cap}"
+                )
         return None
+
+
+@dataclass(frozen=True)
+class GPUProblem:
+    """A node's GPU problem: the typed kind and a detail for people (`str` gives both)."""
+
+    kind: NodeProblem
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.detail}".strip()
 
 
 @dataclass(frozen=True)

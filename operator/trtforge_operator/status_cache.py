@@ -31,5 +31,12 @@ class StatusCache:
     def wrote(self, kind: Kind, namespace: str, name: str, rv: int, status: dict[str, Any]) -> None:
         self._written[(kind, namespace, name)] = (rv, status)
 
+    def echoes(self, kind: Kind, body: Mapping[str, Any]) -> bool:
+        """Whether `body` is exactly the version our last status write made (its watch echo: nothing
+        in it is news to the loop that wrote it)."""
+        meta = body.get("metadata") or {}
+        hit = self._written.get((kind, meta.get("namespace", ""), meta.get("name", "")))
+        return hit is not None and hit[0] == resource_version(meta) != 0
+
     def forget(self, kind: Kind, namespace: str, name: str) -> None:
         self._written.pop((kind, namespace, name), None)

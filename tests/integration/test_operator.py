@@ -367,9 +367,27 @@ def test_deletion_cleans_up_children_but_keeps_shared_jobs(
     env: OperatorEnv, tenants: tuple[str, str], model: Model
 ) -> None:
     a, b = tenants
-    ready_engine(env, a, "tiny", model, TARGETS)
+    # Two engines asking for the same builds share the Jobs: each claims them while it waits on them.
+    # A quota of no pods holds the builds until both have claimed (an engine already in the store
+    # claims no Job), then the builds run.
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "hold-builds"}}
+    env.apply({**quota, "spec": {"hard": {"pods": "0"}}}, env.build_ns)
+    try:
+        env.apply(engine("tiny", model, TARGETS), a)
+        env.apply(engine("tiny-copy", model, TARGETS), b)
+
+        def both_claimed() -> bool:
+            mine = {j.metadata.name for j in jobs_of(env, a)}
+            return bool(mine) and mine == {j.metadata.name for j in jobs_of(env, b)}
+
+        wait_for(both_claimed, timeout=120, desc="both engines claim the same build Jobs")
+    finally:
+        env.tb.kubectl("delete", "resourcequota", "hold-builds", "-n", env.build_ns, check=False)
+    for j in jobs_of(env, a):  # a Job update syncs it now, not after the Job controller's backoff
+        env.tb.kubectl("annotate", "job", j.metadata.name, "-n", env.build_ns, "test/resync=1", "--overwrite")
+    env.wait_true("trtengines", a, "tiny", timeout=240)
+    env.wait_true("trtengines", b, "tiny-copy", timeout=240)
     env.apply(deployment_manifest("tiny", "tiny"), a)
-    ready_engine(env, b, "tiny-copy", model, TARGETS)  # shares a's Jobs as a second requester
     env.apply(engine_manifest("wrong-pin", "0" * 64, [{"gpu": H100}], model=model.uri), b)
     env.wait_true("trtengines", b, "wrong-pin", cond="Stalled", timeout=120)
     env.wait_true("inferencedeployments", a, "tiny", timeout=180)

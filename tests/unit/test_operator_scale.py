@@ -190,3 +190,18 @@ def test_a_claim_on_a_shared_job_wakes_no_other_engine() -> None:
     done = job("trtforge-build-" + "a" * 20, "team-a/e1", "team-a/e2", running=False)
     assert q.job_changed(done.name, (done.running, done.done, done.complete, done.deleting, None))
     assert q.job_changed(done.name, None) and not q.job_changed(done.name, None)
+
+
+def test_a_status_write_coming_back_on_the_watch_is_recognised_as_our_own() -> None:
+    from trtforge_operator.kinds import Kind
+    from trtforge_operator.status_cache import StatusCache
+
+    cache = StatusCache()
+    body = {"metadata": {"namespace": "ns", "name": "e", "resourceVersion": "41"}, "status": {}}
+    assert not cache.echoes(Kind.TRTENGINE, body)
+    cache.wrote(Kind.TRTENGINE, "ns", "e", 42, {"observedGeneration": 1})
+    assert not cache.echoes(Kind.TRTENGINE, body)  # an older version: news for the loop
+    assert cache.echoes(Kind.TRTENGINE, {**body, "metadata": {**body["metadata"], "resourceVersion": "42"}})
+    assert not cache.echoes(
+        Kind.TRTENGINE, {**body, "metadata": {**body["metadata"], "resourceVersion": "43"}}
+    )

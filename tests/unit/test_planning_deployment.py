@@ -358,7 +358,7 @@ def test_node_losing_a_gpu_is_a_fault_for_the_pods_on_it() -> None:
     nodes = [gpu_node("gpu-h100-0", H100.gpu, 8, allocatable={"nvidia.com/gpu": 7}), *default_nodes()[1:]]
     plan = plan_deployment(observed(infd(), engine(), pods=[pod("p", "gpu-h100-0")], nodes=nodes), CFG)
     (f,) = plan.status.faults
-    assert f.node == "gpu-h100-0" and (f.reason or "").startswith("AllocatableDropped")
+    assert f.node == "gpu-h100-0" and f.node_problem == "AllocatableDropped"
     # The Ready pod is not deleted (that would fight the Deployment controller): the template now keeps
     # off the node, and the rollout replaces the pod once its successor is Ready elsewhere.
     assert plan.delete_pods == []
@@ -411,7 +411,8 @@ def test_several_suspect_nodes_each_get_their_own_field_selector() -> None:
 
 def test_a_fault_rebuild_requested_by_an_inferencedeployment_creates_its_job_through_the_trtengine() -> None:
     """The deployment records a request on the engine; the engine's planner creates the Job, once."""
-    from trtforge_operator.planning.engine import Capacity, EngineObserved, plan_engine
+    from trtforge_operator.planning.engine import plan_engine
+    from trtforge_operator.planning.observed_engine import Capacity, EngineObserved
     from trtforge_operator.planning.rebuild import annotation_patch, requests_on
 
     nodes = [gpu_node("gpu-h100-0", H100.gpu, 8, allocatable={"nvidia.com/gpu": 7}), *default_nodes()[1:]]
@@ -474,3 +475,32 @@ def test_fault_actions_come_from_one_table(
         node_suspect=suspect, rebuild_enabled=enabled, has_engine=engine_known, rate_limited=limited
     )
     assert got is expected
+
+
+def test_a_node_level_fault_learns_its_xid_from_the_pod_by_its_typed_cause_not_its_text() -> None:
+    from trtforge_operator.api.inferencedeployment import NodeProblem
+    from trtforge_operator.observed import PodView
+
+    terminated = PodView.from_k8s(pod("p", "gpu-h100-0", terminated=gpu_fault(xid=48)))
+
+    def rec(problem: NodeProblem | None, reason: str) -> FaultRecord:
+        return FaultRecord(
+            time="2027-01-15T09:00:00Z",
+            pod="p",
+            node="gpu-h100-0",
+            reason=reason,
+            node_problem=problem,
+            action=faults.FaultAction.MOVED,
+        )
+
+    node_level, not_ready, pod_level = faults.enrich_from_pods(
+        [
+            rec(NodeProblem.ALLOCATABLE_DROPPED, "AllocatableDropped nvidia.com/gpu 7/8"),
+            rec(NodeProblem.NOT_READY, "NodeNotReady"),
+            rec(None, "AllocatableDropped (text alone decides nothing)"),
+        ],
+        [terminated],
+    )
+    assert (node_level.xid, node_level.gpu, node_level.reason) == (48, "GPU-1234", None)
+    assert node_level.node_problem == NodeProblem.ALLOCATABLE_DROPPED
+    assert not_ready.xid is None and pod_level.xid is None

@@ -17,13 +17,9 @@ from trtforge_operator.labels import (
     requester_annotation,
 )
 from trtforge_operator.observed import JobView, NodeView
-from trtforge_operator.planning.engine import (
-    Capacity,
-    EngineObserved,
-    key_inputs,
-    model_source_problem,
-    plan_engine,
-)
+from trtforge_operator.planning.engine import model_source_problem, plan_engine
+from trtforge_operator.planning.keys import key_inputs
+from trtforge_operator.planning.observed_engine import Capacity, EngineObserved
 
 from tests.fakes import default_nodes, gpu_node, job
 from trtforge.contract.build_result import BuildFailure
@@ -675,3 +671,19 @@ def test_same_compute_capability_targets_share_one_build() -> None:
     plan = plan_engine(observe(e, nodes=nodes), CFG)
     assert len(plan.jobs_to_create) == 1
     assert {t.request_key for t in plan.status.targets} == {plan.status.targets[0].request_key}
+
+
+def test_an_engine_found_in_the_store_claims_no_job_and_posts_one_event_for_its_targets() -> None:
+    seed = engine([{"gpu": H100.gpu}, {"gpu": GH200.gpu}], namespace="team-a", name="seed")
+    created = plan_engine(observe(seed), CFG).jobs_to_create
+    stored = {key_of(seed, t): manifest_for(key_of(seed, t), t) for t in (H100, GH200)}
+    done = [
+        job(j, state="complete", at=NOW - 60, result=built(key_of(seed, t)))
+        for j, t in zip(created, (H100, GH200), strict=True)
+    ]
+    other = engine([{"gpu": H100.gpu}, {"gpu": GH200.gpu}], namespace="team-a", name="other")
+    plan = plan_engine(observe(other, jobs=done, manifests=stored), CFG)
+    assert plan.add_requester == [] and plan.jobs_to_create == []
+    assert [t.reason for t in plan.status.targets] == ["CacheHit", "CacheHit"]
+    (ev,) = plan.events
+    assert ev.reason == "EngineReady" and H100.name in ev.message and GH200.name in ev.message

@@ -15,6 +15,7 @@ Helpers the operator uses:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
@@ -306,6 +307,15 @@ class DeploymentTargetStatus(ApiModel):
     message: str | None = Field(default=None, max_length=4096, description="One line on this target.")
 
 
+class NodeProblem(StrEnum):
+    """Why a node's GPUs cannot be trusted (a node-level fault's typed cause)."""
+
+    NOT_READY = "NodeNotReady"
+    GPU_HEALTH_TAINT = "GPUHealthTaint"
+    NODE_CONDITION = "NodeCondition"
+    ALLOCATABLE_DROPPED = "AllocatableDropped"
+
+
 class FaultRecord(ApiModel):
     """A GPU fault the operator handled."""
 
@@ -316,6 +326,9 @@ class FaultRecord(ApiModel):
     target: str | None = Field(default=None, max_length=63, description="Target name.")
     xid: int | None = Field(default=None, ge=0, description="NVIDIA Xid code, when the fault is one.")
     reason: str | None = Field(default=None, max_length=1024, description="Error, when not an Xid.")
+    node_problem: NodeProblem | None = Field(
+        default=None, description="Why the node was suspect, when the fault was seen on the node."
+    )
     action: str = Field(max_length=256, description="What the operator did, e.g. PodMoved, Rebuilt.")
     recovered_seconds: float | None = Field(
         default=None, ge=0, description="Seconds until the target was Ready again."

@@ -35,8 +35,10 @@ from trtforge_operator.labels import (
 )
 from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView, utc
 from trtforge_operator.planning import faults
-from trtforge_operator.planning.engine import Event, key_inputs, one_line
+from trtforge_operator.planning.events import Event
+from trtforge_operator.planning.keys import key_inputs
 from trtforge_operator.planning.rebuild import RebuildRequest
+from trtforge_operator.planning.text import one_line
 
 
 @dataclass(frozen=True)

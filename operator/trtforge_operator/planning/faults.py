@@ -18,11 +18,16 @@ from enum import StrEnum
 from trtforge.contract.termination import EXIT_GPU_FAULT
 from trtforge_operator import children
 from trtforge_operator.api import FaultRecord
+from trtforge_operator.api.inferencedeployment import NodeProblem
 from trtforge_operator.labels import LABEL_TARGET
 from trtforge_operator.observed import NodeView, PodView, utc
 
 GPU_FAULT = "GPUFault"
 LOAD_FAILURES = frozenset({"EngineLoadFailed", "GPUMismatch", "EngineIntegrity"})
+# Node-level faults whose pod later reports the Xid itself (a NotReady node's pods never report).
+ENRICHED_BY_POD = frozenset(
+    {NodeProblem.GPU_HEALTH_TAINT, NodeProblem.NODE_CONDITION, NodeProblem.ALLOCATABLE_DROPPED}
+)
 
 
 class FaultAction(StrEnum):
@@ -111,11 +116,7 @@ def enrich_from_pods(records: list[FaultRecord], pods: Sequence[PodView]) -> lis
     out = []
     for r in records:
         p = by_pod.get(r.pod or "")
-        if (
-            p is not None
-            and r.xid is None
-            and (r.reason or "").startswith(("AllocatableDropped", "GPUHealth", "NodeCondition"))
-        ):
+        if p is not None and r.xid is None and r.node_problem in ENRICHED_BY_POD:
             for t in p.terminations():
                 msg = t.termination()
                 if msg is not None and msg.reason == GPU_FAULT and msg.xid is not None:
@@ -146,7 +147,8 @@ def detect_node_faults(
                     pod=p.name,
                     node=p.node,
                     target=p.labels.get(LABEL_TARGET),
-                    reason=problem,
+                    reason=str(problem),
+                    node_problem=problem.kind,
                     action=FaultAction.MOVED.value,
                 ),
                 node_suspect=True,

@@ -19,7 +19,7 @@ from trtforge_operator import children
 from trtforge_operator.api import TRTEngine
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.observed import NodeView
-from trtforge_operator.planning.engine import build_request, key_inputs
+from trtforge_operator.planning.keys import build_request, key_inputs
 
 REBUILD_PREFIX = "rebuild.trtforge.io/"
 

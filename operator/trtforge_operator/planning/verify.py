@@ -1,0 +1,117 @@
+"""Proof of possession before any build or cache hit (docs/security.md): the verify Job's next step. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trtforge_operator import children
+from trtforge_operator.config import OperatorConfig
+from trtforge_operator.labels import ANNOTATION_ATTEMPT, ANNOTATION_SOURCE_FINGERPRINT
+from trtforge_operator.planning.build_results import (
+    backoff_seconds,
+    failure_message,
+)
+from trtforge_operator.planning.observed_engine import (
+    EngineObserved,
+)
+from trtforge_operator.planning.target_state import TargetState
+from trtforge_operator.planning.text import iso_time, one_line
+
+VERIFY_NO_RETRY = frozenset({"InvalidArgument", "ModelIntegrity"})
+VERIFY_RESULT_GRACE_S = 30.0  # a verify Job that succeeded but whose record the store does not show yet
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    """Where proof of possession stands while it is not there: every target waits on it."""
+
+    state: TargetState  # VerifyingModel or ModelVerifyFailed
+    message: str
+    create: children.VerifyRequest | None = None
+    wake_at: float | None = None
+    stalled: bool = False
+
+
+def plan_verify(obs: EngineObserved, cfg: OperatorConfig) -> VerifyOutcome:
+    """The next step of proving that obs.namespace holds the model through its current source.
+
+    One verify Job per source fingerprint and attempt (create-if-absent); a failed attempt is retried
+    with the build backoff up to build.maxAttempts, except when retrying cannot help (a pin the model
+    does not match, a path out of the claim)."""
+    fp = obs.source_fingerprint
+    mine = sorted(
+        (
+            j
+            for j in obs.verify_jobs
+            if j.annotations.get(ANNOTATION_SOURCE_FINGERPRINT) == fp and not j.deleting
+        ),
+        key=lambda j: int(j.annotations.get(ANNOTATION_ATTEMPT) or 1),
+    )
+    latest = mine[-1] if mine else None
+    attempt = int(latest.annotations.get(ANNOTATION_ATTEMPT) or 1) if latest is not None else 0
+    uri = obs.spec.model.uri
+
+    def request(n: int) -> children.VerifyRequest:
+        m = obs.spec.model
+        return children.VerifyRequest(
+            namespace=obs.namespace,
+            engine=obs.name,
+            engine_uid=obs.uid,
+            model_uri=m.uri,
+            model_sha256=m.sha256,
+            secret=m.secret_ref.name if m.secret_ref else None,
+            fingerprint=fp,
+            attempt=n,
+        )
+
+    if latest is None:
+        req = request(1)
+        return VerifyOutcome(
+            TargetState.VERIFYING_MODEL,
+            f"verifying that this namespace holds {uri} (Job {req.job_name})",
+            req,
+        )
+    if latest.running:
+        return VerifyOutcome(
+            TargetState.VERIFYING_MODEL,
+            f"verifying that this namespace holds {uri} (Job {latest.name}, attempt {attempt})",
+        )
+    result = obs.verify_failures.get(latest.name)
+    if latest.complete and result is None:
+        done_at = latest.finished or obs.now
+        if obs.now - done_at < VERIFY_RESULT_GRACE_S:
+            return VerifyOutcome(
+                TargetState.VERIFYING_MODEL,
+                f"verify Job {latest.name} finished; reading the broker's record",
+                wake_at=done_at + VERIFY_RESULT_GRACE_S,
+            )
+        failure = "the verify Job finished, but the broker holds no record of it"
+    elif result is not None:
+        failure = one_line(f"{result.reason}: {result.error}")
+    else:
+        failure = failure_message(latest)
+    if result is not None and result.reason in VERIFY_NO_RETRY:
+        return VerifyOutcome(
+            TargetState.MODEL_VERIFY_FAILED,
+            one_line(f"{failure}; not retrying (fix spec.model or the model)"),
+            stalled=True,
+        )
+    if attempt >= cfg.build.max_attempts:
+        return VerifyOutcome(
+            TargetState.MODEL_VERIFY_FAILED,
+            one_line(f"verify attempt {attempt}/{cfg.build.max_attempts} failed: {failure}; giving up"),
+            stalled=True,
+        )
+    retry_at = (latest.finished or obs.now) + backoff_seconds(attempt, cfg)
+    if obs.now < retry_at:
+        return VerifyOutcome(
+            TargetState.MODEL_VERIFY_FAILED,
+            one_line(f"verify attempt {attempt} failed: {failure}; retrying at {iso_time(retry_at)}"),
+            wake_at=retry_at,
+        )
+    req = request(attempt + 1)
+    return VerifyOutcome(
+        TargetState.VERIFYING_MODEL,
+        one_line(f"verify attempt {attempt} failed: {failure}; starting {req.job_name}"),
+        req,
+    )

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.ceiling import run_pinned
 from benchmarks.common import (
     CACHE,
     ROOT,
@@ -96,27 +97,7 @@ def reference(model: Model) -> Path:
 
 
 def ceiling(model: Model, cpus: str, n: int, seconds: float, batches: str) -> dict[str, Any]:
-    cmd = taskset(
-        cpus,
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.ceiling",
-            "--model-file",
-            str(model.file),
-            "--threads",
-            str(n),
-            "--seconds",
-            str(seconds),
-            "--batches",
-            batches,
-        ],
-    )
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
-    if r.returncode != 0:
-        raise RuntimeError(f"ceiling failed: {r.stderr[-2000:]}")
-    res: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
-    return res
+    return run_pinned(model.file, cpus, n, seconds, batches)
 
 
 def serve(

@@ -14,7 +14,7 @@ cores the engine is verified, loaded and checked while the interpreter imports t
 backend's library (onnxruntime) is imported on a third thread as soon as the manifest names it, so
 that import (which holds the GIL) overlaps the hash (which does not). What the thread imports first
 (pydantic, the store) is imported by the caller before :func:`begin`: two threads importing at once
-only share the GIL and both finish later (measured in docs/benchmarks.md, "Cold start").
+only share the GIL and both finish later (docs/design.md, "Runtime cold start").
 """
 
 from __future__ import annotations

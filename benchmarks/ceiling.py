@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
+from benchmarks.common import ROOT, taskset
 from benchmarks.models import io_names, sample_input
 
 
@@ -92,6 +96,31 @@ def _parallel(
         "images_per_s": round(sum(counts) * b / el, 2),
         "ms_per_batch": round(el / max(1, max(counts)) * 1000, 2),
     }
+
+
+def run_pinned(model_file: Path, cpus: str, threads: int, seconds: float, batches: str) -> dict[str, Any]:
+    """This module run as a process of its own, pinned to `cpus`: its JSON result."""
+    cmd = taskset(
+        cpus,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.ceiling",
+            "--model-file",
+            str(model_file),
+            "--threads",
+            str(threads),
+            "--seconds",
+            str(seconds),
+            "--batches",
+            batches,
+        ],
+    )
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"ceiling failed: {r.stderr[-2000:]}")
+    res: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,8 +11,9 @@ for them, so the client is not what limits a fast server.
     python -m benchmarks.manycore --cores 2,4,8,14 --models squeezenet,resnet50
 
 Settings (``--settings``, ``;``-separated): ``default`` runs ``trtforge serve`` with no tuning flags
-(the runtime chooses for its cores); anything else is passed as flags, with each ``{expression}`` of
-``n`` (N) replaced by its value, e.g. ``--workers {max(1, n // 4)} --max-batch-size 4``.
+(the runtime chooses for its cores: ``--workers auto``, one worker per 4 CPUs); anything else is
+passed as flags, with each ``{expression}`` of ``n`` (N) replaced by its value, e.g.
+``--workers {max(1, n // 4)} --max-batch-size 4``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.ceiling import run_pinned
 from benchmarks.common import (
     CACHE,
     ROOT,
@@ -71,11 +73,11 @@ def _ready_lines(log_path: Path) -> int:
 
 
 def without_defaults(flags: list[str]) -> list[str]:
-    """`flags` without a ``--workers 1`` (the default), to tell which settings are the same server."""
+    """`flags` without a ``--workers auto`` (the default), to tell which settings are the same server."""
     out: list[str] = []
     i = 0
     while i < len(flags):
-        if flags[i : i + 2] == ["--workers", "1"]:
+        if flags[i : i + 2] == ["--workers", "auto"]:
             i += 2
             continue
         out.append(flags[i])
@@ -96,27 +98,7 @@ def reference(model: Model) -> Path:
 
 
 def ceiling(model: Model, cpus: str, n: int, seconds: float, batches: str) -> dict[str, Any]:
-    cmd = taskset(
-        cpus,
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.ceiling",
-            "--model-file",
-            str(model.file),
-            "--threads",
-            str(n),
-            "--seconds",
-            str(seconds),
-            "--batches",
-            batches,
-        ],
-    )
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
-    if r.returncode != 0:
-        raise RuntimeError(f"ceiling failed: {r.stderr[-2000:]}")
-    res: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
-    return res
+    return run_pinned(model.file, cpus, n, seconds, batches)
 
 
 def serve(
@@ -151,8 +133,8 @@ def serve(
         wait_http_ok(
             f"http://127.0.0.1:{port}/v2/models/{model.name}/ready", timeout=300, proc=p, interval=0.05
         )
-        # With --workers the first ready worker answers the probe while the others still load, and a
-        # connection stays with the worker that accepted it: load starts once every worker is ready.
+        # A connection stays with the worker that accepted it: load starts once every worker is ready
+        # (the runtime's readiness waits for all of them; the log check covers older trees).
         workers = int(flags[flags.index("--workers") + 1]) if "--workers" in flags else 1
         deadline = time.monotonic() + 300
         while _ready_lines(log_path) < workers:

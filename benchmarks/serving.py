@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.ceiling import run_pinned
 from benchmarks.common import (
     CACHE,
     ROOT,
@@ -275,27 +276,7 @@ def load(
 
 
 def ceiling(model: Model, lay: Layout, seconds: float, batches: str) -> dict[str, Any]:
-    cmd = taskset(
-        lay.server_cpus,
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.ceiling",
-            "--model-file",
-            str(model.file),
-            "--threads",
-            str(lay.threads),
-            "--seconds",
-            str(seconds),
-            "--batches",
-            batches,
-        ],
-    )
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
-    if r.returncode != 0:
-        raise RuntimeError(f"ceiling failed: {r.stderr[-2000:]}")
-    res: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
-    return res
+    return run_pinned(model.file, lay.server_cpus, lay.threads, seconds, batches)
 
 
 def pick_best(points: list[dict[str, Any]], tie: float = 0.03) -> int:

@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.port is not None:
         cfg = cfg.model_copy(update={"broker": cfg.broker.model_copy(update={"port": args.port})})
+    cfg = cfg.with_broker_on_bind_address()  # $TRTFORGE_OPERATOR_BIND_ADDRESS, as the operator
     asyncio.run(main(cfg))
     return 0
 

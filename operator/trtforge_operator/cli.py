@@ -66,8 +66,7 @@ async def main(cfg: Any) -> int:
     start_http_server(cfg.metrics_port, addr=cfg.bind_address)
     kube = Kube()
     store = StoreReader(cfg.reader_store_uri)
-    if cfg.bind_address != "0.0.0.0" and cfg.broker.host == "0.0.0.0":
-        cfg = cfg.model_copy(update={"broker": cfg.broker.model_copy(update={"host": cfg.bind_address})})
+    cfg = cfg.with_broker_on_bind_address()
     runner = await start_broker(cfg, store, kube, metrics) if cfg.broker.enabled else None
     le = cfg.leader_election
     identity = replica_identity()

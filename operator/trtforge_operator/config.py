@@ -207,6 +207,13 @@ class OperatorConfig(BaseModel):
             return self.broker.url.rstrip("/")
         return f"http://trtforge-broker.{self.operator_namespace}.svc:{self.broker.port}"
 
+    def with_broker_on_bind_address(self) -> OperatorConfig:
+        """The broker listens where metrics and /healthz do when `bind_address` names one address
+        (a pod's own IP where pods share one network) and `broker.host` is left at every address."""
+        if self.bind_address == "0.0.0.0" or self.broker.host != "0.0.0.0":
+            return self
+        return self.model_copy(update={"broker": self.broker.model_copy(update={"host": self.bind_address})})
+
     def engine_source(self) -> str:
         """The --store runtime pods get."""
         return self.runtime_store_uri or self.broker_url()

@@ -11,6 +11,7 @@ larger ones would only make each pod's start slower (ResNet-50's batch-8 sample 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +28,17 @@ class CanaryResult:
     passed: bool
     max_abs_error: float
     message: str
+    seconds: float = 0.0  # the replay's time (reading the file, running, comparing)
 
 
 def run_canary(instance: Instance, path: Path, spec: ModelSpec, atol: float, rtol: float) -> CanaryResult:
+    t0 = time.monotonic()
+    result = _replay(instance, path, spec, atol, rtol)
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _replay(instance: Instance, path: Path, spec: ModelSpec, atol: float, rtol: float) -> CanaryResult:
     try:
         canary = Canary.from_bytes(path.read_bytes())
     except (ValueError, KeyError, OSError) as e:

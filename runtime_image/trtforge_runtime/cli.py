@@ -181,34 +181,38 @@ def handle(args: argparse.Namespace) -> int:
             return 2
     workers.pin_worker()
 
-    # First thing: the engine is fetched, verified, loaded and canary-checked on a thread (which also
-    # opens the store and the GPU probe) while this one imports the rest (pydantic, the HTTP server);
-    # the runtime collects the results (trtforge_runtime.warmstart says what is kept checked).
     from trtforge.contract import layout
-    from trtforge_runtime import warmstart
+    from trtforge.contract.gpu_probe import GPUProbeError, probe_from_env, probe_identity
+    from trtforge.store import open_store
+    from trtforge.store.base import StoreError
 
     try:
         layout.engine_dir(args.engine)
-    except ValueError as e:
+        probe = probe_from_env()
+        store = open_store(args.store)
+    except (ValueError, GPUProbeError, StoreError) as e:
         return _refuse(args.engine, str(e))
-    warmstart.begin_serve(
-        args.store, args.engine, Path(args.cache_dir), args.instances, args.model_name, args.max_batch_size
+
+    # The engine is fetched, verified, loaded and canary-checked on a thread while the server's
+    # modules import below; the runtime collects the results (trtforge_runtime.warmstart says what is
+    # kept checked, and why the imports above come first).
+    import trtforge_runtime.backends
+    import trtforge_runtime.fetch  # noqa: F401 (what the thread needs first: imported here, not there)
+    from trtforge_runtime import warmstart
+    from trtforge_runtime.identity import check_identity
+
+    warmstart.begin(
+        store,
+        args.engine,
+        Path(args.cache_dir),
+        args.instances,
+        check=lambda manifest: check_identity(manifest, probe_identity(probe)),
+        canary_for=(args.model_name, args.max_batch_size),
     )
 
     import asyncio
 
-    from trtforge.contract.gpu_probe import GPUProbeError, probe_from_env
-    from trtforge.store import open_store
-    from trtforge.store.base import StoreError
     from trtforge_runtime.server import Runtime, Settings
-
-    try:
-        opened = warmstart.collect_setup(args.store)
-        if opened is None:  # the warm start could not open them: do it here, and report what fails
-            opened = probe_from_env(), open_store(args.store)
-        probe, store = opened
-    except (ValueError, GPUProbeError, StoreError) as e:
-        return _refuse(args.engine, str(e))
 
     settings = Settings(
         store_uri=args.store,

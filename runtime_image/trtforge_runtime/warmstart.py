@@ -1,8 +1,7 @@
 """Warm start: fetch, verify, load and canary-check the engine on a thread while the server imports.
 
-``trtforge serve`` calls :func:`begin_serve` first thing, before it imports the store, the GPU probe
-(pydantic) or the server (aiohttp, prometheus_client, the batcher): the thread opens the store and
-the probe itself. The runtime then opens them through :func:`collect_setup` and calls
+``trtforge serve`` calls :func:`begin` once it has opened the store and the GPU probe, before it
+imports the server (aiohttp, prometheus_client, grpc, the batcher). The runtime then calls
 :func:`~trtforge_runtime.fetch.fetch_engine`, :func:`~trtforge_runtime.backends.load_backend` and the
 canary (:func:`collect_canary`) as always, and each first collects what the warm start made for the
 same arguments, waiting for it if it is still working. What the warm start could not do, or did for
@@ -10,13 +9,17 @@ other arguments, those calls do again themselves and report as usual, so a warm 
 the work happens, never what is checked or in which order: the GPU identity check before anything
 large is read, the sha256 before the backend sees the file, the canary before Ready.
 
-Why it pays: hashing releases the GIL, and so does ONNX Runtime while it builds a session, so on two
-cores the engine is verified and loaded while the interpreter imports the server (measured in
-docs/benchmarks.md, "Cold start").
+Why it pays: hashing releases the GIL, and so do ONNX Runtime's session build and its runs, so on two
+cores the engine is verified, loaded and checked while the interpreter imports the server. The
+backend's library (onnxruntime) is imported on a third thread as soon as the manifest names it, so
+that import (which holds the GIL) overlaps the hash (which does not). What the thread imports first
+(pydantic, the store) is imported by the caller before :func:`begin`: two threads importing at once
+only share the GIL and both finish later (docs/design.md, "Runtime cold start").
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 import time
@@ -28,7 +31,6 @@ from typing import TYPE_CHECKING, TypeVar
 from trtforge.logs import fields
 
 if TYPE_CHECKING:
-    from trtforge.contract.gpu_probe import GPUProbe
     from trtforge.contract.manifest import Manifest
     from trtforge.store.base import EngineStore
     from trtforge_runtime.backends import Backend, Instance
@@ -44,40 +46,8 @@ _lock = threading.Lock()
 # keyed by (engine key, other arguments as strings); each future is collected once
 _fetches: dict[tuple[str, ...], Future[LocalEngine]] = {}
 _backends: dict[tuple[str, ...], Future[Backend]] = {}
-_setups: dict[str, Future[tuple[GPUProbe, EngineStore]]] = {}
 # keyed by engine key: the backend it was run on, the canary file, the model spec, and its result
 _canaries: dict[str, Future[tuple[Backend, Path, ModelSpec, Instance, CanaryResult]]] = {}
-
-
-def begin_serve(
-    store_uri: str,
-    key: str,
-    cache_dir: Path,
-    instances: int | None,
-    model_name: str | None,
-    max_batch_size: int | None,
-) -> threading.Thread:
-    """``trtforge serve``'s warm start: open the store and the GPU probe, then fetch, verify (with the
-    GPU identity check), load and run the canary, all on a daemon thread; returns the thread."""
-    setup: Future[tuple[GPUProbe, EngineStore]] = Future()
-    with _lock:
-        _setups[store_uri] = setup
-
-    def open_all() -> tuple[EngineStore, Callable[[Manifest], None]]:
-        from trtforge.contract.gpu_probe import probe_from_env, probe_identity
-        from trtforge.store import open_store
-        from trtforge_runtime.identity import check_identity
-
-        try:
-            probe = probe_from_env()
-            store = open_store(store_uri)
-        except BaseException as e:
-            setup.set_exception(e)
-            raise
-        setup.set_result((probe, store))
-        return store, lambda manifest: check_identity(manifest, probe_identity(probe))
-
-    return _start(open_all, key, cache_dir, instances, (model_name, max_batch_size))
 
 
 def begin(
@@ -86,36 +56,30 @@ def begin(
     cache_dir: Path,
     instances: int | None,
     check: Callable[[Manifest], None] | None = None,
+    canary_for: tuple[str | None, int | None] | None = None,
 ) -> threading.Thread:
     """Start fetching and loading engine `key` on a daemon thread; returns the thread.
 
     `instances` None: the backend's default (:func:`~trtforge_runtime.backends.default_instances`),
-    as the runtime resolves it."""
-    return _start(lambda: (store, check), key, cache_dir, instances, None)
-
-
-def _start(
-    open_all: Callable[[], tuple[EngineStore, Callable[[Manifest], None] | None]],
-    key: str,
-    cache_dir: Path,
-    instances: int | None,
-    canary_for: tuple[str | None, int | None] | None,
-) -> threading.Thread:
-    """The thread: `open_all` gives the store and the identity check; `canary_for` (model name, max
-    batch size) the model spec to run the canary with (None: no canary)."""
+    as the runtime resolves it. `canary_for` (model name, max batch size, as the runtime is given
+    them): also run the canary on a new instance of the loaded backend (:func:`collect_canary`)."""
     fetched: Future[LocalEngine] = Future()
     loaded: Future[Backend] = Future()
     with _lock:
         _fetches[(key, str(cache_dir))] = fetched
 
+    def checked(manifest: Manifest) -> None:
+        _import_backend_library(manifest.backend)  # while the artifact is hashed
+        if check is not None:
+            check(manifest)
+
     def work() -> None:
         t0 = time.monotonic()
-        try:
-            store, check = open_all()
-            from trtforge_runtime.backends import default_instances, load_backend
-            from trtforge_runtime.fetch import fetch_engine
+        from trtforge_runtime.backends import default_instances, load_backend
+        from trtforge_runtime.fetch import fetch_engine
 
-            local = fetch_engine(store, key, cache_dir, check)
+        try:
+            local = fetch_engine(store, key, cache_dir, checked)
         except BaseException as e:
             fetched.set_exception(e)
             return
@@ -129,13 +93,13 @@ def _start(
         except BaseException as e:
             loaded.set_exception(e)
             return
-        checked: Future[tuple[Backend, Path, ModelSpec, Instance, CanaryResult]] = Future()
+        canary: Future[tuple[Backend, Path, ModelSpec, Instance, CanaryResult]] = Future()
         if canary_for is not None:
             with _lock:
-                _canaries[key] = checked
+                _canaries[key] = canary
         loaded.set_result(backend)
         if canary_for is not None:
-            _canary(checked, local, backend, *canary_for)
+            _canary(canary, local, backend, *canary_for)
         log.info(
             "warm start: engine fetched and loaded",
             extra=fields(
@@ -147,6 +111,24 @@ def _start(
     t.start()
     log.info("warm start began", extra=fields(key=key))
     return t
+
+
+# The engine library each backend loads, imported ahead on a thread of its own.
+_BACKEND_LIBRARIES = {"onnxruntime": "onnxruntime"}
+
+
+def _import_backend_library(backend: str) -> None:
+    name = _BACKEND_LIBRARIES.get(backend)
+    if name is None:
+        return
+
+    def load() -> None:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass  # load_backend imports it again and reports what fails
+
+    threading.Thread(target=load, name=f"import-{name}", daemon=True).start()
 
 
 def _canary(
@@ -207,14 +189,6 @@ def collect_backend(key: str, artifact: Path, instances: int) -> Backend | None:
         if (b := _result(fut)) is not None:
             b.close()
     return _result(same)
-
-
-def collect_setup(store_uri: str) -> tuple[GPUProbe, EngineStore] | None:
-    """The GPU probe and store :func:`begin_serve` opened for `store_uri`, once; None if it could not
-    (the caller opens them itself and reports what fails)."""
-    with _lock:
-        fut = _setups.pop(store_uri, None)
-    return _result(fut)
 
 
 def collect_canary(

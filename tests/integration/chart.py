@@ -1,8 +1,9 @@
 """The chart through a real Helm (trtforge_dev.testbed.helm): render it, adapt it to the test bed, apply it.
 
 The one test-bed adaptation: the emulated kubelet ignores images (there is no entrypoint), so the
-operator container gets `command: [trtforge]` (the image's ENTRYPOINT), run from this project's venv.
-Everything else is applied as Helm renders it.
+operator's and the broker's containers get `command: [trtforge]` (the image's ENTRYPOINT), run from
+this project's venv. Everything else is applied as Helm renders it, for the test bed's Kubernetes
+version (`kube_version`, as `helm install` would see it: PodDisruptionBudgets are policy/v1beta1 there).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from trtforge_dev.testbed.helm import helm_path
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "trtforge"
 # Kinds that exist only with the Prometheus Operator's CRDs, and kinds newer than the test bed's
-# 1.20 apiserver (policy/v1 PodDisruptionBudget is 1.21+): applied only where the apiserver serves
-# them; `apply` returns what it left out, and the callers say so.
+# 1.20 apiserver (policy/v1 PodDisruptionBudget is 1.21+; the chart renders policy/v1beta1 when told
+# the cluster's version): applied only where the apiserver serves them; `apply` returns what it left
+# out, and the callers say so.
 OPTIONAL_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
@@ -35,10 +37,18 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def render(
-    release: str, namespace: str, values: dict[str, Any] | None = None, *files: Path, check: bool = True
+    release: str,
+    namespace: str,
+    values: dict[str, Any] | None = None,
+    *files: Path,
+    check: bool = True,
+    kube_version: str | None = None,
 ) -> tuple[list[dict[str, Any]], subprocess.CompletedProcess[str]]:
-    """`helm template` with values files and an inline values dict; the documents and the result."""
+    """`helm template` with values files and an inline values dict (for `kube_version`, e.g. the test
+    bed's "v1.20.2"; Helm's own default otherwise); the documents and the result."""
     args = ["template", release, str(CHART), "--namespace", namespace]
+    if kube_version:
+        args += ["--kube-version", kube_version]
     for f in files:
         args += ["-f", str(f)]
     tmp = None
@@ -62,9 +72,21 @@ def kind_of(doc: dict[str, Any]) -> tuple[str, str]:
     return str(doc.get("apiVersion")), str(doc.get("kind"))
 
 
+def kube_version(tb: TestBed) -> str:
+    """The test bed apiserver's version ("v1.20.2"), what `helm install` would render for."""
+    from kubernetes import client
+
+    api = tb.api_client()
+    try:
+        return str(client.VersionApi(api).get_code().git_version).split("-")[0]
+    finally:
+        api.close()
+
+
 def for_testbed(docs: list[dict[str, Any]], broker_url: str | None = None) -> list[dict[str, Any]]:
-    """The rendered documents with the operator container's `command` set (the image's entrypoint),
-    and, when given, the broker URL runtime pods get (the test bed has no Service DNS)."""
+    """The rendered documents with every Deployment's container `command` set (the image's entrypoint:
+    the operator and the broker), and, when given, the broker URL runtime pods get (the test bed has
+    no Service DNS)."""
     out = []
     for d in docs:
         if d.get("kind") == "Deployment":

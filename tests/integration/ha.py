@@ -1,12 +1,12 @@
-"""The operator installed from the chart's rendered manifests on the test bed, and the tools the HA
-tests and benchmarks use on it: which pod leads, SIGKILL a pod's container, cut one pod off the
-apiserver, read the replicas' JSON logs.
+"""The operator and the engine broker installed from the chart's rendered manifests on the test bed,
+and the tools the HA tests and benchmarks use on it: which pod leads, SIGKILL a pod's container, cut
+one pod off the apiserver, read the replicas' JSON logs.
 
-Test-bed adaptations of the rendered chart (and only these): the operator container gets
-`command: [trtforge]` (the emulated kubelet ignores images); it listens on its pod IP (pods share
-the host's network here); it reaches the apiserver through a TCP proxy the test controls; and the
-broker URL runtime pods get is a local forwarder to the broker Service's ready endpoints (what
-kube-proxy would do; the test bed has no Service IPs or DNS).
+Test-bed adaptations of the rendered chart (and only these): the operator and broker containers get
+`command: [trtforge]` (the emulated kubelet ignores images); they listen on their pod IP (pods share
+the host's network here); they reach the apiserver through a TCP proxy the test controls; and the
+broker URL runtime pods get is a local forwarder to the broker Service's ready endpoints, the broker
+Deployment's ready pods (what kube-proxy would do; the test bed has no Service IPs or DNS).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from chart import apply, delete, for_testbed, render
+from chart import apply, delete, for_testbed, kube_version, render
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from trtforge_dev import localdev
@@ -36,6 +36,7 @@ from trtforge_dev.testbed.wait import wait_for
 RELEASE = "ha"
 FULLNAME = f"{RELEASE}-trtforge"
 LEASE = "trtforge-operator"
+OPERATOR, BROKER = "operator", "broker"  # app.kubernetes.io/component, and the container's name
 
 
 # ------------------------------------------------------------------------------------ TCP proxies
@@ -197,6 +198,7 @@ class ChartOperator:
                 "logFormat": "json",
                 "extraEnv": env,
             },
+            "broker": {"replicas": 2, "extraEnv": env},
             "store": {"pvc": {"storageClassName": "trtforge-local", "size": "1Gi"}},
             "engineBackends": {"gpu": "onnxruntime", "cpu": "onnxruntime"},  # the emulated GPUs
             "build": {"cpu": "100m", "memory": "1Gi", "retryBaseSeconds": 5, "maxConcurrentPerNamespace": 4},
@@ -213,16 +215,24 @@ class ChartOperator:
         # The tenant's own model claim (model sources stay in the TRTEngine's namespace).
         self.models_dir = self.workdir / "models"
         self.models_pv = localdev.tenant_models_claim(self.api, self.tenant, self.models_dir)
-        docs, _ = render(RELEASE, self.ns, self.values())
+        docs, _ = render(RELEASE, self.ns, self.values(), kube_version=kube_version(self.tb))
         self.docs = for_testbed(docs, broker_url=f"http://127.0.0.1:{self.broker.port}")
         self.skipped = apply(self.tb, self.docs)
 
     def wait_ready(self, timeout: float = 180) -> None:
         def ready() -> bool:
-            pods = self.pods()
-            return len(pods) == 2 and all(_ready(p) for p in pods) and self.holder() is not None
+            pods, brokers = self.pods(), self.pods(component=BROKER)
+            return (
+                len(pods) == 2
+                and all(_ready(p) for p in pods)
+                and self.holder() is not None
+                and len(brokers) == 2
+                and all(_ready(p) for p in brokers)
+            )
 
-        wait_for(ready, timeout=timeout, desc="2 operator replicas ready, one holding the Lease")
+        wait_for(
+            ready, timeout=timeout, desc="2 operator replicas ready, one holding the Lease; 2 brokers ready"
+        )
 
     def close(self) -> None:
         co: Any = client.CustomObjectsApi(self.api)
@@ -258,12 +268,13 @@ class ChartOperator:
 
     # --- the broker Service, as kube-proxy would serve it
     def _broker_endpoint(self) -> tuple[str, int]:
-        """A ready operator pod's broker port (the Service's endpoints; the test bed's endpoints
-        controller leaves its 127.N.x.y pod addresses out, so they are read from the pods)."""
+        """A ready broker pod's port, round robin (the broker Service's endpoints; the test bed's
+        endpoints controller leaves its 127.N.x.y pod addresses out, so they are read from the pods
+        the Service selects)."""
         try:
             found = [
                 (p.status.pod_ip, port.container_port)
-                for p in self.pods(timeout=2)
+                for p in self.pods(timeout=2, component=BROKER)
                 if _ready(p) and p.status.pod_ip
                 for c in p.spec.containers
                 for port in c.ports or []
@@ -279,8 +290,9 @@ class ChartOperator:
         return self._last_broker[self._rr % len(self._last_broker)]
 
     # --- who is who
-    def pods(self, timeout: float | None = None) -> list[Any]:
-        sel = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
+    def pods(self, timeout: float | None = None, component: str = OPERATOR) -> list[Any]:
+        """The release's live operator (or broker) pods."""
+        sel = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component={component}"
         kw = {"_request_timeout": timeout} if timeout else {}
         return [
             p
@@ -315,8 +327,8 @@ class ChartOperator:
                 os.kill(int(pid), signal.SIGKILL)
         return t
 
-    def logs(self, pod: str, previous: bool = False) -> list[dict[str, Any]]:
-        text = self.tb.pod_log(self.ns, pod, "operator", previous=previous)
+    def logs(self, pod: str, previous: bool = False, container: str = OPERATOR) -> list[dict[str, Any]]:
+        text = self.tb.pod_log(self.ns, pod, container, previous=previous)
         out = []
         for line in text.splitlines():
             with contextlib.suppress(ValueError):

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ import onnxruntime as ort
 from trtforge_builder.pipeline import run_build
 from trtforge_builder.request import BuildRequest, make_build_config, parse_profiles
 
+from tests.modelzoo import dynamic_mlp, light_model
 from trtforge.contract import layout
 from trtforge.contract.canary import Canary
 from trtforge.contract.engine_key import EngineKeyRecord, engine_key
@@ -180,3 +182,39 @@ def env_for(gpu_file: Path, term_log: Path) -> dict[str, str]:
         }
     )
     return env
+
+
+RESNET_IN, RESNET_OUT = "gpu_0/data_0", "gpu_0/softmax_1"
+
+
+@dataclass
+class Bed:
+    """A store with two real builds for the emulated H100 of `gpu_file` (what the servers probe):
+    ResNet-50 (one canary sample) and a dynamic-batch MLP (x: 1..32 x 64 -> y: 10)."""
+
+    tmp: Path
+    store: Path
+    gpu_file: Path
+    resnet: Path  # the source models
+    mlp: Path
+    resnet_key: str
+    mlp_key: str
+
+
+def make_bed(tmp: Path, mlp_seed: int) -> Bed:
+    """Build both engines into `tmp`/store (the MLP's weights from `mlp_seed`)."""
+    store = tmp / "store"
+    gpu_file = write_gpu_file(tmp / "gpus.json")  # the builds probe the GPU the servers get
+    resnet = light_model("resnet50")
+    mlp = dynamic_mlp(seed=mlp_seed, features=64, hidden=128, outputs=10)
+    return Bed(
+        tmp=tmp,
+        store=store,
+        gpu_file=gpu_file,
+        resnet=resnet,
+        mlp=mlp,
+        resnet_key=build_engine(store, resnet, name="resnet50", gpu_file=gpu_file, samples=1),
+        mlp_key=build_engine(
+            store, mlp, name="mlp", gpu_file=gpu_file, samples=8, profiles=["x:1x64:16x64:32x64"]
+        ),
+    )

@@ -1,7 +1,10 @@
-"""High availability on the test bed, with the operator installed from the chart's rendered manifests
-(tests/integration/ha.py): two replicas, one Lease.
+"""High availability on the test bed, with the operator and the engine broker installed from the chart's
+rendered manifests (tests/integration/ha.py): two operator replicas, one Lease; two broker replicas.
+(The broker's own must-shows are in test_broker_ha.py.)
 
-- the chart applies server-side and its two replicas are ready while exactly one leads;
+- the chart applies server-side (PodDisruptionBudgets as policy/v1beta1, what the chart renders for
+  the test bed's 1.20); its two operator replicas are ready while exactly one leads, its two broker
+  replicas are ready;
 - the leader SIGKILLed in the middle of a 3-target build: the other replica takes over, every target
   becomes Ready, exactly one build Job per engine key;
 - the leader cut off from the apiserver (a TCP proxy between it and the apiserver) stops acting and
@@ -20,6 +23,8 @@ from typing import Any
 
 import pytest
 from ha import (
+    BROKER,
+    FULLNAME,
     ChartOperator,
     apiserver_killed_mid_rollout,
     first_line,
@@ -54,9 +59,17 @@ def test_chart_applies_and_one_of_two_ready_replicas_leads(ha: ChartOperator) ->
     assert set(ha.skipped) <= {
         ("monitoring.coreos.com/v1", "ServiceMonitor"),
         ("monitoring.coreos.com/v1", "PrometheusRule"),
-        ("policy/v1", "PodDisruptionBudget"),
     }
     assert ("apps/v1", "Deployment") in kinds and ("rbac.authorization.k8s.io/v1", "Role") in kinds
+    # Both PodDisruptionBudgets (operator, broker) were applied, in the API the test bed serves.
+    pdbs = ha.tb.kubectl("get", "pdb", "-n", ha.ns, "-o", "name").stdout.split()
+    assert sorted(pdbs) == sorted(
+        f"poddisruptionbudget.policy/{n}" for n in (FULLNAME, f"{FULLNAME}-broker")
+    ), pdbs
+    brokers = ha.pods(component=BROKER)
+    assert len(brokers) == 2 and all(
+        first_line(ha.logs(b.metadata.name, container=BROKER), "engine broker ready") for b in brokers
+    )
     pods = {p.metadata.name for p in ha.pods()}
     assert len(pods) == 2
     leader = ha.leader_pod()

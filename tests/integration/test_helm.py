@@ -4,8 +4,10 @@
 - the schema's and the templates' refusals, as Helm reports them;
 - the PrometheusRule's alerts, unit-tested with `promtool test rules` (Debian's prometheus package)
   against series built from what the operator's and the runtime's metrics classes really export;
-- the rendered chart applied server-side to the test bed: the operator's replicas start, stay ready,
-  and exactly one leads.
+- the PodDisruptionBudgets' API follows the cluster's (policy/v1, or policy/v1beta1 before 1.21).
+
+The rendered chart applied to the test bed (operator and broker replicas running) is in test_ha.py
+and test_broker_ha.py.
 """
 
 from __future__ import annotations
@@ -36,14 +38,21 @@ def test_helm_template_renders_each_ci_values_file(values: Path) -> None:
     docs, _ = render("ci", "trtforge-system", None, values)
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "ConfigMap", "ClusterRole", "Role", "RoleBinding", "Service"} <= kinds
-    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
-    assert dep["spec"]["replicas"] == 2
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert by_name["Deployment", "ci-trtforge"]["spec"]["replicas"] == 2
+    broker = by_name["Deployment", "ci-trtforge-broker"]
+    assert broker["spec"]["replicas"] == 2
+    assert broker["spec"]["template"]["spec"]["serviceAccountName"] == "ci-trtforge-broker"
+    for kind in ("Service", "PodDisruptionBudget", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+        assert (kind, "ci-trtforge-broker") in by_name, kind
     (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
     cfg = yaml.safe_load(cm["data"]["config.yaml"])
     from trtforge_operator.config import OperatorConfig
 
-    OperatorConfig.model_validate(cfg)  # the operator accepts what the chart writes
+    parsed = OperatorConfig.model_validate(cfg)  # the operator and the broker accept what the chart writes
     assert cfg["leader_election"]["lease_duration_seconds"] == 15
+    assert parsed.broker.enabled is False  # the operator serves no engines; the broker Deployment does
+    assert parsed.engine_source() == "http://ci-trtforge-broker.trtforge-system.svc:8081"
 
 
 @pytest.mark.parametrize(
@@ -54,6 +63,9 @@ def test_helm_template_renders_each_ci_values_file(values: Path) -> None:
         ({"operator": {"leaderElection": {"renewDeadlineSeconds": 20}}}, "leaseDurationSeconds (15)"),
         ({"operator": {"leaderElection": {"retryPeriodSeconds": 9}}}, "1.2 x retryPeriodSeconds"),
         ({"metrics": {"prometheusRule": {"enabled": "yes"}}}, "/metrics/prometheusRule/enabled"),
+        ({"broker": {"replicas": 1}}, "/broker/replicas"),
+        ({"broker": {"replicas": 3, "podDisruptionBudget": {"minAvailable": 3}}}, "minAvailable (3)"),
+        ({"broker": {"antiAffinity": "required"}}, "antiAffinity"),
     ],
 )
 def test_helm_refuses_bad_values_naming_the_field(values: dict[str, Any], needle: str) -> None:
@@ -62,12 +74,41 @@ def test_helm_refuses_bad_values_naming_the_field(values: dict[str, Any], needle
     assert needle in r.stderr, r.stderr
 
 
+def _pdbs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == "PodDisruptionBudget"}
+
+
 def test_more_replicas_are_allowed_and_get_a_pdb() -> None:
-    docs, _ = render("ha", "trtforge-system", {"operator": {"replicas": 3}})
-    (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
-    assert pdb["spec"]["minAvailable"] == 1
+    docs, _ = render("ha", "trtforge-system", {"operator": {"replicas": 3}, "broker": {"replicas": 5}})
+    pdbs = _pdbs(docs)
+    assert pdbs["ha-trtforge"]["spec"]["minAvailable"] == 1
+    assert pdbs["ha-trtforge-broker"]["spec"]["minAvailable"] == 1
+    (broker,) = [
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "ha-trtforge-broker"
+    ]
+    assert broker["spec"]["replicas"] == 5
     docs, _ = render("one", "trtforge-system", {"operator": {"replicas": 1}})
-    assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert set(_pdbs(docs)) == {"one-trtforge-broker"}  # the broker always runs replicated
+
+
+def test_pdb_api_follows_the_cluster() -> None:
+    """policy/v1 where the cluster serves it (1.21+); policy/v1beta1 for older ones (the 1.20 test bed)."""
+    for kube, want in [(None, "policy/v1"), ("v1.20.2", "policy/v1beta1"), ("v1.21.0", "policy/v1")]:
+        docs, _ = render("p", "trtforge-system", None, kube_version=kube)
+        assert {d["apiVersion"] for d in _pdbs(docs).values()} == {want}, kube
+    # `helm install` against a 1.20 cluster that serves policy/v1 PodDisruptionBudget (what
+    # .Capabilities.APIVersions.Has sees): policy/v1.
+    r = helm(
+        "template",
+        "p",
+        str(CHART),
+        "--kube-version",
+        "v1.20.2",
+        "--api-versions",
+        "policy/v1/PodDisruptionBudget",
+    )
+    docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    assert {d["apiVersion"] for d in _pdbs(docs).values()} == {"policy/v1"}
 
 
 def test_lease_rbac_is_namespaced_to_the_release() -> None:
@@ -97,8 +138,10 @@ def _rules(tmp: Path, values: dict[str, Any] | None = None) -> Path:
 
 
 def _exported() -> dict[str, set[frozenset[tuple[str, str]]]]:
-    """Series (name -> label sets) that the operator's and the runtime's metrics classes export."""
+    """Series (name -> label sets) that the operator's, the broker's and the runtime's metrics classes
+    export."""
     from trtforge_operator.api import InferenceDeploymentStatus, TRTEngineStatus
+    from trtforge_operator.metrics import BrokerMetrics
     from trtforge_operator.metrics import Metrics as OperatorMetrics
     from trtforge_runtime.metrics import Metrics as RuntimeMetrics
 
@@ -123,12 +166,14 @@ def _exported() -> dict[str, set[frozenset[tuple[str, str]]]]:
     m.observe_deployment("team-a", "resnet", InferenceDeploymentStatus(replicas=2, ready_replicas=1))
     m.observe_build_result(BuildFailure(error="s3 down", reason="StoreUnavailable", exit_code=80).to_line())
     m.faults.labels("MovedRebuild").inc()
-    m.broker_requests.labels("500").inc()
-    m.broker_requests.labels("200").inc()
+    broker = BrokerMetrics(CollectorRegistry())
+    broker.broker_requests.labels("500").inc()
+    broker.broker_requests.labels("200").inc()
     rt = RuntimeMetrics("resnet")
     rt.ready_m.set(0)
     out: dict[str, set[frozenset[tuple[str, str]]]] = {}
-    for text in (generate_latest(m.registry).decode(), generate_latest(rt.registry).decode()):
+    for reg in (m.registry, broker.registry, rt.registry):
+        text = generate_latest(reg).decode()
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
                 out.setdefault(s.name, set()).add(frozenset(s.labels.items()))
@@ -136,6 +181,7 @@ def _exported() -> dict[str, set[frozenset[tuple[str, str]]]]:
 
 
 OP = {"job": "t-trtforge", "namespace": "trtforge-system"}
+BROKER = {"job": "t-trtforge-broker", "namespace": "trtforge-system"}  # the broker Service's scrape
 
 
 def _series(
@@ -156,6 +202,7 @@ def test_alerts_with_promtool(tmp_path: Path) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
     ex = _exported()
     pod_a, pod_b = {**OP, "pod": "op-a"}, {**OP, "pod": "op-b"}
+    broker_a, broker_b = {**BROKER, "pod": "broker-a"}, {**BROKER, "pod": "broker-b"}
     rt_target = {"namespace": "team-a", "pod": "resnet-h100-abc"}
 
     def s(metric: str, target: dict[str, str], values: str, **labels: str) -> dict[str, str]:
@@ -204,8 +251,8 @@ def test_alerts_with_promtool(tmp_path: Path) -> None:
                 ),
                 s("trtforge_build_failures_total", pod_a, "0+1x10", reason="StoreUnavailable"),
                 s("trtforge_gpu_faults_total", pod_a, "0+1x30", action="MovedRebuild"),
-                s("trtforge_broker_requests_total", pod_a, "0+10x30", code="200"),
-                s("trtforge_broker_requests_total", pod_a, "0+0x10 0+5x20", code="500"),
+                s("trtforge_broker_requests_total", broker_a, "0+10x30", code="200"),
+                s("trtforge_broker_requests_total", broker_b, "0+0x10 0+5x20", code="500"),
                 s(
                     "trtforge_inferencedeployment_replicas",
                     pod_a,

@@ -29,7 +29,13 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "charts" / "trtforge" / "templates"
-STATIC_RBAC = ["rbac-operator.yaml", "rbac-build.yaml", "rbac-tenant.yaml", "rbac-model-secrets.yaml"]
+STATIC_RBAC = [
+    "rbac-operator.yaml",
+    "rbac-build.yaml",
+    "rbac-tenant.yaml",
+    "rbac-model-secrets.yaml",
+    "rbac-broker.yaml",
+]
 
 
 def _helpers() -> ModuleType:
@@ -55,6 +61,11 @@ class Release:
     def operator(self) -> str:
         return f"system:serviceaccount:{self.namespace}:{self.fullname}"
 
+    @property
+    def broker(self) -> str:
+        """The engine broker's own ServiceAccount (rbac-broker.yaml)."""
+        return f"system:serviceaccount:{self.namespace}:{self.fullname}-broker"
+
 
 def _names(fullname: str, namespace: str) -> dict[str, str]:
     return {
@@ -63,6 +74,8 @@ def _names(fullname: str, namespace: str) -> dict[str, str]:
         '{{ include "trtforge.buildNamespace" . }}': namespace,
         "{{ .Release.Namespace }}": namespace,
         '{{- include "trtforge.labels" . | nindent 4 }}': f"app.kubernetes.io/instance: {fullname}",
+        '{{ include "trtforge.brokerName" . }}': f"{fullname}-broker",
+        '{{- include "trtforge.brokerLabels" . | nindent 4 }}': f"app.kubernetes.io/instance: {fullname}",
     }
 
 
@@ -146,6 +159,8 @@ def release(testbed: TestBed) -> Iterator[Release]:
             ("clusterrole", "view"),
             ("clusterrole", "edit"),
             ("clusterrole", "model-secrets"),
+            ("clusterrole", "broker"),
+            ("clusterrolebinding", "broker"),
         ):
             testbed.kubectl(
                 "delete", kind, f"{rel.fullname}-{name}", "--ignore-not-found", "--wait=false", check=False
@@ -352,7 +367,6 @@ def test_operator_has_what_the_lifecycle_needs(testbed: TestBed, release: Releas
         ("list", "nodes", None, None),
         ("create", "events", tenant, None),
         ("list", "customresourcedefinitions.apiextensions.k8s.io", None, None),
-        ("create", "tokenreviews.authentication.k8s.io", None, None),
         ("create", "jobs.batch", sysns, None),
         ("delete", "jobs.batch", sysns, None),
         ("get", "pods", sysns, "log"),
@@ -380,6 +394,7 @@ def test_operator_is_denied_what_it_does_not_need(testbed: TestBed, release: Rel
         ("impersonate", "serviceaccounts", tenant),
         ("create", "pods/exec", tenant),
         ("create", "persistentvolumeclaims", tenant),
+        ("create", "tokenreviews.authentication.k8s.io", None),  # the broker checks tokens, apart
     ]
     for verb, res, ns in denied:
         assert not can_i(testbed, op, verb, res, ns), f"operator may {verb} {res} in {ns or 'all namespaces'}"
@@ -415,8 +430,9 @@ def test_operator_model_secrets_only_where_granted(testbed: TestBed, release: Re
     assert not sar(testbed, op, "get", "", "secrets", release.other, "model-credentials")
 
 
-def test_operator_really_creates_a_build_job_and_a_tokenreview(testbed: TestBed, release: Release) -> None:
-    """Real requests as the operator: a PSS-restricted Job in the build namespace, a TokenReview."""
+def test_operator_really_creates_a_build_job_and_no_tokenreview(testbed: TestBed, release: Release) -> None:
+    """Real requests as the operator: a PSS-restricted Job in the build namespace; a TokenReview is
+    refused (the broker, apart, checks tokens)."""
     job: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -454,8 +470,7 @@ def test_operator_really_creates_a_build_job_and_a_tokenreview(testbed: TestBed,
     assert r.returncode == 0, r.stderr
     tr = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": "not-a-token"}}
     r = as_user(testbed, release.operator, "create", "-f", "-", "-o", "json", input=json.dumps(tr))
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["status"].get("authenticated") in (None, False)
+    assert _forbidden(r), r.stdout + r.stderr
     # Verify Jobs (proof of possession) run in the tenant's namespace; annotating is build-namespace only.
     job["metadata"]["namespace"] = release.tenant
     r = as_user(testbed, release.operator, "create", "-f", "-", input=json.dumps(job))
@@ -471,3 +486,73 @@ def test_operator_really_creates_a_build_job_and_a_tokenreview(testbed: TestBed,
         "x=y",
     )
     assert _forbidden(r), "the operator may not change Jobs outside the build namespace"
+
+
+# --- the engine broker (its own ServiceAccount) -------------------------------------------------------
+
+
+def test_broker_has_what_serving_needs(testbed: TestBed, release: Release) -> None:
+    """What trtforge_operator.broker.KubeAuthorizer calls: TokenReview, and listing a namespace's
+    InferenceDeployments and TRTEngines."""
+    broker, tenant = release.broker, release.tenant
+    for verb, res, ns in [
+        ("create", "tokenreviews.authentication.k8s.io", None),
+        ("list", "inferencedeployments.trtforge.io", tenant),
+        ("list", "trtengines.trtforge.io", release.other),
+    ]:
+        assert can_i(testbed, broker, verb, res, ns), f"the broker cannot {verb} {res} in {ns or 'all'}"
+
+
+def test_broker_is_denied_everything_else(testbed: TestBed, release: Release) -> None:
+    """Least privilege: no Jobs, no Secrets (the store's credentials reach it as a mounted volume, which
+    the kubelet reads, never through its token), no writes to tenants' objects, no tokens minted, no
+    Leases, no pods."""
+    broker, tenant, sysns = release.broker, release.tenant, release.namespace
+    denied = [
+        ("create", "jobs.batch", tenant),
+        ("create", "jobs.batch", sysns),
+        ("get", "secrets", sysns),  # the S3 credentials Secret lives here
+        ("list", "secrets", None),
+        ("get", "secrets", tenant),
+        ("watch", "trtengines.trtforge.io", tenant),
+        ("get", "trtengines.trtforge.io", tenant),
+        ("patch", "inferencedeployments.trtforge.io", tenant),
+        ("create", "trtengines.trtforge.io", tenant),
+        ("list", "pods", tenant),
+        ("create", "pods", sysns),
+        ("create", "deployments.apps", tenant),
+        ("impersonate", "serviceaccounts", tenant),
+        ("get", "leases.coordination.k8s.io", sysns),
+        ("list", "namespaces", None),
+        ("create", "subjectaccessreviews.authorization.k8s.io", None),
+    ]
+    for verb, res, ns in denied:
+        assert not can_i(testbed, broker, verb, res, ns), f"the broker may {verb} {res} in {ns or 'all'}"
+    assert not sar(testbed, broker, "get", "", "secrets", sysns, f"{release.fullname}-store-s3")
+    assert not sar(testbed, broker, "update", "trtforge.io", "trtengines", tenant, "x")
+
+
+def test_broker_really_reviews_a_token_and_is_refused_a_secret_and_a_job(
+    testbed: TestBed, release: Release
+) -> None:
+    """Real requests as the broker's ServiceAccount."""
+    tr = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": "not-a-token"}}
+    r = as_user(testbed, release.broker, "create", "-f", "-", "-o", "json", input=json.dumps(tr))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["status"].get("authenticated") in (None, False)
+    r = as_user(testbed, release.broker, "-n", release.tenant, "get", "inferencedeployments,trtengines")
+    assert r.returncode == 0, r.stderr
+    r = as_user(
+        testbed, release.broker, "-n", release.namespace, "get", "secret", f"{release.fullname}-store-s3"
+    )
+    assert _forbidden(r), r.stdout + r.stderr
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "broker-probe", "namespace": release.tenant},
+        "spec": {
+            "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}
+        },
+    }
+    r = as_user(testbed, release.broker, "create", "-f", "-", input=json.dumps(job))
+    assert _forbidden(r), r.stdout + r.stderr

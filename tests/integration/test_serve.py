@@ -22,7 +22,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +31,13 @@ import tritonclient.http.aio as aioclient
 
 from tests.integration.serve_engines import (
     H100_UUID,
-    build_engine,
+    RESNET_IN,
+    RESNET_OUT,
+    Bed,
     copy_engine,
     env_for,
     inject_xid,
+    make_bed,
     perturb_canary,
     run_ort,
     tamper_engine,
@@ -43,44 +45,15 @@ from tests.integration.serve_engines import (
     write_gpu_file,
 )
 from tests.integration.serve_process import Server
-from tests.modelzoo import dynamic_mlp, light_model
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.termination import EXIT_ENGINE_INTEGRITY, EXIT_GPU_FAULT, EXIT_GPU_MISMATCH
 
 pytestmark = pytest.mark.integration
 
-RESNET_IN, RESNET_OUT = "gpu_0/data_0", "gpu_0/softmax_1"
-
-
-@dataclass
-class Bed:
-    tmp: Path
-    store: Path
-    gpu_file: Path
-    resnet: Path  # the source models
-    mlp: Path
-    resnet_key: str
-    mlp_key: str
-
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Bed:
-    tmp = tmp_path_factory.mktemp("serve")
-    store = tmp / "store"
-    gpu_file = write_gpu_file(tmp / "gpus.json")  # the builds probe the GPU the servers get
-    resnet = light_model("resnet50")
-    mlp = dynamic_mlp(seed=1, features=64, hidden=128, outputs=10)
-    return Bed(
-        tmp=tmp,
-        store=store,
-        gpu_file=gpu_file,
-        resnet=resnet,
-        mlp=mlp,
-        resnet_key=build_engine(store, resnet, name="resnet50", gpu_file=gpu_file, samples=1),
-        mlp_key=build_engine(
-            store, mlp, name="mlp", gpu_file=gpu_file, samples=8, profiles=["x:1x64:16x64:32x64"]
-        ),
-    )
+    return make_bed(tmp_path_factory.mktemp("serve"), mlp_seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,8 @@ import re
 import socket
 import threading
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,50 +23,23 @@ import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.serve_engines import (
-    build_engine,
+    RESNET_IN,
+    RESNET_OUT,
+    Bed,
     copy_engine,
+    make_bed,
     perturb_canary,
     run_ort,
     termination,
-    write_gpu_file,
 )
 from tests.integration.serve_process import Server
-from tests.modelzoo import dynamic_mlp, light_model
 
 pytestmark = pytest.mark.integration
-
-RESNET_IN, RESNET_OUT = "gpu_0/data_0", "gpu_0/softmax_1"
-
-
-@dataclass
-class Bed:
-    tmp: Path
-    store: Path
-    gpu_file: Path
-    resnet: Path
-    mlp: Path
-    resnet_key: str
-    mlp_key: str
 
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Bed:
-    tmp = tmp_path_factory.mktemp("grpc")
-    store = tmp / "store"
-    gpu_file = write_gpu_file(tmp / "gpus.json")
-    resnet = light_model("resnet50")
-    mlp = dynamic_mlp(seed=3, features=64, hidden=128, outputs=10)
-    return Bed(
-        tmp=tmp,
-        store=store,
-        gpu_file=gpu_file,
-        resnet=resnet,
-        mlp=mlp,
-        resnet_key=build_engine(store, resnet, name="resnet50", gpu_file=gpu_file, samples=1),
-        mlp_key=build_engine(
-            store, mlp, name="mlp", gpu_file=gpu_file, samples=8, profiles=["x:1x64:16x64:32x64"]
-        ),
-    )
+    return make_bed(tmp_path_factory.mktemp("grpc"), mlp_seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +67,13 @@ def mlp_server(bed: Bed) -> Iterator[Server]:
     s.stop()
 
 
-def _status(e: pytest.ExceptionInfo[InferenceServerException]) -> str:
-    return str(e.value.status())
+def _refused(
+    status: str, call: Callable[..., object], *args: Any, match: str | None = None, **kw: Any
+) -> None:
+    """`call(*args, **kw)` fails with gRPC status `status` (and a message matching `match`)."""
+    with pytest.raises(InferenceServerException, match=match) as e:
+        call(*args, **kw)
+    assert str(e.value.status()) == f"StatusCode.{status}", e.value
 
 
 def test_grpc_health_metadata_and_resnet50_match_onnxruntime(bed: Bed, resnet_server: Server) -> None:
@@ -114,9 +91,7 @@ def test_grpc_health_metadata_and_resnet50_match_onnxruntime(bed: Bed, resnet_se
         result.as_numpy(RESNET_OUT), run_ort(bed.resnet, {RESNET_IN: x})[RESNET_OUT], rtol=1e-5, atol=1e-6
     )
     assert result.get_response().id == "r-1"
-    with pytest.raises(InferenceServerException) as e:
-        c.is_model_ready("nope")
-    assert _status(e) == "StatusCode.NOT_FOUND"
+    _refused("NOT_FOUND", c.is_model_ready, "nope")
     c.close()
 
 
@@ -125,23 +100,12 @@ def test_grpc_and_http_share_one_batcher_and_its_metrics(bed: Bed, mlp_server: S
     xs = [rng.standard_normal((int(rng.integers(1, 4)), 64)).astype(np.float32) for _ in range(32 * 4)]
     refs = [run_ort(bed.mlp, {"x": x})["y"] for x in xs]
 
-    async def grpc_client(i: int) -> int:
-        c = grpcaio.InferenceServerClient(mlp_server.grpc_url)
+    async def client(i: int) -> int:
+        api: Any = grpcaio if i % 2 else httpaio  # the same client API over either protocol
+        c = api.InferenceServerClient(mlp_server.grpc_url if i % 2 else mlp_server.url)
         try:
             for j in range(i, len(xs), 32):
-                inp = grpcaio.InferInput("x", list(xs[j].shape), "FP32")
-                inp.set_data_from_numpy(xs[j])
-                got = (await c.infer("mlp", [inp])).as_numpy("y")
-                np.testing.assert_allclose(got, refs[j], rtol=1e-5, atol=1e-6)
-            return 1
-        finally:
-            await c.close()
-
-    async def http_client(i: int) -> int:
-        c = httpaio.InferenceServerClient(mlp_server.url)
-        try:
-            for j in range(i, len(xs), 32):
-                inp = httpaio.InferInput("x", list(xs[j].shape), "FP32")
+                inp = api.InferInput("x", list(xs[j].shape), "FP32")
                 inp.set_data_from_numpy(xs[j])
                 got = (await c.infer("mlp", [inp])).as_numpy("y")
                 np.testing.assert_allclose(got, refs[j], rtol=1e-5, atol=1e-6)
@@ -150,7 +114,7 @@ def test_grpc_and_http_share_one_batcher_and_its_metrics(bed: Bed, mlp_server: S
             await c.close()
 
     async def main() -> list[int]:
-        return await asyncio.gather(*(grpc_client(i) if i % 2 else http_client(i) for i in range(32)))
+        return await asyncio.gather(*(client(i) for i in range(32)))
 
     assert sum(asyncio.run(main())) == 32
     metrics = urllib.request.urlopen(f"http://{mlp_server.url}/metrics", timeout=30).read().decode()
@@ -175,22 +139,15 @@ def test_grpc_bad_input_gets_invalid_argument_naming_the_field(mlp_server: Serve
     ]:
         inp = grpcclient.InferInput("x", shape, datatype)
         inp.set_data_from_numpy(np.zeros(shape, np.float64 if datatype == "FP64" else np.float32))
-        with pytest.raises(InferenceServerException, match=text) as e:
-            c.infer("mlp", [inp])
-        assert _status(e) == "StatusCode.INVALID_ARGUMENT"
+        _refused("INVALID_ARGUMENT", c.infer, "mlp", [inp], match=text)
     inp = grpcclient.InferInput("x", [1, 64], "FP32")
     inp.set_data_from_numpy(np.zeros((1, 64), np.float32))
-    with pytest.raises(InferenceServerException, match="unknown model 'nope'") as e:
-        c.infer("nope", [inp])
-    assert _status(e) == "StatusCode.NOT_FOUND"
-    with pytest.raises(InferenceServerException, match="unknown output 'z'") as e:
-        c.infer("mlp", [inp], outputs=[grpcclient.InferRequestedOutput("z")])
-    assert _status(e) == "StatusCode.INVALID_ARGUMENT"
+    _refused("NOT_FOUND", c.infer, "nope", [inp], match="unknown model 'nope'")
+    z = [grpcclient.InferRequestedOutput("z")]
+    _refused("INVALID_ARGUMENT", c.infer, "mlp", [inp], outputs=z, match="unknown output 'z'")
     big = grpcclient.InferInput("x", [1000, 64], "FP32")  # 256 kB, over --max-request-bytes
     big.set_data_from_numpy(np.zeros((1000, 64), np.float32))
-    with pytest.raises(InferenceServerException) as e:
-        c.infer("mlp", [big])
-    assert _status(e) == "StatusCode.RESOURCE_EXHAUSTED"
+    _refused("RESOURCE_EXHAUSTED", c.infer, "mlp", [big])
     c.infer("mlp", [inp])  # and the server carries on
     c.close()
 
@@ -236,9 +193,7 @@ def test_grpc_is_unavailable_while_not_ready(bed: Bed) -> None:
         assert c.is_server_live() and not c.is_server_ready() and not c.is_model_ready("mlp")
         inp = grpcclient.InferInput("x", [1, 64], "FP32")
         inp.set_data_from_numpy(np.zeros((1, 64), np.float32))
-        with pytest.raises(InferenceServerException, match="not ready: canary failed") as e:
-            c.infer("mlp", [inp])
-        assert _status(e) == "StatusCode.UNAVAILABLE"
+        _refused("UNAVAILABLE", c.infer, "mlp", [inp], match="not ready: canary failed")
         c.close()
     finally:
         assert s.stop() == 0

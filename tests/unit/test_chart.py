@@ -64,6 +64,12 @@ def test_ci_values_files_exist() -> None:
         ({"engineBackends": {"gpu": "tensorrt-10"}}, "is not one of"),
         ({"serviceAccount": {"create": False}}, "should be non-empty"),
         ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "does not match"),
+        ({"broker": {"replicas": 1}}, "less than the minimum"),  # the data path of every runtime pod
+        ({"broker": {"podDisruptionBudget": {"minAvailable": 0}}}, "less than the minimum"),
+        ({"broker": {"podDisruptionBudget": {"maxUnavailable": 1}}}, "Additional properties"),
+        ({"broker": {"maxBytesPerSecond": -1}}, "less than the minimum"),
+        ({"broker": {"spoolSize": "big"}}, "is not valid"),
+        ({"broker": {"replica": 3}}, "Additional properties"),
     ],
 )
 def test_schema_refuses(override: dict[str, Any], needle: str) -> None:
@@ -189,8 +195,70 @@ def test_deployment_mounts_the_store_and_config() -> None:
     assert mounts["store"]["mountPath"].startswith("/mnt/trtforge/pvc/")  # $TRTFORGE_PVC_ROOT/<claim>
     env = {e["name"] for e in c["env"]}
     assert {"TRTFORGE_OPERATOR_CONFIG", "TRTFORGE_S3_CREDENTIALS_DIR", "POD_NAMESPACE"} <= env
-    assert {p["name"] for p in c["ports"]} == {"metrics", "broker", "healthz"}
+    assert {p["name"] for p in c["ports"]} == {"metrics", "healthz"}  # the broker runs apart
     assert c["livenessProbe"]["httpGet"]["port"] == "healthz"
+
+
+# --- The engine broker: its own Deployment, Service, PodDisruptionBudget and ServiceAccount
+
+
+def _broker_pod() -> dict[str, Any]:
+    (dep,) = skeleton((TEMPLATES / "broker-deployment.yaml").read_text())
+    assert dep["kind"] == "Deployment"
+    pod: dict[str, Any] = dep["spec"]["template"]["spec"]
+    return pod
+
+
+def test_broker_deployment_runs_trtforge_broker_with_its_own_service_account() -> None:
+    (dep,) = skeleton((TEMPLATES / "broker-deployment.yaml").read_text())
+    assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert default_values()["broker"]["replicas"] == 2
+    assert _errors(values_with({"broker": {"replicas": 4}})) == []
+    text = (TEMPLATES / "broker-deployment.yaml").read_text()
+    assert "replicas: {{ .Values.broker.replicas }}" in text
+    assert 'serviceAccountName: {{ include "trtforge.brokerName" . }}' in text
+    pod = _broker_pod()
+    (c,) = pod["containers"]
+    assert c["args"][-2:] == ["broker", "--config=/etc/trtforge/config.yaml"]
+    assert {p["name"] for p in c["ports"]} == {"broker"}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "broker"}
+
+
+def test_broker_mounts_the_store_and_config_and_spreads_over_nodes() -> None:
+    pod = _broker_pod()
+    assert {"config", "tmp", "store", "s3-credentials"} <= {v["name"] for v in pod["volumes"]}
+    (c,) = pod["containers"]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["config"]["mountPath"] == "/etc/trtforge"
+    assert mounts["store"]["mountPath"].startswith("/mnt/trtforge/pvc/")
+    assert mounts["s3-credentials"]["readOnly"] is True
+    term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    text = (TEMPLATES / "broker-deployment.yaml").read_text()
+    assert 'include "trtforge.brokerSelectorLabels" . | nindent 20' in text
+
+
+def test_broker_service_and_pdb_select_the_broker_pods_only() -> None:
+    for name in ("broker-service.yaml", "broker-pdb.yaml"):
+        text = (TEMPLATES / name).read_text()
+        assert 'include "trtforge.brokerSelectorLabels"' in text, name
+        assert 'include "trtforge.selectorLabels"' not in text, name
+    helpers = (TEMPLATES / "_helpers.tpl").read_text()
+    assert "app.kubernetes.io/component: broker" in helpers
+    pdb = (TEMPLATES / "broker-pdb.yaml").read_text()
+    assert 'apiVersion: {{ include "trtforge.pdbAPIVersion" . }}' in pdb
+    assert '.Capabilities.APIVersions.Has "policy/v1/PodDisruptionBudget"' in helpers
+
+
+def test_operator_config_turns_the_in_process_broker_off_and_points_at_the_service() -> None:
+    (cm,) = skeleton((TEMPLATES / "configmap.yaml").read_text())
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    assert config["broker"]["enabled"] is False
+    helpers = (TEMPLATES / "_helpers.tpl").read_text()
+    assert 'printf "http://%s.%s.svc:%d" (include "trtforge.brokerName" .) .Release.Namespace' in helpers, (
+        "runtime pods reach the broker Service, not the operator's"
+    )
 
 
 def test_images_never_default_to_a_mutable_tag() -> None:

@@ -36,6 +36,8 @@ RBAC_NAMES: dict[str, str] = {
     "{{ .Release.Namespace }}": RELEASE_NAMESPACE,
     "{{ .Values.operator.leaderElection.leaseName | quote }}": '"trtforge-operator"',
     '{{- include "trtforge.labels" . | nindent 4 }}': "app.kubernetes.io/part-of: trtforge",
+    '{{ include "trtforge.brokerName" . }}': f"{FULLNAME}-broker",
+    '{{- include "trtforge.brokerLabels" . | nindent 4 }}': "app.kubernetes.io/component: broker",
 }
 # Whole-file wrappers a static template may have: `{{- if .Values.x }}` first, `{{- end }}` last.
 _WRAPPER_IF = re.compile(r"^\{\{-? if \.Values\.[A-Za-z0-9_.]+ -?\}\}$")

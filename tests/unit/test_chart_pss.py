@@ -93,6 +93,16 @@ def test_operator_pod_is_restricted() -> None:
     assert pss_restricted_violations(pod, annotations, where="operator") == []
 
 
+def test_broker_pod_is_restricted_and_literal() -> None:
+    (dep,) = skeleton((TEMPLATES / "broker-deployment.yaml").read_text())
+    tmpl = dep["spec"]["template"]
+    pod = tmpl["spec"]
+    assert pss_restricted_violations(pod, tmpl["metadata"].get("annotations") or {}, where="broker") == []
+    (c,) = pod["containers"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+
+
 def test_operator_pod_security_is_literal_and_read_only() -> None:
     pod, _ = _operator_pod()
     assert pod["securityContext"]["runAsNonRoot"] is True

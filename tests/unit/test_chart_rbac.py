@@ -15,6 +15,7 @@ STATIC_RBAC = [
     "rbac-tenant.yaml",
     "rbac-model-secrets.yaml",
     "rbac-leader-election.yaml",
+    "rbac-broker.yaml",
 ]
 KNOWN_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
 DANGEROUS_VERBS = {"escalate", "bind", "impersonate", "approve", "sign", "*"}
@@ -99,7 +100,7 @@ def test_operator_cluster_role_is_cluster_wide_only_where_needed() -> None:
         "list",
         "watch",
     }, "nodes: read only"
-    assert ("authentication.k8s.io", "tokenreviews", "create") in grants
+    assert ("authentication.k8s.io", "tokenreviews", "create") not in grants, "the broker checks tokens"
     assert ("", "events", "create") in grants
     assert ("", "pods", "create") not in grants, "the operator moves pods by deleting them, never makes one"
     assert {v for g, r, v in grants if r in ("trtengines", "inferencedeployments")} == {
@@ -156,12 +157,30 @@ def test_tenant_roles_aggregate_into_view_and_edit() -> None:
 
 def test_bindings_name_the_charts_service_account() -> None:
     for name in STATIC_RBAC:
+        account = f"{FULLNAME}-broker" if name == "rbac-broker.yaml" else FULLNAME
         for d in _docs(name):
             if d["kind"] in ("RoleBinding", "ClusterRoleBinding"):
                 assert d["subjects"] == [
-                    {"kind": "ServiceAccount", "name": FULLNAME, "namespace": RELEASE_NAMESPACE}
+                    {"kind": "ServiceAccount", "name": account, "namespace": RELEASE_NAMESPACE}
                 ]
                 assert d["roleRef"]["name"] == d["metadata"]["name"]
+
+
+def test_broker_role_is_token_reviews_and_listing_references_only() -> None:
+    """The broker's own ServiceAccount: exactly what trtforge_operator.broker.KubeAuthorizer calls."""
+    role = _role(f"{FULLNAME}-broker")
+    assert role["kind"] == "ClusterRole"
+    assert _grants(role) == {
+        ("authentication.k8s.io", "tokenreviews", "create"),
+        ("trtforge.io", "trtengines", "list"),
+        ("trtforge.io", "inferencedeployments", "list"),
+    }
+    (sa,) = [d for d in _docs("rbac-broker.yaml") if d["kind"] == "ServiceAccount"]
+    assert sa["metadata"] == {
+        "name": f"{FULLNAME}-broker",
+        "namespace": RELEASE_NAMESPACE,
+        "labels": {"app.kubernetes.io/component": "broker"},
+    }
 
 
 def test_model_secret_bindings_are_per_namespace_unless_asked() -> None:

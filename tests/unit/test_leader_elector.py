@@ -25,6 +25,7 @@ class MemoryLease:
         self.rv = 0
         self.broken = False
         self.writes: list[tuple[float, str]] = []  # (monotonic time, holder) of each accepted write
+        self.reads = 0
 
     def _check(self) -> None:
         if self.broken:
@@ -33,6 +34,7 @@ class MemoryLease:
     async def read(self, timeout: float) -> tuple[LeaseRecord, str] | None:
         await asyncio.sleep(0)
         self._check()
+        self.reads += 1
         return None if self.record is None else (self.record, str(self.rv))
 
     async def create(self, record: LeaseRecord, timeout: float) -> str:
@@ -133,6 +135,37 @@ async def test_holder_that_sees_another_holder_gives_up_at_once() -> None:
     await lease.replace(LeaseRecord("z", 15, None, None, 1), str(lease.rv), 1.0)
     with pytest.raises(LeadershipLost, match="'z'"):
         await a.keep(stop)
+
+
+@pytest.mark.asyncio
+async def test_a_leader_renews_with_one_update_and_no_read() -> None:
+    lease = MemoryLease()
+    a = Elector(lease, "a", FAST)
+    assert await a.attempt(1.0) is Verdict.CREATE
+    reads, writes = lease.reads, len(lease.writes)
+    for _ in range(3):
+        assert await a.attempt(1.0) is Verdict.RENEW
+    assert lease.reads == reads  # client-go's fast path: the cached resourceVersion guards the write
+    assert len(lease.writes) == writes + 3
+    assert a.leading() and lease.record is not None and lease.record.holder == "a"
+
+
+@pytest.mark.asyncio
+async def test_a_renew_that_conflicts_reads_and_decides_in_the_same_attempt() -> None:
+    lease = MemoryLease()
+    a = Elector(lease, "a", FAST)
+    assert await a.attempt(1.0) is Verdict.CREATE
+    assert lease.record is not None
+    # Someone else wrote the Lease (still naming a): the update on the old version gets 409, the
+    # replica reads, sees itself, and renews on the new version.
+    await lease.replace(lease.record, str(lease.rv), 1.0)
+    reads = lease.reads
+    assert await a.attempt(1.0) is Verdict.RENEW
+    assert lease.reads == reads + 1
+    # Another holder was written: the update conflicts, the read shows it, the replica waits.
+    await lease.replace(LeaseRecord("z", 15, None, None, 1), str(lease.rv), 1.0)
+    assert await a.attempt(1.0) is Verdict.WAIT
+    assert lease.record.holder == "z"
 
 
 @pytest.mark.asyncio

@@ -14,6 +14,7 @@ from trtforge_operator.leader.lease import (
     next_record,
     observe,
     released,
+    renew_in_place,
     still_leading,
     timing_problem,
     verdict,
@@ -143,3 +144,21 @@ def test_config_refuses_inconsistent_timings_naming_the_field(tmp_path: object) 
     with pytest.raises(ConfigError) as e:
         load_config(p, env={})
     assert "leader_election" in str(e.value) and "renew_deadline_seconds" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("seen_holder", "rv", "leading", "in_place"),
+    [
+        ("a", "7", True, True),  # our own record, its resourceVersion, within the deadline: one update
+        ("a", "7", False, False),  # past the renew deadline: never renew blindly
+        ("a", None, True, False),  # no resourceVersion to guard the write with
+        ("b", "7", True, False),  # the last record we saw is another holder's
+        (None, "7", True, False),  # we have seen no record
+    ],
+)
+def test_renew_in_place_only_for_a_leader_holding_its_own_record(
+    seen_holder: str | None, rv: str | None, leading: bool, in_place: bool
+) -> None:
+    """client-go's fast path: a single update on the cached resourceVersion instead of read + write."""
+    seen = None if seen_holder is None else Observed(rec(seen_holder), 0.0)
+    assert renew_in_place("a", seen, rv, leading) is in_place

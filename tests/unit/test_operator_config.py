@@ -56,3 +56,15 @@ def test_bad_config_names_the_field(tmp_path: Path, text: str, field: str) -> No
 def test_missing_file_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "absent.yaml", env={})
+
+
+def test_the_broker_listens_on_the_bind_address_unless_told_otherwise(tmp_path: Path) -> None:
+    """`trtforge broker` and `trtforge operator` both: a pod IP in $TRTFORGE_OPERATOR_BIND_ADDRESS
+    moves the broker off every address; an explicit broker.host wins."""
+    from trtforge_operator.config import OperatorConfig
+
+    assert OperatorConfig().with_broker_on_bind_address().broker.host == "0.0.0.0"
+    pod = OperatorConfig(bind_address="127.3.0.7").with_broker_on_bind_address()
+    assert pod.broker.host == "127.3.0.7"
+    explicit = OperatorConfig.model_validate({"bind_address": "127.3.0.7", "broker": {"host": "127.0.0.1"}})
+    assert explicit.with_broker_on_bind_address().broker.host == "127.0.0.1"

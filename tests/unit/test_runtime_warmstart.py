@@ -23,7 +23,7 @@ from trtforge.store import open_store
 KEY = "c" * 64
 
 
-def _store(tmp: Path, gpu: str = "NVIDIA-H100-80GB-HBM3") -> Path:
+def _store(tmp: Path) -> Path:
     artifact = dynamic_mlp(features=4, outputs=2).read_bytes()
     canary = b"canary"
     m = Manifest(
@@ -34,7 +34,7 @@ def _store(tmp: Path, gpu: str = "NVIDIA-H100-80GB-HBM3") -> Path:
         backend="onnxruntime",
         backend_version="1.0",
         cuda="none",
-        gpu=known_identity(GPUTarget(gpu=gpu)),
+        gpu=known_identity(GPUTarget(gpu="NVIDIA-H100-80GB-HBM3")),
         build=BuildConfig(
             precision="fp32", profiles=({"x": ShapeRange(min=(1, 4), opt=(8, 4), max=(16, 4))},)
         ),
@@ -86,34 +86,21 @@ def test_what_the_warm_start_refused_the_runtime_refuses_itself(tmp_path: Path) 
     assert e.value.reason == "EngineIntegrity"
 
 
-def test_serves_warm_start_opens_the_store_and_probe_and_runs_the_canary_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("TRTFORGE_GPU_PROBE", "none")
-    root, cache = str(_store(tmp_path, gpu="cpu")), tmp_path / "cache"
-    warmstart.begin_serve(root, KEY, cache, 2, "mlp", None).join()
-    opened = warmstart.collect_setup(root)
-    assert opened is not None and warmstart.collect_setup(root) is None  # collected once
-    probe, store = opened
-    assert probe.devices() == []
+def test_the_canary_runs_on_the_warm_start_once_for_the_same_backend_and_spec(tmp_path: Path) -> None:
+    store, cache = open_store(str(_store(tmp_path))), tmp_path / "cache"
+    warmstart.begin(store, KEY, cache, 2, canary_for=("mlp", None)).join()
     local = fetch_engine(store, KEY, cache)
     backend = load_backend(local.manifest, local.artifact, 2)
-    spec = model_spec(local.manifest, "mlp", None)
-    assert (
-        warmstart.collect_canary(KEY, backend, local.canary, model_spec(local.manifest, "other", None))
-        is None
-    )
-    warmstart.begin_serve(root, KEY, cache, 2, "mlp", None).join()  # again: a new backend and canary
+    other = model_spec(local.manifest, "other", None)
+    assert warmstart.collect_canary(KEY, backend, local.canary, other) is None  # another spec: not it
+    warmstart.begin(store, KEY, cache, 2, canary_for=("mlp", None)).join()  # again: a new backend
     local = fetch_engine(store, KEY, cache)
     backend = load_backend(local.manifest, local.artifact, 2)
-    got = warmstart.collect_canary(KEY, backend, local.canary, spec)
+    got = warmstart.collect_canary(KEY, backend, local.canary, model_spec(local.manifest, "mlp", None))
     assert got is not None
     instance, result = got
     assert not result.passed and "not readable" in result.message  # this store's canary is no npz
     assert instance.run({"x": np.zeros((1, 4), np.float32)})["y"].shape == (1, 2)
-    assert warmstart.collect_canary(KEY, backend, local.canary, spec) is None  # once
-
-
-def test_a_store_the_warm_start_cannot_open_is_opened_and_reported_by_the_runtime() -> None:
-    warmstart.begin_serve("nope://x", KEY, Path("/nonexistent"), 1, None, None).join()
-    assert warmstart.collect_setup("nope://x") is None
+    assert (
+        warmstart.collect_canary(KEY, backend, local.canary, model_spec(local.manifest, "mlp", None)) is None
+    )

@@ -82,6 +82,37 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
+{{/* The engine broker: its own Deployment, Service and ServiceAccount (templates/broker-*.yaml). */}}
+{{- define "trtforge.brokerName" -}}
+{{- printf "%s-broker" (include "trtforge.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* What runtime pods and verify Jobs fetch through: the broker Service. */}}
 {{- define "trtforge.brokerURL" -}}
-{{- printf "http://%s.%s.svc:%d" (include "trtforge.fullname" .) .Release.Namespace (int .Values.service.brokerPort) -}}
+{{- printf "http://%s.%s.svc:%d" (include "trtforge.brokerName" .) .Release.Namespace (int .Values.service.brokerPort) -}}
+{{- end -}}
+
+{{- define "trtforge.brokerSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "trtforge.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: broker
+{{- end -}}
+
+{{- define "trtforge.brokerLabels" -}}
+helm.sh/chart: {{ include "trtforge.chart" . }}
+{{ include "trtforge.brokerSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: trtforge
+{{- end -}}
+
+{{/* PodDisruptionBudget's API: policy/v1 where the cluster serves it (1.21+), else policy/v1beta1
+(1.20 and older). `helm install` sees the cluster's kinds; `helm template` knows only the kube version
+(--kube-version, or --api-versions policy/v1/PodDisruptionBudget). */}}
+{{- define "trtforge.pdbAPIVersion" -}}
+{{- if or (.Capabilities.APIVersions.Has "policy/v1/PodDisruptionBudget") (semverCompare ">=1.21-0" .Capabilities.KubeVersion.Version) -}}
+policy/v1
+{{- else -}}
+policy/v1beta1
+{{- end -}}
 {{- end -}}

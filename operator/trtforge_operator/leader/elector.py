@@ -31,6 +31,7 @@ from trtforge_operator.leader.lease import (
     next_record,
     observe,
     released,
+    renew_in_place,
     still_leading,
     verdict,
 )
@@ -151,10 +152,29 @@ class Elector:
     async def attempt(self, timeout: float) -> Verdict:
         """One tryAcquireOrRenew. Returns the verdict it acted on (WAIT: another replica holds it).
 
+        While leading, a renew is a single update on the resourceVersion this replica last wrote
+        (`renew_in_place`); on a conflict it falls back to a read and a decision, in the same attempt.
         Raises on API errors and on LeaseConflict (another replica wrote first).
         """
-        started = self.clock()  # a renew counts from before its read: earlier than anyone can see it
-        got = await self.api.read(timeout)
+        started = self.clock()  # a renew counts from before it is sent: earlier than anyone can see it
+        if renew_in_place(self.identity, self.seen, self.resource_version, self.leading()):
+            assert self.seen is not None and self.resource_version is not None
+            record = next_record(
+                Verdict.RENEW,
+                self.identity,
+                self.seen.record,
+                self.wall(),
+                self.settings.lease_duration_seconds,
+            )
+            assert record is not None
+            try:
+                rv = await self.api.replace(record, self.resource_version, timeout)
+            except LeaseConflict:
+                log.debug("the lease changed since our last renew; reading it")
+            else:
+                self._wrote(record, rv, started)
+                return Verdict.RENEW
+        got = await self.api.read(max(0.1, timeout - (self.clock() - started)))
         now = self.clock()
         if got is None:
             self.seen, self.resource_version = None, None
@@ -172,11 +192,15 @@ class Elector:
             rv = await self.api.create(record, remaining)
         else:
             rv = await self.api.replace(record, self.resource_version, remaining)
-        self.seen, self.resource_version = Observed(record, self.clock()), rv
-        self.last_renew_sent = started
+        self._wrote(record, rv, started)
+        return v
+
+    def _wrote(self, record: LeaseRecord, resource_version: str, sent: float) -> None:
+        """Our write of `record` was accepted; it counts as a renew from when it was `sent`."""
+        self.seen, self.resource_version = Observed(record, self.clock()), resource_version
+        self.last_renew_sent = sent
         if self.on_observe is not None:
             self.on_observe(record)
-        return v
 
     async def acquire(self, stop: asyncio.Event) -> bool:
         """Try until this replica holds the Lease (True) or `stop` is set (False)."""

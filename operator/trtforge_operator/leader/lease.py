@@ -110,6 +110,13 @@ def verdict(identity: str, seen: Observed | None, now: float) -> Verdict:
     return Verdict.WAIT
 
 
+def renew_in_place(identity: str, seen: Observed | None, resource_version: str | None, leading: bool) -> bool:
+    """client-go's fast path: a leader whose last known record is its own renews with one update on
+    the resourceVersion it holds, without reading the Lease first. The apiserver refuses the update
+    (409) if anyone wrote since; the caller then reads and decides (`verdict`). False: read first."""
+    return leading and resource_version is not None and seen is not None and seen.record.holder == identity
+
+
 def next_record(
     v: Verdict, identity: str, current: LeaseRecord | None, wall: datetime, duration_s: int
 ) -> LeaseRecord | None:

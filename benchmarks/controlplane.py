@@ -410,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         from trtforge_dev.localdev import OperatorEnv
         from trtforge_dev.testbed.handle import TestBed
         from trtforge_dev.testbed.paths import StatePaths
+        from trtforge_operator.config import OperatorConfig
     except ImportError as e:
         why = f"the test bed or the operator is not in this tree: {e}"
         return not_measured("controlplane", results, why, 0)
@@ -430,7 +431,11 @@ def main(argv: list[str] | None = None) -> int:
             # One replica: no Lease. On a loaded shared machine its 10 s renew deadline was missed and
             # the operator exited mid-run (12:15 UTC); the benchmark measures reconciling, not failover.
             leader_election={"enabled": False},
+            # The product's resync period, not the integration tests' faster 15 s: every engine is
+            # reconciled once per period, which at N = 2000 is itself a load worth measuring.
+            resync_seconds=OperatorConfig.model_fields["resync_seconds"].default,
         )
+        results["operator_resync_seconds"] = env.config["resync_seconds"]
         env.start()
         sha, uri, seed_s = seed(env, timeout=600)
         results["seed_build_s"] = round(seed_s, 1)

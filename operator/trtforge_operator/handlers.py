@@ -466,8 +466,8 @@ async def _loop(state: State, kind: Kind, body: Any, stopped: Any, kwargs: Mappi
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
     trigger = state.queue.get(kind, ns, name)
-    if state.indices is None:
-        state.indices = kwargs  # the same index objects every handler gets (finished-Job cleanup reads them)
+    if state.indices is None:  # the same index objects every handler gets (finished-Job cleanup reads them)
+        state.indices = {k: kwargs[k] for k in job_cleanup.INDICES}
     fn = reconcile_engine if kind == Kind.TRTENGINE else reconcile_deployment
     key = (kind, ns, name)
     while not stopped:

@@ -24,6 +24,7 @@ from trtforge_operator.planning.finished_jobs import Requester, expired_jobs
 from trtforge_operator.planning.rebuild import requests_on
 
 log = logging.getLogger(__name__)
+INDICES = ("jobs_idx", "trte_idx")  # the kopf indices a pass reads
 
 
 def requester_lookup(trte_idx: Mapping[Any, Any]) -> Callable[[str], Requester | None]:

@@ -53,6 +53,12 @@ class BuildSlots:
             self.max_per_namespace,
         )
 
+    def known(self, name: str) -> bool:
+        """Whether the Job `name` runs, or was created by this operator and not seen in an event yet
+        (a pass that plans it again before the event arrives need not POST it again)."""
+        self._expire()
+        return name in self._pending or name in self._running
+
     @property
     def running(self) -> int:
         return len(self._running)

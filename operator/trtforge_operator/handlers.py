@@ -278,17 +278,21 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
         )
 
     plan = await asyncio.to_thread(plan_engine, observe(state.slots.capacity(ns)), state.cfg)
+    # Jobs an earlier pass created whose event has not arrived yet get no second POST (a 409); known
+    # before admitting, in the same synchronous step.
+    known = {n for n in _job_names(plan.jobs_to_create) if state.slots.known(n)}
     if plan.jobs_to_create and not state.slots.admit(_job_names(plan.jobs_to_create), ns):
         # Another pass took the slots meanwhile: plan again against the current count and admit in the
         # same synchronous step (no await between them), so the limits always hold.
         plan = plan_engine(observe(state.slots.capacity(ns)), state.cfg)
+        known = {n for n in _job_names(plan.jobs_to_create) if state.slots.known(n)}
         if not state.slots.admit(_job_names(plan.jobs_to_create), ns):
             raise RuntimeError("build slots refused a plan made against their own count")
     state.metrics.builds_running.set(state.slots.running)
     for refused in plan.refused:  # a planner bug: the status still shows what was observed
         log.warning("%s/%s: %s", ns, name, refused, extra=fields(namespace=ns, name=name))
         state.metrics.refused_transitions.labels(str(refused.before or "None"), refused.after).inc()
-    await _create_jobs(state, plan.jobs_to_create, "build")
+    await _create_jobs(state, [j for j in plan.jobs_to_create if j["metadata"]["name"] not in known], "build")
     for vj in plan.verify_jobs_to_create:  # in the tenant's namespace, not a build slot
         if await state.kube.create(vj):
             state.metrics.jobs_created.labels("verify").inc()

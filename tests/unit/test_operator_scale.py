@@ -205,3 +205,12 @@ def test_a_status_write_coming_back_on_the_watch_is_recognised_as_our_own() -> N
     assert not cache.echoes(
         Kind.TRTENGINE, {**body, "metadata": {**body["metadata"], "resourceVersion": "43"}}
     )
+
+
+def test_build_slots_know_the_jobs_created_but_not_seen_yet() -> None:
+    slots = BuildSlots(8, 4)
+    assert not slots.known("trtforge-build-a")
+    assert slots.admit(["trtforge-build-a"], "ns")
+    assert slots.known("trtforge-build-a")  # created by us; its event has not arrived
+    slots.forget("trtforge-build-a")  # its create failed
+    assert not slots.known("trtforge-build-a")

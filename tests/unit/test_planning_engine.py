@@ -687,3 +687,17 @@ def test_an_engine_found_in_the_store_claims_no_job_and_posts_one_event_for_its_
     assert [t.reason for t in plan.status.targets] == ["CacheHit", "CacheHit"]
     (ev,) = plan.events
     assert ev.reason == "EngineReady" and H100.name in ev.message and GH200.name in ev.message
+
+
+def test_a_job_with_no_pod_yet_is_still_starting_and_one_with_a_pod_is_running() -> None:
+    e = engine([{"gpu": H100.gpu}])
+    first = plan_engine(observe(e), CFG)
+    (j,) = first.jobs_to_create
+    e = with_status(e, first.status)
+    assert [t.reason for t in e.status.targets] == ["BuildStarting"]
+    no_pod = job(j, at=NOW)
+    no_pod["status"]["active"] = 0  # the Job controller has made no pod yet (e.g. a pod quota)
+    held = plan_engine(observe(e, jobs=[no_pod], now=NOW + 5), CFG)
+    assert held.status.targets == e.status.targets and held.events == []  # nothing to write
+    running = plan_engine(observe(e, jobs=[job(j, at=NOW)], now=NOW + 5), CFG)
+    assert [t.reason for t in running.status.targets] == ["BuildRunning"]

@@ -74,6 +74,7 @@ class TargetOutcome:
     rebuilding: bool = False
     rebuild_failed: str | None = None
     updating: bool = False  # a new request builds while the previous engine keeps serving
+    job_has_pod: bool = True  # the running Job has a pod (False: the Job controller has made none yet)
 
     def enter(self, state: TargetState, message: str) -> None:
         """Put the target in `state`: its phase and reason follow; a stalling state stalls."""
@@ -95,6 +96,7 @@ def plan_target(
     out = _plan_request(obs, target, cfg, jobs_by_id, verify)
     st = out.status
     _keep_recorded_build(out, prev)
+    _keep_starting(out, prev)
     if out.state.serving or prev is None or prev.phase != "Ready" or not prev.engine_key:
         return out
     if prev.request_key == st.request_key:
@@ -128,6 +130,21 @@ def plan_target(
     if failed:
         out.rebuild_failed = f"{st.name}: update failed: {pending}"
     return out
+
+
+def _keep_starting(out: TargetOutcome, prev: TargetStatus | None) -> None:
+    """A Job the Job controller has made no pod for yet is still starting: the target keeps saying
+    so (BuildStarting or BuildRetrying, as written when the Job was created), one write less per
+    build; it is BuildRunning once a pod exists."""
+    before = TargetState.of(prev.reason) if prev is not None else None
+    if (
+        prev is not None
+        and out.state is TargetState.BUILD_RUNNING
+        and not out.job_has_pod
+        and before in (TargetState.BUILD_STARTING, TargetState.BUILD_RETRYING)
+        and prev.job_name == out.status.job_name
+    ):
+        out.enter(before, prev.message or "")
 
 
 def _keep_recorded_build(out: TargetOutcome, prev: TargetStatus | None) -> None:
@@ -230,6 +247,7 @@ def _plan_request(
             out.enter(
                 TargetState.BUILD_RUNNING, f"build Job {latest.name} (attempt {latest.attempt}) is running"
             )
+        out.job_has_pod = latest.active > 0
         return out
     if latest is not None and latest.complete:
         rk = result_key(latest.result())
@@ -288,6 +306,7 @@ def _plan_request(
     )
     st.job_name = out.create.job_name
     st.attempts = attempt + 1
+    st.last_attempt_time = timestamp(obs.now)  # the attempt is made now
     if failed_msg is None:
         out.enter(TargetState.BUILD_STARTING, f"starting build Job {st.job_name}")
     else:
@@ -299,7 +318,9 @@ def _plan_request(
 
 
 def keep_times(st: TargetStatus, prev: TargetStatus | None) -> TargetStatus:
-    """Keep the previous last-attempt time when the planner could not observe one (no churn)."""
-    if prev is not None and st.last_attempt_time is None and st.job_name and st.job_name == prev.job_name:
+    """Keep the last-attempt time recorded for the same Job (when its attempt was made; the Job's own
+    start time comes later and would be one more write), or when none can be observed (no churn)."""
+    same_job = prev is not None and st.job_name is not None and st.job_name == prev.job_name
+    if prev is not None and same_job and (prev.last_attempt_time is not None or st.last_attempt_time is None):
         st.last_attempt_time = prev.last_attempt_time
     return st

@@ -24,6 +24,7 @@ import os
 import socket
 import tempfile
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,16 @@ class Valid:
         if not ok:
             self.failures += 1
             log(f"valid request (seed {seed}) failed: {r.status} {data[:200]!r}")
+
+
+def _attack(
+    address: str, body: bytes | Iterable[bytes], headers: dict[str, str], timeout: float
+) -> int | str:
+    """One hostile request: its HTTP status, or the name of the socket error that ended it."""
+    try:
+        return post(address, body, headers, path=INFER, timeout=timeout)[0]
+    except OSError as e:  # the server closed early or stopped reading: recorded, not fatal
+        return type(e).__name__
 
 
 def _phase_stats(probe: LiveProbe, start_t: float, end_t: float) -> dict[str, Any]:
@@ -148,7 +159,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         idle_kb = rss_kb(proc.pid, "VmRSS")
         catalogue = list(hostile_requests(in_name, INPUT_SHAPE))
         big, big_h = binary_body(in_name, "FP32", [1, *INPUT_SHAPE], bytes(60 * MB))
-        send = functools.partial(post, address, path=INFER)
+        send = functools.partial(_attack, address, timeout=a.request_timeout)
         with LiveProbe(address, work / "probe.log", cpus=a.probe_cpus) as probe:
             time.sleep(2.0)
             phases["idle"] = (time.time() - 2.0, time.time())
@@ -156,7 +167,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 t0 = time.time()
                 for req in catalogue:
                     s0 = time.time()
-                    status, _error = post(address, req.body, req.headers, path=INFER)
+                    status = send(req.body, req.headers)
+                    log(f"round {rnd + 1}: {req.what}: {status} in {time.time() - s0:.2f} s")
                     attacks.append(
                         {"round": rnd, "what": req.what, "status": status, "s": round(time.time() - s0, 3)}
                     )
@@ -164,12 +176,20 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 phases[f"catalogue round {rnd + 1}"] = (t0, time.time())
                 t0 = time.time()
                 with ThreadPoolExecutor(a.parallel) as pool:
-                    got = [r[0] for r in pool.map(send, [big] * a.parallel, [big_h] * a.parallel)]
+                    got = list(pool.map(send, [big] * a.parallel, [big_h] * a.parallel))
                 attacks.append(
-                    {"round": rnd, "what": f"{a.parallel} x 60 MB at once", "status": sorted(set(got))}
+                    {
+                        "round": rnd,
+                        "what": f"{a.parallel} x 60 MB at once",
+                        "status": sorted(set(map(str, got))),
+                    }
                 )
                 valid(rnd)
                 phases[f"{a.parallel} x 60 MB, round {rnd + 1}"] = (t0, time.time())
+                log(
+                    f"round {rnd + 1}: {a.parallel} x 60 MB at once: {sorted(set(map(str, got)))} "
+                    f"in {time.time() - t0:.2f} s"
+                )
             t0 = time.time()
             partial = b"POST /v2/models/squeezenet/infer HTTP/1.1\r\nHost: x\r\nContent-Le"
             socks = []
@@ -188,6 +208,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                     pass
                 s.close()
             phases[f"{a.half_open} half-open connections"] = (t0, time.time())
+            log(
+                f"{a.half_open} half-open connections: {closed} closed by the server "
+                f"in {time.time() - t0:.2f} s"
+            )
             time.sleep(1.0)
         peak_mb = (rss_kb(proc.pid, "VmHWM") - idle_kb) / 1024
         alive = proc.poll() is None
@@ -235,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=4, help="60 MB bodies sent at once")
     p.add_argument("--half-open", type=int, default=500)
     p.add_argument("--idle-timeout", type=float, default=2.0, help="the server's --idle-timeout")
+    p.add_argument("--request-timeout", type=float, default=30.0, help="client socket timeout per attack")
     a = p.parse_args(argv)
     res = run(a)
     write_result("hostile", res)

@@ -6,13 +6,20 @@ to the HTTP server. Past it, a new connection gets one short answer and is close
 is only busy, and anything else a 503 naming the limit. Those answers are themselves bounded: at most
 ``limit`` of them at once (more are closed at once), each waits at most ``answer_timeout_s`` for
 its request line and reads at most 4 KiB.
+
+Counted connections also get an idle guard of our own (``idle_timeout_s``): a connection that has no
+complete request head (``\r\n\r\n``) within that time of opening, or of its last answer, is closed.
+aiohttp's keep-alive timer is meant to do this, but whether it runs before the first request differs
+between aiohttp releases (3.14.3 leaves a silent connection open for ever; 3.14.5 closes it), and a
+pod's safety must not depend on which one the image resolved.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from trtforge_runtime.metrics import Metrics
 
@@ -89,20 +96,62 @@ class _Abort(asyncio.Protocol):
         transport.abort()  # type: ignore[attr-defined]
 
 
-class _Counted(asyncio.Protocol):
-    """The HTTP server's protocol, counted from its creation to its connection's end."""
+_HEAD_END = b"\r\n\r\n"
+_MAX_HEAD = 64 * 1024  # what the guard keeps while it looks for the end of a request head
 
-    __slots__ = ("_inner", "_limiter")
+
+class _Counted(asyncio.Protocol):
+    """The HTTP server's protocol, counted from its creation to its connection's end, with the idle
+    guard: while no request head is complete, a timer runs; it closes the connection when it fires."""
+
+    __slots__ = ("_awaiting", "_head", "_inner", "_limiter", "_timer", "_transport")
 
     def __init__(self, inner: asyncio.Protocol, limiter: ConnectionLimiter) -> None:
         self._inner = inner
         self._limiter = limiter
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._head = b""
+        self._awaiting = True
         limiter.open += 1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        if self._limiter.idle_timeout_s is not None:
+            self._arm()
+            transport = _AnswerWatch(transport, self._answered)
         self._inner.connection_made(transport)
 
+    def _arm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        timeout = self._limiter.idle_timeout_s
+        assert timeout is not None
+        self._timer = asyncio.get_running_loop().call_later(timeout, self._idle)
+
+    def _idle(self) -> None:
+        t = self._transport
+        if t is None or t.is_closing():
+            return
+        if not self._awaiting or t.get_write_buffer_size() > 0:  # a request or an answer in flight
+            self._arm()
+            return
+        self._limiter.idle_closed += 1
+        t.close()
+
+    def _answered(self) -> None:
+        """The server wrote (part of) an answer: the next request head is due within the timeout."""
+        if not self._awaiting:
+            self._awaiting, self._head = True, b""
+            self._arm()
+
     def data_received(self, data: bytes) -> None:
+        if self._awaiting and self._timer is not None:
+            self._head = (self._head + data)[-_MAX_HEAD:]
+            if _HEAD_END in self._head:
+                self._awaiting, self._head = False, b""
+                self._timer.cancel()
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -115,8 +164,74 @@ class _Counted(asyncio.Protocol):
         self._inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._transport = None
         self._limiter.open -= 1
         self._inner.connection_lost(exc)
+
+
+class _AnswerWatch(asyncio.Transport):
+    """The transport the HTTP server writes to: every call goes to the real one; a write also tells
+    the idle guard that an answer is on its way."""
+
+    def __init__(self, inner: asyncio.Transport, on_write: Callable[[], None]) -> None:
+        super().__init__(inner.get_extra_info("extra") or {})
+        self._t = inner
+        self._on_write = on_write
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._t.write(data)
+        self._on_write()
+
+    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
+        self._t.writelines(list_of_data)
+        self._on_write()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._t, name)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._t.get_extra_info(name, default)
+
+    def is_closing(self) -> bool:
+        return self._t.is_closing()
+
+    def close(self) -> None:
+        self._t.close()
+
+    def abort(self) -> None:
+        self._t.abort()
+
+    def can_write_eof(self) -> bool:
+        return self._t.can_write_eof()
+
+    def write_eof(self) -> None:
+        self._t.write_eof()
+
+    def get_write_buffer_size(self) -> int:
+        return self._t.get_write_buffer_size()
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._t.get_write_buffer_limits()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._t.set_write_buffer_limits(high, low)
+
+    def is_reading(self) -> bool:
+        return self._t.is_reading()
+
+    def pause_reading(self) -> None:
+        self._t.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._t.resume_reading()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._t.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._t.get_protocol()
 
 
 class ConnectionLimiter:
@@ -133,6 +248,7 @@ class ConnectionLimiter:
         health: HealthAnswer,
         metrics: Callable[[], Metrics],
         answer_timeout_s: float = 2.0,
+        idle_timeout_s: float | None = None,
     ) -> None:
         self._server = server
         self.open = 0
@@ -141,6 +257,8 @@ class ConnectionLimiter:
         self._metrics = metrics
         self.answer_timeout_s = answer_timeout_s
         self.answering = 0
+        self.idle_timeout_s = idle_timeout_s
+        self.idle_closed = 0  # connections the idle guard closed
 
     def __call__(self) -> asyncio.BaseProtocol:
         if self.open < self.limit:

@@ -523,7 +523,13 @@ class Runtime:
         await runner.setup()
         http = runner.server
         assert http is not None
-        limiter = ConnectionLimiter(http, self.s.max_connections, self.health_answer, lambda: self.metrics)
+        limiter = ConnectionLimiter(
+            http,
+            self.s.max_connections,
+            self.health_answer,
+            lambda: self.metrics,
+            idle_timeout_s=self.s.idle_timeout_s,
+        )
         self._limiter = limiter
         startup = asyncio.create_task(self._startup())
         if self.s.listen_when_ready:

@@ -92,7 +92,9 @@ def test_every_example_applies_with_defaults(testbed: Any, crds: None, namespace
     assert auto["builder"]["timingCache"] is True and auto["builder"]["timeoutSeconds"] == 3600
     assert auto["validation"]["samples"] == 8 and auto["autoTargets"]["includeMIG"] is True
     infd = _get(testbed, namespace, "infd", "squeezenet")["spec"]
-    assert infd["runtime"]["instances"] == 1 and infd["rollout"]["progressDeadlineSeconds"] == 600
+    # instances and workers have no default: unset, the runtime sizes them from the pod's CPUs
+    assert "instances" not in infd["runtime"] and "workers" not in infd["runtime"]
+    assert infd["rollout"]["progressDeadlineSeconds"] == 600
     listed = _ok(testbed, "get", "trtforge", "-n", namespace, "-o", "name")  # the category
     assert (
         "trtengine.trtforge.io/squeezenet" in listed

@@ -26,6 +26,7 @@ STATIC_RBAC = [
     "rbac-tenant.yaml",
     "rbac-model-secrets.yaml",
     "rbac-leader-election.yaml",
+    "rbac-broker.yaml",
 ]
 
 
@@ -43,6 +44,8 @@ def _substitute(text: str, fullname: str, namespace: str) -> str:
         "{{ .Release.Namespace }}": namespace,
         "{{ .Values.operator.leaderElection.leaseName | quote }}": '"trtforge-operator"',
         '{{- include "trtforge.labels" . | nindent 4 }}': f"app.kubernetes.io/instance: {fullname}",
+        '{{ include "trtforge.brokerName" . }}': f"{fullname}-broker",
+        '{{- include "trtforge.brokerLabels" . | nindent 4 }}': f"app.kubernetes.io/instance: {fullname}",
     }
     out: str = helpers.substitute_static(text, names)
     return out
@@ -111,6 +114,23 @@ def install_chart_rbac(testbed: TestBed, tenants: int = 1) -> dict[str, str]:
     return rel
 
 
+def chart_broker(
+    testbed: TestBed, rel: dict[str, str], config: Path, workdir: Path
+) -> localdev.OperatorProcess:
+    """`trtforge broker` as the chart runs it: apart from the operator, under the broker's own
+    ServiceAccount and RBAC, on the operator config's broker port. The config must say
+    `broker.enabled: false` (the operator runs no broker of its own), as the chart's does."""
+    cfg = yaml.safe_load(config.read_text())
+    assert cfg["broker"].get("enabled") is False, "the chart's operator runs no broker of its own"
+    with testbed.api_client() as api:
+        token = sa_token(api, rel["namespace"], f"{rel['fullname']}-broker")
+    kubeconfig = sa_kubeconfig(testbed, token, workdir / "broker.kubeconfig")
+    port = str(cfg["broker"]["port"])
+    return localdev.OperatorProcess(
+        config, kubeconfig, workdir / "broker.log", command=("broker", "--port", port)
+    )
+
+
 def tenant_namespaces(rel: dict[str, str]) -> list[str]:
     return [v for k, v in sorted(rel.items()) if k.startswith("tenant")]
 
@@ -122,6 +142,8 @@ def uninstall_chart_rbac(testbed: TestBed, rel: dict[str, str], pvs: Sequence[st
         ("clusterrole", "view"),
         ("clusterrole", "edit"),
         ("clusterrole", "model-secrets"),
+        ("clusterrole", "broker"),
+        ("clusterrolebinding", "broker"),
     ):
         testbed.kubectl(
             "delete", kind, f"{rel['fullname']}-{suffix}", "--ignore-not-found", "--wait=false", check=False

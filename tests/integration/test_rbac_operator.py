@@ -20,7 +20,7 @@ from trtforge_dev import localdev
 from trtforge_dev.testbed.handle import TestBed
 from trtforge_dev.testbed.wait import wait_for
 
-from tests.integration.chart_release import chart_release, sa_kubeconfig, sa_token
+from tests.integration.chart_release import chart_broker, chart_release, sa_kubeconfig, sa_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 __all__ = ["chart_release"]  # the fixture
@@ -50,6 +50,7 @@ def test_operator_lifecycle_as_the_charts_service_account(
         namespaces=[tenant],
         store_dir=store_dir,
         build_service_account="trtforge-builder",
+        broker={"enabled": False},  # as the chart: the broker runs apart, under its own account
     )
     engine = {
         "apiVersion": "trtforge.io/v1alpha1",
@@ -68,7 +69,8 @@ def test_operator_lifecycle_as_the_charts_service_account(
         "spec": {"engineRef": {"name": "tiny"}, "replicas": 1},
     }
     op = localdev.OperatorProcess(config, kubeconfig, tmp_path / "operator.log")
-    with op, testbed.api_client() as api:
+    broker = chart_broker(testbed, chart_release, config, tmp_path)
+    with broker, op, testbed.api_client() as api:
         testbed.kubectl("apply", "--validate=false", "-f", "-", input=yaml.safe_dump_all([engine, infd]))
 
         def ready(plural: str) -> bool:
@@ -83,7 +85,9 @@ def test_operator_lifecycle_as_the_charts_service_account(
                 desc="InferenceDeployment Ready under the chart's RBAC",
             )
         except TimeoutError as e:
-            raise AssertionError(f"{e}\n--- operator log ---\n{op.tail(80)}") from e
+            raise AssertionError(
+                f"{e}\n--- operator log ---\n{op.tail(80)}\n--- broker log ---\n{broker.tail(30)}"
+            ) from e
         for plural in ("inferencedeployments", "trtengines"):
             localdev.delete_with_cleanup(api, tenant, plural, "tiny")
         co: Any = client.CustomObjectsApi(api)
@@ -96,7 +100,7 @@ def test_operator_lifecycle_as_the_charts_service_account(
             return True
 
         wait_for(gone, timeout=120, desc="both resources deleted (finalizers removed by the operator)")
-        log = op.tail(100000)
+        log = op.tail(100000) + broker.tail(100000)
     testbed.kubectl("delete", "pv", pv, "--wait=false", "--ignore-not-found", check=False)
     for bad in ("Forbidden", "forbidden", "Not enough permissions"):
-        assert bad not in log, f"the operator met an authorization error ({bad}):\n{log[-4000:]}"
+        assert bad not in log, f"the operator or broker met an authorization error ({bad}):\n{log[-4000:]}"

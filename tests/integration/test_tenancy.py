@@ -28,6 +28,7 @@ from trtforge_dev.testbed.wait import wait_for
 from trtforge_operator.config import CACHE_GROUP_LABEL
 
 from tests.integration.chart_release import (
+    chart_broker,
     install_chart_rbac,
     sa_kubeconfig,
     sa_token,
@@ -66,9 +67,11 @@ class Tenancy:
             namespaces=tenant_namespaces(rel),
             store_dir=self.store_dir,
             build_service_account="trtforge-builder",
+            broker={"enabled": False},  # as the chart: the broker runs apart, under its own account
         )
         kubeconfig = sa_kubeconfig(tb, token, tmp / "operator.kubeconfig")
         self.op = localdev.OperatorProcess(self.config, kubeconfig, tmp / "operator.log")
+        self.broker_process = chart_broker(tb, rel, self.config, tmp)
 
     def apply(self, *objs: dict[str, Any], check: bool = True) -> Any:
         return self.tb.kubectl(
@@ -86,7 +89,10 @@ class Tenancy:
         try:
             return wait_for(check, timeout=timeout, desc=what)
         except TimeoutError as e:
-            raise AssertionError(f"{e}\n--- operator log ---\n{self.op.tail(60)}") from e
+            raise AssertionError(
+                f"{e}\n--- operator log ---\n{self.op.tail(60)}"
+                f"\n--- broker log ---\n{self.broker_process.tail(30)}"
+            ) from e
 
     def ready(self, plural: str, ns: str, name: str) -> dict[str, Any]:
         def ok() -> dict[str, Any] | None:
@@ -136,6 +142,7 @@ def t(testbed: TestBed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Te
     env = None
     try:
         env = Tenancy(testbed, rel, tmp_path_factory.mktemp("tenancy"))
+        env.broker_process.start()
         env.op.start()
         yield env
     finally:
@@ -144,6 +151,7 @@ def t(testbed: TestBed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Te
                 for plural in ("inferencedeployments", "trtengines"):
                     testbed.kubectl("delete", plural, "--all", "-n", ns, "--wait=false", check=False)
             env.op.stop()
+            env.broker_process.stop()
             env.api.close()
         uninstall_chart_rbac(testbed, rel, env.pvs if env else [])
 

@@ -103,7 +103,7 @@ def _wrap(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks import coldstart, controlplane, manycore, recovery, serving
+    from benchmarks import coldstart, controlplane, hostile, manycore, recovery, serving
 
     if not DOC.exists():
         log(f"{DOC} does not exist; nothing to fill")
@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": ("serving", machine),
         "serving": ("serving", serving.render),
         "manycore": ("manycore", manycore.render),
+        "manycore-workers": ("manycore-workers", manycore.render),
+        "hostile": ("hostile", hostile.render),
         "coldstart": ("coldstart", coldstart.render),
         "coldstart-h200": ("coldstart-h200", coldstart.render),
         "controlplane": ("controlplane", controlplane.render),

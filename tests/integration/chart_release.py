@@ -135,7 +135,8 @@ def tenant_namespaces(rel: dict[str, str]) -> list[str]:
     return [v for k, v in sorted(rel.items()) if k.startswith("tenant")]
 
 
-def uninstall_chart_rbac(testbed: TestBed, rel: dict[str, str], pvs: Sequence[str] = ()) -> None:
+def delete_chart_cluster_rbac(testbed: TestBed, fullname: str) -> None:
+    """Delete the cluster-scoped RBAC objects a release of the chart named `fullname` made."""
     for kind, suffix in (
         ("clusterrole", "operator"),
         ("clusterrolebinding", "operator"),
@@ -146,8 +147,12 @@ def uninstall_chart_rbac(testbed: TestBed, rel: dict[str, str], pvs: Sequence[st
         ("clusterrolebinding", "broker"),
     ):
         testbed.kubectl(
-            "delete", kind, f"{rel['fullname']}-{suffix}", "--ignore-not-found", "--wait=false", check=False
+            "delete", kind, f"{fullname}-{suffix}", "--ignore-not-found", "--wait=false", check=False
         )
+
+
+def uninstall_chart_rbac(testbed: TestBed, rel: dict[str, str], pvs: Sequence[str] = ()) -> None:
+    delete_chart_cluster_rbac(testbed, rel["fullname"])
     for ns in (rel["namespace"], *tenant_namespaces(rel)):
         testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
     for pv in pvs:

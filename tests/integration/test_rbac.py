@@ -25,6 +25,8 @@ from kubernetes import client
 from trtforge_dev.testbed.handle import TestBed
 from trtforge_dev.testbed.wait import wait_for
 
+from tests.integration.chart_release import delete_chart_cluster_rbac
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -153,18 +155,7 @@ def release(testbed: TestBed) -> Iterator[Release]:
     try:
         yield rel
     finally:
-        for kind, name in (
-            ("clusterrole", "operator"),
-            ("clusterrolebinding", "operator"),
-            ("clusterrole", "view"),
-            ("clusterrole", "edit"),
-            ("clusterrole", "model-secrets"),
-            ("clusterrole", "broker"),
-            ("clusterrolebinding", "broker"),
-        ):
-            testbed.kubectl(
-                "delete", kind, f"{rel.fullname}-{name}", "--ignore-not-found", "--wait=false", check=False
-            )
+        delete_chart_cluster_rbac(testbed, rel.fullname)
         for ns in (rel.namespace, rel.tenant, rel.other):
             testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 

@@ -74,7 +74,13 @@ from trtforge_operator.planning.rebuild import annotation_patch, rebuild_job, re
 from trtforge_operator.planning.text import one_line
 from trtforge_operator.status_cache import StatusCache, resource_version
 from trtforge_operator.store_reader import StoreReader
-from trtforge_operator.workqueue import LoopWatch, WorkQueue, job_projection, own_create_echo
+from trtforge_operator.workqueue import (
+    LoopWatch,
+    WorkQueue,
+    engine_projection,
+    job_projection,
+    own_create_echo,
+)
 
 log = logging.getLogger(__name__)
 MANAGED = {APP_MANAGED_BY: MANAGED_BY}
@@ -728,8 +734,12 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event(GROUP, VERSION, TRTENGINES, registry=registry)
     def _engine_event(**kw: Any) -> None:
         namespace, name = kw["namespace"], kw["name"]
-        if kw.get("type") != "DELETED" and state.statuses.echoes(Kind.TRTENGINE, kw["body"]):
+        gone = kw.get("type") == "DELETED"
+        changed = state.queue.engine_changed(namespace, name, None if gone else engine_projection(kw["body"]))
+        if not gone and state.statuses.echoes(Kind.TRTENGINE, kw["body"]):
             return  # our own status write coming back: its loop and deployments were woken by it
+        if not changed:
+            return  # e.g. kopf's finalizer patch: nothing a pass plans from is new
         state.queue.fire(Kind.TRTENGINE, namespace, name)
         state.queue.fire_deployments_of(namespace, name)
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from trtforge_operator.children import dns_name
 from trtforge_operator.kinds import Kind
@@ -32,6 +33,19 @@ def job_projection(job: JobView) -> tuple[object, ...]:
         job.deleting,
         job.active > 0,
         job.annotations.get(ANNOTATION_RESULT),
+    )
+
+
+def engine_projection(body: Mapping[str, Any]) -> tuple[object, ...]:
+    """What a TRTEngine pass plans from in the object itself: the generation (the spec), its
+    annotations (rebuild requests), whether it is being deleted, and its status. Not the finalizers,
+    resourceVersion or managedFields, which change with no news for the planner."""
+    meta = body.get("metadata") or {}
+    return (
+        meta.get("generation"),
+        bool(meta.get("deletionTimestamp")),
+        tuple(sorted((meta.get("annotations") or {}).items())),
+        body.get("status") or {},
     )
 
 
@@ -60,6 +74,7 @@ class WorkQueue:
         self._nodes: dict[str, NodeView] = {}
         self._jobs: dict[str, tuple[object, ...]] = {}
         self._waiting: set[tuple[str, str]] = set()  # TRTEngines a build slot refused, by (ns, name)
+        self._engines: dict[tuple[str, str], tuple[object, ...]] = {}  # (ns, name) -> engine_projection
 
     def get(self, kind: Kind, namespace: str, name: str) -> asyncio.Event:
         key = (kind, namespace, name)
@@ -79,6 +94,18 @@ class WorkQueue:
             self.set_engine_ref(namespace, name, None)
         else:
             self._waiting.discard((namespace, name))
+            self._engines.pop((namespace, name), None)
+
+    def engine_changed(self, namespace: str, name: str, projection: tuple[object, ...] | None) -> bool:
+        """True when a TRTEngine is new, gone, or changed in what its pass plans from. Kopf's own
+        finalizer patch of each new engine changes none of it: waking the loop for it cost every new
+        engine a second pass that could only repeat the first."""
+        key = (namespace, name)
+        if projection is None:
+            return self._engines.pop(key, None) is not None
+        old = self._engines.get(key)
+        self._engines[key] = projection
+        return old != projection
 
     def set_waiting_for_slot(self, namespace: str, engine: str, waiting: bool) -> None:
         """Record whether a TRTEngine's last pass was refused a build slot."""

@@ -23,7 +23,13 @@ from trtforge_operator.labels import (
 from trtforge_operator.observed import JobView
 from trtforge_operator.planning.cleanup import release_jobs
 from trtforge_operator.planning.deployment import invalid_deployment_status
-from trtforge_operator.workqueue import LoopWatch, WorkQueue, job_projection, own_create_echo
+from trtforge_operator.workqueue import (
+    LoopWatch,
+    WorkQueue,
+    engine_projection,
+    job_projection,
+    own_create_echo,
+)
 
 
 def job(name: str, *requesters: str, running: bool = True) -> JobView:
@@ -293,3 +299,22 @@ def test_build_slots_count_what_they_hold_so_a_freed_slot_shows() -> None:
     assert slots.held == 1
     slots.forget(b)
     assert slots.held == 0
+
+
+def test_kopfs_finalizer_patch_is_no_news_to_an_engine_but_spec_annotations_status_and_deletion_are() -> None:
+    q = WorkQueue()
+    new = {"metadata": {"name": "e", "namespace": "ns", "generation": 1, "resourceVersion": "1"}}
+    assert q.engine_changed("ns", "e", engine_projection(new)), "a new engine is news"
+    finalized = {"metadata": {**new["metadata"], "finalizers": ["trtforge.io/x"], "resourceVersion": "2"}}
+    assert not q.engine_changed("ns", "e", engine_projection(finalized))
+    for changed in (
+        {"metadata": {**finalized["metadata"], "generation": 2}},
+        {"metadata": {**finalized["metadata"], "annotations": {"trtforge.io/rebuild-x": "{}"}}},
+        {"metadata": finalized["metadata"], "status": {"readyTargets": "0/3"}},
+        {"metadata": {**finalized["metadata"], "deletionTimestamp": "2026-11-30T17:00:00Z"}},
+    ):
+        q2 = WorkQueue()
+        q2.engine_changed("ns", "e", engine_projection(finalized))
+        assert q2.engine_changed("ns", "e", engine_projection(changed)), changed
+    assert q.engine_changed("ns", "e", None), "gone is news"
+    assert q.engine_changed("ns", "e", engine_projection(finalized)), "and seen again after, too"

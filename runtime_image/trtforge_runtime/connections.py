@@ -97,21 +97,20 @@ class _Abort(asyncio.Protocol):
 
 
 _HEAD_END = b"\r\n\r\n"
-_MAX_HEAD = 64 * 1024  # what the guard keeps while it looks for the end of a request head
 
 
 class _Counted(asyncio.Protocol):
     """The HTTP server's protocol, counted from its creation to its connection's end, with the idle
     guard: while no request head is complete, a timer runs; it closes the connection when it fires."""
 
-    __slots__ = ("_awaiting", "_head", "_inner", "_limiter", "_timer", "_transport")
+    __slots__ = ("_awaiting", "_inner", "_limiter", "_tail", "_timer", "_transport")
 
     def __init__(self, inner: asyncio.Protocol, limiter: ConnectionLimiter) -> None:
         self._inner = inner
         self._limiter = limiter
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._head = b""
+        self._tail = b""  # the last bytes seen while awaiting a head (an end may span two reads)
         self._awaiting = True
         limiter.open += 1
 
@@ -143,15 +142,17 @@ class _Counted(asyncio.Protocol):
     def _answered(self) -> None:
         """The server wrote (part of) an answer: the next request head is due within the timeout."""
         if not self._awaiting:
-            self._awaiting, self._head = True, b""
+            self._awaiting, self._tail = True, b""
             self._arm()
 
     def data_received(self, data: bytes) -> None:
         if self._awaiting and self._timer is not None:
-            self._head = (self._head + data)[-_MAX_HEAD:]
-            if _HEAD_END in self._head:
-                self._awaiting, self._head = False, b""
+            # No copy of the read: only its first and last bytes meet the previous read's.
+            if _HEAD_END in data or _HEAD_END in self._tail + data[:3]:
+                self._awaiting, self._tail = False, b""
                 self._timer.cancel()
+            else:
+                self._tail = (self._tail + data[-3:])[-3:]
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:

@@ -36,12 +36,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from trtforge_runtime.errors import RequestError
 from trtforge_runtime.v2 import HEADER_LENGTH, InferRequest, encode_response
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from trtforge_runtime.model import ModelSpec
     from trtforge_runtime.server import Runtime
 
@@ -184,7 +184,7 @@ class _Request:
         self.head = head
         self.spec = spec
         self.reserved = reserved
-        self.body = bytearray(head.content_length)
+        self.body = np.empty(head.content_length, np.uint8)  # not zero-filled: every byte is written
         self.got = 0
         self.t0 = time.perf_counter()
         self.timer: asyncio.TimerHandle | None = None
@@ -199,7 +199,7 @@ class InferConnection(asyncio.Protocol):
         self._fallback = fallback
         self._inner: asyncio.Protocol | None = None  # aiohttp's, once handed over
         self._transport: asyncio.Transport | None = None
-        self._buf = bytearray()  # bytes of requests not yet taken
+        self._buf: bytes | bytearray = b""  # bytes of requests not yet taken
         self._req: _Request | None = None  # reading its body
         self._busy = False  # a request is being decoded, executed or answered
         self._write_paused = False
@@ -217,14 +217,16 @@ class InferConnection(asyncio.Protocol):
         req = self._req
         if req is not None:
             n = min(len(data), len(req.body) - req.got)
-            req.body[req.got : req.got + n] = memoryview(data)[:n] if n < len(data) else data
+            req.body[req.got : req.got + n] = memoryview(data)[:n]
             req.got += n
             if n < len(data):
-                self._buf += data[n:]
+                self._buf = self._buf + data[n:] if self._buf else data[n:]
             if req.got == len(req.body):
                 self._body_done(req)
+        elif self._buf:
+            self._buf += data  # a head in pieces, or pipelined requests: rare
         else:
-            self._buf += data
+            self._buf = data  # the common case: no copy
         if self._inner is None and self._transport is not None:
             if self._busy or self._req is not None or self._write_paused:
                 if len(self._buf) > PIPELINE_BUFFER and not self._read_paused:
@@ -292,14 +294,13 @@ class InferConnection(asyncio.Protocol):
         if reserved is None:
             self._hand_over()  # the aiohttp path waits for the budget, within --body-timeout
             return
-        del buf[: end + len(HEAD_END)]
         rt.active += 1
         req = _Request(head, spec, reserved)
-        n = min(len(buf), len(req.body))
-        if n:
-            req.body[:n] = buf[:n]
-            del buf[:n]
-            req.got = n
+        start = end + len(HEAD_END)
+        n = min(len(buf) - start, len(req.body))
+        req.body[:n] = memoryview(buf)[start : start + n]
+        req.got = n
+        self._buf = buf[start + n :] if start + n < len(buf) else b""
         if req.got == len(req.body):
             self._body_done(req)
         else:
@@ -320,7 +321,7 @@ class InferConnection(asyncio.Protocol):
         inner.connection_made(t)
         if self._write_paused:
             inner.pause_writing()
-        data, self._buf = bytes(self._buf), bytearray()
+        data, self._buf = bytes(self._buf), b""
         self._resume_reading()
         if data:
             inner.data_received(data)
@@ -346,7 +347,7 @@ class InferConnection(asyncio.Protocol):
         json_part = len(req.body) if hl is None else hl
         if json_part <= INLINE_DECODE_BYTES and not spec.has_bytes_inputs:
             try:
-                decoded = rt.decode_body(req.body, hl, spec)
+                decoded = rt.decode_body(req.body.data, hl, spec)
             except RequestError as e:
                 self._failed(req, e)
                 return
@@ -356,7 +357,7 @@ class InferConnection(asyncio.Protocol):
             self._submit(req, *decoded)
         else:
             fut = asyncio.get_running_loop().run_in_executor(
-                rt.decode_pool, rt.decode_body, req.body, hl, spec
+                rt.decode_pool, rt.decode_body, req.body.data, hl, spec
             )
             fut.add_done_callback(lambda f: self._decoded(req, f))
 

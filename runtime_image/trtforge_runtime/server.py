@@ -442,7 +442,7 @@ class Runtime:
         return self.decode_body(decompress(raw, coding, self.s.max_request_bytes), header_length, spec)
 
     def decode_body(
-        self, body: bytes | bytearray, header_length: int | None, spec: ModelSpec
+        self, body: bytes | bytearray | memoryview, header_length: int | None, spec: ModelSpec
     ) -> tuple[InferRequest, int]:
         """An identity-coded body's request and its batch rows (RequestError if it is not valid)."""
         req = decode_request(body, header_length, spec, self.s.max_json_bytes)

@@ -19,7 +19,7 @@ import pytest
 import tritonclient.http as httpclient
 from trtforge_dev.hostile import binary_body
 
-from tests.integration.serve_engines import build_engine, run_ort, write_gpu_file
+from tests.integration.serve_engines import build_engine, copy_engine, perturb_canary, run_ort, write_gpu_file
 from tests.integration.serve_process import Server
 from tests.modelzoo import dynamic_mlp
 
@@ -315,3 +315,24 @@ def test_queue_full_is_503_with_retry_after(bed: Bed) -> None:
             c.close()
     finally:
         s.stop()
+
+
+def test_not_ready_is_503_with_retry_after_from_the_aiohttp_path(bed: Bed) -> None:
+    """A failed canary keeps the server not ready: infer requests are not the fast path's."""
+    store = bed.tmp / "store-canary"
+    key = copy_engine(bed.store, bed.key, store)
+    perturb_canary(store, key, 0.5)
+    s = Server(store, key, bed.tmp, bed.gpu_file, cache=bed.tmp / "cache-canary")
+    try:
+        s.wait("live")
+        c = Conn(s)
+        while True:
+            c.send(infer_bytes(xs(13)))
+            a = c.answer()
+            assert (a.status, a.fast, a.headers["retry-after"]) == (503, False, "1")
+            if "canary failed" in str(a.json()["error"]):
+                break
+            time.sleep(0.05)  # still loading: "not loaded yet", the same 503
+        c.close()
+    finally:
+        assert s.stop() == 0

@@ -69,11 +69,15 @@ class Layout:
 
 
 def layouts() -> dict[str, Layout]:
-    n = os.cpu_count() or 2
-    allc = f"0-{n - 1}" if n > 1 else "0"
+    """The layouts over the CPUs this process may use (run it under `taskset -c 0,1` on a bigger
+    host to measure a 2-core pod)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    n = len(cpus)
+    allc = ",".join(map(str, cpus))
+    rest = ",".join(map(str, cpus[1:])) if n > 1 else allc
     return {
         "shared": Layout("shared", allc, allc, n),
-        "isolated": Layout("isolated", "1-" + str(n - 1) if n > 2 else "1", "0", max(1, n - 1)),
+        "isolated": Layout("isolated", rest, str(cpus[0]), max(1, n - 1)),
     }
 
 

@@ -142,6 +142,7 @@ class Runtime:
         self.decode_pool = ThreadPoolExecutor(2, thread_name_prefix="decode")
         self.pod = Pod.from_env()  # the other workers of `serve --workers N`, if any
         self._listening = False  # on every port (HTTP, and gRPC when on)
+        self._listened = asyncio.Event()  # set with _listening
         self._serving = asyncio.Event()  # set once ready (the batcher runs)
 
     # --- faults and ends ------------------------------------------------------------------
@@ -280,6 +281,9 @@ class Runtime:
         if self.state == "loading":
             await self._start_serving()
             if self.s.solo:
+                # Building a session holds the GIL (docs/design.md, "Runtime cold start"): load the
+                # solo instance once every port listens, so that it never delays Ready.
+                await self._listened.wait()
                 await self._add_solo()
 
     def _load_solo(self) -> Instance | None:
@@ -579,6 +583,7 @@ class Runtime:
                 write_termination_message(msg)
                 self.request_stop(msg.exit_code)
         self._listening = True
+        self._listened.set()
         self._announce()
         await self._stop.wait()
         # Stop: not ready at once, no new connections, let in-flight requests finish.

@@ -152,6 +152,11 @@ def infer_head(head: bytes, infer_path: bytes, max_request_bytes: int) -> InferH
     return InferHead(length, header_length, parser.should_keep_alive())
 
 
+# Clients send the same head again and again (only the body changes): decide each distinct head once.
+# At most 256 heads of at most 16 KiB are kept.
+decide = functools.lru_cache(maxsize=256)(infer_head)
+
+
 def response_head(status: int, content_length: int, extra: dict[str, str] | None = None) -> bytes:
     """An HTTP/1.1 response head (pure)."""
     reason = _REASONS.get(status, "Error")
@@ -286,7 +291,7 @@ class InferConnection(asyncio.Protocol):
         if spec is None or batcher is None or rt.state != "ready":
             self._hand_over()
             return
-        head = infer_head(bytes(buf[: end + len(HEAD_END)]), infer_path(spec.name), rt.s.max_request_bytes)
+        head = decide(bytes(buf[: end + len(HEAD_END)]), infer_path(spec.name), rt.s.max_request_bytes)
         if isinstance(head, str):
             self._hand_over()
             return

@@ -8,7 +8,7 @@ goes to the aiohttp path (a reason string), which answers as it always has.
 from __future__ import annotations
 
 import pytest
-from trtforge_runtime.fastpath import HEAD_END, InferHead, infer_head, infer_path, response_head
+from trtforge_runtime.fastpath import HEAD_END, InferHead, decide, infer_head, infer_path, response_head
 
 PATH = infer_path("mlp")
 LIMIT = 10_000
@@ -95,3 +95,9 @@ def test_response_head() -> None:
         b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
         b"Content-Length: 12\r\n\r\n"
     )
+
+
+def test_the_cached_decision_is_the_decision() -> None:
+    raw = head("Content-Length: 300")
+    assert decide(raw, PATH, LIMIT) == infer_head(raw, PATH, LIMIT) == decide(raw, PATH, LIMIT)
+    assert decide(raw, PATH, 10) == "the body is over the limit"

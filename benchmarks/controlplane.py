@@ -100,22 +100,28 @@ def not_measured(name: str, results: dict[str, Any], why: str, rc: int) -> int:
 
 
 def apiserver_requests(tb: Any) -> tuple[float, dict[str, float]]:
-    """Total of apiserver_request_total and the split by resource/verb."""
+    """Total of apiserver_request_total and the split by resource/verb; the split also holds the
+    apiserver's own seconds spent per resource/verb (``apiserver_request_duration_seconds_sum``) under
+    keys that start with ``seconds ``."""
     text = tb.kubectl("get", "--raw", "/metrics", timeout=60).stdout
     total = 0.0
     by: dict[str, float] = {}
     for line in text.splitlines():
-        if not line.startswith("apiserver_request_total{"):
+        seconds = line.startswith("apiserver_request_duration_seconds_sum{")
+        if not (seconds or line.startswith("apiserver_request_total{")):
             continue
         labels, value = line.rsplit(" ", 1)
         v = float(value)
-        total += v
+        if not seconds:
+            total += v
         res = re.search(r'resource="([^"]*)"', labels)
         verb = re.search(r'verb="([^"]*)"', labels)
         sub = re.search(r'subresource="([^"]*)"', labels)
         k = f"{verb.group(1) if verb else '?'} {res.group(1) if res else '?'}"
         if sub and sub.group(1):
             k += f"/{sub.group(1)}"
+        if seconds:
+            k = f"seconds {k}"
         by[k] = by.get(k, 0.0) + v
     return total, by
 
@@ -206,6 +212,17 @@ def list_engines(api: Any, counted: Counted, selector: str) -> list[dict[str, An
     return items
 
 
+def all_building(items: list[dict[str, Any]]) -> int:
+    """Engines whose status shows every one of its targets with a build Job (the status write that
+    follows the Job POSTs)."""
+    return sum(
+        1
+        for o in items
+        if len(targets := (o.get("status") or {}).get("targets") or []) == len(TARGETS)
+        and all(t.get("jobName") for t in targets)
+    )
+
+
 def all_ready(items: list[dict[str, Any]]) -> int:
     from trtforge_dev.localdev import is_true
 
@@ -213,13 +230,17 @@ def all_ready(items: list[dict[str, Any]]) -> int:
 
 
 def count_jobs(api: Any, counted: Counted, ns: str) -> int:
+    """How many Jobs the build namespace `ns` holds (the benchmark's own: only the operator makes Jobs
+    there). One item and the apiserver's ``remainingItemCount``: listing and decoding every Job on
+    each poll cost the harness and the apiserver O(N) per poll, a load on the shared cores that grew
+    with N by itself (docs/benchmarks.md §4e)."""
     from kubernetes import client
 
     counted.n += 1
     batch: Any = client.BatchV1Api(api)
-    return len(
-        batch.list_namespaced_job(ns, label_selector="app.kubernetes.io/managed-by=trtforge-operator").items
-    )
+    raw = batch.list_namespaced_job(ns, limit=1, _preload_content=False)
+    page = json.loads(raw.data)
+    return len(page.get("items") or []) + int((page.get("metadata") or {}).get("remainingItemCount") or 0)
 
 
 def restart_operator(env: Any, timeout: float = 60) -> None:
@@ -231,6 +252,37 @@ def restart_operator(env: Any, timeout: float = 60) -> None:
         if time.monotonic() > deadline or not env.op.alive():
             raise RuntimeError(f"operator did not come up:\n{env.op.tail()}")
         time.sleep(0.2)
+
+
+def settle_load(max_load: float, timeout: float) -> dict[str, Any]:
+    """Wait until the 1-minute load average is at most `max_load`, for at most `timeout` seconds.
+
+    The cases run one after another on the same cores, and the load a case leaves behind (the
+    previous case's deletions, the Job controller's retries) would otherwise be carried into the
+    next: in the 15:52 grid the N = 2000 cache case began at load 2.2 and the N = 500 one at 0.4.
+    Returns what was waited for and why it stopped, for the results."""
+    t0 = time.monotonic()
+    start = os.getloadavg()[0]
+    while True:
+        now = os.getloadavg()[0]
+        waited = time.monotonic() - t0
+        if now <= max_load:
+            reason = "settled"
+            break
+        if waited >= timeout:
+            reason = f"timeout: load {now:.2f} still above {max_load} after {waited:.0f}s (machine busy?)"
+            log(reason)
+            break
+        time.sleep(2)
+    if waited >= 2:
+        log(f"waited {waited:.0f}s for the load to settle: {start:.2f} -> {now:.2f} ({reason})")
+    return {
+        "max_load": max_load,
+        "load_at_start": round(start, 2),
+        "load_at_end": round(now, 2),
+        "waited_s": round(waited, 1),
+        "reason": reason,
+    }
 
 
 def delete_all(env: Any, counted: Counted, selector: str, timeout: float = 600) -> None:
@@ -256,12 +308,20 @@ def delete_all(env: Any, counted: Counted, selector: str, timeout: float = 600) 
 
 
 def run_case(
-    env: Any, scenario: str, n: int, sha: str | None, model_uri: str, quiet: float, timeout: float
+    env: Any,
+    scenario: str,
+    n: int,
+    sha: str | None,
+    model_uri: str,
+    quiet: float,
+    timeout: float,
+    settle: tuple[float, float] = (1.0, 240.0),
 ) -> dict[str, Any]:
     counted = Counted()
     prefix = f"{scenario}{n}"
     selector = f"bench={prefix}"
     restart_operator(env)
+    settled = settle_load(*settle)
     mport = env.config["metrics_port"]
     # idle rate of API requests with the operator up and nothing to do
     time.sleep(3)
@@ -292,6 +352,15 @@ def run_case(
             done_s = time.monotonic() - t0
             break
         time.sleep(0.5)
+    status_s: float | None = None
+    if scenario == "jobs" and done_s is not None:
+        # The Jobs exist; the engines' status writes that name them may still be on their way. The
+        # issue times the Jobs, but a status that lags far behind would be work deferred, not saved.
+        while time.monotonic() - t0 < timeout:
+            if all_building(list_engines(env.api, counted, selector)) == n:
+                status_s = time.monotonic() - t0
+                break
+            time.sleep(1)
     t_window = time.monotonic() - t0
     req1, by1 = apiserver_requests(env.tb)
     c1 = operator_counters(mport)
@@ -300,7 +369,12 @@ def run_case(
     # - n: our creates; POST pods: the Job controller trying the held builds' pods (not the operator)
     job_controller = by1.get("POST pods", 0) - by0.get("POST pods", 0)
     api_operator = max(0.0, api_total - own - idle_rate * t_window - n - job_controller)
-    top = sorted(((k, by1.get(k, 0) - by0.get(k, 0)) for k in by1), key=lambda kv: -kv[1])[:8]
+    diff = {k: by1.get(k, 0) - by0.get(k, 0) for k in by1}
+    top = sorted(((k, v) for k, v in diff.items() if not k.startswith("seconds ")), key=lambda kv: -kv[1])[:8]
+    busiest = sorted(
+        ((k, v) for k, v in diff.items() if k.startswith("seconds ") and " WATCH" not in k),
+        key=lambda kv: -kv[1],
+    )
     res: dict[str, Any] = {
         "scenario": scenario,
         "n": n,
@@ -308,14 +382,19 @@ def run_case(
         "apply_s": round(t_applied, 2),
         "done_s": round(done_s, 2) if done_s is not None else None,
         "progress_at_end": progress,
+        # jobs: until every engine's status names its three Jobs (after done_s)
+        "status_done_s": round(status_s, 2) if status_s is not None else None,
         "loadavg_1m_before": round(load_before, 2),
         "loadavg_1m_after": round(os.getloadavg()[0], 2),
+        "load_settle": settled,
         "cpus": os.cpu_count(),
         "operator_peak_rss_mb": None,
         "api_requests_total": int(api_total),
         "api_requests_idle_rate_per_s": round(idle_rate, 2),
         "api_requests_per_engine": round(api_operator / n, 2),
         "api_top": {k: int(v) for k, v in top if v > 0},
+        # where the apiserver spent its time: seconds summed over requests, by verb and resource
+        "api_seconds_top": {k.removeprefix("seconds "): round(v, 1) for k, v in busiest[:8] if v > 0},
         "jobs_created": _sum(c1, "trtforge_build_jobs_created_total")
         - _sum(c0, "trtforge_build_jobs_created_total"),
         "cache_hits": _sum(c1, "trtforge_engine_cache_hits_total")
@@ -346,7 +425,10 @@ def run_case(
         cpu1 = tree_cpu_seconds(env.op.proc.pid) if env.op.proc is not None else 0.0
         r1, qby1 = apiserver_requests(env.tb)
         q1 = operator_counters(mport)
-        qtop = sorted(((k, qby1.get(k, 0) - qby0.get(k, 0)) for k in qby1), key=lambda kv: -kv[1])[:6]
+        qtop = sorted(
+            ((k, qby1.get(k, 0) - qby0.get(k, 0)) for k in qby1 if not k.startswith("seconds ")),
+            key=lambda kv: -kv[1],
+        )[:6]
         after = {
             o["metadata"]["name"]: o["metadata"]["resourceVersion"]
             for o in list_engines(env.api, counted, "")
@@ -398,6 +480,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", default=str(CACHE / "cluster"), help="the benchmark's own test-bed state dir")
     p.add_argument("--keep-cluster", action="store_true")
     p.add_argument(
+        "--settle-load",
+        type=float,
+        default=1.0,
+        help="before each case, wait until the 1-minute load average is at most this (0: do not wait)",
+    )
+    p.add_argument(
+        "--settle-timeout", type=float, default=240.0, help="seconds to wait for --settle-load at most"
+    )
+    p.add_argument(
         "--result", default="controlplane", help="results file name (benchmarks/results/NAME.json)"
     )
     p.add_argument(
@@ -441,10 +532,11 @@ def main(argv: list[str] | None = None) -> int:
         results["seed_build_s"] = round(seed_s, 1)
         log(f"seed engine built for {len(TARGETS)} targets in {seed_s:.1f}s")
         scenarios = a.scenarios.split(",")
+        settle = (a.settle_load if a.settle_load > 0 else float("inf"), a.settle_timeout)
         ns_list = [int(x) for x in a.n.split(",")]
         if "cache" in scenarios:
             for n in ns_list:
-                r = run_case(env, "cache", n, sha, uri, a.quiet, a.timeout)
+                r = run_case(env, "cache", n, sha, uri, a.quiet, a.timeout, settle)
                 log(f"cache N={n}: {r}")
                 results["cases"].append(r)
         if "jobs" in scenarios:
@@ -456,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             env.apply(quota, env.build_ns)
             for n in ns_list:
-                r = run_case(env, "jobs", n, None, uri, 0, a.timeout)
+                r = run_case(env, "jobs", n, None, uri, 0, a.timeout, settle)
                 log(f"jobs N={n}: {r}")
                 results["cases"].append(r)
     finally:
@@ -502,6 +594,14 @@ def verdicts(cases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _settled(settle: dict[str, Any] | None) -> str:
+    """The settle wait before a case, as a table cell ('-' for results from before it existed)."""
+    if not settle:
+        return "-"
+    cell = f"{settle['waited_s']} ({settle['load_at_start']} -> {settle['load_at_end']})"
+    return cell if settle["reason"] == "settled" else f"{cell}, timed out"
+
+
 def render(results: dict[str, Any]) -> str:
     rows = []
     quiet_rows = []
@@ -512,6 +612,7 @@ def render(results: dict[str, Any]) -> str:
                 c["n"],
                 c["targets"],
                 c["done_s"],
+                c.get("status_done_s") if c["scenario"] == "jobs" else "",
                 c["apply_s"],
                 c["jobs_created"],
                 c["cache_hits"],
@@ -521,6 +622,7 @@ def render(results: dict[str, Any]) -> str:
                 c["reconciles"],
                 c.get("reconcile_s_per_engine"),
                 f"{c.get('loadavg_1m_before', '-')} / {c.get('loadavg_1m_after', '-')}",
+                _settled(c.get("load_settle")),
             ]
         )
         q = c.get("quiet")
@@ -548,6 +650,7 @@ def render(results: dict[str, Any]) -> str:
                 "N",
                 "targets",
                 "done s",
+                "jobs: status written s",
                 "create s",
                 "Jobs created",
                 "cache hits",
@@ -557,6 +660,7 @@ def render(results: dict[str, Any]) -> str:
                 "reconciles",
                 "reconcile s/engine",
                 f"load 1m before / after ({results.get('machine', {}).get('cpus', '?')} CPUs)",
+                "waited for load ≤ max (s)",
             ],
             rows,
         ),

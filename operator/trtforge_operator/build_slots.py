@@ -59,6 +59,16 @@ class BuildSlots:
         self._expire()
         return name in self._pending or name in self._running
 
+    def awaiting_event(self, name: str) -> bool:
+        """Whether the Job `name` was created by this operator and no event has shown it since."""
+        self._expire()
+        return name in self._pending
+
+    @property
+    def held(self) -> int:
+        """Slots held now: running Jobs and reservations not seen yet (fewer than before: one freed)."""
+        return len(self._running) + len(self._pending)
+
     @property
     def running(self) -> int:
         return len(self._running)
@@ -90,7 +100,12 @@ class BuildSlots:
             del self._by_ns[namespace]
 
     def _expire(self) -> None:
+        # Reservations are inserted in time order and a dict keeps that order, so the expired ones
+        # are at the front: stop at the first live one. Scanning all of them on every call made
+        # each pass cost O(Jobs in flight), N squared over a wave of N engines (docs/design.md §"Scale").
         now = self._clock()
-        for name, (t, _) in list(self._pending.items()):
-            if now - t > PENDING_TTL_S:
-                self._unpend(name)
+        while self._pending:
+            name, (t, _) = next(iter(self._pending.items()))
+            if now - t <= PENDING_TTL_S:
+                break
+            self._unpend(name)

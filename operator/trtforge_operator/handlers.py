@@ -74,7 +74,7 @@ from trtforge_operator.planning.rebuild import annotation_patch, rebuild_job, re
 from trtforge_operator.planning.text import one_line
 from trtforge_operator.status_cache import StatusCache, resource_version
 from trtforge_operator.store_reader import StoreReader
-from trtforge_operator.workqueue import LoopWatch, WorkQueue
+from trtforge_operator.workqueue import LoopWatch, WorkQueue, job_projection, own_create_echo
 
 log = logging.getLogger(__name__)
 MANAGED = {APP_MANAGED_BY: MANAGED_BY}
@@ -119,6 +119,12 @@ class NoDiffBase(kopf.DiffBaseStorage):
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
         return None
 
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        """An empty essence: kopf builds one (a deep copy of the body, copied again to clear it) on
+        every event of every watched kind, only to diff it for change handlers we do not have. At
+        N = 1000 that was an eighth of the event loop (docs/design.md §"Scale")."""
+        return kopf.BodyEssence()
+
 
 def _plain(body: Any) -> dict[str, Any]:
     return json.loads(json.dumps(dict(body), default=str))
@@ -157,20 +163,23 @@ async def _post_events(state: State, body: Mapping[str, Any], events: Iterable[E
         await state.kube.event(body, ev.type, ev.reason, ev.message)
 
 
-async def _create_jobs(state: State, jobs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    """Create-if-absent; returns the Jobs created now (as stored, with their uid)."""
-    out: list[dict[str, Any]] = []
-    for j in jobs:
+async def _create_jobs(state: State, jobs: list[dict[str, Any]], kind: str) -> int:
+    """Create-if-absent, every Job at once (a pass's POSTs do not wait on each other; the client's
+    thread pool bounds how many are in flight over all passes); returns how many were created now."""
+
+    async def one(j: dict[str, Any]) -> bool:
         try:
-            created = await state.kube.create_returning(j)
+            return await state.kube.create(j)
         except ApiException as e:
             state.slots.forget(j["metadata"]["name"])
+            state.queue.fire_waiting_for_slot()
             log.warning("could not create Job %s: %s %s", j["metadata"]["name"], e.status, e.reason)
-            continue
-        if created is not None:
-            state.metrics.jobs_created.labels(kind).inc()
-            out.append(created)
-    return out
+            return False
+
+    created = sum(await asyncio.gather(*(one(j) for j in jobs)))
+    if created:
+        state.metrics.jobs_created.labels(kind).inc(created)
+    return created
 
 
 def _job_names(jobs: list[dict[str, Any]]) -> list[str]:
@@ -289,6 +298,7 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
         if not state.slots.admit(_job_names(plan.jobs_to_create), ns):
             raise RuntimeError("build slots refused a plan made against their own count")
     state.metrics.builds_running.set(state.slots.running)
+    state.queue.set_waiting_for_slot(ns, name, plan.waiting_for_slot)
     for refused in plan.refused:  # a planner bug: the status still shows what was observed
         log.warning("%s/%s: %s", ns, name, refused, extra=fields(namespace=ns, name=name))
         state.metrics.refused_transitions.labels(str(refused.before or "None"), refused.after).inc()
@@ -658,27 +668,28 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
             ns, _, n = j.annotations.get(ANNOTATION_CREATED_FOR, "").partition("/")
             state.queue.fire(Kind.TRTENGINE, ns, n)
             return
+        created_here = state.slots.awaiting_event(j.name)  # before observe() clears it
+        held = state.slots.held
         if kw.get("type") == "DELETED":
             state.slots.forget(j.name)
         else:
             state.slots.observe(j, j.labels.get(LABEL_REQUESTER_NAMESPACE, ""))
         state.metrics.builds_running.set(state.slots.running)
+        if state.slots.held < held:
+            state.queue.fire_waiting_for_slot()
         if j.done:
             key = j.engine_key or ((j.result() or {}).get("key") or "")
             if key:
                 state.store.invalidate(str(key))
             state.store.invalidate_request(j.request_digest)
         gone = kw.get("type") == "DELETED"
-        projection = (
-            None
-            if gone
-            else (j.running, j.done, j.complete, j.deleting, j.annotations.get(ANNOTATION_RESULT))
-        )
-        if not state.queue.job_changed(j.name, projection):
+        if not state.queue.job_changed(j.name, None if gone else job_projection(j)):
             return  # only a requester annotation changed: the engine that added it knows already
+        echo = not gone and own_create_echo(created_here, j)
         for r in j.requesters():
             ns, _, n = r.partition("/")
-            state.queue.fire(Kind.TRTENGINE, ns, n)
+            if not echo:  # our own create coming back is no news to the engine that made it
+                state.queue.fire(Kind.TRTENGINE, ns, n)
             state.queue.fire_deployments_of(ns, n)
 
     @kopf.on.event("v1", "pods", labels={**MANAGED, APP_COMPONENT: COMPONENT_BUILDER}, registry=registry)

@@ -61,11 +61,11 @@ class Kube:
         )
 
     async def create(self, obj: Mapping[str, Any]) -> bool:
-        """Create `obj` (Job, Deployment, Service, Secret); False when it already exists (409)."""
-        return await self.create_returning(obj) is not None
+        """Create `obj` (Job, Deployment, Service, Secret); False when it already exists (409).
 
-    async def create_returning(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Create `obj` and return it as the apiserver stored it; None when it already exists (409)."""
+        The answer's body is not parsed: no caller reads it, and turning a Job back into the client's
+        models and then into a dict cost more operator CPU than the POST itself (docs/design.md
+        §"Scale")."""
         kind, ns = obj["kind"], obj["metadata"]["namespace"]
         fn = {
             "Job": self.batch.create_namespaced_job,
@@ -74,10 +74,10 @@ class Kube:
             "Secret": self.core.create_namespaced_secret,
         }[kind]
         try:
-            res = await self._call(fn, ns, dict(obj))
+            await self._call(fn, ns, dict(obj), _preload_content=False)
         except ApiException as e:
             if e.status == 409:
-                return None
+                return False
             raise
         log.info(
             "created %s %s/%s",
@@ -86,8 +86,7 @@ class Kube:
             obj["metadata"]["name"],
             extra=fields(kind=kind, namespace=ns, name=obj["metadata"]["name"]),
         )
-        out: dict[str, Any] = self.api.sanitize_for_serialization(res)
-        return out
+        return True
 
     async def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
         """A Secret's data (base64 values, as stored)."""

@@ -16,9 +16,37 @@ from collections.abc import Callable
 
 from trtforge_operator.children import dns_name
 from trtforge_operator.kinds import Kind
-from trtforge_operator.observed import NodeView
+from trtforge_operator.labels import ANNOTATION_RESULT
+from trtforge_operator.observed import JobView, NodeView
 
 Key = tuple[Kind, str, str]
+
+
+def job_projection(job: JobView) -> tuple[object, ...]:
+    """What a Job's requesters plan from: whether it runs, is done, complete or being deleted, whether
+    it has a pod yet (BuildStarting -> BuildRunning), and its result."""
+    return (
+        job.running,
+        job.done,
+        job.complete,
+        job.deleting,
+        job.active > 0,
+        job.annotations.get(ANNOTATION_RESULT),
+    )
+
+
+def own_create_echo(created_here: bool, job: JobView) -> bool:
+    """Whether a Job's event is only the Job one of our passes just created coming back on the watch:
+    `created_here` (created by this process and not seen in an event since), and still as created:
+    running, no pod, no result. The pass that POSTed it planned from exactly that, so waking its
+    engine again only repeats the plan (one more pass per engine per wave: docs/design.md §"Scale")."""
+    return (
+        created_here
+        and job.running
+        and not job.deleting
+        and job.active == 0
+        and ANNOTATION_RESULT not in job.annotations
+    )
 
 
 class WorkQueue:
@@ -31,6 +59,7 @@ class WorkQueue:
         self._users: dict[tuple[str, str], set[str]] = {}  # (ns, TRTEngine) -> InferenceDeployments
         self._nodes: dict[str, NodeView] = {}
         self._jobs: dict[str, tuple[object, ...]] = {}
+        self._waiting: set[tuple[str, str]] = set()  # TRTEngines a build slot refused, by (ns, name)
 
     def get(self, kind: Kind, namespace: str, name: str) -> asyncio.Event:
         key = (kind, namespace, name)
@@ -48,6 +77,21 @@ class WorkQueue:
                 del self._by_label[(kind, namespace, dns_name(name))]
         if kind == Kind.INFERENCEDEPLOYMENT:
             self.set_engine_ref(namespace, name, None)
+        else:
+            self._waiting.discard((namespace, name))
+
+    def set_waiting_for_slot(self, namespace: str, engine: str, waiting: bool) -> None:
+        """Record whether a TRTEngine's last pass was refused a build slot."""
+        if waiting:
+            self._waiting.add((namespace, engine))
+        else:
+            self._waiting.discard((namespace, engine))
+
+    def fire_waiting_for_slot(self) -> None:
+        """A build slot freed: wake every TRTEngine that was refused one (they plan again and admission
+        decides which get it), instead of leaving them to the next resync."""
+        for ns, name in list(self._waiting):
+            self.fire(Kind.TRTENGINE, ns, name)
 
     def fire(self, kind: Kind, namespace: str, name: str) -> None:
         ev = self._events.get((kind, namespace, name))

@@ -14,11 +14,16 @@ from trtforge_operator.api.common import field_error
 from trtforge_operator.build_slots import PENDING_TTL_S, BuildSlots
 from trtforge_operator.health import health_app
 from trtforge_operator.kinds import Kind
-from trtforge_operator.labels import LABEL_BUILD_ID, LABEL_REQUESTER_NAMESPACE, requester_annotation
+from trtforge_operator.labels import (
+    ANNOTATION_RESULT,
+    LABEL_BUILD_ID,
+    LABEL_REQUESTER_NAMESPACE,
+    requester_annotation,
+)
 from trtforge_operator.observed import JobView
 from trtforge_operator.planning.cleanup import release_jobs
 from trtforge_operator.planning.deployment import invalid_deployment_status
-from trtforge_operator.workqueue import LoopWatch, WorkQueue
+from trtforge_operator.workqueue import LoopWatch, WorkQueue, job_projection, own_create_echo
 
 
 def job(name: str, *requesters: str, running: bool = True) -> JobView:
@@ -214,3 +219,77 @@ def test_build_slots_know_the_jobs_created_but_not_seen_yet() -> None:
     assert slots.known("trtforge-build-a")  # created by us; its event has not arrived
     slots.forget("trtforge-build-a")  # its create failed
     assert not slots.known("trtforge-build-a")
+
+
+def fresh_job(name: str, *requesters: str, active: int = 0, result: str | None = None) -> JobView:
+    """A Job as the apiserver stores it right after our POST (no status yet), or with a pod/result."""
+    annotations = {requester_annotation(r): r for r in requesters}
+    if result is not None:
+        annotations[ANNOTATION_RESULT] = result
+    return JobView.from_k8s(
+        {
+            "metadata": {
+                "name": name,
+                "namespace": "build",
+                "labels": {LABEL_BUILD_ID: name[-20:], LABEL_REQUESTER_NAMESPACE: "team-a"},
+                "annotations": annotations,
+            },
+            "status": {"active": active} if active else {},
+        }
+    )
+
+
+def test_our_own_job_create_coming_back_wakes_no_engine_but_any_later_change_does() -> None:
+    name = "trtforge-build-" + "b" * 20
+    slots = BuildSlots(8, 8)
+    assert slots.admit([name], "team-a")
+    created = fresh_job(name, "team-a/e1")
+    assert slots.awaiting_event(name)
+    assert own_create_echo(slots.awaiting_event(name), created)
+    slots.observe(created, "team-a")
+    assert not slots.awaiting_event(name), "seen once: later events are news"
+    assert not own_create_echo(slots.awaiting_event(name), created)
+    # Made by another operator process (or before a restart): its first event is news.
+    assert not own_create_echo(False, created)
+    # Our Job, but it already has a pod, a result, or is going away by the time its event arrives.
+    assert not own_create_echo(True, fresh_job(name, "team-a/e1", active=1))
+    assert not own_create_echo(True, fresh_job(name, "team-a/e1", result='{"key": "k"}'))
+    done = job(name, "team-a/e1", running=False)
+    assert not own_create_echo(True, done)
+
+
+def test_a_build_job_getting_its_pod_is_news_to_its_requesters() -> None:
+    """BuildStarting -> BuildRunning depends on the Job having a pod: that change must wake them."""
+    q = WorkQueue()
+    name = "trtforge-build-" + "c" * 20
+    assert q.job_changed(name, job_projection(fresh_job(name, "team-a/e1")))
+    assert not q.job_changed(name, job_projection(fresh_job(name, "team-a/e1", "team-a/e2")))
+    assert q.job_changed(name, job_projection(fresh_job(name, "team-a/e1", active=1)))
+    assert q.job_changed(name, job_projection(fresh_job(name, "team-a/e1", active=1, result="r")))
+
+
+@pytest.mark.asyncio
+async def test_a_freed_build_slot_wakes_the_engines_that_were_refused_one_and_no_other() -> None:
+    q = WorkQueue()
+    waiting, served, deleted = (q.get(Kind.TRTENGINE, "team-a", n) for n in ("w", "s", "gone"))
+    q.set_waiting_for_slot("team-a", "w", True)
+    q.set_waiting_for_slot("team-a", "gone", True)
+    q.drop(Kind.TRTENGINE, "team-a", "gone")
+    q.fire_waiting_for_slot()
+    assert waiting.is_set() and not served.is_set() and not deleted.is_set()
+    waiting.clear()
+    q.set_waiting_for_slot("team-a", "w", False)  # its next pass got the slot
+    q.fire_waiting_for_slot()
+    assert not waiting.is_set()
+
+
+def test_build_slots_count_what_they_hold_so_a_freed_slot_shows() -> None:
+    slots = BuildSlots(8, 8)
+    a, b = "trtforge-build-" + "a" * 20, "trtforge-build-" + "b" * 20
+    assert slots.admit([a, b], "team-a") and slots.held == 2
+    slots.observe(job(a, "team-a/e1"), "team-a")
+    assert slots.held == 2, "a reservation seen running still holds its slot"
+    slots.observe(job(a, "team-a/e1", running=False), "team-a")
+    assert slots.held == 1
+    slots.forget(b)
+    assert slots.held == 0

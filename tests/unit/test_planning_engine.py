@@ -300,6 +300,8 @@ def test_concurrency_limit_queues_builds() -> None:
     assert len(plan.jobs_to_create) == 1
     assert sorted(t.phase for t in plan.status.targets) == ["Building", "Pending"]
     assert any(t.reason == "Queued" for t in plan.status.targets)
+    assert plan.waiting_for_slot, "a refused build asks to be woken when a slot frees"
+    assert not plan_engine(observe(e), CFG).waiting_for_slot, "every build admitted: nothing to wait for"
 
 
 def test_auto_targets_from_node_labels_mig_only_when_configured() -> None:

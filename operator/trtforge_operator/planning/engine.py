@@ -47,6 +47,8 @@ class EnginePlan:
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None  # seconds until a backoff expires
     refused: list[RefusedTransition] = field(default_factory=list)  # target changes the table refuses
+    # A build this engine needs was refused a slot: wake it when a slot frees (not at the next resync).
+    waiting_for_slot: bool = False
 
 
 def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
@@ -86,6 +88,7 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
                     o.enter(TargetState.QUEUED, queued)
                 o.status.job_name = None
                 o.create = None
+                plan.waiting_for_slot = True
         if o.use_job:
             plan.add_requester.append(o.use_job)
         if o.wake_at is not None:
@@ -104,6 +107,7 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
             plan.jobs_to_create.append(job)
         else:
             plan.requeue_after = min(plan.requeue_after or 5.0, 5.0)
+            plan.waiting_for_slot = True
     statuses = [keep_times(o.status, prev.get(o.status.name)) for o in outcomes]
     p = obs.possession
     plan.status = TRTEngineStatus(

@@ -60,9 +60,19 @@ _PREFIX = b"POST /v2/models/"
 INLINE_DECODE_BYTES = 64 << 10
 
 
+def why_off() -> str | None:
+    """Why the fast path is off (None: it is on): httptools not importable, or
+    ``TRTFORGE_HTTP_FAST_PATH=0``."""
+    if httptools is None:
+        return "httptools is not installed"
+    if os.environ.get("TRTFORGE_HTTP_FAST_PATH", "1") == "0":
+        return "TRTFORGE_HTTP_FAST_PATH=0"
+    return None
+
+
 def enabled() -> bool:
-    """Whether the fast path is on: httptools importable and ``TRTFORGE_HTTP_FAST_PATH`` not 0."""
-    return httptools is not None and os.environ.get("TRTFORGE_HTTP_FAST_PATH", "1") != "0"
+    """Whether the fast path is on (see :func:`why_off`)."""
+    return why_off() is None
 
 
 @dataclass(frozen=True)

@@ -456,6 +456,7 @@ class Runtime:
         """The protocol factory for counted connections: the infer fast path in front of aiohttp
         (fastpath.py), or aiohttp alone when the fast path is off."""
         if not fastpath.enabled():
+            log.info("HTTP infer fast path off", extra=fields(reason=fastpath.why_off()))
             return http
         return lambda: fastpath.InferConnection(self, http)
 

@@ -8,7 +8,16 @@ goes to the aiohttp path (a reason string), which answers as it always has.
 from __future__ import annotations
 
 import pytest
-from trtforge_runtime.fastpath import HEAD_END, InferHead, decide, infer_head, infer_path, response_head
+from trtforge_runtime.fastpath import (
+    HEAD_END,
+    InferHead,
+    decide,
+    enabled,
+    infer_head,
+    infer_path,
+    response_head,
+    why_off,
+)
 
 PATH = infer_path("mlp")
 LIMIT = 10_000
@@ -101,3 +110,10 @@ def test_the_cached_decision_is_the_decision() -> None:
     raw = head("Content-Length: 300")
     assert decide(raw, PATH, LIMIT) == infer_head(raw, PATH, LIMIT) == decide(raw, PATH, LIMIT)
     assert decide(raw, PATH, 10) == "the body is over the limit"
+
+
+def test_the_fast_path_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRTFORGE_HTTP_FAST_PATH", "0")
+    assert not enabled() and why_off() == "TRTFORGE_HTTP_FAST_PATH=0"
+    monkeypatch.delenv("TRTFORGE_HTTP_FAST_PATH")
+    assert enabled() and why_off() is None

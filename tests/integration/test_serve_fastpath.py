@@ -304,7 +304,7 @@ def test_queue_full_is_503_with_retry_after(bed: Bed) -> None:
         s.wait()
         conns = [Conn(s) for _ in range(48)]
         for c in conns:
-            c.send(infer_bytes(xs(12)))
+            c.send(infer_bytes(xs(12, rows=32)))  # a whole batch each: no two share an execution
         answers = [c.answer() for c in conns]
         statuses = sorted({a.status for a in answers})
         assert statuses == [200, 503], statuses

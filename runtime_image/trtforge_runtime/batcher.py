@@ -128,16 +128,23 @@ class Batcher:
         return len(self._queue)
 
     async def submit(self, inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+        return await self.enqueue(inputs, rows)
+
+    def enqueue(self, inputs: dict[str, np.ndarray], rows: int) -> asyncio.Future[dict[str, np.ndarray]]:
+        """Queue a request; its future has the outputs (cancel it to withdraw the request). QueueFull
+        at once when the queue is full. No task is needed to wait for it (the HTTP fast path adds a
+        callback)."""
         if len(self._queue) >= self.max_queue:
             raise QueueFull(len(self._queue))
         fut: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
         self._queue.append(_Item(inputs, rows, _signature(inputs, self.max_batch > 0), fut))
         self._arrived.set()  # the queue-depth gauge is set per batch taken and on each scrape
         self.in_flight += 1
-        try:
-            return await fut
-        finally:
-            self.in_flight -= 1
+        fut.add_done_callback(self._left)
+        return fut
+
+    def _left(self, fut: asyncio.Future[dict[str, np.ndarray]]) -> None:
+        self.in_flight -= 1
 
     def _take(self, batch: list[_Item], rows: int, limit: int) -> int:
         """Move queued items compatible with batch[0] into `batch` up to `limit` rows, oldest first;

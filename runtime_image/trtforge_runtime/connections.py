@@ -97,45 +97,54 @@ class _Abort(asyncio.Protocol):
 
 
 _HEAD_END = b"\r\n\r\n"
-_MAX_HEAD = 64 * 1024  # what the guard keeps while it looks for the end of a request head
 
 
 class _Counted(asyncio.Protocol):
     """The HTTP server's protocol, counted from its creation to its connection's end, with the idle
     guard: while no request head is complete, a timer runs; it closes the connection when it fires."""
 
-    __slots__ = ("_awaiting", "_head", "_inner", "_limiter", "_timer", "_transport")
+    __slots__ = ("_awaiting", "_deadline", "_guard", "_inner", "_limiter", "_tail", "_timer", "_transport")
 
     def __init__(self, inner: asyncio.Protocol, limiter: ConnectionLimiter) -> None:
         self._inner = inner
         self._limiter = limiter
         self._transport: asyncio.Transport | None = None
+        self._guard = limiter.idle_timeout_s is not None
         self._timer: asyncio.TimerHandle | None = None
-        self._head = b""
+        self._deadline = 0.0  # the loop time by which a head is due (while awaiting one)
+        self._tail = b""  # the last bytes seen while awaiting a head (an end may span two reads)
         self._awaiting = True
         limiter.open += 1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
-        if self._limiter.idle_timeout_s is not None:
+        if self._guard:
             self._arm()
             transport = _AnswerWatch(transport, self._answered)
         self._inner.connection_made(transport)
 
     def _arm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        """A head is due within the timeout from now. The one timer is moved lazily: when it fires
+        early (the deadline moved on meanwhile) it waits again, so a request costs no timer calls."""
         timeout = self._limiter.idle_timeout_s
         assert timeout is not None
-        self._timer = asyncio.get_running_loop().call_later(timeout, self._idle)
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.time() + timeout
+        if self._timer is None:
+            self._timer = loop.call_at(self._deadline, self._idle)
 
     def _idle(self) -> None:
+        self._timer = None
         t = self._transport
         if t is None or t.is_closing():
             return
         if not self._awaiting or t.get_write_buffer_size() > 0:  # a request or an answer in flight
             self._arm()
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._deadline:
+            self._timer = loop.call_at(self._deadline, self._idle)
             return
         self._limiter.idle_closed += 1
         t.close()
@@ -143,15 +152,16 @@ class _Counted(asyncio.Protocol):
     def _answered(self) -> None:
         """The server wrote (part of) an answer: the next request head is due within the timeout."""
         if not self._awaiting:
-            self._awaiting, self._head = True, b""
+            self._awaiting, self._tail = True, b""
             self._arm()
 
     def data_received(self, data: bytes) -> None:
-        if self._awaiting and self._timer is not None:
-            self._head = (self._head + data)[-_MAX_HEAD:]
-            if _HEAD_END in self._head:
-                self._awaiting, self._head = False, b""
-                self._timer.cancel()
+        if self._awaiting and self._guard:
+            # No copy of the read: only its first and last bytes meet the previous read's.
+            if _HEAD_END in data or _HEAD_END in self._tail + data[:3]:
+                self._awaiting, self._tail = False, b""
+            else:
+                self._tail = (self._tail + data[-3:])[-3:]
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:

@@ -22,6 +22,7 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ from trtforge.contract.manifest import Manifest
 from trtforge.contract.termination import EXIT_OK, TerminationMessage, write_termination_message
 from trtforge.logs import fields
 from trtforge.store.base import EngineStore
-from trtforge_runtime import warmstart
+from trtforge_runtime import fastpath, warmstart
 from trtforge_runtime.backends import Backend, Instance, default_instances, load_backend
 from trtforge_runtime.batcher import Batcher
 from trtforge_runtime.body import Coding, MemoryBudget, content_coding, decompress, read_body
@@ -442,9 +443,22 @@ class Runtime:
     def _decode(
         self, raw: bytes | bytearray, coding: Coding, header_length: int | None, spec: ModelSpec
     ) -> tuple[InferRequest, int]:
-        body = decompress(raw, coding, self.s.max_request_bytes)
+        return self.decode_body(decompress(raw, coding, self.s.max_request_bytes), header_length, spec)
+
+    def decode_body(
+        self, body: bytes | bytearray | memoryview, header_length: int | None, spec: ModelSpec
+    ) -> tuple[InferRequest, int]:
+        """An identity-coded body's request and its batch rows (RequestError if it is not valid)."""
         req = decode_request(body, header_length, spec, self.s.max_json_bytes)
         return req, spec.validate(req.inputs)
+
+    def http_protocols(self, http: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        """The protocol factory for counted connections: the infer fast path in front of aiohttp
+        (fastpath.py), or aiohttp alone when the fast path is off."""
+        if not fastpath.enabled():
+            log.info("HTTP infer fast path off", extra=fields(reason=fastpath.why_off()))
+            return http
+        return lambda: fastpath.InferConnection(self, http)
 
     async def infer(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
@@ -528,7 +542,7 @@ class Runtime:
         http = runner.server
         assert http is not None
         limiter = ConnectionLimiter(
-            http,
+            self.http_protocols(http),
             self.s.max_connections,
             self.health_answer,
             lambda: self.metrics,

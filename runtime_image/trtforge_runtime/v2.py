@@ -123,7 +123,7 @@ def _parse_header(head: bytes | memoryview, spec: ModelSpec, max_json_bytes: int
 
 
 def decode_request(
-    body: bytes | bytearray,
+    body: bytes | bytearray | memoryview,
     header_length: int | None,
     spec: ModelSpec,
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,

@@ -91,3 +91,18 @@ async def test_a_request_in_flight_is_not_closed_and_the_next_head_is_due_after_
     assert await _closed(reader)
     assert limiter.idle_closed == 1
     writer.close()
+
+
+async def test_a_head_whose_end_spans_reads_counts_as_complete(server: tuple[int, ConnectionLimiter]) -> None:
+    """The blank line that ends the head arrives a byte at a time: the guard still sees the head
+    complete, waits for the answer, and only then closes the idle connection."""
+    port, limiter = server
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for piece in (b"GET /x HTTP/1.1\r\nHost: x\r", b"\n", b"\r", b"\n"):
+        writer.write(piece)
+        await writer.drain()
+        await asyncio.sleep(TIMEOUT / 10)
+    answer = await asyncio.wait_for(reader.readexactly(40), timeout=10 * TIMEOUT)
+    assert answer.endswith(b"ok") and limiter.idle_closed == 0
+    assert await _closed(reader)
+    writer.close()

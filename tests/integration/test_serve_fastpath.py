@@ -1,0 +1,338 @@
+"""The HTTP infer fast path (trtforge_runtime.fastpath) of a real `trtforge serve`, over real sockets.
+
+Which path answered is visible on the wire: aiohttp's answers carry a ``Server`` header, the fast
+path's do not. Every answer is compared with ONNX Runtime run directly, or with the status and the
+JSON error the aiohttp path gives for the same request.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from trtforge_dev.hostile import binary_body
+
+from tests.integration.serve_engines import build_engine, copy_engine, perturb_canary, run_ort, write_gpu_file
+from tests.integration.serve_process import Server
+from tests.modelzoo import dynamic_mlp
+
+pytestmark = pytest.mark.integration
+
+PATH = "/v2/models/mlp/infer"
+
+
+@dataclass
+class Bed:
+    tmp: Path
+    store: Path
+    gpu_file: Path
+    mlp: Path
+    key: str
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Bed:
+    tmp = tmp_path_factory.mktemp("fastpath")
+    store = tmp / "store"
+    gpu_file = write_gpu_file(tmp / "gpus.json")
+    mlp = dynamic_mlp(seed=3, features=64, hidden=128, outputs=10)
+    key = build_engine(store, mlp, name="mlp", gpu_file=gpu_file, samples=4, profiles=["x:1x64:16x64:32x64"])
+    return Bed(tmp, store, gpu_file, mlp, key)
+
+
+@pytest.fixture(scope="module")
+def server(bed: Bed) -> Iterator[Server]:
+    s = Server(
+        bed.store, bed.key, bed.tmp, bed.gpu_file, "--max-request-bytes", "100000", "--body-timeout", "1"
+    )
+    s.wait()
+    yield s
+    s.stop()
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> dict[str, object]:
+        n = int(self.headers.get("inference-header-content-length", len(self.body)))
+        out: dict[str, object] = json.loads(self.body[:n])
+        return out
+
+    @property
+    def fast(self) -> bool:
+        return "server" not in self.headers
+
+
+class Conn:
+    """One raw keep-alive connection: send any bytes, read answers one by one."""
+
+    def __init__(self, server: Server) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+        self.buf = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _fill(self) -> bool:
+        data = self.sock.recv(1 << 16)
+        self.buf += data
+        return bool(data)
+
+    def answer(self) -> Answer:
+        while b"\r\n\r\n" not in self.buf:
+            assert self._fill(), f"connection closed; got {self.buf!r}"
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ")[1])
+        headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
+        n = int(headers["content-length"])
+        while len(self.buf) < n:
+            assert self._fill(), "connection closed mid-answer"
+        body, self.buf = self.buf[:n], self.buf[n:]
+        return Answer(status, headers, body)
+
+    def closed(self) -> bool:
+        """True once the server has closed the connection (waits for it)."""
+        return not self._fill() and not self.buf
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def request(body: bytes, headers: dict[str, str], path: str = PATH, extra: str = "") -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: test", *(f"{k}: {v}" for k, v in headers.items())]
+    if "Transfer-Encoding" not in headers:
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + extra + "\r\n\r\n").encode() + body
+
+
+def infer_bytes(x: np.ndarray, binary_output: bool = True) -> bytes:
+    head = {
+        "id": "r1",
+        "inputs": [
+            {
+                "name": "x",
+                "datatype": "FP32",
+                "shape": list(x.shape),
+                "parameters": {"binary_data_size": x.nbytes},
+            }
+        ],
+        "outputs": [{"name": "y", "parameters": {"binary_data": binary_output}}],
+    }
+    h = json.dumps(head).encode()
+    return request(h + x.tobytes(), {"Inference-Header-Content-Length": str(len(h))})
+
+
+def output(a: Answer) -> np.ndarray:
+    head = a.json()
+    outs = head["outputs"]
+    assert isinstance(outs, list)
+    o = outs[0]
+    if "parameters" in o:
+        n = int(a.headers["inference-header-content-length"])
+        return np.frombuffer(a.body[n:], np.float32).reshape(o["shape"])
+    return np.array(o["data"], np.float32).reshape(o["shape"])
+
+
+def xs(seed: int, rows: int = 3) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, 64)).astype(np.float32)
+
+
+def test_tritonclient_answers_equal_onnxruntime(bed: Bed, server: Server) -> None:
+    c = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    for seed in range(5):
+        x = xs(seed, rows=seed + 1)
+        inp = httpclient.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        for binary in (True, False):
+            out = httpclient.InferRequestedOutput("y", binary_data=binary)
+            r = c.infer("mlp", [inp], outputs=[out], request_id=f"q{seed}")
+            assert r.get_response()["id"] == f"q{seed}"
+            assert r.get_response()["model_name"] == "mlp"
+            np.testing.assert_allclose(r.as_numpy("y"), run_ort(bed.mlp, {"x": x})["y"], rtol=1e-5, atol=1e-6)
+    assert c.is_server_ready() and c.is_model_ready("mlp")
+    c.close()
+
+
+def test_pipelined_requests_are_answered_in_order(bed: Bed, server: Server) -> None:
+    c = Conn(server)
+    bad = request(b'{"inputs": [', {})
+    c.send(infer_bytes(xs(1)) + bad + infer_bytes(xs(2), binary_output=False) + infer_bytes(xs(3)))
+    first, err, second, third = (c.answer() for _ in range(4))
+    assert [a.status for a in (first, err, second, third)] == [200, 400, 200, 200]
+    assert all(a.fast for a in (first, err, second, third))
+    assert "request JSON is not valid" in str(err.json()["error"])
+    assert err.headers["content-type"] == "application/json"
+    for a, seed in ((first, 1), (second, 2), (third, 3)):
+        np.testing.assert_allclose(output(a), run_ort(bed.mlp, {"x": xs(seed)})["y"], rtol=1e-5, atol=1e-6)
+        assert a.json()["id"] == "r1"
+    c.close()
+
+
+def test_anything_else_goes_to_aiohttp_which_keeps_the_connection(bed: Bed, server: Server) -> None:
+    c = Conn(server)
+    c.send(infer_bytes(xs(4)))
+    assert c.answer().fast
+    # Chunked: aiohttp's, and from then on the connection is aiohttp's.
+    whole = infer_bytes(xs(5))
+    head, body = whole.split(b"\r\n\r\n", 1)
+    head = b"\r\n".join(ln for ln in head.split(b"\r\n") if not ln.startswith(b"Content-Length"))
+    chunked = (
+        head + b"\r\nTransfer-Encoding: chunked\r\n\r\n" + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+    )
+    c.send(chunked)
+    a = c.answer()
+    assert (a.status, a.fast) == (200, False)
+    np.testing.assert_allclose(output(a), run_ort(bed.mlp, {"x": xs(5)})["y"], rtol=1e-5, atol=1e-6)
+    c.send(infer_bytes(xs(6)))
+    a = c.answer()
+    assert (a.status, a.fast) == (200, False)
+    np.testing.assert_allclose(output(a), run_ort(bed.mlp, {"x": xs(6)})["y"], rtol=1e-5, atol=1e-6)
+    c.close()
+    # A health probe first: aiohttp answers it (and the infer after it).
+    c = Conn(server)
+    c.send(b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n" + infer_bytes(xs(7)))
+    ready, a = c.answer(), c.answer()
+    assert (ready.status, ready.fast, a.status, a.fast) == (200, False, 200, False)
+    c.close()
+
+
+@pytest.mark.parametrize(
+    ("what", "raw", "status", "message"),
+    [
+        ("over --max-request-bytes", request(b"x" * 100_001, {}), 413, "exceeds the limit of 100000"),
+        ("gzip", request(b"x" * 10, {"Content-Encoding": "gzip"}), 400, "not valid gzip"),
+        ("brotli", request(b"x" * 10, {"Content-Encoding": "br"}), 415, "not supported"),
+        (
+            "bad header length",
+            request(b"{}", {"Inference-Header-Content-Length": "x"}),
+            400,
+            "not an integer",
+        ),
+        ("unknown model", request(b"{}", {}, path="/v2/models/nope/infer"), 404, "unknown model"),
+        ("a version", request(b"{}", {}, path="/v2/models/mlp/versions/9/infer"), 404, "no version"),
+    ],
+)
+def test_limits_hold_through_the_aiohttp_path(
+    server: Server, what: str, raw: bytes, status: int, message: str
+) -> None:
+    c = Conn(server)
+    c.send(raw)
+    a = c.answer()
+    assert (a.status, a.fast) == (status, False), what
+    assert message in str(a.json()["error"]), (what, a.body)
+    c.close()
+
+
+@pytest.mark.parametrize(
+    ("what", "body", "status", "message"),
+    [
+        ("two rows for one", binary_body("x", "FP32", [1, 64], bytes(512)), 400, "needs 256"),
+        ("BYTES input", binary_body("x", "BYTES", [1, 64], bytes(4 * 64)), 400, "datatype BYTES"),
+        ("empty", (b"", {}), 400, "not valid"),
+        ("not an object", (b"[1, 2]", {}), 400, "must be an object"),
+    ],
+)
+def test_bad_bodies_on_the_fast_path(
+    server: Server, what: str, body: tuple[bytes, dict[str, str]], status: int, message: str
+) -> None:
+    c = Conn(server)
+    c.send(request(*body))
+    a = c.answer()
+    assert (a.status, a.fast) == (status, True), (what, a.body)
+    assert message in str(a.json()["error"]), (what, a.body)
+    c.send(infer_bytes(xs(8)))  # the connection still serves
+    assert c.answer().status == 200
+    c.close()
+
+
+def test_a_slow_body_gets_408_and_the_connection_closes(bed: Bed, server: Server) -> None:
+    c = Conn(server)
+    whole = infer_bytes(xs(9))
+    c.send(whole[:-100])  # the head and most of the body; --body-timeout is 1 s
+    a = c.answer()
+    assert (a.status, a.fast, a.headers["connection"]) == (408, True, "close")
+    assert "--body-timeout" in str(a.json()["error"])
+    assert c.closed()
+    c.close()
+
+
+def test_clients_that_vanish_mid_body_give_their_memory_back(bed: Bed, server: Server) -> None:
+    """Each partial body reserves its Content-Length of the shared budget (2 x 100000 bytes): if a
+    vanished client kept its share, the next requests would find the budget full (aiohttp's path,
+    then 503)."""
+    for _ in range(10):
+        c = Conn(server)
+        c.send(request(b"x" * 99_000, {})[:-98_000])
+        time.sleep(0.05)
+        c.close()
+    c = Conn(server)
+    for _ in range(3):
+        c.send(request(b"x" * 99_000, {"Inference-Header-Content-Length": "99000"}))
+        a = c.answer()
+        assert (a.status, a.fast) == (400, True), a.body
+    c.send(infer_bytes(xs(10)))
+    a = c.answer()
+    assert (a.status, a.fast) == (200, True)
+    c.close()
+
+
+def test_connection_close_is_honoured(bed: Bed, server: Server) -> None:
+    c = Conn(server)
+    c.send(infer_bytes(xs(11)).replace(b"Host: test", b"Host: test\r\nConnection: close"))
+    a = c.answer()
+    assert (a.status, a.fast, a.headers["connection"]) == (200, True, "close")
+    np.testing.assert_allclose(output(a), run_ort(bed.mlp, {"x": xs(11)})["y"], rtol=1e-5, atol=1e-6)
+    assert c.closed()
+    c.close()
+
+
+def test_queue_full_is_503_with_retry_after(bed: Bed) -> None:
+    """One queue slot, one instance: 48 clients whose requests arrive together overflow it."""
+    s = Server(bed.store, bed.key, bed.tmp, bed.gpu_file, "--max-queue", "1", "--instances", "1", "--no-solo")
+    try:
+        s.wait()
+        conns = [Conn(s) for _ in range(48)]
+        for c in conns:
+            c.send(infer_bytes(xs(12, rows=32)))  # a whole batch each: no two share an execution
+        answers = [c.answer() for c in conns]
+        statuses = sorted({a.status for a in answers})
+        assert statuses == [200, 503], statuses
+        full = [a for a in answers if a.status == 503]
+        assert all(a.fast and a.headers["retry-after"] == "1" for a in full)
+        assert all("queue is full" in str(a.json()["error"]) for a in full)
+        for c in conns:
+            c.close()
+    finally:
+        s.stop()
+
+
+def test_not_ready_is_503_with_retry_after_from_the_aiohttp_path(bed: Bed) -> None:
+    """A failed canary keeps the server not ready: infer requests are not the fast path's."""
+    store = bed.tmp / "store-canary"
+    key = copy_engine(bed.store, bed.key, store)
+    perturb_canary(store, key, 0.5)
+    s = Server(store, key, bed.tmp, bed.gpu_file, cache=bed.tmp / "cache-canary")
+    try:
+        s.wait("live")
+        c = Conn(s)
+        while True:
+            c.send(infer_bytes(xs(13)))
+            a = c.answer()
+            assert (a.status, a.fast, a.headers["retry-after"]) == (503, False, "1")
+            if "canary failed" in str(a.json()["error"]):
+                break
+            time.sleep(0.05)  # still loading: "not loaded yet", the same 503
+        c.close()
+    finally:
+        assert s.stop() == 0

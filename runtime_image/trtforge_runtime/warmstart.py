@@ -9,8 +9,9 @@ other arguments, those calls do again themselves and report as usual, so a warm 
 the work happens, never what is checked or in which order: the GPU identity check before anything
 large is read, the sha256 before the backend sees the file, the canary before Ready.
 
-Why it pays: hashing releases the GIL, and so do ONNX Runtime's session build and its runs, so on two
-cores the engine is verified, loaded and checked while the interpreter imports the server. The
+Why it pays: hashing releases the GIL, and so do ONNX Runtime's runs and (from 1.32, the version the
+image pins; 1.30 holds it) its session build, so on two cores the engine is verified, loaded and
+checked while the interpreter imports the server (docs/design.md, "Runtime cold start"). The
 backend's library (onnxruntime) is imported on a third thread as soon as the manifest names it, so
 that import (which holds the GIL) overlaps the hash (which does not). What the thread imports first
 (pydantic, the store) is imported by the caller before :func:`begin`: two threads importing at once

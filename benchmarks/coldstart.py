@@ -28,10 +28,10 @@ from typing import Any
 
 from benchmarks.common import (
     CACHE,
-    TRTFORGE,
     free_port,
     http_get,
     log,
+    serve_cmd,
     start,
     stop,
     table,
@@ -134,25 +134,14 @@ def run_serve(
     port = free_port()
     cmd = taskset(
         cpus,
-        [
-            *TRTFORGE,
-            "--log-format",
-            "json",
-            "serve",
-            "--store",
+        serve_cmd(
             store_uri,
-            "--engine",
             key,
-            "--model-name",
             "resnet50",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--cache-dir",
-            str(cache),
+            port,
+            cache,
             *(["--grpc-port", str(free_port())] if grpc_supported() else []),  # on, as by default
-        ],
+        ),
     )
     t0 = time.time()
     p = start(cmd, log_path, {"TRTFORGE_GPU_PROBE": "none", **env})

@@ -126,6 +126,64 @@ def free_port() -> int:
         return port
 
 
+def serve_cmd(
+    store: str, key: str, model: str, port: int, cache_dir: Path, *flags: str, json_logs: bool = True
+) -> list[str]:
+    """``trtforge serve`` of engine `key` from `store` (a path or a store URI) as model `model` on
+    127.0.0.1:`port`, with `cache_dir` as its cache; `flags` follow (the benchmarks' one spelling)."""
+    return [
+        *TRTFORGE,
+        *(["--log-format", "json"] if json_logs else []),
+        "serve",
+        "--store",
+        store,
+        "--engine",
+        key,
+        "--model-name",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--cache-dir",
+        str(cache_dir),
+        *flags,
+    ]
+
+
+def loadgen_cmd(
+    url: str,
+    model: str,
+    input_name: str,
+    output_name: str,
+    concurrency: int,
+    seconds: float,
+    warmup: float,
+    *flags: str,
+) -> list[str]:
+    """``python -m benchmarks.loadgen`` against `url` (this interpreter); `flags` follow."""
+    return [
+        sys.executable,
+        "-m",
+        "benchmarks.loadgen",
+        "--url",
+        url,
+        "--model",
+        model,
+        "--input",
+        input_name,
+        "--output",
+        output_name,
+        "--concurrency",
+        str(concurrency),
+        "--seconds",
+        str(seconds),
+        "--warmup",
+        str(warmup),
+        *flags,
+    ]
+
+
 def taskset(cpus: str | None, cmd: Sequence[str]) -> list[str]:
     return ["taskset", "-c", cpus, *cmd] if cpus else list(cmd)
 

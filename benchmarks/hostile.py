@@ -34,9 +34,9 @@ from trtforge_dev.hostile import MB, LiveProbe, binary_body, hostile_requests, p
 
 from benchmarks.common import (
     CACHE,
-    TRTFORGE,
     free_port,
     log,
+    serve_cmd,
     start,
     stop,
     table,
@@ -124,27 +124,16 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="hostile-", dir=CACHE))
     cmd = taskset(
         a.server_cpus,
-        [
-            *TRTFORGE,
-            "--log-format",
-            "json",
-            "serve",
-            "--store",
+        serve_cmd(
             str(store),
-            "--engine",
             key,
-            "--model-name",
             "squeezenet",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
+            port,
+            work / "cache",
             "--no-grpc",
-            "--cache-dir",
-            str(work / "cache"),
             "--idle-timeout",
             str(a.idle_timeout),
-        ],
+        ),
     )
     proc = start(cmd, work / "serve.log", {"TRTFORGE_GPU_PROBE": "none"})
     phases: dict[str, tuple[float, float]] = {}

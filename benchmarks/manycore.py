@@ -36,9 +36,10 @@ from benchmarks.ceiling import run_pinned
 from benchmarks.common import (
     CACHE,
     ROOT,
-    TRTFORGE,
     free_port,
+    loadgen_cmd,
     log,
+    serve_cmd,
     start,
     stop,
     table,
@@ -107,26 +108,8 @@ def serve(
     key, _ = ensure_engine(model.file, store_dir(model.name))
     port = free_port()
     cache = CACHE / "manycore" / f"cache-{port}"
-    cmd = [
-        *TRTFORGE,
-        "--log-format",
-        "json",
-        "serve",
-        "--store",
-        str(store_dir(model.name)),
-        "--engine",
-        key,
-        "--model-name",
-        model.name,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--cache-dir",
-        str(cache),
-        *(["--grpc-port", str(free_port())] if grpc_supported() else []),  # on, as by default
-        *flags,
-    ]
+    grpc = ["--grpc-port", str(free_port())] if grpc_supported() else []  # on, as by default
+    cmd = serve_cmd(str(store_dir(model.name)), key, model.name, port, cache, *grpc, *flags)
     t0 = time.monotonic()
     p = start(taskset(cpus, cmd), log_path, {"TRTFORGE_GPU_PROBE": "none"})
     try:
@@ -152,29 +135,19 @@ def drive(
 ) -> dict[str, Any]:
     cmd = taskset(
         cpus,
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.loadgen",
-            "--url",
+        loadgen_cmd(
             f"http://127.0.0.1:{port}",
-            "--model",
             model.name,
-            "--input",
             model.input,
-            "--output",
             model.output,
-            "--concurrency",
-            str(c),
-            "--seconds",
-            str(seconds),
-            "--warmup",
-            str(warmup),
+            c,
+            seconds,
+            warmup,
             "--procs",
             str(procs),
             "--check",
             str(ref),
-        ],
+        ),
     )
     cpu0, t0 = tree_cpu_seconds(pid), time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=seconds + warmup + 300)

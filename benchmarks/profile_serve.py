@@ -23,8 +23,9 @@ from pathlib import Path
 from benchmarks.common import (
     CACHE,
     ROOT,
-    TRTFORGE,
     free_port,
+    loadgen_cmd,
+    serve_cmd,
     start,
     stop,
     taskset,
@@ -76,23 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     store = store_dir(a.model)
     key, _ = ensure_engine(mfile, store)
     port = free_port()
-    cmd = [
-        *TRTFORGE,
-        "serve",
-        "--store",
-        str(store),
-        "--engine",
-        key,
-        "--model-name",
-        a.model,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--cache-dir",
-        str(CACHE / "profile-cache"),
-        *a.serve_args.split(),
-    ]
+    cmd = serve_cmd(
+        str(store), key, a.model, port, CACHE / "profile-cache", *a.serve_args.split(), json_logs=False
+    )
     srv = start(taskset(a.cpus, cmd), CACHE / "logs" / "profile-serve.log", {"TRTFORGE_GPU_PROBE": "none"})
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/v2/health/ready", 300, srv, 0.1)
@@ -100,25 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         load = subprocess.Popen(
             taskset(
                 a.cpus,
-                [
-                    sys.executable,
-                    "-m",
-                    "benchmarks.loadgen",
-                    "--url",
-                    f"http://127.0.0.1:{port}",
-                    "--model",
-                    a.model,
-                    "--input",
-                    in_name,
-                    "--output",
-                    out_name,
-                    "--concurrency",
-                    str(a.concurrency),
-                    "--seconds",
-                    str(a.seconds + 2),
-                    "--warmup",
-                    "1",
-                ],
+                loadgen_cmd(
+                    f"http://127.0.0.1:{port}", a.model, in_name, out_name, a.concurrency, a.seconds + 2, 1
+                ),
             ),
             stdout=subprocess.PIPE,
             text=True,

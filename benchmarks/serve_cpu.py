@@ -25,7 +25,17 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.ceiling import run_pinned
-from benchmarks.common import CACHE, ROOT, TRTFORGE, free_port, start, stop, taskset, wait_http_ok
+from benchmarks.common import (
+    CACHE,
+    ROOT,
+    free_port,
+    loadgen_cmd,
+    serve_cmd,
+    start,
+    stop,
+    taskset,
+    wait_http_ok,
+)
 from benchmarks.engines import ensure_engine, store_dir
 from benchmarks.models import io_names, model_file
 
@@ -71,24 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         threads = len(os.sched_getaffinity(0))
         ceiling = float(run_pinned(mfile, a.cpus, threads, 0.5, "1,2,4,8,16,32")["best"]["images_per_s"])
     port = free_port()
-    cmd = [
-        *TRTFORGE,
-        "serve",
-        "--store",
-        str(store),
-        "--engine",
-        key,
-        "--model-name",
-        a.model,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--no-grpc",
-        "--cache-dir",
-        str(CACHE / "serve-cpu-cache"),
-        *a.serve_args.split(),
-    ]
+    cache = CACHE / "serve-cpu-cache"
+    cmd = serve_cmd(
+        str(store), key, a.model, port, cache, "--no-grpc", *a.serve_args.split(), json_logs=False
+    )
     env = {"TRTFORGE_GPU_PROBE": "none", **dict(kv.split("=", 1) for kv in a.env)}
     srv = start(taskset(a.cpus, cmd), CACHE / "logs" / "serve-cpu.log", env)
     rows = []
@@ -101,25 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                 out = subprocess.run(
                     taskset(
                         a.cpus,
-                        [
-                            sys.executable,
-                            "-m",
-                            "benchmarks.loadgen",
-                            "--url",
-                            f"http://127.0.0.1:{port}",
-                            "--model",
-                            a.model,
-                            "--input",
-                            in_name,
-                            "--output",
-                            out_name,
-                            "--concurrency",
-                            str(c),
-                            "--seconds",
-                            str(a.seconds),
-                            "--warmup",
-                            "1",
-                        ],
+                        loadgen_cmd(f"http://127.0.0.1:{port}", a.model, in_name, out_name, c, a.seconds, 1),
                     ),
                     capture_output=True,
                     text=True,

@@ -40,6 +40,7 @@ from benchmarks.common import (
     ROOT,
     free_port,
     http_get,
+    loadgen_cmd,
     log,
     start,
     stop,
@@ -222,29 +223,19 @@ def load(
     m = srv.model
     cmd = taskset(
         srv.lay.client_cpus,
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.loadgen",
-            "--url",
+        loadgen_cmd(
             srv.url(protocol),
+            m.name,
+            m.input,
+            m.output,
+            c,
+            seconds,
+            warmup,
             "--protocol",
             protocol,
-            "--model",
-            m.name,
-            "--input",
-            m.input,
-            "--output",
-            m.output,
-            "--concurrency",
-            str(c),
-            "--seconds",
-            str(seconds),
-            "--warmup",
-            str(warmup),
             "--procs",
             str(client_procs),
-        ],
+        ),
     )
     # A client on every core needs no pinning: it runs in this process (one interpreter start and
     # import less per point); otherwise it is a pinned process of its own.

@@ -7,7 +7,7 @@ import dataclasses
 import functools
 from pathlib import Path
 
-from benchmarks.common import CACHE, TRTFORGE, cmd_output
+from benchmarks.common import CACHE, TRTFORGE, cmd_output, serve_cmd
 from benchmarks.engines import ensure_engine, store_dir
 from benchmarks.servers import Kind, Launch, Model, Setting, default_sweep
 
@@ -16,30 +16,19 @@ def launch(model: Model, s: Setting, http_port: int, grpc_port: int, work: Path)
     store = store_dir(model.name)
     key, _publisher = ensure_engine(model.file, store)
     cache = CACHE / "serve-cache" / f"{model.name}-{http_port}"
-    cmd = [
-        *TRTFORGE,
-        "--log-format",
-        "json",
-        "serve",
-        "--store",
+    cmd = serve_cmd(
         str(store),
-        "--engine",
         key,
-        "--model-name",
         model.name,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(http_port),
-        "--cache-dir",
-        str(cache),
+        http_port,
+        cache,
         "--instances",
         str(s.instances),
         "--max-batch-size",
         str(s.max_batch),
         "--max-queue-delay-us",
         str(s.queue_delay_us),
-    ]
+    )
     protocols: tuple[str, ...] = ("http",)
     if grpc_supported():
         cmd += ["--grpc-port", str(grpc_port)]

@@ -218,3 +218,24 @@ def make_bed(tmp: Path, mlp_seed: int) -> Bed:
             store, mlp, name="mlp", gpu_file=gpu_file, samples=8, profiles=["x:1x64:16x64:32x64"]
         ),
     )
+
+
+@dataclass
+class MlpBed:
+    """A store with one real build of a dynamic-batch MLP (x: 1..32 x 64 -> y: 10, four canary
+    samples) for the emulated H100 of `gpu_file`."""
+
+    tmp: Path
+    store: Path
+    gpu_file: Path
+    mlp: Path  # the source model
+    key: str
+
+
+def make_mlp_bed(tmp: Path, mlp_seed: int) -> MlpBed:
+    """Build the MLP (weights from `mlp_seed`) into `tmp`/store."""
+    store = tmp / "store"
+    gpu_file = write_gpu_file(tmp / "gpus.json")
+    mlp = dynamic_mlp(seed=mlp_seed, features=64, hidden=128, outputs=10)
+    key = build_engine(store, mlp, name="mlp", gpu_file=gpu_file, samples=4, profiles=["x:1x64:16x64:32x64"])
+    return MlpBed(tmp, store, gpu_file, mlp, key)

@@ -12,39 +12,26 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from trtforge_dev.hostile import binary_body
 
-from tests.integration.serve_engines import build_engine, copy_engine, perturb_canary, run_ort, write_gpu_file
+from tests.integration.serve_engines import MlpBed, copy_engine, make_mlp_bed, perturb_canary, run_ort
 from tests.integration.serve_process import Server
-from tests.modelzoo import dynamic_mlp
 
 pytestmark = pytest.mark.integration
 
 PATH = "/v2/models/mlp/infer"
 
 
-@dataclass
-class Bed:
-    tmp: Path
-    store: Path
-    gpu_file: Path
-    mlp: Path
-    key: str
+Bed = MlpBed
 
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Bed:
-    tmp = tmp_path_factory.mktemp("fastpath")
-    store = tmp / "store"
-    gpu_file = write_gpu_file(tmp / "gpus.json")
-    mlp = dynamic_mlp(seed=3, features=64, hidden=128, outputs=10)
-    key = build_engine(store, mlp, name="mlp", gpu_file=gpu_file, samples=4, profiles=["x:1x64:16x64:32x64"])
-    return Bed(tmp, store, gpu_file, mlp, key)
+    return make_mlp_bed(tmp_path_factory.mktemp("fastpath"), mlp_seed=3)
 
 
 @pytest.fixture(scope="module")

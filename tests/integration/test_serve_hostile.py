@@ -18,40 +18,26 @@ import time
 import urllib.request
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from trtforge_dev.hostile import MB, LiveProbe, binary_body, hostile_requests, json_body, post, rss_kb
 
-from tests.integration.serve_engines import build_engine, run_ort, write_gpu_file
+from tests.integration.serve_engines import MlpBed, make_mlp_bed, run_ort
 from tests.integration.serve_process import Server
-from tests.modelzoo import dynamic_mlp
 
 pytestmark = pytest.mark.integration
 
 RSS_BOUND_MB = 300
 
 
-@dataclass
-class Bed:
-    tmp: Path
-    store: Path
-    gpu_file: Path
-    mlp: Path
-    key: str
+Bed = MlpBed
 
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Bed:
-    tmp = tmp_path_factory.mktemp("hostile")
-    store = tmp / "store"
-    gpu_file = write_gpu_file(tmp / "gpus.json")
-    mlp = dynamic_mlp(seed=2, features=64, hidden=128, outputs=10)
-    key = build_engine(store, mlp, name="mlp", gpu_file=gpu_file, samples=4, profiles=["x:1x64:16x64:32x64"])
-    return Bed(tmp, store, gpu_file, mlp, key)
+    return make_mlp_bed(tmp_path_factory.mktemp("hostile"), mlp_seed=2)
 
 
 def _valid(bed: Bed, server: Server, seed: int) -> None:

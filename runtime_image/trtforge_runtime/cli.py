@@ -185,6 +185,12 @@ def handle(args: argparse.Namespace) -> int:
             return 2
     workers.pin_worker()
 
+    # Before anything heavy: a store on a mounted volume starts hashing the engine in place on a
+    # thread of its own while the imports below hold the GIL (trtforge_runtime.prehash).
+    from trtforge_runtime import prehash
+
+    prehash.begin(args.store, args.engine, Path(args.cache_dir))
+
     from trtforge.contract import layout
     from trtforge.contract.gpu_probe import GPUProbeError, probe_from_env, probe_identity
     from trtforge.store import open_store

@@ -41,12 +41,11 @@ from trtforge.contract.manifest import Manifest
 from trtforge.logs import fields
 from trtforge.store.base import EngineStore, ObjectNotFound, StoreError
 from trtforge.store.local import LocalStore
-from trtforge_runtime import warmstart
+from trtforge_runtime import prehash, warmstart
 from trtforge_runtime.errors import Refusal
 
 log = logging.getLogger(__name__)
 CHUNK = 4 << 20
-HASH_CHUNK = 16 << 20
 PROC_FD = Path("/proc/self/fd")
 _held_open: list[int] = []  # descriptors of files verified in place, open for the process's life
 
@@ -143,24 +142,13 @@ def _ensure(store: EngineStore, src: str, dst: Path, sha256: str, size: int | No
     return _fetch_file(store, src, dst, sha256, size)
 
 
-def _hash_fd(fd: int) -> str:
-    """sha256 of the open file `fd` from its start, read in large chunks: the hash releases the GIL
-    per chunk, so few chunks mean few waits for it while the server's imports hold it."""
-    h = hashlib.sha256()
-    buf = bytearray(HASH_CHUNK)
-    view = memoryview(buf)
-    offset = 0
-    while n := os.preadv(fd, [buf], offset):
-        h.update(view[:n])
-        offset += n
-    return h.hexdigest()
-
-
 def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int | None) -> tuple[Path, int]:
     """Verify the store's own file for `src` without copying it: a path to the verified open file,
-    and the bytes read to verify it."""
+    and the bytes read to verify it. A :mod:`~trtforge_runtime.prehash` of the same path, if one
+    began, gives the open file and its digest; they are checked here as if made here."""
+    pre = prehash.take(store.file(src))
     try:
-        fd = os.open(store.file(src), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = pre.fd if pre else os.open(store.file(src), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError as e:
         raise ObjectNotFound(f"store {store.uri}: {src} does not exist") from e
     except OSError as e:
@@ -185,7 +173,7 @@ def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int 
         else:
             hashed = st.st_size
             t0 = time.monotonic()
-            got = _hash_fd(fd)
+            got = pre.sha256 if pre else prehash.hash_fd(fd)
             if got != sha256:
                 raise Refusal(
                     "EngineIntegrity",
@@ -198,7 +186,7 @@ def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int 
             secs = time.monotonic() - t0
             log.info(
                 "verified in place",
-                extra=fields(path=src, bytes=st.st_size, seconds=round(secs, 3)),
+                extra=fields(path=src, bytes=st.st_size, seconds=round(secs, 3), pre_hashed=pre is not None),
             )
     except BaseException:
         os.close(fd)

@@ -31,10 +31,13 @@ import hashlib
 import json
 import logging
 import os
+import queue
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from trtforge.contract import layout
 from trtforge.contract.manifest import Manifest
@@ -96,19 +99,52 @@ def _rehash(path: Path) -> str:
     return h.hexdigest()
 
 
+def hash_and_write(chunks: Iterable[bytes], out: BinaryIO, depth: int = 4) -> tuple[str, int]:
+    """Write `chunks` to `out` and hash them on a second thread while this one receives the next:
+    the receive, the hash and the write all release the GIL, so they overlap instead of taking turns.
+    Returns (sha256, bytes). At most `depth` chunks wait between the two; an error on either side
+    stops both and is raised here."""
+    pending: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
+    h = hashlib.sha256()
+    failed: list[BaseException] = []
+
+    def consume() -> None:
+        while (chunk := pending.get()) is not None:
+            if failed:
+                continue  # drain, so the receiver never blocks on a full queue
+            try:
+                h.update(chunk)
+                out.write(chunk)
+            except BaseException as e:
+                failed.append(e)
+
+    worker = threading.Thread(target=consume, name="fetch-hash", daemon=True)
+    worker.start()
+    n = 0
+    try:
+        for chunk in chunks:
+            if failed:
+                break
+            pending.put(chunk)
+            n += len(chunk)
+    finally:
+        pending.put(None)
+        worker.join()
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()  # a stream left early (the writer failed) gives its connection back now
+    if failed:
+        raise failed[0]
+    return h.hexdigest(), n
+
+
 def _fetch_file(store: EngineStore, src: str, dst: Path, sha256: str, size: int | None) -> int:
     """Stream `src` into `dst` (atomic rename), hashing as it goes; the bytes read."""
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.part")
-    h = hashlib.sha256()
-    n = 0
     t0 = time.monotonic()
     try:
         with open(tmp, "wb") as f:
-            for chunk in store.iter_chunks(src, CHUNK):
-                h.update(chunk)
-                f.write(chunk)
-                n += len(chunk)
-        got = h.hexdigest()
+            got, n = hash_and_write(store.iter_chunks(src, CHUNK), f)
         if got != sha256 or (size is not None and n != size):
             raise Refusal(
                 "EngineIntegrity",

@@ -11,11 +11,12 @@ large is read, the sha256 before the backend sees the file, the canary before Re
 
 Why it pays: hashing releases the GIL, and so do ONNX Runtime's runs and (from 1.32, the version the
 image pins; 1.30 holds it) its session build, so on two cores the engine is verified, loaded and
-checked while the interpreter imports the server (docs/design.md, "Runtime cold start"). The
-backend's library (onnxruntime) is imported on a third thread as soon as the manifest names it, so
-that import (which holds the GIL) overlaps the hash (which does not). What the thread imports first
-(pydantic, the store) is imported by the caller before :func:`begin`: two threads importing at once
-only share the GIL and both finish later (docs/design.md, "Runtime cold start").
+checked while the interpreter imports (docs/design.md, "Runtime cold start"). The caller imports
+only what the thread needs before the hash (pydantic's contract models, the store) before
+:func:`begin`; then :func:`import_backend_library` imports the backend's library (onnxruntime and
+numpy), which the session build waits for, on the caller's thread while the thread hashes; then the
+caller imports the server, while the session builds. Imports hold the GIL, so two threads importing
+at once only both finish later: the one the engine waits for goes first.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ _fetches: dict[tuple[str, ...], Future[LocalEngine]] = {}
 _backends: dict[tuple[str, ...], Future[Backend]] = {}
 # keyed by engine key: the backend it was run on, the canary file, the model spec, and its result
 _canaries: dict[str, Future[tuple[Backend, Path, ModelSpec, Instance, CanaryResult]]] = {}
+# the backend the last begun warm start's manifest names (None: it failed before it knew)
+_backend_named: Future[str | None] = Future()
 
 
 def begin(
@@ -64,15 +67,19 @@ def begin(
     `instances` None: the backend's default (:func:`~trtforge_runtime.backends.default_instances`),
     as the runtime resolves it. `canary_for` (model name, max batch size, as the runtime is given
     them): also run the canary on a new instance of the loaded backend (:func:`collect_canary`)."""
+    global _backend_named
     fetched: Future[LocalEngine] = Future()
     loaded: Future[Backend] = Future()
+    named: Future[str | None] = Future()
     with _lock:
         _fetches[(key, str(cache_dir))] = fetched
+        _backend_named = named
 
     def checked(manifest: Manifest) -> None:
-        _import_backend_library(manifest.backend)  # while the artifact is hashed
         if check is not None:
             check(manifest)
+        if not named.done():
+            named.set_result(manifest.backend)  # the caller imports its library while the hash runs
 
     def work() -> None:
         t0 = time.monotonic()
@@ -84,6 +91,9 @@ def begin(
         except BaseException as e:
             fetched.set_exception(e)
             return
+        finally:
+            if not named.done():
+                named.set_result(None)
         t1 = time.monotonic()
         n = instances or default_instances(local.manifest.backend)
         with _lock:
@@ -114,22 +124,32 @@ def begin(
     return t
 
 
-# The engine library each backend loads, imported ahead on a thread of its own.
-_BACKEND_LIBRARIES = {"onnxruntime": "onnxruntime"}
+# What loading each backend imports (its module, and the library under it), in import order.
+BACKEND_MODULES = {
+    "onnxruntime": ("numpy", "onnxruntime", "trtforge_runtime.backends.onnxruntime_backend"),
+    "tensorrt": ("numpy", "trtforge_runtime.backends.tensorrt_backend"),
+}
 
 
-def _import_backend_library(backend: str) -> None:
-    name = _BACKEND_LIBRARIES.get(backend)
-    if name is None:
-        return
+def import_backend_library(wait_s: float) -> str | None:
+    """Import, on the calling thread, what loading the engine of the last :func:`begin` imports;
+    returns the backend's name, or None when the manifest did not name one within `wait_s` seconds
+    (then the thread imports what it needs itself).
 
-    def load() -> None:
+    The caller calls this right after :func:`begin` and before importing anything else: the thread
+    then hashes the artifact (no GIL) while this imports (GIL), and the session build, which needs
+    the library, is not kept waiting by the server's imports. `wait_s` bounds how long a slow store
+    can hold the caller back from importing the server and listening."""
+    try:
+        backend = _backend_named.result(timeout=wait_s)
+    except TimeoutError:
+        return None
+    for module in BACKEND_MODULES.get(backend or "", ()):
         try:
-            importlib.import_module(name)
+            importlib.import_module(module)
         except Exception:
-            pass  # load_backend imports it again and reports what fails
-
-    threading.Thread(target=load, name=f"import-{name}", daemon=True).start()
+            break  # load_backend imports it again and reports what fails
+    return backend
 
 
 def _canary(

@@ -104,3 +104,44 @@ def test_the_canary_runs_on_the_warm_start_once_for_the_same_backend_and_spec(tm
     assert (
         warmstart.collect_canary(KEY, backend, local.canary, model_spec(local.manifest, "mlp", None)) is None
     )
+
+
+def test_the_caller_learns_the_backend_to_import_once_the_manifest_is_checked(tmp_path: Path) -> None:
+    store, cache = open_store(str(_store(tmp_path))), tmp_path / "cache"
+    t = warmstart.begin(store, KEY, cache, 2)
+    assert warmstart.import_backend_library(wait_s=60) == "onnxruntime"
+    t.join()
+    fetch_engine(store, KEY, cache)  # collect it (the registry is module state)
+
+
+def test_no_backend_is_named_when_the_identity_check_refuses(tmp_path: Path) -> None:
+    store, cache = open_store(str(_store(tmp_path))), tmp_path / "cache"
+
+    def refuse(_: Manifest) -> None:
+        raise Refusal("GPUMismatch", "wrong GPU")
+
+    t = warmstart.begin(store, KEY, cache, 2, check=refuse)
+    assert warmstart.import_backend_library(wait_s=60) is None
+    t.join()
+    with pytest.raises(Refusal, match="wrong GPU"):
+        fetch_engine(store, KEY, cache, check=refuse)
+
+
+def test_a_store_that_does_not_answer_does_not_hold_the_caller(tmp_path: Path) -> None:
+    import threading
+
+    answer = threading.Event()
+    inner = open_store(str(_store(tmp_path)))
+
+    class Slow:
+        uri = inner.uri
+
+        def read_bytes(self, path: str) -> bytes:
+            answer.wait()
+            return inner.read_bytes(path)
+
+    t = warmstart.begin(Slow(), KEY, tmp_path / "cache", 2)  # type: ignore[arg-type]
+    assert warmstart.import_backend_library(wait_s=0.05) is None
+    answer.set()
+    t.join()
+    warmstart.collect_fetch(KEY, tmp_path / "cache")

@@ -4,8 +4,9 @@ Semantics follow Triton's dynamic batcher: an instance that becomes free takes t
 queued requests with the same non-batch shapes, up to its even share of the queue among the pool's
 instances (at most the max batch size); when that took everything queued and the batch is not full,
 it waits up to ``max_queue_delay`` (counted from the oldest request's arrival) for more, up to the
-max batch size. With a zero delay, batches still form whenever requests arrive while the instances are busy. The queue is
-bounded: a request that finds it full is refused at once (503 with Retry-After), never parked.
+max batch size. With a zero delay, batches still form whenever requests arrive while the instances
+are busy. The queue is bounded: a request that finds it full is refused at once (503 with
+Retry-After), never parked.
 
 Each instance has its own worker thread; the event loop only moves requests and futures.
 

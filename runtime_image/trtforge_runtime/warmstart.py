@@ -83,7 +83,6 @@ def begin(
 
     def work() -> None:
         t0 = time.monotonic()
-        from trtforge_runtime.backends import default_instances, load_backend
         from trtforge_runtime.fetch import fetch_engine
 
         try:
@@ -95,6 +94,9 @@ def begin(
             if not named.done():
                 named.set_result(None)
         t1 = time.monotonic()
+        # after the fetch: numpy, which this imports, is the caller's to import while the fetch runs
+        from trtforge_runtime.backends import default_instances, load_backend
+
         n = instances or default_instances(local.manifest.backend)
         with _lock:
             _backends[(key, str(local.artifact), str(n))] = loaded

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, TypeVar
 from trtforge.logs import fields
 
 if TYPE_CHECKING:
+    from trtforge.contract.canary import Canary
     from trtforge.contract.manifest import Manifest
     from trtforge.store.base import EngineStore
     from trtforge_runtime.backends import Backend, Instance
@@ -83,7 +84,6 @@ def begin(
 
     def work() -> None:
         t0 = time.monotonic()
-        from trtforge_runtime.backends import default_instances, load_backend
         from trtforge_runtime.fetch import fetch_engine
 
         try:
@@ -95,6 +95,13 @@ def begin(
             if not named.done():
                 named.set_result(None)
         t1 = time.monotonic()
+        # after the fetch: numpy, which this imports, is the caller's to import while the fetch runs
+        from trtforge_runtime.backends import default_instances, load_backend
+
+        # the backend's modules first (the caller may be importing them now), then the canary is
+        # decoded on another thread while the session builds
+        _import_modules(local.manifest.backend)
+        decoded = _decode_canary(local.canary) if canary_for is not None else None
         n = instances or default_instances(local.manifest.backend)
         with _lock:
             _backends[(key, str(local.artifact), str(n))] = loaded
@@ -110,7 +117,7 @@ def begin(
                 _canaries[key] = canary
         loaded.set_result(backend)
         if canary_for is not None:
-            _canary(canary, local, backend, *canary_for)
+            _canary(canary, local, backend, *canary_for, decoded=decoded)
         log.info(
             "warm start: engine fetched and loaded",
             extra=fields(
@@ -144,12 +151,33 @@ def import_backend_library(wait_s: float) -> str | None:
         backend = _backend_named.result(timeout=wait_s)
     except TimeoutError:
         return None
+    _import_modules(backend)
+    return backend
+
+
+def _import_modules(backend: str | None) -> None:
     for module in BACKEND_MODULES.get(backend or "", ()):
         try:
             importlib.import_module(module)
         except Exception:
             break  # load_backend imports it again and reports what fails
-    return backend
+
+
+def _decode_canary(path: Path) -> Future[Canary]:
+    """Read and decode the (verified) canary file on a thread of its own, so that work (which holds
+    the GIL) is done while the session builds (which mostly does not), not after it."""
+    out: Future[Canary] = Future()
+
+    def work() -> None:
+        try:
+            from trtforge_runtime.canary import read_canary
+
+            out.set_result(read_canary(path))
+        except BaseException as e:
+            out.set_exception(e)
+
+    threading.Thread(target=work, name="canary-read", daemon=True).start()
+    return out
 
 
 def _canary(
@@ -158,6 +186,7 @@ def _canary(
     backend: Backend,
     model_name: str | None,
     max_batch_size: int | None,
+    decoded: Future[Canary] | None = None,
 ) -> None:
     from trtforge_runtime.canary import run_canary
     from trtforge_runtime.model import default_model_name, model_spec
@@ -166,7 +195,7 @@ def _canary(
         m = local.manifest
         spec = model_spec(m, model_name or default_model_name(m), max_batch_size)
         instance = backend.new_instance()
-        result = run_canary(instance, local.canary, spec, m.canary.atol, m.canary.rtol)
+        result = run_canary(instance, local.canary, spec, m.canary.atol, m.canary.rtol, decoded)
         out.set_result((backend, local.canary, spec, instance, result))
     except BaseException as e:
         out.set_exception(e)

@@ -333,6 +333,7 @@ def measure_server(
                         f"    {kind.name:8s} {protocol:4s} c={c:<3d} {r['throughput']:8.1f} req/s"
                         f"  p50 {r['p50_ms']:8.1f}  p99 {r['p99_ms']:8.1f} ms  errors {r['errors']}"
                         f"  cpu {r['server_cpu_util']}  batch {r.get('mean_batch')}"
+                        f"  answers per stream {r.get('stream_answers_min')}-{r.get('stream_answers_max')}"
                         + ("  (sweep)" if reuse else "")
                     )
         finally:

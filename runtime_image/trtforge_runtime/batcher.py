@@ -2,11 +2,11 @@
 
 Semantics follow Triton's dynamic batcher: an instance that becomes free takes the oldest request and
 queued requests with the same non-batch shapes, up to its even share of the queue among the pool's
-instances (at most the max batch size); when that took everything queued and the batch is not full,
-it waits up to ``max_queue_delay`` (counted from the oldest request's arrival) for more, up to the
-max batch size. With a zero delay, batches still form whenever requests arrive while the instances
-are busy. The queue is bounded: a request that finds it full is refused at once (503 with
-Retry-After), never parked.
+instances (at most the max batch size); when that took everything queued, no other instance is free
+and the batch is not full, it waits up to ``max_queue_delay`` (counted from the oldest request's
+arrival) for more, up to the max batch size. With a zero delay, batches still form whenever requests
+arrive while the instances are busy. The queue is bounded: a request that finds it full is refused
+at once (503 with Retry-After), never parked.
 
 Each instance has its own worker thread; the event loop only moves requests and futures.
 
@@ -107,6 +107,7 @@ class Batcher:
         self._solo_idle = asyncio.Event()
         self._solo_idle.set()
         self._executing = 0  # batches running on any instance
+        self._idle = 0  # workers waiting for requests
 
     def add_solo(self, instance: Instance) -> None:
         """Run lone batches on `instance` from now on (see the module docstring)."""
@@ -171,7 +172,11 @@ class Batcher:
         while True:
             while not self._queue:
                 self._arrived.clear()
-                await self._arrived.wait()
+                self._idle += 1
+                try:
+                    await self._arrived.wait()
+                finally:
+                    self._idle -= 1
             first = self._queue.popleft()
             if not first.future.done():
                 break
@@ -180,9 +185,10 @@ class Batcher:
             return batch
         limit = share(self.max_batch, first.rows + sum(it.rows for it in self._queue), len(self._instances))
         rows = self._take(batch, first.rows, limit)
-        if self.max_queue_delay_s > 0 and not self._queue:
-            # It took everything queued: it waits, up to the delay, for company up to the max batch.
-            # (With requests still queued, batches are formed from the backlog and nothing waits.)
+        if self.max_queue_delay_s > 0 and not self._queue and self._idle == 0:
+            # It took everything queued and no other instance is free: it waits, up to the delay, for
+            # company up to the max batch. (With requests still queued, batches are formed from the
+            # backlog; with another instance free, it runs now: nothing gains from waiting.)
             limit = self.max_batch
             deadline = first.enqueued + self.max_queue_delay_s
             while rows < limit:

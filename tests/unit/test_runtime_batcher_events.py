@@ -90,6 +90,30 @@ async def test_a_partial_batch_waits_for_company_within_the_queue_delay() -> Non
     assert inst.batches == [2]
 
 
+async def test_a_lone_request_with_another_instance_free_runs_without_waiting_the_delay() -> None:
+    a, b_inst = GatedInstance(), GatedInstance()
+    a.release.set()
+    b_inst.release.set()
+    b = Batcher(
+        [a, b_inst],
+        max_batch=8,
+        max_queue_delay_s=3600,
+        max_queue=16,
+        metrics=Metrics("m"),
+        on_device_fault=print,
+    )
+    b.start()
+    try:
+        for _ in range(20):  # both workers wait for requests
+            await asyncio.sleep(0)
+        alone = asyncio.create_task(b.submit(rows(1.0), 1))
+        await until(lambda: a.started.is_set() or b_inst.started.is_set(), "the lone request ran")
+        await alone
+    finally:
+        await b.stop()
+    assert a.batches + b_inst.batches == [1]
+
+
 async def test_a_full_queue_refuses_at_once_with_503() -> None:
     inst = GatedInstance()
     b = Batcher(

@@ -7,9 +7,10 @@ their ratio is the server's CPU per request (and the event loop's: its main thre
 processes' load changes far less than throughput. Also prints throughput as a share of the in-process
 ceiling measured in the same run, and the 1-minute load average. ``--env K=V`` (repeatable) sets
 server environment variables, e.g. ``TRTFORGE_HTTP_FAST_PATH=0`` to measure the aiohttp path alone.
-Not part of ``make bench``.
+``--protocols http,grpc`` measures both protocols of one server in turn (HTTP binary, then gRPC with
+raw contents), so their costs per request are compared in the same minutes. Not part of ``make bench``.
 
-    python -m benchmarks.serve_cpu --concurrency 8,32 --seconds 10 --repeat 2
+    python -m benchmarks.serve_cpu --concurrency 8,32 --seconds 10 --repeat 2 --protocols http,grpc
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpus", default=f"0-{(os.cpu_count() or 1) - 1}")
     p.add_argument("--serve-args", default="")
     p.add_argument("--env", action="append", default=[], help="K=V for the server (repeatable)")
+    p.add_argument("--protocols", default="http", help="comma-separated: http, grpc")
     p.add_argument("--no-ceiling", action="store_true")
     a = p.parse_args(argv)
     mfile = model_file(a.model)
@@ -80,10 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     if not a.no_ceiling:
         threads = len(os.sched_getaffinity(0))
         ceiling = float(run_pinned(mfile, a.cpus, threads, 0.5, "1,2,4,8,16,32")["best"]["images_per_s"])
-    port = free_port()
+    protocols = a.protocols.split(",")
+    port, grpc_port = free_port(), free_port()
     cache = CACHE / "serve-cpu-cache"
+    grpc_flags = ["--grpc-port", str(grpc_port)] if "grpc" in protocols else ["--no-grpc"]
     cmd = serve_cmd(
-        str(store), key, a.model, port, cache, "--no-grpc", *a.serve_args.split(), json_logs=False
+        str(store), key, a.model, port, cache, *grpc_flags, *a.serve_args.split(), json_logs=False
     )
     env = {"TRTFORGE_GPU_PROBE": "none", **dict(kv.split("=", 1) for kv in a.env)}
     srv = start(taskset(a.cpus, cmd), CACHE / "logs" / "serve-cpu.log", env)
@@ -92,12 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         wait_http_ok(f"http://127.0.0.1:{port}/v2/health/ready", 300, srv, 0.1)
         time.sleep(2.0)  # the solo instance loads after ready
         for _ in range(a.repeat):
-            for c in [int(x) for x in a.concurrency.split(",")]:
+            for c, protocol in [(int(x), pr) for x in a.concurrency.split(",") for pr in protocols]:
+                url = f"grpc://127.0.0.1:{grpc_port}" if protocol == "grpc" else f"http://127.0.0.1:{port}"
                 n0, (cpu0, loop0) = requests_done(port), process_cpu_s(srv.pid)
                 out = subprocess.run(
                     taskset(
                         a.cpus,
-                        loadgen_cmd(f"http://127.0.0.1:{port}", a.model, in_name, out_name, c, a.seconds, 1),
+                        loadgen_cmd(url, a.model, in_name, out_name, c, a.seconds, 1, "--protocol", protocol),
                     ),
                     capture_output=True,
                     text=True,
@@ -107,10 +112,14 @@ def main(argv: list[str] | None = None) -> int:
                 (cpu1, loop1), n1 = process_cpu_s(srv.pid), requests_done(port)
                 res = json.loads(out.strip().splitlines()[-1])
                 row = {
+                    "protocol": protocol,
                     "concurrency": c,
                     "requests": int(n1 - n0),
                     "server_cpu_ms_per_request": round(1000 * (cpu1 - cpu0) / max(1.0, n1 - n0), 3),
                     "loop_cpu_ms_per_request": round(1000 * (loop1 - loop0) / max(1.0, n1 - n0), 3),
+                    "client_cpu_ms_per_request": round(
+                        1000 * res["client_cpu_s"] / max(1, res["completed"]), 3
+                    ),
                     "throughput": res["throughput"],
                     "pct_of_ceiling": round(100 * res["throughput"] / ceiling, 1) if ceiling else None,
                     "errors": res.get("errors"),

@@ -1,10 +1,12 @@
 """Dynamic batching: requests queue up, each execution instance takes as many as fit one batch.
 
 Semantics follow Triton's dynamic batcher: an instance that becomes free takes the oldest request and
-every queued request with the same non-batch shapes, up to the max batch size; when the batch is not
-full it waits up to ``max_queue_delay`` (counted from the oldest request's arrival) for more. With a
-zero delay, batches still form whenever requests arrive while the instances are busy. The queue is
-bounded: a request that finds it full is refused at once (503 with Retry-After), never parked.
+queued requests with the same non-batch shapes, up to its even share of the queue among the pool's
+instances (at most the max batch size); when that took everything queued and the batch is not full,
+it waits up to ``max_queue_delay`` (counted from the oldest request's arrival) for more, up to the
+max batch size. With a zero delay, batches still form whenever requests arrive while the instances
+are busy. The queue is bounded: a request that finds it full is refused at once (503 with
+Retry-After), never parked.
 
 Each instance has its own worker thread; the event loop only moves requests and futures.
 
@@ -12,7 +14,7 @@ Adapting to load (docs/design.md, "Adapting to load"): with a *solo* instance ad
 every core's threads), a lone request (a batch of one that finds nothing else executing and nothing
 else queued) runs on it, so it gets all the cores; while it runs, the pool's instances wait, so cores
 are never oversubscribed; as soon as requests overlap, batches go to the pool (one instance per
-core). Free instances split what is queued evenly rather than one taking it all.
+core), each taking its share of the queue, never the whole queue while the others are busy.
 """
 
 from __future__ import annotations
@@ -60,12 +62,13 @@ def _signature(inputs: dict[str, np.ndarray], batchable: bool) -> tuple[object, 
     return tuple(sorted(((k, v.shape[1:], v.dtype) for k, v in inputs.items()), key=lambda e: e[0]))
 
 
-def share(max_batch: int, queued_rows: int, idle_workers: int) -> int:
-    """Rows one worker takes when `idle_workers` others are free too: an even share of what is queued
-    (at least one request), so free instances split the work instead of one taking it all."""
-    if idle_workers <= 0:
-        return max_batch
-    return max(1, min(max_batch, -(-queued_rows // (idle_workers + 1))))
+def share(max_batch: int, queued_rows: int, instances: int) -> int:
+    """Rows one worker takes: an even share of what is queued among all `instances` of the pool, busy
+    ones included (at least one request, at most the max batch). The first instance to come free
+    never takes the whole queue into one long batch while the others are about to come free: that
+    batch's requests would all wait for its slowest row while later arrivals were served around it
+    (docs/design.md, "Adapting to load")."""
+    return max(1, min(max_batch, -(-queued_rows // max(1, instances))))
 
 
 def _execute(instance: Instance, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -104,7 +107,6 @@ class Batcher:
         self._solo_idle = asyncio.Event()
         self._solo_idle.set()
         self._executing = 0  # batches running on any instance
-        self._idle = 0  # workers waiting for requests
 
     def add_solo(self, instance: Instance) -> None:
         """Run lone batches on `instance` from now on (see the module docstring)."""
@@ -169,20 +171,19 @@ class Batcher:
         while True:
             while not self._queue:
                 self._arrived.clear()
-                self._idle += 1
-                try:
-                    await self._arrived.wait()
-                finally:
-                    self._idle -= 1
+                await self._arrived.wait()
             first = self._queue.popleft()
             if not first.future.done():
                 break
         batch = [first]
         if self.max_batch == 0:
             return batch
-        limit = share(self.max_batch, first.rows + sum(it.rows for it in self._queue), self._idle)
+        limit = share(self.max_batch, first.rows + sum(it.rows for it in self._queue), len(self._instances))
         rows = self._take(batch, first.rows, limit)
-        if self.max_queue_delay_s > 0:
+        if self.max_queue_delay_s > 0 and not self._queue:
+            # It took everything queued: it waits, up to the delay, for company up to the max batch.
+            # (With requests still queued, batches are formed from the backlog and nothing waits.)
+            limit = self.max_batch
             deadline = first.enqueued + self.max_queue_delay_s
             while rows < limit:
                 left = deadline - time.monotonic()

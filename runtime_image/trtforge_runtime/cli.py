@@ -8,6 +8,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+# How long the CLI waits for the warm start to read the manifest before it imports the server anyway
+# (a slow store must not keep the ports closed): trtforge_runtime.warmstart.import_backend_library.
+MANIFEST_WAIT_S = 2.0
+
 
 def _positive(v: str) -> int:
     n = int(v)
@@ -181,6 +185,12 @@ def handle(args: argparse.Namespace) -> int:
             return 2
     workers.pin_worker()
 
+    # Before anything heavy: a store on a mounted volume starts hashing the engine in place on a
+    # thread of its own while the imports below hold the GIL (trtforge_runtime.prehash).
+    from trtforge_runtime import prehash
+
+    prehash.begin(args.store, args.engine, Path(args.cache_dir))
+
     from trtforge.contract import layout
     from trtforge.contract.gpu_probe import GPUProbeError, probe_from_env, probe_identity
     from trtforge.store import open_store
@@ -193,10 +203,10 @@ def handle(args: argparse.Namespace) -> int:
     except (ValueError, GPUProbeError, StoreError) as e:
         return _refuse(args.engine, str(e))
 
-    # The engine is fetched, verified, loaded and canary-checked on a thread while the server's
-    # modules import below; the runtime collects the results (trtforge_runtime.warmstart says what is
-    # kept checked, and why the imports above come first).
-    import trtforge_runtime.backends
+    # The engine is fetched, verified, loaded and canary-checked on a thread while the modules below
+    # import; the runtime collects the results (trtforge_runtime.warmstart says what is kept checked,
+    # and the order: what the hash needs before it, the engine's library while it hashes, the server
+    # while the session builds; docs/design.md, "Runtime cold start").
     import trtforge_runtime.fetch  # noqa: F401 (what the thread needs first: imported here, not there)
     from trtforge_runtime import warmstart
     from trtforge_runtime.identity import check_identity
@@ -209,6 +219,7 @@ def handle(args: argparse.Namespace) -> int:
         check=lambda manifest: check_identity(manifest, probe_identity(probe)),
         canary_for=(args.model_name, args.max_batch_size),
     )
+    warmstart.import_backend_library(MANIFEST_WAIT_S)
 
     import asyncio
 

@@ -31,22 +31,24 @@ import hashlib
 import json
 import logging
 import os
+import queue
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from trtforge.contract import layout
 from trtforge.contract.manifest import Manifest
 from trtforge.logs import fields
 from trtforge.store.base import EngineStore, ObjectNotFound, StoreError
 from trtforge.store.local import LocalStore
-from trtforge_runtime import warmstart
+from trtforge_runtime import prehash, warmstart
 from trtforge_runtime.errors import Refusal
 
 log = logging.getLogger(__name__)
 CHUNK = 4 << 20
-HASH_CHUNK = 16 << 20
 PROC_FD = Path("/proc/self/fd")
 _held_open: list[int] = []  # descriptors of files verified in place, open for the process's life
 
@@ -97,19 +99,52 @@ def _rehash(path: Path) -> str:
     return h.hexdigest()
 
 
+def hash_and_write(chunks: Iterable[bytes], out: BinaryIO, depth: int = 4) -> tuple[str, int]:
+    """Write `chunks` to `out` and hash them on a second thread while this one receives the next:
+    the receive, the hash and the write all release the GIL, so they overlap instead of taking turns.
+    Returns (sha256, bytes). At most `depth` chunks wait between the two; an error on either side
+    stops both and is raised here."""
+    pending: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
+    h = hashlib.sha256()
+    failed: list[BaseException] = []
+
+    def consume() -> None:
+        while (chunk := pending.get()) is not None:
+            if failed:
+                continue  # drain, so the receiver never blocks on a full queue
+            try:
+                h.update(chunk)
+                out.write(chunk)
+            except BaseException as e:
+                failed.append(e)
+
+    worker = threading.Thread(target=consume, name="fetch-hash", daemon=True)
+    worker.start()
+    n = 0
+    try:
+        for chunk in chunks:
+            if failed:
+                break
+            pending.put(chunk)
+            n += len(chunk)
+    finally:
+        pending.put(None)
+        worker.join()
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()  # a stream left early (the writer failed) gives its connection back now
+    if failed:
+        raise failed[0]
+    return h.hexdigest(), n
+
+
 def _fetch_file(store: EngineStore, src: str, dst: Path, sha256: str, size: int | None) -> int:
     """Stream `src` into `dst` (atomic rename), hashing as it goes; the bytes read."""
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.part")
-    h = hashlib.sha256()
-    n = 0
     t0 = time.monotonic()
     try:
         with open(tmp, "wb") as f:
-            for chunk in store.iter_chunks(src, CHUNK):
-                h.update(chunk)
-                f.write(chunk)
-                n += len(chunk)
-        got = h.hexdigest()
+            got, n = hash_and_write(store.iter_chunks(src, CHUNK), f)
         if got != sha256 or (size is not None and n != size):
             raise Refusal(
                 "EngineIntegrity",
@@ -143,24 +178,13 @@ def _ensure(store: EngineStore, src: str, dst: Path, sha256: str, size: int | No
     return _fetch_file(store, src, dst, sha256, size)
 
 
-def _hash_fd(fd: int) -> str:
-    """sha256 of the open file `fd` from its start, read in large chunks: the hash releases the GIL
-    per chunk, so few chunks mean few waits for it while the server's imports hold it."""
-    h = hashlib.sha256()
-    buf = bytearray(HASH_CHUNK)
-    view = memoryview(buf)
-    offset = 0
-    while n := os.preadv(fd, [buf], offset):
-        h.update(view[:n])
-        offset += n
-    return h.hexdigest()
-
-
 def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int | None) -> tuple[Path, int]:
     """Verify the store's own file for `src` without copying it: a path to the verified open file,
-    and the bytes read to verify it."""
+    and the bytes read to verify it. A :mod:`~trtforge_runtime.prehash` of the same path, if one
+    began, gives the open file and its digest; they are checked here as if made here."""
+    pre = prehash.take(store.file(src))
     try:
-        fd = os.open(store.file(src), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = pre.fd if pre else os.open(store.file(src), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError as e:
         raise ObjectNotFound(f"store {store.uri}: {src} does not exist") from e
     except OSError as e:
@@ -185,7 +209,7 @@ def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int 
         else:
             hashed = st.st_size
             t0 = time.monotonic()
-            got = _hash_fd(fd)
+            got = pre.sha256 if pre else prehash.hash_fd(fd)
             if got != sha256:
                 raise Refusal(
                     "EngineIntegrity",
@@ -198,7 +222,7 @@ def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int 
             secs = time.monotonic() - t0
             log.info(
                 "verified in place",
-                extra=fields(path=src, bytes=st.st_size, seconds=round(secs, 3)),
+                extra=fields(path=src, bytes=st.st_size, seconds=round(secs, 3), pre_hashed=pre is not None),
             )
     except BaseException:
         os.close(fd)

@@ -11,11 +11,12 @@ large is read, the sha256 before the backend sees the file, the canary before Re
 
 Why it pays: hashing releases the GIL, and so do ONNX Runtime's runs and (from 1.32, the version the
 image pins; 1.30 holds it) its session build, so on two cores the engine is verified, loaded and
-checked while the interpreter imports the server (docs/design.md, "Runtime cold start"). The
-backend's library (onnxruntime) is imported on a third thread as soon as the manifest names it, so
-that import (which holds the GIL) overlaps the hash (which does not). What the thread imports first
-(pydantic, the store) is imported by the caller before :func:`begin`: two threads importing at once
-only share the GIL and both finish later (docs/design.md, "Runtime cold start").
+checked while the interpreter imports (docs/design.md, "Runtime cold start"). The caller imports
+only what the thread needs before the hash (pydantic's contract models, the store) before
+:func:`begin`; then :func:`import_backend_library` imports the backend's library (onnxruntime and
+numpy), which the session build waits for, on the caller's thread while the thread hashes; then the
+caller imports the server, while the session builds. Imports hold the GIL, so two threads importing
+at once only both finish later: the one the engine waits for goes first.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, TypeVar
 from trtforge.logs import fields
 
 if TYPE_CHECKING:
+    from trtforge.contract.canary import Canary
     from trtforge.contract.manifest import Manifest
     from trtforge.store.base import EngineStore
     from trtforge_runtime.backends import Backend, Instance
@@ -49,6 +51,8 @@ _fetches: dict[tuple[str, ...], Future[LocalEngine]] = {}
 _backends: dict[tuple[str, ...], Future[Backend]] = {}
 # keyed by engine key: the backend it was run on, the canary file, the model spec, and its result
 _canaries: dict[str, Future[tuple[Backend, Path, ModelSpec, Instance, CanaryResult]]] = {}
+# the backend the last begun warm start's manifest names (None: it failed before it knew)
+_backend_named: Future[str | None] = Future()
 
 
 def begin(
@@ -64,19 +68,22 @@ def begin(
     `instances` None: the backend's default (:func:`~trtforge_runtime.backends.default_instances`),
     as the runtime resolves it. `canary_for` (model name, max batch size, as the runtime is given
     them): also run the canary on a new instance of the loaded backend (:func:`collect_canary`)."""
+    global _backend_named
     fetched: Future[LocalEngine] = Future()
     loaded: Future[Backend] = Future()
+    named: Future[str | None] = Future()
     with _lock:
         _fetches[(key, str(cache_dir))] = fetched
+        _backend_named = named
 
     def checked(manifest: Manifest) -> None:
-        _import_backend_library(manifest.backend)  # while the artifact is hashed
         if check is not None:
             check(manifest)
+        if not named.done():
+            named.set_result(manifest.backend)  # the caller imports its library while the hash runs
 
     def work() -> None:
         t0 = time.monotonic()
-        from trtforge_runtime.backends import default_instances, load_backend
         from trtforge_runtime.fetch import fetch_engine
 
         try:
@@ -84,7 +91,17 @@ def begin(
         except BaseException as e:
             fetched.set_exception(e)
             return
+        finally:
+            if not named.done():
+                named.set_result(None)
         t1 = time.monotonic()
+        # after the fetch: numpy, which this imports, is the caller's to import while the fetch runs
+        from trtforge_runtime.backends import default_instances, load_backend
+
+        # the backend's modules first (the caller may be importing them now), then the canary is
+        # decoded on another thread while the session builds
+        _import_modules(local.manifest.backend)
+        decoded = _decode_canary(local.canary) if canary_for is not None else None
         n = instances or default_instances(local.manifest.backend)
         with _lock:
             _backends[(key, str(local.artifact), str(n))] = loaded
@@ -100,7 +117,7 @@ def begin(
                 _canaries[key] = canary
         loaded.set_result(backend)
         if canary_for is not None:
-            _canary(canary, local, backend, *canary_for)
+            _canary(canary, local, backend, *canary_for, decoded=decoded)
         log.info(
             "warm start: engine fetched and loaded",
             extra=fields(
@@ -114,22 +131,53 @@ def begin(
     return t
 
 
-# The engine library each backend loads, imported ahead on a thread of its own.
-_BACKEND_LIBRARIES = {"onnxruntime": "onnxruntime"}
+# What loading each backend imports (its module, and the library under it), in import order.
+BACKEND_MODULES = {
+    "onnxruntime": ("numpy", "onnxruntime", "trtforge_runtime.backends.onnxruntime_backend"),
+    "tensorrt": ("numpy", "trtforge_runtime.backends.tensorrt_backend"),
+}
 
 
-def _import_backend_library(backend: str) -> None:
-    name = _BACKEND_LIBRARIES.get(backend)
-    if name is None:
-        return
+def import_backend_library(wait_s: float) -> str | None:
+    """Import, on the calling thread, what loading the engine of the last :func:`begin` imports;
+    returns the backend's name, or None when the manifest did not name one within `wait_s` seconds
+    (then the thread imports what it needs itself).
 
-    def load() -> None:
+    The caller calls this right after :func:`begin` and before importing anything else: the thread
+    then hashes the artifact (no GIL) while this imports (GIL), and the session build, which needs
+    the library, is not kept waiting by the server's imports. `wait_s` bounds how long a slow store
+    can hold the caller back from importing the server and listening."""
+    try:
+        backend = _backend_named.result(timeout=wait_s)
+    except TimeoutError:
+        return None
+    _import_modules(backend)
+    return backend
+
+
+def _import_modules(backend: str | None) -> None:
+    for module in BACKEND_MODULES.get(backend or "", ()):
         try:
-            importlib.import_module(name)
+            importlib.import_module(module)
         except Exception:
-            pass  # load_backend imports it again and reports what fails
+            break  # load_backend imports it again and reports what fails
 
-    threading.Thread(target=load, name=f"import-{name}", daemon=True).start()
+
+def _decode_canary(path: Path) -> Future[Canary]:
+    """Read and decode the (verified) canary file on a thread of its own, so that work (which holds
+    the GIL) is done while the session builds (which mostly does not), not after it."""
+    out: Future[Canary] = Future()
+
+    def work() -> None:
+        try:
+            from trtforge_runtime.canary import read_canary
+
+            out.set_result(read_canary(path))
+        except BaseException as e:
+            out.set_exception(e)
+
+    threading.Thread(target=work, name="canary-read", daemon=True).start()
+    return out
 
 
 def _canary(
@@ -138,6 +186,7 @@ def _canary(
     backend: Backend,
     model_name: str | None,
     max_batch_size: int | None,
+    decoded: Future[Canary] | None = None,
 ) -> None:
     from trtforge_runtime.canary import run_canary
     from trtforge_runtime.model import default_model_name, model_spec
@@ -146,7 +195,7 @@ def _canary(
         m = local.manifest
         spec = model_spec(m, model_name or default_model_name(m), max_batch_size)
         instance = backend.new_instance()
-        result = run_canary(instance, local.canary, spec, m.canary.atol, m.canary.rtol)
+        result = run_canary(instance, local.canary, spec, m.canary.atol, m.canary.rtol, decoded)
         out.set_result((backend, local.canary, spec, instance, result))
     except BaseException as e:
         out.set_exception(e)

@@ -25,12 +25,49 @@ def test_thread_plan() -> None:
     assert thread_plan(2, 2, 2) == (2, None)
 
 
-def test_free_instances_share_the_queue() -> None:
-    assert share(64, 32, 0) == 64  # nobody else free: take up to the max batch
-    assert share(64, 32, 1) == 16  # two free instances: half each
-    assert share(8, 32, 1) == 8
-    assert share(64, 3, 3) == 1  # at least one request
-    assert share(64, 1, 5) == 1
+def test_each_instance_takes_an_even_share_of_the_queue() -> None:
+    assert share(64, 32, 1) == 32  # one instance: the whole queue, up to the max batch
+    assert share(16, 32, 1) == 16
+    assert share(64, 32, 2) == 16  # two instances, busy or free: half each
+    assert share(64, 31, 2) == 16
+    assert share(8, 32, 2) == 8
+    assert share(64, 3, 4) == 1  # at least one request
+    assert share(64, 1, 6) == 1
+    assert share(64, 5, 0) == 5  # no pool is no division by zero
+
+
+class _PerRow:
+    """An instance whose batch takes time in proportion to its rows, logging each batch's size."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.sizes.append(len(inputs["x"]))
+        time.sleep(0.005 * len(inputs["x"]))
+        return {"y": inputs["x"] * 2}
+
+
+@pytest.mark.asyncio
+async def test_an_instance_that_comes_free_leaves_the_busy_ones_their_share() -> None:
+    """Two instances busy, 30 requests queued behind them: the first to come free takes half, not all
+    30 into one long batch that would hold them while later requests are served around it."""
+    sizes: list[int] = []
+    b = Batcher([_PerRow(sizes), _PerRow(sizes)], 32, 0.0, 64, Metrics("m"), lambda e: None)
+    b.start()
+    try:
+        x = np.ones((1, 4), np.float32)
+        first = [b.enqueue({"x": x}, 1) for _ in range(2)]
+        await asyncio.sleep(0)  # both instances take one request each
+        await asyncio.sleep(0)
+        queued = [b.enqueue({"x": x * i}, 1) for i in range(30)]
+        outs = await asyncio.gather(*first, *queued)
+        for i, o in enumerate(outs[2:]):
+            np.testing.assert_array_equal(o["y"], x * i * 2)
+        assert sizes[:2] == [1, 1], sizes
+        assert sum(sizes) == 32 and max(sizes) == 15, sizes
+    finally:
+        await b.stop()
 
 
 class _Timed:

@@ -104,3 +104,72 @@ def test_the_canary_runs_on_the_warm_start_once_for_the_same_backend_and_spec(tm
     assert (
         warmstart.collect_canary(KEY, backend, local.canary, model_spec(local.manifest, "mlp", None)) is None
     )
+
+
+def test_the_caller_learns_the_backend_to_import_once_the_manifest_is_checked(tmp_path: Path) -> None:
+    store, cache = open_store(str(_store(tmp_path))), tmp_path / "cache"
+    t = warmstart.begin(store, KEY, cache, 2)
+    assert warmstart.import_backend_library(wait_s=60) == "onnxruntime"
+    t.join()
+    fetch_engine(store, KEY, cache)  # collect it (the registry is module state)
+
+
+def test_no_backend_is_named_when_the_identity_check_refuses(tmp_path: Path) -> None:
+    store, cache = open_store(str(_store(tmp_path))), tmp_path / "cache"
+
+    def refuse(_: Manifest) -> None:
+        raise Refusal("GPUMismatch", "wrong GPU")
+
+    t = warmstart.begin(store, KEY, cache, 2, check=refuse)
+    assert warmstart.import_backend_library(wait_s=60) is None
+    t.join()
+    with pytest.raises(Refusal, match="wrong GPU"):
+        fetch_engine(store, KEY, cache, check=refuse)
+
+
+def test_a_store_that_does_not_answer_does_not_hold_the_caller(tmp_path: Path) -> None:
+    import threading
+
+    answer = threading.Event()
+    inner = open_store(str(_store(tmp_path)))
+
+    class Slow:
+        uri = inner.uri
+
+        def read_bytes(self, path: str) -> bytes:
+            answer.wait()
+            return inner.read_bytes(path)
+
+    t = warmstart.begin(Slow(), KEY, tmp_path / "cache", 2)  # type: ignore[arg-type]
+    assert warmstart.import_backend_library(wait_s=0.05) is None
+    answer.set()
+    t.join()
+    warmstart.collect_fetch(KEY, tmp_path / "cache")
+
+
+def test_a_canary_decoded_ahead_is_replayed_and_its_errors_reported_as_if_read_there(tmp_path: Path) -> None:
+    from concurrent.futures import Future
+
+    from trtforge_runtime.canary import read_canary, run_canary
+
+    from trtforge.contract.canary import Canary
+
+    store, cache = open_store(str(_store(tmp_path))), tmp_path / "cache"
+    local = fetch_engine(store, KEY, cache)
+    backend = load_backend(local.manifest, local.artifact, 1)
+    instance, spec = backend.new_instance(), model_spec(local.manifest, "mlp", None)
+    x = np.ones((1, 4), np.float32)
+    path = tmp_path / "canary.npz"
+    path.write_bytes(
+        Canary(
+            input_names=["x"], output_names=["y"], inputs=[{"x": x}], outputs=[instance.run({"x": x})]
+        ).to_bytes()
+    )
+    decoded: Future[Canary] = Future()
+    decoded.set_result(read_canary(path))
+    path.write_bytes(b"not read again")  # the replay uses what was decoded
+    assert run_canary(instance, path, spec, 1e-4, 1e-3, decoded).passed
+    failed: Future[Canary] = Future()
+    failed.set_exception(ValueError("bad zip"))
+    result = run_canary(instance, path, spec, 1e-4, 1e-3, failed)
+    assert not result.passed and result.message == "canary file canary.npz is not readable: bad zip"

@@ -1,0 +1,160 @@
+"""Pre-hash: begin the sha256 of an engine on a mounted store before the contract is even imported.
+
+For a store on a mounted volume (``pvc://``, ``file://``, a plain path) ``trtforge serve`` calls
+:func:`begin` as soon as its arguments are parsed. On a daemon thread it reads the store's
+``manifest.json`` with the ``json`` module, opens the files that manifest names (the artifact, then
+the canary data) and hashes each through its open descriptor. Hashing releases the GIL, so this runs
+while the main thread imports pydantic and the contract models, ONNX Runtime and the server
+(docs/design.md, "Runtime cold start").
+
+Nothing here is trusted or decided. :func:`trtforge_runtime.fetch.fetch_engine` reads and validates
+the manifest as always, runs the GPU identity check, and only then, for the very path it verifies
+in place, takes (:func:`take`) the descriptor and the digest instead of opening and hashing the file
+itself; it compares that digest with the validated manifest's sha256 exactly as it compares its
+own, and the backend is handed that same descriptor. What the pre-hash could not read, or read
+for another path, is simply not used: the usual path does the work and reports what is wrong.
+
+What it changes: the artifact is *read* (in place, from the volume; nothing is copied) before the
+GPU identity check, instead of after it. A pod on the wrong GPU still never loads the engine; it
+reads at most what it could hash before the check refused it, and exits. Stores that download
+(``s3://``, the broker) keep the order: nothing large is fetched before the identity check.
+
+Imports: the standard library only (the whole point is to begin before anything heavy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+PVC_ROOT_ENV = "TRTFORGE_PVC_ROOT"  # as trtforge.store.local (a unit test keeps them equal)
+DEFAULT_PVC_ROOT = "/mnt/trtforge/pvc"
+HASH_CHUNK = 16 << 20  # the hash releases the GIL per chunk: few chunks, few waits for it
+THREAD_NAME = "pre-hash"
+
+
+@dataclass(frozen=True)
+class Hashed:
+    """A file opened and hashed by the pre-hash: its descriptor (now the taker's) and digest."""
+
+    fd: int
+    sha256: str
+
+
+_lock = threading.Lock()
+_pending: dict[str, Future[Hashed | None]] = {}  # by absolute path; None: left to the usual path
+
+
+def mounted_root(store_uri: str) -> Path | None:
+    """The directory a mounted store's URI names, as ``trtforge.store.local.local_store_for``
+    resolves it; None for a store that is not on a mounted volume, or a URI it would refuse."""
+    uri = store_uri.strip()
+    if uri.startswith("pvc://"):
+        claim, _, sub = uri.removeprefix("pvc://").strip("/").partition("/")
+        if not claim or (sub and any(p in ("", ".", "..") for p in sub.split("/"))):
+            return None
+        mount = Path(os.environ.get(PVC_ROOT_ENV) or DEFAULT_PVC_ROOT) / claim
+        return mount / sub if sub else mount
+    if uri.startswith("file://"):
+        path = uri.removeprefix("file://")
+        return Path(path) if path.startswith("/") else None
+    if not uri or "://" in uri:
+        return None
+    return Path(uri).expanduser().absolute()
+
+
+def files_to_hash(manifest: object) -> list[str]:
+    """The plain file names a raw (unvalidated) manifest names, artifact first; [] if it names none
+    that could be a file of the engine's directory."""
+    if not isinstance(manifest, dict):
+        return []
+    canary = manifest.get("canary")
+    names = [manifest.get("engine_file"), canary.get("file") if isinstance(canary, dict) else None]
+    return [
+        n
+        for n in names
+        if isinstance(n, str) and n not in ("", ".", "..", "manifest.json") and "/" not in n and "\0" not in n
+    ]
+
+
+def marker_vouches(marker: object, st: os.stat_result) -> bool:
+    """True when a verified-in-place marker (``trtforge_runtime.fetch``) was written for this very
+    file as it is now: then the usual path will not hash it, and neither does the pre-hash."""
+    if not isinstance(marker, dict):
+        return False
+    now = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "dev": st.st_dev}
+    return all(marker.get(k) == v for k, v in now.items())
+
+
+def hash_fd(fd: int) -> str:
+    """sha256 of the open file `fd` from its start, read in large chunks (positioned reads, so the
+    descriptor's offset is left alone)."""
+    h = hashlib.sha256()
+    buf = bytearray(HASH_CHUNK)
+    view = memoryview(buf)
+    offset = 0
+    while n := os.preadv(fd, [buf], offset):
+        h.update(view[:n])
+        offset += n
+    return h.hexdigest()
+
+
+def begin(store_uri: str, key: str, cache_dir: Path) -> threading.Thread | None:
+    """Start pre-hashing engine `key`'s files if `store_uri` is a mounted store; the thread, or None.
+
+    `cache_dir` is the runtime's: a file its marker already vouches for is not hashed."""
+    root = mounted_root(store_uri)
+    if root is None or len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
+        return None
+    engine_dir = root / "engines" / key
+    try:
+        names = files_to_hash(json.loads((engine_dir / "manifest.json").read_bytes()))
+    except (OSError, ValueError):
+        return None
+    futures: list[tuple[str, Future[Hashed | None]]] = []
+    with _lock:
+        for name in names:
+            path = str(engine_dir / name)
+            if path not in _pending:
+                fut: Future[Hashed | None] = Future()
+                _pending[path] = fut
+                futures.append((name, fut))
+
+    def work() -> None:
+        for name, fut in futures:
+            fut.set_result(_hash_one(engine_dir / name, cache_dir / key / f".{name}.verified"))
+
+    t = threading.Thread(target=work, name=THREAD_NAME, daemon=True)
+    t.start()
+    return t
+
+
+def _hash_one(path: Path, marker: Path) -> Hashed | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        try:
+            if marker_vouches(json.loads(marker.read_bytes()), os.fstat(fd)):
+                os.close(fd)
+                return None
+        except (OSError, ValueError):
+            pass
+        return Hashed(fd, hash_fd(fd))
+    except BaseException:
+        os.close(fd)
+        return None
+
+
+def take(path: Path) -> Hashed | None:
+    """The descriptor and digest the pre-hash made for `path`, waiting for it; once, and None when it
+    made none. The caller owns the descriptor from then on."""
+    with _lock:
+        fut = _pending.pop(str(path), None)
+    return None if fut is None else fut.result()

@@ -16,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 from grpc import aio
 
 from trtforge import __version__
@@ -69,10 +71,92 @@ def status_for(e: RequestError) -> grpc.StatusCode:
     return _CODES.get(e.status, grpc.StatusCode.INTERNAL)
 
 
-def decode_infer_request(msg: pb.ModelInferRequest, spec: ModelSpec) -> InferRequest:
+# ModelInferRequest.raw_input_contents (a unit test checks the number against the descriptor).
+RAW_INPUT_CONTENTS = 7
+
+
+class _Unexpected(Exception):
+    """The scan met something it leaves to protobuf."""
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while shift < 64:
+        if pos >= len(data):
+            raise _Unexpected
+        b = data[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+    raise _Unexpected
+
+
+def _split_raw_contents(data: bytes) -> tuple[bytes, list[memoryview]]:
+    """The message's top-level fields other than raw_input_contents (re-joined, small), and the raw
+    contents as views of `data`, in order."""
+    view = memoryview(data)
+    rest: list[memoryview] = []
+    raw: list[memoryview] = []
+    pos, end = 0, len(data)
+    while pos < end:
+        start = pos
+        tag, pos = _varint(data, pos)
+        wire = tag & 7
+        if wire == 2:  # length-delimited
+            length, pos = _varint(data, pos)
+            if pos + length > end:
+                raise _Unexpected
+            if tag >> 3 == RAW_INPUT_CONTENTS:
+                raw.append(view[pos : pos + length])
+                pos += length
+                continue
+            pos += length
+        elif wire == 0:
+            _, pos = _varint(data, pos)
+        elif wire in (1, 5):  # fixed 64 / 32 bits
+            pos += 8 if wire == 1 else 4
+            if pos > end:
+                raise _Unexpected
+        else:  # groups, or no wire type at all
+            raise _Unexpected
+        if tag >> 3 == RAW_INPUT_CONTENTS:
+            raise _Unexpected  # raw contents that are not length-delimited: protobuf says what
+        rest.append(view[start:pos])
+    return b"".join(rest), raw
+
+
+def parse_infer_request(data: bytes) -> tuple[pb.ModelInferRequest, Sequence[bytes | memoryview]]:
+    """A serialised ModelInferRequest and its raw input contents, which stay views of `data`
+    (protobuf would copy each tensor twice: into the message, then into a bytes object when read).
+
+    The rest of the message is protobuf's to parse; anything the scan of top-level fields does not
+    expect is parsed by protobuf whole, so a message that protobuf refuses is refused here too
+    (RequestError 400, INVALID_ARGUMENT).
+    """
+    try:
+        head, raw = _split_raw_contents(data)
+        return pb.ModelInferRequest.FromString(head), raw
+    except _Unexpected:
+        pass
+    except DecodeError as e:
+        raise RequestError(400, f"ModelInferRequest does not parse: {e}") from e
+    try:
+        msg = pb.ModelInferRequest.FromString(data)
+    except DecodeError as e:
+        raise RequestError(400, f"ModelInferRequest does not parse: {e}") from e
+    return msg, msg.raw_input_contents
+
+
+def decode_infer_request(
+    msg: pb.ModelInferRequest, spec: ModelSpec, raw: Sequence[bytes | memoryview] | None = None
+) -> InferRequest:
     """Tensors of a ModelInferRequest for `spec`: declarations are checked before data is touched
-    (as for HTTP), raw contents become views of the message's bytes."""
-    raw = msg.raw_input_contents
+    (as for HTTP), raw contents become views of the message's bytes. `raw`: the raw input contents
+    when they were split off the message (parse_infer_request), else the message's own."""
+    if raw is None:
+        raw = msg.raw_input_contents
     if raw and len(raw) != len(msg.inputs):
         raise RequestError(
             400, f"raw_input_contents has {len(raw)} entries for {len(msg.inputs)} inputs; one per input"
@@ -210,24 +294,27 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         )
 
     async def ModelInfer(
-        self, request: pb.ModelInferRequest, context: aio.ServicerContext[Any, Any]
+        self, request: bytes, context: aio.ServicerContext[Any, Any]
     ) -> pb.ModelInferResponse:
+        """`request` arrives serialised (no deserialiser is registered for it, see _handlers): its
+        raw contents are read in place."""
         rt = self._rt
         t0 = time.perf_counter()
         rt.active += 1
         outcome = "success"
         try:
-            spec = self._spec(request.model_name, request.model_version)
+            msg, raw = parse_infer_request(request)
+            spec = self._spec(msg.model_name, msg.model_version)
             batcher = rt.batcher
             if rt.state != "ready" or batcher is None:
                 raise RequestError(503, f"model {spec.name!r} is not ready: {rt.reason}")
             if rt.has_bytes_inputs:  # BYTES elements are Python objects: decoded off the loop
                 loop = asyncio.get_running_loop()
-                req = await loop.run_in_executor(rt.decode_pool, decode_infer_request, request, spec)
+                req = await loop.run_in_executor(rt.decode_pool, decode_infer_request, msg, spec, raw)
             else:
-                req = decode_infer_request(request, spec)
+                req = decode_infer_request(msg, spec, raw)
             rows = spec.validate(req.inputs)
-            results = await batcher.submit(req.inputs, rows)
+            results = await batcher.enqueue(req.inputs, rows)
             return encode_infer_response(spec, req, results)
         except RequestError as e:
             outcome = _OUTCOMES.get(e.status, "error")
@@ -242,6 +329,30 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             rt.active -= 1
             rt.metrics.observe_request(outcome, time.perf_counter() - t0)
         raise AssertionError("unreachable: context.abort raises")
+
+
+class _Registrations:
+    """Stands in for a server while the generated code registers the servicer, to keep its handlers."""
+
+    def __init__(self) -> None:
+        self.service = ""
+        self.handlers: dict[str, Any] = {}
+
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.service, self.handlers = service, dict(handlers)
+
+
+def _handlers(servicer: InferenceService) -> tuple[str, dict[str, Any]]:
+    """The generated stubs' handlers for `servicer`, except that ModelInfer gets its request
+    serialised (parse_infer_request reads the raw contents in place)."""
+    reg = _Registrations()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, reg)
+    infer = reg.handlers["ModelInfer"]
+    reg.handlers["ModelInfer"] = infer._replace(request_deserializer=None)
+    return reg.service, reg.handlers
 
 
 def grpc_address(host: str, port: int) -> str:
@@ -266,7 +377,9 @@ async def start_grpc(runtime: Runtime, host: str, port: int) -> tuple[aio.Server
         ],
         maximum_concurrent_rpcs=s.max_connections,
     )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(runtime), server)
+    service, handlers = _handlers(InferenceService(runtime))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)
     address = grpc_address(host, port)
     try:
         bound = server.add_insecure_port(address)

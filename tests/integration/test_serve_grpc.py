@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -148,6 +149,12 @@ def test_grpc_bad_input_gets_invalid_argument_naming_the_field(mlp_server: Serve
     big = grpcclient.InferInput("x", [1000, 64], "FP32")  # 256 kB, over --max-request-bytes
     big.set_data_from_numpy(np.zeros((1000, 64), np.float32))
     _refused("RESOURCE_EXHAUSTED", c.infer, "mlp", [big])
+    with grpc.insecure_channel(mlp_server.grpc_url) as ch:  # bytes that are no ModelInferRequest
+        infer = ch.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as e:
+            infer(b"\x0a\x7fmlp", timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+        assert "ModelInferRequest does not parse" in (e.value.details() or "")
     c.infer("mlp", [inp])  # and the server carries on
     c.close()
 

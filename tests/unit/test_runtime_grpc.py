@@ -12,7 +12,13 @@ import tritonclient.grpc.service_pb2 as triton_pb
 from google.protobuf.descriptor import Descriptor
 from trtforge_runtime.batcher import QueueFull
 from trtforge_runtime.errors import RequestError
-from trtforge_runtime.grpc_service import decode_infer_request, encode_infer_response, status_for
+from trtforge_runtime.grpc_service import (
+    RAW_INPUT_CONTENTS,
+    decode_infer_request,
+    encode_infer_response,
+    parse_infer_request,
+    status_for,
+)
 from trtforge_runtime.grpc_v2 import inference_pb2 as pb
 from trtforge_runtime.grpc_v2.generate import HERE, OUTPUTS, generate
 from trtforge_runtime.model import model_spec
@@ -127,3 +133,71 @@ def test_bad_requests_are_refused_before_decoding_with_the_right_status() -> Non
     assert status_for(RequestError(503, "loading")) == grpc.StatusCode.UNAVAILABLE
     assert status_for(RequestError(404, "who")) == grpc.StatusCode.NOT_FOUND
     assert status_for(RequestError(500, "boom")) == grpc.StatusCode.INTERNAL
+
+
+def _tritonclient_request(n_inputs: int, with_id: bool) -> bytes:
+    """A ModelInferRequest as tritonclient.grpc builds it: several inputs, parameters, outputs."""
+    msg = triton_pb.ModelInferRequest(model_name="mlp", model_version="1")
+    if with_id:
+        msg.id = "req-\u00e9-7"
+    msg.parameters["priority"].int64_param = 3
+    for i in range(n_inputs):
+        t = msg.inputs.add(name=f"in{i}", datatype="FP32", shape=[1, 300 + i])
+        t.parameters["p"].bool_param = True
+        msg.raw_input_contents.append(np.full(300 + i, i, np.float32).tobytes())
+    msg.outputs.add(name="y").parameters["binary_data"].bool_param = True
+    data: bytes = msg.SerializeToString()
+    return data
+
+
+def _field(number: int, wire: int, payload: bytes) -> bytes:
+    tag = (number << 3) | wire
+    if wire == 2:
+        return bytes([tag, len(payload)]) + payload  # short fields only: one-byte tag and length
+    return bytes([tag]) + payload
+
+
+def test_raw_contents_are_read_in_place_and_the_rest_is_what_protobuf_parses() -> None:
+    assert pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number == RAW_INPUT_CONTENTS
+    head = pb.ModelInferRequest(model_name="mlp", id="z")
+    head.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+    interleaved = (  # raw contents before, between and after the other fields; an unknown field
+        _field(RAW_INPUT_CONTENTS, 2, b"A" * 16)
+        + head.SerializeToString()
+        + _field(99 & 0xF, 5, b"\0\0\0\0")
+        + _field(RAW_INPUT_CONTENTS, 2, b"")
+        + _field(RAW_INPUT_CONTENTS, 2, b"BB")
+    )
+    for data in [
+        _tritonclient_request(1, True),
+        _tritonclient_request(3, False),
+        _tritonclient_request(0, False),
+        b"",
+        interleaved,
+    ]:
+        msg, raw = parse_infer_request(data)
+        whole = pb.ModelInferRequest.FromString(data)
+        assert [bytes(r) for r in raw] == list(whole.raw_input_contents)
+        assert all(isinstance(r, memoryview) and r.obj is data for r in raw), "a copy was made"
+        whole.ClearField("raw_input_contents")
+        assert msg == whole
+
+
+def test_a_request_the_scan_does_not_expect_is_protobufs_to_parse_or_refuse() -> None:
+    # Raw contents that are not length-delimited: protobuf's call (it keeps them as an unknown field).
+    odd = _field(1, 2, b"mlp") + _field(RAW_INPUT_CONTENTS, 0, b"\x05")
+    msg, raw = parse_infer_request(odd)
+    assert msg == pb.ModelInferRequest.FromString(odd) and msg.model_name == "mlp" and list(raw) == []
+    grouped = _field(1, 2, b"mlp") + b"\x0b\x0c"  # an empty group: protobuf keeps it as unknown
+    assert parse_infer_request(grouped)[0] == pb.ModelInferRequest.FromString(grouped)
+    good = _tritonclient_request(1, True)
+    for bad in [good[:-7], good + b"\x80", b"\x0a\x7f" + b"x", b"\x0b"]:  # cut, varint, past end, open group
+        with pytest.raises(RequestError, match="does not parse") as e:
+            parse_infer_request(bad)
+        assert status_for(e.value) == grpc.StatusCode.INVALID_ARGUMENT
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    msg, raw = parse_infer_request(_request(x=("FP32", [1, 4], x.tobytes())).SerializeToString())
+    req = decode_infer_request(msg, SPEC, raw)
+    np.testing.assert_array_equal(req.inputs["x"], x)
+    with pytest.raises(RequestError, match="2 entries for 1 inputs"):
+        decode_infer_request(msg, SPEC, [*raw, memoryview(b"")])

@@ -522,11 +522,13 @@ def main(argv: list[str] | None = None) -> int:
             # One replica: no Lease. On a loaded shared machine its 10 s renew deadline was missed and
             # the operator exited mid-run (12:15 UTC); the benchmark measures reconciling, not failover.
             leader_election={"enabled": False},
-            # The product's resync period, not the integration tests' faster 15 s: every engine is
+            # The product's resync periods, not the integration tests' faster 15 s: every object is
             # reconciled once per period, which at N = 2000 is itself a load worth measuring.
             resync_seconds=OperatorConfig.model_fields["resync_seconds"].default,
+            engine_resync_seconds=OperatorConfig.model_fields["engine_resync_seconds"].default,
         )
         results["operator_resync_seconds"] = env.config["resync_seconds"]
+        results["operator_engine_resync_seconds"] = env.config["engine_resync_seconds"]
         env.start()
         sha, uri, seed_s = seed(env, timeout=600)
         results["seed_build_s"] = round(seed_s, 1)

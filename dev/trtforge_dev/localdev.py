@@ -159,6 +159,7 @@ def write_config(
         "liveness_port": free_port(),
         "metrics_port": free_port(),
         "resync_seconds": 15,
+        "engine_resync_seconds": 15,
         "build": {
             "cpu": "100m",
             "memory": "1Gi",

@@ -176,7 +176,12 @@ class OperatorConfig(BaseModel):
     cache: CacheSettings = Field(default_factory=CacheSettings)
     faults: FaultSettings = Field(default_factory=FaultSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
-    resync_seconds: float = Field(default=30.0, gt=0)  # level-based resync of every resource
+    # Level-based resync, counted from each object's own last pass and jittered by +-10%
+    # (docs/design.md §"Scale"). InferenceDeployments: their rollout and fault timers ride on it.
+    resync_seconds: float = Field(default=30.0, gt=0)
+    # TRTEngines: every input of a pass but the store has a watch or a timer of its own, so this only
+    # catches what changed in the store behind the operator's back; short periods cost O(N) per period.
+    engine_resync_seconds: float = Field(default=300.0, gt=0)
     # /healthz fails (503) when one reconcile has run this long, or no loop has come round this long.
     liveness_stuck_seconds: float = Field(default=300.0, gt=0)
     liveness_port: int = 8080
@@ -231,6 +236,7 @@ def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
         "build_namespace",
         "operator_namespace",
         "resync_seconds",
+        "engine_resync_seconds",
         "liveness_stuck_seconds",
         "liveness_port",
         "metrics_port",

@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import random
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
@@ -78,6 +79,7 @@ from trtforge_operator.workqueue import (
     LoopWatch,
     WorkQueue,
     engine_projection,
+    jittered,
     job_projection,
     own_create_echo,
 )
@@ -490,10 +492,11 @@ async def _loop(state: State, kind: Kind, body: Any, stopped: Any, kwargs: Mappi
         state.indices = {k: kwargs[k] for k in job_cleanup.INDICES}
     fn = reconcile_engine if kind == Kind.TRTENGINE else reconcile_deployment
     key = (kind, ns, name)
+    resync = state.cfg.engine_resync_seconds if kind == Kind.TRTENGINE else state.cfg.resync_seconds
     while not stopped:
         trigger.clear()
         t0 = time.monotonic()
-        wait = state.cfg.resync_seconds
+        wait = jittered(resync, random.random())
         state.watch.started(key)
         try:
             again = await fn(state, body, kwargs)
@@ -516,7 +519,7 @@ async def _loop(state: State, kind: Kind, body: Any, stopped: Any, kwargs: Mappi
             log.exception("%s %s/%s: reconcile crashed", kind, ns, name)
             wait = min(wait, 10.0)
         finally:
-            state.watch.finished(key)
+            state.watch.finished(key, due_in=wait)
             state.metrics.reconcile_seconds.labels(kind).observe(time.monotonic() - t0)
         await _wait_any(trigger, stopped, wait)
         await asyncio.sleep(DEBOUNCE_S)

@@ -60,6 +60,16 @@ class Kube:
             self._pool, functools.partial(fn, *args, **kwargs)
         )
 
+    async def _call_unparsed(self, fn: Any, *args: Any, **kwargs: Any) -> None:
+        """`fn` without parsing its answer into the client's models. The body is still read (and
+        dropped): an unread answer keeps its connection out of the pool, so every such call opened
+        a new TLS connection to the apiserver (docs/design.md §"Scale")."""
+
+        def call() -> None:
+            fn(*args, _preload_content=False, **kwargs).data  # noqa: B018 (read to free the connection)
+
+        await asyncio.get_running_loop().run_in_executor(self._pool, call)
+
     async def create(self, obj: Mapping[str, Any]) -> bool:
         """Create `obj` (Job, Deployment, Service, Secret); False when it already exists (409).
 
@@ -74,7 +84,7 @@ class Kube:
             "Secret": self.core.create_namespaced_secret,
         }[kind]
         try:
-            await self._call(fn, ns, dict(obj), _preload_content=False)
+            await self._call_unparsed(fn, ns, dict(obj))
         except ApiException as e:
             if e.status == 409:
                 return False
@@ -141,7 +151,7 @@ class Kube:
             "Pod": self.core.delete_namespaced_pod,
         }[kind]
         try:
-            await self._call(fn, name, namespace, propagation_policy="Background", _preload_content=False)
+            await self._call_unparsed(fn, name, namespace, propagation_policy="Background")
         except ApiException as e:
             if e.status == 404:
                 return False
@@ -229,7 +239,8 @@ class Kube:
             "count": 1,
         }
         try:
-            await self._call(self.core.create_namespaced_event, ns, body)
+            # The answer is not read: parsing it into the client's models cost more than the POST.
+            await self._call_unparsed(self.core.create_namespaced_event, ns, body)
         except ApiException as e:
             log.warning("could not post event %s on %s/%s: %s", reason, ns, meta.get("name"), e.reason)
 

@@ -176,29 +176,39 @@ class WorkQueue:
         return old != view
 
 
-class LoopWatch:
-    """Start times of running reconciles and the last time each loop came round.
+def jittered(period: float, u: float) -> float:
+    """`period` spread by +-10% (`u` uniform in [0, 1)), so loops that started together (a restart, a
+    burst of creates) do not resync together forever after."""
+    return period * (0.9 + 0.2 * u)
 
-    A loop is wedged when one reconcile has run longer than `stuck_after` seconds (an API call that
-    never returns, a deadlock), or when loops exist and none has come round for `stuck_after`.
+
+class LoopWatch:
+    """Start times of running reconciles and when each idle loop is due to come round again.
+
+    Wedged when one reconcile has run longer than `stuck_after` seconds (an API call that never
+    returns, a deadlock), or when an idle loop is more than `stuck_after` past the time it was due
+    (its resync or requeue): then nothing is running the loops. Judged per loop, so a long resync
+    period (TRTEngines: 5 min) of a quiet cluster is not mistaken for a wedge.
     """
 
     def __init__(self, stuck_after: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.stuck_after = stuck_after
         self._clock = clock
         self._running: dict[Key, float] = {}
-        self._last_round: dict[Key, float] = {}
+        self._due: dict[Key, float] = {}
 
     def started(self, key: Key) -> None:
         self._running[key] = self._clock()
+        self._due.pop(key, None)
 
-    def finished(self, key: Key) -> None:
+    def finished(self, key: Key, due_in: float) -> None:
+        """The pass of `key` ended; its loop comes round again within `due_in` seconds."""
         self._running.pop(key, None)
-        self._last_round[key] = self._clock()
+        self._due[key] = self._clock() + due_in
 
     def forget(self, key: Key) -> None:
         self._running.pop(key, None)
-        self._last_round.pop(key, None)
+        self._due.pop(key, None)
 
     def problem(self) -> str | None:
         """Why liveness should fail now, or None when every loop is making progress."""
@@ -207,6 +217,8 @@ class LoopWatch:
             if now - t0 > self.stuck_after:
                 kind, ns, name = key
                 return f"{kind} {ns}/{name}: one reconcile has run for {now - t0:.0f}s"
-        if self._last_round and now - max(self._last_round.values()) > self.stuck_after:
-            return f"no reconcile loop has come round for {now - max(self._last_round.values()):.0f}s"
+        if self._due:
+            (kind, ns, name), due = min(self._due.items(), key=lambda kv: kv[1])
+            if now - due > self.stuck_after:
+                return f"{kind} {ns}/{name}: its loop was due {now - due:.0f}s ago and has not come round"
         return None

@@ -242,7 +242,7 @@ def test_status_is_written_only_when_it_changes(
     )
     wait_for(
         lambda: all(_reconciles(env).get(k, 0) - start.get(k, 0) > total for k in ("trte", "infd")),
-        timeout=4 * env.config["resync_seconds"] + 60,
+        timeout=4 * max(env.config["resync_seconds"], env.config["engine_resync_seconds"]) + 60,
         desc="a full resync pass of both loops",
     )
     after = {p: env.get(p, ns, "tiny")["metadata"]["resourceVersion"] for p in rv}

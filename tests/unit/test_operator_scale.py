@@ -27,6 +27,7 @@ from trtforge_operator.workqueue import (
     LoopWatch,
     WorkQueue,
     engine_projection,
+    jittered,
     job_projection,
     own_create_echo,
 )
@@ -149,10 +150,38 @@ def test_loop_watch_reports_a_reconcile_that_never_returns() -> None:
     assert watch.problem() is None
     clock.t += 31
     assert watch.problem() == "trte team-a/e: one reconcile has run for 61s"
-    watch.finished(key)
+    watch.finished(key, due_in=30)
     assert watch.problem() is None
-    clock.t += 61  # loops exist, none came round since
-    assert watch.problem() is not None and "no reconcile loop" in str(watch.problem())
+
+
+def test_loop_watch_judges_each_loop_against_its_own_resync() -> None:
+    """A TRTEngine idle for its whole 300 s resync is healthy; a loop that misses its due time by
+    more than `stuck_after` (nothing runs the loops) is not, whichever kind it is."""
+    clock = Clock()
+    watch = LoopWatch(stuck_after=60, clock=clock)
+    engine, deployment = (Kind.TRTENGINE, "team-a", "e"), (Kind.INFERENCEDEPLOYMENT, "team-a", "d")
+    watch.started(engine)
+    watch.finished(engine, due_in=300)
+    watch.started(deployment)
+    watch.finished(deployment, due_in=30)
+    clock.t += 80  # the deployment loop came round on time (due at 30, late 50 < 60)
+    watch.started(deployment)
+    watch.finished(deployment, due_in=30)
+    clock.t += 280  # 360 s idle for the engine: due at 300, late 60, not more
+    assert watch.problem() is not None and "infd team-a/d" in str(watch.problem())  # due 110, late 250
+    watch.started(deployment)
+    watch.finished(deployment, due_in=30)
+    assert watch.problem() is None
+    clock.t += 1
+    assert watch.problem() == "trte team-a/e: its loop was due 61s ago and has not come round"
+    watch.forget(engine)
+    assert watch.problem() is None
+
+
+def test_resync_periods_are_jittered_by_ten_percent() -> None:
+    assert jittered(300, 0.0) == pytest.approx(270)
+    assert jittered(300, 0.5) == pytest.approx(300)
+    assert jittered(300, 0.999999) == pytest.approx(330, abs=1e-3)
 
 
 @pytest.mark.asyncio

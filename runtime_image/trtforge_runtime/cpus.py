@@ -93,5 +93,8 @@ def usable_cpus() -> int:
 
 
 def auto_workers(cpus: int) -> int:
-    """Worker processes for `cpus` CPUs: one per :data:`CPUS_PER_WORKER`, at least one."""
-    return max(1, cpus // CPUS_PER_WORKER)
+    """Worker processes for `cpus` CPUs: one below 8 CPUs, else one per :data:`CPUS_PER_WORKER`
+    rounded to the nearest (halves up: 14 CPUs get 4 workers, not 3)."""
+    if cpus < 2 * CPUS_PER_WORKER:
+        return 1
+    return (cpus + CPUS_PER_WORKER // 2) // CPUS_PER_WORKER

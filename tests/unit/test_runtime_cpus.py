@@ -44,8 +44,9 @@ def test_a_workers_share_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     assert usable_cpus() == 3
 
 
-def test_auto_workers_one_per_four_cpus() -> None:
-    assert [auto_workers(n) for n in (1, 2, 3, 4, 7, 8, 14, 16, 64)] == [1, 1, 1, 1, 1, 2, 3, 4, 16]
+def test_auto_workers_one_per_four_cpus_rounded_to_the_nearest() -> None:
+    cpus = (1, 2, 3, 4, 7, 8, 9, 10, 13, 14, 16, 64)
+    assert [auto_workers(n) for n in cpus] == [1, 1, 1, 1, 1, 2, 2, 3, 3, 4, 4, 16]
 
 
 def test_workers_are_pinned_unless_a_cpu_limit_is_below_the_affinity() -> None:

@@ -350,8 +350,10 @@ def _handlers(servicer: InferenceService) -> tuple[str, dict[str, Any]]:
     serialised (parse_infer_request reads the raw contents in place)."""
     reg = _Registrations()
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, reg)
-    infer = reg.handlers["ModelInfer"]
-    reg.handlers["ModelInfer"] = infer._replace(request_deserializer=None)
+    infer = reg.handlers["ModelInfer"]  # a grpc.RpcMethodHandler: its documented attributes only
+    reg.handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        infer.unary_unary, request_deserializer=None, response_serializer=infer.response_serializer
+    )
     return reg.service, reg.handlers
 
 

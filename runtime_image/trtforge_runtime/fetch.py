@@ -191,7 +191,6 @@ def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int 
         raise StoreError(f"store {store.uri}: cannot read {src}: {e.strerror or e}") from e
     try:
         st = os.fstat(fd)
-        seen = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "dev": st.st_dev}
         if size is not None and st.st_size != size:
             raise Refusal(
                 "EngineIntegrity",
@@ -200,7 +199,7 @@ def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int 
             )
         try:
             m = json.loads(marker.read_text())
-            trusted = m.get("sha256") == sha256 and {k: m.get(k) for k in seen} == seen
+            trusted = prehash.marker_vouches(m, st) and m.get("sha256") == sha256
         except (OSError, ValueError):
             trusted = False
         hashed = 0
@@ -217,7 +216,9 @@ def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int 
                     "the file is corrupt or was tampered with, refusing to load it",
                 )
             tmp = marker.with_name(marker.name + ".tmp")
-            tmp.write_text(json.dumps({"sha256": sha256, **seen, "source": str(store.file(src))}))
+            tmp.write_text(
+                json.dumps({"sha256": sha256, **prehash.stat_key(st), "source": str(store.file(src))})
+            )
             os.replace(tmp, marker)
             secs = time.monotonic() - t0
             log.info(

@@ -82,13 +82,17 @@ def files_to_hash(manifest: object) -> list[str]:
     ]
 
 
+def stat_key(st: os.stat_result) -> dict[str, int]:
+    """What a verified-in-place marker records of the file it vouches for (the file as it was)."""
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "dev": st.st_dev}
+
+
 def marker_vouches(marker: object, st: os.stat_result) -> bool:
     """True when a verified-in-place marker (``trtforge_runtime.fetch``) was written for this very
     file as it is now: then the usual path will not hash it, and neither does the pre-hash."""
     if not isinstance(marker, dict):
         return False
-    now = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "dev": st.st_dev}
-    return all(marker.get(k) == v for k, v in now.items())
+    return all(marker.get(k) == v for k, v in stat_key(st).items())
 
 
 def hash_fd(fd: int) -> str:

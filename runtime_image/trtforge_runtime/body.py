@@ -105,6 +105,18 @@ async def read_body(source: Source, length: int | None, limit: int) -> bytes | b
     return b"".join(chunks)
 
 
+class BodyMemoryFull(RequestError):
+    """Other requests hold the whole body-memory budget (503 with Retry-After; RESOURCE_EXHAUSTED
+    over gRPC)."""
+
+    def __init__(self, total: int) -> None:
+        super().__init__(
+            503,
+            f"other requests hold all {total} bytes of request-body memory (--max-body-memory); retry later",
+            {"Retry-After": "1"},
+        )
+
+
 class MemoryBudget:
     """Bytes of request bodies held at once, over all requests: each request reserves its share before
     reading, and waits (first come, first served) while others hold the rest. Reading nothing while it

@@ -7,7 +7,8 @@ always come back as ``raw_output_contents``.
 
 Status codes: INVALID_ARGUMENT (a request the model cannot take; the message says why), NOT_FOUND
 (unknown model or version), UNAVAILABLE (not ready, draining), RESOURCE_EXHAUSTED (the queue is full,
-or a message over ``--max-request-bytes``: gRPC itself refuses those), INTERNAL (execution failed).
+other requests hold the body-memory budget HTTP bodies share, or a message over
+``--max-request-bytes``: gRPC itself refuses those), INTERNAL (execution failed).
 The stubs are generated from grpc_v2/inference.proto and shipped (see grpc_v2/generate.py).
 """
 
@@ -26,6 +27,7 @@ from grpc import aio
 
 from trtforge import __version__
 from trtforge_runtime.batcher import QueueFull
+from trtforge_runtime.body import BodyMemoryFull
 from trtforge_runtime.errors import RequestError
 from trtforge_runtime.grpc_v2 import inference_pb2 as pb
 from trtforge_runtime.grpc_v2 import inference_pb2_grpc as pb_grpc
@@ -66,7 +68,7 @@ CONTENTS_FIELD = {
 
 def status_for(e: RequestError) -> grpc.StatusCode:
     """The gRPC status of a refusal (the HTTP status it has on the REST endpoint mapped over)."""
-    if isinstance(e, QueueFull):
+    if isinstance(e, (QueueFull, BodyMemoryFull)):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     return _CODES.get(e.status, grpc.StatusCode.INTERNAL)
 
@@ -297,12 +299,19 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: bytes, context: aio.ServicerContext[Any, Any]
     ) -> pb.ModelInferResponse:
         """`request` arrives serialised (no deserialiser is registered for it, see _handlers): its
-        raw contents are read in place."""
+        raw contents are read in place. The message counts against the body-memory budget HTTP
+        bodies share until it is answered; gRPC has already read it, so waiting would not save
+        memory: with the budget taken it is refused at once (RESOURCE_EXHAUSTED) and freed."""
         rt = self._rt
         t0 = time.perf_counter()
         rt.active += 1
         outcome = "success"
+        reserved = 0
         try:
+            got = rt.bodies.try_acquire(len(request))
+            if got is None:
+                raise BodyMemoryFull(rt.bodies.total)
+            reserved = got
             msg, raw = parse_infer_request(request)
             spec = self._spec(msg.model_name, msg.model_version)
             batcher = rt.batcher
@@ -326,6 +335,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             log.exception("inference failed")
             await context.abort(grpc.StatusCode.INTERNAL, f"inference failed: {e}")
         finally:
+            rt.bodies.release(reserved)
             rt.active -= 1
             rt.metrics.observe_request(outcome, time.perf_counter() - t0)
         raise AssertionError("unreachable: context.abort raises")

@@ -41,7 +41,7 @@ from trtforge.store.base import EngineStore
 from trtforge_runtime import fastpath, warmstart
 from trtforge_runtime.backends import Backend, Instance, default_instances, load_backend
 from trtforge_runtime.batcher import Batcher
-from trtforge_runtime.body import Coding, MemoryBudget, content_coding, decompress, read_body
+from trtforge_runtime.body import BodyMemoryFull, Coding, MemoryBudget, content_coding, decompress, read_body
 from trtforge_runtime.canary import run_canary
 from trtforge_runtime.connections import ConnectionLimiter
 from trtforge_runtime.errors import DeviceFault, Refusal, RequestError
@@ -420,11 +420,7 @@ class Runtime:
                 async with asyncio.timeout(self.s.body_timeout_s):
                     reserved = await self.bodies.acquire(need)
             except TimeoutError as e:
-                raise RequestError(
-                    503,
-                    f"the server is reading {self.bodies.total} bytes of other request bodies; retry later",
-                    {"Retry-After": "1"},
-                ) from e
+                raise BodyMemoryFull(self.bodies.total) from e
         try:
             async with asyncio.timeout(self.s.body_timeout_s):
                 return await read_body(request.content, cl, limit), reserved

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
@@ -184,6 +185,49 @@ def test_grpc_full_queue_gets_resource_exhausted(resnet_server: Server) -> None:
         t.join()
     assert "ok" in outcomes and "StatusCode.RESOURCE_EXHAUSTED" in outcomes, outcomes
     assert set(outcomes) <= {"ok", "StatusCode.RESOURCE_EXHAUSTED"}
+
+
+def test_grpc_messages_share_the_body_memory_budget_with_http(bed: Bed) -> None:
+    """With --max-request-bytes 700000 the budget is 1.4 MB: two ResNet-50 inputs (602 KB each) are
+    held at once, over both protocols. Twelve gRPC requests at once: those over the budget are
+    refused with RESOURCE_EXHAUSTED naming it, the rest answered; afterwards the budget is whole
+    again (an HTTP and a gRPC request both pass)."""
+    s = Server(bed.store, bed.resnet_key, bed.tmp, bed.gpu_file, "--max-request-bytes", "700000")
+    x = np.zeros((1, 3, 224, 224), np.float32)
+    outcomes: list[str] = []
+
+    def one() -> None:
+        c = grpcclient.InferenceServerClient(s.grpc_url)
+        inp = grpcclient.InferInput(RESNET_IN, [1, 3, 224, 224], "FP32")
+        inp.set_data_from_numpy(x)
+        try:
+            c.infer("resnet50", [inp])
+            outcomes.append("ok")
+        except InferenceServerException as e:
+            assert "--max-body-memory" in str(e.message()), e
+            outcomes.append(str(e.status()))
+        finally:
+            c.close()
+
+    try:
+        s.wait()
+        threads = [threading.Thread(target=one) for _ in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert "ok" in outcomes and "StatusCode.RESOURCE_EXHAUSTED" in outcomes, outcomes
+        assert set(outcomes) <= {"ok", "StatusCode.RESOURCE_EXHAUSTED"}
+        outcomes.clear()
+        one()
+        assert outcomes == ["ok"]
+        inp = httpclient.InferInput(RESNET_IN, [1, 3, 224, 224], "FP32")
+        inp.set_data_from_numpy(x, binary_data=True)
+        h = httpclient.InferenceServerClient(s.url)
+        assert h.infer("resnet50", [inp]).as_numpy(RESNET_OUT).shape == (1, 1000)
+        h.close()
+    finally:
+        assert s.stop() == 0
 
 
 def test_grpc_is_unavailable_while_not_ready(bed: Bed) -> None:

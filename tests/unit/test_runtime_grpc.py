@@ -11,6 +11,7 @@ import pytest
 import tritonclient.grpc.service_pb2 as triton_pb
 from google.protobuf.descriptor import Descriptor
 from trtforge_runtime.batcher import QueueFull
+from trtforge_runtime.body import BodyMemoryFull
 from trtforge_runtime.errors import RequestError
 from trtforge_runtime.grpc_service import (
     RAW_INPUT_CONTENTS,
@@ -130,6 +131,7 @@ def test_bad_requests_are_refused_before_decoding_with_the_right_status() -> Non
     with pytest.raises(RequestError, match="2 entries for 1 inputs"):
         decode_infer_request(two, SPEC)
     assert status_for(QueueFull(3)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert status_for(BodyMemoryFull(1 << 20)) == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert status_for(RequestError(503, "loading")) == grpc.StatusCode.UNAVAILABLE
     assert status_for(RequestError(404, "who")) == grpc.StatusCode.NOT_FOUND
     assert status_for(RequestError(500, "boom")) == grpc.StatusCode.INTERNAL

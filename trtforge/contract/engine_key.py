@@ -40,7 +40,7 @@ HEX64 = r"^[0-9a-f]{64}$"
 class ShapeRange(BaseModel):
     """min/opt/max shape of one input in one optimization profile."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
     min: tuple[int, ...]
     opt: tuple[int, ...]
     max: tuple[int, ...]
@@ -62,7 +62,7 @@ class ShapeRange(BaseModel):
 class BuildConfig(BaseModel):
     """The normalised build settings that decide an engine (timeouts, validation, caching do not)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
     precision: Precision = "fp16"
     # One dict per optimization profile: input name -> range. Profile order matters; input order not.
     profiles: tuple[dict[str, ShapeRange], ...] = ()
@@ -87,7 +87,7 @@ class GPUBinding(BaseModel):
     across platforms). Fields that do not bind are None, so engines that differ only there share a key.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
     arch: str
     compute_capability: str | None = None
     product: str | None = None
@@ -115,7 +115,7 @@ def gpu_binding(identity: GPUIdentity, hardware_compatibility: HardwareCompatibi
 class EngineKeyRecord(BaseModel):
     """The canonical record hashed into the engine key (the builder's, from what it really has)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
     schema_: str = Field(default=KEY_SCHEMA, alias="schema")
     model_sha256: str = Field(pattern=HEX64)
     build: BuildConfig
@@ -166,7 +166,7 @@ class TargetBinding(BaseModel):
     product of that capability asks for one engine. ``amperePlus``: the CPU architecture alone.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
     product: str | None = None
     mig_profile: str | None = None
     compute_capability: str | None = None
@@ -199,7 +199,7 @@ def target_binding(
 class RequestKeyRecord(BaseModel):
     """The canonical record hashed into the request key (the operator's, from what it asked for)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
     schema_: str = Field(default=REQUEST_SCHEMA, alias="schema")
     model_sha256: str | None = Field(default=None, pattern=HEX64)
     model_uri: str | None = None  # only when the sha256 is not pinned
@@ -233,7 +233,7 @@ class RequestRecord(BaseModel):
     backend, version and CUDA of the builder that answered.
     """
 
-    model_config = ConfigDict(frozen=True, populate_by_name=True)
+    model_config = ConfigDict(defer_build=True, frozen=True, populate_by_name=True)
     schema_: str = Field(default="trtforge.io/request/v1", alias="schema")
     request_key: str = Field(pattern=HEX64, alias="requestKey")
     engine_key: str = Field(pattern=HEX64, alias="engineKey")

@@ -53,7 +53,7 @@ def mig_profile_of_resource(suffix: str) -> str:
 class MigFacts(BaseModel):
     """One MIG profile of a known GPU: for display and validation hints only (docs/design.md §"GPU facts")."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
     sm_fraction: str  # NVIDIA's MIG user guide, "Supported MIG Profiles": e.g. "1/7"
     sm_count: int | None = None  # as NVML reported it on a real GPU; None where not measured
     memory_mib: int | None = None  # likewise
@@ -66,7 +66,7 @@ class KnownGPU(BaseModel):
     (NVML), and planning reads GFD labels (docs/design.md §"GPU facts").
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
     compute_capability: tuple[int, int]
     sm_count: int
     memory_mib: int
@@ -153,7 +153,7 @@ def product_label(nvml_name: str) -> str:
 class GPUTarget(BaseModel):
     """What an engine is built for: a GPU product (or `cpu`) and optionally a MIG profile."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
     gpu: str = Field(min_length=1)
     mig: str | None = None
 
@@ -208,7 +208,7 @@ class GPUTarget(BaseModel):
 class GPUIdentity(BaseModel):
     """Everything about the device that decides an engine. Part of the engine key."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
     product: str  # GFD product label, or "cpu"
     compute_capability: str  # "9.0"; "none" for CPU
     mig_profile: str  # a MIG profile or "full"

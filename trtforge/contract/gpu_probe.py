@@ -35,6 +35,8 @@ APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 class XidEvent(BaseModel):
     """A GPU fault: an Xid (or an ECC event reported as its Xid, e.g. 48) on one device."""
 
+    model_config = ConfigDict(defer_build=True)
+
     xid: int
     gpu_uuid: str
     time: float = Field(default_factory=time.time)
@@ -44,7 +46,7 @@ class XidEvent(BaseModel):
 class GPUDevice(BaseModel):
     """One device as the probe sees it: a whole GPU or a MIG instance."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(defer_build=True, extra="ignore")
     index: int
     uuid: str
     name: str  # NVML name, e.g. "NVIDIA H100 80GB HBM3"
@@ -80,7 +82,7 @@ class GPUInstanceProfile(BaseModel):
     runtime learn a slice's real SM count and memory from the driver (docs/design.md §"GPU facts").
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
     index: int  # the NVML_GPU_INSTANCE_PROFILE_* value asked for
     id: int  # the profile id the driver uses (nvidia-smi mig -lgip "ID")
     name: str  # "1g.18gb" (NVML's "MIG 1g.18gb" without the prefix)
@@ -172,6 +174,8 @@ class NoGPUProbe:
 
 class EmulatedGPUFile(BaseModel):
     """The test bed's per-node GPU file: the devices and the faults injected into them."""
+
+    model_config = ConfigDict(defer_build=True)
 
     node: str
     arch: str = "amd64"  # the emulated node's kubernetes.io/arch (a GH200 node is arm64)

@@ -16,6 +16,8 @@ MANIFEST_SCHEMA = "trtforge.io/manifest/v1"
 class TensorSpec(BaseModel):
     """One IO tensor: dims are -1 where dynamic; the profile gives their ranges."""
 
+    model_config = ConfigDict(defer_build=True)
+
     name: str
     dtype: str  # numpy dtype name, e.g. "float32"
     shape: list[int]
@@ -23,6 +25,8 @@ class TensorSpec(BaseModel):
 
 class Accuracy(BaseModel):
     """The built artifact against an fp32 ONNX Runtime reference on the same inputs."""
+
+    model_config = ConfigDict(defer_build=True)
 
     samples: int
     max_abs_error: float
@@ -35,6 +39,8 @@ class Accuracy(BaseModel):
 class CanaryRef(BaseModel):
     """Reference inputs and outputs (an .npz in the engine directory) the runtime replays before Ready."""
 
+    model_config = ConfigDict(defer_build=True)
+
     file: str
     sha256: str
     atol: float
@@ -42,7 +48,7 @@ class CanaryRef(BaseModel):
 
 
 class Manifest(BaseModel):
-    model_config = ConfigDict(populate_by_name=True)
+    model_config = ConfigDict(defer_build=True, populate_by_name=True)
     schema_: str = Field(default=MANIFEST_SCHEMA, alias="schema")
     key: str
     engine_file: str  # file name inside engines/<key>/

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 TERMINATION_LOG_ENV = "TRTFORGE_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
@@ -75,6 +75,8 @@ REASON_BY_EXIT_CODE: dict[int, Reason] = {v: k for k, v in EXIT_CODES.items()}
 
 class TerminationMessage(BaseModel):
     """One JSON object; unknown fields are kept by readers (``extra`` is ignored, never refused)."""
+
+    model_config = ConfigDict(defer_build=True)
 
     reason: Reason
     message: str = ""

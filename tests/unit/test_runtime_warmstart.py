@@ -147,6 +147,37 @@ def test_a_store_that_does_not_answer_does_not_hold_the_caller(tmp_path: Path) -
     warmstart.collect_fetch(KEY, tmp_path / "cache")
 
 
+def test_from_a_store_that_downloads_the_caller_imports_only_once_the_files_are_here(
+    tmp_path: Path,
+) -> None:
+    """A download's read loop takes the GIL per socket read: the caller's imports would starve it."""
+    import threading
+    from collections.abc import Iterator
+
+    started, go_on = threading.Event(), threading.Event()
+    inner = open_store(str(_store(tmp_path)))
+
+    class Downloading:  # streams only, so the runtime copies (as from s3:// or the broker)
+        uri, read_only = f"remote+{inner.uri}", True
+
+        def read_bytes(self, path: str) -> bytes:
+            return inner.read_bytes(path)
+
+        def iter_chunks(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+            started.set()
+            go_on.wait()
+            return inner.iter_chunks(path, chunk_size)
+
+    cache = tmp_path / "cache"
+    t = warmstart.begin(Downloading(), KEY, cache, 2)  # type: ignore[arg-type]
+    started.wait()  # the manifest is read and checked; the download has begun
+    assert warmstart.import_backend_library(wait_s=0.05) is None  # not while it downloads
+    go_on.set()
+    t.join()
+    assert warmstart.import_backend_library(wait_s=60) == "onnxruntime"  # named once it is here
+    assert warmstart.collect_fetch(KEY, cache) is not None
+
+
 def test_a_canary_decoded_ahead_is_replayed_and_its_errors_reported_as_if_read_there(tmp_path: Path) -> None:
     from concurrent.futures import Future
 

@@ -91,14 +91,6 @@ def _write_marker(path: Path, sha256: str) -> None:
     os.replace(tmp, m)
 
 
-def _rehash(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def hash_and_write(chunks: Iterable[bytes], out: BinaryIO, depth: int = 4) -> tuple[str, int]:
     """Write `chunks` to `out` and hash them on a second thread while this one receives the next:
     the receive, the hash and the write all release the GIL, so they overlap instead of taking turns.
@@ -164,12 +156,20 @@ def _fetch_file(store: EngineStore, src: str, dst: Path, sha256: str, size: int 
     return n
 
 
+def _rehashed(path: Path) -> str | None:
+    """sha256 of a cached copy; None when it is not a regular file (then it is fetched again)."""
+    try:
+        return prehash.hash_file(path)
+    except prehash.NotRegularFile:
+        return None
+
+
 def _ensure(store: EngineStore, src: str, dst: Path, sha256: str, size: int | None) -> int:
     if dst.exists():
         if _cached_ok(dst, sha256, dst.stat().st_size if size is None else size):
             log.info("using cached copy", extra=fields(path=str(dst)))
             return 0
-        if (size is None or dst.stat().st_size == size) and _rehash(dst) == sha256:
+        if (size is None or dst.stat().st_size == size) and _rehashed(dst) == sha256:
             _write_marker(dst, sha256)
             log.info("cached copy re-verified", extra=fields(path=str(dst)))
             return 0
@@ -184,9 +184,15 @@ def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int 
     began, gives the open file and its digest; they are checked here as if made here."""
     pre = prehash.take(store.file(src))
     try:
-        fd = pre.fd if pre else os.open(store.file(src), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = pre.fd if pre else prehash.open_regular(store.file(src))
     except FileNotFoundError as e:
         raise ObjectNotFound(f"store {store.uri}: {src} does not exist") from e
+    except prehash.NotRegularFile as e:
+        raise Refusal(
+            "EngineIntegrity",
+            f"{src} in store {store.uri} is {e.kind}, not a regular file; the store's writers "
+            "only ever rename regular files into place, refusing to read it",
+        ) from e
     except OSError as e:
         raise StoreError(f"store {store.uri}: cannot read {src}: {e.strerror or e}") from e
     try:

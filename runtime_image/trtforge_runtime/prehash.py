@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -95,6 +96,54 @@ def marker_vouches(marker: object, st: os.stat_result) -> bool:
     return all(marker.get(k) == v for k, v in stat_key(st).items())
 
 
+class NotRegularFile(OSError):
+    """A path names something other than a regular file; `kind` says what ("a FIFO", ...)."""
+
+    def __init__(self, path: Path | str, kind: str) -> None:
+        super().__init__(f"{path} is {kind}, not a regular file")
+        self.kind = kind
+
+
+def open_regular(path: Path | str) -> int:
+    """A read-only descriptor of `path`, which must be a regular file (symlinks followed).
+
+    Opened without blocking and checked with ``fstat`` before anything reads it: a FIFO (or a
+    device) planted under a name the manifest gives would otherwise block the reader, or never end.
+    Raises :class:`NotRegularFile` naming the path and what it is, or the ``OSError`` of the open."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(path, _kind(mode))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return f"of mode {stat.filemode(mode)}"
+
+
+def hash_file(path: Path | str) -> str:
+    """sha256 of the regular file at `path` (:func:`open_regular`, then :func:`hash_fd`)."""
+    fd = open_regular(path)
+    try:
+        return hash_fd(fd)
+    finally:
+        os.close(fd)
+
+
 def hash_fd(fd: int) -> str:
     """sha256 of the open file `fd` from its start, read in large chunks (positioned reads, so the
     descriptor's offset is left alone)."""
@@ -117,7 +166,9 @@ def begin(store_uri: str, key: str, cache_dir: Path) -> threading.Thread | None:
         return None
     engine_dir = root / "engines" / key
     try:
-        names = files_to_hash(json.loads((engine_dir / "manifest.json").read_bytes()))
+        fd = open_regular(engine_dir / "manifest.json")  # this runs on the main thread: never block
+        with os.fdopen(fd, "rb") as f:
+            names = files_to_hash(json.loads(f.read()))
     except (OSError, ValueError):
         return None
     futures: list[tuple[str, Future[Hashed | None]]] = []
@@ -140,9 +191,9 @@ def begin(store_uri: str, key: str, cache_dir: Path) -> threading.Thread | None:
 
 def _hash_one(path: Path, marker: Path) -> Hashed | None:
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = open_regular(path)
     except OSError:
-        return None
+        return None  # the usual path opens it again and says what is wrong
     try:
         try:
             if marker_vouches(json.loads(marker.read_bytes()), os.fstat(fd)):

@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 import pytest
 from trtforge_runtime import prehash
 from trtforge_runtime.errors import Refusal
 from trtforge_runtime.fetch import fetch_engine
 
-from tests.unit.test_runtime import KEY, _manifest, _store
+from tests.unit.test_runtime import KEY, _manifest, _RemoteStore, _store
 from trtforge.contract import layout
+from trtforge.store import EngineStore, StoreError, open_store
 from trtforge.store import local as local_store
-from trtforge.store import open_store
 
 
 def test_it_resolves_mounted_stores_as_the_store_does(
@@ -115,3 +119,92 @@ def test_its_digest_is_the_files_sha256(tmp_path: Path) -> None:
         assert prehash.hash_fd(fd) == hashlib.sha256(data).hexdigest()
     finally:
         os.close(fd)
+
+
+def test_hash_file_is_hash_fd_of_a_regular_file_and_refuses_anything_else(tmp_path: Path) -> None:
+    data = os.urandom(12345)
+    (tmp_path / "f").write_bytes(data)
+    assert prehash.hash_file(tmp_path / "f") == hashlib.sha256(data).hexdigest()
+    with pytest.raises(prehash.NotRegularFile, match="is a directory, not a regular file") as e:
+        prehash.hash_file(tmp_path)
+    assert str(tmp_path) in str(e.value)
+    with pytest.raises(prehash.NotRegularFile, match="character device"):
+        prehash.hash_file("/dev/null")
+
+
+@contextmanager
+def _fifo(path: Path, data: bytes, spare: Path, readers: int = 1) -> Iterator[None]:
+    """`path` made a FIFO whose writer hands `data` (small enough for the pipe's buffer) to each of
+    the first `readers` readers that open it; on exit, what is left of them is released (through
+    `spare`, a second name of the same FIFO, in case the code under test replaced `path`)."""
+    os.mkfifo(spare)
+    path.unlink(missing_ok=True)
+    os.link(spare, path)
+
+    def write() -> None:
+        for _ in range(readers):
+            fd = os.open(spare, os.O_WRONLY)  # waits for a reader
+            try:
+                os.write(fd, data)
+            except BrokenPipeError:
+                pass  # the reader looked and closed
+            finally:
+                os.close(fd)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        yield
+    finally:
+        while writer.is_alive():  # stand in for the readers that did not come
+            release = os.open(spare, os.O_RDONLY | os.O_NONBLOCK)
+            writer.join(0.05)
+            os.close(release)
+
+
+def test_a_fifo_under_a_name_the_manifest_gives_is_refused_never_read(tmp_path: Path) -> None:
+    """A FIFO there would block the reader until something writes to it (and fed the right bytes,
+    the pre-hash's digest would even match). The in-place check refuses it, naming it, unread."""
+    artifact, canary = b"x" * 10_000, b"canary"
+    root = _store(tmp_path, artifact, canary, _manifest(artifact, canary))
+    in_store = root / layout.engine_dir(KEY) / "model.onnx"
+    with _fifo(in_store, artifact, tmp_path / "fifo"):
+        with pytest.raises(Refusal, match=r"model\.onnx in store .* is a FIFO, not a regular file") as e:
+            fetch_engine(open_store(str(root)), KEY, tmp_path / "cache")
+        assert e.value.reason == "EngineIntegrity"
+
+
+def test_the_pre_hash_leaves_a_fifo_to_the_usual_path(tmp_path: Path) -> None:
+    artifact, canary = b"x" * 10_000, b"canary"
+    root = _store(tmp_path, artifact, canary, _manifest(artifact, canary))
+    in_store = root / layout.engine_dir(KEY) / "model.onnx"
+    with _fifo(in_store, artifact, tmp_path / "fifo"):
+        t = prehash.begin(str(root), KEY, tmp_path / "cache")
+        assert t is not None
+        t.join()
+        assert prehash.take(in_store) is None
+        with pytest.raises(Refusal, match="is a FIFO, not a regular file"):
+            fetch_engine(open_store(str(root)), KEY, tmp_path / "cache")
+
+
+def test_the_pre_hash_does_not_read_a_fifo_manifest(tmp_path: Path) -> None:
+    """It runs on the main thread before anything else: a FIFO manifest must not block it."""
+    artifact, canary = b"x" * 10_000, b"canary"
+    root = _store(tmp_path, artifact, canary, m := _manifest(artifact, canary))
+    manifest = root / layout.engine_dir(KEY) / layout.MANIFEST
+    with _fifo(manifest, m.to_json().encode(), tmp_path / "fifo"):
+        assert prehash.begin(str(root), KEY, tmp_path / "cache") is None
+        with pytest.raises(StoreError, match=r"manifest\.json is not a regular file"):
+            open_store(str(root)).read_bytes(layout.manifest_path(KEY))
+
+
+def test_a_cached_copy_that_is_not_a_regular_file_is_fetched_again(tmp_path: Path) -> None:
+    artifact, canary = b"x" * 10_000, b"canary"
+    root = _store(tmp_path, artifact, canary, _manifest(artifact, canary))
+    store = cast(EngineStore, _RemoteStore(open_store(str(root))))
+    cache = tmp_path / "cache"
+    (cache / KEY).mkdir(parents=True)
+    with _fifo(cache / KEY / "canary.npz", canary, tmp_path / "fifo"):  # no size to tell it apart
+        got = fetch_engine(store, KEY, cache)
+    assert got.downloaded_bytes == len(artifact) + len(canary)
+    assert got.canary.is_file() and got.canary.read_bytes() == canary

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -188,14 +189,29 @@ class LocalStore:
         return self._abs(path)
 
     def _open(self, path: str) -> BinaryIO:
+        """`path` opened for reading; it must be a regular file (opened without blocking and checked
+        before any read, so a FIFO or a device under a store name never blocks or floods a reader)."""
         self._check_mount()
         p = self._abs(path)
         try:
-            return open(p, "rb")
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except (FileNotFoundError, NotADirectoryError) as e:
             raise ObjectNotFound(f"store {self.uri}: {path} does not exist") from e
         except OSError as e:
             raise self._fail("read", path, e) from e
+        try:
+            if stat.S_ISDIR(mode := os.fstat(fd).st_mode):
+                raise ObjectNotFound(f"store {self.uri}: {path} does not exist (it is a directory)")
+            if not stat.S_ISREG(mode):
+                raise StoreError(
+                    f"store {self.uri}: {path} is not a regular file ({stat.filemode(mode)}); "
+                    "refusing to read it"
+                )
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
 
     def iter_chunks(self, path: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
         f = self._open(path)

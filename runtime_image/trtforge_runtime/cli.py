@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-# How long the CLI waits for the warm start to check the manifest (from a store that downloads: to
-# download the engine) before it imports the server anyway (a slow store must not keep the ports
+# How long the CLI waits for the warm start to check the manifest (and, from a store that downloads,
+# for the download) before it imports the server anyway (a slow store must not keep the ports
 # closed): trtforge_runtime.warmstart.import_backend_library.
 MANIFEST_WAIT_S = 2.0
 

@@ -14,9 +14,9 @@ image pins; 1.30 holds it) its session build, so on two cores the engine is veri
 checked while the interpreter imports (docs/design.md, "Runtime cold start"). The caller imports
 only what the thread needs before the hash (pydantic's contract models, the store) before
 :func:`begin`; then :func:`import_backend_library` imports the backend's library (onnxruntime and
-numpy), which the session build waits for, on the caller's thread while the thread hashes (after
-a download: the caller's imports would starve it); then the caller imports the server, while the
-session builds. Imports hold the GIL, so two threads importing
+numpy), which the session build waits for, on the caller's thread while the thread hashes (or
+downloads); then, once a download has ended (the server's imports would starve it), the caller
+imports the server, while the session builds. Imports hold the GIL, so two threads importing
 at once only both finish later: the one the engine waits for goes first.
 """
 
@@ -54,6 +54,8 @@ _backends: dict[tuple[str, ...], Future[Backend]] = {}
 _canaries: dict[str, Future[tuple[Backend, Path, ModelSpec, Instance, CanaryResult]]] = {}
 # the backend the last begun warm start's manifest names (None: it failed before it knew)
 _backend_named: Future[str | None] = Future()
+# done once the last begun warm start's fetch ended (None: its store is mounted, nothing downloads)
+_download_done: Future[None] | None = None
 
 
 def begin(
@@ -69,40 +71,40 @@ def begin(
     `instances` None: the backend's default (:func:`~trtforge_runtime.backends.default_instances`),
     as the runtime resolves it. `canary_for` (model name, max batch size, as the runtime is given
     them): also run the canary on a new instance of the loaded backend (:func:`collect_canary`)."""
-    global _backend_named
+    global _backend_named, _download_done
+    from trtforge.store.local import LocalStore
+
     fetched: Future[LocalEngine] = Future()
     loaded: Future[Backend] = Future()
     named: Future[str | None] = Future()
+    here: Future[None] = Future()  # the fetch ended (the files are here, or it failed)
     with _lock:
         _fetches[(key, str(cache_dir))] = fetched
         _backend_named = named
-
-    from trtforge.store.local import LocalStore
-
-    # From a mounted store the caller imports the library while the hash (if not done yet) runs: it
-    # releases the GIL. A download does not: its read loop takes the GIL for every socket read and
-    # waits behind the caller's imports (several times slower), so the caller waits for it first.
-    in_place = isinstance(store, LocalStore)
+        # A download's read loop takes the GIL for every socket read; the caller waits for it before
+        # the server's imports (import_backend_library). A mounted store's hash releases the GIL.
+        _download_done = None if isinstance(store, LocalStore) else here
 
     def checked(manifest: Manifest) -> None:
         if check is not None:
             check(manifest)
-        if in_place and not named.done():
+        if not named.done():
             named.set_result(manifest.backend)
 
     def work() -> None:
         t0 = time.monotonic()
         from trtforge_runtime.fetch import fetch_engine
 
-        local: LocalEngine | None = None
         try:
             local = fetch_engine(store, key, cache_dir, checked)
         except BaseException as e:
             fetched.set_exception(e)
             return
         finally:
-            if not named.done():  # a download is here (or nothing is: the caller goes on)
-                named.set_result(local.manifest.backend if local is not None else None)
+            if not named.done():
+                named.set_result(None)
+            if not here.done():
+                here.set_result(None)
         t1 = time.monotonic()
         # after the fetch: numpy, which this imports, is the caller's to import while the fetch runs
         from trtforge_runtime.backends import default_instances, load_backend
@@ -152,18 +154,24 @@ def import_backend_library(wait_s: float) -> str | None:
     returns the backend's name, or None when it was not known within `wait_s` seconds (then the
     thread imports what it needs itself).
 
-    The caller calls this right after :func:`begin` and before importing anything else. From a
-    mounted store the backend is known once the manifest is checked, and the thread then hashes the
-    artifact (no GIL) while this imports (GIL). From a store that downloads it is known once the
-    files are here: the download's read loop takes the GIL for every socket read, and behind these
-    imports it took 0.65-0.9 s instead of 0.4 s. Either way the session build, which needs the
-    library, is not kept waiting by the server's imports. `wait_s` bounds how long a slow store can
-    hold the caller back from importing the server and listening."""
+    The caller calls this right after :func:`begin` and before importing anything else: the thread
+    then hashes the artifact (no GIL) while this imports (GIL), and the session build, which needs
+    the library, is not kept waiting by the server's imports. From a store that downloads, this then
+    also waits for the download to end before it returns: the download's read loop takes the GIL
+    for every socket read, and behind the server's imports the 102 MB ResNet-50 took 0.65-0.9 s
+    instead of 0.4 s. `wait_s` bounds the whole wait, so a slow store never holds the caller back
+    from importing the server and listening for longer."""
+    deadline = time.monotonic() + wait_s
     try:
         backend = _backend_named.result(timeout=wait_s)
     except TimeoutError:
         return None
     _import_modules(backend)
+    if _download_done is not None:  # let the download finish before the server's imports
+        try:
+            _download_done.result(timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            pass
     return backend
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -147,34 +150,55 @@ def test_a_store_that_does_not_answer_does_not_hold_the_caller(tmp_path: Path) -
     warmstart.collect_fetch(KEY, tmp_path / "cache")
 
 
-def test_from_a_store_that_downloads_the_caller_imports_only_once_the_files_are_here(
+class _Downloading:
+    """A store that only streams (as s3:// or the broker do, so the runtime copies), each stream held
+    until `go_on` is set; `done` is set once the canary (the last file fetched) has streamed."""
+
+    def __init__(self, root: Path) -> None:
+        self.inner = open_store(str(root))
+        self.uri, self.read_only = f"remote+{self.inner.uri}", True
+        self.started, self.go_on, self.done = threading.Event(), threading.Event(), threading.Event()
+
+    def read_bytes(self, path: str) -> bytes:
+        return self.inner.read_bytes(path)
+
+    def iter_chunks(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        self.started.set()
+        self.go_on.wait()
+        yield from self.inner.iter_chunks(path, chunk_size)
+        if path.endswith("canary.npz"):
+            self.done.set()
+
+
+def test_from_a_store_that_downloads_the_caller_goes_on_only_once_the_files_are_here(
     tmp_path: Path,
 ) -> None:
-    """A download's read loop takes the GIL per socket read: the caller's imports would starve it."""
-    import threading
-    from collections.abc import Iterator
+    """A download's read loop takes the GIL per socket read: the server's imports would starve it.
+    The caller imports the backend's library once the manifest is checked, then waits for the
+    download before it goes on to import the server."""
+    store, cache = _Downloading(_store(tmp_path)), tmp_path / "cache"
+    t = warmstart.begin(store, KEY, cache, 2)  # type: ignore[arg-type]
+    store.started.wait()  # the manifest is read and checked; the download has begun and is held
 
-    started, go_on = threading.Event(), threading.Event()
-    inner = open_store(str(_store(tmp_path)))
+    def release() -> None:
+        time.sleep(0.2)  # so that a caller that did not wait would return before the download ends
+        store.go_on.set()
 
-    class Downloading:  # streams only, so the runtime copies (as from s3:// or the broker)
-        uri, read_only = f"remote+{inner.uri}", True
-
-        def read_bytes(self, path: str) -> bytes:
-            return inner.read_bytes(path)
-
-        def iter_chunks(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
-            started.set()
-            go_on.wait()
-            return inner.iter_chunks(path, chunk_size)
-
-    cache = tmp_path / "cache"
-    t = warmstart.begin(Downloading(), KEY, cache, 2)  # type: ignore[arg-type]
-    started.wait()  # the manifest is read and checked; the download has begun
-    assert warmstart.import_backend_library(wait_s=0.05) is None  # not while it downloads
-    go_on.set()
+    threading.Thread(target=release).start()
+    assert warmstart.import_backend_library(wait_s=60) == "onnxruntime"
+    assert store.done.is_set()  # it went on only once the files were here
     t.join()
-    assert warmstart.import_backend_library(wait_s=60) == "onnxruntime"  # named once it is here
+    assert warmstart.collect_fetch(KEY, cache) is not None
+
+
+def test_a_download_holds_the_caller_no_longer_than_the_wait(tmp_path: Path) -> None:
+    store, cache = _Downloading(_store(tmp_path)), tmp_path / "cache"
+    t = warmstart.begin(store, KEY, cache, 2)  # type: ignore[arg-type]
+    store.started.wait()
+    assert warmstart.import_backend_library(wait_s=0.05) == "onnxruntime"  # known, and it goes on
+    assert not store.done.is_set()
+    store.go_on.set()
+    t.join()
     assert warmstart.collect_fetch(KEY, cache) is not None
 
 

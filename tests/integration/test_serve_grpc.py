@@ -160,29 +160,38 @@ def test_grpc_bad_input_gets_invalid_argument_naming_the_field(mlp_server: Serve
     c.close()
 
 
-def test_grpc_full_queue_gets_resource_exhausted(resnet_server: Server) -> None:
-    """ResNet-50 takes ~100 ms a request here; with 2 queue slots, 12 at once overflow it."""
+def _resnet50_burst(grpc_url: str, refusal: str, n: int = 12) -> list[str]:
+    """`n` ResNet-50 calls at once over gRPC, each on its own client: "ok" or the refusal's status
+    for each. Every refusal's message must contain `refusal` (checked here, not in the threads)."""
     x = np.zeros((1, 3, 224, 224), np.float32)
     outcomes: list[str] = []
+    messages: list[str] = []
 
     def one() -> None:
-        c = grpcclient.InferenceServerClient(resnet_server.grpc_url)
+        c = grpcclient.InferenceServerClient(grpc_url)
         inp = grpcclient.InferInput(RESNET_IN, [1, 3, 224, 224], "FP32")
         inp.set_data_from_numpy(x)
         try:
             c.infer("resnet50", [inp])
             outcomes.append("ok")
         except InferenceServerException as e:
-            assert "queue is full" in str(e.message())
+            messages.append(str(e.message()))
             outcomes.append(str(e.status()))
         finally:
             c.close()
 
-    threads = [threading.Thread(target=one) for _ in range(12)]
+    threads = [threading.Thread(target=one) for _ in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert all(refusal in m for m in messages), messages
+    return outcomes
+
+
+def test_grpc_full_queue_gets_resource_exhausted(resnet_server: Server) -> None:
+    """ResNet-50 takes ~100 ms a request here; with 2 queue slots, 12 at once overflow it."""
+    outcomes = _resnet50_burst(resnet_server.grpc_url, "queue is full")
     assert "ok" in outcomes and "StatusCode.RESOURCE_EXHAUSTED" in outcomes, outcomes
     assert set(outcomes) <= {"ok", "StatusCode.RESOURCE_EXHAUSTED"}
 
@@ -193,36 +202,14 @@ def test_grpc_messages_share_the_body_memory_budget_with_http(bed: Bed) -> None:
     refused with RESOURCE_EXHAUSTED naming it, the rest answered; afterwards the budget is whole
     again (an HTTP and a gRPC request both pass)."""
     s = Server(bed.store, bed.resnet_key, bed.tmp, bed.gpu_file, "--max-request-bytes", "700000")
-    x = np.zeros((1, 3, 224, 224), np.float32)
-    outcomes: list[str] = []
-
-    def one() -> None:
-        c = grpcclient.InferenceServerClient(s.grpc_url)
-        inp = grpcclient.InferInput(RESNET_IN, [1, 3, 224, 224], "FP32")
-        inp.set_data_from_numpy(x)
-        try:
-            c.infer("resnet50", [inp])
-            outcomes.append("ok")
-        except InferenceServerException as e:
-            assert "--max-body-memory" in str(e.message()), e
-            outcomes.append(str(e.status()))
-        finally:
-            c.close()
-
     try:
         s.wait()
-        threads = [threading.Thread(target=one) for _ in range(12)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        outcomes = _resnet50_burst(s.grpc_url, "--max-body-memory")
         assert "ok" in outcomes and "StatusCode.RESOURCE_EXHAUSTED" in outcomes, outcomes
         assert set(outcomes) <= {"ok", "StatusCode.RESOURCE_EXHAUSTED"}
-        outcomes.clear()
-        one()
-        assert outcomes == ["ok"]
+        assert _resnet50_burst(s.grpc_url, "--max-body-memory", n=1) == ["ok"]
         inp = httpclient.InferInput(RESNET_IN, [1, 3, 224, 224], "FP32")
-        inp.set_data_from_numpy(x, binary_data=True)
+        inp.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32), binary_data=True)
         h = httpclient.InferenceServerClient(s.url)
         assert h.infer("resnet50", [inp]).as_numpy(RESNET_OUT).shape == (1, 1000)
         h.close()

@@ -8,13 +8,17 @@ arrival) for more, up to the max batch size. With a zero delay, batches still fo
 arrive while the instances are busy. The queue is bounded: a request that finds it full is refused
 at once (503 with Retry-After), never parked.
 
-Each instance has its own worker thread; the event loop only moves requests and futures.
+Each instance has its own thread, which takes its batches from the queue itself and runs them back
+to back: an instance that finishes a batch starts the next one without waiting for the event loop.
+The loop only queues requests (:meth:`Batcher.enqueue`) and resolves their futures, one call per
+batch (docs/design.md, "Adapting to load").
 
-Adapting to load (docs/design.md, "Adapting to load"): with a *solo* instance added (a session with
-every core's threads), a lone request (a batch of one that finds nothing else executing and nothing
-else queued) runs on it, so it gets all the cores; while it runs, the pool's instances wait, so cores
-are never oversubscribed; as soon as requests overlap, batches go to the pool (one instance per
-core), each taking its share of the queue, never the whole queue while the others are busy.
+Adapting to load (the same section): with a *solo* instance added (a session with every core's
+threads), a lone request (a batch of one that finds nothing else executing and nothing else queued)
+runs on it, on the solo instance's own thread, so it gets all the cores; while it runs, the pool's
+instances wait, so cores are never oversubscribed; as soon as requests overlap, batches go to the
+pool (one instance per core), each taking its share of the queue, never the whole queue while the
+others are busy.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +39,8 @@ from trtforge_runtime.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
+Outputs = dict[str, np.ndarray]
+
 
 class QueueFull(RequestError):
     def __init__(self, depth: int) -> None:
@@ -43,12 +49,17 @@ class QueueFull(RequestError):
         )
 
 
+class ShuttingDown(RequestError):
+    def __init__(self) -> None:
+        super().__init__(503, "the runtime is shutting down; retry on another replica", {"Retry-After": "1"})
+
+
 @dataclass
 class _Item:
     inputs: dict[str, np.ndarray]
     rows: int
     signature: tuple[object, ...]
-    future: asyncio.Future[dict[str, np.ndarray]]
+    future: asyncio.Future[Outputs]
     enqueued: float = field(default_factory=time.monotonic)
 
 
@@ -71,7 +82,7 @@ def share(max_batch: int, queued_rows: int, instances: int) -> int:
     return max(1, min(max_batch, -(-queued_rows // max(1, instances))))
 
 
-def _execute(instance: Instance, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def _execute(instance: Instance, feeds: list[dict[str, np.ndarray]]) -> Outputs:
     """Run one batch in the instance's thread: the requests' tensors are joined there, not on the
     event loop (numpy copies without the GIL)."""
     if len(feeds) == 1:
@@ -79,7 +90,22 @@ def _execute(instance: Instance, feeds: list[dict[str, np.ndarray]]) -> dict[str
     return instance.run({k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]})
 
 
+def _split(batch: list[_Item], out: Outputs) -> list[Outputs]:
+    """Each request's rows of a batch's outputs (views, no copy)."""
+    if len(batch) == 1:
+        return [out]
+    parts, start = [], 0
+    for it in batch:
+        end = start + it.rows
+        parts.append({k: v[start:end] for k, v in out.items()})
+        start = end
+    return parts
+
+
 class Batcher:
+    """The queue and the instances' threads. :meth:`enqueue` is called on the event loop; the
+    threads take batches under the same lock (``_lock``)."""
+
     def __init__(
         self,
         instances: list[Instance],
@@ -95,63 +121,95 @@ class Batcher:
         self.max_queue = max_queue
         self._metrics = metrics
         self._on_device_fault = on_device_fault
+        # One lock, three conditions, so a notification wakes only threads that can use it:
+        # `_work` the pool threads waiting for requests (or for company for a partial batch),
+        # `_solo_work` the solo thread, `_solo_done` pool threads holding a batch while a lone one runs.
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._solo_work = threading.Condition(self._lock)
+        self._solo_done = threading.Condition(self._lock)
         self._queue: collections.deque[_Item] = collections.deque()
-        self._arrived = asyncio.Event()
-        self._executors = [
-            ThreadPoolExecutor(1, thread_name_prefix=f"instance-{i}") for i in range(len(instances))
-        ]
-        self._tasks: list[asyncio.Task[None]] = []
-        self.in_flight = 0  # requests accepted and not yet answered
-        self._solo: Instance | None = None
-        self._solo_executor: ThreadPoolExecutor | None = None
-        self._solo_idle = asyncio.Event()
-        self._solo_idle.set()
+        self._stopping = False
         self._executing = 0  # batches running on any instance
-        self._idle = 0  # workers waiting for requests
+        self._idle = 0  # pool threads waiting for requests
+        self._solo: Instance | None = None
+        self._solo_batch: list[_Item] | None = None  # handed to the solo thread, not yet taken
+        self._solo_busy = False  # a lone batch is handed over or running: the pool waits
+        self._threads: list[threading.Thread] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.in_flight = 0  # requests accepted and not yet answered (the event loop's count)
 
     def add_solo(self, instance: Instance) -> None:
-        """Run lone batches on `instance` from now on (see the module docstring)."""
-        self._solo_executor = ThreadPoolExecutor(1, thread_name_prefix="instance-solo")
-        self._solo = instance
+        """Run lone batches on `instance`, on a thread of its own, from now on (module docstring)."""
+        with self._lock:
+            self._solo = instance
+        t = threading.Thread(target=self._solo_thread, name="instance-solo", daemon=True)
+        self._threads.append(t)
+        t.start()
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._worker(i)) for i in range(len(self._instances))]
+        """Start one thread per instance; call on the event loop that will enqueue."""
+        self._loop = asyncio.get_running_loop()
+        for i in range(len(self._instances)):
+            t = threading.Thread(target=self._pool_thread, args=(i,), name=f"instance-{i}", daemon=True)
+            self._threads.append(t)
+            t.start()
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        for ex in self._executors:
-            ex.shutdown(wait=False, cancel_futures=True)
-        if self._solo_executor is not None:
-            self._solo_executor.shutdown(wait=False, cancel_futures=True)
+        """Stop taking batches; requests still queued are refused (503). A batch that is running
+        finishes on its (daemon) thread, and its answers are dropped if the loop has gone."""
+        with self._lock:
+            self._stopping = True
+            left = list(self._queue) + (self._solo_batch or [])
+            self._queue.clear()
+            self._solo_batch = None
+            for cv in (self._work, self._solo_work, self._solo_done):
+                cv.notify_all()
+        for it in left:
+            if not it.future.done():
+                it.future.set_exception(ShuttingDown())
 
     @property
     def depth(self) -> int:
         return len(self._queue)
 
-    async def submit(self, inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    async def submit(self, inputs: dict[str, np.ndarray], rows: int) -> Outputs:
         return await self.enqueue(inputs, rows)
 
-    def enqueue(self, inputs: dict[str, np.ndarray], rows: int) -> asyncio.Future[dict[str, np.ndarray]]:
+    def enqueue(self, inputs: dict[str, np.ndarray], rows: int) -> asyncio.Future[Outputs]:
         """Queue a request; its future has the outputs (cancel it to withdraw the request). QueueFull
         at once when the queue is full. No task is needed to wait for it (the HTTP fast path adds a
         callback)."""
-        if len(self._queue) >= self.max_queue:
-            raise QueueFull(len(self._queue))
-        fut: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Item(inputs, rows, _signature(inputs, self.max_batch > 0), fut))
-        self._arrived.set()  # the queue-depth gauge is set per batch taken and on each scrape
+        fut: asyncio.Future[Outputs] = asyncio.get_running_loop().create_future()
+        item = _Item(inputs, rows, _signature(inputs, self.max_batch > 0), fut)
+        with self._lock:
+            if self._stopping:
+                raise ShuttingDown()
+            if len(self._queue) >= self.max_queue:
+                raise QueueFull(len(self._queue))
+            self._queue.append(item)
+            self._work.notify()  # an idle pool thread takes it, or a partial batch waiting for company
         self.in_flight += 1
         fut.add_done_callback(self._left)
         return fut
 
-    def _left(self, fut: asyncio.Future[dict[str, np.ndarray]]) -> None:
+    def _left(self, fut: asyncio.Future[Outputs]) -> None:
         self.in_flight -= 1
+
+    # -- the instances' threads (everything below runs there, `_lock` held where it says) --------
+    def _lone(self, batch: list[_Item]) -> bool:
+        """Whether `batch` is lone (one request, nothing else executing or queued) and there is a solo
+        instance to run it. `_lock` held."""
+        return len(batch) == 1 and self._solo is not None and self._executing == 0 and not self._queue
+
+    def _to_solo(self, batch: list[_Item]) -> None:
+        """Hand `batch` to the solo thread; the pool waits until it is done. `_lock` held."""
+        self._solo_batch, self._solo_busy = batch, True
+        self._solo_work.notify()
 
     def _take(self, batch: list[_Item], rows: int, limit: int) -> int:
         """Move queued items compatible with batch[0] into `batch` up to `limit` rows, oldest first;
-        the new row count."""
+        the new row count. `_lock` held."""
         sig = batch[0].signature
         keep: list[_Item] = []
         while self._queue and rows < limit:
@@ -168,15 +226,18 @@ class Batcher:
         self._queue.extendleft(reversed(keep))
         return rows
 
-    async def _next_batch(self) -> list[_Item]:
+    def _next_batch(self) -> list[_Item] | None:
+        """The next batch for a pool thread, the rules of the module docstring; None when stopping.
+        `_lock` held."""
         while True:
-            while not self._queue:
-                self._arrived.clear()
+            while not self._queue and not self._stopping:
                 self._idle += 1
                 try:
-                    await self._arrived.wait()
+                    self._work.wait()
                 finally:
                     self._idle -= 1
+            if self._stopping:
+                return None
             first = self._queue.popleft()
             if not first.future.done():
                 break
@@ -189,76 +250,109 @@ class Batcher:
             # It took everything queued and no other instance is free: it waits, up to the delay, for
             # company up to the max batch. (With requests still queued, batches are formed from the
             # backlog; with another instance free, it runs now: nothing gains from waiting.)
-            limit = self.max_batch
             deadline = first.enqueued + self.max_queue_delay_s
-            while rows < limit:
+            while rows < self.max_batch and not self._stopping:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self._arrived.clear()
-                try:
-                    await asyncio.wait_for(self._arrived.wait(), left)
-                except TimeoutError:
-                    break
-                rows = self._take(batch, rows, limit)
+                self._work.wait(left)
+                rows = self._take(batch, rows, self.max_batch)
         return batch
 
-    async def _worker(self, index: int) -> None:
-        loop = asyncio.get_running_loop()
-        instance = self._instances[index]
-        executor = self._executors[index]
+    def _observe_taken(self, batch: list[_Item]) -> None:
         m = self._metrics
+        m.queue_depth_m.set(len(self._queue))
+        now = time.monotonic()
+        for it in batch:
+            m.queue_time_m.observe(now - it.enqueued)
+        m.batch_size_m.observe(sum(it.rows for it in batch))
+
+    def _pool_thread(self, index: int) -> None:
+        instance = self._instances[index]
         while True:
-            batch = await self._next_batch()
-            m.queue_depth_m.set(len(self._queue))
-            if self._queue:
-                self._arrived.set()  # other free instances may take what this batch left
-            now = time.monotonic()
-            for it in batch:
-                m.queue_time_m.observe(now - it.enqueued)
-            feeds = [it.inputs for it in batch]
-            rows = sum(it.rows for it in batch)
-            m.batch_size_m.observe(rows)
-            while not self._solo_idle.is_set():  # a lone batch has every core: wait for it
-                await self._solo_idle.wait()
-            lone = len(batch) == 1 and self._executing == 0 and not self._queue
-            solo = self._solo if lone else None
-            self._executing += 1
-            if solo is not None:
-                self._solo_idle.clear()
+            with self._lock:
+                batch = self._next_batch()
+                overlapped = False  # a batch that waited for a lone one is not lone itself
+                while batch is not None and self._solo_busy and not self._stopping:
+                    overlapped = True
+                    self._solo_done.wait()  # a lone batch has every core: wait for it
+                if batch is None:
+                    return
+                if self._stopping:  # it was held for a lone batch or for company: refuse it
+                    self._to_loop(self._fail, batch, ShuttingDown(), None)
+                    return
+                if self._queue:
+                    self._work.notify()  # another free instance may take what this batch left
+                if not overlapped and self._lone(batch):
+                    self._to_solo(batch)
+                    continue
+                self._executing += 1
+            self._observe_taken(batch)
             try:
-                t0 = time.monotonic()
-                if solo is not None:
-                    out = await loop.run_in_executor(self._solo_executor, _execute, solo, feeds)
-                    m.solo_batches_m.inc()
-                else:
-                    out = await loop.run_in_executor(executor, _execute, instance, feeds)
-                m.compute_time_m.observe(time.monotonic() - t0)
-            except DeviceFault as e:
-                m.execution_errors.labels(m.model).inc()
-                for it in batch:
-                    if not it.future.done():
-                        it.future.set_exception(RequestError(500, f"device fault during execution: {e}"))
-                self._on_device_fault(e)
-                continue
-            except Exception as e:
-                m.execution_errors.labels(m.model).inc()
-                log.exception("execution failed")
-                for it in batch:
-                    if not it.future.done():
-                        it.future.set_exception(RequestError(500, f"execution failed: {e}"))
-                continue
+                self._run(instance, batch)
             finally:
-                self._executing -= 1
-                if solo is not None:
-                    self._solo_idle.set()
-            if len(batch) == 1:
-                if not batch[0].future.done():
-                    batch[0].future.set_result(out)
-                continue
-            start = 0
-            for it in batch:
-                end = start + it.rows
-                if not it.future.done():
-                    it.future.set_result({k: v[start:end] for k, v in out.items()})
-                start = end
+                with self._lock:
+                    self._executing -= 1
+
+    def _solo_thread(self) -> None:
+        assert self._solo is not None
+        while True:
+            with self._lock:
+                while self._solo_batch is None and not self._stopping:
+                    self._solo_work.wait()
+                batch, self._solo_batch = self._solo_batch, None
+                if batch is None or self._stopping:  # stop() refuses a batch it finds here
+                    return
+                self._executing += 1
+            self._observe_taken(batch)
+            try:
+                self._run(self._solo, batch)
+                self._metrics.solo_batches_m.inc()
+            finally:
+                with self._lock:
+                    self._executing -= 1
+                    self._solo_busy = False
+                    self._solo_done.notify_all()
+                    if self._queue:
+                        self._work.notify()
+
+    def _run(self, instance: Instance, batch: list[_Item]) -> None:
+        """Execute `batch` on `instance` here, then hand its answers to the loop in one call."""
+        m = self._metrics
+        t0 = time.monotonic()
+        try:
+            out = _execute(instance, [it.inputs for it in batch])
+        except DeviceFault as e:
+            m.execution_errors.labels(m.model).inc()
+            self._to_loop(self._fail, batch, RequestError(500, f"device fault during execution: {e}"), e)
+            return
+        except Exception as e:
+            m.execution_errors.labels(m.model).inc()
+            log.exception("execution failed")
+            self._to_loop(self._fail, batch, RequestError(500, f"execution failed: {e}"), None)
+            return
+        m.compute_time_m.observe(time.monotonic() - t0)
+        self._to_loop(self._answer, batch, _split(batch, out))
+
+    def _to_loop(self, fn: Callable[..., None], *args: object) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: the runtime has stopped, nobody is waiting
+            pass
+
+    # -- back on the event loop ------------------------------------------------------------------
+    @staticmethod
+    def _answer(batch: list[_Item], parts: list[Outputs]) -> None:
+        for it, part in zip(batch, parts, strict=True):
+            if not it.future.done():
+                it.future.set_result(part)
+
+    def _fail(self, batch: list[_Item], error: RequestError, fault: DeviceFault | None) -> None:
+        for it in batch:
+            if not it.future.done():
+                it.future.set_exception(error)
+        if fault is not None:
+            self._on_device_fault(fault)

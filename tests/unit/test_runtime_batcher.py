@@ -1,11 +1,11 @@
 """The batcher's adaptation to load, in-process: lone batches on the solo instance, overlapping ones on
-the pool, never both at once; and the ONNX Runtime thread plan behind it."""
+the pool, never both at once; and the ONNX Runtime thread plan behind it. The instances are the
+batcher's input here; which batch runs where is decided by events the test sets."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -36,15 +36,16 @@ def test_each_instance_takes_an_even_share_of_the_queue() -> None:
     assert share(64, 5, 0) == 5  # no pool is no division by zero
 
 
-class _PerRow:
-    """An instance whose batch takes time in proportion to its rows, logging each batch's size."""
+class _Held:
+    """Doubles its input; each batch logs its rows, then waits for `go` (shared by the instances)."""
 
-    def __init__(self, sizes: list[int]) -> None:
-        self.sizes = sizes
+    def __init__(self, sizes: list[int], go: threading.Event) -> None:
+        self.sizes, self.go, self.started = sizes, go, threading.Event()
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.sizes.append(len(inputs["x"]))
-        time.sleep(0.005 * len(inputs["x"]))
+        self.started.set()
+        self.go.wait(60)
         return {"y": inputs["x"] * 2}
 
 
@@ -53,14 +54,19 @@ async def test_an_instance_that_comes_free_leaves_the_busy_ones_their_share() ->
     """Two instances busy, 30 requests queued behind them: the first to come free takes half, not all
     30 into one long batch that would hold them while later requests are served around it."""
     sizes: list[int] = []
-    b = Batcher([_PerRow(sizes), _PerRow(sizes)], 32, 0.0, 64, Metrics("m"), lambda e: None)
+    go = threading.Event()
+    pool = [_Held(sizes, go), _Held(sizes, go)]
+    b = Batcher(pool, 32, 0.0, 64, Metrics("m"), lambda e: None)
     b.start()
     try:
         x = np.ones((1, 4), np.float32)
         first = [b.enqueue({"x": x}, 1) for _ in range(2)]
-        await asyncio.sleep(0)  # both instances take one request each
-        await asyncio.sleep(0)
+        for _ in range(10_000):  # both instances take one request each and hold it
+            if all(i.started.is_set() for i in pool):
+                break
+            await asyncio.sleep(0.001)
         queued = [b.enqueue({"x": x * i}, 1) for i in range(30)]
+        go.set()
         outs = await asyncio.gather(*first, *queued)
         for i, o in enumerate(outs[2:]):
             np.testing.assert_array_equal(o["y"], x * i * 2)
@@ -70,45 +76,84 @@ async def test_an_instance_that_comes_free_leaves_the_busy_ones_their_share() ->
         await b.stop()
 
 
-class _Timed:
-    """An instance that doubles its input and records when it ran, in which thread."""
+class _Named:
+    """Doubles its input; logs (name, rows) of each batch, asserts it runs off the event loop's thread,
+    and holds each batch until `go` is set."""
 
-    def __init__(self, name: str, log: list[tuple[str, float, float]]) -> None:
+    def __init__(self, name: str, log: list[tuple[str, int]], go: threading.Event | None = None) -> None:
         self.name, self.log = name, log
+        self.go = go or threading.Event()
+        if go is None:
+            self.go.set()
+        self.running = threading.Event()
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        t0 = time.monotonic()
-        time.sleep(0.02)
-        self.log.append((self.name, t0, time.monotonic()))
         assert threading.current_thread() is not threading.main_thread()
+        self.log.append((self.name, len(inputs["x"])))
+        self.running.set()
+        self.go.wait(60)
         return {"y": inputs["x"] * 2}
 
 
+async def _until(predicate: object, what: str) -> None:
+    for _ in range(10_000):
+        if predicate():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"never: {what}")
+
+
 @pytest.mark.asyncio
-async def test_lone_batches_go_solo_and_overlapping_ones_to_the_pool_never_both() -> None:
-    log: list[tuple[str, float, float]] = []
-    b = Batcher([_Timed("pool-0", log), _Timed("pool-1", log)], 8, 0.0, 64, Metrics("m"), lambda e: None)
+async def test_lone_requests_go_solo_once_there_is_a_solo_instance() -> None:
+    log: list[tuple[str, int]] = []
+    b = Batcher([_Named("pool-0", log), _Named("pool-1", log)], 8, 0.0, 64, Metrics("m"), lambda e: None)
     b.start()
     try:
         x = np.ones((1, 4), np.float32)
         out = await b.submit({"x": x}, 1)  # no solo instance yet: the pool
         np.testing.assert_array_equal(out["y"], x * 2)
-        b.add_solo(_Timed("solo", log))
-        for _ in range(3):  # one at a time
-            await b.submit({"x": x}, 1)
-        assert [n for n, _, _ in log] == ["pool-0", "solo", "solo", "solo"]
-        log.clear()
-        outs = await asyncio.gather(*(b.submit({"x": x * i}, 1) for i in range(24)))
-        for i, o in enumerate(outs):
-            np.testing.assert_array_equal(o["y"], x * i * 2)
-        names = [n for n, _, _ in log]
-        assert {"pool-0", "pool-1"} <= set(names) and "solo" not in names, names  # overlapping: the pool
-        solo_runs = [(t0, t1) for n, t0, t1 in log if n == "solo"]
-        pool_runs = [(t0, t1) for n, t0, t1 in log if n != "solo"]
-        for s0, s1 in solo_runs:
-            assert all(p1 <= s0 or p0 >= s1 for p0, p1 in pool_runs), "solo overlapped the pool"
+        b.add_solo(_Named("solo", log))
+        for i in range(3):  # one at a time
+            out = await b.submit({"x": x * i}, 1)
+            np.testing.assert_array_equal(out["y"], x * i * 2)
     finally:
         await b.stop()
+    assert [n for n, _ in log] == ["pool-0", "solo", "solo", "solo"] or [n for n, _ in log] == [
+        "pool-1",
+        "solo",
+        "solo",
+        "solo",
+    ], log
+
+
+@pytest.mark.asyncio
+async def test_requests_that_overlap_a_lone_one_wait_for_it_then_go_to_the_pool() -> None:
+    """While the solo instance runs a lone request, the pool runs nothing (the cores are the solo's);
+    the requests that arrived meanwhile then run on the pool, never on the solo instance."""
+    log: list[tuple[str, int]] = []
+    solo_go, pool_go = threading.Event(), threading.Event()
+    pool = [_Named("pool-0", log, pool_go), _Named("pool-1", log, pool_go)]
+    solo = _Named("solo", log, solo_go)
+    b = Batcher(pool, 8, 0.0, 64, Metrics("m"), lambda e: None)
+    b.add_solo(solo)
+    b.start()
+    try:
+        x = np.ones((1, 4), np.float32)
+        lone = b.enqueue({"x": x}, 1)
+        await _until(solo.running.is_set, "the lone request runs on the solo instance")
+        overlapping = [b.enqueue({"x": x * i}, 1) for i in range(3)]
+        await asyncio.sleep(0.05)  # room for a wrong pool thread to start one (it must not)
+        assert log == [("solo", 1)], log
+        solo_go.set()
+        await _until(lambda: len(log) == 3, "the three overlapping requests taken by the pool")
+        pool_go.set()
+        outs = await asyncio.gather(lone, *overlapping)
+        for i, o in enumerate(outs[1:]):
+            np.testing.assert_array_equal(o["y"], x * i * 2)
+    finally:
+        await b.stop()
+    assert log[0] == ("solo", 1) and sorted(rows for _, rows in log[1:]) == [1, 2], log
+    assert {n for n, _ in log[1:]} == {"pool-0", "pool-1"}, log
 
 
 def test_workers_get_contiguous_even_shares_of_the_cpus() -> None:

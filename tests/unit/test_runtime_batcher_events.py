@@ -155,3 +155,23 @@ async def test_a_device_fault_fails_the_batch_with_500_and_reports_the_fault() -
         await b.stop()
     assert failed.value.status == 500 and "device fault" in failed.value.message
     assert [str(f) for f in faults] == ["Xid 79 during execution"]
+
+
+async def test_stopping_refuses_what_is_still_queued_with_503() -> None:
+    inst = GatedInstance()
+    b = Batcher(
+        [inst], max_batch=0, max_queue_delay_s=0, max_queue=4, metrics=Metrics("m"), on_device_fault=print
+    )
+    b.start()
+    running = asyncio.create_task(b.submit(rows(1.0), 1))
+    await until(inst.started.is_set, "the first request running")
+    queued = asyncio.create_task(b.submit(rows(2.0), 1))
+    await until(lambda: b.depth == 1, "one request queued")
+    await b.stop()
+    with pytest.raises(RequestError) as refused:
+        await queued
+    assert refused.value.status == 503 and "shutting down" in refused.value.message
+    with pytest.raises(RequestError):
+        await b.submit(rows(3.0), 1)  # nothing is queued once stopped
+    inst.release.set()
+    np.testing.assert_array_equal((await running)["y"], rows(2.0)["x"])  # the running batch ends

@@ -94,6 +94,42 @@ def serving(res: dict[str, Any]) -> list[Path]:
     return out
 
 
+def serving_paired(res: dict[str, Any]) -> list[Path]:
+    """Paired rounds: trtforge over the peer, each at its best protocol, per concurrency: the median of
+    the rounds' ratios with their range, and trtforge's share of each round's ceiling."""
+    plt = _plt()
+    models = list(res["models"])
+    peer = res["peer"]
+    fig, axes = plt.subplots(1, len(models), figsize=(6.2 * len(models), 4.0), squeeze=False)
+    for j, model in enumerate(models):
+        ax = axes[0][j]
+        pts = res["models"][model]["best_protocol_points"]
+        xs = [str(p["concurrency"]) for p in pts]
+        med = [p["paired_ratio"]["median"] for p in pts]
+        lo = [p["paired_ratio"]["median"] - p["paired_ratio"]["min"] for p in pts]
+        hi = [p["paired_ratio"]["max"] - p["paired_ratio"]["median"] for p in pts]
+        ax.errorbar(
+            xs,
+            med,
+            yerr=[lo, hi],
+            fmt="o",
+            color=COLORS["trtforge"],
+            capsize=4,
+            label=f"trtforge / {LABELS.get(peer, peer)}, median and range of {res['rounds']} rounds",
+        )
+        ax.axhline(1.0, color="#444444", lw=1)
+        ax.set_title(
+            f"{TITLES.get(model, model)}: paired rounds, each server at its best protocol", fontsize=9
+        )
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel("throughput ratio, same round")
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    out = [_save(fig, "bench-serving-paired.png")]
+    plt.close(fig)
+    return out
+
+
 def manycore(res: dict[str, Any]) -> list[Path]:
     """req/s and the same-run ceiling against the server's cores, per model."""
     plt = _plt()
@@ -283,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     made: list[Path] = []
     for name, fn in (
         ("serving", serving),
+        ("serving-paired", serving_paired),
         ("manycore", manycore),
         ("coldstart", coldstart),
         ("coldstart-h200", lambda r: coldstart(r, "bench-coldstart-h200.png")),

@@ -1,8 +1,8 @@
 """Fill the generated tables of docs/benchmarks.md from benchmarks/results/*.json.
 
 The page keeps its prose; only the text between ``<!-- results:NAME -->`` and
-``<!-- /results:NAME -->`` is replaced (NAME: machine, serving, manycore, coldstart, controlplane,
-recovery).
+``<!-- /results:NAME -->`` is replaced (NAME: machine, serving, serving-paired, manycore, coldstart,
+controlplane, recovery).
 """
 
 from __future__ import annotations
@@ -47,9 +47,14 @@ def _met(ok: bool | None) -> str:
 
 
 def targets(
-    serving: dict[str, Any] | None, coldstart: dict[str, Any] | None, manycore: dict[str, Any] | None
+    serving: dict[str, Any] | None,
+    coldstart: dict[str, Any] | None,
+    manycore: dict[str, Any] | None,
+    paired: dict[str, Any] | None = None,
 ) -> str:
-    """The issue's targets against the result files, one row each (computed, not written by hand)."""
+    """The issue's targets against the result files, one row each (computed, not written by hand).
+    Rows marked "paired rounds" come from benchmarks/paired.py: medians of rounds in which trtforge
+    and the peer were measured back to back."""
     rows: list[list[Any]] = []
     summ = (serving or {}).get("summary") or {}
     for model, s in summ.items():
@@ -74,6 +79,39 @@ def targets(
         if g is not None:
             rows.append(
                 [f"{model}: gRPC within 10% of HTTP binary at c=32", f"gRPC = {g:.2f}x HTTP", _met(g >= 0.9)]
+            )
+    for model, m in ((paired or {}).get("models") or {}).items():
+        peer = (paired or {}).get("peer", "peer")
+        pts = m.get("best_protocol_points") or []
+        if pts:
+            detail = ", ".join(
+                f"c={p['concurrency']}: {(r := p['paired_ratio'])['median']}x"
+                f" ({r['rounds_at_or_above']}/{r['rounds']} rounds, {p['verdict']})"
+                for p in pts
+            )
+            ok = all(p["verdict"] == "win" or p["verdict"].startswith("tie (") for p in pts)
+            rows.append([f"{model}: trtforge ≥ {peer}, p99 no higher (paired rounds)", detail, _met(ok)])
+        ge8 = [
+            p["pct_of_round_ceiling"]["median"]
+            for p in m.get("points") or []
+            if p["concurrency"] >= 8 and p["protocol"] == "http"
+        ]
+        if ge8:
+            rows.append(
+                [
+                    f"{model}: ≥ 90% of the ceiling at c ≥ 8 (http, paired rounds)",
+                    f"lowest {min(ge8)}%",
+                    _met(min(ge8) >= 90),
+                ]
+            )
+        g = (m.get("trtforge_grpc_over_http_c32") or {}).get("median")
+        if g is not None:
+            rows.append(
+                [
+                    f"{model}: gRPC within 10% of HTTP binary at c=32 (paired rounds)",
+                    f"gRPC = {g:.2f}x HTTP",
+                    _met(g >= 0.9),
+                ]
             )
     for src, e in ((coldstart or {}).get("sources") or {}).items():
         r = e.get("ratio_cold")
@@ -103,7 +141,7 @@ def _wrap(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks import coldstart, controlplane, hostile, manycore, recovery, serving
+    from benchmarks import coldstart, controlplane, hostile, manycore, paired, recovery, serving
 
     if not DOC.exists():
         log(f"{DOC} does not exist; nothing to fill")
@@ -112,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     renderers: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
         "machine": ("serving", machine),
         "serving": ("serving", serving.render),
+        "serving-paired": ("serving-paired", paired.render),
         "manycore": ("manycore", manycore.render),
         "manycore-workers": ("manycore-workers", manycore.render),
         "hostile": ("hostile", hostile.render),
@@ -121,7 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         "recovery": ("recovery", recovery.render),
     }
     try:
-        body = targets(read_result("serving"), read_result("coldstart"), read_result("manycore"))
+        body = targets(
+            read_result("serving"),
+            read_result("coldstart"),
+            read_result("manycore"),
+            read_result("serving-paired"),
+        )
     except KeyError as e:
         body = f"(a result file is from an older harness: no {e})"
     doc = re.sub(

@@ -23,12 +23,24 @@ from benchmarks.common import CACHE, log
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="serving,coldstart,hostile,controlplane,recovery", help="also: manycore")
+    p.add_argument(
+        "--only", default="serving,paired,coldstart,hostile,controlplane,recovery", help="also: manycore"
+    )
     p.add_argument("--quick", action="store_true", help="short runs to check the harness")
     a = p.parse_args(argv)
     only = a.only.split(",")
     root = str(CACHE / "cluster")
-    from benchmarks import coldstart, controlplane, hostile, manycore, plots, recovery, report, serving
+    from benchmarks import (
+        coldstart,
+        controlplane,
+        hostile,
+        manycore,
+        paired,
+        plots,
+        recovery,
+        report,
+        serving,
+    )
     from benchmarks.servers import venvs
 
     q = a.quick
@@ -37,6 +49,24 @@ def main(argv: list[str] | None = None) -> int:
             "serving",
             serving.main,
             ["--seconds", "1.5", "--warmup", "0.5", "--ceiling-seconds", "0.3", "--concurrency", "1,32"]
+            if q
+            else [],
+        ),
+        (
+            "paired",
+            paired.main,
+            [
+                "--rounds",
+                "1",
+                "--seconds",
+                "1",
+                "--warmup",
+                "0.3",
+                "--ceiling-seconds",
+                "0.3",
+                "--concurrency",
+                "1,32",
+            ]
             if q
             else [],
         ),
@@ -55,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn, args in steps:
         if name not in only:
             continue
-        if name == "serving":
+        if name in ("serving", "paired"):
             venvs.main([])
         cluster_used |= name in ("controlplane", "recovery")
         log(f"=== {name} {' '.join(args)}")

@@ -1,0 +1,70 @@
+"""The pure parts of the paired benchmarks (benchmarks/paired.py, benchmarks/ab_builds.py): the order
+of the windows and how rounds reduce to the published figures. The windows' numbers are inputs here."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.ab_builds import paired_summary, round_order
+from benchmarks.paired import best_per_round, rotation, setting_for, summarize_point
+from benchmarks.servers import kinds
+
+
+def w(throughput: float, p99: float = 100.0, **extra: object) -> dict[str, object]:
+    return {"throughput": throughput, "p99_ms": p99, "errors": 0, **extra}
+
+
+def test_rotation_puts_each_server_first_once_per_cycle_and_keeps_their_cycle() -> None:
+    names = ["trtforge", "triton", "mlserver"]
+    orders = [rotation(names, r) for r in range(3)]
+    assert [o[0] for o in orders] == names
+    for o in orders:
+        i = o.index("trtforge")
+        assert o[(i + 1) % 3] == "triton" and sorted(o) == sorted(names)
+    assert rotation(names, 3) == names and rotation([], 5) == []
+
+
+def test_builds_alternate_which_goes_first() -> None:
+    assert [round_order(r) for r in range(3)] == [("A", "B"), ("B", "A"), ("A", "B")]
+
+
+def test_rounds_are_paired_window_by_window_not_by_their_medians() -> None:
+    # The machine slows down in round 2 for both; B is 10% ahead in two rounds, 10% behind in one.
+    tf = [w(110.0, 90.0), w(55.0, 200.0), w(180.0, 80.0)]
+    peer = [w(100.0, 100.0), w(50.0, 210.0), w(200.0, 70.0)]
+    s = summarize_point({"trtforge": tf, "triton": peer}, [200.0, 100.0, 200.0], "triton")
+    assert s["paired_ratio"] == {"median": 1.1, "min": 0.9, "max": 1.1, "rounds_at_or_above": 2, "rounds": 3}
+    assert s["median"]["trtforge"] == {"throughput": 110.0, "p99_ms": 90.0, "errors": 0}
+    assert s["median"]["triton"]["throughput"] == 100.0
+    # each window against the ceiling of its own round: 55%, 55%, 90%
+    assert s["pct_of_round_ceiling"] == {"median": 55.0, "min": 55.0}
+    assert s["verdict"] == "win"
+
+
+def test_a_higher_median_p99_is_not_a_win() -> None:
+    s = summarize_point({"trtforge": [w(120.0, 400.0)], "triton": [w(100.0, 300.0)]}, [200.0], "triton")
+    assert s["verdict"] == "win, p99 higher"
+
+
+def test_each_round_keeps_the_servers_best_protocol() -> None:
+    best = best_per_round({"http": [w(120.0), w(90.0)], "grpc": [w(100.0), w(95.0)]})
+    assert [(b["protocol"], b["throughput"]) for b in best] == [("http", 120.0), ("grpc", 95.0)]
+    assert best_per_round({}) == []
+
+
+def test_ab_summary_counts_the_rounds_where_b_is_ahead() -> None:
+    a = [w(100.0, 300.0, server_cpu_ms=20.0), w(80.0, 320.0, server_cpu_ms=21.0)]
+    b = [w(105.0, 280.0, server_cpu_ms=19.0), w(76.0, 330.0, server_cpu_ms=20.0)]
+    s = paired_summary(a, b)
+    assert s["ratio_b_over_a"] == {"median": 1.0, "min": 0.95, "max": 1.05, "rounds_b_ahead": 1}
+    assert s["median_throughput"] == {"A": 90.0, "B": 90.5}
+    with pytest.raises(ValueError):
+        paired_summary(a, b[:1])  # rounds are pairs: a missing window is an error, not a shorter run
+
+
+def test_the_grids_chosen_label_finds_its_setting() -> None:
+    trtforge = kinds()["trtforge"]
+    s = setting_for(trtforge, 2, "2 inst x 1 thr, batch<=4, delay 2000us, + solo session")
+    assert (s.instances, s.threads, s.max_batch, s.queue_delay_us) == (2, 1, 4, 2000)
+    with pytest.raises(ValueError, match="triton: no setting of its sweep is labelled '3 inst'"):
+        setting_for(kinds()["triton"], 2, "3 inst")

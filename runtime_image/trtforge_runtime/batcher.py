@@ -135,7 +135,6 @@ class Batcher:
         self._solo: Instance | None = None
         self._solo_batch: list[_Item] | None = None  # handed to the solo thread, not yet taken
         self._solo_busy = False  # a lone batch is handed over or running: the pool waits
-        self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self.in_flight = 0  # requests accepted and not yet answered (the event loop's count)
 
@@ -143,17 +142,13 @@ class Batcher:
         """Run lone batches on `instance`, on a thread of its own, from now on (module docstring)."""
         with self._lock:
             self._solo = instance
-        t = threading.Thread(target=self._solo_thread, name="instance-solo", daemon=True)
-        self._threads.append(t)
-        t.start()
+        threading.Thread(target=self._solo_thread, name="instance-solo", daemon=True).start()
 
     def start(self) -> None:
         """Start one thread per instance; call on the event loop that will enqueue."""
         self._loop = asyncio.get_running_loop()
         for i in range(len(self._instances)):
-            t = threading.Thread(target=self._pool_thread, args=(i,), name=f"instance-{i}", daemon=True)
-            self._threads.append(t)
-            t.start()
+            threading.Thread(target=self._pool_thread, args=(i,), name=f"instance-{i}", daemon=True).start()
 
     async def stop(self) -> None:
         """Stop taking batches; requests still queued are refused (503). A batch that is running

@@ -14,6 +14,8 @@ from trtforge_runtime.batcher import Batcher, share
 from trtforge_runtime.metrics import Metrics
 from trtforge_runtime.workers import split_cpus
 
+from tests.unit.test_runtime_batcher_events import until
+
 
 def test_thread_plan() -> None:
     assert thread_plan(2, 2, None) == (1, 2)  # one instance per core, a lone request gets both
@@ -61,10 +63,7 @@ async def test_an_instance_that_comes_free_leaves_the_busy_ones_their_share() ->
     try:
         x = np.ones((1, 4), np.float32)
         first = [b.enqueue({"x": x}, 1) for _ in range(2)]
-        for _ in range(10_000):  # both instances take one request each and hold it
-            if all(i.started.is_set() for i in pool):
-                break
-            await asyncio.sleep(0.001)
+        await until(lambda: all(i.started.is_set() for i in pool), "each instance holds one request")
         queued = [b.enqueue({"x": x * i}, 1) for i in range(30)]
         go.set()
         outs = await asyncio.gather(*first, *queued)
@@ -93,14 +92,6 @@ class _Named:
         self.running.set()
         self.go.wait(60)
         return {"y": inputs["x"] * 2}
-
-
-async def _until(predicate: object, what: str) -> None:
-    for _ in range(10_000):
-        if predicate():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"never: {what}")
 
 
 @pytest.mark.asyncio
@@ -140,12 +131,12 @@ async def test_requests_that_overlap_a_lone_one_wait_for_it_then_go_to_the_pool(
     try:
         x = np.ones((1, 4), np.float32)
         lone = b.enqueue({"x": x}, 1)
-        await _until(solo.running.is_set, "the lone request runs on the solo instance")
+        await until(solo.running.is_set, "the lone request runs on the solo instance")
         overlapping = [b.enqueue({"x": x * i}, 1) for i in range(3)]
         await asyncio.sleep(0.05)  # room for a wrong pool thread to start one (it must not)
         assert log == [("solo", 1)], log
         solo_go.set()
-        await _until(lambda: len(log) == 3, "the three overlapping requests taken by the pool")
+        await until(lambda: len(log) == 3, "the three overlapping requests taken by the pool")
         pool_go.set()
         outs = await asyncio.gather(lone, *overlapping)
         for i, o in enumerate(outs[1:]):

@@ -4,7 +4,6 @@ rebuilds it (and says why) or exits with StoreIntegrity; it never reports `cache
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -70,8 +69,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
     root = tmp_path_factory.mktemp("clean")
     model = root / "m.onnx"
     shutil.copy(dynamic_cnn(), model)
-    os.environ["TRTFORGE_ORT_THREADS"] = "2"
-    res = run_build(_request(model, root / "store"))
+    with pytest.MonkeyPatch.context() as env:  # for this build only: never leaked to later tests
+        env.setenv("TRTFORGE_ORT_THREADS", "2")
+        res = run_build(_request(model, root / "store"))
     return model, root / "store", res.key
 
 

@@ -185,6 +185,11 @@ def handle(args: argparse.Namespace) -> int:
             log.error(f"--workers {args.workers}: {e}")
             return 2
     workers.pin_worker()
+    # No garbage collection while start-up imports and loads; the runtime turns it back on once it
+    # serves (trtforge_runtime.startup_gc).
+    from trtforge_runtime import startup_gc
+
+    startup_gc.pause()
 
     # Before anything heavy: a store on a mounted volume starts hashing the engine in place on a
     # thread of its own while the imports below hold the GIL (trtforge_runtime.prehash).

@@ -38,7 +38,7 @@ from trtforge.contract.manifest import Manifest
 from trtforge.contract.termination import EXIT_OK, TerminationMessage, write_termination_message
 from trtforge.logs import fields
 from trtforge.store.base import EngineStore
-from trtforge_runtime import fastpath, warmstart
+from trtforge_runtime import fastpath, startup_gc, warmstart
 from trtforge_runtime.backends import Backend, Instance, default_instances, load_backend
 from trtforge_runtime.batcher import Batcher
 from trtforge_runtime.body import BodyMemoryFull, Coding, MemoryBudget, content_coding, decompress, read_body
@@ -261,6 +261,15 @@ class Runtime:
         return None
 
     async def _startup(self) -> None:
+        """Load, then serve; the garbage collector, paused by the CLI for start-up, comes back on
+        when this ends, however it ends (trtforge_runtime.startup_gc)."""
+        try:
+            await self._load_and_serve()
+        finally:
+            frozen = startup_gc.resume()
+            log.info("start-up done; garbage collection on", extra=fields(frozen_objects=frozen))
+
+    async def _load_and_serve(self) -> None:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, self.load)
@@ -280,10 +289,10 @@ class Runtime:
             return
         if self.state == "loading":
             await self._start_serving()
+            await self._listened.wait()
             if self.s.solo:
                 # Building a session holds the GIL (docs/design.md, "Runtime cold start"): load the
                 # solo instance once every port listens, so that it never delays Ready.
-                await self._listened.wait()
                 await self._add_solo()
 
     def _load_solo(self) -> Instance | None:

@@ -149,6 +149,32 @@ def _metric(text: str, series: str) -> float:
     return float(m.group(1))
 
 
+def _wait_for_log(s: Server, msg: str, timeout: float = 60.0) -> list[dict[str, object]]:
+    """Every JSON log line of `s`, once one with message `msg` has appeared."""
+    deadline = time.monotonic() + timeout
+    while True:
+        events = []
+        for line in s.output().splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+        if any(e.get("msg") == msg for e in events):
+            return events
+        assert time.monotonic() < deadline, f"no {msg!r} in the log:\n{s.output()}"
+        time.sleep(0.05)
+
+
+def _collector_resumed(events: list[dict[str, object]]) -> dict[str, object]:
+    """The start-up's last word: the garbage collector, paused for start-up, is on again, with the
+    objects start-up made frozen (trtforge_runtime.startup_gc)."""
+    done = [e for e in events if e.get("msg") == "start-up done; garbage collection on"]
+    assert len(done) == 1, events
+    frozen = done[0]["frozen_objects"]
+    assert isinstance(frozen, int) and frozen > 10_000, done  # the modules alone are tens of thousands
+    return done[0]
+
+
 @pytest.mark.asyncio
 async def test_dynamic_batching_64_concurrent_clients(bed: Bed, mlp_server: Server) -> None:
     rng = np.random.default_rng(5)
@@ -252,6 +278,8 @@ def test_canary_mismatch_keeps_the_server_not_ready(bed: Bed) -> None:
             c.infer("mlp", [inp])
         assert termination(s.term)["reason"] == "CanaryFailed"
         assert s.proc.poll() is None
+        # Start-up ended without serving: the collector is on again all the same.
+        _collector_resumed(_wait_for_log(s, "start-up done; garbage collection on"))
     finally:
         assert s.stop() == 0
 
@@ -296,6 +324,8 @@ def test_sigterm_drains_in_flight_requests(bed: Bed) -> None:
             results.append(c.infer("resnet50", [inp]).as_numpy(RESNET_OUT).shape)
         except Exception as e:
             results.append(e)
+        finally:
+            c.close()
 
     threads = [threading.Thread(target=one) for _ in range(4)]
     for t in threads:
@@ -336,10 +366,15 @@ def test_lone_requests_get_every_core_and_overlapping_ones_the_pool(bed: Bed) ->
     )
     try:
         s.wait()
-        deadline = time.monotonic() + 60
-        while "solo instance ready" not in s.output():  # it loads after ready, never delaying it
-            assert time.monotonic() < deadline, s.output()
-            time.sleep(0.05)
+        # The solo instance loads after ready, never delaying it; start-up ends after it.
+        events = _wait_for_log(s, "start-up done; garbage collection on")
+        messages = [e.get("msg") for e in events]
+        assert "solo instance ready" in messages, s.output()
+        assert messages.index("ready") < messages.index("solo instance ready"), messages
+        assert messages.index("solo instance ready") < messages.index(
+            "start-up done; garbage collection on"
+        ), messages
+        _collector_resumed(events)
         rng = np.random.default_rng(9)
         c = httpclient.InferenceServerClient(s.url)
         for _ in range(5):  # one at a time: each finds nothing else to do and gets the solo session

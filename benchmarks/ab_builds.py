@@ -9,6 +9,7 @@ ratio B/A from two windows seconds apart; the median and the count of rounds whe
 the result. The idle build waits on its sockets meanwhile. Not part of ``make bench``.
 
     python -m benchmarks.ab_builds --a ../old-checkout --b . --point http:8 --rounds 8
+    python -m benchmarks.ab_builds --a . --b . --env-b K=V --point grpc:32   # one build, two settings
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from benchmarks.common import (
     CACHE,
     free_port,
     log,
+    serve_cmd,
     start,
     stop,
     taskset,
@@ -83,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="squeezenet")
     p.add_argument("--serve-flags", default="--instances 2 --max-batch-size 4 --max-queue-delay-us 2000")
     p.add_argument("--env", action="append", default=[], help="K=V for both servers (repeatable)")
+    p.add_argument("--env-a", action="append", default=[], help="K=V for build A only (repeatable)")
+    p.add_argument("--env-b", action="append", default=[], help="K=V for build B only (repeatable)")
     p.add_argument("--point", default="http:32", help="protocol:concurrency")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--seconds", type=float, default=5.0)
@@ -102,31 +106,30 @@ def main(argv: list[str] | None = None) -> int:
     store = store_dir(a.model)
     key, _ = ensure_engine(mfile, store)
     in_name, out_name = io_names(mfile)
+    for kv in (*a.env, *a.env_a, *a.env_b):
+        if "=" not in kv:
+            p.error(f"{kv!r}: expected K=V")
     env = {"TRTFORGE_GPU_PROBE": "none", **dict(kv.split("=", 1) for kv in a.env)}
+    env_of = {
+        "A": {**env, **dict(kv.split("=", 1) for kv in a.env_a)},
+        "B": {**env, **dict(kv.split("=", 1) for kv in a.env_b)},
+    }
     x = sample_input(1)
     samples: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
     try:
         for bld in builds.values():
-            cmd = [
-                str(bld.tree / ".venv" / "bin" / "trtforge"),
-                "serve",
-                "--store",
+            cmd = serve_cmd(
                 str(store),
-                "--engine",
                 key,
-                "--model-name",
                 a.model,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(bld.port),
+                bld.port,
+                CACHE / f"ab-{bld.name}-{a.model}",
                 "--grpc-port",
                 str(bld.grpc_port),
-                "--cache-dir",
-                str(CACHE / f"ab-{bld.name}-{a.model}"),
                 *a.serve_flags.split(),
-            ]
-            bld.proc = start(taskset(a.cpus, cmd), CACHE / "logs" / f"ab-{bld.name}.log", env)
+                trtforge=[str(bld.tree / ".venv" / "bin" / "trtforge")],
+            )
+            bld.proc = start(taskset(a.cpus, cmd), CACHE / "logs" / f"ab-{bld.name}.log", env_of[bld.name])
         for bld in builds.values():
             wait_http_ok(f"{bld.url('http')}/v2/health/ready", timeout=240, proc=bld.proc)
         for r in range(a.rounds):

@@ -127,12 +127,20 @@ def free_port() -> int:
 
 
 def serve_cmd(
-    store: str, key: str, model: str, port: int, cache_dir: Path, *flags: str, json_logs: bool = True
+    store: str,
+    key: str,
+    model: str,
+    port: int,
+    cache_dir: Path,
+    *flags: str,
+    json_logs: bool = True,
+    trtforge: Sequence[str] = TRTFORGE,
 ) -> list[str]:
     """``trtforge serve`` of engine `key` from `store` (a path or a store URI) as model `model` on
-    127.0.0.1:`port`, with `cache_dir` as its cache; `flags` follow (the benchmarks' one spelling)."""
+    127.0.0.1:`port`, with `cache_dir` as its cache; `flags` follow (the benchmarks' one spelling).
+    `trtforge`: the command that runs it (default: this interpreter's, or ``$BENCH_TRTFORGE``)."""
     return [
-        *TRTFORGE,
+        *trtforge,
         *(["--log-format", "json"] if json_logs else []),
         "serve",
         "--store",

@@ -5,7 +5,7 @@ with the benchmark's load generator at one concurrency, samples it with py-spy (
 KServe venv by hand, ``.cache/bench-kserve-venv/bin/pip install py-spy``, or on PATH), and prints
 the share of samples per thread and the hottest leaf frames. Not part of ``make bench``.
 
-    python -m benchmarks.profile_serve --concurrency 32 --seconds 10
+    python -m benchmarks.profile_serve --concurrency 32 --seconds 10 [--protocol grpc]
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpus", default=f"0-{(os.cpu_count() or 1) - 1}")
     p.add_argument("--serve-args", default="", help="extra `trtforge serve` arguments, e.g. '--instances 2'")
     p.add_argument("--top", type=int, default=20)
+    p.add_argument("--protocol", choices=("http", "grpc"), default="http", help="what the load speaks")
     p.add_argument(
         "--gil", action="store_true", help="sample only the thread holding the GIL (where the CPU goes)"
     )
@@ -76,10 +77,19 @@ def main(argv: list[str] | None = None) -> int:
     mfile = model_file(a.model)
     store = store_dir(a.model)
     key, _ = ensure_engine(mfile, store)
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     cmd = serve_cmd(
-        str(store), key, a.model, port, CACHE / "profile-cache", *a.serve_args.split(), json_logs=False
+        str(store),
+        key,
+        a.model,
+        port,
+        CACHE / "profile-cache",
+        "--grpc-port",
+        str(grpc_port),
+        *a.serve_args.split(),
+        json_logs=False,
     )
+    url = f"grpc://127.0.0.1:{grpc_port}" if a.protocol == "grpc" else f"http://127.0.0.1:{port}"
     srv = start(taskset(a.cpus, cmd), CACHE / "logs" / "profile-serve.log", {"TRTFORGE_GPU_PROBE": "none"})
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/v2/health/ready", 300, srv, 0.1)
@@ -88,7 +98,15 @@ def main(argv: list[str] | None = None) -> int:
             taskset(
                 a.cpus,
                 loadgen_cmd(
-                    f"http://127.0.0.1:{port}", a.model, in_name, out_name, a.concurrency, a.seconds + 2, 1
+                    url,
+                    a.model,
+                    in_name,
+                    out_name,
+                    a.concurrency,
+                    a.seconds + 2,
+                    1,
+                    "--protocol",
+                    a.protocol,
                 ),
             ),
             stdout=subprocess.PIPE,
@@ -121,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     res = json.loads(out.strip().splitlines()[-1])
     print(
         f"load: {res['throughput']} req/s, p50 {res['p50_ms']} ms, p99 {res['p99_ms']} ms"
-        f" at concurrency {a.concurrency}"
+        f" at concurrency {a.concurrency} over {a.protocol}"
     )
     print(summarize(raw, a.top))
     return 0

@@ -227,18 +227,49 @@ def decode_infer_request(
     return InferRequest(id=msg.id or None, inputs=inputs, outputs=outputs)
 
 
-def encode_infer_response(
-    spec: ModelSpec, req: InferRequest, results: dict[str, np.ndarray]
-) -> pb.ModelInferResponse:
-    """The response with every requested output as raw contents."""
-    resp = pb.ModelInferResponse(model_name=spec.name, model_version=spec.version, id=req.id or "")
+def _encode_varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _len_field(tag: bytes, data: bytes | memoryview) -> list[bytes | memoryview]:
+    """A length-delimited protobuf field (`tag` already encoded): its parts, to be joined."""
+    return [tag, _encode_varint(len(data)), data]
+
+
+# Tags of the ModelInferResponse fields written below (field number << 3 | 2: length-delimited).
+_MODEL_NAME, _MODEL_VERSION, _ID, _OUTPUTS, _RAW_OUTPUT_CONTENTS = b"\x0a", b"\x12", b"\x1a", b"\x2a", b"\x32"
+_OUT_NAME, _OUT_DATATYPE, _OUT_SHAPE = b"\x0a", b"\x12", b"\x1a"  # InferOutputTensor's
+
+
+def encode_infer_response(spec: ModelSpec, req: InferRequest, results: dict[str, np.ndarray]) -> bytes:
+    """The serialised ModelInferResponse with every requested output as raw contents.
+
+    Written field by field in field-number order, as protobuf writes the message (a unit test holds
+    the two byte for byte equal): building the message and then serialising it copied every output
+    twice and took ~5% of the event loop at gRPC concurrency 32 (SqueezeNet)."""
+    parts: list[bytes | memoryview] = []
+    for tag, text in ((_MODEL_NAME, spec.name), (_MODEL_VERSION, spec.version), (_ID, req.id or "")):
+        if text:  # proto3: an empty string is not written
+            parts += _len_field(tag, text.encode())
+    contents: list[bytes | memoryview] = []
     for name, _ in req.outputs:
         arr = results[name]
         datatype = output_datatype(arr)
-        resp.outputs.add(name=name, datatype=datatype, shape=arr.shape)
-        data = encode_bytes_blob(arr) if datatype == "BYTES" else np.ascontiguousarray(arr).tobytes()
-        resp.raw_output_contents.append(data)
-    return resp
+        tensor = [*_len_field(_OUT_NAME, name.encode()), *_len_field(_OUT_DATATYPE, datatype.encode())]
+        if arr.ndim:  # packed varints; an empty repeated field is not written
+            tensor += _len_field(_OUT_SHAPE, b"".join(_encode_varint(d) for d in arr.shape))
+        parts += _len_field(_OUTPUTS, b"".join(tensor))
+        if datatype == "BYTES":
+            data: bytes | memoryview = encode_bytes_blob(arr)
+        else:
+            data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data
+        contents += _len_field(_RAW_OUTPUT_CONTENTS, data)
+    return b"".join(parts + contents)
 
 
 def _tensor_metadata(t: Any) -> pb.ModelMetadataResponse.TensorMetadata:
@@ -295,13 +326,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             outputs=[_tensor_metadata(t) for t in spec.outputs],
         )
 
-    async def ModelInfer(
-        self, request: bytes, context: aio.ServicerContext[Any, Any]
-    ) -> pb.ModelInferResponse:
-        """`request` arrives serialised (no deserialiser is registered for it, see _handlers): its
-        raw contents are read in place. The message counts against the body-memory budget HTTP
-        bodies share until it is answered; gRPC has already read it, so waiting would not save
-        memory: with the budget taken it is refused at once (RESOURCE_EXHAUSTED) and freed."""
+    async def ModelInfer(self, request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
+        """`request` arrives serialised and the answer leaves serialised (no deserialiser or
+        serialiser is registered, see _handlers): raw contents are read in place and written once.
+        The message counts against the body-memory budget HTTP bodies share until it is answered;
+        gRPC has already read it, so waiting would not save memory: with the budget taken it is
+        refused at once (RESOURCE_EXHAUSTED) and freed."""
         rt = self._rt
         t0 = time.perf_counter()
         rt.active += 1
@@ -356,13 +386,13 @@ class _Registrations:
 
 
 def _handlers(servicer: InferenceService) -> tuple[str, dict[str, Any]]:
-    """The generated stubs' handlers for `servicer`, except that ModelInfer gets its request
-    serialised (parse_infer_request reads the raw contents in place)."""
+    """The generated stubs' handlers for `servicer`, except that ModelInfer takes its request and
+    returns its response serialised (parse_infer_request, encode_infer_response)."""
     reg = _Registrations()
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, reg)
     infer = reg.handlers["ModelInfer"]  # a grpc.RpcMethodHandler: its documented attributes only
     reg.handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        infer.unary_unary, request_deserializer=None, response_serializer=infer.response_serializer
+        infer.unary_unary, request_deserializer=None, response_serializer=None
     )
     return reg.service, reg.handlers
 

@@ -23,6 +23,7 @@ from trtforge_runtime.grpc_service import (
 from trtforge_runtime.grpc_v2 import inference_pb2 as pb
 from trtforge_runtime.grpc_v2.generate import HERE, OUTPUTS, generate
 from trtforge_runtime.model import model_spec
+from trtforge_runtime.v2 import InferRequest, encode_bytes_blob
 
 from tests.unit.test_runtime import _manifest
 from trtforge.contract.manifest import TensorSpec
@@ -100,7 +101,7 @@ def test_raw_and_typed_contents_decode_and_outputs_encode_raw() -> None:
     assert req.outputs == [("y", True)] and req.id == "r7"
 
     y = np.array([[1.5, 2.5], [3.5, 4.5]], np.float32)
-    resp = encode_infer_response(SPEC, req, {"y": y})
+    resp = pb.ModelInferResponse.FromString(encode_infer_response(SPEC, req, {"y": y}))
     assert (resp.model_name, resp.id, resp.outputs[0].datatype, list(resp.outputs[0].shape)) == (
         "mlp",
         "r7",
@@ -203,3 +204,39 @@ def test_a_request_the_scan_does_not_expect_is_protobufs_to_parse_or_refuse() ->
     np.testing.assert_array_equal(req.inputs["x"], x)
     with pytest.raises(RequestError, match="2 entries for 1 inputs"):
         decode_infer_request(msg, SPEC, [*raw, memoryview(b"")])
+
+
+def _protobuf_response(spec_name: str, version: str, rid: str, outs: dict[str, np.ndarray]) -> bytes:
+    """The same response as protobuf itself builds and serialises it (the reference)."""
+    resp = pb.ModelInferResponse(model_name=spec_name, model_version=version, id=rid)
+    for name, arr in outs.items():
+        datatype = "BYTES" if arr.dtype == object else {"float32": "FP32", "int64": "INT64"}[arr.dtype.name]
+        resp.outputs.add(name=name, datatype=datatype, shape=arr.shape)
+        resp.raw_output_contents.append(
+            encode_bytes_blob(arr) if datatype == "BYTES" else np.ascontiguousarray(arr).tobytes()
+        )
+    return resp.SerializeToString()
+
+
+@pytest.mark.parametrize("rid", ["", "r7", "é" * 200])
+def test_the_hand_written_response_is_protobufs_byte_for_byte(rid: str) -> None:
+    rng = np.random.default_rng(3)
+    outs = {
+        "y": rng.standard_normal((3, 300)).astype(np.float32),  # a dimension of two varint bytes
+        "n": np.asfortranarray(np.arange(6, dtype=np.int64).reshape(2, 3)),  # not C-contiguous
+        "s": np.array([b"a", b"bc", b""], dtype=object),
+        "z": np.zeros((0, 4), np.float32),  # an empty tensor
+        "k": np.float32(2.5).reshape(()),  # a scalar: no shape at all
+    }
+    req = InferRequest(id=rid or None, inputs={}, outputs=[(n, True) for n in outs])
+    got = encode_infer_response(SPEC, req, outs)
+    assert got == _protobuf_response(SPEC.name, SPEC.version, rid, outs)
+    # ... and tritonclient's own descriptors read it back (a client no one here wrote).
+    back = triton_pb.ModelInferResponse.FromString(got)
+    assert [o.name for o in back.outputs] == list(outs) and back.id == rid
+    np.testing.assert_array_equal(
+        np.frombuffer(back.raw_output_contents[0], np.float32).reshape(3, 300), outs["y"]
+    )
+    np.testing.assert_array_equal(
+        np.frombuffer(back.raw_output_contents[1], np.int64).reshape(2, 3), outs["n"]
+    )

@@ -316,16 +316,21 @@ def test_sigterm_drains_in_flight_requests(bed: Bed) -> None:
     x = np.zeros((1, 3, 224, 224), np.float32)
     results: list[object] = []
 
-    def one() -> None:
-        c = httpclient.InferenceServerClient(s.url, network_timeout=30)
-        inp = httpclient.InferInput(RESNET_IN, [1, 3, 224, 224], "FP32")
+    async def infer_once() -> None:
+        c = aioclient.InferenceServerClient(s.url, conn_timeout=30)
+        inp = aioclient.InferInput(RESNET_IN, [1, 3, 224, 224], "FP32")
         inp.set_data_from_numpy(x)
         try:
-            results.append(c.infer("resnet50", [inp]).as_numpy(RESNET_OUT).shape)
+            results.append((await c.infer("resnet50", [inp])).as_numpy(RESNET_OUT).shape)
         except Exception as e:
             results.append(e)
         finally:
-            c.close()
+            await c.close()
+
+    def one() -> None:
+        # tritonclient's asyncio client, one event loop per thread: its gevent-based sibling cannot
+        # be closed, nor collected, outside the thread whose hub made it (an unraisable __del__ error).
+        asyncio.run(infer_once())
 
     threads = [threading.Thread(target=one) for _ in range(4)]
     for t in threads:

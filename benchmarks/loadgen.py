@@ -19,6 +19,12 @@ every server:
 Each result also says how many answers the least and the most served worker got inside the window
 (``stream_answers_min``/``max``): a server can be unfair between streams with a fair-looking throughput.
 
+``throughput`` is each worker's own answer rate, summed: a worker's answers after its first one in
+the window, over the time from its first to its last (``stream_rate``). Answers counted over the
+whole window (``window_throughput``) quantize a server that answers in bursts: a server whose
+batches take 2.5 s fits four or five of them in a 10 s window, 25.6 or 32 req/s from the same rate,
+depending on where the window's edges fall. Both are reported.
+
 ``--procs K`` splits the workers over K client processes (one event loop each) and pools their
 latencies, for servers faster than one client core. ``--check REF.npy`` compares every answer's
 output with a reference; an answer outside ``--atol`` counts as an error.
@@ -124,7 +130,7 @@ class LoadResult:
     seconds: float  # length of the measuring window
     completed: int  # requests answered OK inside the window
     errors: int
-    throughput: float  # completed / seconds
+    throughput: float  # the workers' own answer rates, summed (see stream_rate)
     p50_ms: float
     p90_ms: float
     p99_ms: float
@@ -137,7 +143,19 @@ class LoadResult:
     # most: far apart means the server is unfair between streams even when the throughput looks fine.
     stream_answers_min: int = 0
     stream_answers_max: int = 0
+    window_throughput: float = 0.0  # completed / seconds
     error_samples: list[str] = field(default_factory=list)
+
+
+def stream_rate(answers: int, first: float, last: float, window: float) -> float:
+    """One worker's answers per second from its answers inside a window of `window` seconds.
+
+    With two answers or more: those after the first over the time from the first to the last, which
+    does not depend on where the window's edges fall between answers. With fewer, answers / window.
+    """
+    if answers >= 2 and last > first:
+        return (answers - 1) / (last - first)
+    return answers / window if window > 0 else 0.0
 
 
 def _pct(vals: list[float], q: float) -> float:
@@ -191,6 +209,7 @@ class _Window:
     window: float
     cpu_s: float
     per_stream: list[int]  # answers inside the window, per worker
+    rate: float  # the workers' stream_rate, summed
 
 
 async def _closed_loop(senders: list[Sender], seconds: float, warmup: float, max_requests: int) -> _Window:
@@ -203,6 +222,8 @@ async def _closed_loop(senders: list[Sender], seconds: float, warmup: float, max
     cpu0: float | None = None
 
     per_stream = [0] * len(senders)
+    first = [0.0] * len(senders)
+    last = [0.0] * len(senders)
 
     async def worker(index: int, send: Sender) -> None:
         nonlocal sent, n_errors
@@ -218,6 +239,9 @@ async def _closed_loop(senders: list[Sender], seconds: float, warmup: float, max
             if t_measure <= t1 <= t_end:
                 if ok:
                     lat.append(t1 - t0)
+                    if not per_stream[index]:
+                        first[index] = t1
+                    last[index] = t1
                     per_stream[index] += 1
                 else:
                     n_errors += 1
@@ -235,7 +259,8 @@ async def _closed_loop(senders: list[Sender], seconds: float, warmup: float, max
     cpu1 = _cpu()
     window = min(seconds, max(1e-9, time.perf_counter() - t_measure))
     cpu_s = cpu1 - (cpu0 if cpu0 is not None else cpu1)
-    return _Window(lat, n_errors, errors, window, cpu_s, per_stream)
+    rate = sum(stream_rate(n, f, la, window) for n, f, la in zip(per_stream, first, last, strict=True))
+    return _Window(lat, n_errors, errors, window, cpu_s, per_stream, rate)
 
 
 async def _run_http(
@@ -333,7 +358,7 @@ def run_load(
         infer = f"{url}/v2/models/{model}/infer"
         w = asyncio.run(_run_http(infer, body, headers, concurrency, seconds, warmup, max_requests, check))
     ms = sorted(v * 1000 for v in w.latencies)
-    res = _result(protocol, concurrency, 1, w.window, ms, w.errors, w.cpu_s, w.error_samples)
+    res = _result(protocol, concurrency, 1, w.window, ms, w.errors, w.cpu_s, w.error_samples, w.rate)
     res.stream_answers_min, res.stream_answers_max = min(w.per_stream), max(w.per_stream)
     return res, ms
 
@@ -347,14 +372,16 @@ def _result(
     n_errors: int,
     cpu_s: float,
     samples: list[str],
-    throughput: float | None = None,
+    throughput: float,
+    window_throughput: float | None = None,
 ) -> LoadResult:
     return LoadResult(
         concurrency=concurrency,
         seconds=round(window, 3),
         completed=len(ms),
         errors=n_errors,
-        throughput=round(throughput if throughput is not None else len(ms) / window, 2),
+        throughput=round(throughput, 2),
+        window_throughput=round(window_throughput if window_throughput is not None else len(ms) / window, 2),
         p50_ms=round(_pct(ms, 50), 2),
         p90_ms=round(_pct(ms, 90), 2),
         p99_ms=round(_pct(ms, 99), 2),
@@ -379,7 +406,7 @@ def run_procs(argv: list[str], concurrency: int, procs: int, protocol: str) -> L
         cmd = [sys.executable, "-m", "benchmarks.loadgen", *argv, "--concurrency", str(c), "--procs", "1"]
         children.append(subprocess.Popen([*cmd, "--emit-latencies"], stdout=subprocess.PIPE, text=True))
     ms: list[float] = []
-    n_err, cpu, throughput, window = 0, 0.0, 0.0, 0.0
+    n_err, cpu, throughput, by_window, window = 0, 0.0, 0.0, 0.0, 0.0
     samples: list[str] = []
     fewest, most = [], []
     for p in children:
@@ -391,12 +418,15 @@ def run_procs(argv: list[str], concurrency: int, procs: int, protocol: str) -> L
         n_err += d["errors"]
         cpu += d["client_cpu_s"]
         throughput += d["throughput"]  # each child's own window; they overlap
+        by_window += d["window_throughput"]
         window = max(window, d["seconds"])
         samples += d["error_samples"]
         fewest.append(d["stream_answers_min"])
         most.append(d["stream_answers_max"])
     ms.sort()
-    res = _result(protocol, concurrency, len(children), window, ms, n_err, cpu, samples[:5], throughput)
+    res = _result(
+        protocol, concurrency, len(children), window, ms, n_err, cpu, samples[:5], throughput, by_window
+    )
     res.stream_answers_min, res.stream_answers_max = min(fewest), max(most)
     return res
 

@@ -10,6 +10,7 @@ the result. The idle build waits on its sockets meanwhile. Not part of ``make be
 
     python -m benchmarks.ab_builds --a ../old-checkout --b . --point http:8 --rounds 8
     python -m benchmarks.ab_builds --a . --b . --env-b K=V --point grpc:32   # one build, two settings
+    python -m benchmarks.ab_builds --a . --b . --flags-a='--event-loop asyncio' --point grpc:32
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--b", required=True, help="checkout of build B")
     p.add_argument("--model", default="squeezenet")
     p.add_argument("--serve-flags", default="--instances 2 --max-batch-size 4 --max-queue-delay-us 2000")
+    p.add_argument("--flags-a", default="", help="more `serve` flags for build A only")
+    p.add_argument("--flags-b", default="", help="more `serve` flags for build B only")
     p.add_argument("--env", action="append", default=[], help="K=V for both servers (repeatable)")
     p.add_argument("--env-a", action="append", default=[], help="K=V for build A only (repeatable)")
     p.add_argument("--env-b", action="append", default=[], help="K=V for build B only (repeatable)")
@@ -127,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--grpc-port",
                 str(bld.grpc_port),
                 *a.serve_flags.split(),
+                *(a.flags_a if bld.name == "A" else a.flags_b).split(),
                 trtforge=[str(bld.tree / ".venv" / "bin" / "trtforge")],
             )
             bld.proc = start(taskset(a.cpus, cmd), CACHE / "logs" / f"ab-{bld.name}.log", env_of[bld.name])

@@ -14,6 +14,8 @@ Settings (``--settings``, ``;``-separated): ``default`` runs ``trtforge serve`` 
 (the runtime chooses for its cores: ``--workers auto``, one worker per 4 CPUs); anything else is
 passed as flags, with each ``{expression}`` of ``n`` (N) replaced by its value, e.g.
 ``--workers {max(1, n // 4)} --max-batch-size 4``.
+
+``--protocols http,grpc`` drives each point over each protocol in turn (HTTP binary alone by default).
 """
 
 from __future__ import annotations
@@ -104,11 +106,13 @@ def ceiling(model: Model, cpus: str, n: int, seconds: float, batches: str) -> di
 
 def serve(
     model: Model, cpus: str, flags: list[str], log_path: Path
-) -> tuple[subprocess.Popen[bytes], int, float]:
+) -> tuple[subprocess.Popen[bytes], int, int | None, float]:
+    """The server started and ready: its process, HTTP port, gRPC port (None: no gRPC), start-up s."""
     key, _ = ensure_engine(model.file, store_dir(model.name))
     port = free_port()
     cache = CACHE / "manycore" / f"cache-{port}"
-    grpc = ["--grpc-port", str(free_port())] if grpc_supported() else []  # on, as by default
+    grpc_port = free_port() if grpc_supported() else None  # on, as by default
+    grpc = ["--grpc-port", str(grpc_port)] if grpc_port is not None else []
     cmd = serve_cmd(str(store_dir(model.name)), key, model.name, port, cache, *grpc, *flags)
     t0 = time.monotonic()
     p = start(taskset(cpus, cmd), log_path, {"TRTFORGE_GPU_PROBE": "none"})
@@ -127,16 +131,25 @@ def serve(
     except Exception:
         stop(p)
         raise RuntimeError(f"trtforge serve did not become ready; see {log_path}") from None
-    return p, port, time.monotonic() - t0
+    return p, port, grpc_port, time.monotonic() - t0
 
 
 def drive(
-    model: Model, port: int, cpus: str, procs: int, c: int, seconds: float, warmup: float, ref: Path, pid: int
+    model: Model,
+    url: str,
+    protocol: str,
+    cpus: str,
+    procs: int,
+    c: int,
+    seconds: float,
+    warmup: float,
+    ref: Path,
+    pid: int,
 ) -> dict[str, Any]:
     cmd = taskset(
         cpus,
         loadgen_cmd(
-            f"http://127.0.0.1:{port}",
+            url,
             model.name,
             model.input,
             model.output,
@@ -147,6 +160,8 @@ def drive(
             str(procs),
             "--check",
             str(ref),
+            "--protocol",
+            protocol,
         ),
     )
     cpu0, t0 = tree_cpu_seconds(pid), time.monotonic()
@@ -171,8 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-factor", type=float, default=1.6, help="window multiplier for ResNet-50")
     p.add_argument("--ceiling-seconds", type=float, default=1.0)
     p.add_argument("--ceiling-batches", default="1,4,8,16,32")
+    p.add_argument("--protocols", default="http", help="comma-separated: http, grpc")
     p.add_argument("--name", default="manycore")
     a = p.parse_args(argv)
+    protocols = [x for x in a.protocols.split(",") if x]
+    if not protocols or set(protocols) - {"http", "grpc"}:
+        p.error(f"--protocols {a.protocols!r}: expected a comma-separated list of http and grpc")
     total = os.cpu_count() or 1
     cores = [int(n) for n in a.cores.split(",")]
     if max(cores) >= total:
@@ -202,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
                     continue  # the same server as a setting already run on these N cores
                 done.append(without_defaults(flags))
                 try:
-                    srv, port, ready_s = serve(model, scpus, flags, log_dir / f"manycore-{name}-{n}.log")
+                    srv, port, grpc_port, ready_s = serve(
+                        model, scpus, flags, log_dir / f"manycore-{name}-{n}.log"
+                    )
                 except RuntimeError as e:  # recorded; the other settings and core counts still run
                     log(f"  [{s}] FAILED: {e}")
                     res.setdefault("failed", []).append(
@@ -215,19 +236,35 @@ def main(argv: list[str] | None = None) -> int:
                         if a.concurrency == "auto"
                         else [int(c) for c in a.concurrency.split(",")]
                     )
-                    for c in concs:
+                    points = [(c, proto) for c in concs for proto in protocols]
+                    if "grpc" in protocols and grpc_port is None:
+                        raise SystemExit("--protocols grpc: this trtforge serve has no gRPC")
+                    for c, proto in points:
+                        url = (
+                            f"grpc://127.0.0.1:{grpc_port}" if proto == "grpc" else f"http://127.0.0.1:{port}"
+                        )
                         try:
                             r = drive(
-                                model, port, ccpus, procs, c, a.seconds * slow, a.warmup * slow, ref, srv.pid
+                                model,
+                                url,
+                                proto,
+                                ccpus,
+                                procs,
+                                c,
+                                a.seconds * slow,
+                                a.warmup * slow,
+                                ref,
+                                srv.pid,
                             )
                         except (RuntimeError, subprocess.TimeoutExpired) as e:
-                            log(f"  [{s}] c={c} FAILED: {e}")
+                            log(f"  [{s}] c={c} {proto} FAILED: {e}")
                             res.setdefault("failed", []).append(
                                 {
                                     "model": name,
                                     "n": n,
                                     "setting": s,
                                     "concurrency": c,
+                                    "protocol": proto,
                                     "error": str(e)[-2000:],
                                 }
                             )
@@ -246,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                         }
                         res["runs"].append(run)
                         log(
-                            f"  [{s}] c={c}: {r['throughput']} req/s = {run['pct_of_ceiling']}% of ceiling,"
+                            f"  [{s}] c={c} {proto}: {r['throughput']} req/s"
+                            f" = {run['pct_of_ceiling']}% of ceiling,"
                             f" p99 {r['p99_ms']} ms, errors {r['errors']},"
                             f" server {r['server_cpu_cores']} cores, client {r['client_cpu_cores']} cores"
                         )
@@ -266,6 +304,7 @@ def render(res: dict[str, Any]) -> str:
             r["model"],
             r["n"],
             r["setting"],
+            r.get("protocol", "http"),
             r["concurrency"],
             r["ceiling"]["best"]["images_per_s"],
             r["throughput"],
@@ -304,6 +343,7 @@ def render(res: dict[str, Any]) -> str:
                 "model",
                 "N",
                 "setting",
+                "protocol",
                 "conc",
                 "ceiling img/s",
                 "req/s",

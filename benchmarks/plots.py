@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import ROOT, log, read_result
+from benchmarks.serving import PROTOCOL_TITLES
 
 IMG = ROOT / "docs" / "img"
 COLORS = {
@@ -145,14 +146,16 @@ def manycore(res: dict[str, Any]) -> list[Path]:
         ceil = [next(r for r in rs if r["n"] == n)["ceiling"]["best"]["images_per_s"] for n in ns]
         ax.plot(ns, ceil, "s--", color=COLORS["ceiling"], label="in-process ceiling")
         ax.plot(ns, [0.9 * c for c in ceil], ":", color=COLORS["ceiling"], label="90% of ceiling")
-        for setting in dict.fromkeys(r["setting"] for r in rs):
+        for setting, proto in dict.fromkeys((r["setting"], r.get("protocol", "http")) for r in rs):
+            mine = [r for r in rs if r["setting"] == setting and r.get("protocol", "http") == proto]
             best = [
-                max((r for r in rs if r["n"] == n and r["setting"] == setting), key=lambda r: r["throughput"])
+                max((r for r in mine if r["n"] == n), key=lambda r: r["throughput"])
                 for n in ns
-                if any(r["n"] == n and r["setting"] == setting for r in rs)
+                if any(r["n"] == n for r in mine)
             ]
             xs = [r["n"] for r in best]
-            ax.plot(xs, [r["throughput"] for r in best], "o-", label=f"trtforge serve ({setting})")
+            label = f"trtforge serve ({setting}, {PROTOCOL_TITLES.get(proto, proto)})"
+            ax.plot(xs, [r["throughput"] for r in best], "o-", label=label)
             for r in best:
                 ax.annotate(
                     f"{r['pct_of_ceiling']:.0f}%",

@@ -50,10 +50,11 @@ def rotation(items: list[str], round_index: int) -> list[str]:
     return items[k:] + items[:k]
 
 
-def setting_for(kind: Kind, threads: int, label: str) -> Setting:
-    """The setting of `kind`'s sweep whose label the serving grid recorded as chosen (trtforge's
-    labels may carry a suffix, such as "+ solo session", after the setting's own)."""
-    for s in kind.sweep(threads):
+def setting_for(kind: Kind, threads: int, label: str, small_batch: int = 4) -> Setting:
+    """The setting of `kind`'s sweep (with the grid's small max batch) whose label the serving grid
+    recorded as chosen (trtforge's labels may carry a suffix, such as "+ solo session", after the
+    setting's own)."""
+    for s in kind.sweep(threads, small_batch):
         if label == s.label or label.startswith(s.label + ","):
             return s
     raise ValueError(f"{kind.name}: no setting of its sweep is labelled {label!r}")
@@ -120,7 +121,11 @@ class Point:
 
 
 def run_model(
-    name: str, kinds_to_run: list[Kind], chosen: dict[str, dict[str, str]], a: argparse.Namespace
+    name: str,
+    kinds_to_run: list[Kind],
+    chosen: dict[str, dict[str, str]],
+    small_batch: int,
+    a: argparse.Namespace,
 ) -> dict[str, Any]:
     lay = layouts()[a.layout]
     model = model_info(name)
@@ -139,7 +144,8 @@ def run_model(
             for side in ("low", "high"):
                 label = chosen[kind.name][side]
                 if (kind.name, label) not in servers:
-                    srv = Server(kind, model, lay, setting_for(kind, lay.threads, label), log_dir)
+                    setting = setting_for(kind, lay.threads, label, small_batch)
+                    srv = Server(kind, model, lay, setting, log_dir)
                     servers[(kind.name, label)] = srv
                     check_answers(srv, ref)
                     log(f"    {kind.name} [{label}] ready in {srv.ready_s}s, answers checked")
@@ -334,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     for name in a.models.split(","):
         chosen = {n: grid["models"][name]["servers"][n]["chosen"] for n in names}
-        results["models"][name] = run_model(name, [all_kinds[n] for n in names], chosen, a)
+        small = int(grid["models"][name].get("sweep_small_batch", 4))  # grids before it had 4
+        results["models"][name] = run_model(name, [all_kinds[n] for n in names], chosen, small, a)
         write_result(a.name, {**results, "partial": True, "loadavg_after": list(os.getloadavg())})
     results["loadavg_after"] = list(os.getloadavg())
     results["wall_s"] = round(time.monotonic() - t0, 1)

@@ -53,7 +53,7 @@ from benchmarks.common import (
 )
 from benchmarks.loadgen import run_load, v2_decode, v2_json_request, v2_request
 from benchmarks.models import model_info, sample_input
-from benchmarks.servers import Kind, Launch, Model, Setting, kinds
+from benchmarks.servers import Kind, Launch, Model, Setting, kinds, sweep_small_batch
 
 KINDS = ("trtforge", "triton", "mlserver", "kserve")
 PEERS_TO_BEAT = ("triton", "mlserver")
@@ -288,10 +288,17 @@ class Windows:
 
 
 def measure_server(
-    kind: Kind, model: Model, lay: Layout, concs: list[int], win: Windows, ref: np.ndarray, log_dir: Path
+    kind: Kind,
+    model: Model,
+    lay: Layout,
+    concs: list[int],
+    win: Windows,
+    ref: np.ndarray,
+    log_dir: Path,
+    small_batch: int,
 ) -> dict[str, Any]:
-    """Sweep, choose, then the grid over every protocol of the server."""
-    settings = kind.sweep(lay.threads)
+    """Sweep (its small max batch `small_batch`), choose, then the grid over every protocol."""
+    settings = kind.sweep(lay.threads, small_batch)
     sweep: list[dict[str, Any]] = []
     answers: dict[str, float] = {}
     meta: dict[str, Any] = {}
@@ -391,14 +398,18 @@ def main(argv: list[str] | None = None) -> int:
         slow = a.slow_factor if name != "squeezenet" else 1.0
         models[name] = (model, Windows(a.seconds * slow, a.warmup * slow), reference_output(model))
         ceil = ceiling(model, lay, a.ceiling_seconds * slow, a.ceiling_batches)
-        log(f"  {name}: ceiling {ceil['best']['images_per_s']} img/s ({ceil['best']})")
-        results["models"][name] = {"ceiling": ceil, "servers": {}}
+        small = sweep_small_batch(ceil)
+        best = ceil["best"]
+        log(f"  {name}: ceiling {best['images_per_s']} img/s ({best}); the sweep's small batch {small}")
+        results["models"][name] = {"ceiling": ceil, "sweep_small_batch": small, "servers": {}}
     for kind in servers:
         for name, (model, win, ref) in models.items():
             mres = results["models"][name]
             t0 = time.monotonic()
             try:
-                mres["servers"][kind.name] = measure_server(kind, model, lay, concs, win, ref, log_dir)
+                mres["servers"][kind.name] = measure_server(
+                    kind, model, lay, concs, win, ref, log_dir, int(mres["sweep_small_batch"])
+                )
             except Exception as e:  # one server failing must not lose the others' results
                 log(f"  {name} {kind.name} FAILED: {e}")
                 results.setdefault("failed", {}).setdefault(name, {})[kind.name] = str(e)[-2000:]

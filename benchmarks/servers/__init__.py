@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -52,18 +53,31 @@ class Setting:
         }
 
 
-def default_sweep(cores: int) -> list[Setting]:
+def default_sweep(cores: int, small_batch: int = 4) -> list[Setting]:
     """The settings every server with a batcher is tried in, for a server given `cores` cores.
 
     One session with every thread (best for a lone request), one single-thread instance per core with
-    a large and a small max batch, and the small batch with a queue delay.
+    a large and a small max batch, and the small batch with a queue delay. `small_batch`: the batch
+    size the model computes most images per second at on these cores (``sweep_small_batch``).
     """
     return [
         Setting(1, cores, 32, 0),
         Setting(cores, 1, 32, 0),
-        Setting(cores, 1, 4, 0),
-        Setting(cores, 1, 4, 2000),
+        Setting(cores, 1, small_batch, 0),
+        Setting(cores, 1, small_batch, 2000),
     ]
+
+
+def sweep_small_batch(ceiling: dict[str, Any]) -> int:
+    """The small max batch of the sweep, from the run's in-process ceiling: the batch size at which
+    single-thread sessions side by side (the form of the sweep's one-instance-per-core settings)
+    computed the most images per second, and at least 2 (a setting with a batcher batches).
+    Ceilings without that form give 4."""
+    side_by_side = ceiling.get("parallel_sessions") or []
+    if not side_by_side:
+        return 4
+    best = max(side_by_side, key=lambda r: float(r["images_per_s"]))
+    return max(2, int(best["batch"]))
 
 
 @dataclass
@@ -94,7 +108,7 @@ class Model:
 class Kind:
     name: str
     title: str
-    sweep: Callable[[int], list[Setting]]
+    sweep: Callable[[int, int], list[Setting]]  # (cores, the small max batch) -> the settings
     launch: Callable[[Model, Setting, int, int, Path], Launch]  # model, setting, http, grpc port, work dir
     version: Callable[[], dict[str, str]]
 

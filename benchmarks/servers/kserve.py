@@ -17,7 +17,8 @@ from benchmarks.servers.venvs import KSERVE
 HERE = Path(__file__).resolve().parent
 
 
-def sweep(cores: int) -> list[Setting]:
+def sweep(cores: int, small_batch: int = 4) -> list[Setting]:
+    """KServe has no batcher: `small_batch` is unused, its slots are KServe's own knobs."""
     return [
         Setting(1, cores, 1, 0, "predict on the event loop (defaults)"),
         Setting(cores, 1, 1, 0, "predict on the event loop"),

@@ -47,12 +47,12 @@ def version() -> dict[str, str]:
     return {"trtforge": cmd_output(["git", "rev-parse", "--short", "HEAD"])}
 
 
-def sweep(cores: int) -> list[Setting]:
+def sweep(cores: int, small_batch: int = 4) -> list[Setting]:
     """The common sweep; with several instances the runtime also keeps its solo session (on by
     default) for a request that arrives alone, and the label says so."""
     return [
         dataclasses.replace(s, variant="+ solo session") if s.instances > 1 else s
-        for s in default_sweep(cores)
+        for s in default_sweep(cores, small_batch)
     ]
 
 

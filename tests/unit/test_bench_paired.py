@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.ab_builds import paired_summary, round_order
 from benchmarks.paired import best_per_round, rotation, setting_for, summarize_point
-from benchmarks.servers import kinds
+from benchmarks.servers import kinds, sweep_small_batch
 
 
 def w(throughput: float, p99: float = 100.0, **extra: object) -> dict[str, object]:
@@ -68,3 +68,26 @@ def test_the_grids_chosen_label_finds_its_setting() -> None:
     assert (s.instances, s.threads, s.max_batch, s.queue_delay_us) == (2, 1, 4, 2000)
     with pytest.raises(ValueError, match="triton: no setting of its sweep is labelled '3 inst'"):
         setting_for(kinds()["triton"], 2, "3 inst")
+
+
+def test_the_sweeps_small_batch_is_the_side_by_side_sessions_best() -> None:
+    ceiling = {
+        "per_batch": [{"batch": 16, "images_per_s": 300.0}],  # one 2-thread session: not this form
+        "parallel_sessions": [
+            {"batch": 1, "images_per_s": 284.3},
+            {"batch": 2, "images_per_s": 286.6},
+            {"batch": 8, "images_per_s": 270.4},
+        ],
+    }
+    assert sweep_small_batch(ceiling) == 2
+    ceiling["parallel_sessions"] = [{"batch": 1, "images_per_s": 290.0}, {"batch": 4, "images_per_s": 280.0}]
+    assert sweep_small_batch(ceiling) == 2  # batch 1 would be no batching: the setting keeps a batcher
+    assert sweep_small_batch({"per_batch": []}) == 4  # a ceiling without side-by-side sessions
+
+
+def test_a_grids_small_batch_reaches_every_server_with_a_batcher() -> None:
+    for name in ("trtforge", "triton", "mlserver"):
+        batches = [s.max_batch for s in kinds()[name].sweep(2, 2)]
+        assert batches == [32, 32, 2, 2], name
+    s = setting_for(kinds()["triton"], 2, "2 inst x 1 thr, batch<=2, delay 2000us", small_batch=2)
+    assert (s.max_batch, s.queue_delay_us) == (2, 2000)

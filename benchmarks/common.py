@@ -73,7 +73,10 @@ def machine_info() -> dict[str, Any]:
             name: {d: v.version(d) for d in (*(p.split("==")[0] for p in v.packages), "onnxruntime")}
             for name, v in VENVS.items()
         },
-        "trtforge_commit": cmd_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
+        # BENCH_COMMIT: the commit the files are, where the checkout's .git is not (the device
+        # machine gets the working tree with the .git of the session's start).
+        "trtforge_commit": os.environ.get("BENCH_COMMIT")
+        or cmd_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
         "loadavg_at_start": os.getloadavg()[0],
     }
 

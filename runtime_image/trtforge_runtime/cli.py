@@ -12,6 +12,9 @@ from typing import Any
 # for the download) before it imports the server anyway (a slow store must not keep the ports
 # closed): trtforge_runtime.warmstart.import_backend_library.
 MANIFEST_WAIT_S = 2.0
+# An instance thread back from a batch waits at most this long for the GIL held by a busy event
+# loop (docs/design.md, "Adapting to load": the GIL between batches).
+DEFAULT_SWITCH_INTERVAL_US = 500
 
 
 def _positive(v: str) -> int:
@@ -144,6 +147,13 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--drain-timeout", type=float, default=30.0, help="seconds to drain in-flight requests on SIGTERM"
     )
+    p.add_argument(
+        "--gil-switch-interval-us",
+        type=_positive,
+        default=DEFAULT_SWITCH_INTERVAL_US,
+        help="how long one thread may keep the GIL once another asks for it (Python's own default is"
+        " 5000): each instance's thread needs it after every batch, while the event loop is busy",
+    )
     p.set_defaults(func=handle)
 
 
@@ -185,6 +195,7 @@ def handle(args: argparse.Namespace) -> int:
             log.error(f"--workers {args.workers}: {e}")
             return 2
     workers.pin_worker()
+    sys.setswitchinterval(args.gil_switch_interval_us / 1e6)
     # No garbage collection while start-up imports and loads; the runtime turns it back on once it
     # serves (trtforge_runtime.startup_gc).
     from trtforge_runtime import startup_gc

@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import signal
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -574,7 +575,10 @@ class Runtime:
         )
         if listener.sockets:
             self.port = listener.sockets[0].getsockname()[1]
-        log.info("listening", extra=fields(host=self.s.host, port=self.port))
+        switch_us = round(sys.getswitchinterval() * 1e6)  # set by the CLI (--gil-switch-interval-us)
+        log.info(
+            "listening", extra=fields(host=self.s.host, port=self.port, gil_switch_interval_us=switch_us)
+        )
         grpc_server = None
         if self.s.grpc_port is not None:
             # After HTTP listens and the engine starts loading: importing grpc takes a while.

@@ -415,3 +415,38 @@ def test_lone_requests_get_every_core_and_overlapping_ones_the_pool(bed: Bed) ->
         assert batches - solo > 0, "32 concurrent clients never used the pool's instances"
     finally:
         s.stop()
+
+
+def _listening(s: Server) -> dict[str, object]:
+    (event,) = [e for e in _wait_for_log(s, "listening") if e.get("msg") == "listening"]
+    return event
+
+
+def test_the_gil_switch_interval_is_the_runtimes_default_or_the_flags(bed: Bed, mlp_server: Server) -> None:
+    # Instance threads need the GIL after every batch; the runtime shortens Python's 5 ms wait.
+    assert _listening(mlp_server)["gil_switch_interval_us"] == 500
+    s = Server(bed.store, bed.mlp_key, bed.tmp, bed.gpu_file, "--gil-switch-interval-us", "2000")
+    try:
+        s.wait()
+        assert _listening(s)["gil_switch_interval_us"] == 2000
+    finally:
+        assert s.stop() == 0
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trtforge.cli",
+            "serve",
+            "--store",
+            str(bed.store),
+            "--engine",
+            bed.mlp_key,
+            "--gil-switch-interval-us",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        env=env_for(bed.gpu_file, bed.tmp / "t-switch"),
+        timeout=60,
+    )
+    assert r.returncode == 2 and "--gil-switch-interval-us" in r.stderr and "must be at least 1" in r.stderr

@@ -57,8 +57,8 @@ def default_sweep(cores: int, small_batch: int = 4) -> list[Setting]:
     """The settings every server with a batcher is tried in, for a server given `cores` cores.
 
     One session with every thread (best for a lone request), one single-thread instance per core with
-    a large and a small max batch, and the small batch with a queue delay. `small_batch`: the batch
-    size the model computes most images per second at on these cores (``sweep_small_batch``).
+    a large and a small max batch, and the small batch with a queue delay. `small_batch`: measured
+    from the run's ceiling by ``sweep_small_batch``.
     """
     return [
         Setting(1, cores, 32, 0),

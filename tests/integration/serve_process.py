@@ -15,6 +15,20 @@ from pathlib import Path
 from tests.integration.serve_engines import env_for
 
 
+def serve_once(
+    store: Path, key: str, gpu_file: Path, term: Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """`trtforge serve` of `key` from `store` with `extra` flags, run to its end and captured: for the
+    command lines the CLI refuses before it serves."""
+    return subprocess.run(
+        [sys.executable, "-m", "trtforge.cli", "serve", "--store", str(store), "--engine", key, *extra],
+        capture_output=True,
+        text=True,
+        env=env_for(gpu_file, term),
+        timeout=60,
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

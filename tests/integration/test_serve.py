@@ -15,8 +15,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -35,7 +33,6 @@ from tests.integration.serve_engines import (
     RESNET_OUT,
     Bed,
     copy_engine,
-    env_for,
     inject_xid,
     make_bed,
     perturb_canary,
@@ -44,7 +41,7 @@ from tests.integration.serve_engines import (
     termination,
     write_gpu_file,
 )
-from tests.integration.serve_process import Server
+from tests.integration.serve_process import Server, serve_once
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.termination import EXIT_ENGINE_INTEGRITY, EXIT_GPU_FAULT, EXIT_GPU_MISMATCH
 
@@ -353,13 +350,7 @@ def test_sigterm_drains_in_flight_requests(bed: Bed) -> None:
 
 
 def test_cli_refuses_a_malformed_key(bed: Bed) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "trtforge.cli", "serve", "--store", str(bed.store), "--engine", "abc"],
-        capture_output=True,
-        text=True,
-        env=env_for(bed.gpu_file, bed.tmp / "t"),
-        timeout=60,
-    )
+    r = serve_once(bed.store, "abc", bed.gpu_file, bed.tmp / "t")
     assert r.returncode == 1 and "64 lowercase hex" in r.stderr
     shutil.rmtree(bed.tmp / "t", ignore_errors=True)
 
@@ -431,22 +422,7 @@ def test_the_gil_switch_interval_is_the_runtimes_default_or_the_flags(bed: Bed, 
         assert _listening(s)["gil_switch_interval_us"] == 2000
     finally:
         assert s.stop() == 0
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trtforge.cli",
-            "serve",
-            "--store",
-            str(bed.store),
-            "--engine",
-            bed.mlp_key,
-            "--gil-switch-interval-us",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        env=env_for(bed.gpu_file, bed.tmp / "t-switch"),
-        timeout=60,
+    r = serve_once(
+        bed.store, bed.mlp_key, bed.gpu_file, bed.tmp / "t-switch", "--gil-switch-interval-us", "0"
     )
     assert r.returncode == 2 and "--gil-switch-interval-us" in r.stderr and "must be at least 1" in r.stderr

@@ -7,8 +7,6 @@ import asyncio
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -18,8 +16,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http.aio as aioclient
 
-from tests.integration.serve_engines import build_engine, env_for, run_ort, write_gpu_file
-from tests.integration.serve_process import Server
+from tests.integration.serve_engines import build_engine, run_ort, write_gpu_file
+from tests.integration.serve_process import Server, serve_once
 from tests.modelzoo import dynamic_mlp
 
 pytestmark = [
@@ -161,21 +159,5 @@ def test_workers_refuse_port_zero_and_more_workers_than_cpus(engine: tuple[Path,
             f"{too_many} workers need at least",
         ),
     ]:
-        r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "trtforge.cli",
-                "serve",
-                "--store",
-                str(tmp / "store"),
-                "--engine",
-                key,
-                *extra,
-            ],
-            capture_output=True,
-            text=True,
-            env=env_for(gpu_file, tmp / "t"),
-            timeout=60,
-        )
+        r = serve_once(tmp / "store", key, gpu_file, tmp / "t", *extra)
         assert r.returncode == 2 and message in r.stderr + r.stdout, (r.stdout, r.stderr)

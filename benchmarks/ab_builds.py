@@ -10,7 +10,7 @@ the result. The idle build waits on its sockets meanwhile. Not part of ``make be
 
     python -m benchmarks.ab_builds --a ../old-checkout --b . --point http:8 --rounds 8
     python -m benchmarks.ab_builds --a . --b . --env-b K=V --point grpc:32   # one build, two settings
-    python -m benchmarks.ab_builds --a . --b . --flags-a='--event-loop asyncio' --point grpc:32
+    python -m benchmarks.ab_builds --a . --b . --flags-a='--gil-switch-interval-us 5000' --point grpc:32
 """
 
 from __future__ import annotations

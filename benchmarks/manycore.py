@@ -192,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     protocols = [x for x in a.protocols.split(",") if x]
     if not protocols or set(protocols) - {"http", "grpc"}:
         p.error(f"--protocols {a.protocols!r}: expected a comma-separated list of http and grpc")
+    if "grpc" in protocols and not grpc_supported():
+        p.error("--protocols grpc: this trtforge serve has no gRPC")
     total = os.cpu_count() or 1
     cores = [int(n) for n in a.cores.split(",")]
     if max(cores) >= total:
@@ -236,10 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                         if a.concurrency == "auto"
                         else [int(c) for c in a.concurrency.split(",")]
                     )
-                    points = [(c, proto) for c in concs for proto in protocols]
-                    if "grpc" in protocols and grpc_port is None:
-                        raise SystemExit("--protocols grpc: this trtforge serve has no gRPC")
-                    for c, proto in points:
+                    for c, proto in [(c, proto) for c in concs for proto in protocols]:
                         url = (
                             f"grpc://127.0.0.1:{grpc_port}" if proto == "grpc" else f"http://127.0.0.1:{port}"
                         )

@@ -19,6 +19,9 @@ runs on it, on the solo instance's own thread, so it gets all the cores; while i
 instances wait, so cores are never oversubscribed; as soon as requests overlap, batches go to the
 pool (one instance per core), each taking its share of the queue, never the whole queue while the
 others are busy.
+
+The max batch is a ceiling, not a target: the pool caps its batches where bigger ones stop computing
+each row faster, learned from its own batch timings (:mod:`trtforge_runtime.batchcap`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trtforge.logs import fields
 from trtforge_runtime.backends import Instance
+from trtforge_runtime.batchcap import BatchCap
 from trtforge_runtime.errors import DeviceFault, RequestError
 from trtforge_runtime.metrics import Metrics
 
@@ -114,9 +119,12 @@ class Batcher:
         max_queue: int,
         metrics: Metrics,
         on_device_fault: Callable[[DeviceFault], None],
+        learn_cap: bool = True,
     ) -> None:
         self._instances = instances
         self.max_batch = max_batch  # 0: not batchable, one request per execution
+        self.cap = BatchCap(max_batch, learn_cap)  # the pool's batches' limit, at most max_batch
+        metrics.batch_cap_m.set(max_batch)
         self.max_queue_delay_s = max_queue_delay_s
         self.max_queue = max_queue
         self._metrics = metrics
@@ -239,19 +247,19 @@ class Batcher:
         batch = [first]
         if self.max_batch == 0:
             return batch
-        limit = share(self.max_batch, first.rows + sum(it.rows for it in self._queue), len(self._instances))
+        limit = share(self.cap.limit, first.rows + sum(it.rows for it in self._queue), len(self._instances))
         rows = self._take(batch, first.rows, limit)
         if self.max_queue_delay_s > 0 and not self._queue and self._idle == 0:
             # It took everything queued and no other instance is free: it waits, up to the delay, for
             # company up to the max batch. (With requests still queued, batches are formed from the
             # backlog; with another instance free, it runs now: nothing gains from waiting.)
             deadline = first.enqueued + self.max_queue_delay_s
-            while rows < self.max_batch and not self._stopping:
+            while rows < self.cap.limit and not self._stopping:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._work.wait(left)
-                rows = self._take(batch, rows, self.max_batch)
+                rows = self._take(batch, rows, self.cap.limit)
         return batch
 
     def _observe_taken(self, batch: list[_Item]) -> None:
@@ -283,11 +291,20 @@ class Batcher:
                     continue
                 self._executing += 1
             self._observe_taken(batch)
+            seconds: float | None = None
             try:
-                self._run(instance, batch)
+                seconds = self._run(instance, batch)
             finally:
                 with self._lock:
                     self._executing -= 1
+                    changed = seconds is not None and self.cap.observe(sum(it.rows for it in batch), seconds)
+                    limit = self.cap.limit
+            if changed:
+                self._metrics.batch_cap_m.set(limit)
+                log.info(
+                    "batch cap",
+                    extra=fields(limit=limit, max_batch=self.max_batch, per_row_ms=self.cap.per_row_ms()),
+                )
 
     def _solo_thread(self) -> None:
         assert self._solo is not None
@@ -311,8 +328,9 @@ class Batcher:
                     if self._queue:
                         self._work.notify()
 
-    def _run(self, instance: Instance, batch: list[_Item]) -> None:
-        """Execute `batch` on `instance` here, then hand its answers to the loop in one call."""
+    def _run(self, instance: Instance, batch: list[_Item]) -> float | None:
+        """Execute `batch` on `instance` here, then hand its answers to the loop in one call; the
+        seconds it computed, None when it failed."""
         m = self._metrics
         t0 = time.monotonic()
         try:
@@ -320,14 +338,16 @@ class Batcher:
         except DeviceFault as e:
             m.execution_errors.labels(m.model).inc()
             self._to_loop(self._fail, batch, RequestError(500, f"device fault during execution: {e}"), e)
-            return
+            return None
         except Exception as e:
             m.execution_errors.labels(m.model).inc()
             log.exception("execution failed")
             self._to_loop(self._fail, batch, RequestError(500, f"execution failed: {e}"), None)
-            return
-        m.compute_time_m.observe(time.monotonic() - t0)
+            return None
+        seconds = time.monotonic() - t0
+        m.compute_time_m.observe(seconds)
         self._to_loop(self._answer, batch, _split(batch, out))
+        return seconds
 
     def _to_loop(self, fn: Callable[..., None], *args: object) -> None:
         loop = self._loop

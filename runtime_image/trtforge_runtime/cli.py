@@ -80,6 +80,12 @@ def register(subparsers: Any) -> None:
         help="cap on rows per batch (default: the engine profile's max batch)",
     )
     p.add_argument(
+        "--no-learned-batch-cap",
+        action="store_true",
+        help="batch up to --max-batch-size always (by default the pool caps its batches where bigger"
+        " ones stop computing each row faster, learned from its own batch timings)",
+    )
+    p.add_argument(
         "--max-queue-delay-us",
         type=_non_negative,
         default=0,
@@ -251,6 +257,7 @@ def handle(args: argparse.Namespace) -> int:
         cache_dir=Path(args.cache_dir),
         max_batch_size=args.max_batch_size,
         max_queue_delay_us=args.max_queue_delay_us,
+        learn_batch_cap=not args.no_learned_batch_cap,
         instances=args.instances,
         solo=not args.no_solo,
         max_queue=args.max_queue,

@@ -88,6 +88,14 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.batch_cap = Gauge(
+            "trtforge_runtime_batch_cap",
+            "Largest batch the pool forms now: the max batch size, or less where bigger batches stopped"
+            " computing each row faster (learned from the pool's batch timings)",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.open_connections = Gauge(
             "trtforge_runtime_open_connections",
             "HTTP connections the server handles",
@@ -107,6 +115,7 @@ class Metrics:
         self.queue_depth_m = self.queue_depth.labels(model)
         self.ready_m = self.ready.labels(model)
         self.solo_batches_m = self.solo_batches.labels(model)
+        self.batch_cap_m = self.batch_cap.labels(model)
         self._outcomes: dict[str, tuple[Counter, Histogram]] = {}
 
     def observe_request(self, outcome: str, seconds: float) -> None:

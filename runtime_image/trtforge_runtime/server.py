@@ -75,6 +75,7 @@ class Settings:
     cache_dir: Path = Path("/var/cache/trtforge")
     max_batch_size: int | None = None
     max_queue_delay_us: int = 0
+    learn_batch_cap: bool = True  # cap batches where bigger ones stop computing each row faster
     instances: int | None = None  # None: one per CPU for CPU backends, 1 otherwise
     solo: bool = True  # a lone request runs on a session with every CPU's threads (CPU backends)
     max_queue: int = 256
@@ -239,6 +240,7 @@ class Runtime:
             self.s.max_queue,
             self.metrics,
             self.on_device_fault,
+            learn_cap=self.s.learn_batch_cap,
         )
         self.batcher.start()
         self.state, self.reason = "ready", ""

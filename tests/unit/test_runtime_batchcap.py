@@ -1,0 +1,158 @@
+"""The learned batch cap: the pure decision over per-row timings, the moving averages that feed it, and
+the batcher capping its batches by what it learned from its own (real) batch timings."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+from trtforge_runtime.batchcap import MIN_SAMPLES, BatchCap, bucket, learned_cap
+from trtforge_runtime.batcher import Batcher
+from trtforge_runtime.metrics import Metrics
+
+from tests.unit.test_runtime_batcher_events import until
+
+
+def test_buckets_are_the_power_of_two_at_or_below() -> None:
+    assert [bucket(r) for r in (1, 2, 3, 4, 7, 8, 15, 16, 33)] == [1, 2, 2, 4, 4, 8, 8, 16, 32]
+
+
+def test_the_max_batch_until_two_buckets_are_timed() -> None:
+    assert learned_cap({}, 32) == 32
+    assert learned_cap({1: 0.007}, 32) == 32
+    assert learned_cap({64: 0.001, 1: 0.007}, 32) == 32  # a bucket above the max batch does not count
+
+
+def test_flat_per_row_times_cap_at_twice_the_smallest_bucket_within_tolerance() -> None:
+    # A CPU session: rows cost the same (or more) in bigger batches.
+    cpu = {1: 0.0070, 2: 0.0069, 4: 0.0071, 8: 0.0074, 16: 0.0075}
+    assert learned_cap(cpu, 32) == 2
+    # Batch 1 is 6% slower per row than the best (2): 2 is the smallest that is as good.
+    assert learned_cap({1: 0.0074, 2: 0.0070, 4: 0.0071}, 32) == 4
+
+
+def test_per_row_times_that_keep_falling_keep_the_cap_climbing() -> None:
+    # A GPU engine: each bucket computes a row faster than the one below it.
+    assert learned_cap({1: 1.0, 2: 0.5}, 64) == 4
+    assert learned_cap({1: 1.0, 2: 0.5, 4: 0.26}, 64) == 8
+    assert learned_cap({1: 1.0, 2: 0.5, 4: 0.26, 8: 0.13, 16: 0.07, 32: 0.04}, 64) == 64
+    assert learned_cap({1: 1.0, 2: 0.5, 4: 0.26, 8: 0.13, 16: 0.07}, 24) == 24  # never past the max
+
+
+def test_the_tolerance_is_what_counts_as_as_good() -> None:
+    times = {1: 0.0104, 2: 0.0100}
+    assert learned_cap(times, 32) == 2  # 4% slower: as good
+    assert learned_cap(times, 32, tolerance=0.03) == 4
+
+
+def test_the_cap_in_force_holds_near_the_edge() -> None:
+    # Bucket 4 is 4.9% slower per row than 8, then 5.1%: without the current cap the choice flips.
+    edge_in, edge_out = {4: 8.27, 8: 7.88}, {4: 8.29, 8: 7.88}
+    assert (learned_cap(edge_in, 32), learned_cap(edge_out, 32)) == (8, 16)
+    assert learned_cap(edge_in, 32, current=16) == 16  # 4 is not within half the tolerance
+    assert learned_cap(edge_out, 32, current=8) == 8  # 4 is still within twice the tolerance
+    # Past the bands it moves: 4 clearly as good, or 4 more than 10% slower.
+    assert learned_cap({4: 7.9, 8: 7.88}, 32, current=16) == 8
+    assert learned_cap({4: 8.8, 8: 7.88}, 32, current=8) == 16
+    # The smallest of the clearly-as-good buckets, not the next one down.
+    assert learned_cap({1: 7.9, 2: 7.9, 4: 7.9, 8: 7.88}, 32, current=16) == 2
+    # A current cap whose bucket was never timed (the max batch at first) does not hold.
+    assert learned_cap({1: 1.0, 2: 0.5}, 24, current=24) == 4
+
+
+def _feed(cap: BatchCap, rows: int, per_row: float, n: int = MIN_SAMPLES) -> bool:
+    changed = False
+    for _ in range(n):
+        changed = cap.observe(rows, rows * per_row) or changed
+    return changed
+
+
+def test_a_bucket_counts_once_it_has_enough_batches() -> None:
+    cap = BatchCap(32)
+    assert not _feed(cap, 1, 0.007)
+    assert not _feed(cap, 16, 0.0075, MIN_SAMPLES - 1)
+    assert cap.limit == 32 and set(cap.per_row_ms()) == {1}
+    assert cap.observe(16, 16 * 0.0075)  # the eighth: two buckets timed, flat: capped
+    assert cap.limit == 2
+    assert cap.per_row_ms() == {1: 7.0, 16: 7.5}
+
+
+def test_the_cap_climbs_again_when_the_bucket_above_gets_faster() -> None:
+    cap = BatchCap(32)
+    _feed(cap, 1, 0.007)
+    _feed(cap, 8, 0.0075)
+    assert cap.limit == 2
+    _feed(cap, 2, 0.0035, 40)  # batches of 2 now compute a row in half the time
+    assert cap.limit == 4
+    _feed(cap, 3, 0.0035, 1)  # 3 rows is bucket 2
+    assert cap.limit == 4
+
+
+def test_no_learning_without_batching_or_when_turned_off() -> None:
+    off = BatchCap(32, learn=False)
+    assert not _feed(off, 1, 0.007) and not _feed(off, 16, 0.01)
+    assert off.limit == 32 and off.per_row_ms() == {}
+    unbatched = BatchCap(0)
+    assert not _feed(unbatched, 1, 0.007)
+    assert unbatched.limit == 0
+
+
+def gauge(metrics: Metrics) -> float | None:
+    return metrics.registry.get_sample_value("trtforge_runtime_batch_cap", {"model": "m"})
+
+
+class _Sleeps:
+    """A session whose rows cost 2 ms each in batches of up to 2 and 6 ms each in bigger ones (the
+    batcher's input: what it learns from is how long its real calls take)."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = len(inputs["x"])
+        self.sizes.append(rows)
+        time.sleep(rows * (0.002 if rows <= 2 else 0.006))
+        return {"y": inputs["x"] + 1}
+
+
+@pytest.mark.asyncio
+async def test_the_batcher_caps_its_batches_where_its_own_timings_stop_improving() -> None:
+    sizes: list[int] = []
+    metrics = Metrics("m")
+    b = Batcher([_Sleeps(sizes), _Sleeps(sizes)], 32, 0.0, 256, metrics, lambda e: None)
+    b.start()
+    try:
+        x = np.zeros((1, 4), np.float32)
+        bursts = 0
+        while bursts < 60 and b.cap.limit > 4:  # bursts of 48: batches of many sizes, until it learns
+            bursts += 1
+            outs = await asyncio.gather(*(b.enqueue({"x": x + i}, 1) for i in range(48)))
+            for i, o in enumerate(outs):
+                np.testing.assert_array_equal(o["y"], x + i + 1)
+        # Twice the smallest bucket as fast per row as the best: 2 (1 row is as fast as 2), or 4 where
+        # sleeps overshot batches of 1 by more than 5% against batches of 2; never where rows cost 3x.
+        assert b.cap.limit in (2, 4), (bursts, b.cap.per_row_ms(), sizes)
+        assert max(sizes) > 4  # it did time bigger batches before capping
+        # (a batch's answers reach the loop just before its timing reaches the cap and the gauge)
+        await until(lambda: gauge(metrics) == b.cap.limit, "the gauge shows the learned cap")
+        del sizes[:]
+        await asyncio.gather(*(b.enqueue({"x": x}, 1) for _ in range(48)))
+        assert max(sizes) <= 4, sizes
+    finally:
+        await b.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_fixed_cap_batches_up_to_the_max_batch() -> None:
+    sizes: list[int] = []
+    b = Batcher([_Sleeps(sizes), _Sleeps(sizes)], 32, 0.0, 256, Metrics("m"), lambda e: None, learn_cap=False)
+    b.start()
+    try:
+        x = np.zeros((1, 4), np.float32)
+        for _ in range(10):
+            await asyncio.gather(*(b.enqueue({"x": x}, 1) for _ in range(48)))
+        assert b.cap.limit == 32 and max(sizes) > 2, sizes
+    finally:
+        await b.stop()

@@ -13,11 +13,13 @@ within half of it, so timings near the edge do not flip the cap back and forth.
 
 from __future__ import annotations
 
+import collections
+import statistics
 from collections.abc import Mapping
 
 TOLERANCE = 0.05  # per-row times within 5% of the best are as good as the best
 MIN_SAMPLES = 8  # batches a bucket needs before its time counts
-ALPHA = 0.125  # weight of the newest batch in a bucket's moving average
+WINDOW = 16  # a bucket's time is the median of its last WINDOW batches (one slow batch moves nothing)
 
 
 def bucket(rows: int) -> int:
@@ -47,7 +49,8 @@ def learned_cap(
 
 
 class BatchCap:
-    """The pool's batch timings and the cap they give. ``limit`` is read and :meth:`observe` called
+    """The pool's batch timings (the median time per row of each bucket's last ``WINDOW`` batches,
+    once it has ``MIN_SAMPLES``) and the cap they give. ``limit`` is read and :meth:`observe` called
     under the batcher's lock. With ``learn`` off, or a max batch of 0 (no batching), the limit stays
     the max batch."""
 
@@ -55,25 +58,25 @@ class BatchCap:
         self.max_batch = max_batch
         self.learn = learn and max_batch > 1
         self.limit = max_batch
-        self._per_row: dict[int, float] = {}
-        self._samples: dict[int, int] = {}
+        self._recent: dict[int, collections.deque[float]] = {}
+        self._per_row: dict[int, float] = {}  # the median of each bucket with MIN_SAMPLES batches
 
     def observe(self, rows: int, seconds: float) -> bool:
         """Count one pool batch of `rows` that computed in `seconds`; whether the limit changed."""
         if not self.learn or rows < 1:
             return False
         b = bucket(rows)
-        per_row = seconds / rows
-        n = self._samples.get(b, 0) + 1
-        self._samples[b] = n
-        old = self._per_row.get(b)
-        self._per_row[b] = per_row if old is None else old + ALPHA * (per_row - old)
-        timed = {k: t for k, t in self._per_row.items() if self._samples[k] >= MIN_SAMPLES}
-        limit = learned_cap(timed, self.max_batch, self.limit)
+        recent = self._recent.get(b)
+        if recent is None:
+            recent = self._recent[b] = collections.deque(maxlen=WINDOW)
+        recent.append(seconds / rows)
+        if len(recent) < MIN_SAMPLES:
+            return False
+        self._per_row[b] = statistics.median(recent)
+        limit = learned_cap(self._per_row, self.max_batch, self.limit)
         changed, self.limit = limit != self.limit, limit
         return changed
 
     def per_row_ms(self) -> dict[int, float]:
-        """Each timed bucket's moving average, in ms per row (for the log line that reports a change)."""
-        timed = sorted((b, t) for b, t in self._per_row.items() if self._samples[b] >= MIN_SAMPLES)
-        return {b: round(t * 1e3, 3) for b, t in timed}
+        """Each timed bucket's time per row, in ms (for the log line that reports a change)."""
+        return {b: round(t * 1e3, 3) for b, t in sorted(self._per_row.items())}

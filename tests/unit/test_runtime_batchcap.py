@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from trtforge_runtime.batchcap import MIN_SAMPLES, BatchCap, bucket, learned_cap
+from trtforge_runtime.batchcap import MIN_SAMPLES, WINDOW, BatchCap, bucket, learned_cap
 from trtforge_runtime.batcher import Batcher
 from trtforge_runtime.metrics import Metrics
 
@@ -88,6 +88,18 @@ def test_the_cap_climbs_again_when_the_bucket_above_gets_faster() -> None:
     assert cap.limit == 4
     _feed(cap, 3, 0.0035, 1)  # 3 rows is bucket 2
     assert cap.limit == 4
+
+
+def test_one_slow_batch_moves_nothing() -> None:
+    # A batch of one that waited for the GIL, say: a bucket's time is the median of its last batches.
+    cap = BatchCap(32)
+    _feed(cap, 1, 0.007)
+    _feed(cap, 8, 0.0075)
+    assert cap.limit == 2
+    assert not cap.observe(1, 0.070)
+    assert cap.limit == 2 and cap.per_row_ms()[1] == 7.0
+    _feed(cap, 1, 0.070, WINDOW // 2 + 1)  # most of the window slow: that is the bucket's time now
+    assert cap.limit == 16 and cap.per_row_ms()[1] == 70.0
 
 
 def test_no_learning_without_batching_or_when_turned_off() -> None:

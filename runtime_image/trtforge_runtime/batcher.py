@@ -45,6 +45,7 @@ from trtforge_runtime.metrics import Metrics
 log = logging.getLogger(__name__)
 
 Outputs = dict[str, np.ndarray]
+CAP_LOG_INTERVAL_S = 60.0  # at most one `batch cap` log line a minute; the gauge shows every change
 
 
 class QueueFull(RequestError):
@@ -125,6 +126,8 @@ class Batcher:
         self.max_batch = max_batch  # 0: not batchable, one request per execution
         self.cap = BatchCap(max_batch, learn_cap)  # the pool's batches' limit, at most max_batch
         metrics.batch_cap_m.set(max_batch)
+        self._cap_logged = -CAP_LOG_INTERVAL_S  # when the cap's last change was logged
+        self._cap_changes = 0  # changes since
         self.max_queue_delay_s = max_queue_delay_s
         self.max_queue = max_queue
         self._metrics = metrics
@@ -298,13 +301,26 @@ class Batcher:
                 with self._lock:
                     self._executing -= 1
                     changed = seconds is not None and self.cap.observe(sum(it.rows for it in batch), seconds)
-                    limit = self.cap.limit
-            if changed:
-                self._metrics.batch_cap_m.set(limit)
-                log.info(
-                    "batch cap",
-                    extra=fields(limit=limit, max_batch=self.max_batch, per_row_ms=self.cap.per_row_ms()),
-                )
+                    report = self._cap_report() if changed else None
+            if report is not None:
+                log.info("batch cap", extra=fields(**report))
+
+    def _cap_report(self) -> dict[str, object] | None:
+        """After a change of the learned cap: set the gauge; what to log, at most once per
+        CAP_LOG_INTERVAL_S (the cap can wander among sizes that compute equally fast). `_lock` held."""
+        self._metrics.batch_cap_m.set(self.cap.limit)
+        self._cap_changes += 1
+        now = time.monotonic()
+        if now - self._cap_logged < CAP_LOG_INTERVAL_S:
+            return None
+        report: dict[str, object] = {
+            "limit": self.cap.limit,
+            "max_batch": self.max_batch,
+            "per_row_ms": self.cap.per_row_ms(),
+            "changes": self._cap_changes,  # since the last line (this one included)
+        }
+        self._cap_logged, self._cap_changes = now, 0
+        return report
 
     def _solo_thread(self) -> None:
         assert self._solo is not None

@@ -4,6 +4,7 @@ the batcher capping its batches by what it learned from its own (real) batch tim
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import numpy as np
@@ -130,7 +131,10 @@ class _Sleeps:
 
 
 @pytest.mark.asyncio
-async def test_the_batcher_caps_its_batches_where_its_own_timings_stop_improving() -> None:
+async def test_the_batcher_caps_its_batches_where_its_own_timings_stop_improving(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="trtforge_runtime.batcher")
     sizes: list[int] = []
     metrics = Metrics("m")
     b = Batcher([_Sleeps(sizes), _Sleeps(sizes)], 32, 0.0, 256, metrics, lambda e: None)
@@ -152,6 +156,11 @@ async def test_the_batcher_caps_its_batches_where_its_own_timings_stop_improving
         del sizes[:]
         await asyncio.gather(*(b.enqueue({"x": x}, 1) for _ in range(48)))
         assert max(sizes) <= 4, sizes
+        # The first change is logged with the timings behind it; later ones within the minute are not.
+        lines = [r for r in caplog.records if r.getMessage() == "batch cap"]
+        assert len(lines) == 1, lines
+        logged = lines[0].trtforge_fields  # type: ignore[attr-defined]  (trtforge.logs.fields)
+        assert logged["limit"] <= 4 and logged["changes"] == 1 and logged["per_row_ms"], logged
     finally:
         await b.stop()
 

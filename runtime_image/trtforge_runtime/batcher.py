@@ -2,11 +2,13 @@
 
 Semantics follow Triton's dynamic batcher: an instance that becomes free takes the oldest request and
 queued requests with the same non-batch shapes, up to its even share of the queue among the pool's
-instances (at most the max batch size); when that took everything queued, no other instance is free
-and the batch is not full, it waits up to ``max_queue_delay`` (counted from the oldest request's
-arrival) for more, up to the max batch size. With a zero delay, batches still form whenever requests
-arrive while the instances are busy. The queue is bounded: a request that finds it full is refused
-at once (503 with Retry-After), never parked.
+instances (at most the batch cap); when that took everything queued, no other instance is free and
+the batch is not full, it waits up to ``max_queue_delay`` (counted from the oldest request's
+arrival) for more, up to the batch cap. The cap is the max batch size, or less where the pool's own
+timings say bigger batches stop computing each row faster (:mod:`trtforge_runtime.batchcap`).
+With a zero delay, batches still form whenever requests arrive while the instances are busy. The
+queue is bounded: a request that finds it full is refused at once (503 with Retry-After), never
+parked.
 
 Each instance has its own thread, which takes its batches from the queue itself and runs them back
 to back: an instance that finishes a batch starts the next one without waiting for the event loop.
@@ -19,9 +21,6 @@ runs on it, on the solo instance's own thread, so it gets all the cores; while i
 instances wait, so cores are never oversubscribed; as soon as requests overlap, batches go to the
 pool (one instance per core), each taking its share of the queue, never the whole queue while the
 others are busy.
-
-The max batch is a ceiling, not a target: the pool caps its batches where bigger ones stop computing
-each row faster, learned from its own batch timings (:mod:`trtforge_runtime.batchcap`).
 """
 
 from __future__ import annotations
@@ -254,7 +253,7 @@ class Batcher:
         rows = self._take(batch, first.rows, limit)
         if self.max_queue_delay_s > 0 and not self._queue and self._idle == 0:
             # It took everything queued and no other instance is free: it waits, up to the delay, for
-            # company up to the max batch. (With requests still queued, batches are formed from the
+            # company up to the cap. (With requests still queued, batches are formed from the
             # backlog; with another instance free, it runs now: nothing gains from waiting.)
             deadline = first.enqueued + self.max_queue_delay_s
             while rows < self.cap.limit and not self._stopping:

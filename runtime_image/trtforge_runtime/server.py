@@ -245,7 +245,8 @@ class Runtime:
         self.batcher.start()
         self.state, self.reason = "ready", ""
         self.metrics.ready_m.set(1)
-        log.info("ready", extra=fields(model=self.spec.name, port=self.port))
+        batch_cap = "learned" if self.batcher.cap.learn else "max"  # what batches the pool forms
+        log.info("ready", extra=fields(model=self.spec.name, port=self.port, batch_cap=batch_cap))
         self._serving.set()
         self._announce()
 

@@ -458,6 +458,10 @@ def _batch_cap_after_load(s: Server, model: Path) -> tuple[int, float, list[dict
     return max_batch, gauge, changes
 
 
+def _ready(s: Server) -> list[dict[str, object]]:
+    return [e for e in _wait_for_log(s, "ready") if e.get("msg") == "ready"]
+
+
 def test_the_pool_learns_its_batch_cap_and_says_so_unless_told_not_to(bed: Bed) -> None:
     # The max batch is a ceiling: the pool caps where bigger batches stop computing rows faster, and
     # shows it on /metrics and in the log; --no-learned-batch-cap keeps the max batch.
@@ -468,6 +472,7 @@ def test_the_pool_learns_its_batch_cap_and_says_so_unless_told_not_to(bed: Bed) 
     try:
         learned.wait()
         fixed.wait()
+        assert [e["batch_cap"] for s in (learned, fixed) for e in _ready(s)] == ["learned", "max"]
         max_batch, gauge, changes = _batch_cap_after_load(learned, bed.mlp)
         assert max_batch > 1 and 1 <= gauge <= max_batch
         for e in changes:

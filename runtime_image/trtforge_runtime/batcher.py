@@ -264,13 +264,16 @@ class Batcher:
                 rows = self._take(batch, rows, self.cap.limit)
         return batch
 
-    def _observe_taken(self, batch: list[_Item]) -> None:
+    def _observe_taken(self, batch: list[_Item]) -> int:
+        """Record a batch as taken (queue depth, each request's wait, its size); its rows."""
         m = self._metrics
         m.queue_depth_m.set(len(self._queue))
         now = time.monotonic()
         for it in batch:
             m.queue_time_m.observe(now - it.enqueued)
-        m.batch_size_m.observe(sum(it.rows for it in batch))
+        rows = sum(it.rows for it in batch)
+        m.batch_size_m.observe(rows)
+        return rows
 
     def _pool_thread(self, index: int) -> None:
         instance = self._instances[index]
@@ -292,14 +295,14 @@ class Batcher:
                     self._to_solo(batch)
                     continue
                 self._executing += 1
-            self._observe_taken(batch)
+            rows = self._observe_taken(batch)
             seconds: float | None = None
             try:
                 seconds = self._run(instance, batch)
             finally:
                 with self._lock:
                     self._executing -= 1
-                    changed = seconds is not None and self.cap.observe(sum(it.rows for it in batch), seconds)
+                    changed = seconds is not None and self.cap.observe(rows, seconds)
                     report = self._cap_report() if changed else None
             if report is not None:
                 log.info("batch cap", extra=fields(**report))

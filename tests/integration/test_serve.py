@@ -355,6 +355,28 @@ def test_cli_refuses_a_malformed_key(bed: Bed) -> None:
     shutil.rmtree(bed.tmp / "t", ignore_errors=True)
 
 
+def _infer_concurrently(url: str, model: Path, xs: list[np.ndarray], clients: int) -> None:
+    """`clients` tritonclient aio clients at once send the MLP inputs `xs` between them (client i
+    every `clients`-th from the i-th); each answer is compared with ONNX Runtime run on `model`."""
+    refs = [run_ort(model, {"x": x})["y"] for x in xs]
+
+    async def client(i: int) -> None:
+        c = aioclient.InferenceServerClient(url)
+        try:
+            for j in range(i, len(xs), clients):
+                inp = aioclient.InferInput("x", list(xs[j].shape), "FP32")
+                inp.set_data_from_numpy(xs[j])
+                got = (await c.infer("mlp", [inp])).as_numpy("y")
+                np.testing.assert_allclose(got, refs[j], rtol=1e-5, atol=1e-6)
+        finally:
+            await c.close()
+
+    async def main() -> None:
+        await asyncio.gather(*(client(i) for i in range(clients)))
+
+    asyncio.run(main())
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a solo instance needs 2 or more CPUs")
 def test_lone_requests_get_every_core_and_overlapping_ones_the_pool(bed: Bed) -> None:
     s = Server(
@@ -384,22 +406,7 @@ def test_lone_requests_get_every_core_and_overlapping_ones_the_pool(bed: Bed) ->
         assert _metric(m, 'trtforge_runtime_batch_size_count{model="mlp"}') == 5
 
         xs = [rng.standard_normal((1, 64)).astype(np.float32) for _ in range(256)]
-
-        async def client(i: int) -> None:
-            ac = aioclient.InferenceServerClient(s.url)
-            try:
-                for j in range(i, len(xs), 32):
-                    inp = aioclient.InferInput("x", [1, 64], "FP32")
-                    inp.set_data_from_numpy(xs[j])
-                    got = (await ac.infer("mlp", [inp])).as_numpy("y")
-                    np.testing.assert_allclose(got, run_ort(bed.mlp, {"x": xs[j]})["y"], rtol=1e-5, atol=1e-6)
-            finally:
-                await ac.close()
-
-        async def main() -> None:
-            await asyncio.gather(*(client(i) for i in range(32)))
-
-        asyncio.run(main())
+        _infer_concurrently(s.url, bed.mlp, xs, 32)
         m = urllib.request.urlopen(f"http://{s.url}/metrics").read().decode()
         solo = _metric(m, 'trtforge_runtime_solo_batches_total{model="mlp"}')
         batches = _metric(m, 'trtforge_runtime_batch_size_count{model="mlp"}')
@@ -432,24 +439,9 @@ def _batch_cap_after_load(s: Server, model: Path) -> tuple[int, float, list[dict
     """The engine's max batch, the batch-cap gauge and the `batch cap` log lines once 64 clients have
     sent 256 requests (answers checked)."""
     rng = np.random.default_rng(7)
-    xs = [rng.standard_normal((1, 64)).astype(np.float32) for _ in range(256)]
-    refs = [run_ort(model, {"x": x})["y"] for x in xs]
-
-    async def client(i: int) -> None:
-        c = aioclient.InferenceServerClient(s.url)
-        try:
-            for j in range(i, len(xs), 64):
-                inp = aioclient.InferInput("x", [1, 64], "FP32")
-                inp.set_data_from_numpy(xs[j])
-                got = (await c.infer("mlp", [inp])).as_numpy("y")
-                np.testing.assert_allclose(got, refs[j], rtol=1e-5, atol=1e-6)
-        finally:
-            await c.close()
-
-    async def main() -> None:
-        await asyncio.gather(*(client(i) for i in range(64)))
-
-    asyncio.run(main())
+    _infer_concurrently(
+        s.url, model, [rng.standard_normal((1, 64)).astype(np.float32) for _ in range(256)], 64
+    )
     with urllib.request.urlopen(f"http://{s.url}/v2/models/mlp/config") as r:
         max_batch = int(json.load(r)["max_batch_size"])
     metrics = urllib.request.urlopen(f"http://{s.url}/metrics").read().decode()

@@ -2,24 +2,32 @@
 
 A bigger batch is worth its latency only while it computes each row faster: every request of a batch
 waits for the batch's last row. The pool times its batches by size bucket (powers of two) and caps
-its batches at twice the smallest bucket whose time per row is within ``TOLERANCE`` of the best
-bucket's, so the bucket above keeps being timed: when it gets faster (a GPU engine, a quieter
-machine), the cap climbs again. Until two buckets are timed, the cap is the max batch size. The
-choice in force holds while its bucket stays within twice the tolerance and no smaller bucket comes
-within half of it, so timings near the edge do not flip the cap back and forth.
+its batches at twice the smallest bucket whose time per row is as good as the best bucket's: within
+``TOLERANCE`` of it, or within the noise of the two buckets' timings (a bigger batch must be faster
+by more than its noise to be worth its latency). The bucket above the choice keeps being timed, so
+when it gets faster (a GPU engine, a quieter machine) the cap climbs again; the buckets below it are
+*probed*: some batches are capped lower on purpose, so that under a load that fills every batch the
+pool still learns whether smaller batches would do as well. Until two buckets are timed, the cap is
+the max batch size. The choice in force holds while its bucket stays within twice the tolerance and
+no smaller bucket comes within half of it, so timings near the edge do not flip the cap back and
+forth.
 
-:func:`learned_cap` decides; :class:`BatchCap` keeps the timings and applies it.
+:func:`learned_cap` and :func:`probe_limit` decide; :class:`BatchCap` keeps the timings and applies
+them.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 import statistics
 from collections.abc import Mapping
 
 TOLERANCE = 0.05  # per-row times within 5% of the best are as good as the best
+NOISE_Z = 2.0  # ... and so are those within this many standard errors of the difference
 MIN_SAMPLES = 8  # batches a bucket needs before its time counts
 WINDOW = 16  # a bucket's time is the median of its last WINDOW batches (one slow batch moves nothing)
+REFRESH_EVERY = 32  # with the buckets below the cap timed, one batch in this many re-times one of them
 
 
 def bucket(rows: int) -> int:
@@ -27,32 +35,72 @@ def bucket(rows: int) -> int:
     return 1 << (rows.bit_length() - 1)
 
 
+def median_error(values: list[float]) -> float:
+    """The standard error of the median of `values` (seconds), from their median absolute deviation:
+    robust to the odd slow batch, as the median itself is. 0 for fewer than two values."""
+    if len(values) < 2:
+        return 0.0
+    mid = statistics.median(values)
+    sigma = 1.4826 * statistics.median(abs(v - mid) for v in values)  # MAD to sigma, for normal data
+    return 1.2533 * sigma / math.sqrt(len(values))  # the median's sigma is sqrt(pi/2) the mean's
+
+
 def learned_cap(
-    per_row: Mapping[int, float], max_batch: int, current: int | None = None, tolerance: float = TOLERANCE
+    per_row: Mapping[int, float],
+    max_batch: int,
+    current: int | None = None,
+    tolerance: float = TOLERANCE,
+    error: Mapping[int, float] | None = None,
 ) -> int:
     """The batch cap for `per_row` (seconds per row by bucket, timed buckets only): `max_batch` while
-    fewer than two buckets are timed; else twice the smallest bucket within `tolerance` of the best
-    per-row time, at most `max_batch` (and at least 1).
+    fewer than two buckets are timed; else twice the smallest bucket as good as the best bucket, at
+    most `max_batch` (and at least 1). As good: within `tolerance` of the best per-row time, or
+    within ``NOISE_Z`` standard errors of the difference (`error`: each bucket's, seconds; none
+    known, none counted).
 
-    With the `current` cap's bucket (half of it) timed and within twice the tolerance, it stays,
-    unless smaller buckets come within half the tolerance (then the smallest of those)."""
+    With the `current` cap's bucket (half of it) timed and within twice that margin, it stays,
+    unless smaller buckets come within half of it (then the smallest of those)."""
     known = {b: t for b, t in per_row.items() if b <= max_batch}
     if max_batch < 1 or len(known) < 2:
         return max_batch
-    best = min(known.values())
-    enough = min(b for b, t in known.items() if t <= (1 + tolerance) * best)
+    errors = error or {}
+    best_bucket = min(known, key=lambda b: (known[b], b))
+    best = known[best_bucket]
+
+    def within(b: int, share: float) -> bool:
+        noise = NOISE_Z * math.hypot(errors.get(b, 0.0), errors.get(best_bucket, 0.0))
+        return known[b] <= best + share * (tolerance * best + noise)
+
+    enough = min(b for b in known if within(b, 1.0))
     held = current // 2 if current else 0
-    if held in known and known[held] <= (1 + 2 * tolerance) * best:
-        clearly = [b for b, t in known.items() if b < held and t <= (1 + tolerance / 2) * best]
-        enough = min(clearly, default=held)
+    if held in known and within(held, 2.0):
+        enough = min((b for b in known if b < held and within(b, 0.5)), default=held)
     return max(1, min(max_batch, 2 * enough))
 
 
+def probe_limit(rows: int, timed: Mapping[int, int], batch_no: int) -> int | None:
+    """The cap of pool batch number `batch_no`, about to take `rows` (its share of the queue, within
+    the learned cap), when it is a probe, else None. The buckets probed are the two below the
+    batch's own: the next smaller, and the one below that, which must be timed to know it is no
+    better. One not yet timed (`timed`: batches counted per bucket, fewer than ``MIN_SAMPLES``) is
+    probed every other batch; once both are, one batch in ``REFRESH_EVERY`` re-times them in turn."""
+    top = bucket(rows) if rows >= 1 else 0
+    below = [b for b in (top // 4, top // 2) if b >= 1]
+    if not below:
+        return None
+    untimed = [b for b in below if timed.get(b, 0) < MIN_SAMPLES]
+    if untimed:
+        return untimed[0] if batch_no % 2 else None
+    if batch_no % REFRESH_EVERY:
+        return None
+    return below[(batch_no // REFRESH_EVERY) % len(below)]
+
+
 class BatchCap:
-    """The pool's batch timings (the median time per row of each bucket's last ``WINDOW`` batches,
-    once it has ``MIN_SAMPLES``) and the cap they give. ``limit`` is read and :meth:`observe` called
-    under the batcher's lock. With ``learn`` off, or a max batch of 0 (no batching), the limit stays
-    the max batch."""
+    """The pool's batch timings (each bucket's median time per row over its last ``WINDOW`` batches,
+    once it has ``MIN_SAMPLES``, with that median's standard error) and the cap they give.
+    :meth:`probe` and :meth:`observe` are called under the batcher's lock. With ``learn`` off,
+    or a max batch of 0 (no batching), the limit stays the max batch and nothing is probed."""
 
     def __init__(self, max_batch: int, learn: bool = True) -> None:
         self.max_batch = max_batch
@@ -60,6 +108,18 @@ class BatchCap:
         self.limit = max_batch
         self._recent: dict[int, collections.deque[float]] = {}
         self._per_row: dict[int, float] = {}  # the median of each bucket with MIN_SAMPLES batches
+        self._error: dict[int, float] = {}  # ... and its standard error
+        self._batches = 0
+
+    def probe(self, rows: int) -> int:
+        """The rows the pool's next batch may take, `rows` being its share of the queue within the
+        learned limit: `rows`, or fewer when it is a probe."""
+        if not self.learn:
+            return rows
+        self._batches += 1
+        timed = {b: len(r) for b, r in self._recent.items()}
+        probe = probe_limit(rows, timed, self._batches)
+        return rows if probe is None else min(probe, rows)
 
     def observe(self, rows: int, seconds: float) -> bool:
         """Count one pool batch of `rows` that computed in `seconds`; whether the limit changed."""
@@ -72,8 +132,10 @@ class BatchCap:
         recent.append(seconds / rows)
         if len(recent) < MIN_SAMPLES:
             return False
-        self._per_row[b] = statistics.median(recent)
-        limit = learned_cap(self._per_row, self.max_batch, self.limit)
+        values = list(recent)
+        self._per_row[b] = statistics.median(values)
+        self._error[b] = median_error(values)
+        limit = learned_cap(self._per_row, self.max_batch, self.limit, error=self._error)
         changed, self.limit = limit != self.limit, limit
         return changed
 

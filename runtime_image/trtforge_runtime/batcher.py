@@ -5,7 +5,8 @@ queued requests with the same non-batch shapes, up to its even share of the queu
 instances (at most the batch cap); when that took everything queued, no other instance is free and
 the batch is not full, it waits up to ``max_queue_delay`` (counted from the oldest request's
 arrival) for more, up to the batch cap. The cap is the max batch size, or less where the pool's own
-timings say bigger batches stop computing each row faster (:mod:`trtforge_runtime.batchcap`).
+timings say bigger batches stop computing each row faster, and lower still for the few batches that
+probe smaller sizes (:mod:`trtforge_runtime.batchcap`).
 With a zero delay, batches still form whenever requests arrive while the instances are busy. The
 queue is bounded: a request that finds it full is refused at once (503 with Retry-After), never
 parked.
@@ -249,19 +250,22 @@ class Batcher:
         batch = [first]
         if self.max_batch == 0:
             return batch
-        limit = share(self.cap.limit, first.rows + sum(it.rows for it in self._queue), len(self._instances))
-        rows = self._take(batch, first.rows, limit)
+        cap = self.cap.limit
+        limit = share(cap, first.rows + sum(it.rows for it in self._queue), len(self._instances))
+        probe = self.cap.probe(limit)  # fewer rows when this batch probes a smaller size
+        cap = probe if probe < limit else cap
+        rows = self._take(batch, first.rows, probe)
         if self.max_queue_delay_s > 0 and not self._queue and self._idle == 0:
             # It took everything queued and no other instance is free: it waits, up to the delay, for
             # company up to the cap. (With requests still queued, batches are formed from the
             # backlog; with another instance free, it runs now: nothing gains from waiting.)
             deadline = first.enqueued + self.max_queue_delay_s
-            while rows < self.cap.limit and not self._stopping:
+            while rows < cap and not self._stopping:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._work.wait(left)
-                rows = self._take(batch, rows, self.cap.limit)
+                rows = self._take(batch, rows, cap)
         return batch
 
     def _observe_taken(self, batch: list[_Item]) -> int:

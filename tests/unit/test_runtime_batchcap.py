@@ -6,11 +6,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 from trtforge_runtime import batcher
-from trtforge_runtime.batchcap import MIN_SAMPLES, WINDOW, BatchCap, bucket, learned_cap
+from trtforge_runtime.batchcap import (
+    MIN_SAMPLES,
+    REFRESH_EVERY,
+    WINDOW,
+    BatchCap,
+    bucket,
+    learned_cap,
+    median_error,
+    probe_limit,
+)
 from trtforge_runtime.batcher import Batcher
 from trtforge_runtime.metrics import Metrics
 
@@ -62,6 +72,63 @@ def test_the_cap_in_force_holds_near_the_edge() -> None:
     assert learned_cap({1: 7.9, 2: 7.9, 4: 7.9, 8: 7.88}, 32, current=16) == 2
     # A current cap whose bucket was never timed (the max batch at first) does not hold.
     assert learned_cap({1: 1.0, 2: 0.5}, 24, current=24) == 4
+
+
+def test_the_median_error_follows_the_spread_and_ignores_the_odd_batch() -> None:
+    assert median_error([]) == median_error([0.007]) == 0.0
+    assert median_error([0.007] * 16) == 0.0
+    tight, loose = [0.0070, 0.0071] * 8, [0.0060, 0.0080] * 8
+    assert 0 < median_error(tight) < median_error(loose)
+    assert median_error([*tight[:-1], 0.5]) == pytest.approx(median_error(tight), rel=0.5)
+
+
+def test_buckets_within_their_noise_are_as_good_so_the_smaller_wins() -> None:
+    # 1 row is 10% slower per row than 2: past the tolerance, so a precise timing caps at 4 ...
+    times = {1: 0.088, 2: 0.080, 4: 0.081}
+    assert learned_cap(times, 32, error={1: 0.0005, 2: 0.0005, 4: 0.0005}) == 4
+    # ... and a noisy one (a 10% gap well inside two standard errors of the difference) at 2.
+    assert learned_cap(times, 32, error={1: 0.004, 2: 0.003, 4: 0.003}) == 2
+    # A GPU-like bigger batch, faster by far more than its noise, still wins.
+    gpu = {1: 1.0, 2: 0.5, 4: 0.26}
+    assert learned_cap(gpu, 64, error={1: 0.05, 2: 0.03, 4: 0.02}) == 8
+
+
+def test_probes_time_the_buckets_below_the_cap() -> None:
+    # Nothing below the cap timed: every other batch probes the smallest untimed of the two below.
+    assert [probe_limit(32, {}, n) for n in range(1, 5)] == [8, None, 8, None]
+    assert probe_limit(32, {8: MIN_SAMPLES}, 1) == 16
+    assert probe_limit(24, {}, 1) == 4  # 24's bucket is 16
+    assert probe_limit(2, {}, 1) == 1 and probe_limit(1, {}, 1) is None
+    # Both timed: one batch in REFRESH_EVERY re-times them in turn.
+    timed = {8: MIN_SAMPLES, 16: WINDOW}
+    probes = [probe_limit(32, timed, n) for n in range(1, 4 * REFRESH_EVERY + 1)]
+    assert [p for p in probes if p is not None] == [16, 8, 16, 8]
+
+
+def _steady(cap: BatchCap, seconds: Callable[[int], float], batches: int) -> list[int]:
+    """A load that fills every batch: each batch has as many rows as the cap allows; the sizes."""
+    sizes = []
+    for _ in range(batches):
+        rows = cap.probe(cap.limit)
+        sizes.append(rows)
+        cap.observe(rows, seconds(rows))
+    return sizes
+
+
+def test_a_load_that_fills_every_batch_still_learns_that_small_batches_do_as_well() -> None:
+    # Without the probes every batch has max-batch rows: one bucket, and the cap never moves.
+    cap = BatchCap(32)
+    _steady(cap, lambda rows: 0.08 * rows, 400)  # flat per-row cost (ResNet-50 on a CPU)
+    assert cap.limit == 2, cap.per_row_ms()
+    assert set(cap.per_row_ms()) >= {1, 2}
+
+
+def test_a_load_that_fills_every_batch_keeps_the_max_where_bigger_batches_are_faster() -> None:
+    cap = BatchCap(64)
+    sizes = _steady(cap, lambda rows: 0.010 + 0.001 * rows, 40 * REFRESH_EVERY)  # GPU-like
+    assert cap.limit == 64, cap.per_row_ms()
+    late = sizes[-10 * REFRESH_EVERY :]  # past the first probes: one batch in REFRESH_EVERY
+    assert sum(1 for rows in late if rows < 64) == 10, late
 
 
 def _feed(cap: BatchCap, rows: int, per_row: float, n: int = MIN_SAMPLES) -> bool:

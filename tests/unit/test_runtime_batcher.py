@@ -58,7 +58,8 @@ async def test_an_instance_that_comes_free_leaves_the_busy_ones_their_share() ->
     sizes: list[int] = []
     go = threading.Event()
     pool = [_Held(sizes, go), _Held(sizes, go)]
-    b = Batcher(pool, 32, 0.0, 64, Metrics("m"), lambda e: None)
+    # The sharing rule alone: no learned cap, so no probe batch takes fewer rows than its share.
+    b = Batcher(pool, 32, 0.0, 64, Metrics("m"), lambda e: None, learn_cap=False)
     b.start()
     try:
         x = np.ones((1, 4), np.float32)

@@ -52,8 +52,14 @@ async def until(predicate: object, what: str) -> None:
 
 async def test_requests_queued_behind_a_busy_instance_share_one_batch_and_get_their_own_rows() -> None:
     inst = GatedInstance()
-    b = Batcher(
-        [inst], max_batch=8, max_queue_delay_s=0, max_queue=16, metrics=Metrics("m"), on_device_fault=print
+    b = Batcher(  # the batching rules alone: no learned cap, so no probe batch takes fewer rows
+        [inst],
+        max_batch=8,
+        max_queue_delay_s=0,
+        max_queue=16,
+        metrics=Metrics("m"),
+        on_device_fault=print,
+        learn_cap=False,
     )
     b.start()
     try:
@@ -73,8 +79,14 @@ async def test_requests_queued_behind_a_busy_instance_share_one_batch_and_get_th
 async def test_a_partial_batch_waits_for_company_within_the_queue_delay() -> None:
     inst = GatedInstance()
     inst.release.set()
-    b = Batcher(
-        [inst], max_batch=2, max_queue_delay_s=3600, max_queue=16, metrics=Metrics("m"), on_device_fault=print
+    b = Batcher(  # the batching rules alone, as above
+        [inst],
+        max_batch=2,
+        max_queue_delay_s=3600,
+        max_queue=16,
+        metrics=Metrics("m"),
+        on_device_fault=print,
+        learn_cap=False,
     )
     b.start()
     try:
@@ -175,3 +187,28 @@ async def test_stopping_refuses_what_is_still_queued_with_503() -> None:
         await b.submit(rows(3.0), 1)  # nothing is queued once stopped
     inst.release.set()
     np.testing.assert_array_equal((await running)["y"], rows(2.0)["x"])  # the running batch ends
+
+
+@pytest.mark.parametrize(("learn", "sizes"), [(True, [1, 16, 2, 6]), (False, [1, 16, 8])])
+async def test_a_probe_batch_takes_fewer_rows_than_its_share_and_leaves_the_rest_queued(
+    learn: bool, sizes: list[int]
+) -> None:
+    """24 requests queued behind a busy instance: the first batch takes its share (16); the next, about
+    to take 8 (bucket 8, nothing below it timed yet), probes bucket 2 (trtforge_runtime.batchcap's
+    every other batch), and the 6 it left go in the batch after. With the cap not learned, nothing
+    probes."""
+    inst = GatedInstance()
+    b = Batcher([inst], 16, 0.0, 64, Metrics("m"), print, learn_cap=learn)
+    b.start()
+    try:
+        first = asyncio.create_task(b.submit(rows(1.0), 1))
+        await until(inst.started.is_set, "the first batch started")
+        later = [asyncio.create_task(b.submit(rows(float(v)), 1)) for v in range(24)]
+        await until(lambda: b.depth == 24, "24 requests queued behind the busy instance")
+        inst.release.set()
+        out = await asyncio.gather(first, *later)
+    finally:
+        await b.stop()
+    assert inst.batches == sizes
+    for got, v in zip(out[1:], range(24), strict=True):
+        np.testing.assert_array_equal(got["y"], np.full((1, 4), 2.0 * v, np.float32))

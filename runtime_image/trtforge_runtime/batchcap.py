@@ -7,8 +7,10 @@ its batches at twice the smallest bucket whose time per row is as good as the be
 by more than its noise to be worth its latency). The bucket above the choice keeps being timed, so
 when it gets faster (a GPU engine, a quieter machine) the cap climbs again; the buckets below it are
 *probed*: some batches are capped lower on purpose, so that under a load that fills every batch the
-pool still learns whether smaller batches would do as well. Until two buckets are timed, the cap is
-the max batch size. The choice in force holds while its bucket stays within twice the tolerance and
+pool still learns whether smaller batches would do as well. The cap starts at 2 and climbs a bucket
+at a time (twice the one bucket timed, until there are two to compare): batches grow only where
+the pool has seen them pay, so a fresh runtime never serves its first seconds in batches of the
+max. The choice in force holds while its bucket stays within twice the tolerance and
 no smaller bucket comes within half of it, so timings near the edge do not flip the cap back and
 forth.
 
@@ -52,17 +54,19 @@ def learned_cap(
     tolerance: float = TOLERANCE,
     error: Mapping[int, float] | None = None,
 ) -> int:
-    """The batch cap for `per_row` (seconds per row by bucket, timed buckets only): `max_batch` while
-    fewer than two buckets are timed; else twice the smallest bucket as good as the best bucket, at
-    most `max_batch` (and at least 1). As good: within `tolerance` of the best per-row time, or
+    """The batch cap for `per_row` (seconds per row by bucket, timed buckets only): twice the
+    smallest bucket as good as the best bucket, at most `max_batch` (and at least 1); with no bucket
+    timed, as if bucket 1 were (2). As good: within `tolerance` of the best per-row time, or
     within ``NOISE_Z`` standard errors of the difference (`error`: each bucket's, seconds; none
     known, none counted).
 
     With the `current` cap's bucket (half of it) timed and within twice that margin, it stays,
     unless smaller buckets come within half of it (then the smallest of those)."""
     known = {b: t for b, t in per_row.items() if b <= max_batch}
-    if max_batch < 1 or len(known) < 2:
+    if max_batch < 1:
         return max_batch
+    if len(known) < 2:  # nothing to compare yet: time the bucket above
+        return max(1, min(max_batch, 2 * min(known, default=1)))
     errors = error or {}
     best_bucket = min(known, key=lambda b: (known[b], b))
     best = known[best_bucket]
@@ -98,14 +102,14 @@ def probe_limit(rows: int, timed: Mapping[int, int], batch_no: int) -> int | Non
 
 class BatchCap:
     """The pool's batch timings (each bucket's median time per row over its last ``WINDOW`` batches,
-    once it has ``MIN_SAMPLES``, with that median's standard error) and the cap they give.
-    :meth:`probe` and :meth:`observe` are called under the batcher's lock. With ``learn`` off,
-    or a max batch of 0 (no batching), the limit stays the max batch and nothing is probed."""
+    once it has ``MIN_SAMPLES``, with that median's standard error) and the cap they give, 2 at
+    first. :meth:`probe` and :meth:`observe` are called under the batcher's lock. With ``learn``
+    off, or a max batch of 0 (no batching), the limit is the max batch and nothing is probed."""
 
     def __init__(self, max_batch: int, learn: bool = True) -> None:
         self.max_batch = max_batch
         self.learn = learn and max_batch > 1
-        self.limit = max_batch
+        self.limit = learned_cap({}, max_batch) if self.learn else max_batch
         self._recent: dict[int, collections.deque[float]] = {}
         self._per_row: dict[int, float] = {}  # the median of each bucket with MIN_SAMPLES batches
         self._error: dict[int, float] = {}  # ... and its standard error

@@ -4,9 +4,10 @@ Semantics follow Triton's dynamic batcher: an instance that becomes free takes t
 queued requests with the same non-batch shapes, up to its even share of the queue among the pool's
 instances (at most the batch cap); when that took everything queued, no other instance is free and
 the batch is not full, it waits up to ``max_queue_delay`` (counted from the oldest request's
-arrival) for more, up to the batch cap. The cap is the max batch size, or less where the pool's own
-timings say bigger batches stop computing each row faster, and lower still for the few batches that
-probe smaller sizes (:mod:`trtforge_runtime.batchcap`).
+arrival) for more, up to the batch cap. The cap is learned: it starts at 2 and climbs, up to the max
+batch size, while the pool's own timings say bigger batches compute each row faster; it is lower
+still for the few batches that probe smaller sizes (:mod:`trtforge_runtime.batchcap`); with the
+learning off, it is the max batch size.
 With a zero delay, batches still form whenever requests arrive while the instances are busy. The
 queue is bounded: a request that finds it full is refused at once (503 with Retry-After), never
 parked.
@@ -125,7 +126,7 @@ class Batcher:
         self._instances = instances
         self.max_batch = max_batch  # 0: not batchable, one request per execution
         self.cap = BatchCap(max_batch, learn_cap)  # the pool's batches' limit, at most max_batch
-        metrics.batch_cap_m.set(max_batch)
+        metrics.batch_cap_m.set(self.cap.limit)
         self._cap_logged = -CAP_LOG_INTERVAL_S  # when the cap's last change was logged
         self._cap_changes = 0  # changes since
         self.max_queue_delay_s = max_queue_delay_s

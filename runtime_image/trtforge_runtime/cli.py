@@ -82,8 +82,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--no-learned-batch-cap",
         action="store_true",
-        help="batch up to --max-batch-size always (by default the pool caps its batches where bigger"
-        " ones stop computing each row faster, learned from its own batch timings)",
+        help="batch up to --max-batch-size always (by default the pool's batch cap starts at 2 and"
+        " climbs while bigger batches compute each row faster, learned from its own batch timings)",
     )
     p.add_argument(
         "--max-queue-delay-us",

@@ -31,10 +31,13 @@ def test_buckets_are_the_power_of_two_at_or_below() -> None:
     assert [bucket(r) for r in (1, 2, 3, 4, 7, 8, 15, 16, 33)] == [1, 2, 2, 4, 4, 8, 8, 16, 32]
 
 
-def test_the_max_batch_until_two_buckets_are_timed() -> None:
-    assert learned_cap({}, 32) == 32
-    assert learned_cap({1: 0.007}, 32) == 32
-    assert learned_cap({64: 0.001, 1: 0.007}, 32) == 32  # a bucket above the max batch does not count
+def test_until_two_buckets_are_timed_the_cap_starts_at_two_and_climbs_to_time_the_next() -> None:
+    assert learned_cap({}, 32) == 2 and learned_cap({}, 1) == 1
+    assert learned_cap({1: 0.007}, 32) == 2
+    assert learned_cap({4: 0.007}, 32) == 8
+    assert learned_cap({16: 0.007}, 24) == 24  # never past the max
+    assert learned_cap({64: 0.001, 1: 0.007}, 32) == 2  # a bucket above the max batch does not count
+    assert BatchCap(32).limit == 2 and BatchCap(1).limit == 1
 
 
 def test_flat_per_row_times_cap_at_twice_the_smallest_bucket_within_tolerance() -> None:
@@ -140,12 +143,14 @@ def _feed(cap: BatchCap, rows: int, per_row: float, n: int = MIN_SAMPLES) -> boo
 
 def test_a_bucket_counts_once_it_has_enough_batches() -> None:
     cap = BatchCap(32)
-    assert not _feed(cap, 1, 0.007)
+    assert not _feed(cap, 2, 0.0035, MIN_SAMPLES - 1)
+    assert cap.limit == 2 and cap.per_row_ms() == {}
+    assert cap.observe(2, 2 * 0.0035)  # the eighth: bucket 2 timed, so the cap climbs to time 4
+    assert cap.limit == 4 and cap.per_row_ms() == {2: 3.5}
     assert not _feed(cap, 16, 0.0075, MIN_SAMPLES - 1)
-    assert cap.limit == 32 and set(cap.per_row_ms()) == {1}
-    assert cap.observe(16, 16 * 0.0075)  # the eighth: two buckets timed, flat: capped
-    assert cap.limit == 2
-    assert cap.per_row_ms() == {1: 7.0, 16: 7.5}
+    assert not cap.observe(16, 16 * 0.0075)  # two buckets to compare: 16 is slower, 4 stays
+    assert cap.limit == 4
+    assert cap.per_row_ms() == {2: 3.5, 16: 7.5}
 
 
 def test_the_cap_climbs_again_when_the_bucket_above_gets_faster() -> None:
@@ -185,7 +190,8 @@ def gauge(metrics: Metrics) -> float | None:
 
 
 class _Sleeps:
-    """A session whose rows cost 2 ms each in batches of up to 2 and 6 ms each in bigger ones (the
+    """A session whose batches cost 6 ms plus 1 ms a row up to 8 rows, and 1.9 ms a row beyond: each
+    row gets cheaper up to batches of 8, and batches of 16 cost more per row than batches of 8 (the
     batcher's input: what it learns from is how long its real calls take)."""
 
     def __init__(self, sizes: list[int]) -> None:
@@ -194,12 +200,12 @@ class _Sleeps:
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = len(inputs["x"])
         self.sizes.append(rows)
-        time.sleep(rows * (0.002 if rows <= 2 else 0.006))
+        time.sleep(0.006 + 0.001 * rows if rows <= 8 else 0.0019 * rows)
         return {"y": inputs["x"] + 1}
 
 
 @pytest.mark.asyncio
-async def test_the_batcher_caps_its_batches_where_its_own_timings_stop_improving(
+async def test_the_batcher_climbs_from_small_batches_until_its_own_timings_stop_improving(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.INFO, logger="trtforge_runtime.batcher")
@@ -208,29 +214,27 @@ async def test_the_batcher_caps_its_batches_where_its_own_timings_stop_improving
     sizes: list[int] = []
     metrics = Metrics("m")
     b = Batcher([_Sleeps(sizes), _Sleeps(sizes)], 32, 0.0, 256, metrics, lambda e: None)
+    assert b.cap.limit == 2 and gauge(metrics) == 2  # it starts small
     b.start()
     try:
         x = np.zeros((1, 4), np.float32)
         bursts = 0
-        while bursts < 60 and b.cap.limit > 4:  # bursts of 48: batches of many sizes, until it learns
+        while bursts < 200 and b.cap.limit != 16:  # bursts of 48: a share of 24 for each instance
             bursts += 1
             outs = await asyncio.gather(*(b.enqueue({"x": x + i}, 1) for i in range(48)))
             for i, o in enumerate(outs):
                 np.testing.assert_array_equal(o["y"], x + i + 1)
-        # Twice the smallest bucket as fast per row as the best: 2 (1 row is as fast as 2), or 4 where
-        # sleeps overshot batches of 1 by more than 5% against batches of 2; never where rows cost 3x.
-        assert b.cap.limit in (2, 4), (bursts, b.cap.per_row_ms(), sizes)
-        assert max(sizes) > 4  # it did time bigger batches before capping
+        # Twice the smallest bucket as fast per row as the best: 8 (16 costs more per row).
+        assert b.cap.limit == 16, (bursts, b.cap.per_row_ms())
+        # It climbed one bucket at a time: never a batch past the first size that stopped paying.
+        assert max(sizes) == 16, sizes
         # (a batch's answers reach the loop just before its timing reaches the cap and the gauge)
         await until(lambda: gauge(metrics) == b.cap.limit, "the gauge shows the learned cap")
-        del sizes[:]
-        await asyncio.gather(*(b.enqueue({"x": x}, 1) for _ in range(48)))
-        assert max(sizes) <= 4, sizes
         # The first change is logged with the timings behind it; later ones within the interval are not.
         lines = [r for r in caplog.records if r.getMessage() == "batch cap"]
         assert len(lines) == 1, lines
         logged = lines[0].trtforge_fields  # type: ignore[attr-defined]  (trtforge.logs.fields)
-        assert logged["limit"] < 32 and logged["changes"] == 1 and logged["per_row_ms"], logged
+        assert logged["limit"] == 4 and logged["changes"] == 1 and logged["per_row_ms"], logged
     finally:
         await b.stop()
 

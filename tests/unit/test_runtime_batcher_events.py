@@ -193,12 +193,13 @@ async def test_stopping_refuses_what_is_still_queued_with_503() -> None:
 async def test_a_probe_batch_takes_fewer_rows_than_its_share_and_leaves_the_rest_queued(
     learn: bool, sizes: list[int]
 ) -> None:
-    """24 requests queued behind a busy instance: the first batch takes its share (16); the next, about
-    to take 8 (bucket 8, nothing below it timed yet), probes bucket 2 (trtforge_runtime.batchcap's
-    every other batch), and the 6 it left go in the batch after. With the cap not learned, nothing
-    probes."""
+    """With the cap at 16 (as if learned), 24 requests queued behind a busy instance: the first batch
+    takes its share (16); the next, about to take 8 (bucket 8, nothing below it timed yet), probes
+    bucket 2 (trtforge_runtime.batchcap's every other batch), and the 6 it left go in the batch
+    after. With the cap not learned, nothing probes."""
     inst = GatedInstance()
     b = Batcher([inst], 16, 0.0, 64, Metrics("m"), print, learn_cap=learn)
+    b.cap.limit = 16  # the learned cap starts at 2: here it has climbed to the max batch
     b.start()
     try:
         first = asyncio.create_task(b.submit(rows(1.0), 1))

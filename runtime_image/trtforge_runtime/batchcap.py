@@ -10,9 +10,8 @@ when it gets faster (a GPU engine, a quieter machine) the cap climbs again; the 
 pool still learns whether smaller batches would do as well. The cap starts at 2 and climbs a bucket
 at a time (twice the one bucket timed, until there are two to compare): batches grow only where
 the pool has seen them pay, so a fresh runtime never serves its first seconds in batches of the
-max. The choice in force holds while its bucket stays within twice the tolerance and
-no smaller bucket comes within half of it, so timings near the edge do not flip the cap back and
-forth.
+max. The choice in force holds while its bucket stays within twice the tolerance and no smaller
+bucket comes within half of it, so timings near the edge do not flip the cap back and forth.
 
 :func:`learned_cap` and :func:`probe_limit` decide; :class:`BatchCap` keeps the timings and applies
 them.
@@ -23,7 +22,7 @@ from __future__ import annotations
 import collections
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 
 TOLERANCE = 0.05  # per-row times within 5% of the best are as good as the best
 NOISE_Z = 2.0  # ... and so are those within this many standard errors of the difference
@@ -82,17 +81,17 @@ def learned_cap(
     return max(1, min(max_batch, 2 * enough))
 
 
-def probe_limit(rows: int, timed: Mapping[int, int], batch_no: int) -> int | None:
+def probe_limit(rows: int, timed: Container[int], batch_no: int) -> int | None:
     """The cap of pool batch number `batch_no`, about to take `rows` (its share of the queue, within
     the learned cap), when it is a probe, else None. The buckets probed are the two below the
     batch's own: the next smaller, and the one below that, which must be timed to know it is no
-    better. One not yet timed (`timed`: batches counted per bucket, fewer than ``MIN_SAMPLES``) is
-    probed every other batch; once both are, one batch in ``REFRESH_EVERY`` re-times them in turn."""
+    better. One not in `timed` (the buckets with ``MIN_SAMPLES`` batches) is probed every other
+    batch; once both are, one batch in ``REFRESH_EVERY`` re-times them in turn."""
     top = bucket(rows) if rows >= 1 else 0
     below = [b for b in (top // 4, top // 2) if b >= 1]
     if not below:
         return None
-    untimed = [b for b in below if timed.get(b, 0) < MIN_SAMPLES]
+    untimed = [b for b in below if b not in timed]
     if untimed:
         return untimed[0] if batch_no % 2 else None
     if batch_no % REFRESH_EVERY:
@@ -121,8 +120,7 @@ class BatchCap:
         if not self.learn:
             return rows
         self._batches += 1
-        timed = {b: len(r) for b, r in self._recent.items()}
-        probe = probe_limit(rows, timed, self._batches)
+        probe = probe_limit(rows, self._per_row.keys(), self._batches)  # timed: in _per_row
         return rows if probe is None else min(probe, rows)
 
     def observe(self, rows: int, seconds: float) -> bool:

@@ -251,22 +251,21 @@ class Batcher:
         batch = [first]
         if self.max_batch == 0:
             return batch
-        cap = self.cap.limit
-        limit = share(cap, first.rows + sum(it.rows for it in self._queue), len(self._instances))
+        limit = share(self.cap.limit, first.rows + sum(it.rows for it in self._queue), len(self._instances))
         probe = self.cap.probe(limit)  # fewer rows when this batch probes a smaller size
-        cap = probe if probe < limit else cap
+        wait_cap = probe if probe < limit else self.cap.limit  # what waiting for company may fill
         rows = self._take(batch, first.rows, probe)
         if self.max_queue_delay_s > 0 and not self._queue and self._idle == 0:
             # It took everything queued and no other instance is free: it waits, up to the delay, for
             # company up to the cap. (With requests still queued, batches are formed from the
             # backlog; with another instance free, it runs now: nothing gains from waiting.)
             deadline = first.enqueued + self.max_queue_delay_s
-            while rows < cap and not self._stopping:
+            while rows < wait_cap and not self._stopping:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._work.wait(left)
-                rows = self._take(batch, rows, cap)
+                rows = self._take(batch, rows, wait_cap)
         return batch
 
     def _observe_taken(self, batch: list[_Item]) -> int:

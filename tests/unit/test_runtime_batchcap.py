@@ -98,12 +98,12 @@ def test_buckets_within_their_noise_are_as_good_so_the_smaller_wins() -> None:
 
 def test_probes_time_the_buckets_below_the_cap() -> None:
     # Nothing below the cap timed: every other batch probes the smallest untimed of the two below.
-    assert [probe_limit(32, {}, n) for n in range(1, 5)] == [8, None, 8, None]
-    assert probe_limit(32, {8: MIN_SAMPLES}, 1) == 16
-    assert probe_limit(24, {}, 1) == 4  # 24's bucket is 16
-    assert probe_limit(2, {}, 1) == 1 and probe_limit(1, {}, 1) is None
+    assert [probe_limit(32, set(), n) for n in range(1, 5)] == [8, None, 8, None]
+    assert probe_limit(32, {8}, 1) == 16
+    assert probe_limit(24, set(), 1) == 4  # 24's bucket is 16
+    assert probe_limit(2, set(), 1) == 1 and probe_limit(1, set(), 1) is None
     # Both timed: one batch in REFRESH_EVERY re-times them in turn.
-    timed = {8: MIN_SAMPLES, 16: WINDOW}
+    timed = {8, 16}
     probes = [probe_limit(32, timed, n) for n in range(1, 4 * REFRESH_EVERY + 1)]
     assert [p for p in probes if p is not None] == [16, 8, 16, 8]
 

@@ -41,6 +41,20 @@ def rows(value: float, n: int = 1) -> dict[str, np.ndarray]:
     return {"x": np.full((n, 4), value, np.float32)}
 
 
+def rules_only(inst: GatedInstance, max_batch: int, max_queue_delay_s: float) -> Batcher:
+    """A batcher over `inst` that applies the batching rules alone: the cap is not learned, so no
+    probe batch takes fewer rows than the rules give."""
+    return Batcher(
+        [inst],
+        max_batch=max_batch,
+        max_queue_delay_s=max_queue_delay_s,
+        max_queue=16,
+        metrics=Metrics("m"),
+        on_device_fault=print,
+        learn_cap=False,
+    )
+
+
 async def until(predicate: object, what: str) -> None:
     """Yield to the loop until `predicate()` holds (bounded so a broken batcher fails, not hangs)."""
     for _ in range(10_000):
@@ -52,15 +66,7 @@ async def until(predicate: object, what: str) -> None:
 
 async def test_requests_queued_behind_a_busy_instance_share_one_batch_and_get_their_own_rows() -> None:
     inst = GatedInstance()
-    b = Batcher(  # the batching rules alone: no learned cap, so no probe batch takes fewer rows
-        [inst],
-        max_batch=8,
-        max_queue_delay_s=0,
-        max_queue=16,
-        metrics=Metrics("m"),
-        on_device_fault=print,
-        learn_cap=False,
-    )
+    b = rules_only(inst, max_batch=8, max_queue_delay_s=0)
     b.start()
     try:
         first = asyncio.create_task(b.submit(rows(1.0), 1))
@@ -79,15 +85,7 @@ async def test_requests_queued_behind_a_busy_instance_share_one_batch_and_get_th
 async def test_a_partial_batch_waits_for_company_within_the_queue_delay() -> None:
     inst = GatedInstance()
     inst.release.set()
-    b = Batcher(  # the batching rules alone, as above
-        [inst],
-        max_batch=2,
-        max_queue_delay_s=3600,
-        max_queue=16,
-        metrics=Metrics("m"),
-        on_device_fault=print,
-        learn_cap=False,
-    )
+    b = rules_only(inst, max_batch=2, max_queue_delay_s=3600)
     b.start()
     try:
         alone = asyncio.create_task(b.submit(rows(1.0), 1))

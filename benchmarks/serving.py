@@ -7,9 +7,10 @@ raw tensor contents, and REST JSON where a server has no binary HTTP (MLServer).
 
 Each server's settings sweep (:mod:`benchmarks.servers`) has the same size and axes for every server
 (instances x threads per session, max batch, queue delay). Every setting is measured at concurrency
-1 and 32 on the server's first protocol; the best one at concurrency 1 serves the low-concurrency
-points of the grid (c < 8), the best one at 32 the rest. Those two sweep points are reused as grid
-points; the other points are measured on a fresh start of the chosen setting. Before any load, each
+1, 8 and 32 on the server's first protocol; the best one at concurrency 1 serves the low-concurrency
+points of the grid (c < 8), the best one over 8 and 32 together the rest (:func:`pick_best`). Those
+sweep points are reused as grid points; the other points are measured on a fresh start of the
+chosen setting. Before any load, each
 server's answer over each protocol is checked against ONNX Runtime run directly.
 
 Layouts on a 2-core machine: ``shared`` — servers on cores 0-1 with 2 ONNX Runtime threads, the client
@@ -57,7 +58,10 @@ from benchmarks.servers import Kind, Launch, Model, Setting, kinds, sweep_small_
 
 KINDS = ("trtforge", "triton", "mlserver", "kserve")
 PEERS_TO_BEAT = ("triton", "mlserver")
-SWEEP_LOW, SWEEP_HIGH = 1, 32  # the sweep's two concurrencies; grid points c < 8 use the low winner
+HIGH_BAND = 8  # grid points at c >= HIGH_BAND use the setting chosen for the high band
+SWEEP_LOW = (1,)  # the sweep's concurrencies that choose the setting for c < HIGH_BAND ...
+SWEEP_HIGH = (8, 32)  # ... and for c >= HIGH_BAND: two windows, so one noisy window does not decide
+SWEEP_CONCURRENCIES = (*SWEEP_LOW, *SWEEP_HIGH)
 PROTOCOL_TITLES = {"http": "HTTP binary", "grpc": "gRPC", "json": "REST JSON"}
 
 
@@ -274,11 +278,28 @@ def ceiling(model: Model, lay: Layout, seconds: float, batches: str) -> dict[str
     return run_pinned(model.file, lay.server_cpus, lay.threads, seconds, batches)
 
 
-def pick_best(points: list[dict[str, Any]], tie: float = 0.03) -> int:
-    """The index with the highest throughput; within `tie` of it, the one with the lowest p99."""
-    top = max(float(r["throughput"]) for r in points)
-    near = [i for i, r in enumerate(points) if float(r["throughput"]) >= (1 - tie) * top]
-    return min(near, key=lambda i: float(points[i]["p99_ms"]))
+def pick_best(points: list[list[dict[str, Any]]], tie: float = 0.03) -> int:
+    """The best setting for a band of concurrencies: `points[i]` holds setting i's sweep points at
+    the band's concurrencies, in the same order for every setting. Each point counts as its share of
+    the best throughput at its concurrency; the setting with the highest mean share wins, and among
+    those within `tie` of it, the one whose p99s are lowest (mean of each p99 over the lowest p99
+    at its concurrency). With one concurrency: the highest throughput, ties to the lower p99."""
+    width = {len(row) for row in points}
+    if len(width) != 1 or not width.pop():
+        raise ValueError(f"every setting needs the same non-empty band of points, got {points!r}")
+    columns = list(zip(*points, strict=True))
+    top = [max(float(r["throughput"]) for r in col) for col in columns]
+    low = [min(float(r["p99_ms"]) for r in col) for col in columns]
+
+    def mean_share(row: list[dict[str, Any]]) -> float:
+        return sum(float(r["throughput"]) / t for r, t in zip(row, top, strict=True)) / len(row)
+
+    def mean_p99(row: list[dict[str, Any]]) -> float:
+        return sum(float(r["p99_ms"]) / max(q, 1e-9) for r, q in zip(row, low, strict=True)) / len(row)
+
+    best = max(mean_share(row) for row in points)
+    near = [i for i, row in enumerate(points) if mean_share(row) >= best - tie]
+    return min(near, key=lambda i: mean_p99(points[i]))
 
 
 @dataclass(frozen=True)
@@ -309,21 +330,21 @@ def measure_server(
             meta = srv.server_metadata()
             primary = srv.protocols[0]
             # keyed by str(concurrency), as the result file keeps them
-            pts = {str(c): load(srv, primary, c, win.seconds, win.warmup) for c in (SWEEP_LOW, SWEEP_HIGH)}
+            pts = {str(c): load(srv, primary, c, win.seconds, win.warmup) for c in SWEEP_CONCURRENCIES}
         finally:
             srv.close()
-        lo, hi = pts[str(SWEEP_LOW)], pts[str(SWEEP_HIGH)]
         log(
-            f"    {kind.name} [{s.label}] ready {srv.ready_s}s; {primary} c={SWEEP_LOW}:"
-            f" {lo['throughput']} req/s p99 {lo['p99_ms']} ms;"
-            f" c={SWEEP_HIGH}: {hi['throughput']} req/s p99 {hi['p99_ms']} ms"
+            f"    {kind.name} [{s.label}] ready {srv.ready_s}s; {primary} "
+            + "; ".join(
+                f"c={c}: {pts[str(c)]['throughput']} req/s p99 {pts[str(c)]['p99_ms']} ms" for c in pts
+            )
         )
         sweep.append({"setting": s.as_dict(), "protocol": primary, "ready_s": srv.ready_s, "points": pts})
-    low = pick_best([sw["points"][str(SWEEP_LOW)] for sw in sweep])
-    high = pick_best([sw["points"][str(SWEEP_HIGH)] for sw in sweep])
+    low = pick_best([[sw["points"][str(c)] for c in SWEEP_LOW] for sw in sweep])
+    high = pick_best([[sw["points"][str(c)] for c in SWEEP_HIGH] for sw in sweep])
     points: list[dict[str, Any]] = []
     for idx in dict.fromkeys((low, high)):  # each chosen setting once, low first
-        wanted = [c for c in concs if (low if c < 8 else high) == idx]
+        wanted = [c for c in concs if (low if c < HIGH_BAND else high) == idx]
         srv = Server(kind, model, lay, settings[idx], log_dir)
         try:
             answers = check_answers(srv, ref)
@@ -374,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ceiling-batches", default="1,2,4,8,16,32")
     p.add_argument("--name", default="serving", help="result file name")
     a = p.parse_args(argv)
-    concs = sorted({int(c) for c in a.concurrency.split(",")} | {SWEEP_LOW, SWEEP_HIGH})
+    concs = sorted({int(c) for c in a.concurrency.split(",")} | set(SWEEP_CONCURRENCIES))
     lay = layouts()[a.layout]
     all_kinds = kinds()
     servers = [all_kinds[k] for k in a.servers.split(",")]
@@ -523,7 +544,7 @@ def render(results: dict[str, Any]) -> str:
         rows = []
         for kind, s in servers.items():
             for sw in s["sweep"]:
-                lo, hi = sw["points"][str(SWEEP_LOW)], sw["points"][str(SWEEP_HIGH)]
+                at = [sw["points"].get(str(c)) for c in SWEEP_CONCURRENCIES]
                 mark = [
                     w
                     for w, lab in (("c<8", s["chosen"]["low"]), ("c>=8", s["chosen"]["high"]))
@@ -534,11 +555,8 @@ def render(results: dict[str, Any]) -> str:
                         kind,
                         sw["setting"]["label"],
                         PROTOCOL_TITLES[sw["protocol"]],
-                        lo["throughput"],
-                        lo["p99_ms"],
-                        hi["throughput"],
-                        hi["p99_ms"],
-                        hi["server_cpu_util"],
+                        *(_cell(pt) for pt in at),
+                        at[-1]["server_cpu_util"] if at[-1] else None,
                         ", ".join(mark) or "",
                     ]
                 )
@@ -548,11 +566,8 @@ def render(results: dict[str, Any]) -> str:
                     "server",
                     "setting",
                     "protocol",
-                    f"c={SWEEP_LOW} req/s",
-                    "p99 ms",
-                    f"c={SWEEP_HIGH} req/s",
-                    "p99 ms",
-                    "server CPU",
+                    *(f"c={c} req/s (p99)" for c in SWEEP_CONCURRENCIES),
+                    f"server CPU at c={SWEEP_CONCURRENCIES[-1]}",
                     "chosen for",
                 ],
                 rows,

@@ -1,0 +1,42 @@
+"""The serving benchmark's choice of each server's setting per concurrency band (a pure function)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from benchmarks.serving import pick_best
+
+
+def pt(throughput: float, p99_ms: float) -> dict[str, Any]:
+    return {"throughput": throughput, "p99_ms": p99_ms}
+
+
+def test_one_concurrency_takes_the_most_throughput_and_ties_to_the_lower_p99() -> None:
+    assert pick_best([[pt(100, 50)], [pt(110, 60)], [pt(90, 10)]]) == 1
+    # within 3% of the best, the lower p99 wins
+    assert pick_best([[pt(100, 50)], [pt(98, 40)], [pt(90, 10)]]) == 1
+
+
+def test_a_band_is_decided_by_all_its_windows_not_the_last_alone() -> None:
+    # What the eleventh session's ResNet-50 sweep looked like: at c=32 alone setting 0 is within 3%
+    # of setting 1 with the lower p99, so it won; at c=8 it trails by 10%.
+    at8 = [pt(18.2, 650), pt(20.3, 530)]
+    at32 = [pt(22.4, 1558), pt(22.6, 1669)]
+    assert pick_best([[at32[0]], [at32[1]]]) == 0
+    assert pick_best([[at8[0], at32[0]], [at8[1], at32[1]]]) == 1
+
+
+def test_a_band_tie_goes_to_the_lower_p99_over_the_band() -> None:
+    # equal mean shares of the best throughput; setting 1's p99s are lower on the whole
+    a = [pt(100, 100), pt(98, 400)]
+    b = [pt(98, 60), pt(100, 420)]
+    assert pick_best([a, b]) == 1
+
+
+def test_settings_with_different_bands_are_refused() -> None:
+    with pytest.raises(ValueError, match="same non-empty band"):
+        pick_best([[pt(1, 1)], [pt(1, 1), pt(2, 2)]])
+    with pytest.raises(ValueError, match="same non-empty band"):
+        pick_best([[], []])

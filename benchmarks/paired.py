@@ -30,6 +30,7 @@ from benchmarks.common import CACHE, RESULTS, log, tree_cpu_seconds, write_resul
 from benchmarks.models import model_info
 from benchmarks.servers import Kind, Setting, kinds
 from benchmarks.serving import (
+    HIGH_BAND,
     PROTOCOL_TITLES,
     Server,
     Windows,
@@ -168,7 +169,7 @@ def run_model(
             log(f"  {name} round {r + 1}/{a.rounds}: ceiling {ceilings[-1]} img/s")
             for i, pt in enumerate(points):
                 for kname in rotation(names, r + i):
-                    srv = servers[(kname, chosen[kname]["low" if pt.concurrency < 8 else "high"])]
+                    srv = servers[(kname, chosen[kname]["low" if pt.concurrency < HIGH_BAND else "high"])]
                     if pt.protocol not in srv.protocols:
                         continue
                     others = [s for s in servers.values() if s is not srv]

@@ -10,8 +10,8 @@ Each server's settings sweep (:mod:`benchmarks.servers`) has the same size and a
 1, 8 and 32 on the server's first protocol; the best one at concurrency 1 serves the low-concurrency
 points of the grid (c < 8), the best one over 8 and 32 together the rest (:func:`pick_best`). Those
 sweep points are reused as grid points; the other points are measured on a fresh start of the
-chosen setting. Before any load, each
-server's answer over each protocol is checked against ONNX Runtime run directly.
+chosen setting. Before any load, each server's answer over each protocol is checked against ONNX
+Runtime run directly.
 
 Layouts on a 2-core machine: ``shared`` — servers on cores 0-1 with 2 ONNX Runtime threads, the client
 on the same cores (how the issue's reference numbers were taken); ``isolated`` — servers on core 1,
@@ -547,7 +547,10 @@ def render(results: dict[str, Any]) -> str:
                 at = [sw["points"].get(str(c)) for c in SWEEP_CONCURRENCIES]
                 mark = [
                     w
-                    for w, lab in (("c<8", s["chosen"]["low"]), ("c>=8", s["chosen"]["high"]))
+                    for w, lab in (
+                        (f"c<{HIGH_BAND}", s["chosen"]["low"]),
+                        (f"c>={HIGH_BAND}", s["chosen"]["high"]),
+                    )
                     if lab == sw["setting"]["label"]
                 ]
                 rows.append(

@@ -20,8 +20,9 @@ def test_one_concurrency_takes_the_most_throughput_and_ties_to_the_lower_p99() -
 
 
 def test_a_band_is_decided_by_all_its_windows_not_the_last_alone() -> None:
-    # What the eleventh session's ResNet-50 sweep looked like: at c=32 alone setting 0 is within 3%
-    # of setting 1 with the lower p99, so it won; at c=8 it trails by 10%.
+    # Shaped like the eleventh session's ResNet-50 case (its sweep had no c=8 window; these c=8
+    # figures are illustrative): at c=32 alone setting 0 is within 3% of setting 1 with the lower
+    # p99, so it wins; at c=8 it trails by 10%, and the two windows together pick setting 1.
     at8 = [pt(18.2, 650), pt(20.3, 530)]
     at32 = [pt(22.4, 1558), pt(22.6, 1669)]
     assert pick_best([[at32[0]], [at32[1]]]) == 0

@@ -292,13 +292,13 @@ def pick_best(points: list[list[dict[str, Any]]], tie: float = 0.03) -> int:
     low = [min(float(r["p99_ms"]) for r in col) for col in columns]
 
     def mean_share(row: list[dict[str, Any]]) -> float:
-        return sum(float(r["throughput"]) / t for r, t in zip(row, top, strict=True)) / len(row)
+        return sum(float(r["throughput"]) / max(t, 1e-9) for r, t in zip(row, top, strict=True)) / len(row)
 
     def mean_p99(row: list[dict[str, Any]]) -> float:
         return sum(float(r["p99_ms"]) / max(q, 1e-9) for r, q in zip(row, low, strict=True)) / len(row)
 
-    best = max(mean_share(row) for row in points)
-    near = [i for i, row in enumerate(points) if mean_share(row) >= best - tie]
+    shares = [mean_share(row) for row in points]
+    near = [i for i, share in enumerate(shares) if share >= max(shares) - tie]
     return min(near, key=lambda i: mean_p99(points[i]))
 
 

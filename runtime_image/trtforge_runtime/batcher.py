@@ -70,6 +70,16 @@ class _Item:
     enqueued: float = field(default_factory=time.monotonic)
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """A computed batch: each request's outputs and the seconds it computed, or the error for all."""
+
+    parts: list[Outputs] | None = None
+    seconds: float | None = None
+    error: RequestError | None = None
+    fault: DeviceFault | None = None
+
+
 def _signature(inputs: dict[str, np.ndarray], batchable: bool) -> tuple[object, ...]:
     """What requests must share to be batched together: each input's non-batch shape and dtype."""
     if not batchable:
@@ -300,14 +310,17 @@ class Batcher:
                     continue
                 self._executing += 1
             rows = self._observe_taken(batch)
-            seconds: float | None = None
+            outcome: _Outcome | None = None
             try:
-                seconds = self._run(instance, batch)
+                outcome = self._compute(instance, batch)
             finally:
-                with self._lock:
+                with self._lock:  # settled before any client can see its answer and send the next
                     self._executing -= 1
+                    seconds = outcome.seconds if outcome is not None else None
                     changed = seconds is not None and self.cap.observe(rows, seconds)
                     report = self._cap_report() if changed else None
+            assert outcome is not None  # _compute returns; what it cannot catch ends the thread above
+            self._deliver(batch, outcome)
             if report is not None:
                 log.info("batch cap", extra=fields(**report))
 
@@ -339,37 +352,46 @@ class Batcher:
                     return
                 self._executing += 1
             self._observe_taken(batch)
+            outcome: _Outcome | None = None
             try:
-                self._run(self._solo, batch)
+                outcome = self._compute(self._solo, batch)
                 self._metrics.solo_batches_m.inc()
             finally:
-                with self._lock:
+                with self._lock:  # settled before any client can see its answer and send the next
                     self._executing -= 1
                     self._solo_busy = False
                     self._solo_done.notify_all()
                     if self._queue:
                         self._work.notify()
+            assert outcome is not None  # as in _pool_thread
+            self._deliver(batch, outcome)
 
-    def _run(self, instance: Instance, batch: list[_Item]) -> float | None:
-        """Execute `batch` on `instance` here, then hand its answers to the loop in one call; the
-        seconds it computed, None when it failed."""
+    def _compute(self, instance: Instance, batch: list[_Item]) -> _Outcome:
+        """Execute `batch` on `instance` here; its answers or its error, not yet handed to the loop.
+        The caller settles the batcher's state first (an answer lets its client send the next request,
+        which must find this batch no longer executing), then calls :meth:`_deliver`."""
         m = self._metrics
         t0 = time.monotonic()
         try:
-            out = _execute(instance, [it.inputs for it in batch])
+            parts = _split(batch, _execute(instance, [it.inputs for it in batch]))
         except DeviceFault as e:
             m.execution_errors.labels(m.model).inc()
-            self._to_loop(self._fail, batch, RequestError(500, f"device fault during execution: {e}"), e)
-            return None
+            return _Outcome(error=RequestError(500, f"device fault during execution: {e}"), fault=e)
         except Exception as e:
             m.execution_errors.labels(m.model).inc()
             log.exception("execution failed")
-            self._to_loop(self._fail, batch, RequestError(500, f"execution failed: {e}"), None)
-            return None
+            return _Outcome(error=RequestError(500, f"execution failed: {e}"))
         seconds = time.monotonic() - t0
         m.compute_time_m.observe(seconds)
-        self._to_loop(self._answer, batch, _split(batch, out))
-        return seconds
+        return _Outcome(parts=parts, seconds=seconds)
+
+    def _deliver(self, batch: list[_Item], outcome: _Outcome) -> None:
+        """Hand a computed batch's answers (or its error) to the loop in one call."""
+        if outcome.parts is not None:
+            self._to_loop(self._answer, batch, outcome.parts)
+        else:
+            assert outcome.error is not None
+            self._to_loop(self._fail, batch, outcome.error, outcome.fault)
 
     def _to_loop(self, fn: Callable[..., None], *args: object) -> None:
         loop = self._loop

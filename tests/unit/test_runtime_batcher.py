@@ -95,6 +95,10 @@ class _Named:
         return {"y": inputs["x"] * 2}
 
 
+LONE_REQUESTS = 200  # many: the answer used to reach the client before its batch stopped counting
+# as executing, and the next lone request then went to the pool now and then
+
+
 @pytest.mark.asyncio
 async def test_lone_requests_go_solo_once_there_is_a_solo_instance() -> None:
     log: list[tuple[str, int]] = []
@@ -105,17 +109,13 @@ async def test_lone_requests_go_solo_once_there_is_a_solo_instance() -> None:
         out = await b.submit({"x": x}, 1)  # no solo instance yet: the pool
         np.testing.assert_array_equal(out["y"], x * 2)
         b.add_solo(_Named("solo", log))
-        for i in range(3):  # one at a time
+        for i in range(LONE_REQUESTS):  # one at a time: each finds the last one's batch finished
             out = await b.submit({"x": x * i}, 1)
             np.testing.assert_array_equal(out["y"], x * i * 2)
     finally:
         await b.stop()
-    assert [n for n, _ in log] == ["pool-0", "solo", "solo", "solo"] or [n for n, _ in log] == [
-        "pool-1",
-        "solo",
-        "solo",
-        "solo",
-    ], log
+    names = [n for n, _ in log]
+    assert names[0] in ("pool-0", "pool-1") and names[1:] == ["solo"] * LONE_REQUESTS, log
 
 
 @pytest.mark.asyncio

@@ -31,6 +31,7 @@ from benchmarks.models import model_info
 from benchmarks.servers import Kind, Setting, kinds
 from benchmarks.serving import (
     HIGH_BAND,
+    MIN_STREAM_ANSWERS,
     PROTOCOL_TITLES,
     Server,
     Windows,
@@ -131,10 +132,10 @@ def run_model(
     lay = layouts()[a.layout]
     model = model_info(name)
     slow = a.slow_factor if name != "squeezenet" else 1.0
-    win = Windows(a.seconds * slow, a.warmup * slow)
     ref = reference_output(model)
     full = run_pinned(model.file, lay.server_cpus, lay.threads, a.ceiling_seconds * slow, a.ceiling_batches)
     best = full["best"]
+    win = Windows(a.seconds * slow, a.warmup * slow, float(best["images_per_s"]), a.stream_answers)
     log(f"  {name}: ceiling {best['images_per_s']} img/s at {best}")
     concs = [int(c) for c in a.concurrency.split(",")]
     log_dir = CACHE / "logs"
@@ -175,7 +176,8 @@ def run_model(
                     others = [s for s in servers.values() if s is not srv]
                     idle0 = {id(s): tree_cpu_seconds(s.proc.pid) for s in others}
                     t0 = time.monotonic()
-                    res = load(srv, pt.protocol, pt.concurrency, win.seconds, win.warmup)
+                    c = pt.concurrency
+                    res = load(srv, pt.protocol, c, win.window(c), win.warm(c))
                     el = time.monotonic() - t0
                     idle = (
                         max((tree_cpu_seconds(s.proc.pid) - idle0[id(s)]) / el for s in others)
@@ -233,7 +235,7 @@ def run_model(
     return {
         "ceiling_full": full,
         "round_ceilings": ceilings,
-        "windows": {"seconds": win.seconds, "warmup": win.warmup},
+        "windows": win.as_dict(concs),
         "chosen": {k.name: chosen[k.name] for k in kinds_to_run},
         "idle_servers_cpu_max": round(idle_cpu_max, 3),
         "points": out_points,
@@ -250,6 +252,17 @@ def _slim(res: dict[str, Any]) -> dict[str, Any]:
     return {k: res[k] for k in keys if k in res}
 
 
+def _windows_text(w: dict[str, Any]) -> str:
+    """ "10 s after 2.5 s", and the concurrencies whose windows grew (serving.Windows)."""
+    base = (w["seconds"], w["warmup"])
+    grown = [
+        f"c={c}: {win:g} s after {warm:g} s"
+        for c, (win, warm) in w.get("by_concurrency", {}).items()
+        if (win, warm) != base
+    ]
+    return f"{base[0]:g} s after {base[1]:g} s" + (f" ({'; '.join(grown)})" if grown else "")
+
+
 def render(results: dict[str, Any]) -> str:
     peer = results["peer"]
     parts = [
@@ -263,8 +276,8 @@ def render(results: dict[str, Any]) -> str:
     for model, m in results["models"].items():
         ceil = ", ".join(f"{c:g}" for c in m["round_ceilings"])
         parts.append(
-            f"**{model}**: ceiling by round {ceil} img/s; windows {m['windows']['seconds']:g} s"
-            f" after {m['windows']['warmup']:g} s. trtforge gRPC over HTTP at c=32, median of rounds:"
+            f"**{model}**: ceiling by round {ceil} img/s; windows {_windows_text(m['windows'])}."
+            f" trtforge gRPC over HTTP at c=32, median of rounds:"
             f" {m['trtforge_grpc_over_http_c32']['median']} ({m['trtforge_grpc_over_http_c32']['rounds']})."
         )
         bhead = (
@@ -316,6 +329,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--slow-factor", type=float, default=2.5, help="window multiplier for ResNet-50")
+    p.add_argument(
+        "--stream-answers",
+        type=int,
+        default=MIN_STREAM_ANSWERS,
+        help="windows grow until each worker gets this many answers at the ceiling's rate (0: fixed)",
+    )
     p.add_argument("--ceiling-seconds", type=float, default=1.0)
     p.add_argument("--ceiling-batches", default="1,2,4,8,16,32")
     p.add_argument("--chosen-from", default=str(RESULTS / "serving.json"), help="the serving grid's result")

@@ -48,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         (
             "serving",
             serving.main,
-            ["--seconds", "1.5", "--warmup", "0.5", "--ceiling-seconds", "0.3", "--concurrency", "1,32"]
+            [
+                *("--seconds", "1.5", "--warmup", "0.5", "--ceiling-seconds", "0.3"),
+                *("--concurrency", "1,32", "--stream-answers", "0"),
+            ]
             if q
             else [],
         ),
@@ -66,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                 "0.3",
                 "--concurrency",
                 "1,32",
+                "--stream-answers",
+                "0",
             ]
             if q
             else [],

@@ -302,10 +302,43 @@ def pick_best(points: list[list[dict[str, Any]]], tie: float = 0.03) -> int:
     return min(near, key=lambda i: mean_p99(points[i]))
 
 
+# Each closed-loop worker needs this many answers inside a window for its own rate to mean much
+# (loadgen.stream_rate): ResNet-50 at c=64 answers each worker about every 2.7 s here, so a 10 s
+# window gave it 3 or 4, and the two throughput estimates of one window differed by up to 16%.
+MIN_STREAM_ANSWERS = 10
+WARMUP_STREAM_ANSWERS = 2  # the warm-up outlasts the first cycles, when every worker sent at once
+
+
 @dataclass(frozen=True)
 class Windows:
+    """A point's warm-up and measuring window: at least `seconds` and `warmup`, and at high
+    concurrency long enough for each worker to get `stream_answers` answers in the window (and
+    WARMUP_STREAM_ANSWERS in the warm-up) at `rate`, the model's ceiling in images per second, which
+    no server beats. `rate` None or `stream_answers` 0: fixed windows."""
+
     seconds: float
     warmup: float
+    rate: float | None = None
+    stream_answers: int = MIN_STREAM_ANSWERS
+
+    def _cycles(self, answers: int, concurrency: int) -> float:
+        return answers * concurrency / self.rate if self.rate and self.stream_answers else 0.0
+
+    def window(self, concurrency: int) -> float:
+        return max(self.seconds, self._cycles(self.stream_answers, concurrency))
+
+    def warm(self, concurrency: int) -> float:
+        return max(self.warmup, self._cycles(min(WARMUP_STREAM_ANSWERS, self.stream_answers), concurrency))
+
+    def as_dict(self, concurrencies: list[int]) -> dict[str, Any]:
+        return {
+            "seconds": self.seconds,
+            "warmup": self.warmup,
+            "stream_answers": self.stream_answers,
+            "by_concurrency": {
+                str(c): [round(self.window(c), 1), round(self.warm(c), 1)] for c in concurrencies
+            },
+        }
 
 
 def measure_server(
@@ -330,7 +363,7 @@ def measure_server(
             meta = srv.server_metadata()
             primary = srv.protocols[0]
             # keyed by str(concurrency), as the result file keeps them
-            pts = {str(c): load(srv, primary, c, win.seconds, win.warmup) for c in SWEEP_CONCURRENCIES}
+            pts = {str(c): load(srv, primary, c, win.window(c), win.warm(c)) for c in SWEEP_CONCURRENCIES}
         finally:
             srv.close()
         log(
@@ -354,7 +387,7 @@ def measure_server(
                     if reuse:
                         r = dict(sweep[idx]["points"][str(c)], from_sweep=True)
                     else:
-                        r = load(srv, protocol, c, win.seconds, win.warmup)
+                        r = load(srv, protocol, c, win.window(c), win.warm(c))
                     r.update(protocol=protocol, setting=settings[idx].label)
                     points.append(r)
                     log(
@@ -389,6 +422,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=4.0, help="measuring window per point (SqueezeNet)")
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--slow-factor", type=float, default=2.5, help="window multiplier for ResNet-50")
+    p.add_argument(
+        "--stream-answers",
+        type=int,
+        default=MIN_STREAM_ANSWERS,
+        help="windows grow until each worker gets this many answers at the ceiling's rate (0: fixed)",
+    )
     # Each batch size is timed this long; the ceiling is the best of eleven such timings, so short
     # ones make it the luckiest of eleven noisy samples.
     p.add_argument("--ceiling-seconds", type=float, default=1.0)
@@ -417,12 +456,19 @@ def main(argv: list[str] | None = None) -> int:
     for name in a.models.split(","):
         model = model_info(name)
         slow = a.slow_factor if name != "squeezenet" else 1.0
-        models[name] = (model, Windows(a.seconds * slow, a.warmup * slow), reference_output(model))
         ceil = ceiling(model, lay, a.ceiling_seconds * slow, a.ceiling_batches)
         small = sweep_small_batch(ceil)
         best = ceil["best"]
+        rate = float(best["images_per_s"])
+        win = Windows(a.seconds * slow, a.warmup * slow, rate, a.stream_answers)
+        models[name] = (model, win, reference_output(model))
         log(f"  {name}: ceiling {best['images_per_s']} img/s ({best}); the sweep's small batch {small}")
-        results["models"][name] = {"ceiling": ceil, "sweep_small_batch": small, "servers": {}}
+        results["models"][name] = {
+            "ceiling": ceil,
+            "sweep_small_batch": small,
+            "windows": win.as_dict(concs),
+            "servers": {},
+        }
     for kind in servers:
         for name, (model, win, ref) in models.items():
             mres = results["models"][name]

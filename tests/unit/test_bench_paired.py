@@ -102,3 +102,12 @@ def test_a_grids_small_batch_reaches_every_server_with_a_batcher() -> None:
         assert batches == [32, 32, 2, 2], name
     s = setting_for(kinds()["triton"], 2, "2 inst x 1 thr, batch<=2, delay 2000us", small_batch=2)
     assert (s.max_batch, s.queue_delay_us) == (2, 2000)
+
+
+def test_the_windows_line_names_the_concurrencies_whose_windows_grew() -> None:
+    from benchmarks.paired import _windows_text
+    from benchmarks.serving import Windows
+
+    grown = Windows(10.0, 2.5, rate=24.0).as_dict([1, 8, 64])
+    assert _windows_text(grown) == "10 s after 2.5 s (c=64: 26.7 s after 5.3 s)"
+    assert _windows_text({"seconds": 4.0, "warmup": 1.0}) == "4 s after 1 s"  # a file from before

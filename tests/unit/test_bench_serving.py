@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.serving import pick_best
+from benchmarks.serving import Windows, pick_best
 
 
 def pt(throughput: float, p99_ms: float) -> dict[str, Any]:
@@ -41,3 +41,21 @@ def test_settings_with_different_bands_are_refused() -> None:
         pick_best([[pt(1, 1)], [pt(1, 1), pt(2, 2)]])
     with pytest.raises(ValueError, match="same non-empty band"):
         pick_best([[], []])
+
+
+def test_windows_grow_until_every_worker_gets_its_answers_at_the_ceiling_rate() -> None:
+    w = Windows(10.0, 2.5, rate=24.0)  # ResNet-50's windows on 2 cores
+    assert w.window(1) == 10.0 and w.warm(1) == 2.5  # never shorter than asked
+    assert w.window(64) == pytest.approx(10 * 64 / 24.0)  # 10 answers each, at 24 img/s in all
+    assert w.warm(64) == pytest.approx(2 * 64 / 24.0)
+    assert w.window(32) > w.window(8) >= 10.0
+    assert Windows(4.0, 1.0, rate=250.0).window(64) == 4.0  # SqueezeNet's are long enough already
+
+
+def test_windows_stay_fixed_without_a_rate_or_with_no_answers_asked() -> None:
+    for w in (Windows(10.0, 2.5), Windows(10.0, 2.5, rate=24.0, stream_answers=0)):
+        assert (w.window(64), w.warm(64)) == (10.0, 2.5)
+    assert Windows(10.0, 2.5, rate=24.0).as_dict([1, 64])["by_concurrency"] == {
+        "1": [10.0, 2.5],
+        "64": [26.7, 5.3],
+    }

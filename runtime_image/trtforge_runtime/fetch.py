@@ -4,6 +4,12 @@ from a store on a mounted volume (``pvc://``, ``file://``), verify it where it l
 Cache layout: ``<cache-dir>/<key>/{<engine file>, canary.npz, manifest.json}`` plus, per verified
 file, ``.<file>.verified`` holding ``{"sha256", "size", "mtime_ns", "ino"}``.
 
+Downloaded (any other store): the engine file is verified in memory or on disk
+(:mod:`trtforge_runtime.staging` says which and why). In memory, the backend is handed
+``/proc/self/fd/<n>`` of a sealed memfd holding the verified bytes, and the cache copy with its
+marker is written behind it (:attr:`LocalEngine.cache_written`); on disk, the cache file is written,
+verified and renamed into place before the load.
+
 In place (a mounted store): nothing is copied. Each file is opened once, hashed through that open
 descriptor (or trusted by a marker from an earlier start, below), and the backend is handed
 ``/proc/self/fd/<n>``, a path to that same descriptor, which stays open for the life of the process.
@@ -35,6 +41,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -44,7 +51,7 @@ from trtforge.contract.manifest import Manifest
 from trtforge.logs import fields
 from trtforge.store.base import EngineStore, ObjectNotFound, StoreError
 from trtforge.store.local import LocalStore
-from trtforge_runtime import prehash, warmstart
+from trtforge_runtime import prehash, staging, warmstart
 from trtforge_runtime.errors import Refusal
 
 log = logging.getLogger(__name__)
@@ -60,6 +67,8 @@ class LocalEngine:
     canary: Path
     downloaded_bytes: int  # 0 when everything came from the cache or was verified in place
     hashed_bytes: int = 0  # read to verify in place (0 when markers vouched for every file)
+    # done once the cache copy of an engine file staged in memory is written (None: none was)
+    cache_written: Future[Path] | None = None
 
 
 def _marker(path: Path) -> Path:
@@ -130,30 +139,59 @@ def hash_and_write(chunks: Iterable[bytes], out: BinaryIO, depth: int = 4) -> tu
     return h.hexdigest(), n
 
 
-def _fetch_file(store: EngineStore, src: str, dst: Path, sha256: str, size: int | None) -> int:
-    """Stream `src` into `dst` (atomic rename), hashing as it goes; the bytes read."""
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.part")
+def _fetch_file(
+    store: EngineStore, src: str, dst: Path, sha256: str, size: int | None, where: staging.Staging
+) -> tuple[int, Path, Future[Path] | None]:
+    """Stream `src`, hashing as it goes, into `dst` (atomic rename) or, staged in memory, into a
+    sealed memfd whose cache copy at `dst` is written behind (the future). The bytes read, the
+    path to load, and that future (None on disk)."""
     t0 = time.monotonic()
-    try:
-        with open(tmp, "wb") as f:
-            got, n = hash_and_write(store.iter_chunks(src, CHUNK), f)
-        if got != sha256 or (size is not None and n != size):
-            raise Refusal(
-                "EngineIntegrity",
-                f"{src} in store {store.uri}: sha256 {got} ({n} bytes) does not match the manifest's "
-                f"{sha256} ({size if size is not None else '?'} bytes); the file is corrupt or was "
-                "tampered with, refusing to load it",
-            )
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _write_marker(dst, sha256)
+    if where is staging.Staging.MEMORY:
+        fd = staging.open_memfd(dst.name)
+        try:
+            with open(fd, "wb", closefd=False) as f:
+                got, n = hash_and_write(store.iter_chunks(src, CHUNK), f)
+            _check_fetched(store, src, got, n, sha256, size)
+            staging.seal(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        _held_open.append(fd)
+        path: Path = PROC_FD / str(fd)
+        cached: Future[Path] | None = staging.copy_to_cache(fd, n, dst, lambda p: _write_marker(p, sha256))
+    else:
+        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.part")
+        try:
+            with open(tmp, "wb") as f:
+                got, n = hash_and_write(store.iter_chunks(src, CHUNK), f)
+            _check_fetched(store, src, got, n, sha256, size)
+            os.replace(tmp, dst)
+        finally:
+            tmp.unlink(missing_ok=True)
+        _write_marker(dst, sha256)
+        path, cached = dst, None
     secs = time.monotonic() - t0
     log.info(
         "fetched",
-        extra=fields(path=src, bytes=n, seconds=round(secs, 3), mb_per_s=round(n / 1e6 / max(secs, 1e-6), 1)),
+        extra=fields(
+            path=src,
+            bytes=n,
+            staged=where.value,
+            seconds=round(secs, 3),
+            mb_per_s=round(n / 1e6 / max(secs, 1e-6), 1),
+        ),
     )
-    return n
+    return n, path, cached
+
+
+def _check_fetched(store: EngineStore, src: str, got: str, n: int, sha256: str, size: int | None) -> None:
+    if got != sha256 or (size is not None and n != size):
+        raise Refusal(
+            "EngineIntegrity",
+            f"{src} in store {store.uri}: sha256 {got} ({n} bytes) does not match the manifest's "
+            f"{sha256} ({size if size is not None else '?'} bytes); the file is corrupt or was "
+            "tampered with, refusing to load it",
+        )
 
 
 def _rehashed(path: Path) -> str | None:
@@ -164,18 +202,22 @@ def _rehashed(path: Path) -> str | None:
         return None
 
 
-def _ensure(store: EngineStore, src: str, dst: Path, sha256: str, size: int | None) -> int:
+def _ensure(
+    store: EngineStore, src: str, dst: Path, sha256: str, size: int | None, where: staging.Staging | None
+) -> tuple[int, Path, Future[Path] | None]:
+    """A verified copy of `src`: the cache's (trusted by its marker, or re-hashed), else fetched
+    (staged where `where` says; None: :func:`staging.choose` decides). As :func:`_fetch_file`."""
     if dst.exists():
         if _cached_ok(dst, sha256, dst.stat().st_size if size is None else size):
             log.info("using cached copy", extra=fields(path=str(dst)))
-            return 0
+            return 0, dst, None
         if (size is None or dst.stat().st_size == size) and _rehashed(dst) == sha256:
             _write_marker(dst, sha256)
             log.info("cached copy re-verified", extra=fields(path=str(dst)))
-            return 0
+            return 0, dst, None
         log.warning("cached copy does not match the manifest; fetching again", extra=fields(path=str(dst)))
         dst.unlink()
-    return _fetch_file(store, src, dst, sha256, size)
+    return _fetch_file(store, src, dst, sha256, size, where or staging.choose(size))
 
 
 def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int | None) -> tuple[Path, int]:
@@ -270,12 +312,18 @@ def _read_manifest(store: EngineStore, key: str, cached: Path) -> Manifest:
 
 
 def fetch_engine(
-    store: EngineStore, key: str, cache_dir: Path, check: Callable[[Manifest], None] | None = None
+    store: EngineStore,
+    key: str,
+    cache_dir: Path,
+    check: Callable[[Manifest], None] | None = None,
+    where: staging.Staging | None = None,
 ) -> LocalEngine:
     """The manifest, and verified local copies of the artifact and the canary data (for a store on a
     mounted volume, the verified store files themselves).
 
-    `check` sees the manifest before anything large is fetched (the GPU identity check). What a
+    `check` sees the manifest before anything large is fetched (the GPU identity check). `where`
+    forces the staging of a downloaded engine file (None: :func:`staging.choose` decides; the canary
+    is always fetched to disk). What a
     :mod:`~trtforge_runtime.warmstart` already fetched for the same key and cache dir is returned
     (after `check` sees its manifest again) instead of fetching anew.
     """
@@ -298,6 +346,7 @@ def fetch_engine(
         (manifest.canary.file, manifest.canary.sha256, None),
     )
     n = hashed = 0
+    written: list[Future[Path]] = []
     try:
         if isinstance(store, LocalStore):
             (artifact, h1), (canary, h2) = (
@@ -306,8 +355,14 @@ def fetch_engine(
             )
             hashed = h1 + h2
         else:
-            for f, sha, size in files:
-                n += _ensure(store, layout.engine_path(key, f), local / f, sha, size)
+            paths: list[Path] = []
+            # only the engine file may be staged in memory; the canary is small and its size unknown
+            for (f, sha, size), w in zip(files, (where, staging.Staging.DISK), strict=True):
+                got, path, cached = _ensure(store, layout.engine_path(key, f), local / f, sha, size, w)
+                n += got
+                paths.append(path)
+                written.extend([cached] if cached is not None else [])
+            artifact, canary = paths
     except ObjectNotFound as e:
         raise Refusal("EngineIntegrity", f"engine {key} in store {store.uri} is incomplete: {e}") from e
     except StoreError as e:
@@ -316,5 +371,10 @@ def fetch_engine(
     tmp.write_text(manifest.to_json())
     os.replace(tmp, cached_manifest)
     return LocalEngine(
-        manifest=manifest, artifact=artifact, canary=canary, downloaded_bytes=n, hashed_bytes=hashed
+        manifest=manifest,
+        artifact=artifact,
+        canary=canary,
+        downloaded_bytes=n,
+        hashed_bytes=hashed,
+        cache_written=written[0] if written else None,
     )

@@ -16,6 +16,7 @@ from trtforge_runtime.errors import Refusal, RequestError
 from trtforge_runtime.fetch import fetch_engine
 from trtforge_runtime.identity import check_identity
 from trtforge_runtime.model import model_spec
+from trtforge_runtime.staging import Staging
 from trtforge_runtime.v2 import HEADER_LENGTH, decode_request, encode_response
 
 from trtforge.contract import layout
@@ -192,21 +193,54 @@ def test_fetch_copies_from_a_remote_store_and_trusts_only_an_unchanged_marked_co
     root = _store(tmp_path, artifact, canary, _manifest(artifact, canary))
     store = cast(EngineStore, _RemoteStore(open_store(str(root))))
     cache = tmp_path / "cache"
-    first = fetch_engine(store, KEY, cache)
-    assert first.downloaded_bytes == len(artifact) + len(canary)
+    first = fetch_engine(store, KEY, cache, where=Staging.DISK)
+    assert first.downloaded_bytes == len(artifact) + len(canary) and first.cache_written is None
     assert first.artifact.parent == cache / KEY and first.artifact.read_bytes() == artifact
     assert fetch_engine(store, KEY, cache).downloaded_bytes == 0  # marker + unchanged stat: no read
     first.artifact.write_bytes(b"y" * 10_000)  # the cached copy changes: re-hashed, fetched again
-    again = fetch_engine(store, KEY, cache)
+    again = fetch_engine(store, KEY, cache, where=Staging.DISK)
     assert again.downloaded_bytes == len(artifact) and again.artifact.read_bytes() == artifact
 
     (root / layout.engine_dir(KEY) / "model.onnx").write_bytes(b"x" * 9_999 + b"z")  # tampered in the store
     with pytest.raises(Refusal, match="does not match the manifest") as e:
-        fetch_engine(store, KEY, tmp_path / "fresh-cache")
+        fetch_engine(store, KEY, tmp_path / "fresh-cache", where=Staging.DISK)
     assert e.value.reason == "EngineIntegrity"
     with pytest.raises(Refusal, match="does not exist") as e:
         fetch_engine(store, "b" * 64, cache)
     assert e.value.reason == "EngineIntegrity"
+
+
+def test_fetch_stages_a_download_in_sealed_memory_and_writes_the_cache_copy_behind(tmp_path: Path) -> None:
+    artifact, canary = b"x" * 10_000, b"canary"
+    root = _store(tmp_path, artifact, canary, _manifest(artifact, canary))
+    store = cast(EngineStore, _RemoteStore(open_store(str(root))))
+    cache = tmp_path / "cache"
+    first = fetch_engine(store, KEY, cache, where=Staging.MEMORY)
+    assert first.downloaded_bytes == len(artifact) + len(canary)
+    assert first.artifact.parent == Path("/proc/self/fd") and first.artifact.read_bytes() == artifact
+    assert first.canary == cache / KEY / "canary.npz"  # its size is not in the manifest: on disk
+    assert first.cache_written is not None
+    cached = first.cache_written.result(timeout=60)
+    assert cached == cache / KEY / "model.onnx" and cached.read_bytes() == artifact
+    # The loaded path now reads the cache file (the memory is given back) and stays valid.
+    assert os.stat(first.artifact).st_ino == cached.stat().st_ino
+    assert first.artifact.read_bytes() == artifact
+    # A container restart trusts the marked cache copy: nothing is downloaded.
+    again = fetch_engine(store, KEY, cache, where=Staging.MEMORY)
+    assert (again.downloaded_bytes, again.artifact, again.cache_written) == (0, cached, None)
+
+
+def test_a_tampered_download_staged_in_memory_leaves_nothing_behind(tmp_path: Path) -> None:
+    artifact, canary = b"x" * 10_000, b"canary"
+    root = _store(tmp_path, artifact, canary, _manifest(artifact, canary))
+    store = cast(EngineStore, _RemoteStore(open_store(str(root))))
+    (root / layout.engine_dir(KEY) / "model.onnx").write_bytes(b"x" * 9_999 + b"z")  # tampered in the store
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(Refusal, match="does not match the manifest") as e:
+        fetch_engine(store, KEY, tmp_path / "fresh-cache", where=Staging.MEMORY)
+    assert e.value.reason == "EngineIntegrity"
+    assert not (tmp_path / "fresh-cache" / KEY / "model.onnx").exists()
+    assert len(os.listdir("/proc/self/fd")) == fds  # the memfd was closed
 
 
 def test_fetch_verifies_a_mounted_store_in_place_and_loads_the_file_it_hashed(tmp_path: Path) -> None:

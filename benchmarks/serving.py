@@ -304,7 +304,8 @@ def pick_best(points: list[list[dict[str, Any]]], tie: float = 0.03) -> int:
 
 # Each closed-loop worker needs this many answers inside a window for its own rate to mean much
 # (loadgen.stream_rate): ResNet-50 at c=64 answers each worker about every 2.7 s here, so a 10 s
-# window gave it 3 or 4, and the two throughput estimates of one window differed by up to 16%.
+# window gave it 3 or 4, and the two throughput estimates of one window differed by up to 16%
+# (in 30 s windows: within 3% for trtforge, 5% for Triton's uneven service).
 MIN_STREAM_ANSWERS = 10
 WARMUP_STREAM_ANSWERS = 2  # the warm-up outlasts the first cycles, when every worker sent at once
 

@@ -150,8 +150,7 @@ def _fetch_file(
         fd = staging.open_memfd(dst.name)
         try:
             with open(fd, "wb", closefd=False) as f:
-                got, n = hash_and_write(store.iter_chunks(src, CHUNK), f)
-            _check_fetched(store, src, got, n, sha256, size)
+                n = _stream_verified(store, src, f, sha256, size)
             staging.seal(fd)
         except BaseException:
             os.close(fd)
@@ -163,8 +162,7 @@ def _fetch_file(
         tmp = dst.with_name(f".{dst.name}.{os.getpid()}.part")
         try:
             with open(tmp, "wb") as f:
-                got, n = hash_and_write(store.iter_chunks(src, CHUNK), f)
-            _check_fetched(store, src, got, n, sha256, size)
+                n = _stream_verified(store, src, f, sha256, size)
             os.replace(tmp, dst)
         finally:
             tmp.unlink(missing_ok=True)
@@ -184,7 +182,10 @@ def _fetch_file(
     return n, path, cached
 
 
-def _check_fetched(store: EngineStore, src: str, got: str, n: int, sha256: str, size: int | None) -> None:
+def _stream_verified(store: EngineStore, src: str, out: BinaryIO, sha256: str, size: int | None) -> int:
+    """Stream `src` into `out`, hashing it; its bytes, or Refusal(EngineIntegrity) when its sha256 or
+    size is not the manifest's."""
+    got, n = hash_and_write(store.iter_chunks(src, CHUNK), out)
     if got != sha256 or (size is not None and n != size):
         raise Refusal(
             "EngineIntegrity",
@@ -192,6 +193,7 @@ def _check_fetched(store: EngineStore, src: str, got: str, n: int, sha256: str, 
             f"{sha256} ({size if size is not None else '?'} bytes); the file is corrupt or was "
             "tampered with, refusing to load it",
         )
+    return n
 
 
 def _rehashed(path: Path) -> str | None:

@@ -188,10 +188,16 @@ class _RemoteStore:
         return self.inner.iter_chunks(path, chunk_size)
 
 
-def test_fetch_copies_from_a_remote_store_and_trusts_only_an_unchanged_marked_copy(tmp_path: Path) -> None:
+def _remote_engine(tmp: Path) -> tuple[bytes, bytes, Path, EngineStore]:
+    """An engine's artifact and canary, the local store under `tmp` that holds them, and a
+    :class:`_RemoteStore` over it."""
     artifact, canary = b"x" * 10_000, b"canary"
-    root = _store(tmp_path, artifact, canary, _manifest(artifact, canary))
-    store = cast(EngineStore, _RemoteStore(open_store(str(root))))
+    root = _store(tmp, artifact, canary, _manifest(artifact, canary))
+    return artifact, canary, root, cast(EngineStore, _RemoteStore(open_store(str(root))))
+
+
+def test_fetch_copies_from_a_remote_store_and_trusts_only_an_unchanged_marked_copy(tmp_path: Path) -> None:
+    artifact, canary, root, store = _remote_engine(tmp_path)
     cache = tmp_path / "cache"
     first = fetch_engine(store, KEY, cache, where=Staging.DISK)
     assert first.downloaded_bytes == len(artifact) + len(canary) and first.cache_written is None
@@ -211,9 +217,7 @@ def test_fetch_copies_from_a_remote_store_and_trusts_only_an_unchanged_marked_co
 
 
 def test_fetch_stages_a_download_in_sealed_memory_and_writes_the_cache_copy_behind(tmp_path: Path) -> None:
-    artifact, canary = b"x" * 10_000, b"canary"
-    root = _store(tmp_path, artifact, canary, _manifest(artifact, canary))
-    store = cast(EngineStore, _RemoteStore(open_store(str(root))))
+    artifact, canary, _, store = _remote_engine(tmp_path)
     cache = tmp_path / "cache"
     first = fetch_engine(store, KEY, cache, where=Staging.MEMORY)
     assert first.downloaded_bytes == len(artifact) + len(canary)
@@ -231,9 +235,7 @@ def test_fetch_stages_a_download_in_sealed_memory_and_writes_the_cache_copy_behi
 
 
 def test_a_tampered_download_staged_in_memory_leaves_nothing_behind(tmp_path: Path) -> None:
-    artifact, canary = b"x" * 10_000, b"canary"
-    root = _store(tmp_path, artifact, canary, _manifest(artifact, canary))
-    store = cast(EngineStore, _RemoteStore(open_store(str(root))))
+    _, _, root, store = _remote_engine(tmp_path)
     (root / layout.engine_dir(KEY) / "model.onnx").write_bytes(b"x" * 9_999 + b"z")  # tampered in the store
     fds = len(os.listdir("/proc/self/fd"))
     with pytest.raises(Refusal, match="does not match the manifest") as e:

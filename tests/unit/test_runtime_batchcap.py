@@ -226,7 +226,14 @@ async def test_the_batcher_climbs_from_small_batches_until_its_own_timings_stop_
                 np.testing.assert_array_equal(o["y"], x + i + 1)
         # Twice the smallest bucket as fast per row as the best: 8 (16 costs more per row).
         assert b.cap.limit == 16, (bursts, b.cap.per_row_ms())
-        # It climbed one bucket at a time: never a batch past the first size that stopped paying.
+        # The cap reaches 16 as soon as 8 is timed: keep the load on until 16 is timed too (the cap
+        # may have changed on a burst's last batch, before any batch of 16 ran).
+        while bursts < 200 and 16 not in b.cap.per_row_ms():
+            bursts += 1
+            await asyncio.gather(*(b.enqueue({"x": x + i}, 1) for i in range(48)))
+        # Timed, 16 costs more per row than 8, so the cap holds: it climbed one bucket at a time and
+        # never ran a batch past the first size that stopped paying.
+        assert b.cap.limit == 16 and 16 in b.cap.per_row_ms(), (bursts, b.cap.per_row_ms())
         assert max(sizes) == 16, sizes
         # (a batch's answers reach the loop just before its timing reaches the cap and the gauge)
         await until(lambda: gauge(metrics) == b.cap.limit, "the gauge shows the learned cap")

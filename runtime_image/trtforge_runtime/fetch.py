@@ -24,7 +24,9 @@ the manifest; then its marker is written. On a later start a file whose marker n
 sha256 *and* whose size, mtime and inode still equal the marker's is trusted without re-hashing (a
 ``stat``, not a read). Anything that rewrites the file changes its mtime or inode, so it is hashed
 again, and fetched again if it no longer matches. The cache volume is the pod's own (an emptyDir);
-nothing else writes it.
+nothing else writes it. A download stops as soon as it passes the manifest's size, before it can fill
+the memory or volume it is written to; partial copies (``.<file>.<pid>.part``) that killed starts
+left are removed before the next download of that file.
 
 The manifest itself is always read from the store when the store answers (it is small, and its
 presence is the engine's commit); when the store cannot be reached, a cached, verified copy is used
@@ -56,6 +58,9 @@ from trtforge_runtime.errors import Refusal
 
 log = logging.getLogger(__name__)
 CHUNK = 4 << 20
+# The most a downloaded file whose size the manifest does not state (the canary: a few samples) may
+# stream; a file whose size it states may stream exactly that.
+UNSIZED_MAX_BYTES = 256 << 20
 PROC_FD = Path("/proc/self/fd")
 _held_open: list[int] = []  # descriptors of files verified in place, open for the process's life
 
@@ -100,11 +105,23 @@ def _write_marker(path: Path, sha256: str) -> None:
     os.replace(tmp, m)
 
 
-def hash_and_write(chunks: Iterable[bytes], out: BinaryIO, depth: int = 4) -> tuple[str, int]:
+class StreamTooLong(Exception):
+    """A stream went past the bytes it may have; nothing past them was written."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the stream went past {limit} bytes")
+        self.limit = limit
+
+
+def hash_and_write(
+    chunks: Iterable[bytes], out: BinaryIO, depth: int = 4, limit: int | None = None
+) -> tuple[str, int]:
     """Write `chunks` to `out` and hash them on a second thread while this one receives the next:
     the receive, the hash and the write all release the GIL, so they overlap instead of taking turns.
     Returns (sha256, bytes). At most `depth` chunks wait between the two; an error on either side
-    stops both and is raised here."""
+    stops both and is raised here. A stream that would pass `limit` bytes stops at the chunk that
+    passes it (not written) with :class:`StreamTooLong`, so a store serving more than it should
+    cannot fill the memory or disk it is written to."""
     pending: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
     h = hashlib.sha256()
     failed: list[BaseException] = []
@@ -122,9 +139,13 @@ def hash_and_write(chunks: Iterable[bytes], out: BinaryIO, depth: int = 4) -> tu
     worker = threading.Thread(target=consume, name="fetch-hash", daemon=True)
     worker.start()
     n = 0
+    too_long = False
     try:
         for chunk in chunks:
             if failed:
+                break
+            if limit is not None and n + len(chunk) > limit:
+                too_long = True
                 break
             pending.put(chunk)
             n += len(chunk)
@@ -136,7 +157,47 @@ def hash_and_write(chunks: Iterable[bytes], out: BinaryIO, depth: int = 4) -> tu
             close()  # a stream left early (the writer failed) gives its connection back now
     if failed:
         raise failed[0]
+    if too_long:
+        assert limit is not None
+        raise StreamTooLong(limit)
     return h.hexdigest(), n
+
+
+def stale_parts(names: Iterable[str], file: str, me: int, alive: Callable[[int], bool]) -> list[str]:
+    """Of `names` (a cache directory's), the partial copies of `file` that no process is writing:
+    left by a start killed mid-download or mid-copy. Never `me`'s own name (the process about to
+    write it; after a container restart the same pid may be reused, and then the write truncates
+    it) and never a name whose pid is `alive`."""
+    stale = []
+    for name in names:
+        pid = name.removeprefix(f".{file}.").removesuffix(".part")
+        if not pid.isdigit() or name != staging.part_name(file, int(pid)):
+            continue  # not a partial copy of `file`
+        if int(pid) != me and not alive(int(pid)):
+            stale.append(name)
+    return stale
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (one this process may not signal exists too)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_parts(dst: Path) -> None:
+    """Delete the partial copies of `dst` that earlier, killed starts left in the cache volume."""
+    try:
+        names = os.listdir(dst.parent)
+    except OSError:
+        return
+    for name in stale_parts(names, dst.name, os.getpid(), _pid_alive):
+        (dst.parent / name).unlink(missing_ok=True)
+        log.info("removed a partial copy an earlier start left", extra=fields(path=str(dst.parent / name)))
 
 
 def _fetch_file(
@@ -144,8 +205,10 @@ def _fetch_file(
 ) -> tuple[int, Path, Future[Path] | None]:
     """Stream `src`, hashing as it goes, into `dst` (atomic rename) or, staged in memory, into a
     sealed memfd whose cache copy at `dst` is written behind (the future). The bytes read, the
-    path to load, and that future (None on disk)."""
+    path to load, and that future (None on disk). Partial copies of `dst` that killed starts left
+    are removed first."""
     t0 = time.monotonic()
+    _remove_stale_parts(dst)
     if where is staging.Staging.MEMORY:
         fd = staging.open_memfd(dst.name)
         try:
@@ -159,7 +222,7 @@ def _fetch_file(
         path: Path = PROC_FD / str(fd)
         cached: Future[Path] | None = staging.copy_to_cache(fd, n, dst, lambda p: _write_marker(p, sha256))
     else:
-        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.part")
+        tmp = dst.with_name(staging.part_name(dst.name, os.getpid()))
         try:
             with open(tmp, "wb") as f:
                 n = _stream_verified(store, src, f, sha256, size)
@@ -184,8 +247,22 @@ def _fetch_file(
 
 def _stream_verified(store: EngineStore, src: str, out: BinaryIO, sha256: str, size: int | None) -> int:
     """Stream `src` into `out`, hashing it; its bytes, or Refusal(EngineIntegrity) when its sha256 or
-    size is not the manifest's."""
-    got, n = hash_and_write(store.iter_chunks(src, CHUNK), out)
+    size is not the manifest's. The stream stops as soon as it passes the manifest's size (or
+    ``UNSIZED_MAX_BYTES`` where the manifest states none)."""
+    limit = UNSIZED_MAX_BYTES if size is None else size
+    try:
+        got, n = hash_and_write(store.iter_chunks(src, CHUNK), out, limit=limit)
+    except StreamTooLong:
+        stated = (
+            f"the manifest's {size} bytes"
+            if size is not None
+            else f"{UNSIZED_MAX_BYTES} bytes, the most a file the manifest gives no size for may have"
+        )
+        raise Refusal(
+            "EngineIntegrity",
+            f"{src} in store {store.uri} streams more than {stated}; stopped there without keeping "
+            "it: the file is corrupt or was tampered with, refusing to load it",
+        ) from None
     if got != sha256 or (size is not None and n != size):
         raise Refusal(
             "EngineIntegrity",

@@ -101,6 +101,11 @@ def choose(size: int | None) -> Staging:
     return staging_for(size, workers, memory_budget() if size is not None else None)
 
 
+def part_name(file: str, pid: int) -> str:
+    """The temporary name process `pid` writes a cache copy of `file` under before its rename."""
+    return f".{file}.{pid}.part"
+
+
 def open_memfd(name: str) -> int:
     """A new anonymous file that can be sealed (closed on exec)."""
     return os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -119,7 +124,7 @@ def copy_to_cache(fd: int, size: int, dst: Path, commit: Callable[[Path], None])
     done: Future[Path] = Future()
 
     def work() -> None:
-        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.part")
+        tmp = dst.with_name(part_name(dst.name, os.getpid()))
         try:
             with open(tmp, "wb") as out:
                 offset = 0

@@ -6,12 +6,14 @@ import hashlib
 import json
 import os
 import struct
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
 import numpy as np
 import pytest
+from trtforge_runtime import fetch
 from trtforge_runtime.errors import Refusal, RequestError
 from trtforge_runtime.fetch import fetch_engine
 from trtforge_runtime.identity import check_identity
@@ -243,6 +245,87 @@ def test_a_tampered_download_staged_in_memory_leaves_nothing_behind(tmp_path: Pa
     assert e.value.reason == "EngineIntegrity"
     assert not (tmp_path / "fresh-cache" / KEY / "model.onnx").exists()
     assert len(os.listdir("/proc/self/fd")) == fds  # the memfd was closed
+
+
+class _Overlong(_RemoteStore):
+    """A remote store that serves `path` as far more bytes than the manifest states, in chunks of
+    1,000 bytes it counts as they are taken (at most 1,000 of them, so a runtime that never stops
+    reading still ends)."""
+
+    def __init__(self, inner: EngineStore, path: str) -> None:
+        super().__init__(inner)
+        self.path, self.taken = path, 0
+
+    def iter_chunks(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        if path != self.path:
+            return self.inner.iter_chunks(path, chunk_size)
+        return self._endless()
+
+    def _endless(self) -> Iterator[bytes]:
+        for _ in range(1_000):
+            self.taken += 1
+            yield b"x" * 1_000
+
+
+@pytest.mark.parametrize("where", [Staging.DISK, Staging.MEMORY])
+def test_a_download_longer_than_the_manifest_says_stops_where_it_passes_it(
+    tmp_path: Path, where: Staging
+) -> None:
+    _, _, root, _ = _remote_engine(tmp_path)  # the manifest says 10,000 bytes
+    store = _Overlong(open_store(str(root)), layout.engine_path(KEY, "model.onnx"))
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(Refusal, match="streams more than the manifest's 10000 bytes") as e:
+        fetch_engine(cast(EngineStore, store), KEY, tmp_path / "cache", where=where)
+    assert e.value.reason == "EngineIntegrity"
+    assert store.taken == 11  # ten chunks make the stated size; the eleventh passes it and is not kept
+    assert os.listdir(tmp_path / "cache" / KEY) == []  # no file, no temporary
+    assert len(os.listdir("/proc/self/fd")) == fds  # no memfd left open
+
+
+def test_a_download_the_manifest_gives_no_size_for_is_bounded_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fetch, "UNSIZED_MAX_BYTES", 5_000)  # the canary's bound, small for the test
+    _, _, root, _ = _remote_engine(tmp_path)
+    store = _Overlong(open_store(str(root)), layout.engine_path(KEY, "canary.npz"))
+    with pytest.raises(Refusal, match="streams more than 5000 bytes, the most a file the manifest") as e:
+        fetch_engine(cast(EngineStore, store), KEY, tmp_path / "cache", where=Staging.DISK)
+    assert e.value.reason == "EngineIntegrity" and store.taken == 6
+    assert not (tmp_path / "cache" / KEY / "canary.npz").exists()
+
+
+def test_stale_parts_are_the_partial_copies_no_live_process_writes() -> None:
+    names = [
+        "model.onnx",
+        ".model.onnx.verified",
+        ".model.onnx.7.part",  # a killed start's
+        ".model.onnx.8.part",  # a live process's
+        ".model.onnx.9.part",  # this process's own name (a reused pid): it truncates it
+        ".canary.npz.7.part",  # another file's
+        ".model.onnx.x7.part",
+        ".model.onnx.007.part",
+    ]
+    assert fetch.stale_parts(names, "model.onnx", 9, lambda pid: pid == 8) == [".model.onnx.7.part"]
+    assert fetch.stale_parts(names, "canary.npz", 9, lambda pid: False) == [".canary.npz.7.part"]
+
+
+@pytest.mark.parametrize("where", [Staging.DISK, Staging.MEMORY])
+def test_a_download_removes_the_partial_copies_killed_starts_left(tmp_path: Path, where: Staging) -> None:
+    artifact, _, _, store = _remote_engine(tmp_path)
+    local = tmp_path / "cache" / KEY
+    local.mkdir(parents=True)
+    exited = subprocess.Popen(["true"])
+    exited.wait()  # reaped: its pid names no process
+    dead = exited.pid
+    left = local / f".model.onnx.{dead}.part"  # a start killed mid-copy
+    live = local / f".model.onnx.{os.getppid()}.part"  # a process that is still writing
+    left.write_bytes(b"x" * 5_000)
+    live.write_bytes(b"x" * 5_000)
+    got = fetch_engine(store, KEY, tmp_path / "cache", where=where)
+    if got.cache_written is not None:
+        got.cache_written.result(timeout=60)
+    assert not left.exists() and live.exists()
+    assert (local / "model.onnx").read_bytes() == artifact
 
 
 def test_fetch_verifies_a_mounted_store_in_place_and_loads_the_file_it_hashed(tmp_path: Path) -> None:

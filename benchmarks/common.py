@@ -67,6 +67,7 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "onnxruntime": pkg_version(sys.executable, "onnxruntime"),
         "aiohttp": pkg_version(sys.executable, "aiohttp"),
+        "httptools": pkg_version(sys.executable, "httptools"),
         "grpcio": pkg_version(sys.executable, "grpcio"),
         "tritonclient": pkg_version(sys.executable, "tritonclient"),
         "peers": {

@@ -25,7 +25,9 @@ def machine(res: dict[str, Any]) -> str:
         ["kernel", m["kernel"]],
         ["Python", m["python"]],
         ["ONNX Runtime (trtforge, ceiling)", m["onnxruntime"]],
-        ["aiohttp (trtforge serve, HTTP load generator)", m["aiohttp"]],
+        ["aiohttp (trtforge serve)", m["aiohttp"]],
+        # runs before the fourteenth session's drove HTTP with aiohttp and did not record httptools
+        ["httptools (trtforge serve's fast path, HTTP load generator)", m.get("httptools", "not recorded")],
         ["grpcio, tritonclient (gRPC load generator)", f"{m.get('grpcio')}, {m.get('tritonclient')}"],
     ]
     for name, versions in (m.get("peers") or {}).items():

@@ -68,6 +68,7 @@ def machine_info() -> dict[str, Any]:
         "onnxruntime": pkg_version(sys.executable, "onnxruntime"),
         "aiohttp": pkg_version(sys.executable, "aiohttp"),
         "httptools": pkg_version(sys.executable, "httptools"),
+        "hpack": pkg_version(sys.executable, "hpack"),
         "grpcio": pkg_version(sys.executable, "grpcio"),
         "tritonclient": pkg_version(sys.executable, "tritonclient"),
         "peers": {

@@ -28,7 +28,12 @@ def machine(res: dict[str, Any]) -> str:
         ["aiohttp (trtforge serve)", m["aiohttp"]],
         # runs before the fourteenth session's drove HTTP with aiohttp and did not record httptools
         ["httptools (trtforge serve's fast path, HTTP load generator)", m.get("httptools", "not recorded")],
-        ["grpcio, tritonclient (gRPC load generator)", f"{m.get('grpcio')}, {m.get('tritonclient')}"],
+        ["grpcio (trtforge serve)", m.get("grpcio")],
+        # the gRPC load generator was grpcio's client before the fourteenth session
+        [
+            "hpack, tritonclient (gRPC load generator)",
+            f"{m.get('hpack', 'not recorded')}, {m.get('tritonclient')}",
+        ],
     ]
     for name, versions in (m.get("peers") or {}).items():
         rows.append([f"{name} venv", ", ".join(f"{d} {v}" for d, v in versions.items())])

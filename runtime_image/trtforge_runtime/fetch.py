@@ -28,14 +28,15 @@ nothing else writes it. A download stops as soon as it passes the manifest's siz
 the memory or volume it is written to; partial copies (``.<file>.<pid>.part``) that killed starts
 left are removed before the next download of that file.
 
-The manifest itself is always read from the store when the store answers (it is small, and its
-presence is the engine's commit); when the store cannot be reached, a cached, verified copy is used
+The manifest itself is always read from the store when the store answers (it is small, at most
+``MANIFEST_MAX_BYTES``, and its presence is the engine's commit); when the store cannot be reached, a cached, verified copy is used
 and a warning logged.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -46,7 +47,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from trtforge.contract import layout
 from trtforge.contract.manifest import Manifest
@@ -56,11 +57,16 @@ from trtforge.store.local import LocalStore
 from trtforge_runtime import prehash, staging, warmstart
 from trtforge_runtime.errors import Refusal
 
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
 log = logging.getLogger(__name__)
 CHUNK = 4 << 20
 # The most a downloaded file whose size the manifest does not state (the canary: a few samples) may
 # stream; a file whose size it states may stream exactly that.
 UNSIZED_MAX_BYTES = 256 << 20
+# The most a manifest may have (a few KB in practice; this leaves room for thousands of tensors).
+MANIFEST_MAX_BYTES = 4 << 20
 PROC_FD = Path("/proc/self/fd")
 _held_open: list[int] = []  # descriptors of files verified in place, open for the process's life
 
@@ -362,10 +368,34 @@ def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int 
     return PROC_FD / str(fd), hashed
 
 
+class _Bounded(io.BytesIO):
+    """A write target that refuses to grow past `limit` bytes (:class:`StreamTooLong`)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def write(self, data: ReadableBuffer, /) -> int:
+        if self.tell() + memoryview(data).nbytes > self.limit:
+            raise StreamTooLong(self.limit)
+        return super().write(data)
+
+
 def _read_manifest(store: EngineStore, key: str, cached: Path) -> Manifest:
+    """The engine's manifest from the store (a cached copy when the store cannot be reached), read
+    whole only up to ``MANIFEST_MAX_BYTES``, validated; Refusal(EngineIntegrity) when it is missing,
+    too large or not a manifest of `key`."""
     mpath = layout.manifest_path(key)
     try:
-        raw = store.read_bytes(mpath)
+        bounded = _Bounded(MANIFEST_MAX_BYTES)
+        store.get(mpath, bounded)
+        raw = bounded.getvalue()
+    except StreamTooLong:
+        raise Refusal(
+            "EngineIntegrity",
+            f"{mpath} in store {store.uri} is larger than {MANIFEST_MAX_BYTES} bytes, the most a "
+            "manifest may have; stopped there: it is corrupt or was tampered with",
+        ) from None
     except ObjectNotFound as e:
         raise Refusal(
             "EngineIntegrity",

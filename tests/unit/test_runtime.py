@@ -9,7 +9,7 @@ import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import cast
+from typing import BinaryIO, cast
 
 import numpy as np
 import pytest
@@ -27,6 +27,7 @@ from trtforge.contract.gpu import GPUTarget, known_identity
 from trtforge.contract.manifest import Accuracy, CanaryRef, Manifest, TensorSpec
 from trtforge.contract.termination import EXIT_GPU_FAULT, TerminationMessage
 from trtforge.store import EngineStore, open_store
+from trtforge.store.base import PutResult, stream_to, verify
 
 H100 = known_identity(GPUTarget(gpu="NVIDIA-H100-80GB-HBM3"))
 KEY = "a" * 64
@@ -183,8 +184,8 @@ class _RemoteStore:
     def __init__(self, inner: EngineStore) -> None:
         self.inner, self.uri, self.read_only = inner, f"remote+{inner.uri}", True
 
-    def read_bytes(self, path: str) -> bytes:
-        return self.inner.read_bytes(path)
+    def get(self, path: str, dst: BinaryIO, expected_sha256: str | None = None) -> PutResult:
+        return verify(stream_to(self.iter_chunks(path), dst, path), expected_sha256, self.uri)
 
     def iter_chunks(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         return self.inner.iter_chunks(path, chunk_size)
@@ -292,6 +293,18 @@ def test_a_download_the_manifest_gives_no_size_for_is_bounded_too(
         fetch_engine(cast(EngineStore, store), KEY, tmp_path / "cache", where=Staging.DISK)
     assert e.value.reason == "EngineIntegrity" and store.taken == 6
     assert not (tmp_path / "cache" / KEY / "canary.npz").exists()
+
+
+def test_a_manifest_larger_than_a_manifest_may_be_is_refused_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fetch, "MANIFEST_MAX_BYTES", 5_000)
+    _, _, root, _ = _remote_engine(tmp_path)
+    store = _Overlong(open_store(str(root)), layout.manifest_path(KEY))
+    with pytest.raises(Refusal, match="is larger than 5000 bytes, the most a manifest may have") as e:
+        fetch_engine(cast(EngineStore, store), KEY, tmp_path / "cache", where=Staging.DISK)
+    assert e.value.reason == "EngineIntegrity" and store.taken == 6
+    assert os.listdir(tmp_path / "cache" / KEY) == []
 
 
 def test_stale_parts_are_the_partial_copies_no_live_process_writes() -> None:

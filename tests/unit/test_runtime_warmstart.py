@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from trtforge.contract.engine_key import BuildConfig, ShapeRange
 from trtforge.contract.gpu import GPUTarget, known_identity
 from trtforge.contract.manifest import Accuracy, CanaryRef, Manifest, TensorSpec
 from trtforge.store import open_store
+from trtforge.store.base import PutResult
 
 KEY = "c" * 64
 
@@ -139,9 +141,9 @@ def test_a_store_that_does_not_answer_does_not_hold_the_caller(tmp_path: Path) -
     class Slow:
         uri = inner.uri
 
-        def read_bytes(self, path: str) -> bytes:
+        def get(self, path: str, dst: BinaryIO, expected_sha256: str | None = None) -> PutResult:
             answer.wait()
-            return inner.read_bytes(path)
+            return inner.get(path, dst, expected_sha256)
 
     t = warmstart.begin(Slow(), KEY, tmp_path / "cache", 2)  # type: ignore[arg-type]
     assert warmstart.import_backend_library(wait_s=0.05) is None
@@ -159,8 +161,8 @@ class _Downloading:
         self.uri, self.read_only = f"remote+{self.inner.uri}", True
         self.started, self.go_on, self.done = threading.Event(), threading.Event(), threading.Event()
 
-    def read_bytes(self, path: str) -> bytes:
-        return self.inner.read_bytes(path)
+    def get(self, path: str, dst: BinaryIO, expected_sha256: str | None = None) -> PutResult:
+        return self.inner.get(path, dst, expected_sha256)  # the manifest: small, not held
 
     def iter_chunks(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         self.started.set()

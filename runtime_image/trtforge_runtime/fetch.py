@@ -29,8 +29,8 @@ the memory or volume it is written to; partial copies (``.<file>.<pid>.part``) t
 left are removed before the next download of that file.
 
 The manifest itself is always read from the store when the store answers (it is small, at most
-``MANIFEST_MAX_BYTES``, and its presence is the engine's commit); when the store cannot be reached, a cached, verified copy is used
-and a warning logged.
+``MANIFEST_MAX_BYTES``, and its presence is the engine's commit); when the store cannot be reached,
+a cached, verified copy is used and a warning logged.
 """
 
 from __future__ import annotations

@@ -208,9 +208,9 @@ class H2Connection(asyncio.Protocol):
     # -- a call
     async def call(self, framed: bytes, timeout: float) -> bytes:
         """One unary call with `framed`, a serialised request with its gRPC prefix
-        (:func:`grpc_message`); the serialised answer, or GrpcCallError (a non-OK status, a reset, a
-        closed connection) or TimeoutError. The message is written as it is, never copied, where
-        the windows let it go in one frame."""
+        (:func:`grpc_message`); the serialised answer, or GrpcCallError (a non-OK status, a reset,
+        a closed connection, no answer within `timeout` seconds). The message is written as it is,
+        never copied, where the windows let it go in one frame."""
         stream, self._next_stream = self._next_stream, self._next_stream + 2
         self._stream, self._data, self._status, self._message = stream, [], None, ""
         self._stream_window = self._stream_window_initial

@@ -19,6 +19,7 @@ X = np.arange(6, dtype=np.float32).reshape(1, 6)
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    lock = threading.Lock()  # each connection has a thread of its own: the counts are shared
     answers = 0
     connections = 0
     close_every = 0  # close the connection after every n-th answer (0: never)
@@ -35,7 +36,8 @@ class _V2(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # head and body: two writes
-        self.server.connections += 1
+        with self.server.lock:
+            self.server.connections += 1
 
     def log_message(self, *args: object) -> None:
         pass
@@ -52,8 +54,10 @@ class _V2(BaseHTTPRequestHandler):
             "parameters": {"binary_data_size": len(y)},
         }
         head = json.dumps({"outputs": [out]}).encode()
-        self.server.answers += 1
-        close = bool(self.server.close_every) and self.server.answers % self.server.close_every == 0
+        with self.server.lock:
+            self.server.answers += 1
+            answers = self.server.answers
+        close = bool(self.server.close_every) and answers % self.server.close_every == 0
         self.send_response(self.server.status)
         self.send_header("Content-Length", str(len(head) + len(y)))
         self.send_header(HEADER, str(len(head)))

@@ -264,8 +264,8 @@ class _HttpConnection(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection of the load generator: it writes a request built once and
     parses the answer with llhttp (``httptools``), so the client's CPU per request is a write, the
     reads and a few callbacks (aiohttp's client, used before the fourteenth session, spent about
-    three times as much on the request and response objects: CPU the 2-core layout takes from the
-    server it measures)."""
+    twice as much on its request and response objects: CPU the 2-core layout takes from the server
+    it measures)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         import httptools

@@ -45,7 +45,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from typing import cast
+from typing import Protocol, TypeVar, cast
 
 import numpy as np
 
@@ -341,6 +341,54 @@ def http_request_bytes(url: str, body: bytes, headers: dict[str, str]) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 
+class _Connection(Protocol):
+    open: bool
+
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Connection)
+
+
+async def _run_connections(
+    connect: Callable[[], Awaitable[C]],
+    exchange: Callable[[C], Awaitable[tuple[bool, str | None]]],
+    drops: tuple[type[Exception], ...],
+    c: int,
+    seconds: float,
+    warmup: float,
+    cap: int,
+) -> _Window:
+    """`c` closed-loop workers, each keeping a connection of its own: opened by `connect`, opened
+    again once it has closed, and dropped (closed, so a late answer is never read as the next
+    request's) when `exchange`, one request on it, raises one of `drops`."""
+    conns: list[C] = []
+
+    def sender() -> Sender:
+        conn: C | None = None
+
+        async def send() -> tuple[bool, str | None]:
+            nonlocal conn
+            try:
+                if conn is None or not conn.open:
+                    conn = await connect()
+                    conns.append(conn)
+                return await exchange(conn)
+            except drops as e:
+                if conn is not None:
+                    conn.close()
+                    conn = None
+                return False, f"{type(e).__name__}: {e}"
+
+        return send
+
+    try:
+        return await _closed_loop([sender() for _ in range(c)], seconds, warmup, cap)
+    finally:
+        for conn in conns:
+            conn.close()
+
+
 async def _run_http(
     url: str,
     body: bytes,
@@ -354,40 +402,20 @@ async def _run_http(
     loop = asyncio.get_running_loop()
     host, _, port = url.split("://", 1)[-1].partition("/")[0].rpartition(":")
     data = http_request_bytes(url, body, headers)
-    conns: list[_HttpConnection] = []
 
     async def connect() -> _HttpConnection:
         _, proto = await loop.create_connection(lambda: _HttpConnection(loop), host, int(port))
-        conns.append(proto)
         return proto
 
-    def sender() -> Sender:
-        conn: _HttpConnection | None = None
+    async def exchange(conn: _HttpConnection) -> tuple[bool, str | None]:
+        status, answer, header_length = await conn.request(data, 60.0)
+        if status != 200:
+            return False, f"HTTP {status}"
+        if check is not None and (why := check.http(answer, header_length)):
+            return False, why
+        return True, None
 
-        async def send() -> tuple[bool, str | None]:
-            nonlocal conn
-            try:
-                if conn is None or not conn.open:
-                    conn = await connect()
-                status, answer, header_length = await conn.request(data, 60.0)
-            except (OSError, TimeoutError) as e:
-                if conn is not None:
-                    conn.close()  # a late answer must not be read as the next request's
-                    conn = None
-                return False, f"{type(e).__name__}: {e}"
-            if status != 200:
-                return False, f"HTTP {status}"
-            if check is not None and (why := check.http(answer, header_length)):
-                return False, why
-            return True, None
-
-        return send
-
-    try:
-        return await _closed_loop([sender() for _ in range(c)], seconds, warmup, cap)
-    finally:
-        for conn in conns:
-            conn.close()
+    return await _run_connections(connect, exchange, (OSError, TimeoutError), c, seconds, warmup, cap)
 
 
 async def _run_grpc(
@@ -398,42 +426,25 @@ async def _run_grpc(
     loop = asyncio.get_running_loop()
     host, _, port = target.rpartition(":")
     block, framed = request_block(target, GRPC_INFER), grpc_message(payload)
-    conns: list[H2Connection] = []
 
     async def connect() -> H2Connection:
         _, proto = await loop.create_connection(lambda: H2Connection(loop, block), host, int(port))
-        conns.append(proto)
         return proto
 
-    def sender() -> Sender:
+    async def exchange(conn: H2Connection) -> tuple[bool, str | None]:
         # The request was serialised once; the answer stays bytes, parsed only to check its values
-        # when a reference is given.
-        conn: H2Connection | None = None
+        # when a reference is given. A failed call leaves the connection usable.
+        try:
+            reply = await conn.call(framed, 60.0)
+        except GrpcCallError as e:
+            return False, str(e)
+        if not reply:
+            return False, "empty ModelInferResponse"
+        if check is not None and (why := check.grpc(reply)):
+            return False, why
+        return True, None
 
-        async def send() -> tuple[bool, str | None]:
-            nonlocal conn
-            try:
-                if conn is None or not conn.open:
-                    conn = await connect()
-                reply = await conn.call(framed, 60.0)
-            except (OSError, GrpcCallError) as e:
-                if conn is not None and not isinstance(e, GrpcCallError):
-                    conn.close()
-                    conn = None
-                return False, str(e)
-            if not reply:
-                return False, "empty ModelInferResponse"
-            if check is not None and (why := check.grpc(reply)):
-                return False, why
-            return True, None
-
-        return send
-
-    try:
-        return await _closed_loop([sender() for _ in range(c)], seconds, warmup, cap)
-    finally:
-        for conn in conns:
-            conn.close()
+    return await _run_connections(connect, exchange, (OSError,), c, seconds, warmup, cap)
 
 
 def run_load(

@@ -191,7 +191,7 @@ def _pid_alive(pid: int) -> bool:
     except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
-        return True
+        pass  # it exists; it is not ours to signal
     return True
 
 

@@ -46,39 +46,37 @@ async def _connect(port: int) -> H2Connection:
     return conn
 
 
-@pytest.mark.asyncio
-async def test_calls_on_one_connection_get_their_answers(server: int) -> None:
-    conn = await _connect(server)
+@pytest_asyncio.fixture
+async def conn(server: int) -> AsyncIterator[H2Connection]:
+    """A connection to the echo server, closed after the test."""
+    c = await _connect(server)
     try:
-        for i in range(5):
-            msg = b"request %d " % i * 100
-            assert await conn.call(grpc_message(msg), 30) == msg[::-1]
-        assert conn.open
+        yield c
     finally:
-        conn.close()
+        c.close()
 
 
 @pytest.mark.asyncio
-async def test_a_message_larger_than_the_windows_waits_for_them(server: int) -> None:
-    conn = await _connect(server)
-    try:
-        big = bytes(range(256)) * (48 << 10)  # 12 MiB: past the server's initial windows (a few MiB)
-        assert await conn.call(grpc_message(big), 60) == big[::-1]
-        assert conn.window_waits > 0  # it did wait
-        assert await conn.call(grpc_message(b"after"), 30) == b"retfa"  # the connection goes on
-    finally:
-        conn.close()
+async def test_calls_on_one_connection_get_their_answers(conn: H2Connection) -> None:
+    for i in range(5):
+        msg = b"request %d " % i * 100
+        assert await conn.call(grpc_message(msg), 30) == msg[::-1]
+    assert conn.open
 
 
 @pytest.mark.asyncio
-async def test_a_status_other_than_ok_fails_the_call_with_its_code_and_message(server: int) -> None:
-    conn = await _connect(server)
-    try:
-        with pytest.raises(GrpcCallError, match="grpc-status 3: the request says refuse"):
-            await conn.call(grpc_message(b"refuse"), 30)
-        assert await conn.call(grpc_message(b"ok"), 30) == b"ko"
-    finally:
-        conn.close()
+async def test_a_message_larger_than_the_windows_waits_for_them(conn: H2Connection) -> None:
+    big = bytes(range(256)) * (48 << 10)  # 12 MiB: past the server's initial windows (a few MiB)
+    assert await conn.call(grpc_message(big), 60) == big[::-1]
+    assert conn.window_waits > 0  # it did wait
+    assert await conn.call(grpc_message(b"after"), 30) == b"retfa"  # the connection goes on
+
+
+@pytest.mark.asyncio
+async def test_a_status_other_than_ok_fails_the_call_with_its_code_and_message(conn: H2Connection) -> None:
+    with pytest.raises(GrpcCallError, match="grpc-status 3: the request says refuse"):
+        await conn.call(grpc_message(b"refuse"), 30)
+    assert await conn.call(grpc_message(b"ok"), 30) == b"ko"
 
 
 @pytest.mark.asyncio

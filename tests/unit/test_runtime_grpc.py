@@ -13,13 +13,15 @@ from google.protobuf.descriptor import Descriptor
 from trtforge_runtime.batcher import QueueFull
 from trtforge_runtime.body import BodyMemoryFull
 from trtforge_runtime.errors import RequestError
-from trtforge_runtime.grpc_service import (
+from trtforge_runtime.grpc_calls import (
     RAW_INPUT_CONTENTS,
+    Code,
+    code_for,
     decode_infer_request,
     encode_infer_response,
     parse_infer_request,
-    status_for,
 )
+from trtforge_runtime.grpc_service import status_for
 from trtforge_runtime.grpc_v2 import inference_pb2 as pb
 from trtforge_runtime.grpc_v2.generate import HERE, OUTPUTS, generate
 from trtforge_runtime.model import model_spec
@@ -126,16 +128,16 @@ def test_bad_requests_are_refused_before_decoding_with_the_right_status() -> Non
     ]:
         with pytest.raises(RequestError, match=text) as e:
             decode_infer_request(msg, SPEC)
-        assert status_for(e.value) == grpc.StatusCode.INVALID_ARGUMENT
+        assert code_for(e.value) is Code.INVALID_ARGUMENT
     two = _request(x=("FP32", [1, 4], b"\0" * 16))
     two.raw_input_contents.append(b"")
     with pytest.raises(RequestError, match="2 entries for 1 inputs"):
         decode_infer_request(two, SPEC)
-    assert status_for(QueueFull(3)) == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert status_for(BodyMemoryFull(1 << 20)) == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert status_for(RequestError(503, "loading")) == grpc.StatusCode.UNAVAILABLE
-    assert status_for(RequestError(404, "who")) == grpc.StatusCode.NOT_FOUND
-    assert status_for(RequestError(500, "boom")) == grpc.StatusCode.INTERNAL
+    assert code_for(QueueFull(3)) is Code.RESOURCE_EXHAUSTED
+    assert code_for(BodyMemoryFull(1 << 20)) is Code.RESOURCE_EXHAUSTED
+    assert code_for(RequestError(503, "loading")) is Code.UNAVAILABLE
+    assert code_for(RequestError(404, "who")) is Code.NOT_FOUND
+    assert code_for(RequestError(500, "boom")) is Code.INTERNAL
 
 
 def _tritonclient_request(n_inputs: int, with_id: bool) -> bytes:
@@ -197,7 +199,7 @@ def test_a_request_the_scan_does_not_expect_is_protobufs_to_parse_or_refuse() ->
     for bad in [good[:-7], good + b"\x80", b"\x0a\x7f" + b"x", b"\x0b"]:  # cut, varint, past end, open group
         with pytest.raises(RequestError, match="does not parse") as e:
             parse_infer_request(bad)
-        assert status_for(e.value) == grpc.StatusCode.INVALID_ARGUMENT
+        assert code_for(e.value) is Code.INVALID_ARGUMENT
     x = np.arange(4, dtype=np.float32).reshape(1, 4)
     msg, raw = parse_infer_request(_request(x=("FP32", [1, 4], x.tobytes())).SerializeToString())
     req = decode_infer_request(msg, SPEC, raw)
@@ -240,3 +242,10 @@ def test_the_hand_written_response_is_protobufs_byte_for_byte(rid: str) -> None:
     np.testing.assert_array_equal(
         np.frombuffer(back.raw_output_contents[1], np.int64).reshape(2, 3), outs["n"]
     )
+
+
+def test_every_status_code_is_grpcs_own_by_name_and_number() -> None:
+    """The transport-neutral codes are gRPC's: grpcio's front end maps each to its StatusCode."""
+    for code in Code:
+        assert status_for(code) is getattr(grpc.StatusCode, code.name)
+        assert grpc.StatusCode[code.name].value[0] == int(code)

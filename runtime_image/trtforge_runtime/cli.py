@@ -69,6 +69,13 @@ def register(subparsers: Any) -> None:
     )
     grpc.add_argument("--no-grpc", action="store_true", help="serve HTTP only")
     p.add_argument(
+        "--grpc-server",
+        choices=("native", "grpcio"),
+        default="native",
+        help="the gRPC front end: native (the runtime's own HTTP/2 server in its event loop) or "
+        "grpcio (grpcio's server, as before; docs/design.md, 'Runtime gRPC')",
+    )
+    p.add_argument(
         "--cache-dir",
         default="/var/cache/trtforge",
         help="where the verified engine is kept across container restarts (the pod's volume)",
@@ -269,6 +276,7 @@ def handle(args: argparse.Namespace) -> int:
         body_timeout_s=args.body_timeout,
         max_connections=args.max_connections,
         grpc_port=None if args.no_grpc else args.grpc_port,
+        grpc_server=args.grpc_server,
         reuse_port=os.environ.get("TRTFORGE_REUSE_PORT") == "1",
         listen_when_ready=os.environ.get(workers.WORKER_INDEX_ENV, "0") != "0",
     )

@@ -87,6 +87,7 @@ class Settings:
     body_timeout_s: float = 60.0
     max_connections: int = 1024
     grpc_port: int | None = 8001  # None: no gRPC endpoint; 0: any free port
+    grpc_server: str = "native"  # native: grpc_h2's own HTTP/2 server; grpcio: grpcio's (grpc_service)
     reuse_port: bool = False  # a worker of `serve --workers N`: share the ports (SO_REUSEPORT)
     listen_when_ready: bool = False  # a later worker: bind only once ready
 
@@ -146,6 +147,18 @@ class Runtime:
         self._listening = False  # on every port (HTTP, and gRPC when on)
         self._listened = asyncio.Event()  # set with _listening
         self._serving = asyncio.Event()  # set once ready (the batcher runs)
+
+    async def _start_grpc(self) -> tuple[Any, int]:
+        """The gRPC front end --grpc-server names, listening; it and its port. After HTTP listens
+        and the engine starts loading: importing it takes a while."""
+        if self.s.grpc_server == "grpcio":
+            from trtforge_runtime.grpc_service import start_grpc
+
+            return await start_grpc(self, self.s.host, self.s.grpc_port or 0)
+        from trtforge_runtime.grpc_h2 import GrpcServer
+
+        server = GrpcServer(self)
+        return server, await server.start(self.s.host, self.s.grpc_port or 0)
 
     # --- faults and ends ------------------------------------------------------------------
     def _fault(self, xid: int | None, gpu: str | None, detail: str) -> None:
@@ -584,11 +597,8 @@ class Runtime:
         )
         grpc_server = None
         if self.s.grpc_port is not None:
-            # After HTTP listens and the engine starts loading: importing grpc takes a while.
-            from trtforge_runtime.grpc_service import start_grpc
-
             try:
-                grpc_server, self.grpc_port = await start_grpc(self, self.s.host, self.s.grpc_port)
+                grpc_server, self.grpc_port = await self._start_grpc()
                 log.info("listening for gRPC", extra=fields(host=self.s.host, grpc_port=self.grpc_port))
             except OSError as e:
                 log.error(str(e))

@@ -1,0 +1,252 @@
+"""The runtime's own HTTP/2 front end for gRPC (``--grpc-server native``, the default), frame by frame.
+
+tritonclient's calls against it are in test_serve_grpc.py (run against both front ends). Here a
+raw HTTP/2 client sends what well-behaved clients never do: windows too small for the answer,
+malformed and oversized frames, floods, a message larger than it claims, calls reset mid-way. Each
+gets its status or closes only its own connection, and the server answers tritonclient afterwards.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from tests.integration.h2raw import (
+    ACK,
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    HEADERS,
+    INITIAL_WINDOW_SIZE,
+    PING,
+    RST_STREAM,
+    WINDOW_UPDATE,
+    RawH2,
+    grpc_message,
+    mlp_answer,
+    mlp_request,
+)
+from tests.integration.serve_engines import MlpBed, make_mlp_bed, run_ort
+from tests.integration.serve_process import Server
+
+pytestmark = pytest.mark.integration
+
+# RFC 9113 error codes the server is expected to send.
+NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, REFUSED_STREAM, ENHANCE_YOUR_CALM = (
+    0x0,
+    0x1,
+    0x3,
+    0x6,
+    0x7,
+    0xB,
+)
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> MlpBed:
+    return make_mlp_bed(tmp_path_factory.mktemp("h2"), mlp_seed=11)
+
+
+@pytest.fixture(scope="module")
+def server(bed: MlpBed) -> Iterator[Server]:
+    s = Server(bed.store, bed.key, bed.tmp, bed.gpu_file, "--max-request-bytes", "100000")
+    s.wait()
+    yield s
+    s.stop()
+
+
+def _still_serves(s: Server, bed: MlpBed) -> None:
+    x = np.random.default_rng(1).standard_normal((3, 64)).astype(np.float32)
+    c = grpcclient.InferenceServerClient(s.grpc_url)
+    inp = grpcclient.InferInput("x", [3, 64], "FP32")
+    inp.set_data_from_numpy(x)
+    got = c.infer("mlp", [inp]).as_numpy("y")
+    np.testing.assert_allclose(got, run_ort(bed.mlp, {"x": x})["y"], rtol=1e-5, atol=1e-6)
+    c.close()
+
+
+def _errors(s: Server) -> float:
+    metrics = urllib.request.urlopen(f"http://{s.url}/metrics", timeout=30).read().decode()
+    m = re.search(r'trtforge_runtime_requests_total\{model="mlp",outcome="error"\} (\S+)', metrics)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_the_answer_waits_for_the_clients_window(server: Server, bed: MlpBed) -> None:
+    """With a 100-byte stream window the first DATA frame carries 100 bytes and nothing more comes
+    (a PING's answer arrives with no DATA before it); once the client opens the window the rest
+    follows, and the answer equals ONNX Runtime's."""
+    x = np.random.default_rng(2).standard_normal((32, 64)).astype(np.float32)  # y: 32 x 10 floats
+    h = RawH2(server.grpc_port, {INITIAL_WINDOW_SIZE: 100})
+    h.call(1, mlp_request(x))
+    first, _ = h.until(DATA, 1)
+    assert first is not None and len(first.payload) == 100
+    h.send(PING, 0, 0, b"12345678")
+    ack, between = h.until(PING, flags=ACK)
+    assert ack is not None and not [f for f in between if f.kind == DATA], between
+    h.send(WINDOW_UPDATE, 0, 1, (1 << 20).to_bytes(4, "big"))
+    rest: bytes = first.payload
+    while True:
+        f, _ = h.until_stream(1)
+        assert f is not None
+        if f.kind == DATA:
+            rest += f.payload
+        elif f.kind == HEADERS and f.flags & END_STREAM:
+            trailers = dict(h.decoder.decode(f.payload))
+            break
+        else:  # the response headers
+            h.decoder.decode(f.payload)
+    assert trailers["grpc-status"] == "0", trailers
+    np.testing.assert_allclose(mlp_answer(rest[5:]), run_ort(bed.mlp, {"x": x})["y"], rtol=1e-5, atol=1e-6)
+    h.close()
+
+
+def test_calls_are_refused_with_a_status_and_the_connection_carries_on(server: Server, bed: MlpBed) -> None:
+    """Each of these is refused with its status on its own stream; the same connection then answers
+    a good call."""
+    x = np.zeros((2, 64), np.float32)
+    h = RawH2(server.grpc_port)
+    sid = 1
+
+    def refused(code: str, match: str) -> None:
+        fields, message = h.answer(sid)
+        assert fields.get("grpc-status") == code, fields
+        assert re.search(match, fields.get("grpc-message", "")), fields
+        assert message == b""
+
+    # a message that states more than --max-request-bytes: refused at its prefix
+    h.send(HEADERS, END_HEADERS, sid, h.headers_block())
+    h.send(DATA, 0, sid, (1 << 30).to_bytes(5, "big"))
+    refused("8", "over the limit of 100000 bytes")
+    # a stream that ends inside its message
+    sid += 2
+    h.send(HEADERS, END_HEADERS, sid, h.headers_block())
+    h.send(DATA, END_STREAM, sid, grpc_message(mlp_request(x))[:-7])
+    refused("3", "the stream ended inside its message")
+    # two messages in a unary call
+    sid += 2
+    h.send(HEADERS, END_HEADERS, sid, h.headers_block())
+    h.send(DATA, END_STREAM, sid, grpc_message(mlp_request(x)) * 2)
+    refused("3", "carries one message")
+    # a method the service does not have, and one of another service
+    for path in ("/inference.GRPCInferenceService/RepositoryIndex", "/grpc.health.v1.Health/Check"):
+        sid += 2
+        h.call(sid, b"", path=path)
+        refused("12", "is not implemented")
+    # a compression the server does not know
+    sid += 2
+    h.call(sid, mlp_request(x), grpc_encoding="snappy")
+    refused("12", "grpc-encoding 'snappy' is not supported")
+    # bytes that are no ModelInferRequest
+    sid += 2
+    h.call(sid, b"\x0a\x7fmlp")
+    refused("3", "ModelInferRequest does not parse")
+    # an unknown model
+    sid += 2
+    h.call(sid, mlp_request(x).replace(b"mlp", b"mlq"))
+    refused("5", "unknown model 'mlq'")
+    # and a good call on the same connection
+    sid += 2
+    h.call(sid, mlp_request(x))
+    fields, message = h.answer(sid)
+    assert fields["grpc-status"] == "0", fields
+    np.testing.assert_allclose(mlp_answer(message), run_ort(bed.mlp, {"x": x})["y"], rtol=1e-5, atol=1e-6)
+    h.close()
+
+
+def test_gzip_messages_are_decompressed(server: Server, bed: MlpBed) -> None:
+    import gzip
+
+    x = np.random.default_rng(3).standard_normal((4, 64)).astype(np.float32)
+    h = RawH2(server.grpc_port)
+    h.send(HEADERS, END_HEADERS, 1, h.headers_block(grpc_encoding="gzip"))
+    h.send(DATA, END_STREAM, 1, grpc_message(gzip.compress(mlp_request(x)), compressed=True))
+    fields, message = h.answer(1)
+    assert fields["grpc-status"] == "0", fields
+    np.testing.assert_allclose(mlp_answer(message), run_ort(bed.mlp, {"x": x})["y"], rtol=1e-5, atol=1e-6)
+    h.close()
+
+
+@pytest.mark.parametrize(
+    "attack, code",
+    [
+        ("oversized-frame", FRAME_SIZE_ERROR),
+        ("continuation-flood", ENHANCE_YOUR_CALM),
+        ("ping-flood", ENHANCE_YOUR_CALM),
+        ("window-past-2^31-1", FLOW_CONTROL_ERROR),
+        ("even-stream", PROTOCOL_ERROR),
+        ("data-on-idle-stream", PROTOCOL_ERROR),
+    ],
+)
+def test_a_hostile_connection_gets_goaway_and_only_it_closes(
+    server: Server, bed: MlpBed, attack: str, code: int
+) -> None:
+    h = RawH2(server.grpc_port)
+    if attack == "oversized-frame":
+        h.send(PING, 0, 0, b"\0" * ((1 << 20) + 1))
+    elif attack == "continuation-flood":
+        h.send(HEADERS, 0, 1, h.headers_block())
+        for _ in range(80):
+            h.send(CONTINUATION, 0, 1, b"\x00\x01a\x01b" * 200)  # 1 kB of literal fields each
+    elif attack == "ping-flood":
+        for i in range(1001):
+            h.send(PING, 0, 0, i.to_bytes(8, "big"))
+    elif attack == "window-past-2^31-1":
+        h.send(WINDOW_UPDATE, 0, 0, (0x7FFFFFFF).to_bytes(4, "big"))
+    elif attack == "even-stream":
+        h.send(HEADERS, END_HEADERS, 2, h.headers_block())
+    elif attack == "data-on-idle-stream":
+        h.send(DATA, 0, 9, b"hello")
+    assert h.goaway_code() == code
+    assert h.read() is None  # and closed
+    h.close()
+    _still_serves(server, bed)
+
+
+def test_not_http2_is_closed(server: Server, bed: MlpBed) -> None:
+    h = RawH2(server.grpc_port, preface=False)
+    h.send_raw(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert h.goaway_code() == PROTOCOL_ERROR
+    assert h.read() is None
+    h.close()
+    _still_serves(server, bed)
+
+
+def test_streams_past_the_limit_are_refused_and_reset_ones_free_their_place(
+    server: Server, bed: MlpBed
+) -> None:
+    """128 calls open at once (headers sent, messages not): the 129th is refused with REFUSED_STREAM
+    (clients retry those). Once the client resets them all, new calls are served again."""
+    errors_before = _errors(server)
+    h = RawH2(server.grpc_port)
+    for i in range(128):
+        h.send(HEADERS, END_HEADERS, 1 + 2 * i, h.headers_block())
+    h.send(HEADERS, END_HEADERS, 257, h.headers_block())
+    f, _ = h.until(RST_STREAM, 257)
+    assert f is not None and int.from_bytes(f.payload, "big") == REFUSED_STREAM
+    for i in range(128):
+        h.send(RST_STREAM, 0, 1 + 2 * i, (0x8).to_bytes(4, "big"))
+    x = np.zeros((1, 64), np.float32)
+    h.call(259, mlp_request(x))
+    fields, message = h.answer(259)
+    assert fields["grpc-status"] == "0", fields
+    assert mlp_answer(message).shape == (1, 10)
+    h.close()
+    assert _errors(server) - errors_before == 128  # each reset call counted, none left in flight
+
+
+def test_an_idle_connection_is_closed_with_goaway(bed: MlpBed) -> None:
+    s = Server(bed.store, bed.key, bed.tmp, bed.gpu_file, "--idle-timeout", "0.3")
+    try:
+        s.wait()
+        h = RawH2(s.grpc_port)
+        assert h.goaway_code() == NO_ERROR
+        assert h.read() is None
+        h.close()
+    finally:
+        assert s.stop() == 0

@@ -31,7 +31,7 @@ def machine(res: dict[str, Any]) -> str:
         ["grpcio (trtforge serve)", m.get("grpcio")],
         # the gRPC load generator was grpcio's client before the fourteenth session
         [
-            "hpack, tritonclient (gRPC load generator)",
+            "hpack (trtforge serve's gRPC front end, gRPC load generator), tritonclient",
             f"{m.get('hpack', 'not recorded')}, {m.get('tritonclient')}",
         ],
     ]

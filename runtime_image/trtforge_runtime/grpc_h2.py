@@ -410,6 +410,7 @@ class H2Connection(asyncio.Protocol):
                 raise ConnectionError_(PROTOCOL_ERROR, "a header block was interrupted by another frame")
             if kind == DATA and not flags & PADDED:
                 self._data_begin(sid, flags, length)
+                self._data_left = length
                 if not length:
                     self._data_end()
                 continue
@@ -602,7 +603,6 @@ class H2Connection(asyncio.Protocol):
         self._data_stream = st
         self._data_flags = flags
         self._unreturned += length
-        self._data_left = length
 
     def _data_bytes(self, chunk: memoryview) -> None:
         st = self._data_stream
@@ -640,7 +640,7 @@ class H2Connection(asyncio.Protocol):
             msg = f"a message of {length} bytes is over the limit of {limit} bytes (--max-request-bytes)"
             self._refuse_now(st, Code.RESOURCE_EXHAUSTED, msg)
         else:
-            reserved = rt.bodies.try_acquire(length)
+            reserved = rt.bodies.try_acquire(length) if length else 0  # an empty message holds nothing
             if reserved is None:
                 self._refuse_now(st, Code.RESOURCE_EXHAUSTED, BodyMemoryFull(rt.bodies.total).message)
                 return

@@ -14,7 +14,7 @@ import tritonclient.grpc.service_pb2 as triton_pb
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
-END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
+END_STREAM, ACK, END_HEADERS, PADDED = 0x1, 0x1, 0x4, 0x8
 INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 0x4, 0x5
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 

@@ -24,6 +24,7 @@ from tests.integration.h2raw import (
     END_STREAM,
     HEADERS,
     INITIAL_WINDOW_SIZE,
+    PADDED,
     PING,
     RST_STREAM,
     WINDOW_UPDATE,
@@ -156,6 +157,22 @@ def test_calls_are_refused_with_a_status_and_the_connection_carries_on(server: S
     fields, message = h.answer(sid)
     assert fields["grpc-status"] == "0", fields
     np.testing.assert_allclose(mlp_answer(message), run_ort(bed.mlp, {"x": x})["y"], rtol=1e-5, atol=1e-6)
+    h.close()
+
+
+def test_padded_frames_are_read_without_their_padding(server: Server, bed: MlpBed) -> None:
+    """A DATA frame with padding (RFC 9113 §6.1), then an unpadded call on the same connection."""
+    x = np.random.default_rng(5).standard_normal((2, 64)).astype(np.float32)
+    h = RawH2(server.grpc_port)
+    h.send(HEADERS, END_HEADERS, 1, h.headers_block())
+    h.send(DATA, END_STREAM | PADDED, 1, bytes((7,)) + grpc_message(mlp_request(x)) + b"\0" * 7)
+    h.call(3, mlp_request(x[:1]))
+    for sid, want in ((1, x), (3, x[:1])):
+        fields, message = h.answer(sid)
+        assert fields["grpc-status"] == "0", fields
+        np.testing.assert_allclose(
+            mlp_answer(message), run_ort(bed.mlp, {"x": want})["y"], rtol=1e-5, atol=1e-6
+        )
     h.close()
 
 

@@ -9,6 +9,7 @@ gets its status or closes only its own connection, and the server answers triton
 from __future__ import annotations
 
 import re
+import signal
 import urllib.request
 from collections.abc import Iterator
 
@@ -22,6 +23,7 @@ from tests.integration.h2raw import (
     DATA,
     END_HEADERS,
     END_STREAM,
+    GOAWAY,
     HEADERS,
     INITIAL_WINDOW_SIZE,
     PADDED,
@@ -267,3 +269,37 @@ def test_an_idle_connection_is_closed_with_goaway(bed: MlpBed) -> None:
         h.close()
     finally:
         assert s.stop() == 0
+
+
+def test_a_call_in_flight_at_shutdown_is_answered(bed: MlpBed) -> None:
+    """SIGTERM once the server has read a call (a PING after it is answered, so it is past the
+    call's frames): the client gets GOAWAY (NO_ERROR) and the call's answer, and the server exits 0."""
+    x = np.random.default_rng(9).standard_normal((4, 64)).astype(np.float32)
+    s = Server(bed.store, bed.key, bed.tmp, bed.gpu_file)
+    try:
+        s.wait()
+        h = RawH2(s.grpc_port)
+        h.call(1, mlp_request(x))
+        h.send(PING, 0, 0, b"drain-me")
+        ack, _ = h.until(PING, flags=ACK)
+        assert ack is not None
+        s.proc.send_signal(signal.SIGTERM)
+        goaway, answer, data = None, None, b""
+        while (f := h.read()) is not None:
+            if f.kind == GOAWAY:
+                goaway = int.from_bytes(f.payload[4:8], "big")
+            elif f.stream == 1 and f.kind == DATA:
+                data += f.payload
+            elif f.stream == 1 and f.kind == HEADERS and f.flags & END_STREAM:
+                answer = dict(h.decoder.decode(f.payload))
+            elif f.stream == 1 and f.kind == HEADERS:
+                h.decoder.decode(f.payload)
+        assert goaway == NO_ERROR
+        assert answer is not None and answer["grpc-status"] == "0", answer
+        np.testing.assert_allclose(
+            mlp_answer(data[5:]), run_ort(bed.mlp, {"x": x})["y"], rtol=1e-5, atol=1e-6
+        )
+        h.close()
+        assert s.exit_code() == 0, s.output()  # on its own, after the one SIGTERM
+    finally:
+        s.stop()

@@ -61,6 +61,7 @@ class RawH2:
         self.encoder = hpack.Encoder()
         self.decoder = hpack.Decoder()
         self._buf = b""
+        self._backlog: list[Frame] = []  # frames of other streams, read while waiting for one
         self.closed = False
         if preface:
             body = b"".join(struct.pack(">HI", k, v) for k, v in (settings or {}).items())
@@ -146,13 +147,24 @@ class RawH2:
                 raise AssertionError(f"stream {stream} reset: {int.from_bytes(f.payload, 'big')}")
 
     def until_stream(self, stream: int) -> tuple[Frame | None, list[Frame]]:
+        """The next frame on `stream`, and the connection-level frames read before it. Frames of
+        other streams are kept for their own calls of this method (calls on one connection may
+        end in any order; the server under test never indexes its header blocks, so they decode
+        in any order too)."""
+        for k, f in enumerate(self._backlog):
+            if f.stream == stream:
+                del self._backlog[k]
+                return f, []
         seen: list[Frame] = []
         while (f := self.read()) is not None:
             if f.kind == SETTINGS and not f.flags & ACK:
                 self.send(SETTINGS, ACK, 0)
             if f.stream == stream:
                 return f, seen
-            seen.append(f)
+            if f.stream:
+                self._backlog.append(f)
+            else:
+                seen.append(f)
         return None, seen
 
     def goaway_code(self) -> int | None:

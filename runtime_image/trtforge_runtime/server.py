@@ -18,6 +18,7 @@ event loop keeps answering health probes; connections idle (or stuck before a co
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 import signal
@@ -65,6 +66,13 @@ log = logging.getLogger(__name__)
 JSON = "application/json"
 
 
+class GrpcFrontEnd(enum.Enum):
+    """What carries the v2 gRPC protocol (docs/design.md, "Runtime gRPC")."""
+
+    NATIVE = "native"  # grpc_h2: the runtime's own HTTP/2 server in its event loop
+    GRPCIO = "grpcio"  # grpc_service: grpcio's grpc.aio server
+
+
 @dataclass
 class Settings:
     store_uri: str
@@ -87,7 +95,7 @@ class Settings:
     body_timeout_s: float = 60.0
     max_connections: int = 1024
     grpc_port: int | None = 8001  # None: no gRPC endpoint; 0: any free port
-    grpc_server: str = "native"  # native: grpc_h2's own HTTP/2 server; grpcio: grpcio's (grpc_service)
+    grpc_server: GrpcFrontEnd = GrpcFrontEnd.NATIVE
     reuse_port: bool = False  # a worker of `serve --workers N`: share the ports (SO_REUSEPORT)
     listen_when_ready: bool = False  # a later worker: bind only once ready
 
@@ -151,7 +159,7 @@ class Runtime:
     async def _start_grpc(self) -> tuple[Any, int]:
         """The gRPC front end --grpc-server names, listening; it and its port. After HTTP listens
         and the engine starts loading: importing it takes a while."""
-        if self.s.grpc_server == "grpcio":
+        if self.s.grpc_server is GrpcFrontEnd.GRPCIO:
             from trtforge_runtime.grpc_service import start_grpc
 
             return await start_grpc(self, self.s.host, self.s.grpc_port or 0)

@@ -72,3 +72,18 @@ def test_frames_carry_their_length_type_flags_and_stream() -> None:
     f = frame(0x1, 0x5, 0x7FFFFFFF, b"abc")
     assert f == b"\x00\x00\x03" + b"\x01\x05" + b"\x7f\xff\xff\xff" + b"abc"
     assert frame(0x4, 0x1, 0) == b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
+
+
+def test_the_serve_flag_offers_every_front_end_and_defaults_to_the_native_one() -> None:
+    """`--grpc-server`'s choices are written out in the CLI (it does not import the server at
+    parse time); they must be GrpcFrontEnd's values."""
+    from trtforge_runtime.server import GrpcFrontEnd, Settings
+
+    from trtforge.cli import build_parser
+
+    parser = build_parser("serve")
+    sub = next(a for a in parser._actions if a.dest == "command")
+    serve = sub.choices["serve"]  # type: ignore[index]
+    flag = next(a for a in serve._actions if a.dest == "grpc_server")
+    assert sorted(flag.choices or ()) == sorted(f.value for f in GrpcFrontEnd)
+    assert GrpcFrontEnd(flag.default) is GrpcFrontEnd.NATIVE is Settings("s", "k").grpc_server

@@ -89,9 +89,14 @@ _CODE_OUTCOMES = {
 _ENCODINGS = {b"gzip": Coding.GZIP, b"deflate": Coding.DEFLATE, b"identity": Coding.IDENTITY}
 
 
+def frame_head(kind: int, flags: int, stream: int, length: int) -> bytes:
+    """The 9-byte header of an HTTP/2 frame whose payload is `length` bytes."""
+    return struct.pack(">I", length)[1:] + bytes((kind, flags)) + struct.pack(">I", stream)
+
+
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     """One HTTP/2 frame."""
-    return struct.pack(">I", len(payload))[1:] + bytes((kind, flags)) + struct.pack(">I", stream) + payload
+    return frame_head(kind, flags, stream, len(payload)) + payload
 
 
 def _hpack_int(n: int) -> bytes:
@@ -690,14 +695,22 @@ class H2Connection(asyncio.Protocol):
             return
         self._run(st, st.msg)
 
-    def _decompressed(self, st: _Stream, fut: asyncio.Future[bytes | bytearray]) -> None:
+    def _settled(self, st: _Stream, fut: asyncio.Future[Any]) -> bool:
+        """`st`'s step in flight ended: True when its result is there to take. Otherwise the call
+        is already over (cancelled: reset by the client, past its deadline, or gone) or has just
+        been refused with the step's error."""
         st.pending = None
         if fut.cancelled() or st.answered:
             self._end_call(st, "error")
-            return
+            return False
         exc = fut.exception()
         if exc is not None:
             self._fail(st, exc)
+            return False
+        return True
+
+    def _decompressed(self, st: _Stream, fut: asyncio.Future[bytes | bytearray]) -> None:
+        if not self._settled(st, fut):
             return
         data = fut.result()
         more = self._rt.bodies.try_acquire(len(data))
@@ -733,15 +746,8 @@ class H2Connection(asyncio.Protocol):
         self._submit(st, spec, req, rows)
 
     def _decoded(self, st: _Stream, spec: ModelSpec, fut: asyncio.Future[tuple[InferRequest, int]]) -> None:
-        st.pending = None
-        if fut.cancelled() or st.answered:
-            self._end_call(st, "error")
-            return
-        exc = fut.exception()
-        if exc is not None:
-            self._fail(st, exc)
-            return
-        self._submit(st, spec, *fut.result())
+        if self._settled(st, fut):
+            self._submit(st, spec, *fut.result())
 
     def _submit(self, st: _Stream, spec: ModelSpec, req: InferRequest, rows: int) -> None:
         rt = self._rt
@@ -758,13 +764,7 @@ class H2Connection(asyncio.Protocol):
         fut.add_done_callback(lambda f: self._executed(st, spec, req, f))
 
     def _executed(self, st: _Stream, spec: ModelSpec, req: InferRequest, fut: asyncio.Future[Any]) -> None:
-        st.pending = None
-        if fut.cancelled() or st.answered:  # reset by the client, past its deadline, or gone
-            self._end_call(st, "error")
-            return
-        exc = fut.exception()
-        if exc is not None:
-            self._fail(st, exc)
+        if not self._settled(st, fut):
             return
         try:
             answer = calls.encode_infer_response(spec, req, fut.result())
@@ -881,7 +881,7 @@ class H2Connection(asyncio.Protocol):
                     st.out.pop(0)
                 else:
                     st.out[0] = mv[len(take) :]
-            parts.append(struct.pack(">I", k)[1:] + bytes((DATA, 0)) + struct.pack(">I", st.id))
+            parts.append(frame_head(DATA, 0, st.id, k))
             parts.extend(pieces)
             self._send_window -= k
             st.send_window -= k

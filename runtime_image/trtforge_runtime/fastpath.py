@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trtforge_runtime.errors import RequestError
+from trtforge_runtime.metrics import Outcome, outcome_for
 from trtforge_runtime.v2 import HEADER_LENGTH, InferRequest, encode_response
 
 if TYPE_CHECKING:
@@ -186,7 +187,6 @@ _REASONS = {
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
-_OUTCOME = {400: "bad_request", 404: "not_found", 408: "timeout", 413: "too_large", 503: "unavailable"}
 _JSON = "application/json"
 
 
@@ -273,7 +273,7 @@ class InferConnection(asyncio.Protocol):
             return
         req, self._req = self._req, None
         if req is not None:  # gone while its body was arriving
-            self._end(req, "error")
+            self._end(req, Outcome.ERROR)
 
     # --- requests ---------------------------------------------------------------------------
     def _next(self) -> None:
@@ -349,7 +349,7 @@ class InferConnection(asyncio.Protocol):
         self._answer_error(
             RequestError(408, f"the request body did not arrive within {s:g} s (--body-timeout)"), close=True
         )
-        self._end(req, "timeout")
+        self._end(req, Outcome.TIMEOUT)
 
     def _body_done(self, req: _Request) -> None:
         if req.timer is not None:
@@ -428,16 +428,16 @@ class InferConnection(asyncio.Protocol):
             extra["Connection"] = "close"
         self._write(response_head(200, len(out), extra), out)
         self._close_unless_kept(req)
-        self._end(req, "success")
+        self._end(req, Outcome.SUCCESS)
 
     def _failed(self, req: _Request, e: RequestError) -> None:
         self._answer_error(e, close=not req.head.keep_alive)
-        self._end(req, _OUTCOME.get(e.status, "error"))
+        self._end(req, outcome_for(e.status))
 
     def _crashed(self, req: _Request, e: BaseException) -> None:
         log.error("inference failed", exc_info=e)
         self._answer_error(RequestError(500, f"inference failed: {e}"), close=not req.head.keep_alive)
-        self._end(req, "error")
+        self._end(req, Outcome.ERROR)
 
     def _close_unless_kept(self, req: _Request) -> None:
         if not req.head.keep_alive and self._transport is not None:
@@ -457,7 +457,7 @@ class InferConnection(asyncio.Protocol):
         if t is not None and not t.is_closing():
             t.writelines((head, body))
 
-    def _end(self, req: _Request, outcome: str) -> None:
+    def _end(self, req: _Request, outcome: Outcome) -> None:
         """The request is over (answered, or its connection gone): release what it held, count it,
         and take the next request on the connection."""
         rt = self._rt

@@ -25,6 +25,7 @@ from trtforge_runtime.batcher import QueueFull
 from trtforge_runtime.body import BodyMemoryFull
 from trtforge_runtime.errors import RequestError
 from trtforge_runtime.grpc_v2 import inference_pb2 as pb
+from trtforge_runtime.metrics import Outcome
 from trtforge_runtime.model import V2_TO_NUMPY, ModelSpec
 from trtforge_runtime.v2 import InferRequest, decode_bytes_blob, encode_bytes_blob, output_datatype
 
@@ -67,7 +68,14 @@ _CODES = {
     415: Code.INVALID_ARGUMENT,
     503: Code.UNAVAILABLE,
 }
-OUTCOMES = {400: "bad_request", 404: "not_found", 413: "too_large", 503: "unavailable"}
+_CODE_OUTCOMES = {
+    Code.INVALID_ARGUMENT: Outcome.BAD_REQUEST,
+    Code.UNIMPLEMENTED: Outcome.BAD_REQUEST,
+    Code.NOT_FOUND: Outcome.NOT_FOUND,
+    Code.RESOURCE_EXHAUSTED: Outcome.TOO_LARGE,
+    Code.UNAVAILABLE: Outcome.UNAVAILABLE,
+    Code.DEADLINE_EXCEEDED: Outcome.TIMEOUT,
+}
 
 # The typed field of InferTensorContents for each datatype (FP16 has none: raw contents only).
 CONTENTS_FIELD = {
@@ -84,6 +92,12 @@ CONTENTS_FIELD = {
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
 }
+
+
+def outcome_for_code(code: Code) -> Outcome:
+    """The metrics outcome of a call refused with `code` before it reached the server's checks (a
+    refusal that began as a RequestError counts by its HTTP status, as on the REST endpoint)."""
+    return _CODE_OUTCOMES.get(code, Outcome.ERROR)
 
 
 def code_for(e: RequestError) -> Code:

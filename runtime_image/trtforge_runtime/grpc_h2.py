@@ -45,6 +45,7 @@ from trtforge_runtime import grpc_calls as calls
 from trtforge_runtime.body import BodyMemoryFull, Coding, decompress
 from trtforge_runtime.errors import RequestError
 from trtforge_runtime.grpc_calls import SERVICE, CallError, Code
+from trtforge_runtime.metrics import Outcome, outcome_for
 
 if TYPE_CHECKING:
     from trtforge_runtime.model import ModelSpec
@@ -78,14 +79,6 @@ FAIL_LINGER_S = 2.0  # after a connection error, how long the client's bytes are
 DEFAULT_WINDOW = 65535
 _MAX_WINDOW = (1 << 31) - 1
 _PREFIX = 5  # a gRPC message's compressed flag and length
-_CODE_OUTCOMES = {
-    Code.INVALID_ARGUMENT: "bad_request",
-    Code.UNIMPLEMENTED: "bad_request",
-    Code.NOT_FOUND: "not_found",
-    Code.RESOURCE_EXHAUSTED: "too_large",
-    Code.UNAVAILABLE: "unavailable",
-    Code.DEADLINE_EXCEEDED: "timeout",
-}
 _ENCODINGS = {b"gzip": Coding.GZIP, b"deflate": Coding.DEFLATE, b"identity": Coding.IDENTITY}
 
 
@@ -203,7 +196,7 @@ class _Stream:
         self.flushed = False  # the answer is written, or will never be
         self.pending: asyncio.Future[Any] | None = None  # the call's work in flight (cancel to drop)
         self.deadline = False  # `timer` is the client's grpc-timeout, not the message's arrival
-        self.outcome = ""  # for the metrics, when decided before the work ends
+        self.outcome: Outcome | None = None  # for the metrics, when decided before the work ends
         self.closed_remote = False  # the client sent END_STREAM
         self.working = False  # its call runs (counts against the limits until it ends)
         self.t0 = time.perf_counter()
@@ -701,7 +694,7 @@ class H2Connection(asyncio.Protocol):
         been refused with the step's error."""
         st.pending = None
         if fut.cancelled() or st.answered:
-            self._end_call(st, "error")
+            self._end_call(st, Outcome.ERROR)
             return False
         exc = fut.exception()
         if exc is not None:
@@ -729,7 +722,7 @@ class H2Connection(asyncio.Protocol):
                 self._refuse_now(st, e.code, e.message)
                 return
             self._answer(st, answer)
-            self._end_call(st, "success")
+            self._end_call(st, Outcome.SUCCESS)
             return
         try:
             spec, msg, raw = calls.admit_infer(rt, data)
@@ -772,21 +765,21 @@ class H2Connection(asyncio.Protocol):
             self._fail(st, e)
             return
         self._answer(st, answer)
-        self._end_call(st, "success")
+        self._end_call(st, Outcome.SUCCESS)
 
     def _fail(self, st: _Stream, e: BaseException) -> None:
         if isinstance(e, RequestError):
             self._refuse(st, calls.code_for(e), e.message)
-            self._end_call(st, calls.OUTCOMES.get(e.status, "error"))
+            self._end_call(st, outcome_for(e.status))
             return
         if isinstance(e, CallError):
             self._refuse_now(st, e.code, e.message)
         else:
             log.error("inference failed", exc_info=e)
             self._refuse(st, Code.INTERNAL, f"inference failed: {e}")
-            self._end_call(st, "error")
+            self._end_call(st, Outcome.ERROR)
 
-    def _end_call(self, st: _Stream, outcome: str) -> None:
+    def _end_call(self, st: _Stream, outcome: Outcome) -> None:
         """The call's work is over: give back what it held, count it (ModelInfer), and forget the
         stream once its answer is out."""
         if not st.working:
@@ -835,17 +828,17 @@ class H2Connection(asyncio.Protocol):
     def _refuse_now(self, st: _Stream, code: Code, message: str) -> None:
         """Refuse a call that has no work in flight, and end it."""
         self._refuse(st, code, message)
-        self._end_call(st, _CODE_OUTCOMES.get(code, "error"))
+        self._end_call(st, calls.outcome_for_code(code))
 
     def _late(self, st: _Stream, code: Code, message: str) -> None:
         st.timer = None
-        st.outcome = "timeout"
+        st.outcome = Outcome.TIMEOUT
         if not st.answered:
             self._refuse(st, code, message or "the call's deadline (grpc-timeout) passed")
         if st.pending is not None:
             st.pending.cancel()  # its callback ends the call
         else:
-            self._end_call(st, "timeout")
+            self._end_call(st, Outcome.TIMEOUT)
 
     def _reset_by_client(self, st: _Stream) -> None:
         st.answered = st.flushed = st.closed_remote = True
@@ -858,7 +851,7 @@ class H2Connection(asyncio.Protocol):
         if st.pending is not None:
             st.pending.cancel()  # its callback ends the call
         else:
-            self._end_call(st, "error")
+            self._end_call(st, Outcome.ERROR)
         self._maybe_done(st)
 
     def _flush(self, st: _Stream, head: bytes = b"") -> None:

@@ -21,6 +21,7 @@ from trtforge_runtime.body import BodyMemoryFull
 from trtforge_runtime.errors import RequestError
 from trtforge_runtime.grpc_calls import CallError, Code
 from trtforge_runtime.grpc_v2 import inference_pb2_grpc as pb_grpc
+from trtforge_runtime.metrics import Outcome, outcome_for
 
 if TYPE_CHECKING:
     from trtforge_runtime.server import Runtime
@@ -72,7 +73,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         rt = self._rt
         t0 = time.perf_counter()
         rt.active += 1
-        outcome = "success"
+        outcome = Outcome.SUCCESS
         reserved = 0
         try:
             got = rt.bodies.try_acquire(len(request))
@@ -91,12 +92,12 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             results = await batcher.enqueue(req.inputs, rows)
             return calls.encode_infer_response(spec, req, results)
         except RequestError as e:
-            outcome = calls.OUTCOMES.get(e.status, "error")
+            outcome = outcome_for(e.status)
             await context.abort(status_for(calls.code_for(e)), e.message)
         except aio.AbortError:
             raise
         except Exception as e:
-            outcome = "error"
+            outcome = Outcome.ERROR
             log.exception("inference failed")
             await context.abort(grpc.StatusCode.INTERNAL, f"inference failed: {e}")
         finally:

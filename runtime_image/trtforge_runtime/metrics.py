@@ -7,9 +7,41 @@ named by ``PROMETHEUS_MULTIPROC_DIR`` and :func:`exposition` aggregates all of t
 
 from __future__ import annotations
 
+import enum
 import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Outcome(enum.StrEnum):
+    """How an inference request ended: the ``outcome`` label of the request metrics, the same for
+    every protocol."""
+
+    SUCCESS = "success"
+    BAD_REQUEST = "bad_request"
+    NOT_FOUND = "not_found"
+    TIMEOUT = "timeout"
+    TOO_LARGE = "too_large"
+    UNSUPPORTED_ENCODING = "unsupported_encoding"
+    UNAVAILABLE = "unavailable"
+    ERROR = "error"
+
+
+_BY_STATUS = {
+    400: Outcome.BAD_REQUEST,
+    404: Outcome.NOT_FOUND,
+    408: Outcome.TIMEOUT,
+    413: Outcome.TOO_LARGE,
+    415: Outcome.UNSUPPORTED_ENCODING,
+    503: Outcome.UNAVAILABLE,
+}
+
+
+def outcome_for(status: int) -> Outcome:
+    """The outcome of a request refused with HTTP `status` (over gRPC: the status its refusal has on
+    the REST endpoint); ERROR for any status without its own."""
+    return _BY_STATUS.get(status, Outcome.ERROR)
+
 
 _LATENCY = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
@@ -116,12 +148,13 @@ class Metrics:
         self.ready_m = self.ready.labels(model)
         self.solo_batches_m = self.solo_batches.labels(model)
         self.batch_cap_m = self.batch_cap.labels(model)
-        self._outcomes: dict[str, tuple[Counter, Histogram]] = {}
+        self._outcomes: dict[Outcome, tuple[Counter, Histogram]] = {}
 
-    def observe_request(self, outcome: str, seconds: float) -> None:
+    def observe_request(self, outcome: Outcome, seconds: float) -> None:
         pair = self._outcomes.get(outcome)
         if pair is None:
-            pair = (self.requests.labels(self.model, outcome), self.latency.labels(self.model, outcome))
+            label = outcome.value
+            pair = (self.requests.labels(self.model, label), self.latency.labels(self.model, label))
             self._outcomes[outcome] = pair
         pair[0].inc()
         pair[1].observe(seconds)

@@ -50,7 +50,7 @@ from trtforge_runtime.errors import DeviceFault, Refusal, RequestError
 from trtforge_runtime.faults import FaultMonitor, exit_now, gpu_fault_message
 from trtforge_runtime.fetch import fetch_engine
 from trtforge_runtime.identity import check_identity
-from trtforge_runtime.metrics import Metrics, exposition
+from trtforge_runtime.metrics import Metrics, Outcome, exposition, outcome_for
 from trtforge_runtime.model import ModelSpec, default_model_name, model_spec
 from trtforge_runtime.retry import budget_from_env, with_retries
 from trtforge_runtime.v2 import (
@@ -118,16 +118,6 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 
 def _ok(obj: dict[str, Any]) -> web.Response:
     return web.Response(body=json.dumps(obj).encode(), content_type=JSON)
-
-
-_OUTCOME = {
-    400: "bad_request",
-    404: "not_found",
-    408: "timeout",
-    413: "too_large",
-    415: "unsupported_encoding",
-    503: "unavailable",
-}
 
 
 class Runtime:
@@ -493,7 +483,7 @@ class Runtime:
     async def infer(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
         self.active += 1
-        outcome = "success"
+        outcome = Outcome.SUCCESS
         reserved = 0
         try:
             spec = self._model(request)
@@ -525,10 +515,10 @@ class Runtime:
                 body=out, headers={HEADER_LENGTH: str(out_hl), "Content-Type": "application/octet-stream"}
             )
         except RequestError as e:
-            outcome = _OUTCOME.get(e.status, "error")
+            outcome = outcome_for(e.status)
             return _error(e.status, e.message, e.headers)
         except Exception as e:
-            outcome = "error"
+            outcome = Outcome.ERROR
             log.exception("inference failed")
             return _error(500, f"inference failed: {e}")
         finally:

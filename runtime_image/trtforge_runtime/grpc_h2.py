@@ -558,9 +558,8 @@ class H2Connection(asyncio.Protocol):
         elif service != SERVICE or (method != "ModelInfer" and method not in calls.UNARY):
             self._refuse_now(st, Code.UNIMPLEMENTED, f"method {path.decode('latin-1')} is not implemented")
         elif srv.calls > rt.s.max_connections:
-            self._refuse_now(
-                st, Code.RESOURCE_EXHAUSTED, f"{rt.s.max_connections} calls in flight, the limit"
-            )
+            msg = f"{rt.s.max_connections} calls in flight, the limit"
+            self._refuse_now(st, Code.RESOURCE_EXHAUSTED, msg, Outcome.UNAVAILABLE)
         else:
             encoding = headers.get(b"grpc-encoding", b"identity")
             coding = _ENCODINGS.get(encoding)
@@ -640,7 +639,7 @@ class H2Connection(asyncio.Protocol):
         else:
             reserved = rt.bodies.try_acquire(length) if length else 0  # an empty message holds nothing
             if reserved is None:
-                self._refuse_now(st, Code.RESOURCE_EXHAUSTED, BodyMemoryFull(rt.bodies.total).message)
+                self._fail(st, BodyMemoryFull(rt.bodies.total))  # counted as over HTTP: unavailable
                 return
             st.reserved = reserved
             st.msg = np.empty(length, np.uint8).data  # not zero-filled: every byte is written
@@ -825,10 +824,11 @@ class H2Connection(asyncio.Protocol):
         self._write(data)
         self._maybe_done(st)
 
-    def _refuse_now(self, st: _Stream, code: Code, message: str) -> None:
-        """Refuse a call that has no work in flight, and end it."""
+    def _refuse_now(self, st: _Stream, code: Code, message: str, outcome: Outcome | None = None) -> None:
+        """Refuse a call that has no work in flight, and end it; counted under `outcome`, by default
+        the one `code` stands for."""
         self._refuse(st, code, message)
-        self._end_call(st, calls.outcome_for_code(code))
+        self._end_call(st, outcome or calls.outcome_for_code(code))
 
     def _late(self, st: _Stream, code: Code, message: str) -> None:
         st.timer = None

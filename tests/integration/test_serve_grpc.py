@@ -215,6 +215,13 @@ def test_grpc_messages_share_the_body_memory_budget_with_http(bed: Bed, front: l
         outcomes = _resnet50_burst(s.grpc_url, "--max-body-memory")
         assert "ok" in outcomes and "StatusCode.RESOURCE_EXHAUSTED" in outcomes, outcomes
         assert set(outcomes) <= {"ok", "StatusCode.RESOURCE_EXHAUSTED"}
+        # counted as the same refusal is over HTTP (503): unavailable, not too_large
+        metrics = urllib.request.urlopen(f"http://{s.url}/metrics", timeout=30).read().decode()
+        refused = re.search(
+            r'trtforge_runtime_requests_total\{model="resnet50",outcome="unavailable"\} (\S+)', metrics
+        )
+        assert refused and float(refused.group(1)) == outcomes.count("StatusCode.RESOURCE_EXHAUSTED"), metrics
+        assert 'outcome="too_large"' not in metrics
         assert _resnet50_burst(s.grpc_url, "--max-body-memory", n=1) == ["ok"]
         inp = httpclient.InferInput(RESNET_IN, [1, 3, 224, 224], "FP32")
         inp.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32), binary_data=True)

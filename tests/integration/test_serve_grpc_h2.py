@@ -259,6 +259,33 @@ def test_streams_past_the_limit_are_refused_and_reset_ones_free_their_place(
     assert _errors(server) - errors_before == 128  # each reset call counted, none left in flight
 
 
+def test_calls_past_the_limit_are_refused_and_counted_as_unavailable(bed: MlpBed) -> None:
+    """With --max-connections 3, three calls open at once (headers sent, messages not) take every
+    place: a fourth gets RESOURCE_EXHAUSTED, counted as `unavailable` (what the same limit is over
+    HTTP). Once the three are reset, a call is served again."""
+    s = Server(bed.store, bed.key, bed.tmp, bed.gpu_file, "--max-connections", "3")
+    try:
+        s.wait()
+        h = RawH2(s.grpc_port)
+        for stream in (1, 3, 5):
+            h.send(HEADERS, END_HEADERS, stream, h.headers_block())
+        h.send(HEADERS, END_HEADERS, 7, h.headers_block())
+        fields, _ = h.answer(7)
+        assert fields["grpc-status"] == "8" and "calls in flight" in fields["grpc-message"], fields
+        metrics = urllib.request.urlopen(f"http://{s.url}/metrics", timeout=30).read().decode()
+        assert 'trtforge_runtime_requests_total{model="mlp",outcome="unavailable"} 1.0' in metrics
+        assert 'outcome="too_large"' not in metrics
+        for stream in (1, 3, 5):
+            h.send(RST_STREAM, 0, stream, (0x8).to_bytes(4, "big"))
+        h.call(9, mlp_request(np.zeros((1, 64), np.float32)))
+        fields, message = h.answer(9)
+        assert fields["grpc-status"] == "0", fields
+        assert mlp_answer(message).shape == (1, 10)
+        h.close()
+    finally:
+        assert s.stop() == 0
+
+
 def test_an_idle_connection_is_closed_with_goaway(bed: MlpBed) -> None:
     s = Server(bed.store, bed.key, bed.tmp, bed.gpu_file, "--idle-timeout", "0.3")
     try:

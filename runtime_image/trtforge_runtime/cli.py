@@ -220,6 +220,12 @@ def handle(args: argparse.Namespace) -> int:
     from trtforge_runtime import prehash
 
     prehash.begin(args.store, args.engine, Path(args.cache_dir))
+    # Then, for an ONNX Runtime engine there, its library, and its session opened on a thread from
+    # the pre-hashed file once it matches the raw manifest's sha256, while pydantic, the contract and
+    # the server import; the backend takes it only for the verified manifest (trtforge_runtime.preload).
+    from trtforge_runtime import preload
+
+    preload.begin(args.instances)
 
     from trtforge.contract import layout
     from trtforge.contract.gpu_probe import GPUProbeError, probe_from_env, probe_identity

@@ -14,9 +14,16 @@ itself; it compares that digest with the validated manifest's sha256 exactly as 
 own, and the backend is handed that same descriptor. What the pre-hash could not read, or read
 for another path, is simply not used: the usual path does the work and reports what is wrong.
 
+A file whose verified-in-place marker vouches for it as it is (a container restart) is not hashed:
+its descriptor is kept with the digest the marker records, marked :attr:`Hashed.vouched`, and the
+verification hashes the file itself unless it trusts that marker too. :func:`claim` and :func:`peek`
+give :mod:`~trtforge_runtime.preload` what the raw manifest says of its artifact and a duplicate of
+the artifact's descriptor with its digest.
+
 What it changes: the artifact is *read* (in place, from the volume; nothing is copied) before the
-GPU identity check, instead of after it. A pod on the wrong GPU still never loads the engine; it
-reads at most what it could hash before the check refused it, and exits. Stores that download
+GPU identity check, instead of after it. A pod on the wrong GPU still never loads the engine onto
+a GPU nor serves it; it reads at most what it could hash before the check refused it (and an ONNX
+Runtime engine may have been parsed on the CPU by the pre-load), and exits. Stores that download
 (``s3://``, the broker) keep the order: nothing large is fetched before the identity check.
 
 Imports: the standard library only (the whole point is to begin before anything heavy).
@@ -41,14 +48,29 @@ THREAD_NAME = "pre-hash"
 
 @dataclass(frozen=True)
 class Hashed:
-    """A file opened and hashed by the pre-hash: its descriptor (now the taker's) and digest."""
+    """A file opened by the pre-hash: its descriptor (now the taker's) and digest. `vouched`: the
+    digest is the one a verified-in-place marker records for this very file as it was when opened
+    (a container restart), not a hash made now; the taker checks the marker itself and hashes the
+    file if it does not trust it."""
 
     fd: int
     sha256: str
+    vouched: bool = False
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What the raw, unvalidated manifest says of its artifact: the file's path, its sha256 and the
+    backend that loads it (for :mod:`trtforge_runtime.preload`; nothing here is checked)."""
+
+    path: Path
+    sha256: str
+    backend: str
 
 
 _lock = threading.Lock()
 _pending: dict[str, Future[Hashed | None]] = {}  # by absolute path; None: left to the usual path
+_claim: Claim | None = None  # the last begun pre-hash's raw manifest's artifact
 
 
 def mounted_root(store_uri: str) -> Path | None:
@@ -67,6 +89,23 @@ def mounted_root(store_uri: str) -> Path | None:
     if not uri or "://" in uri:
         return None
     return Path(uri).expanduser().absolute()
+
+
+def claim_of(engine_dir: Path, manifest: object) -> Claim | None:
+    """The :class:`Claim` a raw manifest makes of its artifact in `engine_dir`; None unless it names
+    a plain file name (as :func:`files_to_hash` accepts), a sha256 and a backend, all strings."""
+    names = files_to_hash(manifest)
+    if not isinstance(manifest, dict) or not names or names[0] != manifest.get("engine_file"):
+        return None
+    sha256, backend = manifest.get("sha256"), manifest.get("backend")
+    if not isinstance(sha256, str) or not isinstance(backend, str):
+        return None
+    return Claim(engine_dir / names[0], sha256, backend)
+
+
+def claim() -> Claim | None:
+    """What the raw manifest of the last :func:`begin` that read one says of its artifact."""
+    return _claim
 
 
 def files_to_hash(manifest: object) -> list[str]:
@@ -160,7 +199,9 @@ def hash_fd(fd: int) -> str:
 def begin(store_uri: str, key: str, cache_dir: Path) -> threading.Thread | None:
     """Start pre-hashing engine `key`'s files if `store_uri` is a mounted store; the thread, or None.
 
-    `cache_dir` is the runtime's: a file its marker already vouches for is not hashed."""
+    `cache_dir` is the runtime's: a file its marker already vouches for is not hashed (its
+    descriptor is kept, with the digest the marker records: :attr:`Hashed.vouched`)."""
+    global _claim
     root = mounted_root(store_uri)
     if root is None or len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
         return None
@@ -168,9 +209,11 @@ def begin(store_uri: str, key: str, cache_dir: Path) -> threading.Thread | None:
     try:
         fd = open_regular(engine_dir / "manifest.json")  # this runs on the main thread: never block
         with os.fdopen(fd, "rb") as f:
-            names = files_to_hash(json.loads(f.read()))
+            raw = json.loads(f.read())
     except (OSError, ValueError):
         return None
+    names = files_to_hash(raw)
+    _claim = claim_of(engine_dir, raw)
     futures: list[tuple[str, Future[Hashed | None]]] = []
     with _lock:
         for name in names:
@@ -196,15 +239,30 @@ def _hash_one(path: Path, marker: Path) -> Hashed | None:
         return None  # the usual path opens it again and says what is wrong
     try:
         try:
-            if marker_vouches(json.loads(marker.read_bytes()), os.fstat(fd)):
-                os.close(fd)
-                return None
+            m = json.loads(marker.read_bytes())
+            if marker_vouches(m, os.fstat(fd)) and isinstance(m.get("sha256"), str):
+                return Hashed(fd, m["sha256"], vouched=True)
         except (OSError, ValueError):
             pass
         return Hashed(fd, hash_fd(fd))
     except BaseException:
         os.close(fd)
         return None
+
+
+def peek(path: Path) -> Hashed | None:
+    """A duplicate of the descriptor the pre-hash made for `path`, with its digest, waiting for it;
+    None when it made none, or the taker (:func:`take`) already has it. The caller owns (and must
+    close) the duplicate; the original stays the taker's. The duplicate is made under the lock that
+    :func:`take` pops under, so it is never made of a descriptor the taker has closed."""
+    with _lock:
+        fut = _pending.get(str(path))
+    if fut is None or (got := fut.result()) is None:
+        return None
+    with _lock:
+        if _pending.get(str(path)) is not fut:
+            return None
+        return Hashed(os.dup(got.fd), got.sha256, got.vouched)
 
 
 def take(path: Path) -> Hashed | None:

@@ -40,7 +40,7 @@ from trtforge.contract.manifest import Manifest
 from trtforge.contract.termination import EXIT_OK, TerminationMessage, write_termination_message
 from trtforge.logs import fields
 from trtforge.store.base import EngineStore
-from trtforge_runtime import fastpath, startup_gc, warmstart
+from trtforge_runtime import fastpath, preload, startup_gc, warmstart
 from trtforge_runtime.backends import Backend, Instance, default_instances, load_backend
 from trtforge_runtime.batcher import Batcher
 from trtforge_runtime.body import BodyMemoryFull, Coding, MemoryBudget, content_coding, decompress, read_body
@@ -281,6 +281,7 @@ class Runtime:
         try:
             await self._load_and_serve()
         finally:
+            preload.discard()
             frozen = startup_gc.resume()
             log.info("start-up done; garbage collection on", extra=fields(frozen_objects=frozen))
 

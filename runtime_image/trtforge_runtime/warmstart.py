@@ -7,7 +7,10 @@ canary (:func:`collect_canary`) as always, and each first collects what the warm
 same arguments, waiting for it if it is still working. What the warm start could not do, or did for
 other arguments, those calls do again themselves and report as usual, so a warm start changes when
 the work happens, never what is checked or in which order: the GPU identity check before anything
-large is read, the sha256 before the backend sees the file, the canary before Ready.
+touches the GPU (and, from a store that downloads, before anything large is fetched), the sha256
+before the backend sees the file, the canary before Ready. (:mod:`~trtforge_runtime.preload` may
+have opened the session earlier, from bytes that matched the raw manifest; the backend takes it
+only for the verified one.)
 
 Why it pays: hashing releases the GIL, and so do ONNX Runtime's runs and (from 1.32, the version the
 image pins; 1.30 holds it) its session build, so on two cores the engine is verified, loaded and

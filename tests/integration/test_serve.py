@@ -97,6 +97,27 @@ def test_resnet50_binary_and_json_match_onnxruntime(bed: Bed, resnet_server: Ser
     np.testing.assert_allclose(c.infer("resnet50", [inp]).as_numpy(RESNET_OUT), ref, rtol=1e-5, atol=1e-6)
 
 
+def test_an_engine_on_a_mounted_store_serves_from_the_session_pre_loaded_at_start(
+    bed: Bed, resnet_server: Server
+) -> None:
+    # the store is a local directory, as a mounted PVC is to the pod: the session was opened from the
+    # pre-hashed file while the contract imported, and the backend took it (trtforge_runtime.preload)
+    events = _wait_for_log(resnet_server, "ready")
+    assert [e["msg"] for e in events if e.get("msg") == "engine session pre-loaded"]
+    (ready,) = [e for e in events if e.get("msg") == "onnxruntime session ready"]
+    assert ready["preloaded"] is True
+    # and a restart (the markers vouch; nothing is hashed) takes its pre-loaded session too
+    restart = Server(bed.store, bed.resnet_key, bed.tmp, bed.gpu_file, cache=resnet_server.cache)
+    try:
+        restart.wait()
+        events = _wait_for_log(restart, "ready")
+        (ready,) = [e for e in events if e.get("msg") == "onnxruntime session ready"]
+        assert ready["preloaded"] is True
+        assert not [e for e in events if e.get("msg") == "verified in place"]
+    finally:
+        assert restart.stop() == 0
+
+
 def test_full_queue_answers_503_with_retry_after(resnet_server: Server) -> None:
     """ResNet-50 takes ~100 ms a request here; with 2 queue slots, 12 at once overflow it."""
     x = np.zeros((1, 3, 224, 224), np.float32)

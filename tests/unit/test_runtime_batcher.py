@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 import pytest
-from trtforge_runtime.backends.onnxruntime_backend import thread_plan
+from trtforge_runtime.backends.ort_session import thread_plan
 from trtforge_runtime.batcher import Batcher, share
 from trtforge_runtime.metrics import Metrics
 from trtforge_runtime.workers import split_cpus

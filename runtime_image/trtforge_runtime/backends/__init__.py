@@ -1,17 +1,19 @@
 """Inference backends: ONNX Runtime (runnable everywhere) and TensorRT (GPU nodes).
 
 A backend loads one artifact; each execution instance is driven by exactly one worker thread.
+This package's own module imports nothing heavy (no numpy, no pydantic), so that
+:mod:`~trtforge_runtime.backends.ort_session` can be imported before the contract is.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
-from trtforge.contract.manifest import Manifest
-from trtforge_runtime.errors import Refusal
+    from trtforge.contract.manifest import Manifest
 
 
 class Instance(Protocol):
@@ -32,9 +34,9 @@ def default_instances(backend: str) -> int:
     """Execution instances when none are asked for: one per CPU for ONNX Runtime (each with one
     thread; a lone request gets the solo instance), one for TensorRT."""
     if backend == "onnxruntime":
-        from trtforge_runtime.backends.onnxruntime_backend import cpu_count
+        from trtforge_runtime.backends.ort_session import default_instances as ort_default
 
-        return cpu_count()
+        return ort_default()
     return 1
 
 
@@ -43,6 +45,7 @@ def load_backend(manifest: Manifest, artifact: Path, instances: int) -> Backend:
 
     A backend that a :mod:`~trtforge_runtime.warmstart` loaded for the same arguments is returned."""
     from trtforge_runtime import warmstart
+    from trtforge_runtime.errors import Refusal
 
     warm = warmstart.collect_backend(manifest.key, artifact, instances)
     if warm is not None:

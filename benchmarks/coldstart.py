@@ -221,7 +221,13 @@ def _median(runs: list[dict[str, Any]], k: str) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet50")
-    p.add_argument("--reps", type=int, default=5, help="starts of each kind; the tables show medians")
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=9,
+        help="starts of each kind; the tables show medians and the spread (one start moves by ±5%%"
+        " on a shared 2-core machine, the whole margin to the target)",
+    )
     p.add_argument("--cpus", default=f"0-{(os.cpu_count() or 1) - 1}")
     p.add_argument("--sources", default="pvc,s3")
     a = p.parse_args(argv)
@@ -299,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             entry["runs"] = {
                 "floor": [round(r["total_s"], 3) for r in floors],
                 "cold": [round(r["total_s"], 3) for r in colds],
+                **({"restart": [round(r["total_s"], 3) for r in warms]} if warms else {}),
             }
             results["sources"][src] = entry
     finally:
@@ -309,13 +316,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _spread(values: list[float] | None) -> str:
+    """ "min-max" of one kind of start's seconds; "-" for results recorded without them."""
+    return f"{min(values):.3f}-{max(values):.3f}" if values else "-"
+
+
 def render(results: dict[str, Any]) -> str:
     rows = []
     for src, e in results["sources"].items():
         fl = e["floor"]
-        for label, k, ratio in (
-            ("cold (empty cache)", "serve_cold", "ratio_cold"),
-            ("restart", "serve_restart", "ratio_restart"),
+        runs = e.get("runs", {})
+        for label, k, ratio, run_key in (
+            ("cold (empty cache)", "serve_cold", "ratio_cold", "cold"),
+            ("restart", "serve_restart", "ratio_restart", "restart"),
         ):
             if k not in e:
                 continue
@@ -325,6 +338,7 @@ def render(results: dict[str, Any]) -> str:
                     src,
                     label,
                     s["total_s"],
+                    _spread(runs.get(run_key)),
                     s.get("warm_began_s"),
                     s.get("to_listening_s"),
                     s.get("warm_done_s"),
@@ -332,6 +346,7 @@ def render(results: dict[str, Any]) -> str:
                     s.get("warm_load_s", s.get("load_s")),
                     s.get("canary_s"),
                     fl["total_s"],
+                    _spread(runs.get("floor")),
                     fl["read_s"],
                     fl["session_s"],
                     f"{e[ratio]}x",
@@ -346,6 +361,7 @@ def render(results: dict[str, Any]) -> str:
             "store",
             "start",
             "ready s",
+            "starts, min-max s",
             "warm start began at s",
             "listening at s",
             "engine loaded at s",
@@ -353,6 +369,7 @@ def render(results: dict[str, Any]) -> str:
             "load s",
             "canary s",
             "floor s",
+            "floor, min-max s",
             "floor read s",
             "floor session s",
             "vs floor",

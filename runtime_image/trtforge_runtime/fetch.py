@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, TypeVar
 
 from trtforge.contract import layout
 from trtforge.contract.manifest import Manifest
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 CHUNK = 4 << 20
 # The most a downloaded file whose size the manifest does not state (the canary: a few samples) may
 # stream; a file whose size it states may stream exactly that.
@@ -279,6 +280,25 @@ def _stream_verified(store: EngineStore, src: str, out: BinaryIO, sha256: str, s
     return n
 
 
+def _on_thread(work: Callable[[], T]) -> Future[T]:
+    """`work` run on a daemon thread of its own; its result or exception in the future."""
+    out: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            out.set_result(work())
+        except BaseException as e:
+            out.set_exception(e)
+
+    threading.Thread(target=run, name="fetch-beside", daemon=True).start()
+    return out
+
+
+def _settled(fut: Future[T]) -> None:
+    """Wait until `fut` has ended, however it ended."""
+    fut.exception()
+
+
 def _rehashed(path: Path) -> str | None:
     """sha256 of a cached copy; None when it is not a regular file (then it is fetched again)."""
     try:
@@ -470,14 +490,23 @@ def fetch_engine(
             )
             hashed = h1 + h2
         else:
-            paths: list[Path] = []
-            # only the engine file may be staged in memory; the canary is small and its size unknown
-            for (f, sha, size), w in zip(files, (where, staging.Staging.DISK), strict=True):
-                got, path, cached = _ensure(store, layout.engine_path(key, f), local / f, sha, size, w)
-                n += got
-                paths.append(path)
-                written.extend([cached] if cached is not None else [])
-            artifact, canary = paths
+            # Only the engine file may be staged in memory; the canary is small and its size
+            # unknown, so it goes to disk, on a thread beside the engine file rather than after
+            # it: the session build waits for this whole fetch (docs/design.md, "Runtime cold start").
+            (f, sha, size), (cf, csha, _) = files
+            disk = staging.Staging.DISK
+            beside = _on_thread(
+                lambda: _ensure(store, layout.engine_path(key, cf), local / cf, csha, None, disk)
+            )
+            try:
+                got, artifact, cached = _ensure(
+                    store, layout.engine_path(key, f), local / f, sha, size, where
+                )
+            finally:
+                _settled(beside)  # the engine file's error, if any, is the one reported
+            cgot, canary, ccached = beside.result()
+            n = got + cgot
+            written.extend(w for w in (cached, ccached) if w is not None)
     except ObjectNotFound as e:
         raise Refusal("EngineIntegrity", f"engine {key} in store {store.uri} is incomplete: {e}") from e
     except StoreError as e:

@@ -7,6 +7,7 @@ import json
 import os
 import struct
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, cast
@@ -279,8 +280,45 @@ def test_a_download_longer_than_the_manifest_says_stops_where_it_passes_it(
         fetch_engine(cast(EngineStore, store), KEY, tmp_path / "cache", where=where)
     assert e.value.reason == "EngineIntegrity"
     assert store.taken == 11  # ten chunks make the stated size; the eleventh passes it and is not kept
-    assert os.listdir(tmp_path / "cache" / KEY) == []  # no file, no temporary
+    left = os.listdir(tmp_path / "cache" / KEY)
+    assert [n for n in left if "model.onnx" in n] == []  # no engine file, no temporary
+    # the canary downloads beside the engine file, verified on its own, and is kept
+    assert (tmp_path / "cache" / KEY / "canary.npz").read_bytes() == (
+        root / layout.engine_path(KEY, "canary.npz")
+    ).read_bytes()
     assert len(os.listdir("/proc/self/fd")) == fds  # no memfd left open
+
+
+class _Ordered(_RemoteStore):
+    """A remote store that records when each file's stream begins and ends, and holds the engine
+    file's stream after its first chunk until the canary's has begun (at most `hold_s`)."""
+
+    def __init__(self, inner: EngineStore, hold_s: float) -> None:
+        super().__init__(inner)
+        self.events: list[str] = []
+        self.canary_began = threading.Event()
+        self.hold_s = hold_s
+
+    def iter_chunks(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        name = path.rsplit("/", 1)[-1]
+        self.events.append(f"{name} began")
+        if name == "canary.npz":
+            self.canary_began.set()
+        for i, chunk in enumerate(self.inner.iter_chunks(path, 1_000)):
+            if name == "model.onnx" and i == 1:
+                self.canary_began.wait(self.hold_s)
+            yield chunk
+        self.events.append(f"{name} ended")
+
+
+def test_the_canary_downloads_beside_the_engine_file_not_after_it(tmp_path: Path) -> None:
+    artifact, canary, root, _ = _remote_engine(tmp_path)
+    store = _Ordered(open_store(str(root)), hold_s=60)
+    local = fetch_engine(cast(EngineStore, store), KEY, tmp_path / "cache", where=Staging.MEMORY)
+    # the canary's stream began while the engine file's was still open
+    assert store.events.index("canary.npz began") < store.events.index("model.onnx ended")
+    assert local.artifact.read_bytes() == artifact and local.canary.read_bytes() == canary
+    assert local.downloaded_bytes == len(artifact) + len(canary)
 
 
 def test_a_download_the_manifest_gives_no_size_for_is_bounded_too(

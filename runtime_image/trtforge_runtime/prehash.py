@@ -202,6 +202,7 @@ def begin(store_uri: str, key: str, cache_dir: Path) -> threading.Thread | None:
     `cache_dir` is the runtime's: a file its marker already vouches for is not hashed (its
     descriptor is kept, with the digest the marker records: :attr:`Hashed.vouched`)."""
     global _claim
+    _claim = None  # an earlier begin's claim never stands for this engine
     root = mounted_root(store_uri)
     if root is None or len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
         return None

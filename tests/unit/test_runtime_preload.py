@@ -98,6 +98,13 @@ def test_only_an_onnx_runtime_engine_on_a_mounted_store_is_preloaded(tmp_path: P
     assert preload.take(raw["sha256"], 1) is None
 
 
+def test_a_store_with_nothing_to_pre_hash_leaves_no_earlier_claim_standing(tmp_path: Path) -> None:
+    prehash.begin(str(_store(tmp_path)), KEY, tmp_path / "cache")
+    assert prehash.claim() is not None
+    prehash.begin("s3://bucket/prefix", KEY, tmp_path / "cache")
+    assert prehash.claim() is None and preload.begin(1) is None
+
+
 def test_the_claim_is_what_the_raw_manifest_says_of_its_artifact(tmp_path: Path) -> None:
     d = tmp_path / "e"
     raw = {"engine_file": "m.onnx", "sha256": "ab", "backend": "onnxruntime", "canary": {"file": "c"}}

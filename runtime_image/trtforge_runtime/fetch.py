@@ -68,7 +68,6 @@ CHUNK = 4 << 20
 UNSIZED_MAX_BYTES = 256 << 20
 # The most a manifest may have (a few KB in practice; this leaves room for thousands of tensors).
 MANIFEST_MAX_BYTES = 4 << 20
-PROC_FD = Path("/proc/self/fd")
 _held_open: list[int] = []  # descriptors of files verified in place, open for the process's life
 
 
@@ -226,7 +225,7 @@ def _fetch_file(
             os.close(fd)
             raise
         _held_open.append(fd)
-        path: Path = PROC_FD / str(fd)
+        path: Path = prehash.PROC_FD / str(fd)
         cached: Future[Path] | None = staging.copy_to_cache(fd, n, dst, lambda p: _write_marker(p, sha256))
     else:
         tmp = dst.with_name(staging.part_name(dst.name, os.getpid()))
@@ -387,11 +386,11 @@ def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int 
     except BaseException:
         os.close(fd)
         raise
-    if not PROC_FD.is_dir():  # no /proc: the name itself (the store only ever renames whole files in)
+    if not prehash.PROC_FD.is_dir():  # no /proc: the name itself (the store only ever renames whole files in)
         os.close(fd)
         return store.file(src), hashed
     _held_open.append(fd)
-    return PROC_FD / str(fd), hashed
+    return prehash.PROC_FD / str(fd), hashed
 
 
 class _Bounded(io.BytesIO):

@@ -44,6 +44,8 @@ PVC_ROOT_ENV = "TRTFORGE_PVC_ROOT"  # as trtforge.store.local (a unit test keeps
 DEFAULT_PVC_ROOT = "/mnt/trtforge/pvc"
 HASH_CHUNK = 16 << 20  # the hash releases the GIL per chunk: few chunks, few waits for it
 THREAD_NAME = "pre-hash"
+# where an open descriptor has a path the backends can open (the verification and the pre-load)
+PROC_FD = Path("/proc/self/fd")
 
 
 @dataclass(frozen=True)

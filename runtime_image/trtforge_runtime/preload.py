@@ -30,7 +30,6 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from trtforge.logs import fields
@@ -39,7 +38,6 @@ from trtforge_runtime import prehash
 log = logging.getLogger(__name__)
 THREAD_NAME = "pre-load"
 BACKEND = "onnxruntime"
-PROC_FD = Path("/proc/self/fd")
 
 
 @dataclass(frozen=True)
@@ -62,7 +60,7 @@ def begin(instances: int | None) -> threading.Thread | None:
     then reports that)."""
     global _pending
     claim = prehash.claim()
-    if claim is None or claim.backend != BACKEND or not PROC_FD.is_dir():
+    if claim is None or claim.backend != BACKEND or not prehash.PROC_FD.is_dir():
         return None
     try:
         import numpy  # noqa: F401 (the session's inputs and outputs)
@@ -98,7 +96,7 @@ def _open(claim: prehash.Claim, threads: int) -> Preloaded | None:
         if hashed.sha256 != claim.sha256:
             return None
         t0 = time.monotonic()
-        session = ort_session.open_session(PROC_FD / str(hashed.fd), threads)
+        session = ort_session.open_session(prehash.PROC_FD / str(hashed.fd), threads)
     finally:
         os.close(hashed.fd)
     log.info(

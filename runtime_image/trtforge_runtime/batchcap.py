@@ -7,7 +7,9 @@ its batches at twice the smallest bucket whose time per row is as good as the be
 by more than its noise to be worth its latency). The bucket above the choice keeps being timed, so
 when it gets faster (a GPU engine, a quieter machine) the cap climbs again; the buckets below it are
 *probed*: some batches are capped lower on purpose, so that under a load that fills every batch the
-pool still learns whether smaller batches would do as well. The cap starts at 2 and climbs a bucket
+pool still learns whether smaller batches would do as well; once they are timed, the re-timings
+come further apart while they leave the cap where it is (each probe costs the queue a fuller
+batch, and at saturation the tail shows it). The cap starts at 2 and climbs a bucket
 at a time (twice the one bucket timed, until there are two to compare): batches grow only where
 the pool has seen them pay, so a fresh runtime never serves its first seconds in batches of the
 max. The choice in force holds while its bucket stays within twice the tolerance and no smaller
@@ -23,12 +25,16 @@ import collections
 import math
 import statistics
 from collections.abc import Container, Mapping
+from typing import NamedTuple
 
 TOLERANCE = 0.05  # per-row times within 5% of the best are as good as the best
 NOISE_Z = 2.0  # ... and so are those within this many standard errors of the difference
 MIN_SAMPLES = 8  # batches a bucket needs before its time counts
 WINDOW = 16  # a bucket's time is the median of its last WINDOW batches (one slow batch moves nothing)
-REFRESH_EVERY = 32  # with the buckets below the cap timed, one batch in this many re-times one of them
+# With the buckets below the cap timed, the first re-timing of one of them comes this many batches
+# later; the wait doubles after each re-timing that leaves the cap where it was, up to the most.
+REFRESH_EVERY = 32
+MAX_REFRESH_EVERY = 1024
 
 
 def bucket(rows: int) -> int:
@@ -81,22 +87,37 @@ def learned_cap(
     return max(1, min(max_batch, 2 * enough))
 
 
-def probe_limit(rows: int, timed: Container[int], batch_no: int) -> int | None:
-    """The cap of pool batch number `batch_no`, about to take `rows` (its share of the queue, within
-    the learned cap), when it is a probe, else None. The buckets probed are the two below the
-    batch's own: the next smaller, and the one below that, which must be timed to know it is no
-    better. One not in `timed` (the buckets with ``MIN_SAMPLES`` batches) is probed every other
-    batch; once both are, one batch in ``REFRESH_EVERY`` re-times them in turn."""
+class Probe(NamedTuple):
+    """A batch capped lower on purpose: at `rows`, to time a bucket not timed yet, or (`refresh`) to
+    re-time one that is."""
+
+    rows: int
+    refresh: bool
+
+
+def refresh_interval(steady: int) -> int:
+    """Batches from one re-timing to the next after `steady` re-timings in a row left the cap where
+    it was: ``REFRESH_EVERY``, doubling with each, at most ``MAX_REFRESH_EVERY``."""
+    return min(MAX_REFRESH_EVERY, REFRESH_EVERY << min(steady, MAX_REFRESH_EVERY.bit_length()))
+
+
+def probe_limit(rows: int, timed: Container[int], batch_no: int, refresh_turn: int | None) -> Probe | None:
+    """The probe of pool batch number `batch_no`, about to take `rows` (its share of the queue, within
+    the learned cap), or None. The buckets probed are the two below the batch's own: the next
+    smaller, and the one below that, which must be timed to know it is no better. One not in `timed`
+    (the buckets with ``MIN_SAMPLES`` batches) is probed every other batch; once both are, a batch
+    re-times one of them only when a re-timing is due, `refresh_turn` being then the number of
+    re-timings so far (they take turns), None when none is due."""
     top = bucket(rows) if rows >= 1 else 0
     below = [b for b in (top // 4, top // 2) if b >= 1]
     if not below:
         return None
     untimed = [b for b in below if b not in timed]
     if untimed:
-        return untimed[0] if batch_no % 2 else None
-    if batch_no % REFRESH_EVERY:
+        return Probe(untimed[0], refresh=False) if batch_no % 2 else None
+    if refresh_turn is None:
         return None
-    return below[(batch_no // REFRESH_EVERY) % len(below)]
+    return Probe(below[refresh_turn % len(below)], refresh=True)
 
 
 class BatchCap:
@@ -113,6 +134,9 @@ class BatchCap:
         self._per_row: dict[int, float] = {}  # the median of each bucket with MIN_SAMPLES batches
         self._error: dict[int, float] = {}  # ... and its standard error
         self._batches = 0
+        self._refreshes = 0  # re-timings so far
+        self._steady = 0  # ... of which this many in a row left the limit where it was
+        self._next_refresh = REFRESH_EVERY  # the batch number from which the next one is due
 
     def probe(self, rows: int) -> int:
         """The rows the pool's next batch may take, `rows` being its share of the queue within the
@@ -120,8 +144,15 @@ class BatchCap:
         if not self.learn:
             return rows
         self._batches += 1
-        probe = probe_limit(rows, self._per_row.keys(), self._batches)  # timed: in _per_row
-        return rows if probe is None else min(probe, rows)
+        turn = self._refreshes if self._batches >= self._next_refresh else None
+        probe = probe_limit(rows, self._per_row.keys(), self._batches, turn)  # timed: in _per_row
+        if probe is None:
+            return rows
+        if probe.refresh:
+            self._refreshes += 1
+            self._next_refresh = self._batches + refresh_interval(self._steady)
+            self._steady += 1
+        return min(probe.rows, rows)
 
     def observe(self, rows: int, seconds: float) -> bool:
         """Count one pool batch of `rows` that computed in `seconds`; whether the limit changed."""
@@ -139,6 +170,9 @@ class BatchCap:
         self._error[b] = median_error(values)
         limit = learned_cap(self._per_row, self.max_batch, self.limit, error=self._error)
         changed, self.limit = limit != self.limit, limit
+        if changed:  # the timings moved: re-time the buckets below soon again
+            self._steady = 0
+            self._next_refresh = min(self._next_refresh, self._batches + REFRESH_EVERY)
         return changed
 
     def per_row_ms(self) -> dict[int, float]:

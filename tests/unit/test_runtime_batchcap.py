@@ -4,6 +4,7 @@ the batcher capping its batches by what it learned from its own (real) batch tim
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -12,14 +13,17 @@ import numpy as np
 import pytest
 from trtforge_runtime import batcher
 from trtforge_runtime.batchcap import (
+    MAX_REFRESH_EVERY,
     MIN_SAMPLES,
     REFRESH_EVERY,
     WINDOW,
     BatchCap,
+    Probe,
     bucket,
     learned_cap,
     median_error,
     probe_limit,
+    refresh_interval,
 )
 from trtforge_runtime.batcher import Batcher
 from trtforge_runtime.metrics import Metrics
@@ -97,15 +101,26 @@ def test_buckets_within_their_noise_are_as_good_so_the_smaller_wins() -> None:
 
 
 def test_probes_time_the_buckets_below_the_cap() -> None:
-    # Nothing below the cap timed: every other batch probes the smallest untimed of the two below.
-    assert [probe_limit(32, set(), n) for n in range(1, 5)] == [8, None, 8, None]
-    assert probe_limit(32, {8}, 1) == 16
-    assert probe_limit(24, set(), 1) == 4  # 24's bucket is 16
-    assert probe_limit(2, set(), 1) == 1 and probe_limit(1, set(), 1) is None
-    # Both timed: one batch in REFRESH_EVERY re-times them in turn.
+    # Nothing below the cap timed: every other batch probes the smallest untimed of the two below,
+    # whether a re-timing is due or not.
+    assert [probe_limit(32, set(), n, None) for n in range(1, 5)] == [Probe(8, False), None] * 2
+    assert probe_limit(32, set(), 1, 3) == Probe(8, refresh=False)
+    assert probe_limit(32, {8}, 1, None) == Probe(16, refresh=False)
+    assert probe_limit(24, set(), 1, None) == Probe(4, False)  # 24's bucket is 16
+    assert probe_limit(2, set(), 1, None) == Probe(1, False) and probe_limit(1, set(), 1, 0) is None
+    # Both timed: nothing unless a re-timing is due; then they take turns.
     timed = {8, 16}
-    probes = [probe_limit(32, timed, n) for n in range(1, 4 * REFRESH_EVERY + 1)]
-    assert [p for p in probes if p is not None] == [16, 8, 16, 8]
+    assert [probe_limit(32, timed, n, None) for n in range(1, 2 * REFRESH_EVERY)] == [None] * (
+        2 * REFRESH_EVERY - 1
+    )
+    assert [probe_limit(32, timed, 7, turn) for turn in range(4)] == [Probe(8, True), Probe(16, True)] * 2
+
+
+def test_re_timings_come_further_apart_while_the_cap_holds() -> None:
+    waits = [refresh_interval(n) for n in range(8)]
+    assert waits[:3] == [REFRESH_EVERY, 2 * REFRESH_EVERY, 4 * REFRESH_EVERY]
+    assert waits[-1] == MAX_REFRESH_EVERY and refresh_interval(10_000) == MAX_REFRESH_EVERY
+    assert all(a <= b for a, b in itertools.pairwise(waits))
 
 
 def _steady(cap: BatchCap, seconds: Callable[[int], float], batches: int) -> list[int]:
@@ -130,8 +145,36 @@ def test_a_load_that_fills_every_batch_keeps_the_max_where_bigger_batches_are_fa
     cap = BatchCap(64)
     sizes = _steady(cap, lambda rows: 0.010 + 0.001 * rows, 40 * REFRESH_EVERY)  # GPU-like
     assert cap.limit == 64, cap.per_row_ms()
-    late = sizes[-10 * REFRESH_EVERY :]  # past the first probes: one batch in REFRESH_EVERY
-    assert sum(1 for rows in late if rows < 64) == 10, late
+    late = sizes[-10 * REFRESH_EVERY :]  # past the first probes: a re-timing now and then
+    assert 1 <= sum(1 for rows in late if rows < 64) <= 3, late
+
+
+def _probe_gaps(sizes: list[int], full: int) -> list[int]:
+    at = [i for i, rows in enumerate(sizes) if rows < full]
+    return [b - a for a, b in itertools.pairwise(at)]
+
+
+def test_a_steady_cap_is_re_timed_less_and_less_often_and_soon_again_once_it_moves() -> None:
+    # A CPU session under a load that fills every batch: each probe costs the queue a fuller batch,
+    # so once the buckets below are timed the re-timings come further apart ...
+    cap = BatchCap(4)
+    sizes = _steady(cap, lambda rows: 0.04 * rows, 8 * MAX_REFRESH_EVERY)  # flat per-row cost
+    assert cap.limit == 2, cap.per_row_ms()
+    settled = _probe_gaps(sizes, 2)[MIN_SAMPLES:]  # past every other batch while 1 was untimed
+    assert settled[:3] == [REFRESH_EVERY, 2 * REFRESH_EVERY, 4 * REFRESH_EVERY], settled
+    assert settled[-1] == MAX_REFRESH_EVERY
+    assert sum(1 for rows in sizes[-4 * MAX_REFRESH_EVERY :] if rows < 2) == 4
+    # ... until the timings move the cap (batches of 2 now compute a row in half the time): the
+    # buckets below the new cap are re-timed within REFRESH_EVERY batches of the move.
+    moved_at, probes_after = None, []
+    for n in range(4 * REFRESH_EVERY):
+        rows = cap.probe(cap.limit)
+        if moved_at is not None and rows < cap.limit:
+            probes_after.append(n - moved_at)
+        if cap.observe(rows, 0.04 * rows if rows == 1 else 0.02 * rows) and moved_at is None:
+            moved_at = n
+    assert cap.limit == 4 and moved_at is not None, cap.per_row_ms()
+    assert probes_after and probes_after[0] <= REFRESH_EVERY, probes_after
 
 
 def _feed(cap: BatchCap, rows: int, per_row: float, n: int = MIN_SAMPLES) -> bool:

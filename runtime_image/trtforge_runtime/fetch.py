@@ -56,6 +56,7 @@ from trtforge.store.base import EngineStore, ObjectNotFound, StoreError
 from trtforge.store.local import LocalStore
 from trtforge_runtime import prehash, staging, warmstart
 from trtforge_runtime.errors import Refusal
+from trtforge_runtime.threads import on_thread
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -279,20 +280,6 @@ def _stream_verified(store: EngineStore, src: str, out: BinaryIO, sha256: str, s
     return n
 
 
-def _on_thread(work: Callable[[], T]) -> Future[T]:
-    """`work` run on a daemon thread of its own; its result or exception in the future."""
-    out: Future[T] = Future()
-
-    def run() -> None:
-        try:
-            out.set_result(work())
-        except BaseException as e:
-            out.set_exception(e)
-
-    threading.Thread(target=run, name="fetch-beside", daemon=True).start()
-    return out
-
-
 def _settled(fut: Future[T]) -> None:
     """Wait until `fut` has ended, however it ended."""
     fut.exception()
@@ -494,8 +481,9 @@ def fetch_engine(
             # it: the session build waits for this whole fetch (docs/design.md, "Runtime cold start").
             (f, sha, size), (cf, csha, _) = files
             disk = staging.Staging.DISK
-            beside = _on_thread(
-                lambda: _ensure(store, layout.engine_path(key, cf), local / cf, csha, None, disk)
+            beside, _ = on_thread(
+                lambda: _ensure(store, layout.engine_path(key, cf), local / cf, csha, None, disk),
+                "fetch-beside",
             )
             try:
                 got, artifact, cached = _ensure(

@@ -34,6 +34,7 @@ from typing import Any
 
 from trtforge.logs import fields
 from trtforge_runtime import prehash
+from trtforge_runtime.threads import on_thread
 
 log = logging.getLogger(__name__)
 THREAD_NAME = "pre-load"
@@ -71,18 +72,9 @@ def begin(instances: int | None) -> threading.Thread | None:
         threads, _solo = ort_session.pool_threads(instances)
     except Exception:
         return None
-    fut: Future[Preloaded | None] = Future()
+    fut, t = on_thread(lambda: _open(claim, threads), THREAD_NAME)
     with _lock:
         _pending = fut
-
-    def work() -> None:
-        try:
-            fut.set_result(_open(claim, threads))
-        except BaseException:
-            fut.set_result(None)  # the backend opens its own session and reports what fails
-
-    t = threading.Thread(target=work, name=THREAD_NAME, daemon=True)
-    t.start()
     return t
 
 
@@ -114,6 +106,8 @@ def take(sha256: str, threads: int) -> Any | None:
         fut, _pending = _pending, None
     if fut is None:
         return None
+    if fut.exception() is not None:
+        return None  # the backend opens its own session and reports what fails
     got = fut.result()
     if got is None or got.sha256 != sha256 or got.threads != threads:
         return None

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from trtforge.logs import fields
+from trtforge_runtime.threads import on_thread
 
 if TYPE_CHECKING:
     from trtforge.contract.canary import Canary
@@ -189,18 +190,13 @@ def _import_modules(backend: str | None) -> None:
 def _decode_canary(path: Path) -> Future[Canary]:
     """Read and decode the (verified) canary file on a thread of its own, so that work (which holds
     the GIL) is done while the session builds (which mostly does not), not after it."""
-    out: Future[Canary] = Future()
 
-    def work() -> None:
-        try:
-            from trtforge_runtime.canary import read_canary
+    def work() -> Canary:
+        from trtforge_runtime.canary import read_canary
 
-            out.set_result(read_canary(path))
-        except BaseException as e:
-            out.set_exception(e)
+        return read_canary(path)
 
-    threading.Thread(target=work, name="canary-read", daemon=True).start()
-    return out
+    return on_thread(work, "canary-read")[0]
 
 
 def _canary(

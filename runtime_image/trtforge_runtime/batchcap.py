@@ -8,8 +8,8 @@ by more than its noise to be worth its latency). The bucket above the choice kee
 when it gets faster (a GPU engine, a quieter machine) the cap climbs again; the buckets below it are
 *probed*: some batches are capped lower on purpose, so that under a load that fills every batch the
 pool still learns whether smaller batches would do as well; once they are timed, the re-timings
-come further apart while they leave the cap where it is (each probe costs the queue a fuller
-batch, and at saturation the tail shows it). The cap starts at 2 and climbs a bucket
+come further apart while they leave the cap where it is (under a load that fills every batch,
+each probe is one more, smaller batch). The cap starts at 2 and climbs a bucket
 at a time (twice the one bucket timed, until there are two to compare): batches grow only where
 the pool has seen them pay, so a fresh runtime never serves its first seconds in batches of the
 max. The choice in force holds while its bucket stays within twice the tolerance and no smaller

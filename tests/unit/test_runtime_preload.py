@@ -3,6 +3,7 @@ taken by the backend only for the digest of the verified manifest and its own th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -84,6 +85,25 @@ def test_nothing_is_opened_from_a_file_that_does_not_match_the_raw_manifest(tmp_
     with pytest.raises(Refusal) as e:  # and the usual path refuses it, as always
         fetch_engine(open_store(str(store)), KEY, tmp_path / "cache")
     assert e.value.reason == "EngineIntegrity"
+
+
+def test_a_pre_load_that_fails_leaves_the_backend_to_open_its_own(tmp_path: Path) -> None:
+    # Bytes the raw manifest vouches for that ONNX Runtime cannot parse: the pre-load's session
+    # open raises on its thread, and a take is then None, not that error.
+    store = _store(tmp_path)
+    garbage = b"not an onnx model"
+    (_engine_dir(store) / "model.onnx").write_bytes(garbage)
+    manifest = _engine_dir(store) / layout.MANIFEST
+    raw = json.loads(manifest.read_text())
+    sha = hashlib.sha256(garbage).hexdigest()
+    manifest.write_text(json.dumps({**raw, "sha256": sha, "size_bytes": len(garbage)}))
+    prehash.begin(str(store), KEY, tmp_path / "cache")
+    t = preload.begin(1)
+    assert t is not None
+    t.join()
+    assert preload._pending is not None and preload._pending.exception() is not None
+    threads, _ = ort_session.pool_threads(1)
+    assert preload.take(sha, threads) is None
 
 
 def test_only_an_onnx_runtime_engine_on_a_mounted_store_is_preloaded(tmp_path: Path) -> None:

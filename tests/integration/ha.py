@@ -418,6 +418,7 @@ def leader_killed_mid_build(ha: ChartOperator, seed: int) -> dict[str, Any]:
     ready_at_kill = (eng.get("status") or {}).get("readyTargets")
     old_identity = ha.lease().spec.holder_identity
     old_pod = pod_of_identity(old_identity)
+    pods_at_kill = sorted(p.metadata.name for p in ha.pods())
     killed_at = ha.kill_container(old_pod)
 
     identity = wait_for(
@@ -437,6 +438,7 @@ def leader_killed_mid_build(ha: ChartOperator, seed: int) -> dict[str, Any]:
     keys = [(j.metadata.annotations or {}).get("trtforge.io/request-digest", "") for j in jobs]
     return {
         "killed_pod": old_pod,
+        "pods_at_kill": pods_at_kill,
         "new_leader_pod": pod_of_identity(str(identity)),
         "ready_targets_at_kill": ready_at_kill,
         "takeover_s": round(acquired - killed_at, 2),

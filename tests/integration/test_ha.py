@@ -80,14 +80,18 @@ def test_chart_applies_and_one_of_two_ready_replicas_leads(ha: ChartOperator) ->
     assert first_line(ha.logs(standby), "leading") is None  # ready, and idle
 
 
-def test_leader_killed_mid_build_the_other_takes_over(ha: ChartOperator) -> None:
+def test_leader_killed_mid_build_a_new_holder_finishes_it_once(ha: ChartOperator) -> None:
     r = leader_killed_mid_build(ha, seed=101)
     print(
         f"\nleader {r['killed_pod']} SIGKILLed with {r['ready_targets_at_kill'] or '0/3'} targets Ready; "
         f"{r['new_leader_pod']} took over after {r['takeover_s']} s; "
         f"all Ready {r['ready_after_kill_s']} s after the kill"
     )
-    assert r["new_leader_pod"] != r["killed_pod"]
+    # A new identity holds the Lease (leader_killed_mid_build waits for one). Which pod: whichever
+    # candidate sees the Lease expire first, the standby or the killed pod's container once the
+    # kubelet has restarted it; both wait out the same expiry. (The partition test below pins the
+    # standby: there the old leader's pod cannot reach the apiserver.)
+    assert r["new_leader_pod"] in r["pods_at_kill"]
     assert r["ready_targets_at_kill"] != "3/3"  # it was killed mid-build
     assert r["ready_targets"] == "3/3"
     assert len(set(r["target_keys"])) == 3

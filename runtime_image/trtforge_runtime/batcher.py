@@ -1,13 +1,13 @@
 """Dynamic batching: requests queue up, each execution instance takes as many as fit one batch.
 
 Semantics follow Triton's dynamic batcher: an instance that becomes free takes the oldest request and
-queued requests with the same non-batch shapes, up to its even share of the queue among the pool's
-instances (at most the batch cap); when that took everything queued, no other instance is free and
-the batch is not full, it waits up to ``max_queue_delay`` (counted from the oldest request's
-arrival) for more, up to the batch cap. The cap is learned: it starts at 2 and climbs, up to the max
-batch size, while the pool's own timings say bigger batches compute each row faster; it is lower
-still for the few batches that probe smaller sizes (:mod:`trtforge_runtime.batchcap`); with the
-learning off, it is the max batch size.
+queued requests with the same non-batch shapes, up to its share (:func:`share`: what evens out the
+rows queued and held by the pool's other instances; at most the batch cap); when that took
+everything queued, no other instance is free and the batch is not full, it waits up to
+``max_queue_delay`` (counted from the oldest request's arrival) for more, up to the batch cap. The
+cap is learned: it starts at 2 and climbs, up to the max batch size, while the pool's own timings
+say bigger batches compute each row faster; it is lower still for the few batches that probe
+smaller sizes (:mod:`trtforge_runtime.batchcap`); with the learning off, it is the max batch size.
 With a zero delay, batches still form whenever requests arrive while the instances are busy. The
 queue is bounded: a request that finds it full is refused at once (503 with Retry-After), never
 parked.
@@ -21,8 +21,8 @@ Adapting to load (the same section): with a *solo* instance added (a session wit
 threads), a lone request (a batch of one that finds nothing else executing and nothing else queued)
 runs on it, on the solo instance's own thread, so it gets all the cores; while it runs, the pool's
 instances wait, so cores are never oversubscribed; as soon as requests overlap, batches go to the
-pool (one instance per core), each taking its share of the queue, never the whole queue while the
-others are busy.
+pool (one instance per core), each taking its share of the queue, never a long queue into one batch
+while the others run short ones.
 """
 
 from __future__ import annotations
@@ -90,13 +90,15 @@ def _signature(inputs: dict[str, np.ndarray], batchable: bool) -> tuple[object, 
     return tuple(sorted(((k, v.shape[1:], v.dtype) for k, v in inputs.items()), key=lambda e: e[0]))
 
 
-def share(max_batch: int, queued_rows: int, instances: int) -> int:
-    """Rows one worker takes: an even share of what is queued among all `instances` of the pool, busy
-    ones included (at least one request, at most the max batch). The first instance to come free
-    never takes the whole queue into one long batch while the others are about to come free: that
-    batch's requests would all wait for its slowest row while later arrivals were served around it
+def share(max_batch: int, queued_rows: int, running_rows: int, instances: int) -> int:
+    """Rows one instance takes: enough to even out the pool's outstanding rows, those queued plus those
+    running on the other instances, among all `instances` (at least one request, at most the max
+    batch and what is queued). While the others run full batches, it takes the whole queue up to the
+    cap, as Triton's batcher does; it never takes a long queue into one batch while the others run
+    short ones, which would hold that batch's requests while later arrivals were served around them
     (docs/design.md, "Adapting to load")."""
-    return max(1, min(max_batch, -(-queued_rows // max(1, instances))))
+    outstanding = queued_rows + running_rows
+    return max(1, min(max_batch, queued_rows, -(-outstanding // max(1, instances))))
 
 
 def _execute(instance: Instance, feeds: list[dict[str, np.ndarray]]) -> Outputs:
@@ -153,6 +155,9 @@ class Batcher:
         self._queue: collections.deque[_Item] = collections.deque()
         self._stopping = False
         self._executing = 0  # batches running on any instance
+        # Each pool instance's rows: its running batch's, kept while it hands the answers over and
+        # takes the next (it is about to run again), zero once it waits for requests.
+        self._held = [0] * len(instances)
         self._idle = 0  # pool threads waiting for requests
         self._solo: Instance | None = None
         self._solo_batch: list[_Item] | None = None  # handed to the solo thread, not yet taken
@@ -243,11 +248,12 @@ class Batcher:
         self._queue.extendleft(reversed(keep))
         return rows
 
-    def _next_batch(self) -> list[_Item] | None:
-        """The next batch for a pool thread, the rules of the module docstring; None when stopping.
-        `_lock` held."""
+    def _next_batch(self, index: int) -> list[_Item] | None:
+        """The next batch for pool instance `index`, the rules of the module docstring; None when
+        stopping. `_lock` held."""
         while True:
             while not self._queue and not self._stopping:
+                self._held[index] = 0
                 self._idle += 1
                 try:
                     self._work.wait()
@@ -261,7 +267,9 @@ class Batcher:
         batch = [first]
         if self.max_batch == 0:
             return batch
-        limit = share(self.cap.limit, first.rows + sum(it.rows for it in self._queue), len(self._instances))
+        queued = first.rows + sum(it.rows for it in self._queue)
+        others = sum(self._held) - self._held[index]
+        limit = share(self.cap.limit, queued, others, len(self._instances))
         probe = self.cap.probe(limit)  # fewer rows when this batch probes a smaller size
         wait_cap = probe if probe < limit else self.cap.limit  # what waiting for company may fill
         rows = self._take(batch, first.rows, probe)
@@ -278,22 +286,20 @@ class Batcher:
                 rows = self._take(batch, rows, wait_cap)
         return batch
 
-    def _observe_taken(self, batch: list[_Item]) -> int:
-        """Record a batch as taken (queue depth, each request's wait, its size); its rows."""
+    def _observe_taken(self, batch: list[_Item]) -> None:
+        """Record a batch as taken (queue depth, each request's wait, its size)."""
         m = self._metrics
         m.queue_depth_m.set(len(self._queue))
         now = time.monotonic()
         for it in batch:
             m.queue_time_m.observe(now - it.enqueued)
-        rows = sum(it.rows for it in batch)
-        m.batch_size_m.observe(rows)
-        return rows
+        m.batch_size_m.observe(sum(it.rows for it in batch))
 
     def _pool_thread(self, index: int) -> None:
         instance = self._instances[index]
         while True:
             with self._lock:
-                batch = self._next_batch()
+                batch = self._next_batch(index)
                 overlapped = False  # a batch that waited for a lone one is not lone itself
                 while batch is not None and self._solo_busy and not self._stopping:
                     overlapped = True
@@ -309,7 +315,8 @@ class Batcher:
                     self._to_solo(batch)
                     continue
                 self._executing += 1
-            rows = self._observe_taken(batch)
+                rows = self._held[index] = sum(it.rows for it in batch)
+            self._observe_taken(batch)
             outcome: _Outcome | None = None
             try:
                 outcome = self._compute(instance, batch)

@@ -27,15 +27,19 @@ def test_thread_plan() -> None:
     assert thread_plan(2, 2, 2) == (2, None)
 
 
-def test_each_instance_takes_an_even_share_of_the_queue() -> None:
-    assert share(64, 32, 1) == 32  # one instance: the whole queue, up to the max batch
-    assert share(16, 32, 1) == 16
-    assert share(64, 32, 2) == 16  # two instances, busy or free: half each
-    assert share(64, 31, 2) == 16
-    assert share(8, 32, 2) == 8
-    assert share(64, 3, 4) == 1  # at least one request
-    assert share(64, 1, 6) == 1
-    assert share(64, 5, 0) == 5  # no pool is no division by zero
+def test_each_instance_evens_out_the_rows_outstanding() -> None:
+    assert share(64, 32, 0, 1) == 32  # one instance: the whole queue, up to the max batch
+    assert share(16, 32, 0, 1) == 16
+    assert share(64, 32, 0, 2) == 16  # the other instance is free: half each
+    assert share(64, 31, 0, 2) == 16
+    assert share(8, 32, 0, 2) == 8
+    assert share(2, 2, 2, 2) == 2  # the other runs a full batch: the whole short queue
+    assert share(64, 3, 1, 2) == 2
+    assert share(64, 30, 2, 2) == 16  # it runs a short one: not the whole long queue
+    assert share(64, 2, 30, 2) == 2  # never more than is queued
+    assert share(64, 3, 0, 4) == 1  # at least one request
+    assert share(64, 1, 0, 6) == 1
+    assert share(64, 5, 0, 0) == 5  # no pool is no division by zero
 
 
 class _Held:
@@ -53,8 +57,9 @@ class _Held:
 
 @pytest.mark.asyncio
 async def test_an_instance_that_comes_free_leaves_the_busy_ones_their_share() -> None:
-    """Two instances busy, 30 requests queued behind them: the first to come free takes half, not all
-    30 into one long batch that would hold them while later requests are served around it."""
+    """Two instances busy with one request each, 30 queued behind them: the first to come free takes
+    about half, not all 30 into one long batch that would hold them while later requests are served
+    around it."""
     sizes: list[int] = []
     go = threading.Event()
     pool = [_Held(sizes, go), _Held(sizes, go)]
@@ -71,7 +76,34 @@ async def test_an_instance_that_comes_free_leaves_the_busy_ones_their_share() ->
         for i, o in enumerate(outs[2:]):
             np.testing.assert_array_equal(o["y"], x * i * 2)
         assert sizes[:2] == [1, 1], sizes
-        assert sum(sizes) == 32 and max(sizes) == 15, sizes
+        # 16 when the other was still running its row, 15 when it had just finished it
+        assert sum(sizes) == 32 and max(sizes) <= 16, sizes
+    finally:
+        await b.stop()
+
+
+@pytest.mark.asyncio
+async def test_an_instance_that_comes_free_while_the_other_runs_takes_the_short_queue() -> None:
+    """Two instances busy with one request each, two queued: the first to come free takes both (as
+    many rows as the other holds plus the queue, halved), not one, which would leave the other
+    request waiting for the next free instance behind later arrivals."""
+    sizes: list[int] = []
+    go_a, go_b = threading.Event(), threading.Event()
+    pool = [_Held(sizes, go_a), _Held(sizes, go_b)]
+    b = Batcher(pool, 2, 0.0, 64, Metrics("m"), lambda e: None, learn_cap=False)
+    b.start()
+    try:
+        x = np.ones((1, 4), np.float32)
+        first = [b.enqueue({"x": x}, 1) for _ in range(2)]
+        await until(lambda: all(i.started.is_set() for i in pool), "each instance holds one request")
+        queued = [b.enqueue({"x": x * i}, 1) for i in (3, 4)]
+        go_a.set()  # the second instance keeps running its request
+        await until(lambda: len(sizes) >= 3, "the first instance takes its next batch")
+        assert sizes[2] == 2, sizes
+        go_b.set()
+        outs = await asyncio.gather(*first, *queued)
+        np.testing.assert_array_equal(outs[2]["y"], x * 6)
+        np.testing.assert_array_equal(outs[3]["y"], x * 8)
     finally:
         await b.stop()
 

@@ -14,13 +14,14 @@ other requests hold the body-memory budget HTTP bodies share, or a message over
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
 from trtforge import __version__
+from trtforge_runtime import grpc_health as health
 from trtforge_runtime.batcher import QueueFull
 from trtforge_runtime.body import BodyMemoryFull
 from trtforge_runtime.errors import RequestError
@@ -352,8 +353,22 @@ def model_metadata(rt: Runtime, request: pb.ModelMetadataRequest) -> pb.ModelMet
     )
 
 
+def health_check(rt: Runtime, data: Buffer) -> bytes:
+    """``grpc.health.v1.Health/Check`` (:mod:`~trtforge_runtime.grpc_health`), serialised both ways:
+    NOT_FOUND for a service this server does not know."""
+    try:
+        service = health.parse_request(data)
+    except DecodeError as e:
+        raise CallError(Code.INVALID_ARGUMENT, f"HealthCheckRequest does not parse: {e}") from e
+    status = health.status_for(service, ready=rt.not_ready_reason() is None)
+    if status is None:
+        known = ", ".join(repr(s) for s in ("", SERVICE, health.LIVENESS))
+        raise CallError(Code.NOT_FOUND, f"unknown service {service!r}: this server answers for {known}")
+    return health.encode_response(status)
+
+
 SERVICE = "inference.GRPCInferenceService"
-# Each call but ModelInfer: its request message type and its function.
+# Each call of the v2 service but ModelInfer: its request message type and its function.
 UNARY: dict[str, tuple[Any, Any]] = {
     "ServerLive": (pb.ServerLiveRequest, server_live),
     "ServerReady": (pb.ServerReadyRequest, server_ready),
@@ -361,15 +376,27 @@ UNARY: dict[str, tuple[Any, Any]] = {
     "ServerMetadata": (pb.ServerMetadataRequest, server_metadata),
     "ModelMetadata": (pb.ModelMetadataRequest, model_metadata),
 }
+# The other services' unary calls, serialised both ways.
+OTHER_UNARY: dict[tuple[str, str], Callable[[Runtime, Buffer], bytes]] = {
+    (health.SERVICE, "Check"): health_check,
+}
 
 
-def unary_call(rt: Runtime, method: str, data: Buffer) -> bytes:
+def is_unary(service: str, method: str) -> bool:
+    """Whether `service`/`method` is a unary call this server has (every call but ModelInfer)."""
+    return (service == SERVICE and method in UNARY) or (service, method) in OTHER_UNARY
+
+
+def unary_call(rt: Runtime, service: str, method: str, data: Buffer) -> bytes:
     """A call other than ModelInfer, serialised both ways: the response's bytes, or CallError
-    (UNIMPLEMENTED for a method the service does not have, INVALID_ARGUMENT for bytes that do not
+    (UNIMPLEMENTED for a method the server does not have, INVALID_ARGUMENT for bytes that do not
     parse as its request)."""
-    entry = UNARY.get(method)
+    other = OTHER_UNARY.get((service, method))
+    if other is not None:
+        return other(rt, data)
+    entry = UNARY.get(method) if service == SERVICE else None
     if entry is None:
-        raise CallError(Code.UNIMPLEMENTED, f"method {SERVICE}/{method} is not implemented")
+        raise CallError(Code.UNIMPLEMENTED, f"method {service}/{method} is not implemented")
     kind, call = entry
     try:
         request = kind.FromString(bytes(data))

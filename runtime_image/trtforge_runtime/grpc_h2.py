@@ -9,7 +9,8 @@ and ModelInfer goes from the last frame to the batcher and back to the socket th
 with no task and no other thread.
 
 What it speaks (RFC 9113, and gRPC over HTTP/2): h2c with prior knowledge, as gRPC clients do
-without TLS; unary calls of ``inference.GRPCInferenceService`` (``grpc_calls``); uncompressed
+without TLS; unary calls of ``inference.GRPCInferenceService`` and ``grpc.health.v1.Health/Check``
+(``grpc_calls``, ``grpc_health``); uncompressed
 messages, and ``gzip`` or ``deflate`` ones (decompressed off the loop, within the size limit).
 Header blocks are decoded with ``hpack``; answers' headers are written as literals, never indexed,
 so no encoder state is kept. Nothing is pushed; priorities are ignored.
@@ -172,6 +173,7 @@ class _Stream:
         "recv_window",
         "reserved",
         "send_window",
+        "service",
         "t0",
         "timer",
         "trailers",
@@ -181,6 +183,7 @@ class _Stream:
 
     def __init__(self, sid: int, send_window: int) -> None:
         self.id = sid
+        self.service = ""
         self.method = ""
         self.coding = Coding.IDENTITY
         self.prefix = bytearray()  # the message's first bytes, until its length is known
@@ -545,7 +548,7 @@ class H2Connection(asyncio.Protocol):
             self._idle = None
         path = headers.get(b":path", b"")
         service, _, method = path.decode("latin-1").lstrip("/").rpartition("/")
-        st.method = method
+        st.service, st.method = service, method
         rt = self._rt
         if method == "ModelInfer":
             rt.active += 1
@@ -555,7 +558,7 @@ class H2Connection(asyncio.Protocol):
             self._refuse_now(st, Code.INVALID_ARGUMENT, "gRPC calls are POST requests")
         elif not headers.get(b"content-type", b"").startswith(b"application/grpc"):
             self._refuse_now(st, Code.INVALID_ARGUMENT, "content-type must be application/grpc")
-        elif service != SERVICE or (method != "ModelInfer" and method not in calls.UNARY):
+        elif (service, method) != (SERVICE, "ModelInfer") and not calls.is_unary(service, method):
             self._refuse_now(st, Code.UNIMPLEMENTED, f"method {path.decode('latin-1')} is not implemented")
         elif srv.calls > rt.s.max_connections:
             msg = f"{rt.s.max_connections} calls in flight, the limit"
@@ -716,7 +719,7 @@ class H2Connection(asyncio.Protocol):
         rt = self._rt
         if st.method != "ModelInfer":
             try:
-                answer = calls.unary_call(rt, st.method, data)
+                answer = calls.unary_call(rt, st.service, st.method, data)
             except CallError as e:
                 self._refuse_now(st, e.code, e.message)
                 return

@@ -133,6 +133,25 @@ def _handlers(servicer: InferenceService) -> tuple[str, dict[str, Any]]:
     return reg.service, reg.handlers
 
 
+def _other_services(runtime: Runtime) -> list[grpc.GenericRpcHandler]:
+    """Generic handlers for the calls of ``grpc_calls.OTHER_UNARY`` (the health check), serialised
+    both ways as grpc_calls runs them."""
+    by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+    for service, method in calls.OTHER_UNARY:
+
+        async def call(
+            request: bytes, context: aio.ServicerContext[Any, Any], s: str = service, m: str = method
+        ) -> bytes:
+            try:
+                return calls.unary_call(runtime, s, m, request)
+            except CallError as e:
+                await context.abort(status_for(e.code), e.message)
+                raise AssertionError("unreachable: context.abort raises") from e
+
+        by_service.setdefault(service, {})[method] = grpc.unary_unary_rpc_method_handler(call)
+    return [grpc.method_handlers_generic_handler(s, handlers) for s, handlers in by_service.items()]
+
+
 def grpc_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -156,7 +175,9 @@ async def start_grpc(runtime: Runtime, host: str, port: int) -> tuple[aio.Server
         maximum_concurrent_rpcs=s.max_connections,
     )
     service, handlers = _handlers(InferenceService(runtime))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service, handlers), *_other_services(runtime))
+    )
     server.add_registered_method_handlers(service, handlers)
     address = grpc_address(host, port)
     try:

@@ -23,6 +23,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.serve_engines import (
@@ -103,6 +104,29 @@ def test_grpc_health_metadata_and_resnet50_match_onnxruntime(bed: Bed, resnet_se
     assert result.get_response().id == "r-1"
     _refused("NOT_FOUND", c.is_model_ready, "nope")
     c.close()
+
+
+def _health(url: str, service: str) -> int:
+    """The status grpc.health.v1.Health/Check answers for `service`, asked with grpcio-health-checking's
+    stub (what Kubernetes' grpc probes send)."""
+    with grpc.insecure_channel(url) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return int(stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status)
+
+
+def test_grpc_health_checking_protocol_for_probes(resnet_server: Server) -> None:
+    url = resnet_server.grpc_url
+    serving = health_pb2.HealthCheckResponse.SERVING
+    assert _health(url, "") == _health(url, "inference.GRPCInferenceService") == serving
+    assert _health(url, "liveness") == serving
+    with pytest.raises(grpc.RpcError) as e:
+        _health(url, "inference.Nope")
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND and "'liveness'" in str(e.value.details())
+    with grpc.insecure_channel(url) as channel:  # Watch, a server stream, is not served
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=10)
+        with pytest.raises(grpc.RpcError) as e:
+            next(iter(watch))
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_grpc_and_http_share_one_batcher_and_its_metrics(bed: Bed, mlp_server: Server) -> None:
@@ -244,6 +268,8 @@ def test_grpc_is_unavailable_while_not_ready(bed: Bed, front: list[str]) -> None
             assert s.proc.poll() is None, s.output()
             threading.Event().wait(0.05)
         assert c.is_server_live() and not c.is_server_ready() and not c.is_model_ready("mlp")
+        assert _health(s.grpc_url, "") == health_pb2.HealthCheckResponse.NOT_SERVING  # readiness probe
+        assert _health(s.grpc_url, "liveness") == health_pb2.HealthCheckResponse.SERVING  # never killed
         inp = grpcclient.InferInput("x", [1, 64], "FP32")
         inp.set_data_from_numpy(np.zeros((1, 64), np.float32))
         _refused("UNAVAILABLE", c.infer, "mlp", [inp], match="not ready: canary failed")

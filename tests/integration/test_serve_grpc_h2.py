@@ -136,8 +136,13 @@ def test_calls_are_refused_with_a_status_and_the_connection_carries_on(server: S
     h.send(HEADERS, END_HEADERS, sid, h.headers_block())
     h.send(DATA, END_STREAM, sid, grpc_message(mlp_request(x)) * 2)
     refused("3", "carries one message")
-    # a method the service does not have, and one of another service
-    for path in ("/inference.GRPCInferenceService/RepositoryIndex", "/grpc.health.v1.Health/Check"):
+    # a method the service does not have, one of another service, and the health service's stream
+    paths = (
+        "/inference.GRPCInferenceService/RepositoryIndex",
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        "/grpc.health.v1.Health/Watch",
+    )
+    for path in paths:
         sid += 2
         h.call(sid, b"", path=path)
         refused("12", "is not implemented")

@@ -1,0 +1,70 @@
+"""The gRPC health service: the pure status rule, and its messages read and written the way
+grpcio-health-checking's own generated stubs (a client no one here wrote) read and write them."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health_pb2
+from trtforge_runtime import grpc_health as health
+from trtforge_runtime.grpc_calls import SERVICE, CallError, Code, is_unary, unary_call
+from trtforge_runtime.grpc_health import ServingStatus, status_for
+
+
+def test_readiness_follows_the_runtime_and_liveness_never_does() -> None:
+    for service in ("", "inference.GRPCInferenceService"):
+        assert status_for(service, ready=True) is ServingStatus.SERVING
+        assert status_for(service, ready=False) is ServingStatus.NOT_SERVING
+    assert status_for("liveness", ready=False) is status_for("liveness", ready=True) is ServingStatus.SERVING
+    assert status_for("inference.GRPCInferenceService/ModelInfer", ready=True) is None
+    assert status_for("Liveness", ready=True) is None  # names are exact
+    assert health.INFERENCE_SERVICE == SERVICE
+
+
+def test_the_statuses_are_the_protocols_by_name_and_number() -> None:
+    official = health_pb2.HealthCheckResponse.ServingStatus
+    assert {s.name: s.value for s in ServingStatus} == dict(official.items())
+
+
+@pytest.mark.parametrize("service", ["", "liveness", "inference.GRPCInferenceService", "ünïcode"])
+def test_messages_read_and_write_as_the_official_stubs_do(service: str) -> None:
+    wire = health_pb2.HealthCheckRequest(service=service).SerializeToString()
+    assert health.parse_request(wire) == health.parse_request(memoryview(wire)) == service
+    for status in ServingStatus:
+        official = health_pb2.HealthCheckResponse.FromString(health.encode_response(status))
+        assert official.status == status.value
+        assert (
+            health.encode_response(status)
+            == health_pb2.HealthCheckResponse(status=status.value).SerializeToString()
+        )
+    with pytest.raises(DecodeError):
+        health.parse_request(b"\x0a\x05ab")  # a string field whose bytes stop short
+
+
+def _runtime(ready: bool) -> SimpleNamespace:
+    """What the health check reads of the runtime (a pure function's input)."""
+    return SimpleNamespace(not_ready_reason=lambda: None if ready else "loading")
+
+
+def test_check_is_a_unary_call_with_the_protocols_status_codes() -> None:
+    assert is_unary("grpc.health.v1.Health", "Check") and not is_unary("grpc.health.v1.Health", "Watch")
+    assert is_unary(SERVICE, "ServerLive") and not is_unary("grpc.health.v1.Health", "ServerLive")
+
+    def check(ready: bool, service: str) -> int:
+        request = health_pb2.HealthCheckRequest(service=service).SerializeToString()
+        answer = unary_call(_runtime(ready), "grpc.health.v1.Health", "Check", request)  # type: ignore[arg-type]
+        return int(health_pb2.HealthCheckResponse.FromString(answer).status)
+
+    assert check(True, "") == check(False, "liveness") == health_pb2.HealthCheckResponse.SERVING
+    assert check(False, "") == health_pb2.HealthCheckResponse.NOT_SERVING
+    with pytest.raises(CallError) as e:
+        check(True, "nope")
+    assert e.value.code is Code.NOT_FOUND and "'nope'" in e.value.message and "'liveness'" in e.value.message
+    with pytest.raises(CallError) as e:
+        unary_call(_runtime(True), "grpc.health.v1.Health", "Check", b"\x0a\x05ab")  # type: ignore[arg-type]
+    assert e.value.code is Code.INVALID_ARGUMENT and "HealthCheckRequest" in e.value.message
+    with pytest.raises(CallError) as e:
+        unary_call(_runtime(True), "grpc.health.v1.Health", "Watch", b"")  # type: ignore[arg-type]
+    assert e.value.code is Code.UNIMPLEMENTED and "grpc.health.v1.Health/Watch" in e.value.message

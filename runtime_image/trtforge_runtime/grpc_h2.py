@@ -10,8 +10,8 @@ with no task and no other thread.
 
 What it speaks (RFC 9113, and gRPC over HTTP/2): h2c with prior knowledge, as gRPC clients do
 without TLS; unary calls of ``inference.GRPCInferenceService`` and ``grpc.health.v1.Health/Check``
-(``grpc_calls``, ``grpc_health``); uncompressed
-messages, and ``gzip`` or ``deflate`` ones (decompressed off the loop, within the size limit).
+(``grpc_calls``, ``grpc_health``); uncompressed messages, and ``gzip`` or ``deflate`` ones
+(decompressed off the loop, within the size limit).
 Header blocks are decoded with ``hpack``; answers' headers are written as literals, never indexed,
 so no encoder state is kept. Nothing is pushed; priorities are ignored.
 

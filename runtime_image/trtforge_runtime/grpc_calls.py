@@ -353,20 +353,6 @@ def model_metadata(rt: Runtime, request: pb.ModelMetadataRequest) -> pb.ModelMet
     )
 
 
-def health_check(rt: Runtime, data: Buffer) -> bytes:
-    """``grpc.health.v1.Health/Check`` (:mod:`~trtforge_runtime.grpc_health`), serialised both ways:
-    NOT_FOUND for a service this server does not know."""
-    try:
-        service = health.parse_request(data)
-    except DecodeError as e:
-        raise CallError(Code.INVALID_ARGUMENT, f"HealthCheckRequest does not parse: {e}") from e
-    status = health.status_for(service, ready=rt.not_ready_reason() is None)
-    if status is None:
-        known = ", ".join(repr(s) for s in ("", SERVICE, health.LIVENESS))
-        raise CallError(Code.NOT_FOUND, f"unknown service {service!r}: this server answers for {known}")
-    return health.encode_response(status)
-
-
 SERVICE = "inference.GRPCInferenceService"
 # Each call of the v2 service but ModelInfer: its request message type and its function.
 UNARY: dict[str, tuple[Any, Any]] = {
@@ -376,6 +362,24 @@ UNARY: dict[str, tuple[Any, Any]] = {
     "ServerMetadata": (pb.ServerMetadataRequest, server_metadata),
     "ModelMetadata": (pb.ModelMetadataRequest, model_metadata),
 }
+# The health check's names whose status is the runtime's readiness: a probe's default, and this service.
+READINESS_NAMES = ("", SERVICE)
+
+
+def health_check(rt: Runtime, data: Buffer) -> bytes:
+    """``grpc.health.v1.Health/Check`` (:mod:`~trtforge_runtime.grpc_health`), serialised both ways:
+    NOT_FOUND for a service this server does not know."""
+    try:
+        service = health.parse_request(data)
+    except DecodeError as e:
+        raise CallError(Code.INVALID_ARGUMENT, f"HealthCheckRequest does not parse: {e}") from e
+    status = health.status_for(service, rt.not_ready_reason() is None, READINESS_NAMES)
+    if status is None:
+        known = ", ".join(repr(s) for s in (*READINESS_NAMES, health.LIVENESS))
+        raise CallError(Code.NOT_FOUND, f"unknown service {service!r}: this server answers for {known}")
+    return health.encode_response(status)
+
+
 # The other services' unary calls, serialised both ways.
 OTHER_UNARY: dict[tuple[str, str], Callable[[Runtime, Buffer], bytes]] = {
     (health.SERVICE, "Check"): health_check,

@@ -3,9 +3,9 @@
 
 The service names it answers for, by :func:`status_for`:
 
-- ``""`` (a probe without ``service``) and ``inference.GRPCInferenceService``: SERVING once the
-  runtime is ready (the engine fetched, verified, loaded and canary-checked, not draining), else
-  NOT_SERVING: what a readiness probe wants;
+- the caller's readiness names, ``""`` (a probe without ``service``) and the v2 service's
+  (``grpc_calls`` passes them): SERVING once the runtime is ready (the engine fetched, verified,
+  loaded and canary-checked, not draining), else NOT_SERVING: what a readiness probe wants;
 - ``liveness``: SERVING whenever the server answers at all, so a liveness probe never kills a pod
   that is still loading its engine;
 - any other: NOT_FOUND, as the protocol says.
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import enum
 import functools
+from collections.abc import Collection
 from typing import Any
 
 SERVICE = "grpc.health.v1.Health"
-INFERENCE_SERVICE = "inference.GRPCInferenceService"
 LIVENESS = "liveness"
 
 
@@ -36,12 +36,13 @@ class ServingStatus(enum.IntEnum):
     SERVICE_UNKNOWN = 3  # Watch's answer for an unknown service; Check answers NOT_FOUND instead
 
 
-def status_for(service: str, ready: bool) -> ServingStatus | None:
-    """The status of `service` on a runtime that is `ready` or not; None for a service this server does
-    not know (the caller answers NOT_FOUND)."""
+def status_for(service: str, ready: bool, readiness: Collection[str]) -> ServingStatus | None:
+    """The status of `service` on a runtime that is `ready` or not, `readiness` being the names whose
+    status is that readiness; None for a service this server does not know (the caller answers
+    NOT_FOUND)."""
     if service == LIVENESS:
         return ServingStatus.SERVING
-    if service in ("", INFERENCE_SERVICE):
+    if service in readiness:
         return ServingStatus.SERVING if ready else ServingStatus.NOT_SERVING
     return None
 

@@ -133,20 +133,18 @@ def _handlers(servicer: InferenceService) -> tuple[str, dict[str, Any]]:
     return reg.service, reg.handlers
 
 
-def _other_services(runtime: Runtime) -> list[grpc.GenericRpcHandler]:
+def _other_services(servicer: InferenceService) -> list[grpc.GenericRpcHandler]:
     """Generic handlers for the calls of ``grpc_calls.OTHER_UNARY`` (the health check), serialised
-    both ways as grpc_calls runs them."""
+    both ways as grpc_calls runs them, their refusals aborted as the servicer's are."""
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
     for service, method in calls.OTHER_UNARY:
 
         async def call(
             request: bytes, context: aio.ServicerContext[Any, Any], s: str = service, m: str = method
         ) -> bytes:
-            try:
-                return calls.unary_call(runtime, s, m, request)
-            except CallError as e:
-                await context.abort(status_for(e.code), e.message)
-                raise AssertionError("unreachable: context.abort raises") from e
+            return bytes(
+                await servicer._call(lambda rt, data: calls.unary_call(rt, s, m, data), request, context)
+            )
 
         by_service.setdefault(service, {})[method] = grpc.unary_unary_rpc_method_handler(call)
     return [grpc.method_handlers_generic_handler(s, handlers) for s, handlers in by_service.items()]
@@ -174,9 +172,10 @@ async def start_grpc(runtime: Runtime, host: str, port: int) -> tuple[aio.Server
         ],
         maximum_concurrent_rpcs=s.max_connections,
     )
-    service, handlers = _handlers(InferenceService(runtime))
+    servicer = InferenceService(runtime)
+    service, handlers = _handlers(servicer)
     server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service, handlers), *_other_services(runtime))
+        (grpc.method_handlers_generic_handler(service, handlers), *_other_services(servicer))
     )
     server.add_registered_method_handlers(service, handlers)
     address = grpc_address(host, port)

@@ -9,18 +9,21 @@ import pytest
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 from trtforge_runtime import grpc_health as health
-from trtforge_runtime.grpc_calls import SERVICE, CallError, Code, is_unary, unary_call
+from trtforge_runtime.grpc_calls import READINESS_NAMES, SERVICE, CallError, Code, is_unary, unary_call
 from trtforge_runtime.grpc_health import ServingStatus, status_for
 
 
 def test_readiness_follows_the_runtime_and_liveness_never_does() -> None:
-    for service in ("", "inference.GRPCInferenceService"):
-        assert status_for(service, ready=True) is ServingStatus.SERVING
-        assert status_for(service, ready=False) is ServingStatus.NOT_SERVING
-    assert status_for("liveness", ready=False) is status_for("liveness", ready=True) is ServingStatus.SERVING
-    assert status_for("inference.GRPCInferenceService/ModelInfer", ready=True) is None
-    assert status_for("Liveness", ready=True) is None  # names are exact
-    assert health.INFERENCE_SERVICE == SERVICE
+    names = ("", "inference.GRPCInferenceService")
+    for service in names:
+        assert status_for(service, True, names) is ServingStatus.SERVING
+        assert status_for(service, False, names) is ServingStatus.NOT_SERVING
+    assert (
+        status_for("liveness", False, names) is status_for("liveness", True, names) is ServingStatus.SERVING
+    )
+    assert status_for("inference.GRPCInferenceService/ModelInfer", True, names) is None
+    assert status_for("Liveness", True, names) is None  # names are exact
+    assert READINESS_NAMES == ("", SERVICE)  # a probe's default, and the v2 service
 
 
 def test_the_statuses_are_the_protocols_by_name_and_number() -> None:
@@ -57,8 +60,13 @@ def test_check_is_a_unary_call_with_the_protocols_status_codes() -> None:
         answer = unary_call(_runtime(ready), "grpc.health.v1.Health", "Check", request)  # type: ignore[arg-type]
         return int(health_pb2.HealthCheckResponse.FromString(answer).status)
 
-    assert check(True, "") == check(False, "liveness") == health_pb2.HealthCheckResponse.SERVING
-    assert check(False, "") == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert (
+        check(True, "")
+        == check(True, SERVICE)
+        == check(False, "liveness")
+        == health_pb2.HealthCheckResponse.SERVING
+    )
+    assert check(False, "") == check(False, SERVICE) == health_pb2.HealthCheckResponse.NOT_SERVING
     with pytest.raises(CallError) as e:
         check(True, "nope")
     assert e.value.code is Code.NOT_FOUND and "'nope'" in e.value.message and "'liveness'" in e.value.message

@@ -305,16 +305,23 @@ def test_an_idle_connection_is_closed_with_goaway(bed: MlpBed) -> None:
 
 def test_a_call_in_flight_at_shutdown_is_answered(bed: MlpBed) -> None:
     """SIGTERM once the server has read a call (a PING after it is answered, so it is past the
-    call's frames): the client gets GOAWAY (NO_ERROR) and the call's answer, and the server exits 0."""
-    x = np.random.default_rng(9).standard_normal((4, 64)).astype(np.float32)
-    s = Server(bed.store, bed.key, bed.tmp, bed.gpu_file)
+    call's frames) and while the call waits in the batcher: the client gets GOAWAY (NO_ERROR) and the
+    call's answer, and the server exits 0. One instance with a long queue delay keeps the call there
+    (its one-row batch, below the batch cap, waits for company while no other instance is free):
+    without it the MLP's answer could come before the PING's, and the call would not be in flight at
+    the signal."""
+    x = np.random.default_rng(9).standard_normal((1, 64)).astype(np.float32)
+    s = Server(
+        bed.store, bed.key, bed.tmp, bed.gpu_file, "--instances", "1", "--max-queue-delay-us", "500000"
+    )
     try:
         s.wait()
         h = RawH2(s.grpc_port)
         h.call(1, mlp_request(x))
         h.send(PING, 0, 0, b"drain-me")
-        ack, _ = h.until(PING, flags=ACK)
+        ack, before = h.until(PING, flags=ACK)
         assert ack is not None
+        assert not [f for f in before if f.stream == 1], "the call was answered before the signal"
         s.proc.send_signal(signal.SIGTERM)
         goaway, answer, data = None, None, b""
         while (f := h.read()) is not None:

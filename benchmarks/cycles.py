@@ -239,9 +239,11 @@ def ceiling_window(model: Path, cpus: str, batch: int, seconds: float, workdir: 
 def serve_windows(
     model: str, flags: list[str], points: list[str], cpus: str, seconds: float, workdir: Path
 ) -> dict[str, Any]:
-    """``trtforge serve`` (HTTP and gRPC, `flags`) under the load generator at each point, sampled."""
+    """``trtforge serve`` (HTTP and gRPC, `flags`) under the load generator at each point, sampled;
+    every answer of a sampled window is compared with ONNX Runtime's (a mismatch counts as an error)."""
+    from benchmarks.ceiling import ort_session
     from benchmarks.engines import ensure_engine, store_dir
-    from benchmarks.loadgen import run_load
+    from benchmarks.loadgen import Check, run_load
     from benchmarks.models import io_names, model_file, sample_input
 
     mfile = model_file(model)
@@ -255,6 +257,8 @@ def serve_windows(
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/v2/health/ready", timeout=240, proc=proc)
         x = sample_input(1)
+        (reference,) = ort_session(str(mfile), 1).run([out_name], {in_name: x})  # type: ignore[attr-defined]
+        check = Check(out_name, reference)  # every answer of the sampled windows, as in the grid
         for point in points:
             protocol, _, conc = point.partition(":")
             url = f"grpc://127.0.0.1:{grpc_port}" if protocol == "grpc" else f"http://127.0.0.1:{port}"
@@ -262,7 +266,9 @@ def serve_windows(
             # The load runs 1 s longer than the sampling on each side; the rate is the load's.
             perf = _Perf(seconds, 1.0, workdir)
             server_tids = _tids(proc.pid)
-            res, _ = run_load(protocol, url, model, in_name, out_name, x, int(conc), seconds + 2.0, 0.0)
+            res, _ = run_load(
+                protocol, url, model, in_name, out_name, x, int(conc), seconds + 2.0, 0.0, check=check
+            )
             rows, stat = perf.rows()
             acc = attribute(rows, role_by_threads(set(), proc.pid, server_tids, _tids(os.getpid())))
             summary = window_summary(acc, res.throughput * seconds, len(cpus.split(",")))

@@ -313,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     write_result(a.name or f"cycles-{a.model}", payload)
     print(json.dumps({"ceiling": ceiling, "served": served}, indent=1))
+    wrong = {point: w["errors"] for point, w in served.items() if w["errors"]}
+    if wrong:
+        log(f"errors or wrong answers in {wrong}: the split of those windows describes a broken server")
+        return 1
     return 0
 
 

@@ -241,15 +241,15 @@ def serve_windows(
 ) -> dict[str, Any]:
     """``trtforge serve`` (HTTP and gRPC, `flags`) under the load generator at each point, sampled;
     every answer of a sampled window is compared with ONNX Runtime's (a mismatch counts as an error)."""
-    from benchmarks.ceiling import ort_session
     from benchmarks.engines import ensure_engine, store_dir
     from benchmarks.loadgen import Check, run_load
-    from benchmarks.models import io_names, model_file, sample_input
+    from benchmarks.models import model_info, sample_input
+    from benchmarks.serving import reference_output
 
-    mfile = model_file(model)
+    info = model_info(model)
+    in_name, out_name = info.input, info.output
     store = store_dir(model)
-    key, _ = ensure_engine(mfile, store)
-    in_name, out_name = io_names(mfile)
+    key, _ = ensure_engine(info.file, store)
     port, grpc_port = free_port(), free_port()
     cmd = serve_cmd(str(store), key, model, port, CACHE / "cycles", "--grpc-port", str(grpc_port), *flags)
     proc = start(taskset(cpus, cmd), CACHE / "logs" / "cycles-serve.log", {"TRTFORGE_GPU_PROBE": "none"})
@@ -257,8 +257,7 @@ def serve_windows(
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/v2/health/ready", timeout=240, proc=proc)
         x = sample_input(1)
-        (reference,) = ort_session(str(mfile), 1).run([out_name], {in_name: x})  # type: ignore[attr-defined]
-        check = Check(out_name, reference)  # every answer of the sampled windows, as in the grid
+        check = Check(out_name, reference_output(info))  # every answer of the sampled windows, as in the grid
         for point in points:
             protocol, _, conc = point.partition(":")
             url = f"grpc://127.0.0.1:{grpc_port}" if protocol == "grpc" else f"http://127.0.0.1:{port}"

@@ -37,7 +37,7 @@ def free_port() -> int:
 
 class Server:
     def __init__(
-        self, store: Path, key: str, tmp: Path, gpu_file: Path, *extra: str, cache: Path | None = None
+        self, store: Path | str, key: str, tmp: Path, gpu_file: Path, *extra: str, cache: Path | None = None
     ):
         self.port = free_port()
         self.url = f"127.0.0.1:{self.port}"

@@ -328,6 +328,64 @@ def test_gpu_fault_exits_with_the_fault_message_and_restart_uses_the_cache(bed: 
         again.stop()
 
 
+def test_from_s3_the_engine_loads_from_memory_and_a_restart_uses_its_cache_copy(
+    bed: Bed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a store that downloads (S3: moto's server on loopback, boto3 in the runtime), the engine
+    file is verified and loaded in memory, its cache copy lands whole behind it, and a container
+    restart with the same cache volume serves without downloading (trtforge_runtime.staging)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from tests.integration.serve_process import free_port
+
+    port = free_port()
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    moto.start()
+    try:
+        env = {
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        }
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+        s3.create_bucket(Bucket="engines")
+        engine = bed.store / "engines" / bed.mlp_key
+        files = sorted((p for p in engine.iterdir() if p.is_file()), key=lambda p: p.name == "manifest.json")
+        for f in files:  # the manifest last: it is the commit
+            s3.upload_file(str(f), "engines", f"store/engines/{bed.mlp_key}/{f.name}")
+        cache = bed.tmp / "cache-s3"
+        first = Server("s3://engines/store", bed.mlp_key, bed.tmp, bed.gpu_file, cache=cache)
+        try:
+            first.wait()
+            events = _wait_for_log(first, "cache copy written")
+            x = np.ones((2, 64), np.float32)
+            inp = httpclient.InferInput("x", [2, 64], "FP32")
+            inp.set_data_from_numpy(x)
+            got = httpclient.InferenceServerClient(first.url).infer("mlp", [inp]).as_numpy("y")
+        finally:
+            first.stop()
+        np.testing.assert_allclose(got, run_ort(bed.mlp, {"x": x})["y"], rtol=1e-5, atol=1e-6)
+        manifest = json.loads((engine / "manifest.json").read_text())
+        fetched = [e for e in events if e.get("msg") == "fetched"]
+        staged = {Path(str(e["path"])).name: e["staged"] for e in fetched}
+        assert staged == {manifest["engine_file"]: "memory", manifest["canary"]["file"]: "disk"}, fetched
+        copy = cache / bed.mlp_key / manifest["engine_file"]
+        assert copy.read_bytes() == (engine / manifest["engine_file"]).read_bytes()
+
+        again = Server("s3://engines/store", bed.mlp_key, bed.tmp, bed.gpu_file, cache=cache)
+        try:
+            again.wait()
+            assert '"fetched_bytes": 0' in again.output()
+        finally:
+            again.stop()
+    finally:
+        moto.stop()
+
+
 def test_sigterm_drains_in_flight_requests(bed: Bed) -> None:
     s = Server(bed.store, bed.resnet_key, bed.tmp, bed.gpu_file, "--instances", "1")
     s.wait()

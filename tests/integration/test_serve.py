@@ -3,8 +3,9 @@
 Engines are what the real builder (`trtforge_builder`) publishes into a local store, built once per
 module from `tests.modelzoo` models (ResNet-50 from the onnx package's test data with its weights
 materialised, and a dynamic-batch MLP) for the emulated H100 that the serve processes probe too;
-outputs are compared with ONNX Runtime run directly on the source models. The negative scenarios
-copy a built engine and break one thing in it.
+outputs are compared with ONNX Runtime run directly on the source models. One test serves a copy of
+the MLP's from S3 (moto's server on loopback). The negative scenarios copy a built engine and break
+one thing in it.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from tests.integration.serve_engines import (
     termination,
     write_gpu_file,
 )
-from tests.integration.serve_process import Server, serve_once
+from tests.integration.serve_process import Server, free_port, serve_once
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.termination import EXIT_ENGINE_INTEGRITY, EXIT_GPU_FAULT, EXIT_GPU_MISMATCH
 
@@ -337,8 +338,6 @@ def test_from_s3_the_engine_loads_from_memory_and_a_restart_uses_its_cache_copy(
     import boto3
     from moto.server import ThreadedMotoServer
 
-    from tests.integration.serve_process import free_port
-
     port = free_port()
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     moto.start()
@@ -365,7 +364,11 @@ def test_from_s3_the_engine_loads_from_memory_and_a_restart_uses_its_cache_copy(
             x = np.ones((2, 64), np.float32)
             inp = httpclient.InferInput("x", [2, 64], "FP32")
             inp.set_data_from_numpy(x)
-            got = httpclient.InferenceServerClient(first.url).infer("mlp", [inp]).as_numpy("y")
+            client = httpclient.InferenceServerClient(first.url)
+            try:
+                got = client.infer("mlp", [inp]).as_numpy("y")
+            finally:
+                client.close()
         finally:
             first.stop()
         np.testing.assert_allclose(got, run_ort(bed.mlp, {"x": x})["y"], rtol=1e-5, atol=1e-6)

@@ -57,7 +57,7 @@ from trtforge_runtime.v2 import (
     DEFAULT_MAX_JSON_BYTES,
     HEADER_LENGTH,
     InferRequest,
-    decode_request,
+    RequestPlans,
     encode_response,
 )
 from trtforge_runtime.workers import Pod
@@ -137,6 +137,7 @@ class Runtime:
         self.exit_code = EXIT_OK
         self.port = settings.port
         self.has_bytes_inputs = False
+        self._plans: RequestPlans | None = None  # the served model's decoded request headers
         self._limiter: ConnectionLimiter | None = None
         self.grpc_port: int | None = None
         self.bodies = MemoryBudget(settings.body_memory)
@@ -470,8 +471,10 @@ class Runtime:
         self, body: bytes | bytearray | memoryview, header_length: int | None, spec: ModelSpec
     ) -> tuple[InferRequest, int]:
         """An identity-coded body's request and its batch rows (RequestError if it is not valid)."""
-        req = decode_request(body, header_length, spec, self.s.max_json_bytes)
-        return req, spec.validate(req.inputs)
+        plans = self._plans
+        if plans is None or plans.spec is not spec:
+            plans = self._plans = RequestPlans(spec, self.s.max_json_bytes)
+        return plans.decode(body, header_length)
 
     def http_protocols(self, http: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         """The protocol factory for counted connections: the infer fast path in front of aiohttp

@@ -9,10 +9,12 @@ is true) come back the same way.
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
+import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -134,6 +136,14 @@ def decode_request(
     the model before any tensor data is touched, so memory use is bounded by the model's largest
     valid request, not by what the body claims. Binary tensors are views of `body`, not copies.
     """
+    return _decode(body, header_length, spec, max_json_bytes)[0]
+
+
+def _decode(
+    body: bytes | bytearray | memoryview, header_length: int | None, spec: ModelSpec, max_json_bytes: int
+) -> tuple[InferRequest, dict[str, int] | None]:
+    """:func:`decode_request`, and each input's offset in `body` when every input is binary data
+    of a fixed-size datatype (else None)."""
     if header_length is not None and not 0 <= header_length <= len(body):
         raise RequestError(400, f"{HEADER_LENGTH} is {header_length}, but the body has {len(body)} bytes")
     end = len(body) if header_length is None else header_length
@@ -143,6 +153,7 @@ def decode_request(
         raise RequestError(400, "request JSON must be an object with an 'inputs' list")
     offset = end
     inputs: dict[str, np.ndarray] = {}
+    offsets: dict[str, int] | None = {}
     for item in header["inputs"]:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise RequestError(400, "each input must be an object with a 'name'")
@@ -173,6 +184,7 @@ def decode_request(
             offset += size
             if datatype == "BYTES":
                 arr = decode_bytes_blob(blob, name, count).reshape(shape)
+                offsets = None
             else:
                 if size != count * dtype.itemsize:
                     raise RequestError(
@@ -181,7 +193,10 @@ def decode_request(
                         f"{list(shape)} of {datatype} needs {count * dtype.itemsize}",
                     )
                 arr = np.frombuffer(blob, dtype=dtype, count=count).reshape(shape)
+                if offsets is not None:
+                    offsets[name] = offset - size
         else:
+            offsets = None
             if "data" not in item:
                 raise RequestError(400, f"input {name!r} has neither 'data' nor parameters.binary_data_size")
             data = item["data"]
@@ -226,7 +241,66 @@ def decode_request(
     else:
         outputs = [(n, default_binary) for n in spec.output_names]
     rid = header.get("id")
-    return InferRequest(id=str(rid) if rid is not None else None, inputs=inputs, outputs=outputs)
+    return InferRequest(id=str(rid) if rid is not None else None, inputs=inputs, outputs=outputs), offsets
+
+
+class _Plan(NamedTuple):
+    """What a binary request's JSON header decodes to, less the tensors' bytes."""
+
+    id: str | None
+    inputs: tuple[tuple[str, np.dtype, int, tuple[int, ...], int], ...]  # name, dtype, count, shape, offset
+    outputs: tuple[tuple[str, bool], ...]
+    rows: int
+
+
+PLAN_MAX_HEADER_BYTES = 2048  # longer JSON headers are decoded every time, never kept
+PLANS = 256  # distinct headers kept per model
+
+
+class RequestPlans:
+    """Decoded and checked v2 requests to `spec`, kept by the bytes of their JSON header.
+
+    A client's requests repeat their JSON header (names, datatypes, shapes, binary sizes) and change
+    only the tensors' bytes, so a request whose header bytes and body length were seen before is not
+    parsed or checked again: its tensors are views of its own body at the offsets the first decode
+    found. Only requests whose every input is binary data of a fixed-size datatype, with a header
+    of at most ``PLAN_MAX_HEADER_BYTES``, are kept, at most ``PLANS`` of them (the oldest go first).
+    What :meth:`decode` returns is what :func:`decode_request` and ``spec.validate`` return; a
+    request they refuse is refused each time (docs/design.md, "The runtime's request path")."""
+
+    def __init__(self, spec: ModelSpec, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> None:
+        self.spec = spec
+        self.max_json_bytes = max_json_bytes
+        self._plans: dict[tuple[bytes, int], _Plan] = {}
+        self._lock = threading.Lock()  # the event loop and the decode pool share it
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def decode(
+        self, body: bytes | bytearray | memoryview, header_length: int | None
+    ) -> tuple[InferRequest, int]:
+        """`body`'s request and its batch rows; RequestError when it is not valid."""
+        key: tuple[bytes, int] | None = None
+        if header_length is not None and 0 <= header_length <= min(len(body), PLAN_MAX_HEADER_BYTES):
+            view = memoryview(body)
+            key = (bytes(view[:header_length]), len(body))
+            plan = self._plans.get(key)
+            if plan is not None:
+                inputs = {
+                    name: np.frombuffer(view, dtype, count, offset).reshape(shape)
+                    for name, dtype, count, shape, offset in plan.inputs
+                }
+                return InferRequest(plan.id, inputs, list(plan.outputs)), plan.rows
+        req, offsets = _decode(body, header_length, self.spec, self.max_json_bytes)
+        rows = self.spec.validate(req.inputs)
+        if key is not None and offsets is not None:
+            entries = tuple((n, a.dtype, a.size, a.shape, offsets[n]) for n, a in req.inputs.items())
+            with self._lock:
+                while len(self._plans) >= PLANS:
+                    del self._plans[next(iter(self._plans))]
+                self._plans[key] = _Plan(req.id, entries, tuple(req.outputs), rows)
+        return req, rows
 
 
 _OUTPUT_DATATYPES: dict[np.dtype, str] = {}
@@ -243,10 +317,50 @@ def output_datatype(arr: np.ndarray) -> str:
     return got
 
 
+HEADER_CACHE_MAX_ID = 256  # answers to requests with longer ids build their header every time
+
+
+@functools.lru_cache(maxsize=PLANS)
+def _binary_header(
+    model: str, version: str, rid: str | None, outputs: tuple[tuple[str, str, tuple[int, ...], int], ...]
+) -> bytes:
+    """The JSON header of an answer whose every output (name, datatype, shape, bytes) is binary."""
+    head: dict[str, Any] = {"model_name": model, "model_version": version}
+    if rid is not None:
+        head["id"] = rid
+    head["outputs"] = [
+        {"name": n, "datatype": dt, "shape": list(shape), "parameters": {"binary_data_size": size}}
+        for n, dt, shape, size in outputs
+    ]
+    return json.dumps(head, separators=(",", ":")).encode()
+
+
+def _binary_answer(
+    spec: ModelSpec, req: InferRequest, results: dict[str, np.ndarray]
+) -> tuple[bytes, int] | None:
+    """:func:`encode_response`'s answer when every output asked for is binary of a fixed-size
+    datatype and the request's id is short, its header from :func:`_binary_header`; else None."""
+    if not req.outputs or (req.id is not None and len(req.id) > HEADER_CACHE_MAX_ID):
+        return None
+    described, arrays = [], []
+    for name, binary in req.outputs:
+        arr = results[name]
+        datatype = output_datatype(arr)
+        if not binary or datatype == "BYTES":
+            return None
+        described.append((name, datatype, arr.shape, arr.nbytes))
+        arrays.append(arr)
+    header = _binary_header(spec.name, spec.version, req.id, tuple(described))
+    return b"".join([header, *(np.ascontiguousarray(a).tobytes() for a in arrays)]), len(header)
+
+
 def encode_response(
     spec: ModelSpec, req: InferRequest, results: dict[str, np.ndarray]
 ) -> tuple[bytes, int | None]:
     """The response body and, when it carries binary outputs, the JSON header's length."""
+    answer = _binary_answer(spec, req, results)
+    if answer is not None:
+        return answer
     outs: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     for name, binary in req.outputs:

@@ -325,13 +325,19 @@ def _binary_header(
     model: str, version: str, rid: str | None, outputs: tuple[tuple[str, str, tuple[int, ...], int], ...]
 ) -> bytes:
     """The JSON header of an answer whose every output (name, datatype, shape, bytes) is binary."""
-    head: dict[str, Any] = {"model_name": model, "model_version": version}
-    if rid is not None:
-        head["id"] = rid
-    head["outputs"] = [
+    entries = [
         {"name": n, "datatype": dt, "shape": list(shape), "parameters": {"binary_data_size": size}}
         for n, dt, shape, size in outputs
     ]
+    return _answer_header(model, version, rid, entries)
+
+
+def _answer_header(model: str, version: str, rid: str | None, outputs: list[dict[str, Any]]) -> bytes:
+    """An answer's JSON header: the model, the request's id when it had one, and its outputs."""
+    head: dict[str, Any] = {"model_name": model, "model_version": version}
+    if rid is not None:
+        head["id"] = rid
+    head["outputs"] = outputs
     return json.dumps(head, separators=(",", ":")).encode()
 
 
@@ -376,11 +382,7 @@ def encode_response(
         else:
             entry["data"] = arr.reshape(-1).tolist()
         outs.append(entry)
-    head: dict[str, Any] = {"model_name": spec.name, "model_version": spec.version}
-    if req.id is not None:
-        head["id"] = req.id
-    head["outputs"] = outs
-    header = json.dumps(head, separators=(",", ":")).encode()
+    header = _answer_header(spec.name, spec.version, req.id, outs)
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)

@@ -18,7 +18,7 @@ from trtforge_runtime import fetch
 from trtforge_runtime.errors import Refusal, RequestError
 from trtforge_runtime.fetch import fetch_engine
 from trtforge_runtime.identity import check_identity
-from trtforge_runtime.model import model_spec
+from trtforge_runtime.model import ModelSpec, model_spec
 from trtforge_runtime.staging import Staging
 from trtforge_runtime.v2 import HEADER_LENGTH, decode_request, encode_response
 
@@ -65,6 +65,26 @@ def _manifest(
         accuracy=Accuracy(samples=1, max_abs_error=0, max_rel_error=0, atol=0, rtol=0, passed=True),
         canary=CanaryRef(file="canary.npz", sha256=hashlib.sha256(canary).hexdigest(), atol=1e-4, rtol=1e-3),
     )
+
+
+def bytes_request() -> tuple[ModelSpec, bytes, int]:
+    """A model taking one BYTES input `t`, and a binary request to it of [b"a", b"bc"]: the spec,
+    the body and its JSON header's length."""
+    blob = b"".join(struct.pack("<I", len(v)) + v for v in (b"a", b"bc"))
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "t",
+                    "datatype": "BYTES",
+                    "shape": [2],
+                    "parameters": {"binary_data_size": len(blob)},
+                }
+            ]
+        }
+    ).encode()
+    text = model_spec(_manifest(inputs=[TensorSpec(name="t", dtype="str", shape=[-1])]), "text")
+    return text, head + blob, len(head)
 
 
 def test_spec_takes_the_max_batch_from_the_profile_and_names_the_model_after_its_file() -> None:
@@ -118,21 +138,8 @@ def test_json_and_bytes_inputs_and_request_errors() -> None:
         spec,
     )
     assert req.inputs["x"].dtype == np.float32 and req.outputs == [("y", False), ("s", False)]
-    blob = b"".join(struct.pack("<I", len(v)) + v for v in (b"a", b"bc"))
-    head = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "t",
-                    "datatype": "BYTES",
-                    "shape": [2],
-                    "parameters": {"binary_data_size": len(blob)},
-                }
-            ]
-        }
-    ).encode()
-    text = model_spec(_manifest(inputs=[TensorSpec(name="t", dtype="str", shape=[-1])]), "text")
-    assert list(decode_request(head + blob, len(head), text).inputs["t"]) == [b"a", b"bc"]
+    text, body, hl = bytes_request()
+    assert list(decode_request(body, hl, text).inputs["t"]) == [b"a", b"bc"]
     bad = [
         (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2]}]}', "2 values"),
         (b'{"inputs": [{"name": "x", "datatype": "FP33", "shape": [1], "data": [1]}]}', "datatype 'FP33'"),

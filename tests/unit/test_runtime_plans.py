@@ -4,7 +4,6 @@ JSON header is built once (v2.encode_response): the same results as decoding and
 from __future__ import annotations
 
 import json
-import struct
 from typing import Any
 
 import numpy as np
@@ -21,8 +20,7 @@ from trtforge_runtime.v2 import (
     encode_response,
 )
 
-from tests.unit.test_runtime import _manifest
-from trtforge.contract.manifest import TensorSpec
+from tests.unit.test_runtime import _manifest, bytes_request
 
 SPEC = model_spec(_manifest(), "mlp")  # x: FP32 [-1, 4] (max batch 16) -> y: FP32 [-1, 2], s: BYTES
 
@@ -95,23 +93,10 @@ def test_only_all_binary_fixed_size_requests_with_short_headers_are_kept() -> No
     _same(plans.decode(long_id, long_hl), decode_request(long_id, long_hl, SPEC), 2)
     assert len(plans) == 0
 
-    text = model_spec(_manifest(inputs=[TensorSpec(name="t", dtype="str", shape=[-1])]), "text")
-    blob = b"".join(struct.pack("<I", len(v)) + v for v in (b"a", b"bc"))
-    head = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "t",
-                    "datatype": "BYTES",
-                    "shape": [2],
-                    "parameters": {"binary_data_size": len(blob)},
-                }
-            ]
-        }
-    ).encode()
+    text, body, hl = bytes_request()
     text_plans = RequestPlans(text)
     for _ in range(2):
-        assert list(text_plans.decode(head + blob, len(head))[0].inputs["t"]) == [b"a", b"bc"]
+        assert list(text_plans.decode(body, hl)[0].inputs["t"]) == [b"a", b"bc"]
     assert len(text_plans) == 0
 
 

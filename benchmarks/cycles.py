@@ -7,7 +7,8 @@ in-process ceiling (one single-thread session per core side by side, as in ``ben
 and then for ``trtforge serve`` under the load generator at each point, all on the same cores, this
 runs ``perf record -a`` (the cpu-clock event) over a window and puts each sample in
 - a role: the ceiling's process; the server's event loop (its main thread) or its other threads
-  (the instances); the client (this process runs the load generator); idle (the idle task); other;
+  (the instances); the client (this process runs the load generator, and the native HTTP client's
+  process, ``v2load``, when it drives the load); idle (the idle task); other;
 - a kind of code, by shared object: the backend (ONNX Runtime's), libc (memcpy, malloc), the Python
   interpreter, the kernel, other.
 
@@ -51,6 +52,7 @@ from benchmarks.common import (
 )
 
 HZ = 1999  # samples per second per CPU (not a multiple of the kernel's tick)
+NATIVE_CLIENT_COMM = "v2load"  # the native HTTP client's process name (benchmarks/native_client.py)
 ROLES = ("ceiling", "loop", "instances", "client", "idle", "other")
 KINDS = ("backend", "libc", "python", "kernel", "other")
 _ROW = re.compile(r"^\s*(\d+)\s+(\d+):(.*?)\s{2,}(.+?)\s*$")
@@ -116,7 +118,7 @@ def role_by_threads(
             return "loop"
         if row.tid in server:
             return "instances"
-        if row.tid in client:
+        if row.tid in client or row.comm.startswith(NATIVE_CLIENT_COMM):
             return "client"
         return "other"
 
@@ -237,7 +239,13 @@ def ceiling_window(model: Path, cpus: str, batch: int, seconds: float, workdir: 
 
 
 def serve_windows(
-    model: str, flags: list[str], points: list[str], cpus: str, seconds: float, workdir: Path
+    model: str,
+    flags: list[str],
+    points: list[str],
+    cpus: str,
+    seconds: float,
+    workdir: Path,
+    http_client: str = "native",
 ) -> dict[str, Any]:
     """``trtforge serve`` (HTTP and gRPC, `flags`) under the load generator at each point, sampled;
     every answer of a sampled window is compared with ONNX Runtime's (a mismatch counts as an error)."""
@@ -261,17 +269,35 @@ def serve_windows(
         for point in points:
             protocol, _, conc = point.partition(":")
             url = f"grpc://127.0.0.1:{grpc_port}" if protocol == "grpc" else f"http://127.0.0.1:{port}"
-            run_load(protocol, url, model, in_name, out_name, x, int(conc), 1.5, 0.5)  # settle
+            run_load(
+                protocol, url, model, in_name, out_name, x, int(conc), 1.5, 0.5, http_client=http_client
+            )  # settle
             # The load runs 1 s longer than the sampling on each side; the rate is the load's.
             perf = _Perf(seconds, 1.0, workdir)
             server_tids = _tids(proc.pid)
             res, _ = run_load(
-                protocol, url, model, in_name, out_name, x, int(conc), seconds + 2.0, 0.0, check=check
+                protocol,
+                url,
+                model,
+                in_name,
+                out_name,
+                x,
+                int(conc),
+                seconds + 2.0,
+                0.0,
+                check=check,
+                http_client=http_client,
             )
             rows, stat = perf.rows()
             acc = attribute(rows, role_by_threads(set(), proc.pid, server_tids, _tids(os.getpid())))
             summary = window_summary(acc, res.throughput * seconds, len(cpus.split(",")))
-            out[point] = {"throughput": res.throughput, "errors": res.errors, "procstat_pct": stat, **summary}
+            out[point] = {
+                "throughput": res.throughput,
+                "errors": res.errors,
+                "client": res.client,
+                "procstat_pct": stat,
+                **summary,
+            }
             log(
                 f"{point}: {res.throughput:.1f} req/s, backend {summary['backend_share_pct']}% of the samples"
             )
@@ -289,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=5.0, help="each sampled window")
     p.add_argument("--ceiling-batch", type=int, default=1)
     p.add_argument("--name", default=None, help="result name (default cycles-<model>)")
+    p.add_argument(
+        "--http-client", choices=("native", "python"), default="native", help="as in benchmarks.loadgen"
+    )
     a = p.parse_args(argv)
     if shutil.which("perf") is None:
         p.error("perf is not installed (Debian: linux-perf)")
@@ -300,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         ceiling = ceiling_window(model_file(a.model), a.cpus, a.ceiling_batch, a.seconds, work)
         share = ceiling["backend_share_pct"]
         log(f"ceiling: {ceiling['images_per_s']} img/s, backend {share}% of the samples")
-        served = serve_windows(a.model, a.serve_flags.split(), a.points.split(","), a.cpus, a.seconds, work)
+        served = serve_windows(
+            a.model, a.serve_flags.split(), a.points.split(","), a.cpus, a.seconds, work, a.http_client
+        )
     for w in served.values():
         w["of_ceiling"] = round(w["throughput"] / ceiling["images_per_s"], 3)
         w["factors"] = share_factors(w, ceiling)

@@ -81,6 +81,12 @@ def test_the_ceiling_role_wins_over_the_others() -> None:
     assert role(Row(1, 8, "python", "x")) == "other"
 
 
+def test_the_native_clients_process_is_the_client_whatever_its_thread() -> None:
+    role = role_by_threads(ceiling=set(), loop=5, server={5, 6}, client={9})
+    assert role(Row(1, 4242, "v2load-9fb9a560", "[kernel.kallsyms]")) == "client"
+    assert role(Row(1, 4243, "python", "x")) == "other"
+
+
 def test_window_summary_shares_and_backend_time_per_image() -> None:
     acc = {r: dict.fromkeys(KINDS, 0) for r in ROLES}
     acc["instances"]["backend"] = 8 * 1999  # 8 s of CPU at 1999 Hz

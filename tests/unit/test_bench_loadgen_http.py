@@ -1,5 +1,6 @@
-"""benchmarks.loadgen's HTTP client against a real HTTP/1.1 server (the standard library's) over a
-real socket: keep-alive, a server that closes connections, answers checked, errors counted."""
+"""benchmarks.loadgen's HTTP clients, the Python one and the native one (benchmarks/native/v2load.c,
+built with cc), against a real HTTP/1.1 server (the standard library's) over a real socket:
+keep-alive, a server that closes connections, chunked answers, answers checked, errors counted."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ class _Server(ThreadingHTTPServer):
     close_every = 0  # close the connection after every n-th answer (0: never)
     status = 200
     offset = 0.0  # added to the answer (not 0: a wrong answer)
+    chunked = False  # send the answer in chunks (Transfer-Encoding: chunked), split mid-tensor
+    output = "y"  # the name the answer gives its output
 
 
 class _V2(BaseHTTPRequestHandler):
@@ -48,7 +51,7 @@ class _V2(BaseHTTPRequestHandler):
         x = np.frombuffer(body[n:], np.float32)
         y = (2 * x + self.server.offset).astype(np.float32).tobytes()
         out = {
-            "name": "y",
+            "name": self.server.output,
             "datatype": "FP32",
             "shape": [1, x.size],
             "parameters": {"binary_data_size": len(y)},
@@ -59,13 +62,23 @@ class _V2(BaseHTTPRequestHandler):
             answers = self.server.answers
         close = bool(self.server.close_every) and answers % self.server.close_every == 0
         self.send_response(self.server.status)
-        self.send_header("Content-Length", str(len(head) + len(y)))
+        if self.server.chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(len(head) + len(y)))
         self.send_header(HEADER, str(len(head)))
         if close:
             self.send_header("Connection", "close")
             self.close_connection = True
         self.end_headers()
-        self.wfile.write(head + y)
+        if not self.server.chunked:
+            self.wfile.write(head + y)
+            return
+        data, cut = head + y, len(head) + 5
+        for part in (data[:cut], data[cut:]):
+            self.wfile.write(b"%x;ext=1\r\n%s\r\n" % (len(part), part))
+            self.wfile.flush()
+        self.wfile.write(b"0\r\nX-Trailer: 1\r\n\r\n")
 
 
 @pytest.fixture
@@ -80,33 +93,66 @@ def server() -> Iterator[_Server]:
         srv.server_close()
 
 
+@pytest.fixture(params=["python", "native"])
+def client(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 def _load(
-    srv: _Server, check: Check | None, concurrency: int = 4, max_requests: int = 200
+    srv: _Server, client: str, check: Check | None, concurrency: int = 4, max_requests: int = 200
 ) -> dict[str, object]:
     url = f"http://127.0.0.1:{srv.server_address[1]}"
     # The run ends at `max_requests`; its window (a day) never ends it, so no count depends on time.
-    res, _ = run_load("http", url, "m", "x", "y", X, concurrency, 86_400.0, 0.0, max_requests, check)
+    res, _ = run_load(
+        "http", url, "m", "x", "y", X, concurrency, 86_400.0, 0.0, max_requests, check, http_client=client
+    )
+    assert res.client == client
     return vars(res)
 
 
-def test_every_answer_is_read_and_checked_over_keep_alive_connections(server: _Server) -> None:
-    res = _load(server, Check("y", 2 * X))
+def test_every_answer_is_read_and_checked_over_keep_alive_connections(server: _Server, client: str) -> None:
+    res = _load(server, client, Check("y", 2 * X))
     assert (res["errors"], res["completed"]) == (0, 200) and server.answers == 200
     assert server.connections == 4  # one keep-alive connection per worker
 
 
-def test_a_server_that_closes_connections_is_reconnected_to(server: _Server) -> None:
+def test_a_server_that_closes_connections_is_reconnected_to(server: _Server, client: str) -> None:
     server.close_every = 3
-    res = _load(server, Check("y", 2 * X))
+    res = _load(server, client, Check("y", 2 * X))
     assert (res["errors"], res["completed"]) == (0, 200)
     assert server.connections > 4  # reconnected after each close
 
 
-def test_wrong_answers_and_error_statuses_count_as_errors(server: _Server) -> None:
+def test_wrong_answers_and_error_statuses_count_as_errors(server: _Server, client: str) -> None:
     server.offset = 1.0
-    res = _load(server, Check("y", 2 * X), max_requests=20)
+    res = _load(server, client, Check("y", 2 * X), max_requests=20)
     assert res["errors"] == 20 and res["completed"] == 0
     assert "wrong answer: max abs error 1 > 0.0001" in res["error_samples"][0]  # type: ignore[index]
     server.offset, server.status = 0.0, 503
-    res = _load(server, None, concurrency=1, max_requests=3)
+    res = _load(server, client, None, concurrency=1, max_requests=3)
     assert res["errors"] == 3 and res["error_samples"] == ["HTTP 503"] * 3
+
+
+def test_chunked_answers_are_joined_and_checked(server: _Server, client: str) -> None:
+    server.chunked = True
+    server.close_every = 5
+    res = _load(server, client, Check("y", 2 * X), max_requests=40)
+    assert (res["errors"], res["completed"]) == (0, 40)
+
+
+def test_an_answer_without_the_output_asked_for_is_an_error(server: _Server, client: str) -> None:
+    server.output = "z"
+    res = _load(server, client, Check("y", 2 * X), max_requests=8)
+    assert res["errors"] == 8 and res["completed"] == 0
+    assert "no output" in res["error_samples"][0]  # type: ignore[index]
+
+
+def test_a_refused_connection_is_an_error_not_a_crash(client: str) -> None:
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res, _ = run_load(
+        "http", f"http://127.0.0.1:{port}", "m", "x", "y", X, 2, 86_400.0, 0.0, 6, None, http_client=client
+    )
+    assert (res.errors, res.completed) == (6, 0)
+    assert "Connection" in res.error_samples[0]

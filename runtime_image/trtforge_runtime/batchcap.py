@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import collections
 import math
-import statistics
-from collections.abc import Container, Mapping
+from collections.abc import Container, Iterable, Mapping
 from typing import NamedTuple
 
 TOLERANCE = 0.05  # per-row times within 5% of the best are as good as the best
@@ -42,14 +41,28 @@ def bucket(rows: int) -> int:
     return 1 << (rows.bit_length() - 1)
 
 
+def _middle(ordered: list[float]) -> float:
+    """The median of values already sorted (at least one), as ``statistics.median`` has it."""
+    h = len(ordered) // 2
+    return ordered[h] if len(ordered) % 2 else (ordered[h - 1] + ordered[h]) / 2
+
+
+def median_and_error(values: Iterable[float]) -> tuple[float, float]:
+    """The median of `values` (at least one) and its standard error, from their median absolute
+    deviation: robust to the odd slow batch, as the median itself is; 0 for a single value. Two
+    sorts and no more: the pool calls it after every batch, under the batcher's lock."""
+    ordered = sorted(values)
+    mid = _middle(ordered)
+    if len(ordered) < 2:
+        return mid, 0.0
+    sigma = 1.4826 * _middle(sorted([abs(v - mid) for v in ordered]))  # MAD to sigma, for normal data
+    return mid, 1.2533 * sigma / math.sqrt(len(ordered))  # the median's sigma is sqrt(pi/2) the mean's
+
+
 def median_error(values: list[float]) -> float:
-    """The standard error of the median of `values` (seconds), from their median absolute deviation:
-    robust to the odd slow batch, as the median itself is. 0 for fewer than two values."""
-    if len(values) < 2:
-        return 0.0
-    mid = statistics.median(values)
-    sigma = 1.4826 * statistics.median(abs(v - mid) for v in values)  # MAD to sigma, for normal data
-    return 1.2533 * sigma / math.sqrt(len(values))  # the median's sigma is sqrt(pi/2) the mean's
+    """The standard error of the median of `values` (seconds) (:func:`median_and_error`); 0 for
+    fewer than two values."""
+    return median_and_error(values)[1] if values else 0.0
 
 
 def learned_cap(
@@ -165,9 +178,7 @@ class BatchCap:
         recent.append(seconds / rows)
         if len(recent) < MIN_SAMPLES:
             return False
-        values = list(recent)
-        self._per_row[b] = statistics.median(values)
-        self._error[b] = median_error(values)
+        self._per_row[b], self._error[b] = median_and_error(recent)
         limit = learned_cap(self._per_row, self.max_batch, self.limit, error=self._error)
         changed, self.limit = limit != self.limit, limit
         if changed:  # the timings moved: re-time the buckets below soon again

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
+import statistics
 import time
 from collections.abc import Callable
 
@@ -21,6 +23,7 @@ from trtforge_runtime.batchcap import (
     Probe,
     bucket,
     learned_cap,
+    median_and_error,
     median_error,
     probe_limit,
     refresh_interval,
@@ -87,6 +90,16 @@ def test_the_median_error_follows_the_spread_and_ignores_the_odd_batch() -> None
     tight, loose = [0.0070, 0.0071] * 8, [0.0060, 0.0080] * 8
     assert 0 < median_error(tight) < median_error(loose)
     assert median_error([*tight[:-1], 0.5]) == pytest.approx(median_error(tight), rel=0.5)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 16])
+def test_one_pass_median_and_error_equal_the_statistics_modules(n: int) -> None:
+    values = [((i * 7919) % 23 + 0.5 * (i % 3)) * 1e-4 for i in range(n)]  # unsorted, with ties
+    mid = statistics.median(values)
+    mad = statistics.median(abs(v - mid) for v in values)
+    error = 1.2533 * 1.4826 * mad / math.sqrt(n) if n > 1 else 0.0
+    assert median_and_error(values) == (mid, pytest.approx(error, rel=1e-12))
+    assert median_and_error(iter(values))[0] == mid  # any iterable, a deque included
 
 
 def test_buckets_within_their_noise_are_as_good_so_the_smaller_wins() -> None:

@@ -50,6 +50,7 @@ from benchmarks.common import (
     wait_http_ok,
     write_result,
 )
+from benchmarks.loadgen import HTTP_CLIENTS
 
 HZ = 1999  # samples per second per CPU (not a multiple of the kernel's tick)
 NATIVE_CLIENT_COMM = "v2load"  # the native HTTP client's process name (benchmarks/native_client.py)
@@ -315,9 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=5.0, help="each sampled window")
     p.add_argument("--ceiling-batch", type=int, default=1)
     p.add_argument("--name", default=None, help="result name (default cycles-<model>)")
-    p.add_argument(
-        "--http-client", choices=("native", "python"), default="native", help="as in benchmarks.loadgen"
-    )
+    p.add_argument("--http-client", choices=HTTP_CLIENTS, default="native", help="as in benchmarks.loadgen")
     a = p.parse_args(argv)
     if shutil.which("perf") is None:
         p.error("perf is not installed (Debian: linux-perf)")

@@ -53,6 +53,7 @@ import numpy as np
 
 HEADER = "Inference-Header-Content-Length"
 PROTOCOLS = ("http", "json", "grpc")
+HTTP_CLIENTS = ("native", "python")  # the http protocol's clients (benchmarks/native_client.py)
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
@@ -588,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=1, help="client processes (workers split among them)")
     p.add_argument(
         "--http-client",
-        choices=("native", "python"),
+        choices=HTTP_CLIENTS,
         default="native",
         help="the http protocol's client: native (benchmarks/native/v2load.c, built with cc) or the"
         " Python one; json and grpc always use Python",

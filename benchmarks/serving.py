@@ -52,7 +52,7 @@ from benchmarks.common import (
     wait_http_ok,
     write_result,
 )
-from benchmarks.loadgen import run_load, v2_decode, v2_json_request, v2_request
+from benchmarks.loadgen import HTTP_CLIENTS, run_load, v2_decode, v2_json_request, v2_request
 from benchmarks.models import model_info, sample_input
 from benchmarks.servers import Kind, Launch, Model, Setting, kinds, sweep_small_batch
 
@@ -71,18 +71,19 @@ class Layout:
     server_cpus: str
     client_cpus: str
     threads: int
+    http_client: str = "native"  # the load generator's HTTP binary client: "native" or "python"
 
 
-def layouts() -> dict[str, Layout]:
+def layouts(http_client: str = "native") -> dict[str, Layout]:
     """The layouts over the CPUs this process may use (run it under `taskset -c 0,1` on a bigger
-    host to measure a 2-core pod)."""
+    host to measure a 2-core pod), the load driven over HTTP binary by `http_client`."""
     cpus = sorted(os.sched_getaffinity(0))
     n = len(cpus)
     allc = ",".join(map(str, cpus))
     rest = ",".join(map(str, cpus[1:])) if n > 1 else allc
     return {
-        "shared": Layout("shared", allc, allc, n),
-        "isolated": Layout("isolated", rest, str(cpus[0]), max(1, n - 1)),
+        "shared": Layout("shared", allc, allc, n, http_client),
+        "isolated": Layout("isolated", rest, str(cpus[0]), max(1, n - 1), http_client),
     }
 
 
@@ -239,6 +240,8 @@ def load(
             protocol,
             "--procs",
             str(client_procs),
+            "--http-client",
+            srv.lay.http_client,
         ),
     )
     # A client on every core needs no pinning: it runs in this process (one interpreter start and
@@ -248,7 +251,16 @@ def load(
     cpu0, t0 = tree_cpu_seconds(srv.proc.pid), time.monotonic()
     if in_process:
         result, _ = run_load(
-            protocol, srv.url(protocol), m.name, m.input, m.output, sample_input(1), c, seconds, warmup
+            protocol,
+            srv.url(protocol),
+            m.name,
+            m.input,
+            m.output,
+            sample_input(1),
+            c,
+            seconds,
+            warmup,
+            http_client=srv.lay.http_client,
         )
         res: dict[str, Any] = asdict(result)
     else:
@@ -434,9 +446,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ceiling-seconds", type=float, default=1.0)
     p.add_argument("--ceiling-batches", default="1,2,4,8,16,32")
     p.add_argument("--name", default="serving", help="result file name")
+    p.add_argument("--http-client", choices=HTTP_CLIENTS, default="native", help="see benchmarks.loadgen")
     a = p.parse_args(argv)
     concs = sorted({int(c) for c in a.concurrency.split(",")} | set(SWEEP_CONCURRENCIES))
-    lay = layouts()[a.layout]
+    lay = layouts(a.http_client)[a.layout]
     all_kinds = kinds()
     servers = [all_kinds[k] for k in a.servers.split(",")]
     log_dir = CACHE / "logs"

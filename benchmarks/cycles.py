@@ -50,7 +50,7 @@ from benchmarks.common import (
     wait_http_ok,
     write_result,
 )
-from benchmarks.loadgen import HTTP_CLIENTS
+from benchmarks.loadgen import CLIENTS
 
 HZ = 1999  # samples per second per CPU (not a multiple of the kernel's tick)
 NATIVE_CLIENT_COMM = "v2load"  # the native HTTP client's process name (benchmarks/native_client.py)
@@ -246,7 +246,7 @@ def serve_windows(
     cpus: str,
     seconds: float,
     workdir: Path,
-    http_client: str = "native",
+    client: str = "native",
 ) -> dict[str, Any]:
     """``trtforge serve`` (HTTP and gRPC, `flags`) under the load generator at each point, sampled;
     every answer of a sampled window is compared with ONNX Runtime's (a mismatch counts as an error)."""
@@ -270,9 +270,7 @@ def serve_windows(
         for point in points:
             protocol, _, conc = point.partition(":")
             url = f"grpc://127.0.0.1:{grpc_port}" if protocol == "grpc" else f"http://127.0.0.1:{port}"
-            run_load(
-                protocol, url, model, in_name, out_name, x, int(conc), 1.5, 0.5, http_client=http_client
-            )  # settle
+            run_load(protocol, url, model, in_name, out_name, x, int(conc), 1.5, 0.5, client=client)  # settle
             # The load runs 1 s longer than the sampling on each side; the rate is the load's.
             perf = _Perf(seconds, 1.0, workdir)
             server_tids = _tids(proc.pid)
@@ -287,7 +285,7 @@ def serve_windows(
                 seconds + 2.0,
                 0.0,
                 check=check,
-                http_client=http_client,
+                client=client,
             )
             rows, stat = perf.rows()
             acc = attribute(rows, role_by_threads(set(), proc.pid, server_tids, _tids(os.getpid())))
@@ -316,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=5.0, help="each sampled window")
     p.add_argument("--ceiling-batch", type=int, default=1)
     p.add_argument("--name", default=None, help="result name (default cycles-<model>)")
-    p.add_argument("--http-client", choices=HTTP_CLIENTS, default="native", help="as in benchmarks.loadgen")
+    p.add_argument("--client", choices=CLIENTS, default="native", help="as in benchmarks.loadgen")
     a = p.parse_args(argv)
     if shutil.which("perf") is None:
         p.error("perf is not installed (Debian: linux-perf)")
@@ -329,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         share = ceiling["backend_share_pct"]
         log(f"ceiling: {ceiling['images_per_s']} img/s, backend {share}% of the samples")
         served = serve_windows(
-            a.model, a.serve_flags.split(), a.points.split(","), a.cpus, a.seconds, work, a.http_client
+            a.model, a.serve_flags.split(), a.points.split(","), a.cpus, a.seconds, work, a.client
         )
     for w in served.values():
         w["of_ceiling"] = round(w["throughput"] / ceiling["images_per_s"], 3)

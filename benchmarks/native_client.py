@@ -1,10 +1,13 @@
-"""The load generator's native HTTP client: ``benchmarks/native/v2load.c``, built here with ``cc``.
+"""The load generator's native client: ``benchmarks/native/v2load.c``, built here with ``cc``.
 
 On this 2-core machine the client shares the cores with the server it measures, so what the client
-costs is taken from the server: the Python client (``loadgen._HttpConnection``) spent 3.5 to 6.5% of the
-two cores at SqueezeNet HTTP c=8, about half of it its own Python (docs/benchmarks.md §1d). The
-native client sends the same bytes, keeps the same closed loop and checks every answer the same way,
-for binary answers (what a v2 binary request asks for); its cost is its system calls.
+costs is taken from the server: the Python HTTP client (``loadgen._HttpConnection``) spent 3.5 to
+6.5% of the two cores at SqueezeNet HTTP c=8, about half of it its own Python (docs/benchmarks.md
+§1d), and the gRPC one more. The native client sends the same bytes (built here, by the Python
+code), keeps the same closed loop and checks every answer the same way: over HTTP the binary
+output (what a v2 binary request asks for), over gRPC the ModelInferResponse's output. It does not
+decode HTTP/2 header blocks, so a gRPC call that fails is an error without its status. Its cost is
+its system calls.
 
 The binary is built once per version of the source, into ``.cache/native/`` (compiled to a temporary
 name, then renamed, so a half-written binary is never run).
@@ -58,20 +61,33 @@ def binary() -> Path:
     return out
 
 
-def run_http(
-    url: str, request: bytes, c: int, seconds: float, warmup: float, cap: int, check: Check | None
+def run_native(
+    protocol: str,
+    target: str,
+    request: bytes,
+    c: int,
+    seconds: float,
+    warmup: float,
+    cap: int,
+    check: Check | None,
+    headers_block: bytes = b"",
 ) -> _Window:
-    """`c` closed-loop workers sending `request` (a whole HTTP/1.1 request) to `url`'s host and port,
-    as ``loadgen._run_http`` does, in the native client; its window."""
+    """`c` closed-loop workers sending `request` to `target` (host:port) in the native client, as
+    ``loadgen._run_http`` and ``loadgen._run_grpc`` do; its window. `protocol` "http": `request` is
+    a whole HTTP/1.1 request; "grpc": a ModelInfer message with its gRPC prefix, sent after
+    `headers_block` (its HPACK block, ``h2client.request_block``)."""
     from benchmarks.loadgen import _Window, stream_rate
 
-    hostport = url.split("://", 1)[-1].partition("/")[0]
-    host, _, port = hostport.rpartition(":")
+    host, _, port = target.rpartition(":")
     host = "127.0.0.1" if host == "localhost" else host
     with tempfile.TemporaryDirectory(prefix="v2load-") as d:
         req = Path(d) / "request"
         req.write_bytes(request)
-        argv = [str(binary()), "--host", host, "--port", port, "--request", str(req)]
+        argv = [str(binary()), "--protocol", protocol, "--host", host, "--port", port, "--request", str(req)]
+        if protocol == "grpc":
+            block = Path(d) / "headers-block"
+            block.write_bytes(headers_block)
+            argv += ["--headers-block", str(block)]
         argv += ["--concurrency", str(c), "--seconds", repr(seconds), "--warmup", repr(warmup)]
         argv += ["--max-requests", str(cap)]
         if check is not None:

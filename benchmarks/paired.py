@@ -27,7 +27,7 @@ from typing import Any
 
 from benchmarks.ceiling import run_pinned
 from benchmarks.common import CACHE, RESULTS, log, tree_cpu_seconds, write_result
-from benchmarks.loadgen import HTTP_CLIENTS
+from benchmarks.loadgen import CLIENTS
 from benchmarks.models import model_info
 from benchmarks.servers import Kind, Setting, kinds
 from benchmarks.serving import (
@@ -130,7 +130,7 @@ def run_model(
     small_batch: int,
     a: argparse.Namespace,
 ) -> dict[str, Any]:
-    lay = layouts(a.http_client)[a.layout]
+    lay = layouts(a.client)[a.layout]
     model = model_info(name)
     slow = a.slow_factor if name != "squeezenet" else 1.0
     ref = reference_output(model)
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ceiling-batches", default="1,2,4,8,16,32")
     p.add_argument("--chosen-from", default=str(RESULTS / "serving.json"), help="the serving grid's result")
     p.add_argument("--name", default="serving-paired")
-    p.add_argument("--http-client", choices=HTTP_CLIENTS, default="native", help="see benchmarks.loadgen")
+    p.add_argument("--client", choices=CLIENTS, default="native", help="see benchmarks.loadgen")
     a = p.parse_args(argv)
     if a.rounds < 1:
         p.error("--rounds must be at least 1")
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": vars(a),
         "peer": a.peer,
         "rounds": a.rounds,
-        "layout": vars(layouts(a.http_client)[a.layout]),
+        "layout": vars(layouts(a.client)[a.layout]),
         "loadavg_before": list(os.getloadavg()),
         "chosen_from": {"file": a.chosen_from, "finished_utc": grid.get("finished_utc")},
         "models": {},

@@ -52,7 +52,7 @@ from benchmarks.common import (
     wait_http_ok,
     write_result,
 )
-from benchmarks.loadgen import HTTP_CLIENTS, run_load, v2_decode, v2_json_request, v2_request
+from benchmarks.loadgen import CLIENTS, run_load, v2_decode, v2_json_request, v2_request
 from benchmarks.models import model_info, sample_input
 from benchmarks.servers import Kind, Launch, Model, Setting, kinds, sweep_small_batch
 
@@ -71,19 +71,19 @@ class Layout:
     server_cpus: str
     client_cpus: str
     threads: int
-    http_client: str = "native"  # the load generator's HTTP binary client: "native" or "python"
+    client: str = "native"  # the load generator's HTTP binary client: "native" or "python"
 
 
-def layouts(http_client: str = "native") -> dict[str, Layout]:
+def layouts(client: str = "native") -> dict[str, Layout]:
     """The layouts over the CPUs this process may use (run it under `taskset -c 0,1` on a bigger
-    host to measure a 2-core pod), the load driven over HTTP binary by `http_client`."""
+    host to measure a 2-core pod), the load driven over HTTP binary by `client`."""
     cpus = sorted(os.sched_getaffinity(0))
     n = len(cpus)
     allc = ",".join(map(str, cpus))
     rest = ",".join(map(str, cpus[1:])) if n > 1 else allc
     return {
-        "shared": Layout("shared", allc, allc, n, http_client),
-        "isolated": Layout("isolated", rest, str(cpus[0]), max(1, n - 1), http_client),
+        "shared": Layout("shared", allc, allc, n, client),
+        "isolated": Layout("isolated", rest, str(cpus[0]), max(1, n - 1), client),
     }
 
 
@@ -240,8 +240,8 @@ def load(
             protocol,
             "--procs",
             str(client_procs),
-            "--http-client",
-            srv.lay.http_client,
+            "--client",
+            srv.lay.client,
         ),
     )
     # A client on every core needs no pinning: it runs in this process (one interpreter start and
@@ -260,7 +260,7 @@ def load(
             c,
             seconds,
             warmup,
-            http_client=srv.lay.http_client,
+            client=srv.lay.client,
         )
         res: dict[str, Any] = asdict(result)
     else:
@@ -446,10 +446,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ceiling-seconds", type=float, default=1.0)
     p.add_argument("--ceiling-batches", default="1,2,4,8,16,32")
     p.add_argument("--name", default="serving", help="result file name")
-    p.add_argument("--http-client", choices=HTTP_CLIENTS, default="native", help="see benchmarks.loadgen")
+    p.add_argument("--client", choices=CLIENTS, default="native", help="see benchmarks.loadgen")
     a = p.parse_args(argv)
     concs = sorted({int(c) for c in a.concurrency.split(",")} | set(SWEEP_CONCURRENCIES))
-    lay = layouts(a.http_client)[a.layout]
+    lay = layouts(a.client)[a.layout]
     all_kinds = kinds()
     servers = [all_kinds[k] for k in a.servers.split(",")]
     log_dir = CACHE / "logs"

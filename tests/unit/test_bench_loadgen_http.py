@@ -104,7 +104,7 @@ def _load(
     url = f"http://127.0.0.1:{srv.server_address[1]}"
     # The run ends at `max_requests`; its window (a day) never ends it, so no count depends on time.
     res, _ = run_load(
-        "http", url, "m", "x", "y", X, concurrency, 86_400.0, 0.0, max_requests, check, http_client=client
+        "http", url, "m", "x", "y", X, concurrency, 86_400.0, 0.0, max_requests, check, client=client
     )
     assert res.client == client
     return vars(res)
@@ -152,7 +152,7 @@ def test_a_refused_connection_is_an_error_not_a_crash(client: str) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     res, _ = run_load(
-        "http", f"http://127.0.0.1:{port}", "m", "x", "y", X, 2, 86_400.0, 0.0, 6, None, http_client=client
+        "http", f"http://127.0.0.1:{port}", "m", "x", "y", X, 2, 86_400.0, 0.0, 6, None, client=client
     )
     assert (res.errors, res.completed) == (6, 0)
     assert "Connection" in res.error_samples[0]

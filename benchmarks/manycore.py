@@ -51,6 +51,7 @@ from benchmarks.common import (
     write_result,
 )
 from benchmarks.engines import ensure_engine, store_dir
+from benchmarks.loadgen import CLIENTS
 from benchmarks.models import model_info, sample_input
 from benchmarks.servers import Model
 from benchmarks.servers.trtforge import grpc_supported
@@ -145,6 +146,7 @@ def drive(
     warmup: float,
     ref: Path,
     pid: int,
+    client: str = "native",
 ) -> dict[str, Any]:
     cmd = taskset(
         cpus,
@@ -162,6 +164,8 @@ def drive(
             str(ref),
             "--protocol",
             protocol,
+            "--client",
+            client,
         ),
     )
     cpu0, t0 = tree_cpu_seconds(pid), time.monotonic()
@@ -188,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ceiling-batches", default="1,4,8,16,32")
     p.add_argument("--protocols", default="http", help="comma-separated: http, grpc")
     p.add_argument("--name", default="manycore")
+    p.add_argument(
+        "--client", choices=CLIENTS, default="native", help="see benchmarks.loadgen (native needs cc)"
+    )
     a = p.parse_args(argv)
     protocols = [x for x in a.protocols.split(",") if x]
     if not protocols or set(protocols) - {"http", "grpc"}:
@@ -254,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                                 a.warmup * slow,
                                 ref,
                                 srv.pid,
+                                a.client,
                             )
                         except (RuntimeError, subprocess.TimeoutExpired) as e:
                             log(f"  [{s}] c={c} {proto} FAILED: {e}")

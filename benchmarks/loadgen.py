@@ -473,27 +473,27 @@ def run_load(
     """One closed-loop run in this process: the result and the sorted latencies (ms). `client`
     is the client of the ``http`` and ``grpc`` protocols: "python" or "native" (its own process)."""
     native = protocol in NATIVE_PROTOCOLS and client == "native"
-    if protocol == "grpc" and native:
-        from benchmarks.h2client import grpc_message, request_block
-        from benchmarks.native_client import run_native
+    if protocol == "grpc":
+        target = url.split("://", 1)[-1]
+        payload = grpc_request(model, input_name, output_name, x)
+        if native:
+            from benchmarks.h2client import grpc_message, request_block
+            from benchmarks.native_client import run_native
 
-        target = url.split("://", 1)[-1]
-        message = grpc_message(grpc_request(model, input_name, output_name, x))
-        block = request_block(target, GRPC_INFER)
-        w = run_native("grpc", target, message, concurrency, seconds, warmup, max_requests, check, block)
-    elif protocol == "grpc":
-        target = url.split("://", 1)[-1]
-        w = asyncio.run(
-            _run_grpc(
+            block = request_block(target, GRPC_INFER)
+            w = run_native(
+                "grpc",
                 target,
-                grpc_request(model, input_name, output_name, x),
+                grpc_message(payload),
                 concurrency,
                 seconds,
                 warmup,
                 max_requests,
                 check,
+                block,
             )
-        )
+        else:
+            w = asyncio.run(_run_grpc(target, payload, concurrency, seconds, warmup, max_requests, check))
     else:
         make = v2_request if protocol == "http" else v2_json_request
         body, headers = make(input_name, output_name, x)

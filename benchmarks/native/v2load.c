@@ -336,6 +336,22 @@ static const unsigned char *pb_field(const unsigned char *p, const unsigned char
     }
 }
 
+/* The last length-delimited field `number` of the message p[0..end): 1 with its bytes in *data and
+ * *len, 0 when there is none, -1 when the message is malformed. */
+static int pb_last(const unsigned char *p, const unsigned char *end, uint64_t number, const unsigned char **data,
+                   size_t *len) {
+    int found = 0;
+    while (p < end) {
+        uint64_t num;
+        int wire;
+        const unsigned char *d = NULL;
+        size_t l = 0;
+        if (!(p = pb_field(p, end, &num, &wire, &d, &l))) return -1;
+        if (num == number && wire == 2) *data = d, *len = l, found = 1;
+    }
+    return found;
+}
+
 /* Why the gRPC message m[0..n) (its 5-byte prefix included) is not a right answer, or NULL. */
 static const char *check_grpc(const char *m, size_t n, char *why, size_t wn) {
     if (n == 0) {
@@ -368,19 +384,12 @@ static const char *check_grpc(const char *m, size_t n, char *why, size_t wn) {
         if (num == 6 && n_raw < 64) raws[n_raw] = d, raw_len[n_raw++] = l;
     }
     for (int i = 0; i < n_out; i++) {
-        const unsigned char *q = outputs[i], *qend = outputs[i] + out_len[i];
-        const unsigned char *name = NULL, *contents = NULL;
+        const unsigned char *qend = outputs[i] + out_len[i], *name = NULL, *contents = NULL;
         size_t name_len = 0, contents_len = 0;
-        while (q < qend) {
-            uint64_t num;
-            int wire;
-            const unsigned char *d = NULL;
-            size_t l = 0;
-            if (!(q = pb_field(q, qend, &num, &wire, &d, &l))) goto malformed;
-            if (num == 1 && wire == 2) name = d, name_len = l;
-            if (num == 5 && wire == 2) contents = d, contents_len = l;
-        }
-        if (!name || name_len != strlen(output_plain) || memcmp(name, output_plain, name_len) != 0) continue;
+        int has_name = pb_last(outputs[i], qend, 1, &name, &name_len);
+        int has_contents = pb_last(outputs[i], qend, 5, &contents, &contents_len);
+        if (has_name < 0 || has_contents < 0) goto malformed;
+        if (!has_name || name_len != strlen(output_plain) || memcmp(name, output_plain, name_len) != 0) continue;
         if (i < n_raw) return check_values((const char *)raws[i], raw_len[i], why, wn);
         /* fp32_contents (field 6 of InferTensorContents), packed or not */
         size_t cap = contents_len, got = 0;

@@ -14,6 +14,7 @@ other requests hold the body-memory budget HTTP bodies share, or a message over
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,13 @@ from trtforge_runtime.errors import RequestError
 from trtforge_runtime.grpc_v2 import inference_pb2 as pb
 from trtforge_runtime.metrics import Outcome
 from trtforge_runtime.model import V2_TO_NUMPY, ModelSpec
-from trtforge_runtime.v2 import InferRequest, decode_bytes_blob, encode_bytes_blob, output_datatype
+from trtforge_runtime.v2 import (
+    HEADER_CACHE_MAX_ID,
+    InferRequest,
+    decode_bytes_blob,
+    encode_bytes_blob,
+    output_datatype,
+)
 
 if TYPE_CHECKING:
     from trtforge_runtime.server import Runtime
@@ -164,6 +171,15 @@ def _split_raw_contents(data: Buffer) -> tuple[bytes, list[memoryview]]:
     return b"".join(rest), raw
 
 
+def split_raw_contents(data: Buffer) -> tuple[bytes, list[memoryview]] | None:
+    """The message's top-level fields other than raw_input_contents (its *head*, re-joined) and the
+    raw contents as views of `data`; None when the scan meets what it leaves to protobuf."""
+    try:
+        return _split_raw_contents(data)
+    except _Unexpected:
+        return None
+
+
 def parse_infer_request(data: Buffer) -> tuple[pb.ModelInferRequest, Sequence[bytes | memoryview]]:
     """A serialised ModelInferRequest and its raw input contents, which stay views of `data`
     (protobuf would copy each tensor twice: into the message, then into a bytes object when read).
@@ -286,25 +302,72 @@ def encode_infer_response(spec: ModelSpec, req: InferRequest, results: dict[str,
 
     Written field by field in field-number order, as protobuf writes the message (a unit test holds
     the two byte for byte equal): building the message and then serialising it copied every output
-    twice and took ~5% of the event loop at gRPC concurrency 32 (SqueezeNet)."""
-    parts: list[bytes | memoryview] = []
-    for tag, text in ((_MODEL_NAME, spec.name), (_MODEL_VERSION, spec.version), (_ID, req.id or "")):
-        if text:  # proto3: an empty string is not written
-            parts += _len_field(tag, text.encode())
-    contents: list[bytes | memoryview] = []
+    twice and took ~5% of the event loop at gRPC concurrency 32 (SqueezeNet). Everything but the
+    outputs' bytes depends only on the model, the id and the outputs' names, datatypes and shapes:
+    for fixed-size datatypes and ids of at most ``HEADER_CACHE_MAX_ID`` characters it is built once
+    (:func:`_response_frame`)."""
+    arrays, described = [], []
     for name, _ in req.outputs:
         arr = results[name]
         datatype = output_datatype(arr)
+        if datatype == "BYTES":
+            break
+        arrays.append(arr)
+        described.append((name, datatype, arr.shape, arr.nbytes))
+    else:
+        if req.id is None or len(req.id) <= HEADER_CACHE_MAX_ID:
+            head, lengths = _response_frame(spec.name, spec.version, req.id, tuple(described))
+            parts: list[bytes | memoryview] = [head]
+            for length, arr in zip(lengths, arrays, strict=True):
+                parts += (length, np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
+            return b"".join(parts)
+    return b"".join(_response_parts(spec.name, spec.version, req.id, req.outputs, results))
+
+
+@functools.lru_cache(maxsize=256)
+def _response_frame(
+    model: str, version: str, rid: str | None, outputs: tuple[tuple[str, str, tuple[int, ...], int], ...]
+) -> tuple[bytes, tuple[bytes, ...]]:
+    """A ModelInferResponse's bytes before its raw output contents, and each raw content's tag and
+    length, for outputs of fixed-size datatypes (name, datatype, shape, bytes)."""
+    head = b"".join(_response_parts(model, version, rid, [(n, True) for n, *_ in outputs], {}, outputs))
+    lengths = tuple(_RAW_OUTPUT_CONTENTS + _encode_varint(size) for *_, size in outputs)
+    return head, lengths
+
+
+def _response_parts(
+    model: str,
+    version: str,
+    rid: str | None,
+    requested: Sequence[tuple[str, bool]],
+    results: dict[str, np.ndarray],
+    described: tuple[tuple[str, str, tuple[int, ...], int], ...] | None = None,
+) -> list[bytes | memoryview]:
+    """The response's fields in order; with `described`, the outputs' descriptions come from it and
+    the raw contents are left out."""
+    parts: list[bytes | memoryview] = []
+    for tag, text in ((_MODEL_NAME, model), (_MODEL_VERSION, version), (_ID, rid or "")):
+        if text:  # proto3: an empty string is not written
+            parts += _len_field(tag, text.encode())
+    contents: list[bytes | memoryview] = []
+    for i, (name, _) in enumerate(requested):
+        if described is not None:
+            _, datatype, shape, _ = described[i]
+        else:
+            arr = results[name]
+            datatype, shape = output_datatype(arr), arr.shape
         tensor = [*_len_field(_OUT_NAME, name.encode()), *_len_field(_OUT_DATATYPE, datatype.encode())]
-        if arr.ndim:  # packed varints; an empty repeated field is not written
-            tensor += _len_field(_OUT_SHAPE, b"".join(_encode_varint(d) for d in arr.shape))
+        if shape:  # packed varints; an empty repeated field is not written
+            tensor += _len_field(_OUT_SHAPE, b"".join(_encode_varint(d) for d in shape))
         parts += _len_field(_OUTPUTS, b"".join(tensor))
+        if described is not None:
+            continue
         if datatype == "BYTES":
             data: bytes | memoryview = encode_bytes_blob(arr)
         else:
             data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data
         contents += _len_field(_RAW_OUTPUT_CONTENTS, data)
-    return b"".join(parts + contents)
+    return parts + contents
 
 
 def _tensor_metadata(t: Any) -> pb.ModelMetadataResponse.TensorMetadata:

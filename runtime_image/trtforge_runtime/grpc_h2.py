@@ -12,7 +12,8 @@ What it speaks (RFC 9113, and gRPC over HTTP/2): h2c with prior knowledge, as gR
 without TLS; unary calls of ``inference.GRPCInferenceService`` and ``grpc.health.v1.Health/Check``
 (``grpc_calls``, ``grpc_health``); uncompressed messages, and ``gzip`` or ``deflate`` ones
 (decompressed off the loop, within the size limit).
-Header blocks are decoded with ``hpack``; answers' headers are written as literals, never indexed,
+Header blocks are decoded with ``hpack``, a repeated block once per state of the table
+(``header_blocks``); answers' headers are written as literals, never indexed,
 so no encoder state is kept. Nothing is pushed; priorities are ignored.
 
 Limits, each a refusal with a status or a closed connection, never unbounded memory or work:
@@ -46,6 +47,8 @@ from trtforge_runtime import grpc_calls as calls
 from trtforge_runtime.body import BodyMemoryFull, Coding, decompress
 from trtforge_runtime.errors import RequestError
 from trtforge_runtime.grpc_calls import SERVICE, CallError, Code
+from trtforge_runtime.grpc_plans import InferPlans
+from trtforge_runtime.header_blocks import HeaderBlocks
 from trtforge_runtime.metrics import Outcome, outcome_for
 
 if TYPE_CHECKING:
@@ -213,6 +216,7 @@ class GrpcServer:
         self.rt = runtime
         self.connections: set[H2Connection] = set()
         self.calls = 0  # calls in flight, all connections
+        self.plans = InferPlans()  # ModelInfer messages decoded before, by their heads
         self.draining = False
         self._listener: asyncio.AbstractServer | None = None
 
@@ -266,7 +270,7 @@ class H2Connection(asyncio.Protocol):
         self._block_size = 0
         self._block_stream = 0
         self._block_flags = 0
-        self._decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self._headers = HeaderBlocks(MAX_HEADER_LIST)
         self._streams: dict[int, _Stream] = {}
         self._last_stream = 0
         self._recv_window = CONNECTION_WINDOW
@@ -518,8 +522,8 @@ class H2Connection(asyncio.Protocol):
         if not flags & END_HEADERS:
             return
         block, self._block = b"".join(self._block), []
-        headers = self._decoder.decode(block, raw=True)  # always: the table must follow the client
-        self._on_headers(self._block_stream, self._block_flags, dict(headers))
+        headers = self._headers.decode(block)  # always: the table must follow the client
+        self._on_headers(self._block_stream, self._block_flags, headers)
 
     def _on_headers(self, sid: int, flags: int, headers: dict[bytes, bytes]) -> None:
         st = self._streams.get(sid)
@@ -727,6 +731,11 @@ class H2Connection(asyncio.Protocol):
             self._end_call(st, Outcome.SUCCESS)
             return
         try:
+            planned = self._server.plans.lookup(data, rt.spec)  # a message seen before: no parse, no checks
+            if planned.found is not None:
+                spec, req, rows = planned.found
+                self._submit(st, spec, req, rows)  # which refuses it while the runtime is not ready
+                return
             spec, msg, raw = calls.admit_infer(rt, data)
             if spec.has_bytes_inputs:  # BYTES elements are Python objects: decoded off the loop
                 fut = self._loop.run_in_executor(rt.decode_pool, _decode, msg, spec, raw)
@@ -735,6 +744,8 @@ class H2Connection(asyncio.Protocol):
                 return
             req = calls.decode_infer_request(msg, spec, raw)
             rows = spec.validate(req.inputs)
+            if planned.key is not None:
+                self._server.plans.keep(planned.key, spec, req, rows, raw)
         except Exception as e:
             self._fail(st, e)
             return

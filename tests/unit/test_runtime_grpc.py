@@ -246,6 +246,27 @@ def test_the_hand_written_response_is_protobufs_byte_for_byte(rid: str) -> None:
     )
 
 
+@pytest.mark.parametrize("rid", ["", "r7", "é" * 200, "x" * 300])
+def test_answers_of_fixed_size_outputs_built_from_a_kept_frame_are_protobufs_byte_for_byte(rid: str) -> None:
+    """The fields before the raw contents are built once per model, id and output descriptions
+    (ids over 256 characters every time); each answer still carries its own outputs' bytes."""
+    rng = np.random.default_rng(5)
+    for _ in range(3):  # the first builds the frame, the others reuse it
+        outs = {
+            "y": rng.standard_normal((3, 300)).astype(np.float32),
+            "n": np.asfortranarray(rng.integers(0, 99, (2, 3))),  # not C-contiguous
+            "z": np.zeros((0, 4), np.float32),
+            "k": np.float32(rng.standard_normal()).reshape(()),
+        }
+        req = InferRequest(id=rid or None, inputs={}, outputs=[(n, True) for n in outs])
+        want = _protobuf_response(SPEC.name, SPEC.version, rid, outs)
+        assert encode_infer_response(SPEC, req, outs) == want
+    shorter = {"y": np.ones((1, 300), np.float32)}  # the same output, another shape: another frame
+    req = InferRequest(id=rid or None, inputs={}, outputs=[("y", True)])
+    got = encode_infer_response(SPEC, req, shorter)
+    assert got == _protobuf_response(SPEC.name, SPEC.version, rid, shorter)
+
+
 def test_every_status_code_is_grpcs_own_by_name_and_number() -> None:
     """The transport-neutral codes are gRPC's: grpcio's front end maps each to its StatusCode."""
     for code in Code:

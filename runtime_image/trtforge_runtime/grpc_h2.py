@@ -3,10 +3,10 @@
 Why not grpcio's server: its asyncio stack moves every call across threads (the C core reads the
 socket, a poller thread wakes the loop), ~21 context switches per call against ~3 for HTTP, and on a
 pod's few cores that cost SqueezeNet's gRPC 10-20% of its HTTP throughput (docs/design.md, "Runtime
-gRPC"). Here a connection is an ``asyncio.Protocol`` like the HTTP fast path's: frames are parsed
-as they arrive, a message's bytes are copied once, into a buffer of the size its gRPC prefix states,
-and ModelInfer goes from the last frame to the batcher and back to the socket through callbacks,
-with no task and no other thread.
+gRPC"). Here a connection is an ``asyncio.BufferedProtocol``: frames are parsed as they arrive, a
+message's bytes land in a buffer of the size its gRPC prefix states (large runs of them read there
+directly, see :meth:`H2Connection.get_buffer`), and ModelInfer goes from the last frame to the
+batcher and back to the socket through callbacks, with no task and no other thread.
 
 What it speaks (RFC 9113, and gRPC over HTTP/2): h2c with prior knowledge, as gRPC clients do
 without TLS; unary calls of ``inference.GRPCInferenceService`` and ``grpc.health.v1.Health/Check``
@@ -37,6 +37,7 @@ import asyncio
 import logging
 import struct
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import hpack
@@ -83,6 +84,8 @@ FAIL_LINGER_S = 2.0  # after a connection error, how long the client's bytes are
 DEFAULT_WINDOW = 65535
 _MAX_WINDOW = (1 << 31) - 1
 _PREFIX = 5  # a gRPC message's compressed flag and length
+READ_SIZE = 256 << 10  # the most one read takes into the shared scratch buffer (asyncio's own size)
+DIRECT_READ_MIN = 16 << 10  # a message's bytes still to come from at least this many: read in place
 _ENCODINGS = {b"gzip": Coding.GZIP, b"deflate": Coding.DEFLATE, b"identity": Coding.IDENTITY}
 
 
@@ -217,10 +220,14 @@ class GrpcServer:
         self.connections: set[H2Connection] = set()
         self.calls = 0  # calls in flight, all connections
         self.plans = InferPlans()  # ModelInfer messages decoded before, by their heads
+        # What every connection reads into, except a message's bytes (see H2Connection.get_buffer).
+        # One for all: the loop runs one connection's read at a time, and each read is taken whole
+        # (copied out of it) before the next.
+        self.scratch = memoryview(bytearray(READ_SIZE))
         self.draining = False
         self._listener: asyncio.AbstractServer | None = None
 
-    def __call__(self) -> asyncio.Protocol:
+    def __call__(self) -> asyncio.BufferedProtocol:
         return H2Connection(self)
 
     async def start(self, host: str, port: int) -> int:
@@ -250,7 +257,7 @@ class GrpcServer:
             c.close()
 
 
-class H2Connection(asyncio.Protocol):
+class H2Connection(asyncio.BufferedProtocol):
     """One HTTP/2 connection carrying gRPC calls (see the module docstring)."""
 
     def __init__(self, server: GrpcServer) -> None:
@@ -286,6 +293,7 @@ class H2Connection(asyncio.Protocol):
         self._read_paused = False
         self._data_flags = 0
         self._failed = False  # a connection error was sent
+        self._direct = False  # the buffer get_buffer gave is the current message's own
 
     # --- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -332,11 +340,46 @@ class H2Connection(asyncio.Protocol):
             self._read_paused = False
             self._transport.resume_reading()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the next read goes: inside a DATA frame whose bytes fill a call's message, that
+        message's own buffer, up to the frame's end and the message's (the kernel copies them in
+        place: the message is copied once, not twice); anything else, the server's scratch buffer,
+        which :meth:`buffer_updated` takes whole."""
+        st = self._data_stream
+        if st is not None and st.msg is not None and not st.answered and not self._failed:
+            n = min(self._data_left, len(st.msg) - st.filled)
+            if n >= DIRECT_READ_MIN:
+                self._direct = True
+                return st.msg[st.filled : st.filled + n]
+        self._direct = False
+        return self._server.scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._direct:
+            self._direct = False
+            self._guarded(self._data_in_place, nbytes)
+        else:
+            self.data_received(self._server.scratch[:nbytes])
+
+    def _data_in_place(self, nbytes: int) -> None:
+        """`nbytes` of the current DATA frame were read straight into its message."""
+        st = self._data_stream
+        assert st is not None
+        st.filled += nbytes
+        self._data_left -= nbytes
+        if not self._data_left:
+            self._data_end()
+
+    def data_received(self, data: bytes | memoryview) -> None:
+        """Bytes read (from the scratch buffer, or handed over whole): nothing keeps a view of them."""
+        self._guarded(self._receive, memoryview(data))
+
+    def _guarded(self, step: Callable[[Any], None], arg: Any) -> None:
+        """Run one step of reading; a protocol error ends the connection, and so does a bug."""
         if self._transport is None or self._transport.is_closing() or self._failed:
             return  # after a connection error: read and dropped until the peer closes
         try:
-            self._receive(memoryview(data))
+            step(arg)
         except ConnectionError_ as e:
             self._fail_connection(e.code, str(e))
         except hpack.HPACKError as e:

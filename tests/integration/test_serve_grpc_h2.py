@@ -31,6 +31,7 @@ from tests.integration.h2raw import (
     RST_STREAM,
     WINDOW_UPDATE,
     RawH2,
+    frame,
     grpc_message,
     mlp_answer,
     mlp_request,
@@ -342,3 +343,69 @@ def test_a_call_in_flight_at_shutdown_is_answered(bed: MlpBed) -> None:
         assert s.exit_code() == 0, s.output()  # on its own, after the one SIGTERM
     finally:
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, MlpBed]]:
+    """An MLP with 8192 inputs a row (32 KiB): its messages are large enough to be read in place,
+    straight into the call's message buffer, rather than through the shared scratch buffer."""
+    bed = make_mlp_bed(tmp_path_factory.mktemp("h2wide"), mlp_seed=12, features=8192)
+    s = Server(bed.store, bed.key, bed.tmp, bed.gpu_file)
+    s.wait()
+    yield s, bed
+    s.stop()
+
+
+def test_large_messages_are_read_whole_however_their_frames_and_reads_fall(
+    wide: tuple[Server, MlpBed],
+) -> None:
+    """A 640 KiB message in one DATA frame, the same split over frames of odd sizes, three calls
+    written at once, and a frame with bytes past its message: each answer equals ONNX Runtime's
+    (or is the refusal), on one connection, and tritonclient is answered afterwards."""
+    server, bed = wide
+    rng = np.random.default_rng(7)
+    h = RawH2(server.grpc_port)
+    h.send(WINDOW_UPDATE, 0, 0, (8 << 20).to_bytes(4, "big"))
+
+    def check(sid: int, x: np.ndarray) -> None:
+        fields, message = h.answer(sid)
+        assert fields.get("grpc-status") == "0", fields
+        np.testing.assert_allclose(mlp_answer(message), run_ort(bed.mlp, {"x": x})["y"], rtol=1e-4, atol=1e-5)
+
+    x = rng.standard_normal((20, 8192)).astype(np.float32)
+    h.call(1, mlp_request(x))
+    check(1, x)
+    x = rng.standard_normal((20, 8192)).astype(np.float32)
+    data = grpc_message(mlp_request(x))
+    h.send(HEADERS, END_HEADERS, 3, h.headers_block())
+    for start, end in ((0, 3), (3, 70001), (70001, 70002), (70002, len(data) - 1)):
+        h.send(DATA, 0, 3, data[start:end])
+    h.send(DATA, END_STREAM, 3, data[-1:])
+    check(3, x)
+    xs = [rng.standard_normal((n, 8192)).astype(np.float32) for n in (7, 1, 30)]
+    h.send_raw(
+        b"".join(
+            frame(HEADERS, END_HEADERS, sid, h.headers_block())
+            + frame(DATA, END_STREAM, sid, grpc_message(mlp_request(x)))
+            for sid, x in zip((5, 7, 9), xs, strict=True)
+        )
+    )
+    for sid, x in zip((5, 7, 9), xs, strict=True):
+        check(sid, x)
+    h.send(HEADERS, END_HEADERS, 11, h.headers_block())
+    h.send(DATA, END_STREAM, 11, grpc_message(mlp_request(xs[0])) + b"\x00" * 50000)
+    fields, _ = h.answer(11)
+    assert fields.get("grpc-status") == "3" and "carries one message" in fields.get("grpc-message", ""), (
+        fields
+    )
+    x = rng.standard_normal((2, 8192)).astype(np.float32)
+    h.call(13, mlp_request(x))
+    check(13, x)
+    h.close()
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    inp = grpcclient.InferInput("x", [16, 8192], "FP32")
+    x = rng.standard_normal((16, 8192)).astype(np.float32)
+    inp.set_data_from_numpy(x)
+    got = c.infer("mlp", [inp]).as_numpy("y")
+    np.testing.assert_allclose(got, run_ort(bed.mlp, {"x": x})["y"], rtol=1e-4, atol=1e-5)
+    c.close()

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import io
 import os
 import shutil
 import subprocess
 import time
 from pathlib import Path
-
-import numpy as np
 
 from benchmarks.common import TRTFORGE, log
 from benchmarks.models import INPUT_SHAPE, io_names, sample_input
@@ -73,6 +70,7 @@ def _publish_from_contract(model: Path, store: Path) -> None:
     """Write engines/<key>/ for an ONNX Runtime artifact using only the shared contract."""
     import onnxruntime as ort
 
+    from trtforge.contract.canary import Canary
     from trtforge.contract.engine_key import BuildConfig, EngineKeyRecord, ShapeRange, engine_key
     from trtforge.contract.gpu import GPUTarget, known_identity
     from trtforge.contract.gpu_probe import host_arch
@@ -104,9 +102,13 @@ def _publish_from_contract(model: Path, store: Path) -> None:
     sess = ort.InferenceSession(str(artifact), providers=["CPUExecutionProvider"])
     x = sample_input(4, seed=7)
     (y,) = sess.run([out_name], {in_name: x})
-    buf = io.BytesIO()
-    np.savez(buf, **{f"input:{in_name}": x, f"output:{out_name}": y})
-    (d / CANARY).write_bytes(buf.getvalue())
+    canary = Canary(  # four samples of one row each, in the contract's format (as the builder writes)
+        input_names=[in_name],
+        output_names=[out_name],
+        inputs=[{in_name: x[i : i + 1]} for i in range(len(x))],
+        outputs=[{out_name: y[i : i + 1]} for i in range(len(y))],
+    ).to_bytes()
+    (d / CANARY).write_bytes(canary)
     out_shape = [-1, *list(y.shape[1:])]
     manifest = Manifest(
         key=key,
@@ -124,9 +126,7 @@ def _publish_from_contract(model: Path, store: Path) -> None:
         outputs=[TensorSpec(name=out_name, dtype="float32", shape=out_shape)],
         build_seconds=round(time.monotonic() - t0, 3),
         accuracy=Accuracy(samples=4, max_abs_error=0.0, max_rel_error=0.0, atol=1e-4, rtol=1e-3, passed=True),
-        canary=CanaryRef(
-            file=CANARY, sha256=hashlib.sha256(buf.getvalue()).hexdigest(), atol=1e-4, rtol=1e-3
-        ),
+        canary=CanaryRef(file=CANARY, sha256=hashlib.sha256(canary).hexdigest(), atol=1e-4, rtol=1e-3),
         builder_host="benchmarks",
     )
     (d / "manifest.json").write_text(manifest.to_json())  # last: its presence is the commit

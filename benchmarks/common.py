@@ -256,7 +256,8 @@ def wait_http_ok(
         time.sleep(interval)
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
+    """`pid` and every live process below it (from /proc)."""
     children: dict[int, list[int]] = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -278,7 +279,7 @@ def _descendants(pid: int) -> list[int]:
 def tree_cpu_seconds(pid: int) -> float:
     """User+system CPU seconds of a process and all its live descendants."""
     total = 0
-    for p in _descendants(pid):
+    for p in descendants(pid):
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
@@ -289,7 +290,7 @@ def tree_cpu_seconds(pid: int) -> float:
 
 def tree_rss_bytes(pid: int) -> int:
     total = 0
-    for p in _descendants(pid):
+    for p in descendants(pid):
         with contextlib.suppress(OSError):
             m = re.search(r"VmRSS:\s*(\d+) kB", Path(f"/proc/{p}/status").read_text())
             total += int(m.group(1)) * 1024 if m else 0

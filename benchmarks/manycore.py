@@ -16,18 +16,30 @@ passed as flags, with each ``{expression}`` of ``n`` (N) replaced by its value, 
 ``--workers {max(1, n // 4)} --max-batch-size 4``.
 
 ``--protocols http,grpc`` drives each point over each protocol in turn (HTTP binary alone by default).
+
+Rounds (``--rounds``, 3 by default): this host's speed moves by 10-25% from one minute to the next, so
+one window against one ceiling taken minutes earlier says as much about the minute as about the
+server. Each round times the ceiling again at the full scan's best batch (on the server's cores, the
+server up and idle), then drives each protocol once; each window is divided by its own round's
+ceiling, and a point's published row is its median round by that share, with every round kept
+beside it (as :mod:`benchmarks.paired` does on two cores). While each window runs, every server
+process's CPU is sampled every 0.25 s: per worker, its busy cores and its event loop's (the median of
+the samples' rates, so the load generator's start-up does not dilute them).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,7 +49,9 @@ import numpy as np
 from benchmarks.ceiling import run_pinned
 from benchmarks.common import (
     CACHE,
+    CLK_TCK,
     ROOT,
+    descendants,
     free_port,
     loadgen_cmd,
     log,
@@ -135,6 +149,103 @@ def serve(
     return p, port, grpc_port, time.monotonic() - t0
 
 
+def _cpu_ticks(path: str) -> int | None:
+    """utime + stime of a /proc stat file, in clock ticks (None: the process or thread is gone)."""
+    try:
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]) + int(fields[12])
+
+
+class CpuSampler:
+    """Every server process's CPU (and its main thread's: a runtime's event loop) sampled every
+    `interval` seconds on a thread of its own, from start() to stop()."""
+
+    def __init__(self, pid: int, interval: float = 0.25) -> None:
+        self.pids = descendants(pid)
+        self.interval = interval
+        self.samples: list[tuple[float, dict[int, tuple[int, int]]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+
+    def _take(self) -> None:
+        now: dict[int, tuple[int, int]] = {}
+        for p in self.pids:
+            proc, main = _cpu_ticks(f"/proc/{p}/stat"), _cpu_ticks(f"/proc/{p}/task/{p}/stat")
+            if proc is not None and main is not None:
+                now[p] = (proc, main)
+        self.samples.append((time.monotonic(), now))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._take()
+
+    def start(self) -> None:
+        self._take()
+        self._thread.start()
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stop.set()
+        self._thread.join()
+        self._take()
+        cpus = {}
+        for p in self.pids:
+            try:
+                cpus[p] = len(os.sched_getaffinity(p))
+            except OSError:
+                cpus[p] = 0
+        return busy_per_process(self.samples, cpus, CLK_TCK)
+
+
+def busy_per_process(
+    samples: list[tuple[float, dict[int, tuple[int, int]]]], cpus: dict[int, int], tick: float
+) -> list[dict[str, Any]]:
+    """Per process that did work: the cores it kept busy and its main thread's, each the median of
+    the rates between consecutive samples (CPU ticks over seconds), so the idle seconds before the
+    load arrives do not dilute them; busiest first. `cpus`: each process's allowed CPUs."""
+    rates: dict[int, tuple[list[float], list[float]]] = {}
+    for (t0, a), (t1, b) in itertools.pairwise(samples):
+        dt = t1 - t0
+        if dt <= 0:
+            continue
+        for p, (proc1, main1) in b.items():
+            if p in a:
+                proc0, main0 = a[p]
+                r = rates.setdefault(p, ([], []))
+                r[0].append((proc1 - proc0) / tick / dt)
+                r[1].append((main1 - main0) / tick / dt)
+    out = [
+        {
+            "pid": p,
+            "cpus": cpus.get(p, 0),
+            "busy_cores": round(statistics.median(procs), 2),
+            "loop_cores": round(statistics.median(mains), 2),
+        }
+        for p, (procs, mains) in rates.items()
+        if max(procs) > 0
+    ]
+    return sorted(out, key=lambda w: -w["busy_cores"])
+
+
+def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One point's rounds (each with ``pct_of_round_ceiling``) as its published row: the median round
+    (the lower middle of an even count), with the rounds' essentials under ``rounds`` and the median,
+    min and max of their shares of their own round's ceiling."""
+    if not rounds:
+        raise ValueError("a point needs at least one round")
+    ordered = sorted(rounds, key=lambda r: r["pct_of_round_ceiling"])
+    mid = ordered[(len(ordered) - 1) // 2]
+    shares = [r["pct_of_round_ceiling"] for r in rounds]
+    keep = ("round", "throughput", "round_ceiling", "pct_of_round_ceiling", "p99_ms", "errors")
+    return {
+        **mid,
+        "errors": sum(r["errors"] for r in rounds),
+        "round_shares": {"median": mid["pct_of_round_ceiling"], "min": min(shares), "max": max(shares)},
+        "rounds": [{k: r.get(k) for k in keep} for r in rounds],
+    }
+
+
 def drive(
     model: Model,
     url: str,
@@ -168,13 +279,20 @@ def drive(
             client,
         ),
     )
+    sampler = CpuSampler(pid)
     cpu0, t0 = tree_cpu_seconds(pid), time.monotonic()
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=seconds + warmup + 300)
+    sampler.start()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=seconds + warmup + 300)
+    finally:
+        workers = sampler.stop()
     cpu1, t1 = tree_cpu_seconds(pid), time.monotonic()
     if r.returncode != 0:
         raise RuntimeError(f"load generator failed: {r.stderr[-2000:]}")
     res: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
-    res["server_cpu_cores"] = round((cpu1 - cpu0) / (t1 - t0), 2)
+    res["server_cpu_cores"] = round((cpu1 - cpu0) / (t1 - t0), 2)  # over the whole run, start-up included
+    res["server_cores_loaded"] = round(sum(w["busy_cores"] for w in workers), 2)
+    res["workers"] = workers
     res["client_cpu_cores"] = round(res["client_cpu_s"] / max(res["seconds"], 1e-9), 2)
     return res
 
@@ -190,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-factor", type=float, default=1.6, help="window multiplier for ResNet-50")
     p.add_argument("--ceiling-seconds", type=float, default=1.0)
     p.add_argument("--ceiling-batches", default="1,4,8,16,32")
+    p.add_argument(
+        "--rounds", type=int, default=3, help="windows per point, each against a ceiling timed just before"
+    )
     p.add_argument("--protocols", default="http", help="comma-separated: http, grpc")
     p.add_argument("--name", default="manycore")
     p.add_argument(
@@ -245,56 +366,74 @@ def main(argv: list[str] | None = None) -> int:
                         if a.concurrency == "auto"
                         else [int(c) for c in a.concurrency.split(",")]
                     )
-                    for c, proto in [(c, proto) for c in concs for proto in protocols]:
-                        url = (
-                            f"grpc://127.0.0.1:{grpc_port}" if proto == "grpc" else f"http://127.0.0.1:{port}"
-                        )
-                        try:
-                            r = drive(
-                                model,
-                                url,
-                                proto,
-                                ccpus,
-                                procs,
-                                c,
-                                a.seconds * slow,
-                                a.warmup * slow,
-                                ref,
-                                srv.pid,
-                                a.client,
+                    points = [(c, proto) for c in concs for proto in protocols]
+                    done_rounds: dict[tuple[int, str], list[dict[str, Any]]] = {pt: [] for pt in points}
+                    for rnd in range(1, a.rounds + 1):
+                        rc = ceiling(model, scpus, n, a.ceiling_seconds * slow, str(ceil["best"]["batch"]))
+                        rceil = float(rc["best"]["images_per_s"])
+                        log(f"  [{s}] round {rnd}/{a.rounds}: ceiling {rceil} img/s ({rc['best']})")
+                        for c, proto in points:
+                            url = (
+                                f"grpc://127.0.0.1:{grpc_port}"
+                                if proto == "grpc"
+                                else f"http://127.0.0.1:{port}"
                             )
-                        except (RuntimeError, subprocess.TimeoutExpired) as e:
-                            log(f"  [{s}] c={c} {proto} FAILED: {e}")
-                            res.setdefault("failed", []).append(
-                                {
-                                    "model": name,
-                                    "n": n,
-                                    "setting": s,
-                                    "concurrency": c,
-                                    "protocol": proto,
-                                    "error": str(e)[-2000:],
-                                }
+                            try:
+                                r = drive(
+                                    model,
+                                    url,
+                                    proto,
+                                    ccpus,
+                                    procs,
+                                    c,
+                                    a.seconds * slow,
+                                    a.warmup * slow,
+                                    ref,
+                                    srv.pid,
+                                    a.client,
+                                )
+                            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                                log(f"  [{s}] c={c} {proto} round {rnd} FAILED: {e}")
+                                res.setdefault("failed", []).append(
+                                    {
+                                        "model": name,
+                                        "n": n,
+                                        "setting": s,
+                                        "concurrency": c,
+                                        "protocol": proto,
+                                        "round": rnd,
+                                        "error": str(e)[-2000:],
+                                    }
+                                )
+                                continue
+                            r.pop("error_samples", None) if not r["errors"] else None
+                            run = {
+                                "model": name,
+                                "n": n,
+                                "server_cpus": scpus,
+                                "client_cpus": ccpus,
+                                "setting": s,
+                                "ready_s": round(ready_s, 2),
+                                "ceiling": ceil,
+                                "pct_of_ceiling": round(100 * r["throughput"] / best, 1),
+                                "round": rnd,
+                                "round_ceiling": rceil,
+                                "pct_of_round_ceiling": round(100 * r["throughput"] / rceil, 1),
+                                **r,
+                            }
+                            done_rounds[(c, proto)].append(run)
+                            busy = ", ".join(
+                                f"{w['busy_cores']}/{w['cpus']} (loop {w['loop_cores']})"
+                                for w in r["workers"]
                             )
-                            continue
-                        r.pop("error_samples", None) if not r["errors"] else None
-                        run = {
-                            "model": name,
-                            "n": n,
-                            "server_cpus": scpus,
-                            "client_cpus": ccpus,
-                            "setting": s,
-                            "ready_s": round(ready_s, 2),
-                            "ceiling": ceil,
-                            "pct_of_ceiling": round(100 * r["throughput"] / best, 1),
-                            **r,
-                        }
-                        res["runs"].append(run)
-                        log(
-                            f"  [{s}] c={c} {proto}: {r['throughput']} req/s"
-                            f" = {run['pct_of_ceiling']}% of ceiling,"
-                            f" p99 {r['p99_ms']} ms, errors {r['errors']},"
-                            f" server {r['server_cpu_cores']} cores, client {r['client_cpu_cores']} cores"
-                        )
+                            log(
+                                f"  [{s}] c={c} {proto} round {rnd}: {r['throughput']} req/s"
+                                f" = {run['pct_of_round_ceiling']}% of the round's ceiling"
+                                f" ({run['pct_of_ceiling']}% of the scan's), p99 {r['p99_ms']} ms,"
+                                f" errors {r['errors']}, server {r['server_cores_loaded']} cores loaded"
+                                f" [per process: {busy}], client {r['client_cpu_cores']} cores"
+                            )
+                    res["runs"] += [median_round(rs) for rs in done_rounds.values() if rs]
                 finally:
                     stop(srv)
                     shutil.rmtree(CACHE / "manycore" / f"cache-{port}", ignore_errors=True)
@@ -305,26 +444,88 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _per_process(r: dict[str, Any]) -> str:
+    """`r`'s server processes as busy cores / allowed CPUs, busiest first (the idle supervisor left out)."""
+    busy = [w for w in r.get("workers", []) if w["busy_cores"] >= 0.05]
+    return ", ".join(f"{w['busy_cores']}/{w['cpus']}" for w in busy)
+
+
 def render(res: dict[str, Any]) -> str:
-    rows = [
-        [
-            r["model"],
-            r["n"],
-            r["setting"],
-            r.get("protocol", "http"),
-            r["concurrency"],
-            r["ceiling"]["best"]["images_per_s"],
-            r["throughput"],
-            f"{r['pct_of_ceiling']}%",
-            r["p50_ms"],
-            r["p99_ms"],
-            r["errors"],
-            r["completed"],
-            r["server_cpu_cores"],
-            r["client_cpu_cores"],
+    rounds = any("round_shares" in r for r in res["runs"])
+    if rounds:
+        headers = [
+            "model",
+            "N",
+            "setting",
+            "protocol",
+            "conc",
+            "scan's ceiling img/s",
+            "rounds' ceilings img/s",
+            "req/s (median round)",
+            "of the scan's ceiling",
+            "of its round's ceiling, median (min-max)",
+            "p99 ms",
+            "errors, all rounds",
+            "correct answers in window",
+            "server cores loaded (per process)",
+            "client cores busy",
         ]
-        for r in res["runs"]
-    ]
+        rows = [
+            [
+                r["model"],
+                r["n"],
+                r["setting"],
+                r.get("protocol", "http"),
+                r["concurrency"],
+                r["ceiling"]["best"]["images_per_s"],
+                " / ".join(f"{x['round_ceiling']:g}" for x in r["rounds"]),
+                r["throughput"],
+                f"{r['pct_of_ceiling']}%",
+                "**{median}%** ({min}-{max}%)".format(**r["round_shares"]),
+                r["p99_ms"],
+                r["errors"],
+                r["completed"],
+                f"{r['server_cores_loaded']} ({_per_process(r)})",
+                r["client_cpu_cores"],
+            ]
+            for r in res["runs"]
+        ]
+    else:
+        headers = [
+            "model",
+            "N",
+            "setting",
+            "protocol",
+            "conc",
+            "ceiling img/s",
+            "req/s",
+            "of ceiling",
+            "p50 ms",
+            "p99 ms",
+            "errors",
+            "correct answers in window",
+            "server cores busy",
+            "client cores busy",
+        ]
+        rows = [
+            [
+                r["model"],
+                r["n"],
+                r["setting"],
+                r.get("protocol", "http"),
+                r["concurrency"],
+                r["ceiling"]["best"]["images_per_s"],
+                r["throughput"],
+                f"{r['pct_of_ceiling']}%",
+                r["p50_ms"],
+                r["p99_ms"],
+                r["errors"],
+                r["completed"],
+                r["server_cpu_cores"],
+                r["client_cpu_cores"],
+            ]
+            for r in res["runs"]
+        ]
     invalid = res.get("invalid_runs") or []
     if invalid:
         fails_head = (
@@ -342,26 +543,16 @@ def render(res: dict[str, Any]) -> str:
         f"Many cores: server on cores 0..N-1, client on the rest of {res['host_cpus']};"
         " every answer compared with ONNX Runtime's (a differing one counts as an error)."
     )
+    if rounds:
+        head += (
+            f" {res['config']['rounds']} rounds per point, each window against the ceiling timed just"
+            " before it at the scan's best batch; the row is the median round by that share."
+        )
     return (
         head
         + "\n"
         + table(
-            [
-                "model",
-                "N",
-                "setting",
-                "protocol",
-                "conc",
-                "ceiling img/s",
-                "req/s",
-                "of ceiling",
-                "p50 ms",
-                "p99 ms",
-                "errors",
-                "correct answers in window",
-                "server cores busy",
-                "client cores busy",
-            ],
+            headers,
             rows,
         )
         + fails

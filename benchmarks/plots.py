@@ -157,8 +157,9 @@ def manycore(res: dict[str, Any]) -> list[Path]:
             label = f"trtforge serve ({setting}, {PROTOCOL_TITLES.get(proto, proto)})"
             ax.plot(xs, [r["throughput"] for r in best], "o-", label=label)
             for r in best:
+                share = r["round_shares"]["median"] if "round_shares" in r else r["pct_of_ceiling"]
                 ax.annotate(
-                    f"{r['pct_of_ceiling']:.0f}%",
+                    f"{share:.0f}%",
                     (r["n"], r["throughput"]),
                     textcoords="offset points",
                     xytext=(0, 6),
@@ -169,7 +170,8 @@ def manycore(res: dict[str, Any]) -> list[Path]:
         ax.set_xlabel("server cores (client on the rest)")
         ax.set_ylabel("requests (images) / s")
         ax.set_ylim(bottom=0)
-        ax.set_title(f"{TITLES.get(model, model)}: one pod on N cores", fontsize=9)
+        note = " (labels: of each round's ceiling)" if any("round_shares" in r for r in rs) else ""
+        ax.set_title(f"{TITLES.get(model, model)}: one pod on N cores{note}", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
     path = _save(fig, "bench-manycore.png")

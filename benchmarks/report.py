@@ -129,15 +129,23 @@ def targets(
     for model, want in (("squeezenet", 85.0), ("resnet50", 90.0)):
         at14 = [r for r in runs if r["model"] == model and r["n"] == max((x["n"] for x in runs), default=0)]
         if at14:
-            best = max(at14, key=lambda r: r["pct_of_ceiling"])
+            best = max(at14, key=_manycore_share)
+            share = _manycore_share(best)
+            against = "its round's ceiling, median round" if "round_shares" in best else "the ceiling"
             rows.append(
                 [
                     f"{model}: ≥ {want:.0f}% of the same-run ceiling on {best['n']} server cores",
-                    f"{best['pct_of_ceiling']}% ({best['setting']}, errors {best['errors']})",
-                    _met(best["pct_of_ceiling"] >= want and not best["errors"]),
+                    f"{share}% of {against} ({best['setting']}, errors {best['errors']})",
+                    _met(share >= want and not best["errors"]),
                 ]
             )
     return table(["target", "result", ""], rows) if rows else "(no results)"
+
+
+def _manycore_share(run: dict[str, Any]) -> float:
+    """A many-core row's share: of its own round's ceiling (median round) where it ran in rounds, else
+    of the run's one ceiling (results from before the rounds)."""
+    return float(run["round_shares"]["median"] if "round_shares" in run else run["pct_of_ceiling"])
 
 
 def _wrap(text: str) -> str:

@@ -237,7 +237,15 @@ def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     ordered = sorted(rounds, key=lambda r: r["pct_of_round_ceiling"])
     mid = ordered[(len(ordered) - 1) // 2]
     shares = [r["pct_of_round_ceiling"] for r in rounds]
-    keep = ("round", "throughput", "round_ceiling", "pct_of_round_ceiling", "p99_ms", "errors")
+    keep = (
+        "round",
+        "throughput",
+        "round_ceiling",
+        "pct_of_round_ceiling",
+        "p99_ms",
+        "errors",
+        "server_cores_loaded",
+    )
     return {
         **mid,
         "errors": sum(r["errors"] for r in rounds),

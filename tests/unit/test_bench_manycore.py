@@ -49,6 +49,7 @@ def test_the_row_is_the_median_round_by_its_share_of_its_own_ceiling_not_by_thro
         "pct_of_round_ceiling",
         "p99_ms",
         "errors",
+        "server_cores_loaded",
     }
 
 

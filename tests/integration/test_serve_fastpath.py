@@ -323,3 +323,66 @@ def test_not_ready_is_503_with_retry_after_from_the_aiohttp_path(bed: Bed) -> No
         c.close()
     finally:
         assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Bed]]:
+    """An MLP with 8192 inputs a row (32 KiB): a request's body spans many of the socket's reads."""
+    bed = make_mlp_bed(tmp_path_factory.mktemp("fastwide"), mlp_seed=13, features=8192)
+    s = Server(bed.store, bed.key, bed.tmp, bed.gpu_file)
+    s.wait()
+    yield s, bed
+    s.stop()
+
+
+def test_large_bodies_are_read_whole_however_their_bytes_arrive(wide: tuple[Server, Bed]) -> None:
+    """Bodies of up to 1 MiB in one write, in pieces of odd sizes, three requests in one write, and a
+    body whose last bytes share a write with the next request's head: every answer equals ONNX
+    Runtime's, on one connection, on the fast path; tritonclient is answered afterwards."""
+    server, bed = wide
+    rng = np.random.default_rng(11)
+
+    def wide_x(rows: int) -> np.ndarray:
+        return rng.standard_normal((rows, 8192)).astype(np.float32)
+
+    def check(a: Answer, x: np.ndarray) -> None:
+        assert a.status == 200 and a.fast, (a.status, a.body[:200])
+        np.testing.assert_allclose(output(a), run_ort(bed.mlp, {"x": x})["y"], rtol=1e-4, atol=1e-5)
+
+    c = Conn(server)
+    x = wide_x(32)  # 1 MiB of body
+    c.send(infer_bytes(x))
+    check(c.answer(), x)
+
+    x = wide_x(20)
+    data = infer_bytes(x)
+    head_end = data.index(b"\r\n\r\n") + 4
+    for start, end in ((0, head_end - 2), (head_end - 2, head_end + 5), (head_end + 5, 70001)):
+        c.send(data[start:end])
+        time.sleep(0.02)  # separate reads, most likely
+    for start in range(70001, len(data), 50003):
+        c.send(data[start : start + 50003])
+    check(c.answer(), x)
+
+    batch = [wide_x(n) for n in (7, 1, 30)]
+    c.send(b"".join(infer_bytes(x) for x in batch))
+    for x in batch:
+        check(c.answer(), x)
+
+    first, second = wide_x(3), wide_x(5)
+    a, b = infer_bytes(first), infer_bytes(second)
+    c.send(a[: len(a) - 100])
+    time.sleep(0.02)
+    c.send(a[len(a) - 100 :] + b[:40])  # the first body's end and the start of the next head
+    c.send(b[40:])
+    check(c.answer(), first)
+    check(c.answer(), second)
+    c.close()
+
+    client = httpclient.InferenceServerClient(server.url, network_timeout=60)
+    x = wide_x(16)
+    inp = httpclient.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    got = client.infer("mlp", [inp]).as_numpy("y")
+    np.testing.assert_allclose(got, run_ort(bed.mlp, {"x": x})["y"], rtol=1e-4, atol=1e-5)
+    client.close()

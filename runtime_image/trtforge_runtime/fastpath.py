@@ -12,7 +12,9 @@ At every request boundary it looks at the next request's head:
 - The runtime must also be ready, and the request's body must fit the shared body-memory budget
   without waiting.
 
-An eligible request is read (``Content-Length`` bytes, into one buffer), decoded, queued on the
+An eligible request is read (``Content-Length`` bytes, into one buffer: its head and the start of
+its body from the connection's shared read buffer, the rest of its body straight from the socket,
+connections.py's :class:`~trtforge_runtime.connections.InPlaceBody`), decoded, queued on the
 batcher and answered here, with the very JSON and binary data the aiohttp path would send. Anything
 else (health, metadata, a chunked or compressed body, a version in the path, not ready, a full
 memory budget, a head llhttp does not like...) is handed, with every byte already read, to the aiohttp
@@ -242,6 +244,10 @@ class InferConnection(asyncio.Protocol):
             self._buf += data  # a head in pieces, or pipelined requests: rare
         else:
             self._buf = data  # the common case: no copy
+        self._after_data()
+
+    def _after_data(self) -> None:
+        """Bytes were taken: take the next request, or stop reading past the pipeline buffer."""
         if self._inner is None and self._transport is not None:
             if self._busy or self._req is not None or self._write_paused:
                 if len(self._buf) > PIPELINE_BUFFER and not self._read_paused:
@@ -249,6 +255,28 @@ class InferConnection(asyncio.Protocol):
                     self._transport.pause_reading()
             else:
                 self._next()
+
+    # --- connections.InPlaceBody: bytes taken where they belong, copied once -------------------
+    def body_view(self) -> memoryview | None:
+        req = self._req
+        if req is None or self._inner is not None or self._buf:
+            return None
+        return req.body.data[req.got :]
+
+    def body_received(self, nbytes: int) -> None:
+        req = self._req
+        assert req is not None and req.got + nbytes <= len(req.body)
+        req.got += nbytes
+        if req.got == len(req.body):
+            self._body_done(req)
+
+    def chunk_received(self, raw: bytearray, size: int) -> None:
+        if self._buf or self._write_paused or not self._at_boundary():
+            self.data_received(bytes(raw[:size]))  # kept as bytes, as a plain read is
+            return
+        self._take(raw, size)  # a request's head and its body's start, straight from the read
+        if self._busy:
+            self._after_data()  # bytes past that request: stop reading past the pipeline buffer
 
     def eof_received(self) -> bool | None:
         if self._inner is not None:
@@ -276,21 +304,35 @@ class InferConnection(asyncio.Protocol):
             self._end(req, Outcome.ERROR)
 
     # --- requests ---------------------------------------------------------------------------
+    def _at_boundary(self) -> bool:
+        t = self._transport
+        return not (
+            t is None or t.is_closing() or self._busy or self._req is not None or self._inner is not None
+        )
+
     def _next(self) -> None:
         """At a request boundary: take the next request, if its head is here."""
-        t = self._transport
-        if t is None or t.is_closing() or self._busy or self._req is not None or self._inner is not None:
+        if not self._at_boundary():
             return
         buf = self._buf
         if not buf:
             self._resume_reading()
             return
-        if not buf.startswith(_PREFIX) and not _PREFIX.startswith(bytes(buf[: len(_PREFIX)])):
-            self._hand_over()
+        self._buf = b""
+        self._take(buf, len(buf))
+
+    def _take(self, buf: bytes | bytearray, size: int) -> None:
+        """Take the request that begins `buf`, of which the first `size` bytes are read; `buf` may be
+        a shared read buffer valid only during this call, so what is kept of it is copied."""
+        if not buf.startswith(_PREFIX, 0, size) and not _PREFIX.startswith(
+            bytes(buf[: min(size, len(_PREFIX))])
+        ):
+            self._keep_and_hand_over(buf, size)
             return
-        end = buf.find(HEAD_END)
+        end = buf.find(HEAD_END, 0, size)
         if end < 0:
-            if len(buf) > MAX_HEAD:
+            self._buf = bytes(buf[:size])
+            if size > MAX_HEAD:
                 self._hand_over()
             else:
                 self._resume_reading()
@@ -299,29 +341,35 @@ class InferConnection(asyncio.Protocol):
         spec = rt.spec
         batcher = rt.batcher
         if spec is None or batcher is None or rt.state != "ready":
-            self._hand_over()
+            self._keep_and_hand_over(buf, size)
             return
         head = decide(bytes(buf[: end + len(HEAD_END)]), infer_path(spec.name), rt.s.max_request_bytes)
         if isinstance(head, str):
-            self._hand_over()
+            self._keep_and_hand_over(buf, size)
             return
         reserved = rt.bodies.try_acquire(head.content_length)
         if reserved is None:
-            self._hand_over()  # the aiohttp path waits for the budget, within --body-timeout
+            # The aiohttp path waits for the budget, within --body-timeout.
+            self._keep_and_hand_over(buf, size)
             return
         rt.active += 1
         req = _Request(head, spec, reserved)
         start = end + len(HEAD_END)
-        n = min(len(buf) - start, len(req.body))
+        n = min(size - start, len(req.body))
         req.body[:n] = memoryview(buf)[start : start + n]
         req.got = n
-        self._buf = buf[start + n :] if start + n < len(buf) else b""
+        self._buf = bytes(buf[start + n : size]) if start + n < size else b""
         if req.got == len(req.body):
             self._body_done(req)
         else:
             self._req = req
             req.timer = asyncio.get_running_loop().call_later(rt.s.body_timeout_s, self._body_late, req)
             self._resume_reading()
+
+    def _keep_and_hand_over(self, buf: bytes | bytearray, size: int) -> None:
+        """aiohttp takes the connection, starting with the first `size` bytes of `buf` (copied)."""
+        self._buf = bytes(buf[:size])
+        self._hand_over()
 
     def _resume_reading(self) -> None:
         if self._read_paused and self._transport is not None:

@@ -47,6 +47,8 @@ def test_unreferenced_engines_are_collected_referenced_ones_stay(env: OperatorEn
 
     assert manifest("kept") and manifest("dropped")
     delete_with_cleanup(env.api, ns, "trtengines", "dropped")
-    wait_for(lambda: not manifest("dropped"), timeout=60, desc="the unreferenced engine collected")
-    assert not (env.store_dir / "engines" / keys["dropped"]).exists()
+    dropped = env.store_dir / "engines" / keys["dropped"]
+    # The GC deletes the manifest first (the engine stops existing), then the files: wait for the end.
+    wait_for(lambda: not dropped.exists(), timeout=60, desc="the unreferenced engine collected")
+    assert not manifest("dropped")
     assert manifest("kept")  # passes ran every second meanwhile; the referenced engine stays

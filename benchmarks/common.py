@@ -276,15 +276,21 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def cpu_ticks(stat_path: str) -> int | None:
+    """utime + stime of a /proc stat file (a process's or a thread's), in clock ticks; None when the
+    process or thread is gone."""
+    try:
+        fields = Path(stat_path).read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]) + int(fields[12])
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """User+system CPU seconds of a process and all its live descendants."""
     total = 0
     for p in descendants(pid):
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
+        total += cpu_ticks(f"/proc/{p}/stat") or 0
     return total / CLK_TCK
 
 

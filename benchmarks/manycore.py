@@ -51,6 +51,7 @@ from benchmarks.common import (
     CACHE,
     CLK_TCK,
     ROOT,
+    cpu_ticks,
     descendants,
     free_port,
     loadgen_cmd,
@@ -149,15 +150,6 @@ def serve(
     return p, port, grpc_port, time.monotonic() - t0
 
 
-def _cpu_ticks(path: str) -> int | None:
-    """utime + stime of a /proc stat file, in clock ticks (None: the process or thread is gone)."""
-    try:
-        fields = Path(path).read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[11]) + int(fields[12])
-
-
 class CpuSampler:
     """Every server process's CPU (and its main thread's: a runtime's event loop) sampled every
     `interval` seconds on a thread of its own, from start() to stop()."""
@@ -172,7 +164,7 @@ class CpuSampler:
     def _take(self) -> None:
         now: dict[int, tuple[int, int]] = {}
         for p in self.pids:
-            proc, main = _cpu_ticks(f"/proc/{p}/stat"), _cpu_ticks(f"/proc/{p}/task/{p}/stat")
+            proc, main = cpu_ticks(f"/proc/{p}/stat"), cpu_ticks(f"/proc/{p}/task/{p}/stat")
             if proc is not None and main is not None:
                 now[p] = (proc, main)
         self.samples.append((time.monotonic(), now))
@@ -452,6 +444,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+_POINT_HEADERS = ("model", "N", "setting", "protocol", "conc")
+
+
+def _point(r: dict[str, Any]) -> list[Any]:
+    """The columns that name a row's point (:data:`_POINT_HEADERS`)."""
+    return [r["model"], r["n"], r["setting"], r.get("protocol", "http"), r["concurrency"]]
+
+
 def _per_process(r: dict[str, Any]) -> str:
     """`r`'s server processes as busy cores / allowed CPUs, busiest first (the idle supervisor left out)."""
     busy = [w for w in r.get("workers", []) if w["busy_cores"] >= 0.05]
@@ -462,11 +462,7 @@ def render(res: dict[str, Any]) -> str:
     rounds = any("round_shares" in r for r in res["runs"])
     if rounds:
         headers = [
-            "model",
-            "N",
-            "setting",
-            "protocol",
-            "conc",
+            *_POINT_HEADERS,
             "scan's ceiling img/s",
             "rounds' ceilings img/s",
             "req/s (median round)",
@@ -480,11 +476,7 @@ def render(res: dict[str, Any]) -> str:
         ]
         rows = [
             [
-                r["model"],
-                r["n"],
-                r["setting"],
-                r.get("protocol", "http"),
-                r["concurrency"],
+                *_point(r),
                 r["ceiling"]["best"]["images_per_s"],
                 " / ".join(f"{x['round_ceiling']:g}" for x in r["rounds"]),
                 r["throughput"],
@@ -500,11 +492,7 @@ def render(res: dict[str, Any]) -> str:
         ]
     else:
         headers = [
-            "model",
-            "N",
-            "setting",
-            "protocol",
-            "conc",
+            *_POINT_HEADERS,
             "ceiling img/s",
             "req/s",
             "of ceiling",
@@ -517,11 +505,7 @@ def render(res: dict[str, Any]) -> str:
         ]
         rows = [
             [
-                r["model"],
-                r["n"],
-                r["setting"],
-                r.get("protocol", "http"),
-                r["concurrency"],
+                *_point(r),
                 r["ceiling"]["best"]["images_per_s"],
                 r["throughput"],
                 f"{r['pct_of_ceiling']}%",

@@ -185,13 +185,17 @@ class _Counted(asyncio.Protocol):
             self._arm()
 
     def data_received(self, data: bytes) -> None:
+        self._scan(data, len(data))
+        self._inner.data_received(data)
+
+    def _scan(self, data: bytes | bytearray, size: int) -> None:
+        """The idle guard's look at a read (the first `size` bytes of `data`) for a head's end."""
         if self._awaiting and self._guard:
             # No copy of the read: only its first and last bytes meet the previous read's.
-            if _HEAD_END in data or _HEAD_END in self._tail + data[:3]:
+            if data.find(_HEAD_END, 0, size) >= 0 or _HEAD_END in self._tail + data[: min(3, size)]:
                 self._awaiting, self._tail = False, b""
             else:
-                self._tail = (self._tail + data[-3:])[-3:]
-        self._inner.data_received(data)
+                self._tail = bytes((self._tail + data[max(0, size - 3) : size])[-3:])
 
     def eof_received(self) -> bool | None:
         return self._inner.eof_received()
@@ -237,11 +241,7 @@ class _CountedInPlace(_Counted, asyncio.BufferedProtocol):
             self._body.body_received(nbytes)
             return
         raw = self._limiter.scratch_bytes
-        if self._awaiting and self._guard:
-            if raw.find(_HEAD_END, 0, nbytes) >= 0 or _HEAD_END in self._tail + raw[: min(3, nbytes)]:
-                self._awaiting, self._tail = False, b""
-            else:
-                self._tail = bytes((self._tail + raw[max(0, nbytes - 3) : nbytes])[-3:])
+        self._scan(raw, nbytes)
         self._body.chunk_received(raw, nbytes)
 
 

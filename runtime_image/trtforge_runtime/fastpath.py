@@ -516,6 +516,9 @@ class InferConnection(asyncio.Protocol):
         rt.active -= 1
         rt.metrics.observe_request(outcome, time.perf_counter() - req.t0)
         self._busy = False
-        if self._inner is None and not self._write_paused and self._buf:
-            # Not a direct call: pipelined requests that fail at once must not nest ever deeper.
-            asyncio.get_running_loop().call_soon(self._next)
+        if self._inner is None and not self._write_paused:
+            if self._buf:
+                # Not a direct call: pipelined requests that fail at once must not nest ever deeper.
+                asyncio.get_running_loop().call_soon(self._next)
+            else:
+                self._resume_reading()  # what was held ended at this request's end: read on

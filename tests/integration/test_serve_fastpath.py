@@ -166,6 +166,25 @@ def test_pipelined_requests_are_answered_in_order(bed: Bed, server: Server) -> N
     c.close()
 
 
+def test_a_pipeline_past_the_buffer_is_answered_and_the_connection_goes_on(bed: Bed, server: Server) -> None:
+    """Twelve 8 KiB requests in one write, past the 64 KiB the server holds of later requests while
+    one is answered (it stops reading there), then one more once all are answered: every answer
+    comes, in order, equal to ONNX Runtime's. The server reads again once it has taken what it
+    held, even when what it held ended at a request's end."""
+    c = Conn(server)
+    seeds = range(40, 52)
+    c.send(b"".join(infer_bytes(xs(seed, rows=32)) for seed in seeds))
+    for seed in [*seeds, 52]:
+        if seed == 52:
+            c.send(infer_bytes(xs(seed, rows=32)))
+        a = c.answer()
+        assert a.status == 200 and a.fast, (seed, a.headers)
+        np.testing.assert_allclose(
+            output(a), run_ort(bed.mlp, {"x": xs(seed, rows=32)})["y"], rtol=1e-5, atol=1e-6
+        )
+    c.close()
+
+
 def test_anything_else_goes_to_aiohttp_which_keeps_the_connection(bed: Bed, server: Server) -> None:
     c = Conn(server)
     c.send(infer_bytes(xs(4)))

@@ -54,10 +54,17 @@ def mlp_answer(message: bytes) -> np.ndarray:
 
 
 class RawH2:
-    """One connection to host:port, opened with the preface and `settings`."""
+    """One connection to host:port, opened with the preface and `settings` (and, with `rcvbuf`,
+    that receive buffer, set before connecting)."""
 
-    def __init__(self, port: int, settings: dict[int, int] | None = None, preface: bool = True) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    def __init__(
+        self, port: int, settings: dict[int, int] | None = None, preface: bool = True, rcvbuf: int = 0
+    ) -> None:
+        self.sock = socket.socket()
+        if rcvbuf:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(30)
+        self.sock.connect(("127.0.0.1", port))
         self.encoder = hpack.Encoder()
         self.decoder = hpack.Decoder()
         self._buf = b""

@@ -232,11 +232,12 @@ class MlpBed:
     key: str
 
 
-def make_mlp_bed(tmp: Path, mlp_seed: int, features: int = 64) -> MlpBed:
-    """Build the MLP (weights from `mlp_seed`; `features` inputs per row) into `tmp`/store."""
+def make_mlp_bed(tmp: Path, mlp_seed: int, features: int = 64, outputs: int = 10) -> MlpBed:
+    """Build the MLP (weights from `mlp_seed`; `features` inputs and `outputs` outputs per row) into
+    `tmp`/store."""
     store = tmp / "store"
     gpu_file = write_gpu_file(tmp / "gpus.json")
-    mlp = dynamic_mlp(seed=mlp_seed, features=features, hidden=128, outputs=10)
+    mlp = dynamic_mlp(seed=mlp_seed, features=features, hidden=128, outputs=outputs)
     profile = f"x:1x{features}:16x{features}:32x{features}"
     key = build_engine(store, mlp, name="mlp", gpu_file=gpu_file, samples=4, profiles=[profile])
     return MlpBed(tmp, store, gpu_file, mlp, key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -10,9 +11,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from tests.integration.serve_engines import env_for
+from tests.integration.serve_engines import MlpBed, env_for, make_mlp_bed
+
+TALL_OUTPUTS = 8192  # outputs per row of the tall MLP: 32 rows make a 1 MiB answer
 
 
 def serve_once(
@@ -91,6 +96,24 @@ class Server:
             time.sleep(0.05)
         raise AssertionError(f"serve not {what} after {timeout}s:\n{self.output()}")
 
+    def answered(self) -> int:
+        """Inference requests answered with success so far, over every protocol (from /metrics)."""
+        with urllib.request.urlopen(f"http://{self.url}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        m = re.search(r'trtforge_runtime_requests_total\{model="[^"]*",outcome="success"\} (\S+)', text)
+        return int(float(m.group(1))) if m else 0
+
+    def answered_until(self, base: int, target: int, looks: int = 40) -> int:
+        """Requests answered since `base` (an earlier `answered()`), looked at up to `looks` times
+        50 ms apart until `target` is reached: waits the whole time when it is not."""
+        got = self.answered() - base
+        for _ in range(looks - 1):
+            if got >= target:
+                break
+            time.sleep(0.05)
+            got = self.answered() - base
+        return got
+
     def exit_code(self, timeout: float = 60.0) -> int:
         return self.proc.wait(timeout)
 
@@ -109,3 +132,35 @@ class Server:
                 self.proc.wait()
         self._log_f.close()
         return self.proc.returncode
+
+
+@contextmanager
+def tall_server(tmp: Path, mlp_seed: int) -> Iterator[tuple[Server, MlpBed]]:
+    """A server of an MLP with `TALL_OUTPUTS` outputs a row: a few answers fill the kernel's
+    buffers of a client that does not read."""
+    bed = make_mlp_bed(tmp, mlp_seed=mlp_seed, outputs=TALL_OUTPUTS)
+    s = Server(bed.store, bed.key, bed.tmp, bed.gpu_file)
+    try:
+        s.wait()
+        yield s, bed
+    finally:
+        assert s.stop() == 0, s.output()
+
+
+def answers_that_fit(answer_bytes: int, rcvbuf: int) -> int:
+    """At most how many answers of `answer_bytes` a server can write before its transport holds
+    one it cannot send, to a client with receive buffer `rcvbuf` that does not read: the largest
+    send buffer Linux grows to (tcp_wmem's third field), the client's buffer (which Linux doubles),
+    the one the transport holds, and one for rounding."""
+    wmem_max = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    return -(-(wmem_max + 2 * rcvbuf) // answer_bytes) + 2
+
+
+def send_until_unanswered(server: Server, base: int, send: Callable[[], None], bound: int) -> int:
+    """Send requests one at a time with `send`, each once the one before is answered, until one is
+    not: how many were answered. Fails once `bound` are answered: the server never stopped."""
+    for n in range(bound):
+        send()
+        if server.answered_until(base, n + 1) <= n:
+            return n
+    raise AssertionError(f"{bound} requests answered to a client that reads nothing: the server did not stop")

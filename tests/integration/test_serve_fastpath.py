@@ -12,6 +12,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ import tritonclient.http as httpclient
 from trtforge_dev.hostile import binary_body
 
 from tests.integration.serve_engines import MlpBed, copy_engine, make_mlp_bed, perturb_canary, run_ort
-from tests.integration.serve_process import Server
+from tests.integration.serve_process import Server, answers_that_fit, send_until_unanswered, tall_server
 
 pytestmark = pytest.mark.integration
 
@@ -63,8 +64,12 @@ class Answer:
 class Conn:
     """One raw keep-alive connection: send any bytes, read answers one by one."""
 
-    def __init__(self, server: Server) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    def __init__(self, server: Server, rcvbuf: int = 0) -> None:
+        self.sock = socket.socket()
+        if rcvbuf:  # before connecting, so that the window the server sees is small from the start
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(60)
+        self.sock.connect(("127.0.0.1", server.port))
         self.buf = b""
 
     def send(self, data: bytes) -> None:
@@ -405,3 +410,34 @@ def test_large_bodies_are_read_whole_however_their_bytes_arrive(wide: tuple[Serv
     got = client.infer("mlp", [inp]).as_numpy("y")
     np.testing.assert_allclose(got, run_ort(bed.mlp, {"x": x})["y"], rtol=1e-4, atol=1e-5)
     client.close()
+
+
+def test_no_request_is_taken_while_the_client_does_not_read(tmp_path: Path) -> None:
+    """Requests with 1 MiB answers from a client that reads nothing: the server answers until its
+    writes back up, then takes no request, neither the next one nor more sent in writes of their
+    own; once the client reads what was answered, the server answers at most what fits before it
+    stops again; in the end every request is answered in order, equal to ONNX Runtime's."""
+    rcvbuf = 64 << 10
+    x = np.random.default_rng(21).standard_normal((32, 64)).astype(np.float32)
+    with tall_server(tmp_path, mlp_seed=21) as (server, bed):
+        want = run_ort(bed.mlp, {"x": x})["y"]
+        bound = answers_that_fit(want.nbytes, rcvbuf)
+        body = infer_bytes(x)
+        c = Conn(server, rcvbuf=rcvbuf)
+        base = server.answered()
+        taken = send_until_unanswered(server, base, lambda: c.send(body), bound)
+        sent = taken + 1
+        for _ in range(bound + 2):
+            c.send(body)
+            sent += 1
+        assert server.answered_until(base, taken + 1) == taken, "a request was taken while writing was paused"
+        for _ in range(taken):
+            np.testing.assert_allclose(output(c.answer()), want, rtol=1e-5, atol=1e-6)
+        more = server.answered_until(base, sent) - taken
+        assert 0 < more <= bound, f"{more} answered once the client read, {bound} fit"
+        for _ in range(sent - taken):
+            a = c.answer()
+            assert a.status == 200 and a.fast, a.headers
+            np.testing.assert_allclose(output(a), want, rtol=1e-5, atol=1e-6)
+        assert server.answered() - base == sent
+        c.close()

@@ -287,7 +287,8 @@ class H2Connection(asyncio.BufferedProtocol):
         self._peer_frame = 16384
         self._blocked: list[_Stream] = []  # streams with answer data waiting for a window
         self._chatter = 0
-        self._idle: asyncio.TimerHandle | None = None
+        self._idle: asyncio.TimerHandle | None = None  # at most one; fires at or before _idle_at
+        self._idle_at = 0.0  # when the connection, if still without streams, is idle
         self._gone_away = False  # the client sent GOAWAY
         self._sent_goaway = False
         self._read_paused = False
@@ -589,10 +590,7 @@ class H2Connection(asyncio.BufferedProtocol):
             self._write(frame(RST_STREAM, 0, sid, struct.pack(">I", REFUSED_STREAM)))
             return
         st = _Stream(sid, self._peer_initial_window)
-        self._streams[sid] = st
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        self._streams[sid] = st  # the idle timer stays: it finds a stream and stands down
         path = headers.get(b":path", b"")
         service, _, method = path.decode("latin-1").lstrip("/").rpartition("/")
         st.service, st.method = service, method
@@ -961,17 +959,23 @@ class H2Connection(asyncio.BufferedProtocol):
 
     # --- the connection --------------------------------------------------------------------------
     def _arm_idle(self) -> None:
+        """Start the idle clock from now. The deadline moves; the timer is not rescheduled: one
+        `call_at` handle per connection, re-armed when it fires early (design.md, "gRPC")."""
         if self._transport is None:
             return
-        if self._idle is not None:
-            self._idle.cancel()
-        self._idle = self._loop.call_later(self._rt.s.idle_timeout_s, self._idle_close)
+        self._idle_at = self._loop.time() + self._rt.s.idle_timeout_s
+        if self._idle is None:
+            self._idle = self._loop.call_at(self._idle_at, self._idle_fired)
 
-    def _idle_close(self) -> None:
+    def _idle_fired(self) -> None:
         self._idle = None
-        if not self._streams:
-            self.go_away(NO_ERROR, "idle")
-            self.close()
+        if self._streams or self._transport is None:
+            return  # busy: _maybe_done restarts the clock when the last stream ends
+        if self._loop.time() < self._idle_at:
+            self._idle = self._loop.call_at(self._idle_at, self._idle_fired)
+            return
+        self.go_away(NO_ERROR, "idle")
+        self.close()
 
     def _write(self, data: bytes | memoryview) -> None:
         t = self._transport

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.service_pb2 as triton_pb
 
 from tests.integration.h2raw import (
     ACK,
@@ -293,11 +295,42 @@ def test_calls_past_the_limit_are_refused_and_counted_as_unavailable(bed: MlpBed
         assert s.stop() == 0
 
 
-def test_an_idle_connection_is_closed_with_goaway(bed: MlpBed) -> None:
-    s = Server(bed.store, bed.key, bed.tmp, bed.gpu_file, "--idle-timeout", "0.3")
+def test_an_idle_connection_is_closed_with_goaway_and_only_when_idle(bed: MlpBed) -> None:
+    """With ``--idle-timeout 2``: calls at 0.8 s and at 2.2 s (past the first deadline) are
+    answered, since each answered call restarts the clock; a call that the batcher holds for 2.2 s
+    (one instance, a 2.2 s queue delay), longer than the timeout, is answered too; then, with
+    nothing in flight, the server sends GOAWAY (NO_ERROR) and closes."""
+    live = "/inference.GRPCInferenceService/ServerLive"
+    x = np.random.default_rng(12).standard_normal((1, 64)).astype(np.float32)
+    s = Server(
+        bed.store,
+        bed.key,
+        bed.tmp,
+        bed.gpu_file,
+        "--idle-timeout",
+        "2",
+        "--instances",
+        "1",
+        "--max-queue-delay-us",
+        "2200000",
+    )
     try:
         s.wait()
         h = RawH2(s.grpc_port)
+        opened = time.monotonic()
+        for sid, at in ((1, 0.8), (3, 2.2)):
+            time.sleep(max(0.0, opened + at - time.monotonic()))
+            h.call(sid, b"", path=live)
+            fields, message = h.answer(sid)
+            assert fields["grpc-status"] == "0", (at, fields)
+            assert triton_pb.ServerLiveResponse.FromString(message).live
+        sent = time.monotonic()
+        h.call(5, mlp_request(x))
+        fields, message = h.answer(5)
+        held = time.monotonic() - sent
+        assert fields["grpc-status"] == "0", fields
+        assert held >= 2.0, f"the call was held {held:.2f} s, not past the idle timeout"
+        np.testing.assert_allclose(mlp_answer(message), run_ort(bed.mlp, {"x": x})["y"], rtol=1e-5, atol=1e-6)
         assert h.goaway_code() == NO_ERROR
         assert h.read() is None
         h.close()

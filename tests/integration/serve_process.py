@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.integration.serve_engines import MlpBed, env_for, make_mlp_bed
@@ -147,6 +148,9 @@ def tall_server(tmp: Path, mlp_seed: int) -> Iterator[tuple[Server, MlpBed]]:
         assert s.stop() == 0, s.output()
 
 
+TALL_RCVBUF = 64 << 10  # the receive buffer of a client that does not read the tall MLP's answers
+
+
 def answers_that_fit(answer_bytes: int, rcvbuf: int) -> int:
     """At most how many answers of `answer_bytes` a server can write before its transport holds
     one it cannot send, to a client with receive buffer `rcvbuf` that does not read: the largest
@@ -156,11 +160,30 @@ def answers_that_fit(answer_bytes: int, rcvbuf: int) -> int:
     return -(-(wmem_max + 2 * rcvbuf) // answer_bytes) + 2
 
 
-def send_until_unanswered(server: Server, base: int, send: Callable[[], None], bound: int) -> int:
-    """Send requests one at a time with `send`, each once the one before is answered, until one is
-    not: how many were answered. Fails once `bound` are answered: the server never stopped."""
-    for n in range(bound):
+@dataclass(frozen=True)
+class Stall:
+    base: int  # `Server.answered()` before the first request
+    taken: int  # requests answered before the server stopped
+    sent: int  # requests sent in all
+    bound: int  # `answers_that_fit` for the answers and `TALL_RCVBUF`
+
+
+def stall_and_send_more(server: Server, send: Callable[[], None], answer_bytes: int) -> Stall:
+    """Send requests with `send` to a client with `TALL_RCVBUF` that does not read: one at a time,
+    each once the one before is answered, until one is not (failing once `bound` are answered:
+    the server never stopped); then `bound` + 2 more, each in a write of its own, and check that
+    the server takes none of them."""
+    bound = answers_that_fit(answer_bytes, TALL_RCVBUF)
+    base = server.answered()
+    for taken in range(bound):
         send()
-        if server.answered_until(base, n + 1) <= n:
-            return n
-    raise AssertionError(f"{bound} requests answered to a client that reads nothing: the server did not stop")
+        if server.answered_until(base, taken + 1) <= taken:
+            break
+    else:
+        raise AssertionError(
+            f"{bound} requests answered to a client that reads nothing: the server did not stop"
+        )
+    for _ in range(bound + 2):
+        send()
+    assert server.answered_until(base, taken + 1) == taken, "a request was taken while writing was paused"
+    return Stall(base, taken, taken + 1 + bound + 2, bound)

@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 from trtforge_dev.hostile import binary_body
 
 from tests.integration.serve_engines import MlpBed, copy_engine, make_mlp_bed, perturb_canary, run_ort
-from tests.integration.serve_process import Server, answers_that_fit, send_until_unanswered, tall_server
+from tests.integration.serve_process import TALL_RCVBUF, Server, stall_and_send_more, tall_server
 
 pytestmark = pytest.mark.integration
 
@@ -417,27 +417,19 @@ def test_no_request_is_taken_while_the_client_does_not_read(tmp_path: Path) -> N
     writes back up, then takes no request, neither the next one nor more sent in writes of their
     own; once the client reads what was answered, the server answers at most what fits before it
     stops again; in the end every request is answered in order, equal to ONNX Runtime's."""
-    rcvbuf = 64 << 10
     x = np.random.default_rng(21).standard_normal((32, 64)).astype(np.float32)
     with tall_server(tmp_path, mlp_seed=21) as (server, bed):
         want = run_ort(bed.mlp, {"x": x})["y"]
-        bound = answers_that_fit(want.nbytes, rcvbuf)
         body = infer_bytes(x)
-        c = Conn(server, rcvbuf=rcvbuf)
-        base = server.answered()
-        taken = send_until_unanswered(server, base, lambda: c.send(body), bound)
-        sent = taken + 1
-        for _ in range(bound + 2):
-            c.send(body)
-            sent += 1
-        assert server.answered_until(base, taken + 1) == taken, "a request was taken while writing was paused"
-        for _ in range(taken):
+        c = Conn(server, rcvbuf=TALL_RCVBUF)
+        st = stall_and_send_more(server, lambda: c.send(body), want.nbytes)
+        for _ in range(st.taken):
             np.testing.assert_allclose(output(c.answer()), want, rtol=1e-5, atol=1e-6)
-        more = server.answered_until(base, sent) - taken
-        assert 0 < more <= bound, f"{more} answered once the client read, {bound} fit"
-        for _ in range(sent - taken):
+        more = server.answered_until(st.base, st.sent) - st.taken
+        assert 0 < more <= st.bound, f"{more} answered once the client read, {st.bound} fit"
+        for _ in range(st.sent - st.taken):
             a = c.answer()
             assert a.status == 200 and a.fast, a.headers
             np.testing.assert_allclose(output(a), want, rtol=1e-5, atol=1e-6)
-        assert server.answered() - base == sent
+        assert server.answered() - st.base == st.sent
         c.close()

@@ -40,7 +40,7 @@ from tests.integration.h2raw import (
     mlp_request,
 )
 from tests.integration.serve_engines import MlpBed, make_mlp_bed, run_ort
-from tests.integration.serve_process import Server, answers_that_fit, send_until_unanswered, tall_server
+from tests.integration.serve_process import TALL_RCVBUF, Server, stall_and_send_more, tall_server
 
 pytestmark = pytest.mark.integration
 
@@ -452,28 +452,21 @@ def test_no_call_is_read_while_the_client_does_not_read(tmp_path: Path) -> None:
     ONNX Runtime's. (Unlike the HTTP fast path, which stops taking requests it has read, the
     connection stops reading: calls read before it stopped, or in one read after it resumes, are
     all answered, bounded by the read size and the call limit.)"""
-    rcvbuf = 64 << 10
     x = np.random.default_rng(22).standard_normal((32, 64)).astype(np.float32)
     with tall_server(tmp_path, mlp_seed=22) as (server, bed):
         want = run_ort(bed.mlp, {"x": x})["y"]
-        bound = answers_that_fit(want.nbytes, rcvbuf)
         message = mlp_request(x)
-        h = RawH2(server.grpc_port, {INITIAL_WINDOW_SIZE: (1 << 31) - 1}, rcvbuf=rcvbuf)
+        h = RawH2(server.grpc_port, {INITIAL_WINDOW_SIZE: (1 << 31) - 1}, rcvbuf=TALL_RCVBUF)
         h.send(WINDOW_UPDATE, 0, 0, ((1 << 31) - 1 - 65535).to_bytes(4, "big"))
         sids = iter(range(1, 1 << 20, 2))
-        base = server.answered()
-        taken = send_until_unanswered(server, base, lambda: h.call(next(sids), message), bound)
-        for _ in range(bound + 2):
-            h.call(next(sids), message)
-        sent = taken + 1 + bound + 2
-        assert server.answered_until(base, taken + 1) == taken, "a call was read while writing was paused"
+        st = stall_and_send_more(server, lambda: h.call(next(sids), message), want.nbytes)
 
         def check(sid: int) -> None:
             fields, got = h.answer(sid)
             assert fields["grpc-status"] == "0", fields
             np.testing.assert_allclose(mlp_answer(got), want, rtol=1e-5, atol=1e-6)
 
-        for k in range(sent):  # reading resumes once the answers drain; what it reads is answered
+        for k in range(st.sent):  # reading resumes once the answers drain; what it reads is answered
             check(1 + 2 * k)
-        assert server.answered() - base == sent
+        assert server.answered() - st.base == st.sent
         h.close()

@@ -121,6 +121,27 @@ def test_its_digest_is_the_files_sha256(tmp_path: Path) -> None:
         os.close(fd)
 
 
+def test_a_file_it_cannot_map_is_hashed_in_chunks_to_the_same_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "empty").write_bytes(b"")  # mmap refuses an empty file
+    assert prehash.hash_file(tmp_path / "empty") == hashlib.sha256(b"").hexdigest()
+    data = os.urandom(2 * prehash.HASH_CHUNK + 777)
+    (tmp_path / "f").write_bytes(data)
+
+    def no_mmap(*args: object, **kwargs: object) -> None:
+        raise OSError(19, "No such device")  # what a file system without mmap answers
+
+    monkeypatch.setattr(prehash.mmap, "mmap", no_mmap)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        os.lseek(fd, 5, os.SEEK_SET)
+        assert prehash.hash_fd(fd) == hashlib.sha256(data).hexdigest()  # from the start, always
+        assert os.lseek(fd, 0, os.SEEK_CUR) == 5  # and the offset left alone
+    finally:
+        os.close(fd)
+
+
 def test_hash_file_is_hash_fd_of_a_regular_file_and_refuses_anything_else(tmp_path: Path) -> None:
     data = os.urandom(12345)
     (tmp_path / "f").write_bytes(data)

@@ -194,8 +194,8 @@ def hash_fd(fd: int) -> str:
     every import that holds it (a C extension's load does, for tens of ms), which made a 102 MB
     hash take 0.15-0.2 s beside the start's imports instead of 0.07 s (docs/design.md, "Runtime
     cold start"). A file that cannot be mapped (empty, or on a file system without mmap) is read in
-    chunks. The store's files never change in place (they are renamed into place whole), so a
-    mapped file does not shrink under the hash."""
+    chunks. A mapped file that fails under the hash (truncated in place, which the store's writers
+    never do, or a volume whose reads fail) stops the process with SIGBUS instead of raising."""
     try:
         with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as mapped:
             mapped.madvise(mmap.MADV_SEQUENTIAL)

@@ -21,6 +21,20 @@ from tests.integration.serve_engines import MlpBed, env_for, make_mlp_bed
 TALL_OUTPUTS = 8192  # outputs per row of the tall MLP: 32 rows make a 1 MiB answer
 
 
+def metric_value(text: str, series: str) -> float | None:
+    """The value of `series` (its name and labels as /metrics writes them) in the exposition
+    `text`; None when it is not there."""
+    m = re.search(rf"^{re.escape(series)} (\S+)$", text, re.MULTILINE)
+    return float(m.group(1)) if m else None
+
+
+def metric_in(text: str, series: str) -> float:
+    """The value of `series` in the exposition `text`, which must have it."""
+    value = metric_value(text, series)
+    assert value is not None, f"{series} not in /metrics"
+    return value
+
+
 def serve_once(
     store: Path, key: str, gpu_file: Path, term: Path, *extra: str
 ) -> subprocess.CompletedProcess[str]:
@@ -97,12 +111,25 @@ class Server:
             time.sleep(0.05)
         raise AssertionError(f"serve not {what} after {timeout}s:\n{self.output()}")
 
-    def answered(self) -> int:
-        """Inference requests answered with success so far, over every protocol (from /metrics)."""
+    def metrics(self) -> str:
+        """The server's /metrics exposition."""
         with urllib.request.urlopen(f"http://{self.url}/metrics", timeout=30) as r:
-            text = r.read().decode()
-        m = re.search(r'trtforge_runtime_requests_total\{model="[^"]*",outcome="success"\} (\S+)', text)
-        return int(float(m.group(1))) if m else 0
+            text: str = r.read().decode()
+        return text
+
+    def metric(self, series: str) -> float:
+        """The value of `series` on /metrics (:func:`metric_in`)."""
+        return metric_in(self.metrics(), series)
+
+    def requests(self, outcome: str, model: str = "mlp") -> float:
+        """Requests of `model` counted with `outcome` so far, over every protocol (0 before the
+        first: the series appears with it)."""
+        series = f'trtforge_runtime_requests_total{{model="{model}",outcome="{outcome}"}}'
+        return metric_value(self.metrics(), series) or 0.0
+
+    def answered(self) -> int:
+        """Inference requests of the MLP answered with success so far, over every protocol."""
+        return int(self.requests("success"))
 
     def answered_until(self, base: int, target: int, looks: int = 40) -> int:
         """Requests answered since `base` (an earlier `answered()`), looked at up to `looks` times

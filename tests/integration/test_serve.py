@@ -42,7 +42,7 @@ from tests.integration.serve_engines import (
     termination,
     write_gpu_file,
 )
-from tests.integration.serve_process import Server, free_port, serve_once
+from tests.integration.serve_process import Server, free_port, metric_in, serve_once
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.termination import EXIT_ENGINE_INTEGRITY, EXIT_GPU_FAULT, EXIT_GPU_MISMATCH
 
@@ -162,12 +162,6 @@ def test_full_queue_answers_503_with_retry_after(resnet_server: Server) -> None:
     assert all(r == "1" for r in retry_after)
 
 
-def _metric(text: str, series: str) -> float:
-    m = re.search(re.escape(series) + r" (\S+)", text)
-    assert m, f"{series} not in /metrics"
-    return float(m.group(1))
-
-
 def _wait_for_log(s: Server, msg: str, timeout: float = 60.0) -> list[dict[str, object]]:
     """Every JSON log line of `s`, once one with message `msg` has appeared."""
     deadline = time.monotonic() + timeout
@@ -214,9 +208,9 @@ async def test_dynamic_batching_64_concurrent_clients(bed: Bed, mlp_server: Serv
             await c.close()
 
     assert sum(await asyncio.gather(*(client(i) for i in range(64)))) == 64
-    metrics = urllib.request.urlopen(f"http://{mlp_server.url}/metrics").read().decode()
-    batches = _metric(metrics, 'trtforge_runtime_batch_size_count{model="mlp"}')
-    singles = _metric(metrics, 'trtforge_runtime_batch_size_bucket{le="1.0",model="mlp"}')
+    metrics = mlp_server.metrics()
+    batches = metric_in(metrics, 'trtforge_runtime_batch_size_count{model="mlp"}')
+    singles = metric_in(metrics, 'trtforge_runtime_batch_size_bucket{le="1.0",model="mlp"}')
     assert batches < len(xs), "no two requests ever shared a batch"
     assert batches - singles > 0
     assert 'outcome="success"} 256.0' in metrics
@@ -416,7 +410,7 @@ def test_sigterm_drains_in_flight_requests(bed: Bed) -> None:
         t.start()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        m = urllib.request.urlopen(f"http://{s.url}/metrics").read().decode()
+        m = s.metrics()
         if re.search(r'trtforge_runtime_queue_depth\{model="resnet50"\} 3', m):
             break
         time.sleep(0.01)
@@ -483,15 +477,15 @@ def test_lone_requests_get_every_core_and_overlapping_ones_the_pool(bed: Bed) ->
             inp.set_data_from_numpy(x)
             got = c.infer("mlp", [inp]).as_numpy("y")
             np.testing.assert_allclose(got, run_ort(bed.mlp, {"x": x})["y"], rtol=1e-5, atol=1e-6)
-        m = urllib.request.urlopen(f"http://{s.url}/metrics").read().decode()
-        assert _metric(m, 'trtforge_runtime_solo_batches_total{model="mlp"}') == 5
-        assert _metric(m, 'trtforge_runtime_batch_size_count{model="mlp"}') == 5
+        m = s.metrics()
+        assert metric_in(m, 'trtforge_runtime_solo_batches_total{model="mlp"}') == 5
+        assert metric_in(m, 'trtforge_runtime_batch_size_count{model="mlp"}') == 5
 
         xs = [rng.standard_normal((1, 64)).astype(np.float32) for _ in range(256)]
         _infer_concurrently(s.url, bed.mlp, xs, 32)
-        m = urllib.request.urlopen(f"http://{s.url}/metrics").read().decode()
-        solo = _metric(m, 'trtforge_runtime_solo_batches_total{model="mlp"}')
-        batches = _metric(m, 'trtforge_runtime_batch_size_count{model="mlp"}')
+        m = s.metrics()
+        solo = metric_in(m, 'trtforge_runtime_solo_batches_total{model="mlp"}')
+        batches = metric_in(m, 'trtforge_runtime_batch_size_count{model="mlp"}')
         assert batches - solo > 0, "32 concurrent clients never used the pool's instances"
     finally:
         s.stop()
@@ -526,8 +520,8 @@ def _batch_cap_after_load(s: Server, model: Path) -> tuple[int, float, list[dict
     )
     with urllib.request.urlopen(f"http://{s.url}/v2/models/mlp/config") as r:
         max_batch = int(json.load(r)["max_batch_size"])
-    metrics = urllib.request.urlopen(f"http://{s.url}/metrics").read().decode()
-    gauge = _metric(metrics, 'trtforge_runtime_batch_cap{model="mlp"}')
+    metrics = s.metrics()
+    gauge = metric_in(metrics, 'trtforge_runtime_batch_cap{model="mlp"}')
     changes = [e for e in _wait_for_log(s, "listening") if e.get("msg") == "batch cap"]
     return max_batch, gauge, changes
 

@@ -9,10 +9,8 @@ one set of limits and metrics, and one readiness.
 from __future__ import annotations
 
 import asyncio
-import re
 import socket
 import threading
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,7 +34,7 @@ from tests.integration.serve_engines import (
     run_ort,
     termination,
 )
-from tests.integration.serve_process import Server
+from tests.integration.serve_process import Server, metric_in
 
 pytestmark = pytest.mark.integration
 
@@ -151,15 +149,9 @@ def test_grpc_and_http_share_one_batcher_and_its_metrics(bed: Bed, mlp_server: S
         return await asyncio.gather(*(client(i) for i in range(32)))
 
     assert sum(asyncio.run(main())) == 32
-    metrics = urllib.request.urlopen(f"http://{mlp_server.url}/metrics", timeout=30).read().decode()
-
-    def metric(series: str) -> float:
-        m = re.search(re.escape(series) + r" (\S+)", metrics)
-        assert m, f"{series} not in /metrics"
-        return float(m.group(1))
-
-    assert metric('trtforge_runtime_requests_total{model="mlp",outcome="success"}') == len(xs)
-    assert metric('trtforge_runtime_batch_size_count{model="mlp"}') < len(xs), (
+    metrics = mlp_server.metrics()
+    assert metric_in(metrics, 'trtforge_runtime_requests_total{model="mlp",outcome="success"}') == len(xs)
+    assert metric_in(metrics, 'trtforge_runtime_batch_size_count{model="mlp"}') < len(xs), (
         "no two requests shared a batch"
     )
 
@@ -240,11 +232,11 @@ def test_grpc_messages_share_the_body_memory_budget_with_http(bed: Bed, front: l
         assert "ok" in outcomes and "StatusCode.RESOURCE_EXHAUSTED" in outcomes, outcomes
         assert set(outcomes) <= {"ok", "StatusCode.RESOURCE_EXHAUSTED"}
         # counted as the same refusal is over HTTP (503): unavailable, not too_large
-        metrics = urllib.request.urlopen(f"http://{s.url}/metrics", timeout=30).read().decode()
-        refused = re.search(
-            r'trtforge_runtime_requests_total\{model="resnet50",outcome="unavailable"\} (\S+)', metrics
+        metrics = s.metrics()
+        refused = metric_in(
+            metrics, 'trtforge_runtime_requests_total{model="resnet50",outcome="unavailable"}'
         )
-        assert refused and float(refused.group(1)) == outcomes.count("StatusCode.RESOURCE_EXHAUSTED"), metrics
+        assert refused == outcomes.count("StatusCode.RESOURCE_EXHAUSTED"), metrics
         assert 'outcome="too_large"' not in metrics
         assert _resnet50_burst(s.grpc_url, "--max-body-memory", n=1) == ["ok"]
         inp = httpclient.InferInput(RESNET_IN, [1, 3, 224, 224], "FP32")

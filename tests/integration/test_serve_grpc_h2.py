@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,12 +75,6 @@ def _still_serves(s: Server, bed: MlpBed) -> None:
     got = c.infer("mlp", [inp]).as_numpy("y")
     np.testing.assert_allclose(got, run_ort(bed.mlp, {"x": x})["y"], rtol=1e-5, atol=1e-6)
     c.close()
-
-
-def _errors(s: Server) -> float:
-    metrics = urllib.request.urlopen(f"http://{s.url}/metrics", timeout=30).read().decode()
-    m = re.search(r'trtforge_runtime_requests_total\{model="mlp",outcome="error"\} (\S+)', metrics)
-    return float(m.group(1)) if m else 0.0
 
 
 def test_the_answer_waits_for_the_clients_window(server: Server, bed: MlpBed) -> None:
@@ -250,7 +243,7 @@ def test_streams_past_the_limit_are_refused_and_reset_ones_free_their_place(
 ) -> None:
     """128 calls open at once (headers sent, messages not): the 129th is refused with REFUSED_STREAM
     (clients retry those). Once the client resets them all, new calls are served again."""
-    errors_before = _errors(server)
+    errors_before = server.requests("error")
     h = RawH2(server.grpc_port)
     for i in range(128):
         h.send(HEADERS, END_HEADERS, 1 + 2 * i, h.headers_block())
@@ -265,7 +258,7 @@ def test_streams_past_the_limit_are_refused_and_reset_ones_free_their_place(
     assert fields["grpc-status"] == "0", fields
     assert mlp_answer(message).shape == (1, 10)
     h.close()
-    assert _errors(server) - errors_before == 128  # each reset call counted, none left in flight
+    assert server.requests("error") - errors_before == 128  # each reset call counted, none left in flight
 
 
 def test_calls_past_the_limit_are_refused_and_counted_as_unavailable(bed: MlpBed) -> None:
@@ -281,7 +274,7 @@ def test_calls_past_the_limit_are_refused_and_counted_as_unavailable(bed: MlpBed
         h.send(HEADERS, END_HEADERS, 7, h.headers_block())
         fields, _ = h.answer(7)
         assert fields["grpc-status"] == "8" and "calls in flight" in fields["grpc-message"], fields
-        metrics = urllib.request.urlopen(f"http://{s.url}/metrics", timeout=30).read().decode()
+        metrics = s.metrics()
         assert 'trtforge_runtime_requests_total{model="mlp",outcome="unavailable"} 1.0' in metrics
         assert 'outcome="too_large"' not in metrics
         for stream in (1, 3, 5):

@@ -11,11 +11,9 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
-import re
 import socket
 import threading
 import time
-import urllib.request
 import zlib
 from collections.abc import Iterable
 
@@ -130,13 +128,6 @@ def test_hostile_bodies_are_refused_and_leave_the_server_healthy(
     assert peak_mb <= RSS_BOUND_MB
 
 
-def _metric(server: Server, name: str) -> float:
-    text = urllib.request.urlopen(f"http://{server.url}/metrics", timeout=30).read().decode()
-    m = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-    assert m, f"{name} not in /metrics"
-    return float(m.group(1))
-
-
 def _open(server: Server, first: bytes) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", server.port))
     if first:
@@ -153,13 +144,13 @@ def test_half_open_connections_are_closed_after_the_idle_timeout(bed: Bed) -> No
             partial = b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Le"
             socks = [_open(s, b"" if i % 2 else partial) for i in range(500)]
             _valid(bed, s, 1)  # served while 500 connections sit open
-            assert _metric(s, "trtforge_runtime_open_connections") >= 500
+            assert s.metric("trtforge_runtime_open_connections") >= 500
             for sock in socks:  # the server closes each one: EOF, with no request ever answered
                 sock.settimeout(120)
                 assert sock.recv(1024) == b""
             _valid(bed, s, 2)
         assert probe.statuses and all(st == "200" for st in probe.statuses), probe.statuses
-        assert _metric(s, "trtforge_runtime_open_connections") < 10  # the probes' and this scrape's
+        assert s.metric("trtforge_runtime_open_connections") < 10  # the probes' and this scrape's
     finally:
         for sock in socks:
             sock.close()
@@ -190,6 +181,6 @@ def test_connections_past_the_cap_get_health_answers_and_503(bed: Bed) -> None:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        assert _metric(s, "trtforge_runtime_connections_refused_total") >= 3
+        assert s.metric("trtforge_runtime_connections_refused_total") >= 3
     finally:
         s.stop()

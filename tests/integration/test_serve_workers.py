@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -51,13 +49,6 @@ def _get_or_none(s: Server, path: str) -> tuple[int, dict[str, object]] | None:
         return s.get(path)
     except OSError:
         return None  # not listening yet
-
-
-def _metric(url: str, series: str) -> float:
-    text = urllib.request.urlopen(f"http://{url}/metrics", timeout=30).read().decode()
-    m = re.search(re.escape(series) + r" (\S+)", text)
-    assert m, f"{series} not in /metrics"
-    return float(m.group(1))
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +116,8 @@ def test_two_workers_share_the_port_and_report_as_one_pod(engine: tuple[Path, Pa
         assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)  # both served
         # One pod's metrics, whichever worker answers the scrape.
         for _ in range(4):
-            assert _metric(s.url, 'trtforge_runtime_requests_total{model="mlp",outcome="success"}') == 161
-            assert _metric(s.url, 'trtforge_runtime_ready{model="mlp"}') == 1
+            assert s.metric('trtforge_runtime_requests_total{model="mlp",outcome="success"}') == 161
+            assert s.metric('trtforge_runtime_ready{model="mlp"}') == 1
         s.proc.send_signal(signal.SIGTERM)
         assert s.exit_code(timeout=60) == 0
     finally:

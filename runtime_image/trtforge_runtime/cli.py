@@ -188,14 +188,16 @@ def handle(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from trtforge_runtime import workers
+    from trtforge_runtime import cpus
 
     any_port = args.port == 0 or (args.grpc_port == 0 and not args.no_grpc)
     if args.workers is None:  # auto
-        from trtforge_runtime.cpus import auto_workers, usable_cpus
-
-        args.workers = 1 if any_port else auto_workers(usable_cpus())
+        args.workers = 1 if any_port else cpus.auto_workers(cpus.usable_cpus())
     if args.workers > 1:
+        # Only the supervisor imports it (subprocess, tempfile): a worker, or a runtime on its own,
+        # begins the pre-hash without them (docs/design.md, "Runtime cold start").
+        from trtforge_runtime import workers
+
         log = logging.getLogger("trtforge_runtime")
         if any_port:
             log.error(
@@ -207,7 +209,7 @@ def handle(args: argparse.Namespace) -> int:
         except ValueError as e:  # more workers than CPUs
             log.error(f"--workers {args.workers}: {e}")
             return 2
-    workers.pin_worker()
+    cpus.pin_worker()
     sys.setswitchinterval(args.gil_switch_interval_us / 1e6)
     # No garbage collection while start-up imports and loads; the runtime turns it back on once it
     # serves (trtforge_runtime.startup_gc).
@@ -260,6 +262,7 @@ def handle(args: argparse.Namespace) -> int:
     import asyncio
 
     from trtforge_runtime.server import GrpcFrontEnd, Runtime, Settings
+    from trtforge_runtime.workers import WORKER_INDEX_ENV
 
     settings = Settings(
         store_uri=args.store,
@@ -284,6 +287,6 @@ def handle(args: argparse.Namespace) -> int:
         grpc_port=None if args.no_grpc else args.grpc_port,
         grpc_server=GrpcFrontEnd(args.grpc_server),
         reuse_port=os.environ.get("TRTFORGE_REUSE_PORT") == "1",
-        listen_when_ready=os.environ.get(workers.WORKER_INDEX_ENV, "0") != "0",
+        listen_when_ready=os.environ.get(WORKER_INDEX_ENV, "0") != "0",
     )
     return asyncio.run(Runtime(settings, store, probe).run())

@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 
 CPUS_ENV = "TRTFORGE_CPUS"
+# the CPUs a worker of ``--workers`` is pinned to, comma-separated (trtforge_runtime.workers sets it)
+WORKER_CPUS_ENV = "TRTFORGE_WORKER_CPUS"
 CPUS_PER_WORKER = 4
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -98,3 +100,11 @@ def auto_workers(cpus: int) -> int:
     if cpus < 2 * CPUS_PER_WORKER:
         return 1
     return (cpus + CPUS_PER_WORKER // 2) // CPUS_PER_WORKER
+
+
+def pin_worker() -> None:
+    """In a worker: keep to the CPUs its supervisor gave it (``$TRTFORGE_WORKER_CPUS``), before any
+    thread exists, so every thread the runtime starts inherits them; nothing without that variable."""
+    cpus = os.environ.get(WORKER_CPUS_ENV)
+    if cpus:
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})

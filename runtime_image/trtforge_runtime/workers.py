@@ -115,13 +115,6 @@ class Pod:
         return self._all
 
 
-def pin_worker() -> None:
-    """In a worker: keep to the CPUs the supervisor gave it (before any thread pool exists)."""
-    cpus = os.environ.get("TRTFORGE_WORKER_CPUS")
-    if cpus:
-        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
-
-
 def supervise(argv: Sequence[str], workers: int) -> int:
     """Run `workers` workers of the command line `argv` (without the program name); their exit code."""
     cpus = plan_cpus(cpus_mod.affinity(), cpus_mod.usable_cpus(), workers)
@@ -145,9 +138,9 @@ def supervise(argv: Sequence[str], workers: int) -> int:
         )
         pinned = cpus[i].pinned
         if pinned is not None:
-            env["TRTFORGE_WORKER_CPUS"] = ",".join(map(str, pinned))
+            env[cpus_mod.WORKER_CPUS_ENV] = ",".join(map(str, pinned))
         else:
-            env.pop("TRTFORGE_WORKER_CPUS", None)
+            env.pop(cpus_mod.WORKER_CPUS_ENV, None)
         procs.append(subprocess.Popen(worker_argv(argv), env=env))
         log.info(
             "worker started",

@@ -3,6 +3,8 @@ of `serve --workers`, as pure functions over the values the kernel gives."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,15 @@ def test_workers_are_pinned_unless_a_cpu_limit_is_below_the_affinity() -> None:
     assert plan_cpus(range(64), 8, 2) == [WorkerCpus(4, None), WorkerCpus(4, None)]
     with pytest.raises(ValueError, match="3 workers need at least 3 CPUs"):
         plan_cpus(range(64), 2, 3)
+
+
+def test_a_worker_keeps_to_the_cpus_its_supervisor_gave_it() -> None:
+    """In a subprocess: pinning changes the affinity of the process that calls it."""
+    code = (
+        "import os; from trtforge_runtime import cpus\n"
+        "before = os.sched_getaffinity(0); cpus.pin_worker(); assert os.sched_getaffinity(0) == before\n"
+        "one = min(before); os.environ[cpus.WORKER_CPUS_ENV] = str(one); cpus.pin_worker()\n"
+        "print(os.sched_getaffinity(0) == {one})\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"

@@ -179,3 +179,23 @@ def test_the_pre_load_and_the_session_opener_import_no_pydantic() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_serve_begins_the_pre_hash_before_the_supervisors_and_the_contracts_imports(
+    tmp_path: Path,
+) -> None:
+    """`trtforge serve` as one runtime (a worker, or a pod without --workers) reaches the pre-hash
+    before what only the --workers supervisor needs (subprocess, tempfile) and what the pre-hash
+    exists to run beside (pydantic, the contract, numpy) is imported."""
+    code = (
+        "import sys; import trtforge_runtime.prehash as p\n"
+        "late = ('subprocess', 'tempfile', 'trtforge_runtime.workers', 'pydantic',"
+        " 'trtforge.contract', 'numpy')\n"
+        "def begin(*args):\n"
+        "    print(sorted(m for m in late if m in sys.modules)); raise SystemExit(0)\n"
+        "p.begin = begin\n"
+        "from trtforge.cli import main\n"
+        f"main(['serve', '--store', {str(tmp_path)!r}, '--engine', {KEY!r}, '--workers', '1'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -8,10 +8,12 @@ raw tensor contents, and REST JSON where a server has no binary HTTP (MLServer).
 Each server's settings sweep (:mod:`benchmarks.servers`) has the same size and axes for every server
 (instances x threads per session, max batch, queue delay). Every setting is measured at concurrency
 1, 8 and 32 on the server's first protocol; the best one at concurrency 1 serves the low-concurrency
-points of the grid (c < 8), the best one over 8 and 32 together the rest (:func:`pick_best`). Those
-sweep points are reused as grid points; the other points are measured on a fresh start of the
-chosen setting. Before any load, each server's answer over each protocol is checked against ONNX
-Runtime run directly.
+points of the grid (c < 8), the best one over 8 and 32 together the rest (:func:`pick_best`). The
+sweep only chooses: every grid point, on every protocol, is measured again on a fresh start of the
+chosen setting. (Reusing the chosen setting's own sweep windows, as runs before the twenty-ninth
+session did, reported the best of four noisy windows on the first protocol and one window on the
+others: the first protocol read high by the choice itself.) Before any load, each server's answer
+over each protocol is checked against ONNX Runtime run directly.
 
 Layouts on a 2-core machine: ``shared`` — servers on cores 0-1 with 2 ONNX Runtime threads, the client
 on the same cores (how the issue's reference numbers were taken); ``isolated`` — servers on core 1,
@@ -396,11 +398,7 @@ def measure_server(
             answers = check_answers(srv, ref)
             for protocol in srv.protocols:
                 for c in wanted:
-                    reuse = protocol == sweep[idx]["protocol"] and str(c) in sweep[idx]["points"]
-                    if reuse:
-                        r = dict(sweep[idx]["points"][str(c)], from_sweep=True)
-                    else:
-                        r = load(srv, protocol, c, win.window(c), win.warm(c))
+                    r = load(srv, protocol, c, win.window(c), win.warm(c))
                     r.update(protocol=protocol, setting=settings[idx].label)
                     points.append(r)
                     log(
@@ -408,7 +406,6 @@ def measure_server(
                         f"  p50 {r['p50_ms']:8.1f}  p99 {r['p99_ms']:8.1f} ms  errors {r['errors']}"
                         f"  cpu {r['server_cpu_util']}  batch {r.get('mean_batch')}"
                         f"  answers per stream {r.get('stream_answers_min')}-{r.get('stream_answers_max')}"
-                        + ("  (sweep)" if reuse else "")
                     )
         finally:
             srv.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import shutil
 import signal
 import threading
@@ -42,7 +41,7 @@ from tests.integration.serve_engines import (
     termination,
     write_gpu_file,
 )
-from tests.integration.serve_process import Server, free_port, metric_in, serve_once
+from tests.integration.serve_process import Server, free_port, metric_in, metric_value, serve_once
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.termination import EXIT_ENGINE_INTEGRITY, EXIT_GPU_FAULT, EXIT_GPU_MISMATCH
 
@@ -410,8 +409,7 @@ def test_sigterm_drains_in_flight_requests(bed: Bed) -> None:
         t.start()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        m = s.metrics()
-        if re.search(r'trtforge_runtime_queue_depth\{model="resnet50"\} 3', m):
+        if metric_value(s.metrics(), 'trtforge_runtime_queue_depth{model="resnet50"}') == 3:
             break
         time.sleep(0.01)
     else:

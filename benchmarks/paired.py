@@ -8,10 +8,12 @@ its verdicts at margins of a few per cent say more about the machine's minute th
 Here every server in its chosen settings (the serving grid's result file says which) is started
 once, all at the same time, pinned to the same cores; the idle ones wait on their sockets. Each
 round then measures every grid point (concurrency x protocol) on every server, one window right
-after the other, in an order that rotates from round to round, and times the in-process ceiling
-once at its best configuration. A point's result is the median of its rounds; each round also gives
-a *paired* ratio (trtforge over the peer, the two windows seconds apart) and trtforge's share of
-that round's ceiling.
+after the other, in an order that rotates from round to round. Right before each of trtforge's
+windows the in-process ceiling is timed again at its best configuration (a ceiling process pinned to
+the same cores keeps its sessions between timings): the ceiling moves with the machine's minute as
+much as the servers do. A point's result is the median of its rounds; each round also gives a
+*paired* ratio (trtforge over the peer, the two windows seconds apart) and trtforge's share of the
+ceiling timed next to its window.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.ceiling import run_pinned
+from benchmarks.ceiling import PinnedCeiling, run_pinned
 from benchmarks.common import CACHE, RESULTS, log, tree_cpu_seconds, write_result
 from benchmarks.loadgen import CLIENTS
 from benchmarks.models import model_info
@@ -67,13 +69,13 @@ def median(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
 
-def summarize_point(
-    samples: dict[str, list[dict[str, Any]]], ceilings: list[float], peer: str
-) -> dict[str, Any]:
+def summarize_point(samples: dict[str, list[dict[str, Any]]], peer: str) -> dict[str, Any]:
     """One grid point's rounds (`samples[server]`, round order) reduced to medians, the paired
-    ratios (trtforge over `peer` in the same round) and trtforge's share of each round's ceiling."""
+    ratios (trtforge over `peer` in the same round) and trtforge's share of the ceiling timed next
+    to each of its windows (its samples' ``ceiling``)."""
     tf, pr = samples["trtforge"], samples[peer]
-    rounds = min(len(tf), len(pr), len(ceilings))
+    ceilings = [float(x["ceiling"]) for x in tf]
+    rounds = min(len(tf), len(pr))
     ratios = [tf[i]["throughput"] / max(pr[i]["throughput"], 1e-9) for i in range(rounds)]
     shares = [100 * tf[i]["throughput"] / ceilings[i] for i in range(rounds)]
     med = {
@@ -93,7 +95,11 @@ def summarize_point(
             "rounds_at_or_above": sum(r >= 1 for r in ratios),
             "rounds": rounds,
         },
-        "pct_of_round_ceiling": {
+        "ceiling": {
+            "median": round(median(ceilings[:rounds]), 2),
+            "min": min(ceilings[:rounds], default=None),
+        },
+        "pct_of_ceiling": {
             "median": round(median(shares), 1),
             "min": round(min(shares), 1) if shares else None,
         },
@@ -136,6 +142,7 @@ def run_model(
     ref = reference_output(model)
     full = run_pinned(model.file, lay.server_cpus, lay.threads, a.ceiling_seconds * slow, a.ceiling_batches)
     best = full["best"]
+    ceiling = PinnedCeiling(model.file, lay.server_cpus, lay.threads, best, a.window_ceiling_seconds * slow)
     win = Windows(a.seconds * slow, a.warmup * slow, float(best["images_per_s"]), a.stream_answers)
     log(f"  {name}: ceiling {best['images_per_s']} img/s at {best}")
     concs = [int(c) for c in a.concurrency.split(",")]
@@ -161,41 +168,37 @@ def run_model(
         samples: dict[str, dict[str, list[dict[str, Any]]]] = {
             pt.key: {n: [] for n in names} for pt in points
         }
-        ceilings: list[float] = []
         idle_cpu_max = 0.0
         for r in range(a.rounds):
-            cr = run_pinned(
-                model.file, lay.server_cpus, lay.threads, a.ceiling_seconds * slow, str(best["batch"])
-            )
-            ceilings.append(float(cr["best"]["images_per_s"]))
-            log(f"  {name} round {r + 1}/{a.rounds}: ceiling {ceilings[-1]} img/s")
+            log(f"  {name} round {r + 1}/{a.rounds}")
             for i, pt in enumerate(points):
                 for kname in rotation(names, r + i):
                     srv = servers[(kname, chosen[kname]["low" if pt.concurrency < HIGH_BAND else "high"])]
                     if pt.protocol not in srv.protocols:
                         continue
-                    others = [s for s in servers.values() if s is not srv]
-                    idle0 = {id(s): tree_cpu_seconds(s.proc.pid) for s in others}
+                    # trtforge's window is judged against the ceiling of the same minute
+                    ceil = ceiling.measure() if kname == "trtforge" else None
+                    idlers = [s.proc.pid for s in servers.values() if s is not srv] + [ceiling.pid]
+                    idle0 = {pid: tree_cpu_seconds(pid) for pid in idlers}
                     t0 = time.monotonic()
                     c = pt.concurrency
                     res = load(srv, pt.protocol, c, win.window(c), win.warm(c))
                     el = time.monotonic() - t0
-                    idle = (
-                        max((tree_cpu_seconds(s.proc.pid) - idle0[id(s)]) / el for s in others)
-                        if others
-                        else 0
-                    )
+                    idle = max((tree_cpu_seconds(pid) - idle0[pid]) / el for pid in idlers)
                     idle_cpu_max = max(idle_cpu_max, idle)
                     res["round"] = r + 1
+                    if ceil is not None:
+                        res["ceiling"] = ceil
                     samples[pt.key][kname].append(res)
                     log(
                         f"    r{r + 1} {kname:8s} {pt.protocol:4s} c={pt.concurrency:<3d}"
                         f" {res['throughput']:8.1f} req/s  p99 {res['p99_ms']:8.1f} ms"
-                        f"  errors {res['errors']}"
+                        f"  errors {res['errors']}" + (f"  ceiling {ceil} img/s" if ceil is not None else "")
                     )
     finally:
         for srv in servers.values():
             srv.close()
+        ceiling.close()
     peer = a.peer
     out_points = []
     for pt in points:
@@ -206,7 +209,7 @@ def run_model(
             {
                 "concurrency": pt.concurrency,
                 "protocol": pt.protocol,
-                **summarize_point(s, ceilings, peer),
+                **summarize_point(s, peer),
                 "samples": {k: [_slim(x) for x in v] for k, v in s.items()},
             }
         )
@@ -224,18 +227,17 @@ def run_model(
         }
         if best.get("trtforge") and best.get(peer):
             protos = {n: statistics.mode(w["protocol"] for w in best[n]) for n in ("trtforge", peer)}
-            best_points.append(
-                {"concurrency": c, "protocols": protos, **summarize_point(best, ceilings, peer)}
-            )
+            best_points.append({"concurrency": c, "protocols": protos, **summarize_point(best, peer)})
     grpc_http = []
     for r in range(a.rounds):
         h = [x for x in samples.get("http:32", {}).get("trtforge", []) if x["round"] == r + 1]
         g = [x for x in samples.get("grpc:32", {}).get("trtforge", []) if x["round"] == r + 1]
         if h and g:
             grpc_http.append(g[0]["throughput"] / max(h[0]["throughput"], 1e-9))
+    ceilings = [float(x["ceiling"]) for pt in points for x in samples[pt.key].get("trtforge", [])]
     return {
         "ceiling_full": full,
-        "round_ceilings": ceilings,
+        "ceilings": {"median": round(median(ceilings), 2), "min": min(ceilings), "max": max(ceilings)},
         "windows": win.as_dict(concs),
         "chosen": {k.name: chosen[k.name] for k in kinds_to_run},
         "idle_servers_cpu_max": round(idle_cpu_max, 3),
@@ -249,7 +251,7 @@ def run_model(
 
 
 def _slim(res: dict[str, Any]) -> dict[str, Any]:
-    keys = ("round", "throughput", "p50_ms", "p99_ms", "errors", "server_cpu_util", "mean_batch")
+    keys = ("round", "throughput", "p50_ms", "p99_ms", "errors", "server_cpu_util", "mean_batch", "ceiling")
     return {k: res[k] for k in keys if k in res}
 
 
@@ -268,28 +270,31 @@ def render(results: dict[str, Any]) -> str:
     peer = results["peer"]
     parts = [
         f"Paired rounds: {results['rounds']} rounds; in each, every point on every server back to back"
-        f" (the order rotates), and the ceiling timed once at its best configuration. Servers in the"
-        f" serving grid's chosen settings, all started at once; the idle ones used at most"
+        f" (the order rotates), and the ceiling timed at its best configuration right before each of"
+        f" trtforge's windows. Servers in the"
+        f" serving grid's chosen settings, all started at once; the idle ones (and the ceiling's"
+        f" process) used at most"
         f" {max(m['idle_servers_cpu_max'] for m in results['models'].values()):.3f} of a core during"
         f" another's window. 1-min load average before {results['loadavg_before'][0]:.2f}, after"
         f" {results['loadavg_after'][0]:.2f}."
     ]
     for model, m in results["models"].items():
-        ceil = ", ".join(f"{c:g}" for c in m["round_ceilings"])
+        ceil = m["ceilings"]
         parts.append(
-            f"**{model}**: ceiling by round {ceil} img/s; windows {_windows_text(m['windows'])}."
+            f"**{model}**: ceiling next to trtforge's windows {ceil['min']:g}-{ceil['max']:g} img/s"
+            f" (median {ceil['median']:g}); windows {_windows_text(m['windows'])}."
             f" trtforge gRPC over HTTP at c=32, median of rounds:"
             f" {m['trtforge_grpc_over_http_c32']['median']} ({m['trtforge_grpc_over_http_c32']['rounds']})."
         )
         bhead = (
             f"| conc | trtforge at its best protocol, req/s (p99 ms) | {peer} at its best, req/s (p99 ms) |"
             f" paired ratio, median (min-max) | rounds trtforge >= {peer} |"
-            " trtforge of round ceiling, median (min) | verdict on medians |"
+            " trtforge of the ceiling next to its window, median (min) | verdict on medians |"
         )
         brows = [bhead, "|" + "---|" * 7]
         for p in m["best_protocol_points"]:
             t, q = p["median"]["trtforge"], p["median"][peer]
-            pr, sh, pp = p["paired_ratio"], p["pct_of_round_ceiling"], p["protocols"]
+            pr, sh, pp = p["paired_ratio"], p["pct_of_ceiling"], p["protocols"]
             brows.append(
                 f"| {p['concurrency']} | {t['throughput']:.1f} ({t['p99_ms']:.0f}) {pp['trtforge']} |"
                 f" {q['throughput']:.1f} ({q['p99_ms']:.0f}) {pp[peer]} |"
@@ -301,12 +306,12 @@ def render(results: dict[str, Any]) -> str:
         head = (
             "| conc | protocol | trtforge req/s (p99 ms) | "
             f"{peer} req/s (p99 ms) | paired ratio, median (min-max) | rounds trtforge >= {peer} |"
-            " trtforge of round ceiling, median (min) | verdict on medians |"
+            " trtforge of the ceiling next to its window, median (min) | verdict on medians |"
         )
         rows = [head, "|" + "---|" * 8]
         for p in m["points"]:
             t, q = p["median"]["trtforge"], p["median"][peer]
-            pr, sh = p["paired_ratio"], p["pct_of_round_ceiling"]
+            pr, sh = p["paired_ratio"], p["pct_of_ceiling"]
             rows.append(
                 f"| {p['concurrency']} | {PROTOCOL_TITLES.get(p['protocol'], p['protocol'])} |"
                 f" {t['throughput']:.1f} ({t['p99_ms']:.0f}) | {q['throughput']:.1f} ({q['p99_ms']:.0f}) |"
@@ -336,7 +341,13 @@ def main(argv: list[str] | None = None) -> int:
         default=MIN_STREAM_ANSWERS,
         help="windows grow until each worker gets this many answers at the ceiling's rate (0: fixed)",
     )
-    p.add_argument("--ceiling-seconds", type=float, default=1.0)
+    p.add_argument("--ceiling-seconds", type=float, default=1.0, help="per configuration, full ceiling run")
+    p.add_argument(
+        "--window-ceiling-seconds",
+        type=float,
+        default=2.0,
+        help="the ceiling timed before each trtforge window (its best configuration only)",
+    )
     p.add_argument("--ceiling-batches", default="1,2,4,8,16,32")
     p.add_argument("--chosen-from", default=str(RESULTS / "serving.json"), help="the serving grid's result")
     p.add_argument("--name", default="serving-paired")

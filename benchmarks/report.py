@@ -99,7 +99,7 @@ def targets(
             ok = all(p["verdict"] == "win" or p["verdict"].startswith("tie (") for p in pts)
             rows.append([f"{model}: trtforge ≥ {peer}, p99 no higher (paired rounds)", detail, _met(ok)])
         ge8 = [
-            p["pct_of_round_ceiling"]["median"]
+            p["pct_of_ceiling"]["median"]
             for p in m.get("points") or []
             if p["concurrency"] >= 8 and p["protocol"] == "http"
         ]

@@ -30,19 +30,28 @@ def test_builds_alternate_which_goes_first() -> None:
 
 def test_rounds_are_paired_window_by_window_not_by_their_medians() -> None:
     # The machine slows down in round 2 for both; B is 10% ahead in two rounds, 10% behind in one.
-    tf = [w(110.0, 90.0), w(55.0, 200.0), w(180.0, 80.0)]
+    tf = [w(110.0, 90.0, ceiling=200.0), w(55.0, 200.0, ceiling=100.0), w(180.0, 80.0, ceiling=200.0)]
     peer = [w(100.0, 100.0), w(50.0, 210.0), w(200.0, 70.0)]
-    s = summarize_point({"trtforge": tf, "triton": peer}, [200.0, 100.0, 200.0], "triton")
+    s = summarize_point({"trtforge": tf, "triton": peer}, "triton")
     assert s["paired_ratio"] == {"median": 1.1, "min": 0.9, "max": 1.1, "rounds_at_or_above": 2, "rounds": 3}
     assert s["median"]["trtforge"] == {"throughput": 110.0, "p99_ms": 90.0, "errors": 0}
     assert s["median"]["triton"]["throughput"] == 100.0
-    # each window against the ceiling of its own round: 55%, 55%, 90%
-    assert s["pct_of_round_ceiling"] == {"median": 55.0, "min": 55.0}
+    # each window against the ceiling timed next to it: 55%, 55%, 90%
+    assert s["pct_of_ceiling"] == {"median": 55.0, "min": 55.0}
+    assert s["ceiling"] == {"median": 200.0, "min": 100.0}
     assert s["verdict"] == "win"
 
 
+def test_a_window_is_judged_against_its_own_ceiling_not_the_rounds_first() -> None:
+    # Same server rate, the machine's minute moves the ceiling under it: 100/125 and 100/100.
+    tf = [w(100.0, ceiling=125.0), w(100.0, ceiling=100.0)]
+    s = summarize_point({"trtforge": tf, "triton": [w(90.0), w(90.0)]}, "triton")
+    assert s["pct_of_ceiling"] == {"median": 90.0, "min": 80.0}
+
+
 def test_a_higher_median_p99_is_not_a_win() -> None:
-    s = summarize_point({"trtforge": [w(120.0, 400.0)], "triton": [w(100.0, 300.0)]}, [200.0], "triton")
+    tf = [w(120.0, 400.0, ceiling=200.0)]
+    s = summarize_point({"trtforge": tf, "triton": [w(100.0, 300.0)]}, "triton")
     assert s["verdict"] == "win, p99 higher"
 
 

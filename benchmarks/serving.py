@@ -15,6 +15,11 @@ session did, reported the best of four noisy windows on the first protocol and o
 others: the first protocol read high by the choice itself.) Before any load, each server's answer
 over each protocol is checked against ONNX Runtime run directly.
 
+A grid point's share of the ceiling is its rate over the ceiling timed right before its window (its
+best configuration, by a ceiling process pinned to the same cores that keeps its sessions idle in
+between): this host's speed moves by 10% from one minute to the next, and a single ceiling timed
+before the sweep judged windows up to an hour later (runs before the thirtieth session did that).
+
 Layouts on a 2-core machine: ``shared`` — servers on cores 0-1 with 2 ONNX Runtime threads, the client
 on the same cores (how the issue's reference numbers were taken); ``isolated`` — servers on core 1,
 the client alone on core 0.
@@ -31,13 +36,14 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.ceiling import run_pinned
+from benchmarks.ceiling import PinnedCeiling, run_pinned
 from benchmarks.common import (
     CACHE,
     ROOT,
@@ -365,8 +371,10 @@ def measure_server(
     ref: np.ndarray,
     log_dir: Path,
     small_batch: int,
+    ceiling_now: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
-    """Sweep (its small max batch `small_batch`), choose, then the grid over every protocol."""
+    """Sweep (its small max batch `small_batch`), choose, then the grid over every protocol; each
+    grid window right after `ceiling_now()` (the ceiling timed again, kept as the point's ``ceiling``)."""
     settings = kind.sweep(lay.threads, small_batch)
     sweep: list[dict[str, Any]] = []
     answers: dict[str, float] = {}
@@ -398,14 +406,18 @@ def measure_server(
             answers = check_answers(srv, ref)
             for protocol in srv.protocols:
                 for c in wanted:
+                    ceil = ceiling_now() if ceiling_now is not None else None
                     r = load(srv, protocol, c, win.window(c), win.warm(c))
                     r.update(protocol=protocol, setting=settings[idx].label)
+                    if ceil is not None:
+                        r["ceiling"] = ceil
                     points.append(r)
                     log(
                         f"    {kind.name:8s} {protocol:4s} c={c:<3d} {r['throughput']:8.1f} req/s"
                         f"  p50 {r['p50_ms']:8.1f}  p99 {r['p99_ms']:8.1f} ms  errors {r['errors']}"
                         f"  cpu {r['server_cpu_util']}  batch {r.get('mean_batch')}"
                         f"  answers per stream {r.get('stream_answers_min')}-{r.get('stream_answers_max')}"
+                        + (f"  ceiling {ceil} img/s" if ceil is not None else "")
                     )
         finally:
             srv.close()
@@ -442,6 +454,12 @@ def main(argv: list[str] | None = None) -> int:
     # ones make it the luckiest of eleven noisy samples.
     p.add_argument("--ceiling-seconds", type=float, default=1.0)
     p.add_argument("--ceiling-batches", default="1,2,4,8,16,32")
+    p.add_argument(
+        "--window-ceiling-seconds",
+        type=float,
+        default=2.0,
+        help="the ceiling timed before each grid window (its best configuration only)",
+    )
     p.add_argument("--name", default="serving", help="result file name")
     p.add_argument("--client", choices=CLIENTS, default="native", help="see benchmarks.loadgen")
     a = p.parse_args(argv)
@@ -464,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     # Every model's ceiling first; then server by server (both models each), so a run cut short
     # misses the last server (KServe, the reference peer), not half of every server.
     models: dict[str, tuple[Model, Windows, np.ndarray]] = {}
+    timers: dict[str, PinnedCeiling] = {}
     for name in a.models.split(","):
         model = model_info(name)
         slow = a.slow_factor if name != "squeezenet" else 1.0
@@ -473,6 +492,9 @@ def main(argv: list[str] | None = None) -> int:
         rate = float(best["images_per_s"])
         win = Windows(a.seconds * slow, a.warmup * slow, rate, a.stream_answers)
         models[name] = (model, win, reference_output(model))
+        timers[name] = PinnedCeiling(
+            model.file, lay.server_cpus, lay.threads, best, a.window_ceiling_seconds * slow
+        )
         log(f"  {name}: ceiling {best['images_per_s']} img/s ({best}); the sweep's small batch {small}")
         results["models"][name] = {
             "ceiling": ceil,
@@ -480,23 +502,35 @@ def main(argv: list[str] | None = None) -> int:
             "windows": win.as_dict(concs),
             "servers": {},
         }
-    for kind in servers:
-        for name, (model, win, ref) in models.items():
-            mres = results["models"][name]
-            t0 = time.monotonic()
-            try:
-                mres["servers"][kind.name] = measure_server(
-                    kind, model, lay, concs, win, ref, log_dir, int(mres["sweep_small_batch"])
-                )
-            except Exception as e:  # one server failing must not lose the others' results
-                log(f"  {name} {kind.name} FAILED: {e}")
-                results.setdefault("failed", {}).setdefault(name, {})[kind.name] = str(e)[-2000:]
-            log(f"  {name} {kind.name}: {time.monotonic() - t0:.0f}s")
-            ceil_pct(mres)
-            # After every server, what is measured so far (a run cut short keeps it, marked partial).
-            partial = {**results, "partial": True, "loadavg_after": os.getloadavg()}
-            partial["summary"] = summarize(partial)
-            write_result(a.name, partial)
+    try:
+        for kind in servers:
+            for name, (model, win, ref) in models.items():
+                mres = results["models"][name]
+                t0 = time.monotonic()
+                try:
+                    mres["servers"][kind.name] = measure_server(
+                        kind,
+                        model,
+                        lay,
+                        concs,
+                        win,
+                        ref,
+                        log_dir,
+                        int(mres["sweep_small_batch"]),
+                        timers[name].measure,
+                    )
+                except Exception as e:  # one server failing must not lose the others' results
+                    log(f"  {name} {kind.name} FAILED: {e}")
+                    results.setdefault("failed", {}).setdefault(name, {})[kind.name] = str(e)[-2000:]
+                log(f"  {name} {kind.name}: {time.monotonic() - t0:.0f}s")
+                ceil_pct(mres)
+                # After every server, what is measured so far (a run cut short keeps it, marked partial).
+                partial = {**results, "partial": True, "loadavg_after": os.getloadavg()}
+                partial["summary"] = summarize(partial)
+                write_result(a.name, partial)
+    finally:
+        for t in timers.values():
+            t.close()
     results["loadavg_after"] = os.getloadavg()
     results["wall_s"] = round(time.monotonic() - t_begin, 1)
     results["summary"] = summarize(results)
@@ -506,10 +540,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def ceil_pct(mres: dict[str, Any]) -> None:
+    """Each grid point's share of the ceiling timed next to it (of the model's ceiling for a point
+    without one: runs before the thirtieth session)."""
     c = float(mres["ceiling"]["best"]["images_per_s"])
     for s in mres["servers"].values():
         for p in s["points"]:
-            p["pct_of_ceiling"] = round(100 * p["throughput"] / c, 1)
+            p["pct_of_ceiling"] = round(100 * p["throughput"] / float(p.get("ceiling") or c), 1)
 
 
 # --- summary: the issue's targets -------------------------------------------------------------------
@@ -554,7 +590,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
                     "trtforge": {k: tf[k] for k in ("protocol", "throughput", "p99_ms", "pct_of_ceiling")},
                     "best_peer": {"server": kb, **{k: pb[k] for k in ("protocol", "throughput", "p99_ms")}},
                     "ratio": round(tf["throughput"] / max(pb["throughput"], 1e-9), 2),
-                    "verdict": verdict(tf, pb, ceil),
+                    "verdict": verdict(tf, pb, float(tf.get("ceiling") or ceil)),
                 }
             )
         by = {(p["protocol"], p["concurrency"]): p for p in tf_pts}
@@ -571,6 +607,18 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
 # --- tables ------------------------------------------------------------------------------------------
 def _cell(p: dict[str, Any] | None) -> str:
     return "-" if p is None else f"{p['throughput']:.1f} ({p['p99_ms']:.0f})"
+
+
+def _share_cell(p: dict[str, Any] | None) -> str:
+    if p is None:
+        return "-"
+    return f"{p['pct_of_ceiling']}%" + (f" of {p['ceiling']:g}" if p.get("ceiling") else "")
+
+
+def _window_ceilings_text(servers: dict[str, Any]) -> str:
+    """ "; timed again before each grid window: lo-hi img/s", or nothing (runs before it)."""
+    cs = [float(p["ceiling"]) for s in servers.values() for p in s["points"] if p.get("ceiling")]
+    return f"; timed again before each grid window: {min(cs):g}-{max(cs):g} img/s" if cs else ""
 
 
 def render(results: dict[str, Any]) -> str:
@@ -595,7 +643,9 @@ def render(results: dict[str, Any]) -> str:
             f"\n**{model}** — in-process ceiling {ceil['images_per_s']} img/s "
             f"(batch {ceil['batch']}"
             + (f", {ceil['sessions']} sessions side by side" if "sessions" in ceil else "")
-            + ")."
+            + ")"
+            + _window_ceilings_text(servers)
+            + "."
             " Settings sweep (req/s and p99 ms on each server's first protocol):"
         )
         rows = []
@@ -659,7 +709,7 @@ def render(results: dict[str, Any]) -> str:
                         c,
                         PROTOCOL_TITLES[pr],
                         *(_cell(at.get(k)) for k in servers),
-                        f"{tf['pct_of_ceiling']}%" if tf else "-",
+                        _share_cell(tf),
                         tf.get("mean_batch") if tf else None,
                     ]
                 )
@@ -669,7 +719,7 @@ def render(results: dict[str, Any]) -> str:
                     "conc",
                     "protocol",
                     *(f"{k} req/s (p99)" for k in servers),
-                    "trtforge of ceiling",
+                    "trtforge of the ceiling (timed next to its window, img/s)",
                     "trtforge batch",
                 ],
                 rows,

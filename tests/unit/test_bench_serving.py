@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.serving import Windows, pick_best
+from benchmarks.serving import Windows, ceil_pct, pick_best, summarize
 
 
 def pt(throughput: float, p99_ms: float) -> dict[str, Any]:
@@ -59,3 +59,27 @@ def test_windows_stay_fixed_without_a_rate_or_with_no_answers_asked() -> None:
         "1": [10.0, 2.5],
         "64": [26.7, 5.3],
     }
+
+
+def test_a_grid_point_is_judged_against_the_ceiling_timed_next_to_it() -> None:
+    def point(c: int, throughput: float, ceiling: float | None = None) -> dict[str, Any]:
+        p: dict[str, Any] = {"protocol": "http", "concurrency": c, "throughput": throughput, "p99_ms": 100.0}
+        if ceiling is not None:
+            p["ceiling"] = ceiling
+        return p
+
+    # the model's ceiling (timed before the sweep) read a slow minute: 200; the windows' ceilings 250
+    mres = {
+        "ceiling": {"best": {"images_per_s": 200.0}},
+        "servers": {
+            "trtforge": {"points": [point(8, 225.0, 250.0), point(32, 240.0)]},  # c=32: an old run's
+            "triton": {"points": [point(8, 230.0, 250.0), point(32, 200.0, 250.0)]},
+        },
+    }
+    ceil_pct(mres)
+    shares = {p["concurrency"]: p["pct_of_ceiling"] for p in mres["servers"]["trtforge"]["points"]}
+    assert shares == {8: 90.0, 32: 120.0}
+    summary = summarize({"models": {"squeezenet": mres}})["squeezenet"]
+    # 225 is within 5% of 230: near the model's ceiling (200) a tie, but not near the window's (250)
+    assert summary["points"][0]["verdict"] == "loss"
+    assert summary["min_pct_of_ceiling_c_ge_8_http"] == 90.0

@@ -142,13 +142,13 @@ def run_model(
     ref = reference_output(model)
     full = run_pinned(model.file, lay.server_cpus, lay.threads, a.ceiling_seconds * slow, a.ceiling_batches)
     best = full["best"]
-    ceiling = PinnedCeiling(model.file, lay.server_cpus, lay.threads, best, a.window_ceiling_seconds * slow)
     win = Windows(a.seconds * slow, a.warmup * slow, float(best["images_per_s"]), a.stream_answers)
     log(f"  {name}: ceiling {best['images_per_s']} img/s at {best}")
     concs = [int(c) for c in a.concurrency.split(",")]
     log_dir = CACHE / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     servers: dict[tuple[str, str], Server] = {}
+    ceiling = PinnedCeiling(model.file, lay.server_cpus, lay.threads, best, a.window_ceiling_seconds * slow)
     try:
         for kind in kinds_to_run:
             for side in ("low", "high"):

@@ -482,27 +482,27 @@ def main(argv: list[str] | None = None) -> int:
     # Every model's ceiling first; then server by server (both models each), so a run cut short
     # misses the last server (KServe, the reference peer), not half of every server.
     models: dict[str, tuple[Model, Windows, np.ndarray]] = {}
-    timers: dict[str, PinnedCeiling] = {}
-    for name in a.models.split(","):
-        model = model_info(name)
-        slow = a.slow_factor if name != "squeezenet" else 1.0
-        ceil = ceiling(model, lay, a.ceiling_seconds * slow, a.ceiling_batches)
-        small = sweep_small_batch(ceil)
-        best = ceil["best"]
-        rate = float(best["images_per_s"])
-        win = Windows(a.seconds * slow, a.warmup * slow, rate, a.stream_answers)
-        models[name] = (model, win, reference_output(model))
-        timers[name] = PinnedCeiling(
-            model.file, lay.server_cpus, lay.threads, best, a.window_ceiling_seconds * slow
-        )
-        log(f"  {name}: ceiling {best['images_per_s']} img/s ({best}); the sweep's small batch {small}")
-        results["models"][name] = {
-            "ceiling": ceil,
-            "sweep_small_batch": small,
-            "windows": win.as_dict(concs),
-            "servers": {},
-        }
+    timers: dict[str, PinnedCeiling] = {}  # closed in the finally below, however the run ends
     try:
+        for name in a.models.split(","):
+            model = model_info(name)
+            slow = a.slow_factor if name != "squeezenet" else 1.0
+            ceil = ceiling(model, lay, a.ceiling_seconds * slow, a.ceiling_batches)
+            small = sweep_small_batch(ceil)
+            best = ceil["best"]
+            rate = float(best["images_per_s"])
+            win = Windows(a.seconds * slow, a.warmup * slow, rate, a.stream_answers)
+            models[name] = (model, win, reference_output(model))
+            timers[name] = PinnedCeiling(
+                model.file, lay.server_cpus, lay.threads, best, a.window_ceiling_seconds * slow
+            )
+            log(f"  {name}: ceiling {best['images_per_s']} img/s ({best}); the sweep's small batch {small}")
+            results["models"][name] = {
+                "ceiling": ceil,
+                "sweep_small_batch": small,
+                "windows": win.as_dict(concs),
+                "servers": {},
+            }
         for kind in servers:
             for name, (model, win, ref) in models.items():
                 mres = results["models"][name]

@@ -539,13 +539,18 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if results.get("failed") else 0
 
 
+def point_ceiling(point: dict[str, Any], model_ceiling: float) -> float:
+    """The ceiling a grid point is judged against: the one timed next to its window, or the model's
+    for a point without one (runs before the thirtieth session)."""
+    return float(point.get("ceiling") or model_ceiling)
+
+
 def ceil_pct(mres: dict[str, Any]) -> None:
-    """Each grid point's share of the ceiling timed next to it (of the model's ceiling for a point
-    without one: runs before the thirtieth session)."""
+    """Each grid point's share of its :func:`point_ceiling`."""
     c = float(mres["ceiling"]["best"]["images_per_s"])
     for s in mres["servers"].values():
         for p in s["points"]:
-            p["pct_of_ceiling"] = round(100 * p["throughput"] / float(p.get("ceiling") or c), 1)
+            p["pct_of_ceiling"] = round(100 * p["throughput"] / point_ceiling(p, c), 1)
 
 
 # --- summary: the issue's targets -------------------------------------------------------------------
@@ -590,7 +595,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
                     "trtforge": {k: tf[k] for k in ("protocol", "throughput", "p99_ms", "pct_of_ceiling")},
                     "best_peer": {"server": kb, **{k: pb[k] for k in ("protocol", "throughput", "p99_ms")}},
                     "ratio": round(tf["throughput"] / max(pb["throughput"], 1e-9), 2),
-                    "verdict": verdict(tf, pb, float(tf.get("ceiling") or ceil)),
+                    "verdict": verdict(tf, pb, point_ceiling(tf, ceil)),
                 }
             )
         by = {(p["protocol"], p["concurrency"]): p for p in tf_pts}

@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peer", default="triton", help="the peer of the paired ratios and verdicts")
     p.add_argument("--protocols", default="http,grpc")
     p.add_argument("--concurrency", default="1,8,32,64")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--layout", default="shared", choices=sorted(layouts()))
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--warmup", type=float, default=1.0)

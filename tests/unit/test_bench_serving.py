@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.serving import Windows, ceil_pct, pick_best, summarize
+from benchmarks.serving import MET_VERDICTS, TIE, WIN, Windows, ceil_pct, pick_best, summarize, verdict
 
 
 def pt(throughput: float, p99_ms: float) -> dict[str, Any]:
@@ -83,3 +83,21 @@ def test_a_grid_point_is_judged_against_the_ceiling_timed_next_to_it() -> None:
     # 225 is within 5% of 230: near the model's ceiling (200) a tie, but not near the window's (250)
     assert summary["points"][0]["verdict"] == "loss"
     assert summary["min_pct_of_ceiling_c_ge_8_http"] == 90.0
+
+
+def test_near_the_ceiling_the_band_covers_the_p99_as_well_as_the_rate() -> None:
+    # both servers at 97-100% of a 100 img/s ceiling: a 2% higher p99 is inside the band
+    assert verdict(pt(98.0, 1020.0), pt(100.0, 1000.0), ceiling=100.0) == TIE
+    assert verdict(pt(101.0, 1040.0), pt(100.0, 1000.0), ceiling=100.0) == TIE
+    # outside the band on the p99 (8% higher) or on the rate (7% lower), it is no tie
+    assert verdict(pt(101.0, 1080.0), pt(100.0, 1000.0), ceiling=100.0) == "win, p99 higher"
+    assert verdict(pt(98.0, 1080.0), pt(100.0, 1000.0), ceiling=100.0) == "tie, p99 higher"
+    assert verdict(pt(93.0, 900.0), pt(100.0, 1000.0), ceiling=100.0) == "loss"
+    assert {TIE, WIN} == MET_VERDICTS
+
+
+def test_far_from_the_ceiling_there_is_no_band() -> None:
+    # both at 70% of the ceiling: a 1% higher p99 or a 1% lower rate decides
+    assert verdict(pt(71.0, 101.0), pt(70.0, 100.0), ceiling=100.0) == "win, p99 higher"
+    assert verdict(pt(69.5, 90.0), pt(70.0, 100.0), ceiling=100.0) == "loss"
+    assert verdict(pt(70.0, 100.0), pt(70.0, 100.0), ceiling=100.0) == WIN

@@ -41,6 +41,7 @@ from benchmarks.serving import (
     check_answers,
     layouts,
     load,
+    reachable_share,
     reference_output,
     verdict,
 )
@@ -69,10 +70,14 @@ def median(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
 
-def summarize_point(samples: dict[str, list[dict[str, Any]]], peer: str) -> dict[str, Any]:
+def summarize_point(
+    samples: dict[str, list[dict[str, Any]]], peer: str, reachable: float = 1.0
+) -> dict[str, Any]:
     """One grid point's rounds (`samples[server]`, round order) reduced to medians, the paired
     ratios (trtforge over `peer` in the same round) and trtforge's share of the ceiling timed next
-    to each of its windows (its samples' ``ceiling``)."""
+    to each of its windows (its samples' ``ceiling``). `reachable`: the share of that ceiling the
+    point's concurrency can reach (:func:`~benchmarks.serving.reachable_share`), which the verdict's
+    "near the ceiling" is judged against."""
     tf, pr = samples["trtforge"], samples[peer]
     ceilings = [float(x["ceiling"]) for x in tf]
     rounds = min(len(tf), len(pr))
@@ -98,12 +103,13 @@ def summarize_point(samples: dict[str, list[dict[str, Any]]], peer: str) -> dict
         "ceiling": {
             "median": round(median(ceilings[:rounds]), 2),
             "min": min(ceilings[:rounds], default=None),
+            "reachable_share": round(reachable, 3),  # of it, at this concurrency
         },
         "pct_of_ceiling": {
             "median": round(median(shares), 1),
             "min": round(min(shares), 1) if shares else None,
         },
-        "verdict": verdict(med["trtforge"], med[peer], median(ceilings[:rounds])),
+        "verdict": verdict(med["trtforge"], med[peer], reachable * median(ceilings[:rounds])),
     }
 
 
@@ -209,7 +215,7 @@ def run_model(
             {
                 "concurrency": pt.concurrency,
                 "protocol": pt.protocol,
-                **summarize_point(s, peer),
+                **summarize_point(s, peer, reachable_share(full, pt.concurrency)),
                 "samples": {k: [_slim(x) for x in v] for k, v in s.items()},
             }
         )
@@ -227,7 +233,13 @@ def run_model(
         }
         if best.get("trtforge") and best.get(peer):
             protos = {n: statistics.mode(w["protocol"] for w in best[n]) for n in ("trtforge", peer)}
-            best_points.append({"concurrency": c, "protocols": protos, **summarize_point(best, peer)})
+            best_points.append(
+                {
+                    "concurrency": c,
+                    "protocols": protos,
+                    **summarize_point(best, peer, reachable_share(full, c)),
+                }
+            )
     grpc_http = []
     for r in range(a.rounds):
         h = [x for x in samples.get("http:32", {}).get("trtforge", []) if x["round"] == r + 1]

@@ -545,6 +545,24 @@ def point_ceiling(point: dict[str, Any], model_ceiling: float) -> float:
     return float(point.get("ceiling") or model_ceiling)
 
 
+def reachable_share(ceiling_run: dict[str, Any], concurrency: int) -> float:
+    """How much of the best ceiling `concurrency` requests in flight can reach in process: the best
+    configuration of the full ceiling run that needs at most that many requests at once (batch x
+    sessions), over the best of all. One request at a time runs as a batch of one on one session,
+    so at c=1 this is that timing's share (ResNet-50: 22.9 of 25.7 img/s, which needs two sessions
+    side by side). 1.0 where the run has no per-configuration timings."""
+    best = float(ceiling_run["best"]["images_per_s"])
+    configs = [*ceiling_run.get("per_batch", []), *ceiling_run.get("parallel_sessions", [])]
+    fits = [
+        float(x["images_per_s"])
+        for x in configs
+        if int(x["batch"]) * int(x.get("sessions", 1)) <= concurrency
+    ]
+    if not fits or best <= 0:
+        return 1.0
+    return min(1.0, max(fits) / best)
+
+
 def ceil_pct(mres: dict[str, Any]) -> None:
     """Each grid point's share of its :func:`point_ceiling`."""
     c = float(mres["ceiling"]["best"]["images_per_s"])
@@ -566,8 +584,9 @@ MET_VERDICTS = frozenset({WIN, TIE})
 
 
 def verdict(tf: dict[str, Any], peer: dict[str, Any], ceiling: float) -> str:
-    """``win`` (at or above the peer with a p99 no higher); ``tie`` near the ceiling (one of the two
-    within :data:`BAND` of it), when trtforge's throughput is within the band below the peer's and its
+    """``win`` (at or above the peer with a p99 no higher); ``tie`` near `ceiling` (one of the two
+    within :data:`BAND` of it; the caller passes the ceiling reachable at the point's concurrency,
+    :func:`reachable_share`), when trtforge's throughput is within the band below the peer's and its
     p99 within the band above the peer's; otherwise ``loss``, or a win or tie whose p99 is too high, which
     says so. Only :data:`MET_VERDICTS` meet the target (docs/benchmarks.md, "Verdict at each point").
 
@@ -610,7 +629,8 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
                     "trtforge": {k: tf[k] for k in ("protocol", "throughput", "p99_ms", "pct_of_ceiling")},
                     "best_peer": {"server": kb, **{k: pb[k] for k in ("protocol", "throughput", "p99_ms")}},
                     "ratio": round(tf["throughput"] / max(pb["throughput"], 1e-9), 2),
-                    "verdict": verdict(tf, pb, point_ceiling(tf, ceil)),
+                    "reachable_share": round(reachable_share(m["ceiling"], c), 3),
+                    "verdict": verdict(tf, pb, point_ceiling(tf, ceil) * reachable_share(m["ceiling"], c)),
                 }
             )
         by = {(p["protocol"], p["concurrency"]): p for p in tf_pts}

@@ -38,7 +38,7 @@ def test_rounds_are_paired_window_by_window_not_by_their_medians() -> None:
     assert s["median"]["triton"]["throughput"] == 100.0
     # each window against the ceiling timed next to it: 55%, 55%, 90%
     assert s["pct_of_ceiling"] == {"median": 55.0, "min": 55.0}
-    assert s["ceiling"] == {"median": 200.0, "min": 100.0}
+    assert s["ceiling"] == {"median": 200.0, "min": 100.0, "reachable_share": 1.0}
     assert s["verdict"] == "win"
 
 
@@ -120,3 +120,14 @@ def test_the_windows_line_names_the_concurrencies_whose_windows_grew() -> None:
     grown = Windows(10.0, 2.5, rate=24.0).as_dict([1, 8, 64])
     assert _windows_text(grown) == "10 s after 2.5 s (c=64: 26.7 s after 5.3 s)"
     assert _windows_text({"seconds": 4.0, "warmup": 1.0}) == "4 s after 1 s"  # a file from before
+
+
+def test_near_the_ceiling_is_judged_against_what_the_points_concurrency_can_reach() -> None:
+    # ResNet-50 at c=1, shaped like the thirty-second session's medians: both servers at the bound
+    # of one request at a time (22.9 img/s), which is 89% of the best ceiling (25.7, two in flight)
+    tf = [w(23.86, 49.0, ceiling=25.72)]
+    peer = [w(24.39, 47.2)]
+    assert summarize_point({"trtforge": tf, "triton": peer}, "triton")["verdict"] == "loss"
+    s = summarize_point({"trtforge": tf, "triton": peer}, "triton", reachable=22.9 / 25.7)
+    assert s["verdict"] == "tie (5% band near the ceiling)"
+    assert s["ceiling"]["reachable_share"] == 0.891

@@ -6,7 +6,17 @@ from typing import Any
 
 import pytest
 
-from benchmarks.serving import MET_VERDICTS, TIE, WIN, Windows, ceil_pct, pick_best, summarize, verdict
+from benchmarks.serving import (
+    MET_VERDICTS,
+    TIE,
+    WIN,
+    Windows,
+    ceil_pct,
+    pick_best,
+    reachable_share,
+    summarize,
+    verdict,
+)
 
 
 def pt(throughput: float, p99_ms: float) -> dict[str, Any]:
@@ -101,3 +111,48 @@ def test_far_from_the_ceiling_there_is_no_band() -> None:
     assert verdict(pt(71.0, 101.0), pt(70.0, 100.0), ceiling=100.0) == "win, p99 higher"
     assert verdict(pt(69.5, 90.0), pt(70.0, 100.0), ceiling=100.0) == "loss"
     assert verdict(pt(70.0, 100.0), pt(70.0, 100.0), ceiling=100.0) == WIN
+
+
+# ResNet-50's full ceiling run of the thirty-second session's grid (img/s)
+RESNET_CEILING = {
+    "per_batch": [
+        {"batch": 1, "images_per_s": 22.98},
+        {"batch": 2, "images_per_s": 24.07},
+        {"batch": 8, "images_per_s": 26.56},
+    ],
+    "parallel_sessions": [
+        {"batch": 1, "sessions": 2, "images_per_s": 25.55},
+        {"batch": 4, "sessions": 2, "images_per_s": 26.74},
+    ],
+    "best": {"batch": 4, "sessions": 2, "images_per_s": 26.74},
+}
+
+
+def test_the_reachable_ceiling_counts_the_requests_a_configuration_needs_in_flight() -> None:
+    assert reachable_share(RESNET_CEILING, 1) == 22.98 / 26.74  # a batch of one on one session
+    assert reachable_share(RESNET_CEILING, 2) == 25.55 / 26.74  # two sessions of one each
+    assert reachable_share(RESNET_CEILING, 8) == 1.0
+    # results without the per-configuration timings judge every point against the best
+    assert reachable_share({"best": {"images_per_s": 26.74}}, 1) == 1.0
+
+
+def test_at_c1_both_servers_at_the_one_request_bound_tie() -> None:
+    def point(throughput: float, p99: float) -> dict[str, Any]:
+        return {
+            "protocol": "http",
+            "concurrency": 1,
+            "throughput": throughput,
+            "p99_ms": p99,
+            "ceiling": 26.5,
+        }
+
+    mres = {
+        "ceiling": RESNET_CEILING,
+        "servers": {"trtforge": {"points": [point(23.5, 49.0)]}, "triton": {"points": [point(24.0, 47.5)]}},
+    }
+    ceil_pct(mres)
+    got = summarize({"models": {"resnet50": mres}})["resnet50"]["points"][0]
+    assert got["verdict"] == TIE
+    assert got["reachable_share"] == 0.859
+    # against the best ceiling (26.5, two requests in flight) neither is near it: a loss
+    assert verdict(point(23.5, 49.0), point(24.0, 47.5), ceiling=26.5) == "loss"

@@ -69,6 +69,11 @@ def paired_decides(grid_points: list[dict[str, Any]], paired: dict[str, Any] | N
     return all(p["best_peer"]["server"] == paired.get("peer") for p in grid_points)
 
 
+def _grid_met(ok: bool, by_paired: bool) -> str:
+    """A grid row's status: met or missed, or shown where the paired rounds decide its model."""
+    return SHOWN if by_paired else _met(ok)
+
+
 def targets(
     serving: dict[str, Any] | None,
     coldstart: dict[str, Any] | None,
@@ -83,11 +88,7 @@ def targets(
     summ = (serving or {}).get("summary") or {}
     for model, s in summ.items():
         pts = s.get("points") or []
-        decided_elsewhere = paired_decides(pts, paired, model)
-
-        def status(ok: bool, decided_elsewhere: bool = decided_elsewhere) -> str:
-            return SHOWN if decided_elsewhere else _met(ok)
-
+        by_paired = paired_decides(pts, paired, model)
         if pts:
             verdicts = [p["verdict"] for p in pts]
             detail = ", ".join(
@@ -96,17 +97,21 @@ def targets(
             )
             ok = all(v in MET_VERDICTS for v in verdicts)
             rows.append(
-                [f"{model}: trtforge ≥ the best of Triton and MLServer, p99 no higher", detail, status(ok)]
+                [
+                    f"{model}: trtforge ≥ the best of Triton and MLServer, p99 no higher",
+                    detail,
+                    _grid_met(ok, by_paired),
+                ]
             )
         for proto in ("http", "grpc"):
             v = s.get(f"min_pct_of_ceiling_c_ge_8_{proto}")
             if v is not None:
                 # the share's target is HTTP binary's; gRPC's own is "within 10% of HTTP binary"
-                met = status(v >= 90) if proto == "http" else INFO
+                met = _grid_met(v >= 90, by_paired) if proto == "http" else INFO
                 rows.append([f"{model}: ≥ 90% of the ceiling at c ≥ 8 ({proto})", f"lowest {v}%", met])
         g = s.get("grpc_vs_http_c32")
         if g is not None:
-            within = status(g >= 0.9)
+            within = _grid_met(g >= 0.9, by_paired)
             rows.append([f"{model}: gRPC within 10% of HTTP binary at c=32", f"gRPC = {g:.2f}x HTTP", within])
     for model, m in ((paired or {}).get("models") or {}).items():
         peer = (paired or {}).get("peer", "peer")

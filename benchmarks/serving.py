@@ -623,14 +623,15 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             if tf is None or not peers:
                 continue
             kb, pb = max(peers, key=lambda kp: kp[1]["throughput"])
+            reach = reachable_share(m["ceiling"], c)
             s["points"].append(
                 {
                     "concurrency": c,
                     "trtforge": {k: tf[k] for k in ("protocol", "throughput", "p99_ms", "pct_of_ceiling")},
                     "best_peer": {"server": kb, **{k: pb[k] for k in ("protocol", "throughput", "p99_ms")}},
                     "ratio": round(tf["throughput"] / max(pb["throughput"], 1e-9), 2),
-                    "reachable_share": round(reachable_share(m["ceiling"], c), 3),
-                    "verdict": verdict(tf, pb, point_ceiling(tf, ceil) * reachable_share(m["ceiling"], c)),
+                    "reachable_share": round(reach, 3),
+                    "verdict": verdict(tf, pb, point_ceiling(tf, ceil) * reach),
                 }
             )
         by = {(p["protocol"], p["concurrency"]): p for p in tf_pts}

@@ -24,7 +24,7 @@ from typing import Any
 
 from benchmarks.common import (
     CACHE,
-    free_port,
+    free_ports,
     log,
     serve_cmd,
     start,
@@ -100,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     protocol, _, conc = a.point.partition(":")
     if protocol not in ("http", "grpc") or not conc.isdigit():
         p.error(f"--point {a.point!r}: expected http:<concurrency> or grpc:<concurrency>")
-    builds = {n: Build(n, Path(t).resolve(), free_port(), free_port()) for n, t in (("A", a.a), ("B", a.b))}
+    ports = free_ports(4)
+    builds = {
+        n: Build(n, Path(t).resolve(), ports[2 * i], ports[2 * i + 1])
+        for i, (n, t) in enumerate((("A", a.a), ("B", a.b)))
+    }
     for bld in builds.values():
         exe = bld.tree / ".venv" / "bin" / "trtforge"
         if not exe.exists():

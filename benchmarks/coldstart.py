@@ -29,6 +29,7 @@ from typing import Any
 from benchmarks.common import (
     CACHE,
     free_port,
+    free_ports,
     http_get,
     log,
     serve_cmd,
@@ -131,7 +132,7 @@ def _phases(log_path: Path, t0_epoch: float) -> dict[str, float]:
 def run_serve(
     store_uri: str, key: str, cache: Path, cpus: str, env: dict[str, str], log_path: Path
 ) -> dict[str, Any]:
-    port = free_port()
+    port, grpc_port = free_ports(2)
     cmd = taskset(
         cpus,
         serve_cmd(
@@ -140,7 +141,7 @@ def run_serve(
             "resnet50",
             port,
             cache,
-            *(["--grpc-port", str(free_port())] if grpc_supported() else []),  # on, as by default
+            *(["--grpc-port", str(grpc_port)] if grpc_supported() else []),  # on, as by default
         ),
     )
     t0 = time.time()

@@ -41,7 +41,7 @@ from typing import Any
 from benchmarks.common import (
     CACHE,
     ROOT,
-    free_port,
+    free_ports,
     log,
     serve_cmd,
     start,
@@ -259,7 +259,7 @@ def serve_windows(
     in_name, out_name = info.input, info.output
     store = store_dir(model)
     key, _ = ensure_engine(info.file, store)
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_ports(2)
     cmd = serve_cmd(str(store), key, model, port, CACHE / "cycles", "--grpc-port", str(grpc_port), *flags)
     proc = start(taskset(cpus, cmd), CACHE / "logs" / "cycles-serve.log", {"TRTFORGE_GPU_PROBE": "none"})
     out: dict[str, Any] = {}

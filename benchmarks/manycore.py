@@ -53,7 +53,7 @@ from benchmarks.common import (
     ROOT,
     cpu_ticks,
     descendants,
-    free_port,
+    free_ports,
     loadgen_cmd,
     log,
     serve_cmd,
@@ -125,9 +125,9 @@ def serve(
 ) -> tuple[subprocess.Popen[bytes], int, int | None, float]:
     """The server started and ready: its process, HTTP port, gRPC port (None: no gRPC), start-up s."""
     key, _ = ensure_engine(model.file, store_dir(model.name))
-    port = free_port()
+    port, maybe_grpc = free_ports(2)
     cache = CACHE / "manycore" / f"cache-{port}"
-    grpc_port = free_port() if grpc_supported() else None  # on, as by default
+    grpc_port = maybe_grpc if grpc_supported() else None  # on, as by default
     grpc = ["--grpc-port", str(grpc_port)] if grpc_port is not None else []
     cmd = serve_cmd(str(store_dir(model.name)), key, model.name, port, cache, *grpc, *flags)
     t0 = time.monotonic()

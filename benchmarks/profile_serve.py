@@ -23,7 +23,7 @@ from pathlib import Path
 from benchmarks.common import (
     CACHE,
     ROOT,
-    free_port,
+    free_ports,
     loadgen_cmd,
     serve_cmd,
     start,
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     mfile = model_file(a.model)
     store = store_dir(a.model)
     key, _ = ensure_engine(mfile, store)
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_ports(2)
     cmd = serve_cmd(
         str(store),
         key,

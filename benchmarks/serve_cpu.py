@@ -29,7 +29,7 @@ from benchmarks.ceiling import run_pinned
 from benchmarks.common import (
     CACHE,
     ROOT,
-    free_port,
+    free_ports,
     loadgen_cmd,
     serve_cmd,
     start,
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         threads = len(os.sched_getaffinity(0))
         ceiling = float(run_pinned(mfile, a.cpus, threads, 0.5, "1,2,4,8,16,32")["best"]["images_per_s"])
     protocols = a.protocols.split(",")
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_ports(2)
     cache = CACHE / "serve-cpu-cache"
     grpc_flags = ["--grpc-port", str(grpc_port)] if "grpc" in protocols else ["--no-grpc"]
     cmd = serve_cmd(

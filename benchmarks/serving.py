@@ -47,7 +47,7 @@ from benchmarks.ceiling import PinnedCeiling, run_pinned
 from benchmarks.common import (
     CACHE,
     ROOT,
-    free_port,
+    free_ports,
     http_get,
     loadgen_cmd,
     log,
@@ -102,7 +102,7 @@ class Server:
         self.kind, self.model, self.lay, self.setting = kind.name, model, lay, setting
         work = CACHE / "servers"
         work.mkdir(parents=True, exist_ok=True)
-        self.launch: Launch = kind.launch(model, setting, free_port(), free_port(), work)
+        self.launch: Launch = kind.launch(model, setting, *free_ports(2), work)
         self.http = f"http://127.0.0.1:{self.launch.http_port}"
         self.log_path = log_dir / f"{kind.name}-{model.name}-{lay.name}-{self.launch.http_port}.log"
         self.t_start = time.monotonic()

@@ -13,7 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from benchmarks.common import free_port
+from benchmarks.common import free_ports
 from benchmarks.servers import Kind, Launch, Model, Setting, default_sweep
 from benchmarks.servers.venvs import MLSERVER
 
@@ -29,7 +29,7 @@ def launch(model: Model, s: Setting, http_port: int, grpc_port: int, work: Path)
         "host": "127.0.0.1",
         "http_port": http_port,
         "grpc_port": grpc_port,
-        "metrics_port": free_port(),
+        "metrics_port": next(p for p in free_ports(3) if p not in (http_port, grpc_port)),
         "parallel_workers": s.instances if s.instances > 1 else 0,
         "load_models_at_startup": True,
     }

@@ -49,19 +49,29 @@ def serve_once(
     )
 
 
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free TCP ports on 127.0.0.1, bound all at once (two single picks in a row can
+    return the same port, which the kernel may hand out again once freed)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 class Server:
     def __init__(
         self, store: Path | str, key: str, tmp: Path, gpu_file: Path, *extra: str, cache: Path | None = None
     ):
-        self.port = free_port()
+        self.port, self.grpc_port = free_ports(2)
         self.url = f"127.0.0.1:{self.port}"
-        self.grpc_port = free_port()
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         self.term = tmp / f"termination-{self.port}"
         self.log = tmp / f"serve-{self.port}.log"

@@ -10,7 +10,6 @@ import platform
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,10 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+# One port picker for the project's processes, the test bed's: a process's ports come from one call.
+from trtforge_dev.testbed.procs import free_port as free_port
+from trtforge_dev.testbed.procs import free_ports as free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -124,22 +127,6 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 # --- processes ----------------------------------------------------------------------------------
-def free_ports(n: int) -> list[int]:
-    """`n` distinct TCP ports free on 127.0.0.1 now. They are bound all at once: two calls of
-    :func:`free_port` in a row can return the same port, since the kernel may hand a port it just
-    freed out again (it did: a server given one port for HTTP and gRPC exited on the second bind)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-
-
-def free_port() -> int:
-    """One free TCP port on 127.0.0.1 (several for one process: :func:`free_ports`)."""
-    return free_ports(1)[0]
-
-
 def serve_cmd(
     store: str,
     key: str,

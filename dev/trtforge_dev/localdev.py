@@ -22,7 +22,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from trtforge_operator.config import CACHE_GROUP_LABEL
 
-from trtforge_dev.testbed.procs import free_port
+from trtforge_dev.testbed.procs import free_ports
 from trtforge_dev.testbed.wait import wait_for
 
 STORE_CLAIM = "trtforge-store"
@@ -147,7 +147,7 @@ def write_config(
     path: Path, *, build_ns: str, namespaces: Sequence[str], store_dir: Path, **overrides: Any
 ) -> dict[str, Any]:
     """An operator config for the test bed: ONNX Runtime keys, the broker on a free loopback port."""
-    broker_port = free_port()
+    broker_port, liveness_port, metrics_port = free_ports(3)
     cfg: dict[str, Any] = {
         "namespaces": list(namespaces),
         "operator_namespace": build_ns,
@@ -156,8 +156,8 @@ def write_config(
         "operator_store_uri": str(store_dir),
         "backends": {"gpu": "local-onnxruntime", "cpu": "local-onnxruntime"},
         "broker": {"port": broker_port, "url": f"http://127.0.0.1:{broker_port}"},
-        "liveness_port": free_port(),
-        "metrics_port": free_port(),
+        "liveness_port": liveness_port,
+        "metrics_port": metrics_port,
         "resync_seconds": 15,
         "engine_resync_seconds": 15,
         "build": {
@@ -342,7 +342,7 @@ class OperatorEnv:
             # Each tenant's own `models` claim; in the test bed they share one directory of models.
             self.pvs.append(tenant_models_claim(self.api, ns, self.models_dir))
         workdir.mkdir(parents=True, exist_ok=True)
-        ports = [free_port() for _ in range(brokers)]
+        ports = free_ports(brokers)
         if brokers:
             config["broker"] = {
                 **config.get("broker", {}),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from trtforge_dev.testbed.procs import free_ports
 
 from tests.integration.serve_engines import MlpBed, env_for, make_mlp_bed
 
@@ -47,23 +48,6 @@ def serve_once(
         env=env_for(gpu_file, term),
         timeout=60,
     )
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` distinct free TCP ports on 127.0.0.1, bound all at once (two single picks in a row can
-    return the same port, which the kernel may hand out again once freed)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
 
 
 class Server:

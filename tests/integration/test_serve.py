@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
+from trtforge_dev.testbed.procs import free_port
 
 from tests.integration.serve_engines import (
     H100_UUID,
@@ -41,7 +42,7 @@ from tests.integration.serve_engines import (
     termination,
     write_gpu_file,
 )
-from tests.integration.serve_process import Server, free_port, metric_in, metric_value, serve_once
+from tests.integration.serve_process import Server, metric_in, metric_value, serve_once
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.termination import EXIT_ENGINE_INTEGRITY, EXIT_GPU_FAULT, EXIT_GPU_MISMATCH
 

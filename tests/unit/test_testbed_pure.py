@@ -384,6 +384,19 @@ def test_port_in_use_message() -> None:
     assert procs.free_port() > 0
 
 
+def test_free_ports_are_distinct_and_bindable() -> None:
+    ports = procs.free_ports(8)
+    assert len(ports) == 8
+    assert len(set(ports)) == 8
+    socks = [socket.socket() for _ in ports]
+    try:
+        for s, p in zip(socks, ports, strict=True):
+            s.bind(("127.0.0.1", p))  # each is free once the picker let it go
+    finally:
+        for s in socks:
+            s.close()
+
+
 def test_stop_never_kills_an_unmarked_pid(tmp_path: Path) -> None:
     # Our own pid carries no marker for this root: stop() must leave it alone.
     procs.stop(os.getpid(), tmp_path, grace_s=0.1)

@@ -310,15 +310,16 @@ def up(
     paths.root.mkdir(parents=True, exist_ok=True)
     _clean_state(paths)
     pki = ensure_pki(paths.pki)
+    any_apiserver, etcd_port, etcd_peer_port, kubelet_port = procs.free_ports(4)
     st = ClusterState(
         root=str(paths.root),
-        apiserver_port=apiserver_port or procs.free_port(),
-        etcd_port=procs.free_port(),
-        etcd_peer_port=procs.free_port(),
+        apiserver_port=apiserver_port or any_apiserver,
+        etcd_port=etcd_port,
+        etcd_peer_port=etcd_peer_port,
         binaries=binaries.as_dict(),
         started_at=time.time(),
         profile=str(profile.resolve()) if profile else None,
-        kubelet_port=procs.free_port(),
+        kubelet_port=kubelet_port,
     )
     if len({st.apiserver_port, st.etcd_port, st.etcd_peer_port, st.kubelet_port}) != 4:
         raise ClusterError("could not find four distinct free ports on 127.0.0.1; run `up` again")

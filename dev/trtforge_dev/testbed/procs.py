@@ -24,11 +24,21 @@ class PortInUseError(RuntimeError):
     pass
 
 
+def free_ports(n: int) -> list[int]:
+    """`n` distinct TCP ports on 127.0.0.1 that nothing listens on right now. They are bound all at
+    once: picked one at a time, the kernel may hand a port it just freed out again, and a process
+    given the same port twice fails on its second bind."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now (several for one process:
+    :func:`free_ports`)."""
+    return free_ports(1)[0]
 
 
 def check_port_free(port: int, what: str) -> None:

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
             serving.main,
             [
                 *("--seconds", "1.5", "--warmup", "0.5", "--ceiling-seconds", "0.3"),
-                *("--concurrency", "1,32", "--stream-answers", "0"),
+                *("--concurrency", "1,32", "--stream-answers", "0", "--tiebreak-rounds", "1"),
             ]
             if q
             else [],

@@ -8,12 +8,17 @@ raw tensor contents, and REST JSON where a server has no binary HTTP (MLServer).
 Each server's settings sweep (:mod:`benchmarks.servers`) has the same size and axes for every server
 (instances x threads per session, max batch, queue delay). Every setting is measured at concurrency
 1, 8 and 32 on the server's first protocol; the best one at concurrency 1 serves the low-concurrency
-points of the grid (c < 8), the best one over 8 and 32 together the rest (:func:`pick_best`). The
-sweep only chooses: every grid point, on every protocol, is measured again on a fresh start of the
-chosen setting. (Reusing the chosen setting's own sweep windows, as runs before the twenty-ninth
-session did, reported the best of four noisy windows on the first protocol and one window on the
-others: the first protocol read high by the choice itself.) Before any load, each server's answer
-over each protocol is checked against ONNX Runtime run directly.
+points of the grid (c < 8), the best one over 8 and 32 together the rest (:func:`pick_best`).
+Settings within 3% of the best in a band are a tie that one window per setting cannot break (a
+ResNet-50 window moves by ±10% here): they meet again in paired rounds, all up at once and measured
+back to back, and the median of the rounds chooses (:func:`break_tie`). Until the thirty-fourth
+session the sweep's lower p99 broke such a tie, and in that session's run it chose a setting that a
+paired A/B then read 4% slower. Every server gets the same rule. The sweep only chooses: every grid
+point, on every protocol, is measured again on a fresh start of the chosen setting. (Reusing the
+chosen setting's own sweep windows, as runs before the twenty-ninth session did, reported the best
+of four noisy windows on the first protocol and one window on the others: the first protocol read
+high by the choice itself.) Before any load, each server's answer over each protocol is checked
+against ONNX Runtime run directly.
 
 A grid point's share of the ceiling is its rate over the ceiling timed right before its window (its
 best configuration, by a ceiling process pinned to the same cores that keeps its sessions idle in
@@ -32,6 +37,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -70,6 +76,9 @@ HIGH_BAND = 8  # grid points at c >= HIGH_BAND use the setting chosen for the hi
 SWEEP_LOW = (1,)  # the sweep's concurrencies that choose the setting for c < HIGH_BAND ...
 SWEEP_HIGH = (8, 32)  # ... and for c >= HIGH_BAND: two windows, so one noisy window does not decide
 SWEEP_CONCURRENCIES = (*SWEEP_LOW, *SWEEP_HIGH)
+SWEEP_TIE = 0.03  # settings whose mean shares differ by less than this are a tie in the sweep ...
+PAIRED_TIE = 0.01  # ... and, in the paired rounds that break such a tie, by less than this
+TIEBREAK_ROUNDS = 3  # paired rounds among the tied settings of a band (0: the sweep decides alone)
 PROTOCOL_TITLES = {"http": "HTTP binary", "grpc": "gRPC", "json": "REST JSON"}
 
 
@@ -298,12 +307,9 @@ def ceiling(model: Model, lay: Layout, seconds: float, batches: str) -> dict[str
     return run_pinned(model.file, lay.server_cpus, lay.threads, seconds, batches)
 
 
-def pick_best(points: list[list[dict[str, Any]]], tie: float = 0.03) -> int:
-    """The best setting for a band of concurrencies: `points[i]` holds setting i's sweep points at
-    the band's concurrencies, in the same order for every setting. Each point counts as its share of
-    the best throughput at its concurrency; the setting with the highest mean share wins, and among
-    those within `tie` of it, the one whose p99s are lowest (mean of each p99 over the lowest p99
-    at its concurrency). With one concurrency: the highest throughput, ties to the lower p99."""
+def _scores(points: list[list[dict[str, Any]]]) -> tuple[list[float], list[float]]:
+    """Each setting's mean share of the best throughput at each of the band's concurrencies, and
+    its mean p99 over the lowest p99 there (`points[i]`: setting i's points, same band for all)."""
     width = {len(row) for row in points}
     if len(width) != 1 or not width.pop():
         raise ValueError(f"every setting needs the same non-empty band of points, got {points!r}")
@@ -317,9 +323,41 @@ def pick_best(points: list[list[dict[str, Any]]], tie: float = 0.03) -> int:
     def mean_p99(row: list[dict[str, Any]]) -> float:
         return sum(float(r["p99_ms"]) / max(q, 1e-9) for r, q in zip(row, low, strict=True)) / len(row)
 
-    shares = [mean_share(row) for row in points]
-    near = [i for i, share in enumerate(shares) if share >= max(shares) - tie]
-    return min(near, key=lambda i: mean_p99(points[i]))
+    return [mean_share(row) for row in points], [mean_p99(row) for row in points]
+
+
+def near_best(points: list[list[dict[str, Any]]], tie: float = SWEEP_TIE) -> list[int]:
+    """The settings whose mean share of the best throughput (:func:`pick_best`) is within `tie` of
+    the highest: the ones a single sweep window cannot tell apart."""
+    shares, _p99s = _scores(points)
+    return [i for i, share in enumerate(shares) if share >= max(shares) - tie]
+
+
+def pick_best(points: list[list[dict[str, Any]]], tie: float = SWEEP_TIE) -> int:
+    """The best setting for a band of concurrencies: `points[i]` holds setting i's sweep points at
+    the band's concurrencies, in the same order for every setting. Each point counts as its share of
+    the best throughput at its concurrency; the setting with the highest mean share wins, and among
+    those within `tie` of it, the one whose p99s are lowest (mean of each p99 over the lowest p99
+    at its concurrency). With one concurrency: the highest throughput, ties to the lower p99."""
+    _shares, p99s = _scores(points)
+    return min(near_best(points, tie), key=lambda i: p99s[i])
+
+
+def pick_paired(rounds: list[list[list[dict[str, Any]]]], tie: float = PAIRED_TIE) -> int:
+    """The best of a few candidate settings measured in paired rounds: `rounds[r][i]` holds
+    candidate i's points at the band's concurrencies in round r, measured back to back with the
+    others'. Each round scores every candidate as :func:`pick_best` does, against that round's best;
+    the candidate with the highest median share over the rounds wins, and among those within `tie`
+    of it, the one with the lowest median p99 ratio. Pairing cancels the machine's drift from one
+    minute to the next, which a single window per setting cannot."""
+    if not rounds or len({len(r) for r in rounds}) != 1:
+        raise ValueError(f"every round needs the same candidates, got {len(rounds)} rounds")
+    scored = [_scores(r) for r in rounds]
+    n = len(rounds[0])
+    share = [statistics.median(s[0][i] for s in scored) for i in range(n)]
+    p99 = [statistics.median(s[1][i] for s in scored) for i in range(n)]
+    near = [i for i in range(n) if share[i] >= max(share) - tie]
+    return min(near, key=lambda i: p99[i])
 
 
 # Each closed-loop worker needs this many answers inside a window for its own rate to mean much
@@ -362,6 +400,66 @@ class Windows:
         }
 
 
+def break_tie(
+    kind: Kind,
+    model: Model,
+    lay: Layout,
+    candidates: list[Setting],
+    band: tuple[int, ...],
+    win: Windows,
+    rounds: int,
+    log_dir: Path,
+) -> tuple[int, dict[str, Any]]:
+    """The best of `candidates` for `band` (:func:`pick_paired`), its index there, and the record of
+    the rounds: every candidate up at once, pinned to the same cores, and in each round every one
+    measured at each of the band's concurrencies back to back, the order rotating from round to
+    round, so each comparison is of windows seconds apart (the idle ones wait on their sockets)."""
+    servers: list[Server] = []
+    try:
+        for s in candidates:
+            servers.append(Server(kind, model, lay, s, log_dir))
+        primary = servers[0].protocols[0]
+        measured: list[list[list[dict[str, Any]]]] = []
+        for r in range(rounds):
+            shift = r % len(servers)
+            order = [*range(shift, len(servers)), *range(shift)]
+            row: list[list[dict[str, Any]]] = [[] for _ in servers]
+            for c in band:
+                for i in order:
+                    pt = load(servers[i], primary, c, win.window(c), win.warm(c))
+                    row[i].append(
+                        {
+                            "concurrency": c,
+                            "throughput": pt["throughput"],
+                            "p99_ms": pt["p99_ms"],
+                            "errors": pt["errors"],
+                        }
+                    )
+            measured.append(row)
+            log(
+                f"    {kind.name} tie-break {r + 1}/{rounds} on {primary}: "
+                + "; ".join(
+                    f"[{candidates[i].label}] "
+                    + ", ".join(
+                        f"c={p['concurrency']} {p['throughput']} req/s p99 {p['p99_ms']}" for p in row[i]
+                    )
+                    for i in range(len(servers))
+                )
+            )
+    finally:
+        for srv in servers:
+            srv.close()
+    pick = pick_paired(measured)
+    log(f"    {kind.name} tie-break chose [{candidates[pick].label}]")
+    record = {
+        "protocol": primary,
+        "candidates": [s.label for s in candidates],
+        "rounds": measured,
+        "chosen": candidates[pick].label,
+    }
+    return pick, record
+
+
 def measure_server(
     kind: Kind,
     model: Model,
@@ -372,9 +470,12 @@ def measure_server(
     log_dir: Path,
     small_batch: int,
     ceiling_now: Callable[[], float] | None = None,
+    tiebreak_rounds: int = TIEBREAK_ROUNDS,
 ) -> dict[str, Any]:
     """Sweep (its small max batch `small_batch`), choose, then the grid over every protocol; each
-    grid window right after `ceiling_now()` (the ceiling timed again, kept as the point's ``ceiling``)."""
+    grid window right after `ceiling_now()` (the ceiling timed again, kept as the point's ``ceiling``).
+    Settings the sweep cannot tell apart in a band (:func:`near_best`) meet again in
+    `tiebreak_rounds` paired rounds (:func:`break_tie`), which choose among them."""
     settings = kind.sweep(lay.threads, small_batch)
     sweep: list[dict[str, Any]] = []
     answers: dict[str, float] = {}
@@ -396,8 +497,24 @@ def measure_server(
             )
         )
         sweep.append({"setting": s.as_dict(), "protocol": primary, "ready_s": srv.ready_s, "points": pts})
-    low = pick_best([[sw["points"][str(c)] for c in SWEEP_LOW] for sw in sweep])
-    high = pick_best([[sw["points"][str(c)] for c in SWEEP_HIGH] for sw in sweep])
+    chosen: dict[str, int] = {}
+    tiebreaks: dict[str, Any] = {}
+    for band_name, band in (("low", SWEEP_LOW), ("high", SWEEP_HIGH)):
+        band_points = [[sw["points"][str(c)] for c in band] for sw in sweep]
+        near = near_best(band_points)
+        chosen[band_name] = pick_best(band_points)
+        if tiebreak_rounds > 0 and len(near) > 1:
+            try:
+                pick, record = break_tie(
+                    kind, model, lay, [settings[i] for i in near], band, win, tiebreak_rounds, log_dir
+                )
+            except Exception as e:  # the sweep's own pick stands, and the record says why
+                log(f"    {kind.name} tie-break failed, the sweep's pick stands: {e}")
+                tiebreaks[band_name] = {"failed": str(e)[-2000:]}
+                continue
+            tiebreaks[band_name] = {**record, "sweep_pick": settings[chosen[band_name]].label}
+            chosen[band_name] = near[pick]
+    low, high = chosen["low"], chosen["high"]
     points: list[dict[str, Any]] = []
     for idx in dict.fromkeys((low, high)):  # each chosen setting once, low first
         wanted = [c for c in concs if (low if c < HIGH_BAND else high) == idx]
@@ -427,6 +544,7 @@ def measure_server(
         "versions": {**kind.version(), **({"server": meta} if meta else {})},
         "sweep": sweep,
         "chosen": {"low": settings[low].label, "high": settings[high].label},
+        "tiebreaks": tiebreaks,
         "answers_max_abs_error": answers,
         "points": points,
     }
@@ -459,6 +577,12 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=2.0,
         help="the ceiling timed before each grid window (its best configuration only)",
+    )
+    p.add_argument(
+        "--tiebreak-rounds",
+        type=int,
+        default=TIEBREAK_ROUNDS,
+        help="paired rounds among the settings the sweep finds tied in a band (0: the sweep decides)",
     )
     p.add_argument("--name", default="serving", help="result file name")
     p.add_argument("--client", choices=CLIENTS, default="native", help="see benchmarks.loadgen")
@@ -518,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
                         log_dir,
                         int(mres["sweep_small_batch"]),
                         timers[name].measure,
+                        a.tiebreak_rounds,
                     )
                 except Exception as e:  # one server failing must not lose the others' results
                     log(f"  {name} {kind.name} FAILED: {e}")
@@ -662,6 +787,35 @@ def _window_ceilings_text(servers: dict[str, Any]) -> str:
     return f"; timed again before each grid window: {min(cs):g}-{max(cs):g} img/s" if cs else ""
 
 
+def tiebreak_text(servers: dict[str, Any]) -> str:
+    """One line per tie the paired rounds broke (:func:`break_tie`): each candidate's median share
+    of its round's best, the choice, and what the sweep alone would have chosen; "" with none."""
+    lines = []
+    for kind, s in servers.items():
+        for band, name in (("low", f"c<{HIGH_BAND}"), ("high", f"c>={HIGH_BAND}")):
+            tb = (s.get("tiebreaks") or {}).get(band)
+            if not tb:
+                continue
+            if "failed" in tb:
+                lines.append(
+                    f"- {kind} {name}: the tie-break failed, the sweep's pick stands ({tb['failed']})"
+                )
+                continue
+            shares = [_scores(r)[0] for r in tb["rounds"]]
+            cands = ", ".join(
+                f"[{label}] {statistics.median(sh[i] for sh in shares):.3f}"
+                for i, label in enumerate(tb["candidates"])
+            )
+            lines.append(
+                f"- {kind} {name}: tied in the sweep, {len(tb['rounds'])} paired rounds over"
+                f" {PROTOCOL_TITLES[tb['protocol']]} (median share of each round's best): {cands};"
+                f" chosen [{tb['chosen']}] (the sweep alone: [{tb['sweep_pick']}])"
+            )
+    if not lines:
+        return ""
+    return "Ties broken in paired rounds:\n" + "\n".join(lines)
+
+
 def render(results: dict[str, Any]) -> str:
     lay = results["layout"]
     parts = [
@@ -725,6 +879,9 @@ def render(results: dict[str, Any]) -> str:
             )
         )
         parts.append("")
+        breaks = tiebreak_text(servers)
+        if breaks:
+            parts.extend([breaks, ""])
         parts.append(
             f"Grid, **{model}**: req/s (p99 ms) in each server's chosen setting;"
             " trtforge's share of the ceiling."

@@ -1,4 +1,4 @@
-"""The serving benchmark's choice of each server's setting per concurrency band (a pure function)."""
+"""The serving benchmark's choice of each server's setting per concurrency band (pure functions)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from benchmarks.serving import (
     WIN,
     Windows,
     ceil_pct,
+    near_best,
     pick_best,
+    pick_paired,
     reachable_share,
     summarize,
+    tiebreak_text,
     verdict,
 )
 
@@ -156,3 +159,59 @@ def test_at_c1_both_servers_at_the_one_request_bound_tie() -> None:
     assert got["reachable_share"] == 0.859
     # against the best ceiling (26.5, two requests in flight) neither is near it: a loss
     assert verdict(point(23.5, 49.0), point(24.0, 47.5), ceiling=26.5) == "loss"
+
+
+def test_near_best_is_every_setting_within_the_tie_of_the_best_share() -> None:
+    band = [[pt(100, 50)], [pt(98, 40)], [pt(90, 10)]]
+    assert near_best(band) == [0, 1]
+    assert near_best(band, tie=0.0) == [0]
+    assert pick_best(band) in near_best(band)
+
+
+def test_paired_rounds_choose_by_the_median_round_not_the_luckiest_window() -> None:
+    # Shaped like the thirty-fourth session's ResNet-50 case: candidate 1 is ahead by about 4% in
+    # most rounds; one round on a slow minute reads it far behind, which a single window could.
+    rounds = [
+        [[pt(20.3, 440)], [pt(21.4, 420)]],
+        [[pt(20.2, 439)], [pt(21.3, 417)]],
+        [[pt(21.3, 384)], [pt(18.0, 500)]],
+    ]
+    assert pick_paired(rounds) == 1
+    # ... and its last round alone, as one sweep window, would have chosen candidate 0
+    assert pick_best(rounds[2]) == 0
+
+
+def test_paired_rounds_tie_goes_to_the_lower_median_p99() -> None:
+    rounds = [
+        [[pt(100, 60), pt(100, 400)], [pt(100, 50), pt(100, 390)]],
+        [[pt(100, 61), pt(100, 410)], [pt(99.5, 52), pt(100, 380)]],
+    ]
+    assert pick_paired(rounds) == 1
+    assert pick_paired(rounds, tie=0.0) == 0  # without the tie, the higher median share wins
+
+
+def test_paired_rounds_need_the_same_candidates_in_every_round() -> None:
+    with pytest.raises(ValueError, match="same candidates"):
+        pick_paired([])
+    with pytest.raises(ValueError, match="same candidates"):
+        pick_paired([[[pt(1, 1)], [pt(1, 1)]], [[pt(1, 1)]]])
+
+
+def test_the_report_names_each_broken_tie_its_choice_and_the_sweeps_own() -> None:
+    tb = {
+        "protocol": "grpc",
+        "candidates": ["1 inst x 2 thr", "2 inst x 1 thr"],
+        "rounds": [[[pt(20.0, 440)], [pt(21.0, 420)]], [[pt(20.5, 430)], [pt(20.5, 425)]]],
+        "chosen": "2 inst x 1 thr",
+        "sweep_pick": "1 inst x 2 thr",
+    }
+    text = tiebreak_text({"trtforge": {"tiebreaks": {"high": tb}}, "triton": {"tiebreaks": {}}})
+    assert text.startswith("Ties broken in paired rounds:")
+    line = text.splitlines()[1]
+    assert "trtforge c>=8" in line and "2 paired rounds over gRPC" in line
+    assert "[1 inst x 2 thr] 0.976" in line and "[2 inst x 1 thr] 1.000" in line
+    assert "chosen [2 inst x 1 thr] (the sweep alone: [1 inst x 2 thr])" in line
+    assert "triton" not in text
+    failed = tiebreak_text({"mlserver": {"tiebreaks": {"low": {"failed": "did not become ready"}}}})
+    assert "mlserver c<8: the tie-break failed, the sweep's pick stands (did not become ready)" in failed
+    assert tiebreak_text({"kserve": {}}) == ""

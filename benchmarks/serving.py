@@ -797,9 +797,8 @@ def tiebreak_text(servers: dict[str, Any]) -> str:
             if not tb:
                 continue
             if "failed" in tb:
-                lines.append(
-                    f"- {kind} {name}: the tie-break failed, the sweep's pick stands ({tb['failed']})"
-                )
+                why = tb["failed"].strip().splitlines()[-1] if tb["failed"].strip() else "no message"
+                lines.append(f"- {kind} {name}: the tie-break failed, the sweep's pick stands ({why})")
                 continue
             shares = [_scores(r)[0] for r in tb["rounds"]]
             cands = ", ".join(

@@ -212,6 +212,12 @@ def test_the_report_names_each_broken_tie_its_choice_and_the_sweeps_own() -> Non
     assert "[1 inst x 2 thr] 0.976" in line and "[2 inst x 1 thr] 1.000" in line
     assert "chosen [2 inst x 1 thr] (the sweep alone: [1 inst x 2 thr])" in line
     assert "triton" not in text
-    failed = tiebreak_text({"mlserver": {"tiebreaks": {"low": {"failed": "did not become ready"}}}})
+    failed = tiebreak_text(
+        {
+            "mlserver": {
+                "tiebreaks": {"low": {"failed": "Traceback (most recent call last):\ndid not become ready\n"}}
+            }
+        }
+    )
     assert "mlserver c<8: the tie-break failed, the sweep's pick stands (did not become ready)" in failed
     assert tiebreak_text({"kserve": {}}) == ""

@@ -343,19 +343,26 @@ def pick_best(points: list[list[dict[str, Any]]], tie: float = SWEEP_TIE) -> int
     return min(near_best(points, tie), key=lambda i: p99s[i])
 
 
-def pick_paired(rounds: list[list[list[dict[str, Any]]]], tie: float = PAIRED_TIE) -> int:
-    """The best of a few candidate settings measured in paired rounds: `rounds[r][i]` holds
-    candidate i's points at the band's concurrencies in round r, measured back to back with the
-    others'. Each round scores every candidate as :func:`pick_best` does, against that round's best;
-    the candidate with the highest median share over the rounds wins, and among those within `tie`
-    of it, the one with the lowest median p99 ratio. Pairing cancels the machine's drift from one
-    minute to the next, which a single window per setting cannot."""
+def paired_scores(rounds: list[list[list[dict[str, Any]]]]) -> tuple[list[float], list[float]]:
+    """Each candidate's median over the paired rounds of its share of that round's best and of its
+    p99 ratio, both as :func:`pick_best` scores a band: `rounds[r][i]` holds candidate i's points at
+    the band's concurrencies in round r, measured back to back with the others'."""
     if not rounds or len({len(r) for r in rounds}) != 1:
         raise ValueError(f"every round needs the same candidates, got {len(rounds)} rounds")
     scored = [_scores(r) for r in rounds]
     n = len(rounds[0])
     share = [statistics.median(s[0][i] for s in scored) for i in range(n)]
     p99 = [statistics.median(s[1][i] for s in scored) for i in range(n)]
+    return share, p99
+
+
+def pick_paired(rounds: list[list[list[dict[str, Any]]]], tie: float = PAIRED_TIE) -> int:
+    """The best of a few candidate settings measured in paired rounds (:func:`paired_scores`): the
+    highest median share wins, and among those within `tie` of it, the lowest median p99 ratio.
+    Pairing cancels the machine's drift from one minute to the next, which a single window per
+    setting cannot."""
+    share, p99 = paired_scores(rounds)
+    n = len(share)
     near = [i for i in range(n) if share[i] >= max(share) - tie]
     return min(near, key=lambda i: p99[i])
 
@@ -800,11 +807,8 @@ def tiebreak_text(servers: dict[str, Any]) -> str:
                 why = tb["failed"].strip().splitlines()[-1] if tb["failed"].strip() else "no message"
                 lines.append(f"- {kind} {name}: the tie-break failed, the sweep's pick stands ({why})")
                 continue
-            shares = [_scores(r)[0] for r in tb["rounds"]]
-            cands = ", ".join(
-                f"[{label}] {statistics.median(sh[i] for sh in shares):.3f}"
-                for i, label in enumerate(tb["candidates"])
-            )
+            shares, _p99s = paired_scores(tb["rounds"])
+            cands = ", ".join(f"[{label}] {shares[i]:.3f}" for i, label in enumerate(tb["candidates"]))
             lines.append(
                 f"- {kind} {name}: tied in the sweep, {len(tb['rounds'])} paired rounds over"
                 f" {PROTOCOL_TITLES[tb['protocol']]} (median share of each round's best): {cands};"

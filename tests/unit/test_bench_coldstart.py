@@ -43,7 +43,18 @@ def test_the_table_shows_the_spread_of_the_starts_behind_each_median() -> None:
     )
     cold, restart = _row(text, "cold"), _row(text, "restart")
     assert cold[2:4] == ["0.5", "0.470-0.550"] and restart[2:4] == ["0.44", "0.430-0.460"]
-    assert cold[-5:-3] == ["0.4", "0.380-0.450"] and cold[-1] == "1.25x"
+    assert cold[-6:-4] == ["0.4", "0.380-0.450"] and cold[-1] == "1.25x"
+    assert cold[-3] == "-"  # a file's floor has no S3 client
+
+
+def test_the_s3_floor_shows_what_its_client_took() -> None:
+    results = _results(None)
+    entry = results["sources"].pop("pvc")
+    entry["floor"] = {**entry["floor"], "read_s": 0.37, "client_s": 0.21}
+    results["sources"]["s3"] = entry
+    (line,) = [ln for ln in render(results).splitlines() if ln.startswith("| s3") and "| cold" in ln]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[-4:-2] == ["0.37", "0.21"]
 
 
 def test_results_recorded_without_the_starts_still_render() -> None:

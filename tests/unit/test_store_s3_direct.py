@@ -281,3 +281,115 @@ def test_a_body_that_breaks_midway_is_a_store_error(monkeypatch: pytest.MonkeyPa
     t.join()
     listener.close()
     assert store._client is None  # the read began directly; its failure is the read's
+
+
+# --- TLS ---------------------------------------------------------------------------------------
+
+
+def _self_signed(tmp: Any) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 (and its key) that no public bundle trusts."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp / "cert.pem", tmp / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return str(cert_file), str(key_file)
+
+
+@pytest.fixture
+def tls_server(tmp_path: Any) -> Iterator[tuple[int, str, list[dict[str, str]]]]:
+    """An HTTPS server on loopback answering every GET with b"tls-bytes"; (port, its certificate,
+    the headers of each request it got)."""
+    import http.server
+    import ssl
+
+    cert, key = _self_signed(tmp_path)
+    seen: list[dict[str, str]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append({k.lower(): v for k, v in self.headers.items()})
+            self.send_response(200)
+            self.send_header("Content-Length", "9")
+            self.end_headers()
+            self.wfile.write(b"tls-bytes")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield server.server_address[1], cert, seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_https_is_verified_against_the_bundle_boto3_would_trust(
+    tls_server: tuple[int, str, list[dict[str, str]]], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    port, cert, seen = tls_server
+    settings = {
+        "AWS_ACCESS_KEY_ID": "t",
+        "AWS_SECRET_ACCESS_KEY": "t",
+        "AWS_ENDPOINT_URL": f"https://127.0.0.1:{port}",
+    }
+    _only_store_settings(monkeypatch, {**settings, "AWS_CA_BUNDLE": cert}, tmp_path)
+    store = S3Store("s3://b/p")
+    assert store.read_bytes("f") == b"tls-bytes"
+    assert store._client is None
+    (got,) = seen
+    assert got["host"] == f"127.0.0.1:{port}" and got["authorization"].startswith(
+        "AWS4-HMAC-SHA256 Credential=t/"
+    )
+
+
+def test_https_with_a_certificate_nothing_vouches_for_is_refused(
+    tls_server: tuple[int, str, list[dict[str, str]]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without AWS_CA_BUNDLE the certificate is checked against certifi's bundle, which does not
+    hold it: the direct read does not begin, and boto3, which trusts the same bundle, refuses too."""
+    port, _cert, seen = tls_server
+    settings = {
+        "AWS_ACCESS_KEY_ID": "t",
+        "AWS_SECRET_ACCESS_KEY": "t",
+        "AWS_ENDPOINT_URL": f"https://127.0.0.1:{port}",
+    }
+    _only_store_settings(monkeypatch, settings, tmp_path)
+    store = S3Store("s3://b/p")
+    with caplog.at_level(logging.WARNING, logger="trtforge.store.s3"), pytest.raises(StoreError):
+        store.read_bytes("f")
+    assert not seen  # no request was ever answered
+    assert isinstance(store._direct, str) and "SSLCertVerificationError" in store._direct

@@ -38,6 +38,7 @@ Imports: the standard library only.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import hmac
 import http.client
@@ -218,6 +219,12 @@ def shared_config_exists(env: Mapping[str, str]) -> bool:
     return (home / ".aws" / "config").exists() or (home / ".aws" / "credentials").exists()
 
 
+@functools.cache
+def tls_context(cafile: str | None) -> ssl.SSLContext:
+    """One verifying TLS context per CA bundle (loading a bundle parses every certificate in it)."""
+    return ssl.create_default_context(cafile=cafile)
+
+
 class NotFound(Exception):
     """The object does not exist (404 NoSuchKey)."""
 
@@ -250,7 +257,7 @@ def open_get(target: DirectTarget, key: str, now: dt.datetime | None = None) -> 
     conn: http.client.HTTPConnection
     try:
         if target.scheme == "https":
-            ctx = ssl.create_default_context(cafile=target.ca_file or ca_bundle())
+            ctx = tls_context(target.ca_file or ca_bundle())
             conn = http.client.HTTPSConnection(
                 target.hostname, target.port, timeout=CONNECT_TIMEOUT_S, context=ctx
             )

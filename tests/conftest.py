@@ -1,11 +1,13 @@
 """Shared fixtures. `testbed` (session): the local control plane with emulated GPU nodes, reused if
 already up; `namespace` (per test): a fresh namespace, deleted afterwards. Wait with
-`trtforge_dev.testbed.wait.wait_for`, never with fixed sleeps."""
+`trtforge_dev.testbed.wait.wait_for`, never with fixed sleeps. `s3_endpoint` (per module): moto's
+S3-compatible server on a loopback port, its URL."""
 
 from __future__ import annotations
 
 import re
 import secrets
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,3 +56,17 @@ def namespace(testbed: TestBed, request: pytest.FixtureRequest) -> Iterator[str]
             yield name
         finally:
             core.delete_namespace(name)
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3-compatible server on a free loopback port, for one test module; its URL."""
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()

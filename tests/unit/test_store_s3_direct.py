@@ -160,23 +160,6 @@ def test_a_shared_config_file_is_found_under_home(tmp_path: Any) -> None:
 # --- against a real S3-compatible server ------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _only_store_settings(monkeypatch: pytest.MonkeyPatch, settings: dict[str, str], home: Any) -> None:
     """The store's settings and nothing else that a direct read would refuse to stand in for."""
     import os

@@ -36,6 +36,7 @@ from trtforge.logs import fields
 from trtforge.store.base import ObjectNotFound, PutResult, StoreError, stream_to, verify
 from trtforge.store.local import check_relpath
 from trtforge.store.s3_direct import (
+    SETTINGS,
     DirectTarget,
     DirectUnavailable,
     NotFound,
@@ -53,14 +54,6 @@ log = logging.getLogger(__name__)
 CREDENTIALS_DIR_ENV = "TRTFORGE_S3_CREDENTIALS_DIR"
 CONDITIONAL_ENV = "TRTFORGE_S3_CONDITIONAL_WRITES"
 DIRECT_ENV = "TRTFORGE_S3_DIRECT_READS"  # "0": every read through boto3 (trtforge.store.s3_direct)
-SETTINGS = (
-    "AWS_ENDPOINT_URL",
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-)
 PART_SIZE = 8 << 20  # multipart part size; S3's minimum part is 5 MiB
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
 _RACE_LOST = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}

@@ -54,17 +54,21 @@ from urllib.parse import quote, urlsplit
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 CONNECT_TIMEOUT_S = 5.0  # as make_client's boto3 config
 READ_TIMEOUT_S = 60.0
-# The store's settings (trtforge.store.s3.SETTINGS) and variables that only tune what a direct GET
-# does not do (retries: a failed direct read falls back to boto3, which retries; checksums: a GET
-# sends none and the sha256 check covers the body; the metadata service: static credentials only).
-HARMLESS_AWS_ENV = frozenset(
+# The S3 store's settings (trtforge.store.s3.s3_settings reads them from the environment or the
+# mounted secret).
+SETTINGS = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+)
+# Those settings and variables that only tune what a direct GET does not do (retries: a failed
+# direct read falls back to boto3, which retries; checksums: a GET sends none and the sha256 check
+# covers the body; the metadata service: static credentials only).
+HARMLESS_AWS_ENV = frozenset(SETTINGS) | frozenset(
     {
-        "AWS_ENDPOINT_URL",
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_REGION",
-        "AWS_DEFAULT_REGION",
         "AWS_MAX_ATTEMPTS",
         "AWS_RETRY_MODE",
         "AWS_REQUEST_CHECKSUM_CALCULATION",

@@ -99,7 +99,7 @@ def run_native(
         raise NativeClientError(f"the native client exited with {done.returncode}: {done.stderr.strip()}")
     out = json.loads(done.stdout)
     window = float(out["window"])
-    streams = [(int(n), float(first), float(last)) for n, first, last in out["streams"]]
+    streams = [(int(n), float(first), float(last)) for n, first, last, _ in out["streams"]]
     return _Window(
         latencies=[v / 1e3 for v in out["latencies_ms"]],
         errors=int(out["errors"]),
@@ -108,4 +108,5 @@ def run_native(
         cpu_s=float(out["cpu_s"]),
         per_stream=[n for n, _, _ in streams],
         rate=sum(stream_rate(n, first, last, window) for n, first, last in streams),
+        shares=sum(float(shares) for *_, shares in out["streams"]),
     )

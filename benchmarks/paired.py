@@ -264,6 +264,7 @@ def run_model(
 
 def _slim(res: dict[str, Any]) -> dict[str, Any]:
     keys = ("round", "throughput", "p50_ms", "p99_ms", "errors", "server_cpu_util", "mean_batch", "ceiling")
+    keys += ("window_throughput", "stream_throughput", "stream_answers_min", "stream_answers_max")
     return {k: res[k] for k in keys if k in res}
 
 

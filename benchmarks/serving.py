@@ -367,10 +367,13 @@ def pick_paired(rounds: list[list[list[dict[str, Any]]]], tie: float = PAIRED_TI
     return min(near, key=lambda i: p99[i])
 
 
-# Each closed-loop worker needs this many answers inside a window for its own rate to mean much
-# (loadgen.stream_rate): ResNet-50 at c=64 answers each worker about every 2.7 s here, so a 10 s
-# window gave it 3 or 4, and the two throughput estimates of one window differed by up to 16%
-# (in 30 s windows: within 3% for trtforge, 5% for Triton's uneven service).
+# Each closed-loop worker gets this many answers inside a window, so that the requests cut by the
+# window's edges weigh little. Chosen for the per-stream rates (loadgen.stream_rate, the throughput
+# until the thirty-sixth session): ResNet-50 at c=64 answers each worker about every 2.7 s here, so a
+# 10 s window gave it 3 or 4, and the two throughput estimates of one window differed by up to 16%
+# (in 30 s windows: within 3% for trtforge, 5% for Triton's uneven service: that estimate's bias,
+# loadgen's docstring). The shares' estimate (loadgen.window_share) has no such bias; the long
+# windows keep its spread small.
 MIN_STREAM_ANSWERS = 10
 WARMUP_STREAM_ANSWERS = 2  # the warm-up outlasts the first cycles, when every worker sent at once
 

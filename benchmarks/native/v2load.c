@@ -20,8 +20,9 @@
  * a message is an error whose gRPC status is not read, and one that ends with a message is judged
  * by the message.
  *
- * Prints one JSON object: the window's latencies (ms), each worker's answers and the times of its
- * first and last (s, from the window's start), errors, up to five error messages, the window's
+ * Prints one JSON object: the window's latencies (ms), each worker's answers, the times of its
+ * first and last (s, from the window's start) and the sum of its answered requests' shares of the
+ * window (loadgen.window_share: the part of [sent, answered] inside the window), errors, up to five error messages, the window's
  * length and the process's CPU time inside it. Python turns it into a LoadResult.
  *
  * One thread, epoll, edge-triggered; loopback only (the caller checks the address). */
@@ -64,6 +65,7 @@ struct conn {
     size_t len, cap;
     long answers;   /* inside the window */
     double first, last;
+    double shares;  /* answered requests' parts inside the window, each over its own length */
     /* gRPC over HTTP/2 */
     struct seg *out; /* output not yet written, from out[head] on, out_off bytes of it written */
     size_t out_n, out_cap, head, out_off;
@@ -435,6 +437,11 @@ static void drop(struct conn *c) {
 static void finish(struct conn *c, int ok, const char *why) {
     double t1 = now();
     if (!ok && why && n_samples < 5) snprintf(samples[n_samples++], sizeof samples[0], "%s", why);
+    if (ok) { /* loadgen.window_share */
+        double lo = fmax(c->t0, t_measure), hi = fmin(t1, t_end);
+        if (t1 > c->t0) c->shares += hi > lo ? (hi - lo) / (t1 - c->t0) : 0.0;
+        else if (t_measure <= t1 && t1 <= t_end) c->shares += 1.0;
+    }
     if (t_measure <= t1 && t1 <= t_end) {
         if (ok) {
             if (lat_n == lat_cap) {
@@ -896,7 +903,8 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < lat_n; i++) printf(i ? ",%.3f" : "%.3f", lat[i]);
     printf("],\"streams\":[");
     for (int i = 0; i < concurrency; i++)
-        printf(i ? ",[%ld,%.9f,%.9f]" : "[%ld,%.9f,%.9f]", conns[i].answers, conns[i].first, conns[i].last);
+        printf(i ? ",[%ld,%.9f,%.9f,%.9f]" : "[%ld,%.9f,%.9f,%.9f]", conns[i].answers, conns[i].first, conns[i].last,
+               conns[i].shares);
     printf("],\"errors\":%ld,\"error_samples\":[", n_errors);
     for (int i = 0; i < n_samples; i++) {
         if (i) putchar(',');

@@ -6,6 +6,7 @@ protocol's layouts, flow control on messages larger than the windows, statuses, 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -29,10 +30,12 @@ class _Model:
         self.offset = 0.0  # not 0: a wrong answer
         self.output = "y"  # the name the answer gives its output
         self.refuse = False  # abort every call with INVALID_ARGUMENT
+        self.delay = 0.0  # seconds each call takes at least
 
     def infer(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         with self.lock:
             self.calls += 1
+        time.sleep(self.delay)
         if self.refuse:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "refused on purpose")
         req = service_pb2.ModelInferRequest.FromString(request)
@@ -75,12 +78,18 @@ def client(request: pytest.FixtureRequest) -> str:
 
 
 def _load(
-    port: int, client: str, x: np.ndarray, check: Check | None, concurrency: int = 4, max_requests: int = 100
+    port: int,
+    client: str,
+    x: np.ndarray,
+    check: Check | None,
+    concurrency: int = 4,
+    max_requests: int = 100,
+    warmup: float = 0.0,
 ) -> LoadResult:
     # The run ends at `max_requests`; its window (a day) never ends it, so no count depends on time.
     url = f"grpc://127.0.0.1:{port}"
     res, _ = run_load(
-        "grpc", url, "m", "x", "y", x, concurrency, 86_400.0, 0.0, max_requests, check, client=client
+        "grpc", url, "m", "x", "y", x, concurrency, 86_400.0, warmup, max_requests, check, client=client
     )
     assert res.client == client
     return res
@@ -130,3 +139,20 @@ def test_a_refused_call_is_an_error_and_the_connection_serves_on(
     m.refuse = False
     res = _load(port, client, X, Check("y", 2 * X), concurrency=1, max_requests=3)
     assert (res.errors, res.completed) == (0, 3)
+
+
+def test_the_throughput_counts_each_request_by_its_part_inside_the_window(
+    model: tuple[_Model, int], client: str
+) -> None:
+    m, port = model
+    res = _load(port, client, X, Check("y", 2 * X))  # every request inside the window: whole ones
+    assert res.throughput == pytest.approx(res.window_throughput, rel=1e-3)
+    # One worker; the first call, sent at the start, is answered at least 0.2 s later, after the
+    # 0.1 s warm-up: half of it or more lies inside the window, and not all of it.
+    m.delay = 0.2
+    res = _load(port, client, X, Check("y", 2 * X), concurrency=1, max_requests=3, warmup=0.1)
+    assert res.completed == 3
+    assert 2.45 < res.throughput * res.seconds < 2.99
+    m.delay, m.refuse = 0.0, True  # refused calls count for nothing
+    res = _load(port, client, X, None, concurrency=1, max_requests=3)
+    assert (res.errors, res.throughput) == (3, 0.0)

@@ -39,8 +39,8 @@ from its first to its last, summed (``stream_throughput``, ``stream_rate``; the 
 ninth session to the thirty-fifth) does not quantize, but leaves out the two requests cut by the
 window's edges, and those are the long ones (a window's edge falls in a long request more often
 than in a short one): with latencies of mean m and standard deviation s in a window of W seconds,
-it reads about 1 + s^2 / (m (W - m)) times the rate, 5% for Triton's uneven ResNet-50 service at
-c=32 on 2 cores (m 1.4 s, s ~1 s, W 14.6 s) and nothing for a server whose latencies are alike.
+it reads about 1 + s^2 / (m (W - m)) times the rate: nothing for a server whose latencies are
+alike, several per cent for one that serves its streams unevenly (docs/benchmarks.md, section 1).
 
 ``--procs K`` splits the workers over K client processes (one event loop each) and pools their
 latencies, for servers faster than one client core. ``--check REF.npy`` compares every answer's

@@ -63,11 +63,16 @@ def test_committed_files_match_the_models() -> None:
     assert stale == [], f"regenerate with `make crds` (trtforge crds): {stale}"
 
 
-def test_chart_copy_equals_crds() -> None:
-    for resource in RESOURCES:
-        name = f"{crdgen.crd_name(resource)}.yaml"
-        packaged = (ROOT / crdgen.PACKAGE_CRD_DIR / name).read_bytes()
-        assert (ROOT / "charts/trtforge/crds" / name).read_bytes() == packaged
+def test_top_level_crds_equal_the_chart_and_package_copies() -> None:
+    """`crds/` is the canonical copy; the chart's `crds/` and the operator's package data equal it, file
+    for file, and none of the three holds a file the others lack."""
+    names = {f"{crdgen.crd_name(resource)}.yaml" for resource in RESOURCES}
+    copies = {d: {p.name: p.read_bytes() for p in (ROOT / d).glob("*.yaml")} for d in crdgen.CRD_DIRS}
+    assert crdgen.CRD_DIRS[0] == "crds" == crdgen.CANONICAL_CRD_DIR
+    canonical = copies[crdgen.CANONICAL_CRD_DIR]
+    assert set(canonical) == names, f"crds/ holds {sorted(canonical)}, expected {sorted(names)}"
+    for d, files in copies.items():
+        assert files == canonical, f"{d}/ differs from crds/ (run `make crds`)"
 
 
 def test_packaged_crds_are_found_as_package_data() -> None:

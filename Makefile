@@ -18,7 +18,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 help:
 	@echo "make demo   - set up everything and run the whole story on the local test bed"
 	@echo "make test   - lint, type-check and run the whole test suite"
-	@echo "make crds   - regenerate the CRDs (operator package data and the chart's copy) from the API models"
+	@echo "make crds   - regenerate crds/ (and its copies in the chart and the operator package) and docs/api.md from the API models"
 	@echo "make bench  - run the benchmarks (not part of make test)"
 
 # Debian packages: Go and rsync to build the control plane from Debian's source, etcd to run it.

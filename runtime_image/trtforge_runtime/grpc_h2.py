@@ -960,7 +960,7 @@ class H2Connection(asyncio.BufferedProtocol):
     # --- the connection --------------------------------------------------------------------------
     def _arm_idle(self) -> None:
         """Start the idle clock from now. The deadline moves; the timer is not rescheduled: one
-        `call_at` handle per connection, re-armed when it fires early (design.md, "gRPC")."""
+        `call_at` handle per connection, re-armed when it fires early (docs/design.md, "Runtime gRPC")."""
         if self._transport is None:
             return
         self._idle_at = self._loop.time() + self._rt.s.idle_timeout_s

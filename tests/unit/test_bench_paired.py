@@ -123,7 +123,7 @@ def test_the_windows_line_names_the_concurrencies_whose_windows_grew() -> None:
 
 
 def test_near_the_ceiling_is_judged_against_what_the_points_concurrency_can_reach() -> None:
-    # ResNet-50 at c=1, shaped like the thirty-second session's medians: both servers at the bound
+    # ResNet-50 at c=1, shaped like measured medians: both servers at the bound
     # of one request at a time (22.9 img/s), which is 89% of the best ceiling (25.7, two in flight)
     tf = [w(23.86, 49.0, ceiling=25.72)]
     peer = [w(24.39, 47.2)]

@@ -33,7 +33,7 @@ def test_one_concurrency_takes_the_most_throughput_and_ties_to_the_lower_p99() -
 
 
 def test_a_band_is_decided_by_all_its_windows_not_the_last_alone() -> None:
-    # Shaped like the eleventh session's ResNet-50 case (its sweep had no c=8 window; these c=8
+    # Shaped like a measured ResNet-50 case (its sweep had no c=8 window; these c=8
     # figures are illustrative): at c=32 alone setting 0 is within 3% of setting 1 with the lower
     # p99, so it wins; at c=8 it trails by 10%, and the two windows together pick setting 1.
     at8 = [pt(18.2, 650), pt(20.3, 530)]
@@ -116,7 +116,7 @@ def test_far_from_the_ceiling_there_is_no_band() -> None:
     assert verdict(pt(70.0, 100.0), pt(70.0, 100.0), ceiling=100.0) == WIN
 
 
-# ResNet-50's full ceiling run of the thirty-second session's grid (img/s)
+# ResNet-50's ceiling as one full run measured it on 2 cores (img/s)
 RESNET_CEILING = {
     "per_batch": [
         {"batch": 1, "images_per_s": 22.98},
@@ -169,7 +169,7 @@ def test_near_best_is_every_setting_within_the_tie_of_the_best_share() -> None:
 
 
 def test_paired_rounds_choose_by_the_median_round_not_the_luckiest_window() -> None:
-    # Shaped like the thirty-fourth session's ResNet-50 case: candidate 1 is ahead by about 4% in
+    # Shaped like a measured ResNet-50 case: candidate 1 is ahead by about 4% in
     # most rounds; one round on a slow minute reads it far behind, which a single window could.
     rounds = [
         [[pt(20.3, 440)], [pt(21.4, 420)]],

@@ -1,5 +1,5 @@
 """`TestBed`: a running test bed as tests and scripts use it, and `acquire`/`release` for sharing one
-between concurrent pytest sessions (the last session out stops a test bed that a session started).
+between concurrent pytest sessions (the last pytest session out stops a test bed that one of them started).
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ def _owner_file(paths: StatePaths) -> Path:
 
 
 def acquire(paths: StatePaths, **up_kwargs: Any) -> TestBed:
-    """Use the test bed at `paths` if it is up, else start it (as a session's); register this process."""
+    """Use the test bed at `paths` if it is up, else start it (as this pytest session's); register this
+    process."""
     with _lock(paths):
         if not controlplane.is_up(paths):
             controlplane.up(paths, **up_kwargs)
@@ -123,7 +124,7 @@ def acquire(paths: StatePaths, **up_kwargs: Any) -> TestBed:
 
 
 def release(paths: StatePaths) -> bool:
-    """Unregister this process; stop the test bed if a session started it and no live session uses it.
+    """Unregister this process; stop the test bed if a pytest session started it and no live one uses it.
     Returns True if it was stopped."""
     with _lock(paths):
         users = _users(paths)

@@ -1,10 +1,17 @@
 """The generated CRDs on the test bed's real kube-apiserver (1.20).
 
-The CRDs install; every example applies and comes back with the schema defaults filled in; invalid
-objects are refused by the apiserver with a message naming the field; unknown fields are refused by
-`kubectl apply`'s validation and pruned by the apiserver; `kubectl get` shows the printer columns.
-CEL rules are not run by a 1.20 apiserver (tests/unit/test_api_cel.py covers them offline), and its
-kubectl refuses `x-kubernetes-validations` client-side, so CRDs go in with `--validate=false`.
+The CRDs install from the top-level `crds/` as docs/install.md says; every example applies and comes
+back with the schema defaults filled in; invalid objects are refused by the apiserver with a message
+naming the field; unknown fields are refused by `kubectl apply`'s validation and pruned by the
+apiserver; `kubectl get` shows the printer columns.
+
+CEL rules (`x-kubernetes-validations`) are not run by a 1.20 apiserver (tests/unit/test_api_cel.py
+covers them offline). Before 1.23 the CRD schema type has no such field: kubectl's client-side
+validation refuses it (so CRDs go in with `--validate=false`, and the apiserver drops the field), and
+server-side apply refuses it too ("field not declared in schema"), so `kubectl apply --server-side -f
+crds/` needs Kubernetes 1.23 or later. The tests show both on 1.20: the plain apply works, the
+server-side one is refused for that field alone and works on the same files without it, and an
+upgrade over CRDs Helm created takes `--force-conflicts`.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ import yaml
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-CRDS = sorted((ROOT / "charts" / "trtforge" / "crds").glob("*.yaml"))
+CRD_DIR = ROOT / "crds"  # the canonical copy users apply (tests/unit/test_api_crds.py: equal to the others)
+CRDS = sorted(CRD_DIR.glob("*.yaml"))
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 GROUP, VERSION = "trtforge.io", "v1alpha1"
 
@@ -38,8 +46,8 @@ def _ok(testbed: Any, *args: str, input: str | None = None) -> str:
 
 @pytest.fixture(scope="module")
 def crds(testbed: Any) -> None:
-    for path in CRDS:
-        _ok(testbed, "apply", "--validate=false", "-f", str(path))
+    """`kubectl apply --validate=false -f crds/`, the command docs/install.md gives for 1.20-1.22."""
+    _ok(testbed, "apply", "--validate=false", "-f", str(CRD_DIR))
     for path in CRDS:
         name = yaml.safe_load(path.read_text())["metadata"]["name"]
         _ok(testbed, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
@@ -68,6 +76,86 @@ def _deployment(**spec: Any) -> dict[str, Any]:
 def _get(testbed: Any, namespace: str, kind: str, name: str) -> dict[str, Any]:
     obj: dict[str, Any] = json.loads(_ok(testbed, "get", "-n", namespace, kind, name, "-o", "json"))
     return obj
+
+
+def _server_minor(testbed: Any) -> int:
+    version = json.loads(_ok(testbed, "version", "-o", "json"))["serverVersion"]
+    return int(version["minor"].rstrip("+"))
+
+
+def _without_cel(node: Any) -> Any:
+    """A CRD document with every `x-kubernetes-validations` removed (what a 1.20 apiserver keeps)."""
+    if isinstance(node, dict):
+        return {k: _without_cel(v) for k, v in node.items() if k != "x-kubernetes-validations"}
+    if isinstance(node, list):
+        return [_without_cel(v) for v in node]
+    return node
+
+
+def _applied_by(testbed: Any, crd: str) -> set[tuple[str, str]]:
+    obj = json.loads(_ok(testbed, "get", "crd", crd, "-o", "json"))
+    return {(f["manager"], f["operation"]) for f in obj["metadata"].get("managedFields", [])}
+
+
+def test_crds_dir_applies_with_kubectl(testbed: Any, crds: None) -> None:
+    """The directory as users apply it: both CRDs, idempotent on a second apply."""
+    out = _ok(testbed, "apply", "--validate=false", "-f", str(CRD_DIR))
+    names = sorted(yaml.safe_load(p.read_text())["metadata"]["name"] for p in CRDS)
+    assert names == ["inferencedeployments.trtforge.io", "trtengines.trtforge.io"]
+    for name in names:
+        assert f"customresourcedefinition.apiextensions.k8s.io/{name}" in out, out
+    # without --validate=false a 1.20 kubectl refuses the CEL field client-side, naming it
+    r = _run(testbed, "apply", "-f", str(CRD_DIR))
+    if _server_minor(testbed) < 23:
+        assert r.returncode != 0 and 'unknown field "x-kubernetes-validations"' in r.stderr, r.stderr
+    else:
+        assert r.returncode == 0, r.stderr
+
+
+def test_server_side_apply_of_crds_dir(testbed: Any, crds: None) -> None:
+    """`kubectl apply --server-side -f crds/`: on 1.23+ as it is; on 1.20 refused for the CEL field alone,
+    and the same files without it apply server-side (kubectl becomes an Apply manager)."""
+    r = _run(testbed, "apply", "--server-side", "--validate=false", "-f", str(CRD_DIR))
+    if _server_minor(testbed) >= 23:
+        assert r.returncode == 0, r.stderr
+    else:
+        assert r.returncode != 0
+        errors = [ln.strip() for ln in r.stderr.splitlines() if "not declared in schema" in ln]
+        assert errors, r.stderr
+        assert all(
+            e.rstrip().endswith("x-kubernetes-validations: field not declared in schema") for e in errors
+        )
+        docs = [_without_cel(yaml.safe_load(p.read_text())) for p in CRDS]
+        stream = "\n---\n".join(yaml.safe_dump(d) for d in docs)
+        out = _ok(testbed, "apply", "--server-side", "-f", "-", input=stream)
+        assert out.count("serverside-applied") == len(CRDS), out
+    for path in CRDS:
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        assert ("kubectl", "Apply") in _applied_by(testbed, name)
+
+
+def test_server_side_upgrade_over_a_helm_install_takes_force_conflicts(testbed: Any) -> None:
+    """Helm creates the chart's CRDs on the first install (field manager `helm`) and never upgrades them.
+    Applying a newer CRD server-side over them conflicts on every changed field until
+    `--force-conflicts` (operations.md, Upgrades). A CRD of a scratch group stands in for ours."""
+    doc = _without_cel(yaml.safe_load(CRDS[0].read_text()))
+    group = "upgrade.trtforge.test"
+    doc["metadata"] = {"name": f"{doc['spec']['names']['plural']}.{group}"}
+    doc["spec"]["group"] = group
+    older = json.loads(json.dumps(doc))
+    older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] = "the previous release"
+    name = doc["metadata"]["name"]
+    _ok(testbed, "create", "--field-manager=helm", "-f", "-", input=json.dumps(older))
+    try:
+        r = _run(testbed, "apply", "--server-side", "-f", "-", input=json.dumps(doc))
+        assert r.returncode != 0 and 'conflict with "helm"' in r.stderr, r.stderr
+        _ok(testbed, "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(doc))
+        crd = json.loads(_ok(testbed, "get", "crd", name, "-o", "json"))
+        schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        assert schema["description"] == doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"]
+        assert ("kubectl", "Apply") in _applied_by(testbed, name)
+    finally:
+        _run(testbed, "delete", "crd", name, "--wait=false")
 
 
 def test_crds_install(testbed: Any, crds: None) -> None:

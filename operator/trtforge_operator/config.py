@@ -268,7 +268,7 @@ def _expand_backends(data: dict[str, Any]) -> None:
             extra = sorted(set(v) - {"backend"})
             if extra:
                 raise ConfigError(
-                    f"operator config field 'backends.{k}': {', '.join(extra)} are no longer set here; "
+                    f"operator config field 'backends.{k}': {', '.join(extra)} are not set here; "
                     "give only the backend name (tensorrt or onnxruntime): the builder reports the "
                     "versions it really has (docs/design.md, Engine keys)"
                 )

@@ -127,8 +127,8 @@ class _Named:
         return {"y": inputs["x"] * 2}
 
 
-LONE_REQUESTS = 200  # many: the answer used to reach the client before its batch stopped counting
-# as executing, and the next lone request then went to the pool now and then
+LONE_REQUESTS = 200  # many: an answer that reached the client before its batch stopped counting as
+# executing would send the next lone request to the pool now and then
 
 
 @pytest.mark.asyncio

@@ -1,6 +1,6 @@
 """The few CUDA runtime calls TensorRT execution needs, through ctypes on ``libcudart``.
 
-One CUDA layer for the builder and the runtime (they used to differ: cuda-python and ctypes).
+One CUDA layer for the builder and the runtime, so both make the same calls the same way.
 Nothing is loaded at import; :class:`CudaRuntime` opens the library.
 """
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from trtforge import __version__
@@ -416,6 +417,15 @@ def model_metadata(rt: Runtime, request: pb.ModelMetadataRequest) -> pb.ModelMet
     )
 
 
+def model_config(rt: Runtime, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+    """Triton's model-configuration extension: the configuration HTTP's ``.../config`` answers."""
+    try:
+        config = rt.config_for(request.name, request.version or None)
+    except RequestError as e:
+        raise CallError(code_for(e), e.message) from e
+    return json_format.ParseDict({"config": config}, pb.ModelConfigResponse())
+
+
 SERVICE = "inference.GRPCInferenceService"
 # Each call of the v2 service but ModelInfer: its request message type and its function.
 UNARY: dict[str, tuple[Any, Any]] = {
@@ -424,6 +434,7 @@ UNARY: dict[str, tuple[Any, Any]] = {
     "ModelReady": (pb.ModelReadyRequest, model_ready),
     "ServerMetadata": (pb.ServerMetadataRequest, server_metadata),
     "ModelMetadata": (pb.ModelMetadataRequest, model_metadata),
+    "ModelConfig": (pb.ModelConfigRequest, model_config),
 }
 # The health check's names whose status is the runtime's readiness: a probe's default, and this service.
 READINESS_NAMES = ("", SERVICE)

@@ -64,6 +64,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         return await self._call(calls.model_metadata, request, context)
 
+    async def ModelConfig(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        return await self._call(calls.model_config, request, context)
+
     async def ModelInfer(self, request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
         """`request` arrives serialised and the answer leaves serialised (no deserialiser or
         serialiser is registered, see _handlers): raw contents are read in place and written once.

@@ -51,7 +51,7 @@ from trtforge_runtime.faults import FaultMonitor, exit_now, gpu_fault_message
 from trtforge_runtime.fetch import fetch_engine
 from trtforge_runtime.identity import check_identity
 from trtforge_runtime.metrics import Metrics, Outcome, exposition, outcome_for
-from trtforge_runtime.model import ModelSpec, default_model_name, model_spec
+from trtforge_runtime.model import ModelSpec, Serving, default_model_name, model_config, model_spec
 from trtforge_runtime.retry import budget_from_env, with_retries
 from trtforge_runtime.v2 import (
     DEFAULT_MAX_JSON_BYTES,
@@ -395,25 +395,21 @@ class Runtime:
             body=json.dumps({"name": spec.name, "ready": False, "error": why}).encode(),
         )
 
+    def config_for(self, name: str, version: str | None) -> dict[str, object]:
+        """The model's configuration in Triton's form (model.model_config); RequestError as
+        model_spec_for's."""
+        spec = self.model_spec_for(name, version)
+        assert self.manifest is not None
+        serving = Serving(
+            self.manifest.backend, len(self._instances), self.s.max_queue_delay_us, self.s.max_queue
+        )
+        return model_config(spec, serving)
+
     async def model_config(self, request: web.Request) -> web.Response:
         try:
-            spec = self._model(request)
+            return _ok(self.config_for(request.match_info["name"], request.match_info.get("version")))
         except RequestError as e:
             return _error(e.status, e.message, e.headers)
-        cfg: dict[str, Any] = {
-            "name": spec.name,
-            "platform": spec.platform,
-            "max_batch_size": spec.max_batch,
-            "input": [t.metadata() for t in spec.inputs],
-            "output": [t.metadata() for t in spec.outputs],
-            "instance_group": [{"count": len(self._instances) if self.batcher else self.s.instances or 1}],
-        }
-        if spec.max_batch:
-            cfg["dynamic_batching"] = {
-                "max_queue_delay_microseconds": self.s.max_queue_delay_us,
-                "default_queue_policy": {"max_queue_size": self.s.max_queue},
-            }
-        return _ok(cfg)
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
         m = self.metrics

@@ -156,6 +156,41 @@ def test_grpc_and_http_share_one_batcher_and_its_metrics(bed: Bed, mlp_server: S
     )
 
 
+def test_model_configuration_over_http_and_grpc_is_what_tritons_tools_read(
+    resnet_server: Server, mlp_server: Server
+) -> None:
+    """Triton's model-configuration extension, asked by tritonclient over both protocols: the same
+    configuration, its dims without the batch dimension of a batchable model (as Triton's)."""
+    h = httpclient.InferenceServerClient(mlp_server.url)
+    g = grpcclient.InferenceServerClient(mlp_server.grpc_url)
+    over_http = h.get_model_config("mlp")
+    over_grpc = g.get_model_config("mlp", as_json=True)["config"]
+    assert over_http["name"] == over_grpc["name"] == "mlp"
+    assert over_http["platform"] == over_grpc["platform"] == "onnxruntime_onnx"
+    assert over_http["backend"] == over_grpc["backend"] == "onnxruntime"
+    assert over_http["max_batch_size"] == over_grpc["max_batch_size"] == 32
+    assert over_http["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [64]}]
+    assert over_grpc["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": ["64"]}]  # int64: text
+    assert [o["name"] for o in over_http["output"]] == [o["name"] for o in over_grpc["output"]] == ["y"]
+    assert over_http["output"][0]["data_type"] == over_grpc["output"][0]["data_type"] == "TYPE_FP32"
+    assert over_http["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
+    assert over_grpc["dynamic_batching"]["max_queue_delay_microseconds"] == "2000"
+    assert g.get_model_config("mlp", "1", as_json=True)["config"]["name"] == "mlp"
+    assert h.get_model_config("mlp", "1")["name"] == "mlp"
+    _refused("NOT_FOUND", g.get_model_config, "nope", match="unknown model 'nope'")
+    _refused("NOT_FOUND", g.get_model_config, "mlp", "2", match="has no version '2'")
+    with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+        h.get_model_config("nope")
+    # A model that is not batchable: max_batch_size 0, dims as the model declares them.
+    r = grpcclient.InferenceServerClient(resnet_server.grpc_url).get_model_config("resnet50").config
+    assert r.max_batch_size == 0 and [list(i.dims) for i in r.input] == [[1, 3, 224, 224]]
+    assert httpclient.InferenceServerClient(resnet_server.url).get_model_config("resnet50")["input"] == [
+        {"name": RESNET_IN, "data_type": "TYPE_FP32", "dims": [1, 3, 224, 224]}
+    ]
+    h.close()
+    g.close()
+
+
 def test_grpc_bad_input_gets_invalid_argument_naming_the_field(mlp_server: Server) -> None:
     c = grpcclient.InferenceServerClient(mlp_server.grpc_url)
     for shape, datatype, text in [

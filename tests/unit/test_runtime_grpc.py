@@ -71,6 +71,14 @@ def test_every_message_and_method_matches_tritonclients_wire_format() -> None:
                 )
                 checked += 1
     assert checked > 60
+    for enum in (
+        *ours.enum_types_by_name.values(),
+        *(e for m in ours.message_types_by_name.values() for e in m.enum_types),
+    ):
+        theirs_enum = triton_pb.DESCRIPTOR.pool.FindEnumTypeByName(enum.full_name)
+        assert {v.name: v.number for v in enum.values}.items() <= {
+            v.name: v.number for v in theirs_enum.values
+        }.items(), enum.full_name
 
 
 def test_shipped_stubs_are_what_the_proto_generates(tmp_path: Path) -> None:

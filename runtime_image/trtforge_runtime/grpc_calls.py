@@ -1,4 +1,4 @@
-"""The v2 gRPC service's calls, whatever carries them (``grpc_h2``'s own HTTP/2 server, or grpcio's).
+"""The v2 gRPC service's calls, as grpc.aio runs them (``grpc_service``).
 
 Each call takes its request message and gives its response message or raises :class:`CallError`
 with a gRPC status :class:`Code`. ModelInfer works on the serialised bytes both ways: raw input
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -427,15 +427,6 @@ def model_config(rt: Runtime, request: pb.ModelConfigRequest) -> pb.ModelConfigR
 
 
 SERVICE = "inference.GRPCInferenceService"
-# Each call of the v2 service but ModelInfer: its request message type and its function.
-UNARY: dict[str, tuple[Any, Any]] = {
-    "ServerLive": (pb.ServerLiveRequest, server_live),
-    "ServerReady": (pb.ServerReadyRequest, server_ready),
-    "ModelReady": (pb.ModelReadyRequest, model_ready),
-    "ServerMetadata": (pb.ServerMetadataRequest, server_metadata),
-    "ModelMetadata": (pb.ModelMetadataRequest, model_metadata),
-    "ModelConfig": (pb.ModelConfigRequest, model_config),
-}
 # The health check's names whose status is the runtime's readiness: a probe's default, and this service.
 READINESS_NAMES = ("", SERVICE)
 
@@ -454,36 +445,7 @@ def health_check(rt: Runtime, data: Buffer) -> bytes:
     return health.encode_response(status)
 
 
-# The other services' unary calls, serialised both ways.
-OTHER_UNARY: dict[tuple[str, str], Callable[[Runtime, Buffer], bytes]] = {
-    (health.SERVICE, "Check"): health_check,
-}
-
-
-def is_unary(service: str, method: str) -> bool:
-    """Whether `service`/`method` is a unary call this server has (every call but ModelInfer)."""
-    return (service == SERVICE and method in UNARY) or (service, method) in OTHER_UNARY
-
-
-def unary_call(rt: Runtime, service: str, method: str, data: Buffer) -> bytes:
-    """A call other than ModelInfer, serialised both ways: the response's bytes, or CallError
-    (UNIMPLEMENTED for a method the server does not have, INVALID_ARGUMENT for bytes that do not
-    parse as its request)."""
-    other = OTHER_UNARY.get((service, method))
-    if other is not None:
-        return other(rt, data)
-    entry = UNARY.get(method) if service == SERVICE else None
-    if entry is None:
-        raise CallError(Code.UNIMPLEMENTED, f"method {service}/{method} is not implemented")
-    kind, call = entry
-    try:
-        request = kind.FromString(bytes(data))
-    except DecodeError as e:
-        raise CallError(Code.INVALID_ARGUMENT, f"{kind.__name__} does not parse: {e}") from e
-    return bytes(call(rt, request).SerializeToString())
-
-
-# --- ModelInfer, in steps a transport can run without a task ------------------------------------
+# --- ModelInfer ---------------------------------------------------------------------------------
 def admit_infer(
     rt: Runtime, data: Buffer
 ) -> tuple[ModelSpec, pb.ModelInferRequest, Sequence[bytes | memoryview]]:

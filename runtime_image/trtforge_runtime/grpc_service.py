@@ -1,8 +1,7 @@
-"""The v2 protocol over gRPC on grpcio's server (``--grpc-server grpcio``).
+"""The v2 protocol over gRPC on grpcio's grpc.aio server.
 
-The default front end is the runtime's own (``grpc_h2``); this one is kept for comparison and as a
-fallback. Both run the calls of ``grpc_calls`` in the runtime's event loop, behind the same model
-checks, batcher, limits, metrics and readiness as HTTP. The stubs are generated from
+It runs the calls of ``grpc_calls`` in the runtime's event loop, behind the same model checks,
+batcher, limits, metrics and readiness as HTTP. The stubs are generated from
 grpc_v2/inference.proto and shipped (see grpc_v2/generate.py).
 """
 
@@ -17,6 +16,7 @@ import grpc
 from grpc import aio
 
 from trtforge_runtime import grpc_calls as calls
+from trtforge_runtime import grpc_health as health
 from trtforge_runtime.body import BodyMemoryFull
 from trtforge_runtime.errors import RequestError
 from trtforge_runtime.grpc_calls import CallError, Code
@@ -136,21 +136,16 @@ def _handlers(servicer: InferenceService) -> tuple[str, dict[str, Any]]:
     return reg.service, reg.handlers
 
 
-def _other_services(servicer: InferenceService) -> list[grpc.GenericRpcHandler]:
-    """Generic handlers for the calls of ``grpc_calls.OTHER_UNARY`` (the health check), serialised
-    both ways as grpc_calls runs them, their refusals aborted as the servicer's are."""
-    by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
-    for service, method in calls.OTHER_UNARY:
+def _health(servicer: InferenceService) -> grpc.GenericRpcHandler:
+    """``grpc.health.v1.Health/Check``, serialised both ways as grpc_calls runs it, its refusals
+    aborted as the servicer's are (grpcio answers UNIMPLEMENTED for Watch, which is not served)."""
 
-        async def call(
-            request: bytes, context: aio.ServicerContext[Any, Any], s: str = service, m: str = method
-        ) -> bytes:
-            return bytes(
-                await servicer._call(lambda rt, data: calls.unary_call(rt, s, m, data), request, context)
-            )
+    async def check(request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
+        return bytes(await servicer._call(calls.health_check, request, context))
 
-        by_service.setdefault(service, {})[method] = grpc.unary_unary_rpc_method_handler(call)
-    return [grpc.method_handlers_generic_handler(s, handlers) for s, handlers in by_service.items()]
+    return grpc.method_handlers_generic_handler(
+        health.SERVICE, {"Check": grpc.unary_unary_rpc_method_handler(check)}
+    )
 
 
 def grpc_address(host: str, port: int) -> str:
@@ -178,7 +173,7 @@ async def start_grpc(runtime: Runtime, host: str, port: int) -> tuple[aio.Server
     servicer = InferenceService(runtime)
     service, handlers = _handlers(servicer)
     server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service, handlers), *_other_services(servicer))
+        (grpc.method_handlers_generic_handler(service, handlers), _health(servicer))
     )
     server.add_registered_method_handlers(service, handlers)
     address = grpc_address(host, port)

@@ -18,13 +18,11 @@ event loop keeps answering health probes; connections idle (or stuck before a co
 from __future__ import annotations
 
 import asyncio
-import enum
 import json
 import logging
 import signal
 import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +38,7 @@ from trtforge.contract.manifest import Manifest
 from trtforge.contract.termination import EXIT_OK, TerminationMessage, write_termination_message
 from trtforge.logs import fields
 from trtforge.store.base import EngineStore
-from trtforge_runtime import fastpath, preload, startup_gc, warmstart
+from trtforge_runtime import preload, startup_gc, warmstart
 from trtforge_runtime.backends import Backend, Instance, default_instances, load_backend
 from trtforge_runtime.batcher import Batcher
 from trtforge_runtime.body import BodyMemoryFull, Coding, MemoryBudget, content_coding, decompress, read_body
@@ -66,13 +64,6 @@ log = logging.getLogger(__name__)
 JSON = "application/json"
 
 
-class GrpcFrontEnd(enum.Enum):
-    """What carries the v2 gRPC protocol (docs/design.md, "Runtime gRPC")."""
-
-    NATIVE = "native"  # grpc_h2: the runtime's own HTTP/2 server in its event loop
-    GRPCIO = "grpcio"  # grpc_service: grpcio's grpc.aio server
-
-
 @dataclass
 class Settings:
     store_uri: str
@@ -95,7 +86,6 @@ class Settings:
     body_timeout_s: float = 60.0
     max_connections: int = 1024
     grpc_port: int | None = 8001  # None: no gRPC endpoint; 0: any free port
-    grpc_server: GrpcFrontEnd = GrpcFrontEnd.NATIVE
     reuse_port: bool = False  # a worker of `serve --workers N`: share the ports (SO_REUSEPORT)
     listen_when_ready: bool = False  # a later worker: bind only once ready
 
@@ -148,16 +138,11 @@ class Runtime:
         self._serving = asyncio.Event()  # set once ready (the batcher runs)
 
     async def _start_grpc(self) -> tuple[Any, int]:
-        """The gRPC front end --grpc-server names, listening; it and its port. After HTTP listens
-        and the engine starts loading: importing it takes a while."""
-        if self.s.grpc_server is GrpcFrontEnd.GRPCIO:
-            from trtforge_runtime.grpc_service import start_grpc
+        """grpc.aio's server, listening; it and its port. After HTTP listens and the engine starts
+        loading: importing grpc takes a while."""
+        from trtforge_runtime.grpc_service import start_grpc
 
-            return await start_grpc(self, self.s.host, self.s.grpc_port or 0)
-        from trtforge_runtime.grpc_h2 import GrpcServer
-
-        server = GrpcServer(self)
-        return server, await server.start(self.s.host, self.s.grpc_port or 0)
+        return await start_grpc(self, self.s.host, self.s.grpc_port or 0)
 
     # --- faults and ends ------------------------------------------------------------------
     def _fault(self, xid: int | None, gpu: str | None, detail: str) -> None:
@@ -472,14 +457,6 @@ class Runtime:
             plans = self._plans = RequestPlans(spec, self.s.max_json_bytes)
         return plans.decode(body, header_length)
 
-    def http_protocols(self, http: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
-        """The protocol factory for counted connections: the infer fast path in front of aiohttp
-        (fastpath.py), or aiohttp alone when the fast path is off."""
-        if not fastpath.enabled():
-            log.info("HTTP infer fast path off", extra=fields(reason=fastpath.why_off()))
-            return http
-        return lambda: fastpath.InferConnection(self, http)
-
     async def infer(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
         self.active += 1
@@ -516,7 +493,10 @@ class Runtime:
             )
         except RequestError as e:
             outcome = outcome_for(e.status)
-            return _error(e.status, e.message, e.headers)
+            refused = _error(e.status, e.message, e.headers)
+            if not request.content.is_eof():  # a body left unread: the connection cannot go on
+                refused.force_close()
+            return refused
         except Exception as e:
             outcome = Outcome.ERROR
             log.exception("inference failed")
@@ -562,7 +542,7 @@ class Runtime:
         http = runner.server
         assert http is not None
         limiter = ConnectionLimiter(
-            self.http_protocols(http),
+            http,
             self.s.max_connections,
             self.health_answer,
             lambda: self.metrics,

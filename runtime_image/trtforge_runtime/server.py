@@ -121,7 +121,8 @@ class Runtime:
         self.spec: ModelSpec | None = None
         self.backend: Backend | None = None
         self.batcher: Batcher | None = None
-        self.metrics = Metrics(settings.model_name or "model")
+        self.pod = Pod.from_env()  # the other workers of `serve --workers N`, if any
+        self.metrics = Metrics(settings.model_name or "model", self._worker())
         self.active = 0  # infer handlers running
         self._stop = asyncio.Event()
         self.exit_code = EXIT_OK
@@ -132,7 +133,6 @@ class Runtime:
         self.grpc_port: int | None = None
         self.bodies = MemoryBudget(settings.body_memory)
         self.decode_pool = ThreadPoolExecutor(2, thread_name_prefix="decode")
-        self.pod = Pod.from_env()  # the other workers of `serve --workers N`, if any
         self._listening = False  # on every port (HTTP, and gRPC when on)
         self._listened = asyncio.Event()  # set with _listening
         self._serving = asyncio.Event()  # set once ready (the batcher runs)
@@ -143,6 +143,9 @@ class Runtime:
         from trtforge_runtime.grpc_service import start_grpc
 
         return await start_grpc(self, self.s.host, self.s.grpc_port or 0)
+
+    def _worker(self) -> int | None:
+        return self.pod.index if self.pod is not None else None
 
     # --- faults and ends ------------------------------------------------------------------
     def _fault(self, xid: int | None, gpu: str | None, detail: str) -> None:
@@ -184,7 +187,7 @@ class Runtime:
         manifest = local.manifest
         name = self.s.model_name or default_model_name(manifest)
         if name != self.metrics.model:
-            self.metrics = Metrics(name)
+            self.metrics = Metrics(name, self._worker())
             self.metrics.startup.labels("fetch").set(t1 - t0)
             m = self.metrics
         spec = model_spec(manifest, name, self.s.max_batch_size)

@@ -50,6 +50,8 @@ CAP_LOG_INTERVAL_S = 60.0  # at most one `batch cap` log line a minute; the gaug
 
 
 class QueueFull(RequestError):
+    busy = True
+
     def __init__(self, depth: int) -> None:
         super().__init__(
             503, f"the request queue is full ({depth} requests waiting); retry later", {"Retry-After": "1"}

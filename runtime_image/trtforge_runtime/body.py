@@ -109,6 +109,8 @@ class BodyMemoryFull(RequestError):
     """Other requests hold the whole body-memory budget (503 with Retry-After; RESOURCE_EXHAUSTED
     over gRPC)."""
 
+    busy = True
+
     def __init__(self, total: int) -> None:
         super().__init__(
             503,
@@ -134,6 +136,14 @@ class MemoryBudget:
             self.used += n
             return n
         return None
+
+    def hold(self, n: int) -> int:
+        """Reserve `n` bytes that are already here (at most the total) without waiting;
+        BodyMemoryFull when others hold the budget."""
+        got = self.try_acquire(n)
+        if got is None:
+            raise BodyMemoryFull(self.total)
+        return got
 
     async def acquire(self, n: int) -> int:
         """Reserve `n` bytes (at most the total); the amount reserved, for :meth:`release`."""

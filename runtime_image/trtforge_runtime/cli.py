@@ -254,7 +254,8 @@ def handle(args: argparse.Namespace) -> int:
 
     import asyncio
 
-    from trtforge_runtime.server import Runtime, Settings
+    from trtforge_runtime.server import Runtime
+    from trtforge_runtime.settings import Settings
     from trtforge_runtime.workers import WORKER_INDEX_ENV
 
     settings = Settings(

@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from grpc import aio
 
 from trtforge_runtime import grpc_calls as calls
 from trtforge_runtime import grpc_health as health
-from trtforge_runtime.body import BodyMemoryFull
-from trtforge_runtime.errors import RequestError
-from trtforge_runtime.grpc_calls import CallError, Code
+from trtforge_runtime.errors import Code, RequestError, grpc_code
+from trtforge_runtime.grpc_calls import CallError
 from trtforge_runtime.grpc_v2 import inference_pb2_grpc as pb_grpc
-from trtforge_runtime.metrics import Outcome, outcome_for
-
-if TYPE_CHECKING:
-    from trtforge_runtime.server import Runtime
+from trtforge_runtime.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +35,8 @@ def status_for(code: Code) -> grpc.StatusCode:
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """The servicer: grpcio's handlers over ``grpc_calls``."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self._rt = runtime
+    def __init__(self, service: Service) -> None:
+        self._rt = service
 
     async def _call(self, fn: Any, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         try:
@@ -71,42 +66,29 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """`request` arrives serialised and the answer leaves serialised (no deserialiser or
         serialiser is registered, see _handlers): raw contents are read in place and written once.
         The message counts against the body-memory budget HTTP bodies share until it is answered;
-        gRPC has already read it, so waiting would not save memory: with the budget taken it is
+        grpc.aio has already read it, so waiting would not save memory: with the budget taken it is
         refused at once (RESOURCE_EXHAUSTED) and freed."""
-        rt = self._rt
-        t0 = time.perf_counter()
-        rt.active += 1
-        outcome = Outcome.SUCCESS
-        reserved = 0
+        svc = self._rt
         try:
-            got = rt.bodies.try_acquire(len(request))
-            if got is None:
-                raise BodyMemoryFull(rt.bodies.total)
-            reserved = got
-            spec, msg, raw = calls.admit_infer(rt, request)
-            if rt.has_bytes_inputs:  # BYTES elements are Python objects: decoded off the loop
-                loop = asyncio.get_running_loop()
-                req = await loop.run_in_executor(rt.decode_pool, calls.decode_infer_request, msg, spec, raw)
-            else:
-                req = calls.decode_infer_request(msg, spec, raw)
-            rows = spec.validate(req.inputs)
-            batcher = rt.batcher
-            assert batcher is not None
-            results = await batcher.enqueue(req.inputs, rows)
-            return calls.encode_infer_response(spec, req, results)
+            with svc.call() as call:
+                call.reserved = svc.bodies.hold(len(request))
+                msg, raw = calls.parse_infer_request(request)
+                spec = svc.admit(msg.model_name, msg.model_version or None)
+                if spec.has_bytes_inputs:  # BYTES elements are Python objects: decoded off the loop
+                    loop = asyncio.get_running_loop()
+                    req = await loop.run_in_executor(
+                        svc.decode_pool, calls.decode_infer_request, msg, spec, raw
+                    )
+                else:
+                    req = calls.decode_infer_request(msg, spec, raw)
+                rows = spec.validate(req.inputs)
+                results = await svc.infer(req.inputs, rows)
+                return calls.encode_infer_response(spec, req, results)
         except RequestError as e:
-            outcome = outcome_for(e.status)
-            await context.abort(status_for(calls.code_for(e)), e.message)
-        except aio.AbortError:
-            raise
+            await context.abort(status_for(grpc_code(e)), e.message)
         except Exception as e:
-            outcome = Outcome.ERROR
             log.exception("inference failed")
             await context.abort(grpc.StatusCode.INTERNAL, f"inference failed: {e}")
-        finally:
-            rt.bodies.release(reserved)
-            rt.active -= 1
-            rt.metrics.observe_request(outcome, time.perf_counter() - t0)
         raise AssertionError("unreachable: context.abort raises")
 
 
@@ -152,7 +134,7 @@ def grpc_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def start_grpc(runtime: Runtime, host: str, port: int) -> tuple[aio.Server, int]:
+async def start_grpc(service: Service, host: str, port: int) -> tuple[aio.Server, int]:
     """Serve the runtime over gRPC on host:port (0: any free port); the server and its port.
 
     ``so_reuseport`` is off (except for the workers of ``--workers N``, which share the port on
@@ -160,7 +142,7 @@ async def start_grpc(runtime: Runtime, host: str, port: int) -> tuple[aio.Server
     limited to ``--max-request-bytes`` (gRPC answers RESOURCE_EXHAUSTED past it, after its own
     decompression); connections idle for ``--idle-timeout`` are closed.
     """
-    s = runtime.s
+    s = service.s
     server = aio.server(
         options=[
             ("grpc.so_reuseport", 1 if s.reuse_port else 0),
@@ -170,12 +152,10 @@ async def start_grpc(runtime: Runtime, host: str, port: int) -> tuple[aio.Server
         ],
         maximum_concurrent_rpcs=s.max_connections,
     )
-    servicer = InferenceService(runtime)
-    service, handlers = _handlers(servicer)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service, handlers), _health(servicer))
-    )
-    server.add_registered_method_handlers(service, handlers)
+    servicer = InferenceService(service)
+    name, handlers = _handlers(servicer)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers), _health(servicer)))
+    server.add_registered_method_handlers(name, handlers)
     address = grpc_address(host, port)
     try:
         bound = server.add_insecure_port(address)

@@ -27,22 +27,6 @@ class Outcome(enum.StrEnum):
     ERROR = "error"
 
 
-_BY_STATUS = {
-    400: Outcome.BAD_REQUEST,
-    404: Outcome.NOT_FOUND,
-    408: Outcome.TIMEOUT,
-    413: Outcome.TOO_LARGE,
-    415: Outcome.UNSUPPORTED_ENCODING,
-    503: Outcome.UNAVAILABLE,
-}
-
-
-def outcome_for(status: int) -> Outcome:
-    """The outcome of a request refused with HTTP `status` (over gRPC: the status its refusal has on
-    the REST endpoint); ERROR for any status without its own."""
-    return _BY_STATUS.get(status, Outcome.ERROR)
-
-
 _LATENCY = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 

@@ -25,10 +25,10 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from trtforge_runtime.body import BodyMemoryFull, Coding, content_coding, read_body
+from trtforge_runtime.body import Coding, body_deadline, content_coding, read_body
 from trtforge_runtime.errors import RequestError
 from trtforge_runtime.metrics import exposition
-from trtforge_runtime.service import Service
+from trtforge_runtime.service import Call, Service
 from trtforge_runtime.v2 import HEADER_LENGTH, encode_response
 
 log = logging.getLogger(__name__)
@@ -96,35 +96,34 @@ class HttpApi:
         m.open_connections.set(self._open_connections())
         return web.Response(body=exposition(m), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def _receive(self, request: web.Request, coding: Coding) -> tuple[bytes | bytearray, int]:
-        """The body as sent, and the bytes reserved for it in the shared budget (release them)."""
+    async def _receive(self, request: web.Request, coding: Coding, call: Call) -> bytes | bytearray:
+        """The body as sent, its bytes held in the shared budget as they arrive (`call` releases
+        them), within a deadline that fits its claimed size (body.body_deadline)."""
         s, bodies = self.svc.s, self.svc.bodies
         limit = s.max_request_bytes
         cl = request.content_length
         if cl is not None and cl > limit:
             raise RequestError(413, f"request body of {cl} bytes exceeds the limit of {limit} bytes")
-        need = (cl if cl is not None else limit) + (0 if coding is Coding.IDENTITY else limit)
-        reserved = bodies.try_acquire(need)  # the common case: no wait, no timer
-        if reserved is None:
-            try:
-                async with asyncio.timeout(s.body_timeout_s):
-                    reserved = await bodies.acquire(need)
-            except TimeoutError as e:
-                raise BodyMemoryFull(bodies.total) from e
+
+        deadline = body_deadline(cl, s.body_timeout_s)
+        reader = bodies.reader()
         try:
-            async with asyncio.timeout(s.body_timeout_s):
-                return await read_body(request.content, cl, limit), reserved
+            async with asyncio.timeout(deadline):
+                raw = await read_body(request.content, cl, limit, reader.take)
         except TimeoutError as e:
-            bodies.release(reserved)
             raise RequestError(
-                408, f"the request body did not arrive within {s.body_timeout_s:g} s (--body-timeout)"
+                408,
+                f"the request body did not arrive within {deadline:g} s (--body-timeout, or less for a"
+                f" body of {cl} bytes)",
             ) from e
         except RequestPayloadError as e:
-            bodies.release(reserved)
             raise RequestError(400, f"request body is malformed: {e}") from e
-        except BaseException:
-            bodies.release(reserved)
-            raise
+        finally:
+            call.reserved += reader.keep()
+            reader.close()
+        if coding is not Coding.IDENTITY:  # room for it decompressed, up to the limit
+            call.reserved += bodies.hold(limit)
+        return raw
 
     async def infer(self, request: web.Request) -> web.Response:
         svc = self.svc
@@ -137,7 +136,7 @@ class HttpApi:
                     header_length = int(hl) if hl is not None else None
                 except ValueError as e:
                     raise RequestError(400, f"{HEADER_LENGTH} {hl!r} is not an integer") from e
-                raw, call.reserved = await self._receive(request, coding)
+                raw = await self._receive(request, coding, call)
                 req, rows = await svc.decode_body(raw, coding, header_length, spec)
                 del raw
                 results = await svc.infer(req.inputs, rows)

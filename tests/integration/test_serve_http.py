@@ -273,9 +273,8 @@ def test_a_slow_body_gets_408_and_the_connection_closes(bed: Bed, server: Server
 
 
 def test_clients_that_vanish_mid_body_give_their_memory_back(bed: Bed, server: Server) -> None:
-    """Each partial body reserves its Content-Length of the shared budget (2 x 100000 bytes): if a
-    vanished client kept its share, the next requests would find the budget full (aiohttp's path,
-    503)."""
+    """Each partial body holds what arrived of it in the shared budget (2 x 100000 bytes): if a
+    vanished client kept its bytes, the next requests would find the budget full (503)."""
     for _ in range(10):
         c = Conn(server)
         c.send(request(b"x" * 99_000, {})[:-98_000])

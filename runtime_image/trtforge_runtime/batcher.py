@@ -50,6 +50,8 @@ CAP_LOG_INTERVAL_S = 60.0  # at most one `batch cap` log line a minute; the gaug
 
 
 class QueueFull(RequestError):
+    busy = True
+
     def __init__(self, depth: int) -> None:
         super().__init__(
             503, f"the request queue is full ({depth} requests waiting); retry later", {"Retry-After": "1"}
@@ -200,8 +202,7 @@ class Batcher:
 
     def enqueue(self, inputs: dict[str, np.ndarray], rows: int) -> asyncio.Future[Outputs]:
         """Queue a request; its future has the outputs (cancel it to withdraw the request). QueueFull
-        at once when the queue is full. No task is needed to wait for it (the HTTP fast path adds a
-        callback)."""
+        at once when the queue is full."""
         fut: asyncio.Future[Outputs] = asyncio.get_running_loop().create_future()
         item = _Item(inputs, rows, _signature(inputs, self.max_batch > 0), fut)
         with self._lock:

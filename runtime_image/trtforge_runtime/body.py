@@ -9,9 +9,9 @@ limit (docs/design.md, "Runtime request limits").
 from __future__ import annotations
 
 import asyncio
-import collections
 import enum
 import zlib
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from trtforge_runtime.errors import RequestError
@@ -77,9 +77,13 @@ class Source(Protocol):
     async def readany(self) -> bytes: ...
 
 
-async def read_body(source: Source, length: int | None, limit: int) -> bytes | bytearray:
+async def read_body(
+    source: Source, length: int | None, limit: int, arrived: Callable[[int], Awaitable[None]] | None = None
+) -> bytes | bytearray:
     """The whole body, as sent: `length` bytes when the request gave a Content-Length, else up to
     `limit` (chunked). 413 as soon as a chunked body passes `limit`; 400 if the body ends early.
+    `arrived` is told the size of each piece as it is kept, before the next is read: the
+    body-memory budget counts bytes as they arrive, not the length a client claims.
 
     A body that arrives in one piece is returned as it is; one in several pieces is joined once."""
     if length is not None and length > limit:
@@ -99,6 +103,8 @@ async def read_body(source: Source, length: int | None, limit: int) -> bytes | b
                 raise RequestError(413, f"request body exceeds the limit of {limit} bytes")
             chunk = chunk[: len(chunk) - (got - want)]
             got = want
+        if arrived is not None:
+            await arrived(len(chunk))
         chunks.append(chunk)
     if len(chunks) == 1:
         return chunks[0]
@@ -109,6 +115,8 @@ class BodyMemoryFull(RequestError):
     """Other requests hold the whole body-memory budget (503 with Retry-After; RESOURCE_EXHAUSTED
     over gRPC)."""
 
+    busy = True
+
     def __init__(self, total: int) -> None:
         super().__init__(
             503,
@@ -118,51 +126,113 @@ class BodyMemoryFull(RequestError):
 
 
 class MemoryBudget:
-    """Bytes of request bodies held at once, over all requests: each request reserves its share before
-    reading, and waits (first come, first served) while others hold the rest. Reading nothing while it
-    waits, a request leaves its bytes in the client's socket (TCP back-pressure)."""
+    """Bytes of request bodies held at once, over all requests, counted as they arrive (HTTP) or once
+    a whole message has (gRPC, which grpc.aio reads before the call starts), never on a length a
+    client only claims: a slow or stuck sender holds only what it has sent.
+
+    A request reading its body whose next bytes do not fit waits for them, first come first served,
+    leaving them in its socket (TCP back-pressure). Should every request that holds bytes be waiting
+    (each needing what the others hold), the last to wait is refused (:class:`BodyMemoryFull`) and
+    gives its bytes back, so the rest go on."""
 
     def __init__(self, total: int) -> None:
         self.total = total
         self.used = 0
-        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self._waiters: list[tuple[Reader, int, asyncio.Future[None]]] = []
+        self._holding: set[Reader] = set()  # readers holding bytes
 
-    def try_acquire(self, n: int) -> int | None:
-        """Reserve `n` bytes (at most the total) if that needs no waiting; None otherwise."""
-        n = min(n, self.total)
-        if not self._waiters and self.used + n <= self.total:
-            self.used += n
-            return n
-        return None
-
-    async def acquire(self, n: int) -> int:
-        """Reserve `n` bytes (at most the total); the amount reserved, for :meth:`release`."""
-        got = self.try_acquire(n)
-        if got is not None:
-            return got
-        n = min(n, self.total)
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (n, fut)
-        self._waiters.append(entry)
-        try:
-            await fut
-        except BaseException:
-            if fut.done() and not fut.cancelled():
-                self.release(n)  # granted just as we gave up
-            elif entry in self._waiters:
-                self._waiters.remove(entry)
-            raise
+    def hold(self, n: int) -> int:
+        """Reserve `n` bytes that are already here, without waiting; BodyMemoryFull when they do not
+        fit."""
+        if self._waiters or self.used + n > self.total:
+            raise BodyMemoryFull(self.total)
+        self.used += n
         return n
+
+    def reader(self) -> Reader:
+        return Reader(self)
 
     def release(self, n: int) -> None:
         self.used -= n
-        while self._waiters and self.used + self._waiters[0][0] <= self.total:
-            m, fut = self._waiters.popleft()
-            if fut.done():  # cancelled: its task removes nothing more
-                continue
+        while self._waiters and self.used + self._waiters[0][1] <= self.total:
+            r, m, fut = self._waiters.pop(0)
             self.used += m
+            r.held += m
+            self._holding.add(r)
             fut.set_result(None)
+
+    def _stuck(self) -> None:
+        """Every reader holding bytes waits: refuse the last of them to wait."""
+        waiting = {w[0] for w in self._waiters}
+        if self._holding and self._holding <= waiting:
+            for i in range(len(self._waiters) - 1, -1, -1):
+                r, _, fut = self._waiters[i]
+                if r in self._holding:
+                    del self._waiters[i]
+                    fut.set_exception(BodyMemoryFull(self.total))
+                    return
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
+
+
+class Reader:
+    """One request's bytes in a :class:`MemoryBudget` as its body arrives (:meth:`take`); give them
+    all back with :meth:`close`."""
+
+    def __init__(self, budget: MemoryBudget) -> None:
+        self.budget = budget
+        self.held = 0
+
+    async def take(self, n: int) -> None:
+        b = self.budget
+        if not b._waiters and b.used + n <= b.total:
+            b.used += n
+            self.held += n
+            if self.held:
+                b._holding.add(self)
+            return
+        if n > b.total:
+            raise BodyMemoryFull(b.total)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (self, n, fut)
+        b._waiters.append(entry)
+        b._stuck()
+        try:
+            await fut
+        except BaseException:
+            if entry in b._waiters:
+                b._waiters.remove(entry)
+            raise
+
+    def keep(self) -> int:
+        """The body has arrived: the bytes it holds, handed to the caller to release."""
+        self.budget._holding.discard(self)
+        held, self.held = self.held, 0
+        return held
+
+    def close(self) -> None:
+        b = self.budget
+        b._holding.discard(self)
+        for i in range(len(b._waiters) - 1, -1, -1):
+            if b._waiters[i][0] is self:
+                del b._waiters[i]
+        held, self.held = self.held, 0
+        if held:
+            b.release(held)
+        else:
+            b._stuck()
+
+
+# The body deadline: a body of `claimed` bytes may take BODY_GRACE_S plus its size at BODY_MIN_RATE,
+# and never more than --body-timeout; a body of unknown size (chunked) gets --body-timeout.
+BODY_GRACE_S = 5.0
+BODY_MIN_RATE = 1 << 20  # bytes per second
+
+
+def body_deadline(claimed: int | None, body_timeout_s: float) -> float:
+    """Seconds a body of `claimed` bytes (None: chunked) may take to arrive (pure)."""
+    if claimed is None:
+        return body_timeout_s
+    return min(body_timeout_s, BODY_GRACE_S + claimed / BODY_MIN_RATE)

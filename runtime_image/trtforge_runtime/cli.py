@@ -69,13 +69,6 @@ def register(subparsers: Any) -> None:
     )
     grpc.add_argument("--no-grpc", action="store_true", help="serve HTTP only")
     p.add_argument(
-        "--grpc-server",
-        choices=("native", "grpcio"),  # server.GrpcFrontEnd's values (not imported here: start-up)
-        default="native",
-        help="the gRPC front end: native (the runtime's own HTTP/2 server in its event loop) or "
-        "grpcio (grpcio's server, as before; docs/design.md, 'Runtime gRPC')",
-    )
-    p.add_argument(
         "--cache-dir",
         default="/var/cache/trtforge",
         help="where the verified engine is kept across container restarts (the pod's volume)",
@@ -261,7 +254,8 @@ def handle(args: argparse.Namespace) -> int:
 
     import asyncio
 
-    from trtforge_runtime.server import GrpcFrontEnd, Runtime, Settings
+    from trtforge_runtime.server import Runtime
+    from trtforge_runtime.settings import Settings
     from trtforge_runtime.workers import WORKER_INDEX_ENV
 
     settings = Settings(
@@ -285,7 +279,6 @@ def handle(args: argparse.Namespace) -> int:
         body_timeout_s=args.body_timeout,
         max_connections=args.max_connections,
         grpc_port=None if args.no_grpc else args.grpc_port,
-        grpc_server=GrpcFrontEnd(args.grpc_server),
         reuse_port=os.environ.get("TRTFORGE_REUSE_PORT") == "1",
         listen_when_ready=os.environ.get(WORKER_INDEX_ENV, "0") != "0",
     )

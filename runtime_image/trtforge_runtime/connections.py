@@ -12,15 +12,6 @@ complete request head (``\r\n\r\n``) within that time of opening, or of its last
 aiohttp's keep-alive timer is meant to do this, but whether it runs before the first request differs
 between aiohttp releases (3.14.3 leaves a silent connection open for ever; 3.14.5 closes it), and a
 pod's safety must not depend on which one the image resolved.
-
-A counted connection whose protocol can take its bytes where they belong (:class:`InPlaceBody`: the
-infer fast path) is read as an :class:`asyncio.BufferedProtocol`. While a request body has at least
-``IN_PLACE_MIN`` bytes still to come, the kernel copies them straight into the request's buffer;
-every other read lands in one scratch buffer that the limiter's connections share (the event loop
-runs one read at a time), which the protocol reads during the call and copies only what it keeps:
-a request's head and its body's start are taken from there, the body's bytes copied once. So a
-body is copied once in user space at most, not from asyncio's read buffer into the request's
-(docs/design.md, "The runtime's request path").
 """
 
 from __future__ import annotations
@@ -28,30 +19,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from trtforge_runtime.metrics import Metrics
 
 HealthAnswer = Callable[[str], tuple[int, dict[str, object]] | None]
-
-IN_PLACE_MIN = 16 << 10  # a body's bytes still to come from at least this many: read in place
-READ_SIZE = 256 << 10  # the most one read takes into the shared scratch buffer (asyncio's own size)
-
-
-@runtime_checkable
-class InPlaceBody(Protocol):
-    """An HTTP protocol that takes its bytes where they belong (see the module docstring)."""
-
-    def body_view(self) -> memoryview | None:
-        """Where the connection's next bytes go when they can only be the body of the request being
-        read and nothing read earlier waits to be taken; else None."""
-
-    def body_received(self, nbytes: int) -> None:
-        """`nbytes` bytes were written at the start of the last :meth:`body_view`."""
-
-    def chunk_received(self, raw: bytearray, size: int) -> None:
-        """The first `size` bytes of `raw` were read; `raw` is shared and valid only during the call."""
-
 
 _REASONS = {200: "OK", 503: "Service Unavailable"}
 _MAX_LINE = 4096
@@ -214,37 +186,6 @@ class _Counted(asyncio.Protocol):
         self._inner.connection_lost(exc)
 
 
-class _CountedInPlace(_Counted, asyncio.BufferedProtocol):
-    """:class:`_Counted` for an :class:`InPlaceBody` protocol (see the module docstring)."""
-
-    __slots__ = ("_body", "_in_place")
-
-    def __init__(self, inner: asyncio.Protocol, limiter: ConnectionLimiter) -> None:
-        super().__init__(inner, limiter)
-        assert isinstance(inner, InPlaceBody)
-        self._body: InPlaceBody = inner
-        self._in_place = False
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        view = self._body.body_view()
-        if view is not None and len(view) >= IN_PLACE_MIN:
-            self._in_place = True
-            return view
-        self._in_place = False
-        return self._limiter.scratch
-
-    def buffer_updated(self, nbytes: int) -> None:
-        if self._in_place:
-            self._in_place = False
-            # Body bytes of a request whose head was complete: nothing for the idle guard to find.
-            self._awaiting, self._tail = False, b""
-            self._body.body_received(nbytes)
-            return
-        raw = self._limiter.scratch_bytes
-        self._scan(raw, nbytes)
-        self._body.chunk_received(raw, nbytes)
-
-
 class _AnswerWatch(asyncio.Transport):
     """The transport the HTTP server writes to: every call goes to the real one; a write also tells
     the idle guard that an answer is on its way."""
@@ -333,13 +274,10 @@ class ConnectionLimiter:
         self.answering = 0
         self.idle_timeout_s = idle_timeout_s
         self.idle_closed = 0  # connections the idle guard closed
-        self.scratch_bytes = bytearray(READ_SIZE)  # reads not taken in place, one at a time
-        self.scratch = memoryview(self.scratch_bytes)
 
     def __call__(self) -> asyncio.BaseProtocol:
         if self.open < self.limit:
-            inner = self._server()
-            return _CountedInPlace(inner, self) if isinstance(inner, InPlaceBody) else _Counted(inner, self)
+            return _Counted(self._server(), self)
         self._metrics().connections_refused.inc()
         if self.answering >= self.limit:
             return _Abort()

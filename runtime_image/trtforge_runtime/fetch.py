@@ -54,7 +54,7 @@ from trtforge.contract.manifest import Manifest
 from trtforge.logs import fields
 from trtforge.store.base import EngineStore, ObjectNotFound, StoreError
 from trtforge.store.local import LocalStore
-from trtforge_runtime import prehash, staging, warmstart
+from trtforge_runtime import prehash, staging
 from trtforge_runtime.errors import Refusal
 from trtforge_runtime.threads import on_thread
 
@@ -444,15 +444,9 @@ def fetch_engine(
 
     `check` sees the manifest before anything large is fetched (the GPU identity check). `where`
     forces the staging of a downloaded engine file (None: :func:`staging.choose` decides; the canary
-    is always fetched to disk). What a
-    :mod:`~trtforge_runtime.warmstart` already fetched for the same key and cache dir is returned
-    (after `check` sees its manifest again) instead of fetching anew.
+    is always fetched to disk). The runtime asks :func:`trtforge_runtime.warmstart.fetch`, which
+    calls this only when the warm start fetched nothing for the same key and cache dir.
     """
-    warm = warmstart.collect_fetch(key, cache_dir)
-    if warm is not None:
-        if check is not None:
-            check(warm.manifest)
-        return warm
     layout.engine_dir(key)  # validates the key
     local = cache_dir / key
     local.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,12 @@
-"""The v2 gRPC service's calls, whatever carries them (``grpc_h2``'s own HTTP/2 server, or grpcio's).
+"""The v2 gRPC service's calls, as grpc.aio runs them (``grpc_service``).
 
 Each call takes its request message and gives its response message or raises :class:`CallError`
 with a gRPC status :class:`Code`. ModelInfer works on the serialised bytes both ways: raw input
 contents are read in place (:func:`parse_infer_request`) and the answer is written once
 (:func:`encode_infer_response`); docs/design.md, "Runtime gRPC". This module does not import grpc.
 
-Status codes: INVALID_ARGUMENT (a request the model cannot take; the message says why), NOT_FOUND
+Status codes (the service's refusals mapped by ``errors.grpc_code``): INVALID_ARGUMENT (a request
+the model cannot take; the message says why), NOT_FOUND
 (unknown model or version), UNAVAILABLE (not ready, draining), RESOURCE_EXHAUSTED (the queue is full,
 other requests hold the body-memory budget HTTP bodies share, or a message over
 ``--max-request-bytes``), INTERNAL (execution failed).
@@ -13,22 +14,19 @@ other requests hold the body-memory budget HTTP bodies share, or a message over
 
 from __future__ import annotations
 
-import enum
 import functools
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from trtforge import __version__
 from trtforge_runtime import grpc_health as health
-from trtforge_runtime.batcher import QueueFull
-from trtforge_runtime.body import BodyMemoryFull
-from trtforge_runtime.errors import RequestError
+from trtforge_runtime.errors import Code, RequestError, grpc_code
 from trtforge_runtime.grpc_v2 import inference_pb2 as pb
-from trtforge_runtime.metrics import Outcome
 from trtforge_runtime.model import V2_TO_NUMPY, ModelSpec
+from trtforge_runtime.service import EXTENSIONS, Service
 from trtforge_runtime.v2 import (
     HEADER_CACHE_MAX_ID,
     InferRequest,
@@ -37,26 +35,7 @@ from trtforge_runtime.v2 import (
     output_datatype,
 )
 
-if TYPE_CHECKING:
-    from trtforge_runtime.server import Runtime
-
-
 Buffer = bytes | bytearray | memoryview  # a serialised message
-
-
-class Code(enum.IntEnum):
-    """gRPC status codes (the ones this service answers with)."""
-
-    OK = 0
-    CANCELLED = 1
-    UNKNOWN = 2
-    INVALID_ARGUMENT = 3
-    DEADLINE_EXCEEDED = 4
-    NOT_FOUND = 5
-    RESOURCE_EXHAUSTED = 8
-    UNIMPLEMENTED = 12
-    INTERNAL = 13
-    UNAVAILABLE = 14
 
 
 class CallError(Exception):
@@ -67,23 +46,6 @@ class CallError(Exception):
         self.code = code
         self.message = message
 
-
-_CODES = {
-    400: Code.INVALID_ARGUMENT,
-    404: Code.NOT_FOUND,
-    408: Code.DEADLINE_EXCEEDED,
-    413: Code.RESOURCE_EXHAUSTED,
-    415: Code.INVALID_ARGUMENT,
-    503: Code.UNAVAILABLE,
-}
-_CODE_OUTCOMES = {
-    Code.INVALID_ARGUMENT: Outcome.BAD_REQUEST,
-    Code.UNIMPLEMENTED: Outcome.BAD_REQUEST,
-    Code.NOT_FOUND: Outcome.NOT_FOUND,
-    Code.RESOURCE_EXHAUSTED: Outcome.TOO_LARGE,
-    Code.UNAVAILABLE: Outcome.UNAVAILABLE,
-    Code.DEADLINE_EXCEEDED: Outcome.TIMEOUT,
-}
 
 # The typed field of InferTensorContents for each datatype (FP16 has none: raw contents only).
 CONTENTS_FIELD = {
@@ -100,19 +62,6 @@ CONTENTS_FIELD = {
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
 }
-
-
-def outcome_for_code(code: Code) -> Outcome:
-    """The metrics outcome of a call refused with `code` before it reached the server's checks (a
-    refusal that began as a RequestError counts by its HTTP status, as on the REST endpoint)."""
-    return _CODE_OUTCOMES.get(code, Outcome.ERROR)
-
-
-def code_for(e: RequestError) -> Code:
-    """The gRPC status of a refusal (the HTTP status it has on the REST endpoint mapped over)."""
-    if isinstance(e, (QueueFull, BodyMemoryFull)):
-        return Code.RESOURCE_EXHAUSTED
-    return _CODES.get(e.status, Code.INTERNAL)
 
 
 # ModelInferRequest.raw_input_contents (a unit test checks the number against the descriptor).
@@ -375,37 +324,37 @@ def _tensor_metadata(t: Any) -> pb.ModelMetadataResponse.TensorMetadata:
 
 
 # --- the calls other than ModelInfer: a request message in, a response message out -----------------
-def _spec(rt: Runtime, name: str, version: str) -> ModelSpec:
+def _spec(rt: Service, name: str, version: str) -> ModelSpec:
     try:
         return rt.model_spec_for(name, version or None)
     except RequestError as e:
-        raise CallError(code_for(e), e.message) from e
+        raise CallError(grpc_code(e), e.message) from e
 
 
-def server_live(rt: Runtime, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+def server_live(rt: Service, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
     return pb.ServerLiveResponse(live=True)
 
 
-def server_ready(rt: Runtime, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+def server_ready(rt: Service, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
     return pb.ServerReadyResponse(ready=rt.not_ready_reason() is None)
 
 
-def model_ready(rt: Runtime, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+def model_ready(rt: Service, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
     """NOT_FOUND for a model this server does not serve; otherwise whether it is ready."""
     try:
-        rt.model_spec_for(request.name, request.version or None)
+        return pb.ModelReadyResponse(ready=rt.model_ready(request.name, request.version or None) is None)
     except RequestError as e:
-        if e.status == 404:
-            raise CallError(Code.NOT_FOUND, e.message) from e
-        return pb.ModelReadyResponse(ready=False)
-    return pb.ModelReadyResponse(ready=rt.not_ready_reason() is None)
+        raise CallError(grpc_code(e), e.message) from e
 
 
-def server_metadata(rt: Runtime, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
-    return pb.ServerMetadataResponse(name="trtforge", version=__version__, extensions=[])
+def server_metadata(rt: Service, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
+    meta = rt.server_metadata()
+    return pb.ServerMetadataResponse(
+        name=str(meta["name"]), version=str(meta["version"]), extensions=list(EXTENSIONS)
+    )
 
 
-def model_metadata(rt: Runtime, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+def model_metadata(rt: Service, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
     spec = _spec(rt, request.name, request.version)
     return pb.ModelMetadataResponse(
         name=spec.name,
@@ -416,20 +365,21 @@ def model_metadata(rt: Runtime, request: pb.ModelMetadataRequest) -> pb.ModelMet
     )
 
 
+def model_config(rt: Service, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+    """Triton's model-configuration extension: the configuration HTTP's ``.../config`` answers."""
+    try:
+        config = rt.config_for(request.name, request.version or None)
+    except RequestError as e:
+        raise CallError(grpc_code(e), e.message) from e
+    return json_format.ParseDict({"config": config}, pb.ModelConfigResponse())
+
+
 SERVICE = "inference.GRPCInferenceService"
-# Each call of the v2 service but ModelInfer: its request message type and its function.
-UNARY: dict[str, tuple[Any, Any]] = {
-    "ServerLive": (pb.ServerLiveRequest, server_live),
-    "ServerReady": (pb.ServerReadyRequest, server_ready),
-    "ModelReady": (pb.ModelReadyRequest, model_ready),
-    "ServerMetadata": (pb.ServerMetadataRequest, server_metadata),
-    "ModelMetadata": (pb.ModelMetadataRequest, model_metadata),
-}
 # The health check's names whose status is the runtime's readiness: a probe's default, and this service.
 READINESS_NAMES = ("", SERVICE)
 
 
-def health_check(rt: Runtime, data: Buffer) -> bytes:
+def health_check(rt: Service, data: Buffer) -> bytes:
     """``grpc.health.v1.Health/Check`` (:mod:`~trtforge_runtime.grpc_health`), serialised both ways:
     NOT_FOUND for a service this server does not know."""
     try:
@@ -441,45 +391,3 @@ def health_check(rt: Runtime, data: Buffer) -> bytes:
         known = ", ".join(repr(s) for s in (*READINESS_NAMES, health.LIVENESS))
         raise CallError(Code.NOT_FOUND, f"unknown service {service!r}: this server answers for {known}")
     return health.encode_response(status)
-
-
-# The other services' unary calls, serialised both ways.
-OTHER_UNARY: dict[tuple[str, str], Callable[[Runtime, Buffer], bytes]] = {
-    (health.SERVICE, "Check"): health_check,
-}
-
-
-def is_unary(service: str, method: str) -> bool:
-    """Whether `service`/`method` is a unary call this server has (every call but ModelInfer)."""
-    return (service == SERVICE and method in UNARY) or (service, method) in OTHER_UNARY
-
-
-def unary_call(rt: Runtime, service: str, method: str, data: Buffer) -> bytes:
-    """A call other than ModelInfer, serialised both ways: the response's bytes, or CallError
-    (UNIMPLEMENTED for a method the server does not have, INVALID_ARGUMENT for bytes that do not
-    parse as its request)."""
-    other = OTHER_UNARY.get((service, method))
-    if other is not None:
-        return other(rt, data)
-    entry = UNARY.get(method) if service == SERVICE else None
-    if entry is None:
-        raise CallError(Code.UNIMPLEMENTED, f"method {service}/{method} is not implemented")
-    kind, call = entry
-    try:
-        request = kind.FromString(bytes(data))
-    except DecodeError as e:
-        raise CallError(Code.INVALID_ARGUMENT, f"{kind.__name__} does not parse: {e}") from e
-    return bytes(call(rt, request).SerializeToString())
-
-
-# --- ModelInfer, in steps a transport can run without a task ------------------------------------
-def admit_infer(
-    rt: Runtime, data: Buffer
-) -> tuple[ModelSpec, pb.ModelInferRequest, Sequence[bytes | memoryview]]:
-    """The model, message and raw contents of a ModelInferRequest the runtime can take now;
-    RequestError otherwise (bytes that do not parse, an unknown model, not ready)."""
-    msg, raw = parse_infer_request(data)
-    spec = rt.model_spec_for(msg.model_name, msg.model_version or None)
-    if rt.state != "ready" or rt.batcher is None:
-        raise RequestError(503, f"model {spec.name!r} is not ready: {rt.reason}")
-    return spec, msg, raw

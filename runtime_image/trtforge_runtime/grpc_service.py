@@ -1,8 +1,7 @@
-"""The v2 protocol over gRPC on grpcio's server (``--grpc-server grpcio``).
+"""The v2 protocol over gRPC on grpcio's grpc.aio server.
 
-The default front end is the runtime's own (``grpc_h2``); this one is kept for comparison and as a
-fallback. Both run the calls of ``grpc_calls`` in the runtime's event loop, behind the same model
-checks, batcher, limits, metrics and readiness as HTTP. The stubs are generated from
+It runs the calls of ``grpc_calls`` in the runtime's event loop, behind the same model checks,
+batcher, limits, metrics and readiness as HTTP. The stubs are generated from
 grpc_v2/inference.proto and shipped (see grpc_v2/generate.py).
 """
 
@@ -10,21 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from grpc import aio
 
 from trtforge_runtime import grpc_calls as calls
-from trtforge_runtime.body import BodyMemoryFull
-from trtforge_runtime.errors import RequestError
-from trtforge_runtime.grpc_calls import CallError, Code
+from trtforge_runtime import grpc_health as health
+from trtforge_runtime.errors import Code, RequestError, grpc_code
+from trtforge_runtime.grpc_calls import CallError
 from trtforge_runtime.grpc_v2 import inference_pb2_grpc as pb_grpc
-from trtforge_runtime.metrics import Outcome, outcome_for
-
-if TYPE_CHECKING:
-    from trtforge_runtime.server import Runtime
+from trtforge_runtime.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +35,8 @@ def status_for(code: Code) -> grpc.StatusCode:
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """The servicer: grpcio's handlers over ``grpc_calls``."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self._rt = runtime
+    def __init__(self, service: Service) -> None:
+        self._rt = service
 
     async def _call(self, fn: Any, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         try:
@@ -64,46 +59,36 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         return await self._call(calls.model_metadata, request, context)
 
+    async def ModelConfig(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        return await self._call(calls.model_config, request, context)
+
     async def ModelInfer(self, request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
         """`request` arrives serialised and the answer leaves serialised (no deserialiser or
         serialiser is registered, see _handlers): raw contents are read in place and written once.
         The message counts against the body-memory budget HTTP bodies share until it is answered;
-        gRPC has already read it, so waiting would not save memory: with the budget taken it is
+        grpc.aio has already read it, so waiting would not save memory: with the budget taken it is
         refused at once (RESOURCE_EXHAUSTED) and freed."""
-        rt = self._rt
-        t0 = time.perf_counter()
-        rt.active += 1
-        outcome = Outcome.SUCCESS
-        reserved = 0
+        svc = self._rt
         try:
-            got = rt.bodies.try_acquire(len(request))
-            if got is None:
-                raise BodyMemoryFull(rt.bodies.total)
-            reserved = got
-            spec, msg, raw = calls.admit_infer(rt, request)
-            if rt.has_bytes_inputs:  # BYTES elements are Python objects: decoded off the loop
-                loop = asyncio.get_running_loop()
-                req = await loop.run_in_executor(rt.decode_pool, calls.decode_infer_request, msg, spec, raw)
-            else:
-                req = calls.decode_infer_request(msg, spec, raw)
-            rows = spec.validate(req.inputs)
-            batcher = rt.batcher
-            assert batcher is not None
-            results = await batcher.enqueue(req.inputs, rows)
-            return calls.encode_infer_response(spec, req, results)
+            with svc.call() as call:
+                call.reserved = svc.bodies.hold(len(request))
+                msg, raw = calls.parse_infer_request(request)
+                spec = svc.admit(msg.model_name, msg.model_version or None)
+                if spec.has_bytes_inputs:  # BYTES elements are Python objects: decoded off the loop
+                    loop = asyncio.get_running_loop()
+                    req = await loop.run_in_executor(
+                        svc.decode_pool, calls.decode_infer_request, msg, spec, raw
+                    )
+                else:
+                    req = calls.decode_infer_request(msg, spec, raw)
+                rows = spec.validate(req.inputs)
+                results = await svc.infer(req.inputs, rows)
+                return calls.encode_infer_response(spec, req, results)
         except RequestError as e:
-            outcome = outcome_for(e.status)
-            await context.abort(status_for(calls.code_for(e)), e.message)
-        except aio.AbortError:
-            raise
+            await context.abort(status_for(grpc_code(e)), e.message)
         except Exception as e:
-            outcome = Outcome.ERROR
             log.exception("inference failed")
             await context.abort(grpc.StatusCode.INTERNAL, f"inference failed: {e}")
-        finally:
-            rt.bodies.release(reserved)
-            rt.active -= 1
-            rt.metrics.observe_request(outcome, time.perf_counter() - t0)
         raise AssertionError("unreachable: context.abort raises")
 
 
@@ -133,28 +118,23 @@ def _handlers(servicer: InferenceService) -> tuple[str, dict[str, Any]]:
     return reg.service, reg.handlers
 
 
-def _other_services(servicer: InferenceService) -> list[grpc.GenericRpcHandler]:
-    """Generic handlers for the calls of ``grpc_calls.OTHER_UNARY`` (the health check), serialised
-    both ways as grpc_calls runs them, their refusals aborted as the servicer's are."""
-    by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
-    for service, method in calls.OTHER_UNARY:
+def _health(servicer: InferenceService) -> grpc.GenericRpcHandler:
+    """``grpc.health.v1.Health/Check``, serialised both ways as grpc_calls runs it, its refusals
+    aborted as the servicer's are (grpcio answers UNIMPLEMENTED for Watch, which is not served)."""
 
-        async def call(
-            request: bytes, context: aio.ServicerContext[Any, Any], s: str = service, m: str = method
-        ) -> bytes:
-            return bytes(
-                await servicer._call(lambda rt, data: calls.unary_call(rt, s, m, data), request, context)
-            )
+    async def check(request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
+        return bytes(await servicer._call(calls.health_check, request, context))
 
-        by_service.setdefault(service, {})[method] = grpc.unary_unary_rpc_method_handler(call)
-    return [grpc.method_handlers_generic_handler(s, handlers) for s, handlers in by_service.items()]
+    return grpc.method_handlers_generic_handler(
+        health.SERVICE, {"Check": grpc.unary_unary_rpc_method_handler(check)}
+    )
 
 
 def grpc_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def start_grpc(runtime: Runtime, host: str, port: int) -> tuple[aio.Server, int]:
+async def start_grpc(service: Service, host: str, port: int) -> tuple[aio.Server, int]:
     """Serve the runtime over gRPC on host:port (0: any free port); the server and its port.
 
     ``so_reuseport`` is off (except for the workers of ``--workers N``, which share the port on
@@ -162,7 +142,7 @@ async def start_grpc(runtime: Runtime, host: str, port: int) -> tuple[aio.Server
     limited to ``--max-request-bytes`` (gRPC answers RESOURCE_EXHAUSTED past it, after its own
     decompression); connections idle for ``--idle-timeout`` are closed.
     """
-    s = runtime.s
+    s = service.s
     server = aio.server(
         options=[
             ("grpc.so_reuseport", 1 if s.reuse_port else 0),
@@ -172,12 +152,10 @@ async def start_grpc(runtime: Runtime, host: str, port: int) -> tuple[aio.Server
         ],
         maximum_concurrent_rpcs=s.max_connections,
     )
-    servicer = InferenceService(runtime)
-    service, handlers = _handlers(servicer)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service, handlers), *_other_services(servicer))
-    )
-    server.add_registered_method_handlers(service, handlers)
+    servicer = InferenceService(service)
+    name, handlers = _handlers(servicer)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers), _health(servicer)))
+    server.add_registered_method_handlers(name, handlers)
     address = grpc_address(host, port)
     try:
         bound = server.add_insecure_port(address)

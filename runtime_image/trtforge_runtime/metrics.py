@@ -27,27 +27,13 @@ class Outcome(enum.StrEnum):
     ERROR = "error"
 
 
-_BY_STATUS = {
-    400: Outcome.BAD_REQUEST,
-    404: Outcome.NOT_FOUND,
-    408: Outcome.TIMEOUT,
-    413: Outcome.TOO_LARGE,
-    415: Outcome.UNSUPPORTED_ENCODING,
-    503: Outcome.UNAVAILABLE,
-}
-
-
-def outcome_for(status: int) -> Outcome:
-    """The outcome of a request refused with HTTP `status` (over gRPC: the status its refusal has on
-    the REST endpoint); ERROR for any status without its own."""
-    return _BY_STATUS.get(status, Outcome.ERROR)
-
-
 _LATENCY = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
 class Metrics:
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, worker: int | None = None) -> None:
+        """`worker`: this process's index among the workers of ``serve --workers N`` (None: the only
+        process), the ``worker`` label of the per-worker request count."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -139,7 +125,14 @@ class Metrics:
             "Connections answered and closed at once because --max-connections were open",
             registry=r,
         )
+        self.worker_requests = Counter(
+            "trtforge_runtime_worker_requests",
+            "Inference requests answered by each worker process of `serve --workers N` (any outcome)",
+            ["model", "worker"],
+            registry=r,
+        )
         self.model = model
+        self._worker_m = self.worker_requests.labels(model, str(worker)) if worker is not None else None
         # Pre-bound children: labels() costs a dict lookup per call on the hot path.
         self.batch_size_m = self.batch_size.labels(model)
         self.queue_time_m = self.queue_time.labels(model)
@@ -158,6 +151,8 @@ class Metrics:
             self._outcomes[outcome] = pair
         pair[0].inc()
         pair[1].observe(seconds)
+        if self._worker_m is not None:
+            self._worker_m.inc()
 
 
 def exposition(metrics: Metrics) -> bytes:

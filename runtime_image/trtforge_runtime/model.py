@@ -183,6 +183,53 @@ class ModelSpec:
         return rows if self.max_batch else 1
 
 
+def config_datatype(datatype: str) -> str:
+    """Triton's model-configuration name of a v2 datatype (``FP32`` -> ``TYPE_FP32``; ``BYTES`` is
+    ``TYPE_STRING``)."""
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+@dataclass(frozen=True)
+class Serving:
+    """How the model is served, as Triton's model configuration tells it."""
+
+    backend: str  # the manifest's: "onnxruntime" or "tensorrt"
+    instances: int
+    max_queue_delay_us: int
+    max_queue: int
+
+
+def model_config(spec: ModelSpec, serving: Serving) -> dict[str, object]:
+    """The model's configuration in Triton's model-configuration form (the extension's JSON; the
+    gRPC ModelConfig message has the same fields). Dims leave out the batch dimension of a batchable
+    model, as Triton's do."""
+
+    def dims(t: TensorInfo) -> list[int]:
+        return list(t.shape[1:] if spec.max_batch else t.shape)
+
+    cfg: dict[str, object] = {
+        "name": spec.name,
+        "platform": spec.platform,
+        "backend": serving.backend,
+        "max_batch_size": spec.max_batch,
+        "input": [
+            {"name": t.name, "data_type": config_datatype(t.datatype), "dims": dims(t)} for t in spec.inputs
+        ],
+        "output": [
+            {"name": t.name, "data_type": config_datatype(t.datatype), "dims": dims(t)} for t in spec.outputs
+        ],
+        "instance_group": [
+            {"count": serving.instances, "kind": "KIND_GPU" if serving.backend == "tensorrt" else "KIND_CPU"}
+        ],
+    }
+    if spec.max_batch:
+        cfg["dynamic_batching"] = {
+            "max_queue_delay_microseconds": serving.max_queue_delay_us,
+            "default_queue_policy": {"max_queue_size": serving.max_queue},
+        }
+    return cfg
+
+
 def default_model_name(manifest: Manifest) -> str:
     """The model's file name without extension (`.../resnet50.onnx` -> `resnet50`), else `model`."""
     base = manifest.model_uri.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]

@@ -1,123 +1,46 @@
-"""The runtime process: HTTP first (live, not ready), then fetch → verify → load → canary → ready.
+"""The runtime's lifecycle: HTTP first (live, not ready), then fetch → verify → load → canary → ready,
+faults and drain.
 
-Endpoints (KServe Open Inference Protocol v2 over HTTP, plus /metrics):
-``/v2/health/live``, ``/v2/health/ready``, ``/v2``, ``/v2/models/{name}[/versions/{v}]``,
-``.../ready``, ``.../config``, ``.../infer``. Errors are ``{"error": "..."}`` with 400 (bad
-request), 404 (unknown model), 408 (body slower than ``--body-timeout``), 413 (body, decompressed
-body or JSON over its limit), 415 (a Content-Encoding other than gzip, deflate, identity), 503 (not
-ready, draining, queue full, or too many large bodies at once, with Retry-After) and 500 (execution
-failed).
-
-Request limits (docs/design.md, "Runtime request limits"): the header's declarations are checked
-against the model before any data is decoded; bodies are read undecoded within the size limit and a
-memory budget shared by all requests; decompression and large decodes run in worker threads, so the
-event loop keeps answering health probes; connections idle (or stuck before a complete request) for
-``--idle-timeout`` are closed, and at most ``--max-connections`` are open.
+:class:`Runtime` owns the process's life; what requests may do is the inference service's
+(``service.Service``), which both front ends call (``http_api`` over aiohttp, ``grpc_service`` over
+grpc.aio). Connections idle (or stuck before a complete request) for ``--idle-timeout`` are closed,
+and at most ``--max-connections`` are open (``connections``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
-import json
 import logging
 import signal
 import sys
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
-from prometheus_client import CONTENT_TYPE_LATEST
 
-from trtforge import __version__
 from trtforge.contract.gpu_probe import GPUProbe, XidEvent, probe_identity
 from trtforge.contract.manifest import Manifest
 from trtforge.contract.termination import EXIT_OK, TerminationMessage, write_termination_message
 from trtforge.logs import fields
 from trtforge.store.base import EngineStore
-from trtforge_runtime import fastpath, preload, startup_gc, warmstart
-from trtforge_runtime.backends import Backend, Instance, default_instances, load_backend
+from trtforge_runtime import preload, startup_gc, warmstart
+from trtforge_runtime.backends import Backend, Instance, default_instances
 from trtforge_runtime.batcher import Batcher
-from trtforge_runtime.body import BodyMemoryFull, Coding, MemoryBudget, content_coding, decompress, read_body
 from trtforge_runtime.canary import run_canary
 from trtforge_runtime.connections import ConnectionLimiter
-from trtforge_runtime.errors import DeviceFault, Refusal, RequestError
+from trtforge_runtime.errors import DeviceFault, Refusal
 from trtforge_runtime.faults import FaultMonitor, exit_now, gpu_fault_message
-from trtforge_runtime.fetch import fetch_engine
+from trtforge_runtime.http_api import HttpApi
 from trtforge_runtime.identity import check_identity
-from trtforge_runtime.metrics import Metrics, Outcome, exposition, outcome_for
-from trtforge_runtime.model import ModelSpec, default_model_name, model_spec
+from trtforge_runtime.model import default_model_name, model_spec
 from trtforge_runtime.retry import budget_from_env, with_retries
-from trtforge_runtime.v2 import (
-    DEFAULT_MAX_JSON_BYTES,
-    HEADER_LENGTH,
-    InferRequest,
-    RequestPlans,
-    encode_response,
-)
+from trtforge_runtime.service import Service
+from trtforge_runtime.settings import Settings
 from trtforge_runtime.workers import Pod
 
 log = logging.getLogger(__name__)
-JSON = "application/json"
 
-
-class GrpcFrontEnd(enum.Enum):
-    """What carries the v2 gRPC protocol (docs/design.md, "Runtime gRPC")."""
-
-    NATIVE = "native"  # grpc_h2: the runtime's own HTTP/2 server in its event loop
-    GRPCIO = "grpcio"  # grpc_service: grpcio's grpc.aio server
-
-
-@dataclass
-class Settings:
-    store_uri: str
-    engine_key: str
-    model_name: str | None = None
-    host: str = "0.0.0.0"
-    port: int = 8000
-    cache_dir: Path = Path("/var/cache/trtforge")
-    max_batch_size: int | None = None
-    max_queue_delay_us: int = 0
-    learn_batch_cap: bool = True  # cap batches where bigger ones stop computing each row faster
-    instances: int | None = None  # None: one per CPU for CPU backends, 1 otherwise
-    solo: bool = True  # a lone request runs on a session with every CPU's threads (CPU backends)
-    max_queue: int = 256
-    max_request_bytes: int = 64 << 20
-    drain_timeout_s: float = 30.0
-    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
-    max_body_memory: int | None = None  # bytes of bodies held at once; default 2 x max_request_bytes
-    idle_timeout_s: float = 30.0  # no complete request head for this long: the connection is closed
-    body_timeout_s: float = 60.0
-    max_connections: int = 1024
-    grpc_port: int | None = 8001  # None: no gRPC endpoint; 0: any free port
-    grpc_server: GrpcFrontEnd = GrpcFrontEnd.NATIVE
-    reuse_port: bool = False  # a worker of `serve --workers N`: share the ports (SO_REUSEPORT)
-    listen_when_ready: bool = False  # a later worker: bind only once ready
-
-    @property
-    def body_memory(self) -> int:
-        return max(self.max_body_memory or 0, 2 * self.max_request_bytes)
-
-
-# Requests whose JSON part is at most this big (and identity-coded) are decoded on the event loop:
-# binary tensors are views of the body, so their decode costs microseconds. Anything larger, or
-# compressed, is decoded in a worker thread.
-INLINE_DECODE_BYTES = 64 << 10
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        status=status, body=json.dumps({"error": message}).encode(), content_type=JSON, headers=headers
-    )
-
-
-def _ok(obj: dict[str, Any]) -> web.Response:
-    return web.Response(body=json.dumps(obj).encode(), content_type=JSON)
+__all__ = ["Runtime", "Settings"]
 
 
 class Runtime:
@@ -125,45 +48,28 @@ class Runtime:
         self.s = settings
         self.store = store
         self.probe = probe
-        self.state = "loading"  # loading | ready | not_ready | draining
-        self.reason = "loading the engine"
-        self.manifest: Manifest | None = None
-        self.spec: ModelSpec | None = None
+        self.pod = Pod.from_env()  # the other workers of `serve --workers N`, if any
+        self.svc = Service(settings, self.pod)
         self.backend: Backend | None = None
-        self.batcher: Batcher | None = None
-        self.metrics = Metrics(settings.model_name or "model")
-        self.active = 0  # infer handlers running
         self._stop = asyncio.Event()
         self.exit_code = EXIT_OK
         self.port = settings.port
-        self.has_bytes_inputs = False
-        self._plans: RequestPlans | None = None  # the served model's decoded request headers
-        self._limiter: ConnectionLimiter | None = None
         self.grpc_port: int | None = None
-        self.bodies = MemoryBudget(settings.body_memory)
-        self.decode_pool = ThreadPoolExecutor(2, thread_name_prefix="decode")
-        self.pod = Pod.from_env()  # the other workers of `serve --workers N`, if any
         self._listening = False  # on every port (HTTP, and gRPC when on)
         self._listened = asyncio.Event()  # set with _listening
         self._serving = asyncio.Event()  # set once ready (the batcher runs)
 
     async def _start_grpc(self) -> tuple[Any, int]:
-        """The gRPC front end --grpc-server names, listening; it and its port. After HTTP listens
-        and the engine starts loading: importing it takes a while."""
-        if self.s.grpc_server is GrpcFrontEnd.GRPCIO:
-            from trtforge_runtime.grpc_service import start_grpc
+        """grpc.aio's server, listening; it and its port. After HTTP listens and the engine starts
+        loading: importing grpc takes a while."""
+        from trtforge_runtime.grpc_service import start_grpc
 
-            return await start_grpc(self, self.s.host, self.s.grpc_port or 0)
-        from trtforge_runtime.grpc_h2 import GrpcServer
-
-        server = GrpcServer(self)
-        return server, await server.start(self.s.host, self.s.grpc_port or 0)
+        return await start_grpc(self.svc, self.s.host, self.s.grpc_port or 0)
 
     # --- faults and ends ------------------------------------------------------------------
     def _fault(self, xid: int | None, gpu: str | None, detail: str) -> None:
-        self.state, self.reason = "not_ready", f"GPU fault: {detail}"
-        self.metrics.ready_m.set(0)
-        self.metrics.gpu_faults.labels(gpu or "unknown", str(xid) if xid is not None else "none").inc()
+        self.svc.stop_serving("not_ready", f"GPU fault: {detail}")
+        self.svc.metrics.gpu_faults.labels(gpu or "unknown", str(xid) if xid is not None else "none").inc()
         log.error("GPU fault; exiting", extra=fields(xid=xid, gpu=gpu, detail=detail))
         exit_now(gpu_fault_message(self.s.engine_key, xid, gpu, detail))
 
@@ -188,26 +94,18 @@ class Runtime:
 
     def load(self) -> None:
         """Runs in a worker thread. Raises Refusal to end the process."""
-        m = self.metrics
         t0 = time.monotonic()
         local = with_retries(
-            lambda: fetch_engine(self.store, self.s.engine_key, self.s.cache_dir, check=self._check_gpu),
+            lambda: warmstart.fetch(self.store, self.s.engine_key, self.s.cache_dir, check=self._check_gpu),
             budget_from_env(),
         )
         t1 = time.monotonic()
-        m.startup.labels("fetch").set(t1 - t0)
         manifest = local.manifest
         name = self.s.model_name or default_model_name(manifest)
-        if name != self.metrics.model:
-            self.metrics = Metrics(name)
-            self.metrics.startup.labels("fetch").set(t1 - t0)
-            m = self.metrics
         spec = model_spec(manifest, name, self.s.max_batch_size)
         n_instances = self.s.instances or default_instances(manifest.backend)
-        backend = load_backend(manifest, local.artifact, n_instances)
+        backend = warmstart.load(manifest, local.artifact, n_instances)
         t2 = time.monotonic()
-        m.engine_load.set(t2 - t1)
-        m.startup.labels("load").set(t2 - t1)
         warm = warmstart.collect_canary(manifest.key, backend, local.canary, spec)
         if warm is not None:  # run on the warm start's thread, on the first of the instances
             first, result = warm
@@ -215,10 +113,13 @@ class Runtime:
         else:
             instances = [backend.new_instance() for _ in range(n_instances)]
             result = run_canary(instances[0], local.canary, spec, manifest.canary.atol, manifest.canary.rtol)
-        self.manifest, self.spec, self.backend = manifest, spec, backend
-        self.has_bytes_inputs = any(t.datatype == "BYTES" for t in spec.inputs)
+        self.backend = backend
+        self.svc.loaded(manifest, spec, instances)
+        m = self.svc.metrics
+        m.startup.labels("fetch").set(t1 - t0)
+        m.engine_load.set(t2 - t1)
+        m.startup.labels("load").set(t2 - t1)
         m.startup.labels("canary").set(result.seconds)  # where it ran (the warm start, or here)
-        self._instances = instances
         self._canary = local.canary
         log_fields = fields(
             key=self.s.engine_key,
@@ -232,7 +133,7 @@ class Runtime:
             instances=n_instances,
         )
         if not result.passed:
-            self.state, self.reason = "not_ready", f"canary failed: {result.message}"
+            self.svc.stop_serving("not_ready", f"canary failed: {result.message}")
             log.error("canary failed; staying not ready", extra=log_fields)
             log.error(result.message)
             write_termination_message(
@@ -244,37 +145,28 @@ class Runtime:
         log.info("engine verified, loaded and canary passed", extra=log_fields)
 
     async def _start_serving(self) -> None:
-        assert self.spec is not None
-        self.batcher = Batcher(
-            self._instances,
-            self.spec.max_batch,
+        svc = self.svc
+        assert svc.spec is not None
+        batcher = Batcher(
+            svc.instances,
+            svc.spec.max_batch,
             self.s.max_queue_delay_us / 1e6,
             self.s.max_queue,
-            self.metrics,
+            svc.metrics,
             self.on_device_fault,
             learn_cap=self.s.learn_batch_cap,
         )
-        self.batcher.start()
-        self.state, self.reason = "ready", ""
-        self.metrics.ready_m.set(1)
-        batch_cap = "learned" if self.batcher.cap.learn else "max"  # what batches the pool forms
-        log.info("ready", extra=fields(model=self.spec.name, port=self.port, batch_cap=batch_cap))
+        batcher.start()
+        svc.serve(batcher)
+        batch_cap = "learned" if batcher.cap.learn else "max"  # what batches the pool forms
+        log.info("ready", extra=fields(model=svc.spec.name, port=self.port, batch_cap=batch_cap))
         self._serving.set()
         self._announce()
 
     def _announce(self) -> None:
         """Tell the pod's other workers that this one is ready and listening (once both are true)."""
-        if self.pod is not None and self._listening and self.state == "ready":
+        if self.pod is not None and self._listening and self.svc.state == "ready":
             self.pod.mark_ready()
-
-    def not_ready_reason(self) -> str | None:
-        """Why the readiness probes say not ready; None when ready. A worker of `serve --workers N`
-        is ready only once every worker of its pod is ready and listening (workers.Pod)."""
-        if self.state != "ready":
-            return self.reason or self.state
-        if self.pod is not None and not self.pod.all_ready():
-            return f"{self.pod.ready_count()} of {self.pod.workers} workers ready"
-        return None
 
     async def _startup(self) -> None:
         """Load, then serve; the garbage collector, paused by the CLI for start-up, comes back on
@@ -304,7 +196,7 @@ class Runtime:
             write_termination_message(msg)
             self.request_stop(msg.exit_code)
             return
-        if self.state == "loading":
+        if self.svc.state == "loading":
             await self._start_serving()
             await self._listened.wait()
             if self.s.solo:
@@ -316,10 +208,11 @@ class Runtime:
         """Runs in a worker thread once ready: the solo instance, canary-checked; None without one."""
         make = getattr(self.backend, "new_solo_instance", None)
         solo = make() if make is not None else None
-        if solo is None or self.manifest is None or self.spec is None:
+        manifest, spec = self.svc.manifest, self.svc.spec
+        if solo is None or manifest is None or spec is None:
             return None
-        c = self.manifest.canary
-        result = run_canary(solo, self._canary, self.spec, c.atol, c.rtol)
+        c = manifest.canary
+        result = run_canary(solo, self._canary, spec, c.atol, c.rtol)
         if not result.passed:
             log.warning("the solo instance failed the canary; serving without it: " + result.message)
             return None
@@ -332,219 +225,10 @@ class Runtime:
         except Exception:
             log.exception("the solo instance did not load; serving without it")
             return
-        if solo is not None and self.batcher is not None and self.state == "ready":
-            self.batcher.add_solo(solo)
-            log.info("solo instance ready", extra=fields(model=self.spec.name if self.spec else None))
-
-    # --- HTTP ---------------------------------------------------------------------------------
-    def _model(self, request: web.Request) -> ModelSpec:
-        return self.model_spec_for(request.match_info["name"], request.match_info.get("version"))
-
-    def model_spec_for(self, name: str, version: str | None) -> ModelSpec:
-        """The served model if `name` (and `version`, when given) name it; 404, or 503 while loading."""
-        spec = self.spec
-        if spec is None:
-            if self.s.model_name is None or name == self.s.model_name:
-                raise RequestError(503, f"model is not loaded yet: {self.reason}", {"Retry-After": "1"})
-            raise RequestError(404, f"unknown model {name!r}")
-        if name != spec.name:
-            raise RequestError(404, f"unknown model {name!r}; this server serves {spec.name!r}")
-        if version is not None and version != spec.version:
-            raise RequestError(404, f"model {name!r} has no version {version!r}; it has {spec.version!r}")
-        return spec
-
-    async def live(self, request: web.Request) -> web.Response:
-        return _ok({"live": True})
-
-    async def ready(self, request: web.Request) -> web.Response:
-        why = self.not_ready_reason()
-        if why is None:
-            return _ok({"ready": True})
-        return web.Response(
-            status=503, content_type=JSON, body=json.dumps({"ready": False, "error": why}).encode()
-        )
-
-    async def server_metadata(self, request: web.Request) -> web.Response:
-        return _ok({"name": "trtforge", "version": __version__, "extensions": ["binary_tensor_data"]})
-
-    async def model_metadata(self, request: web.Request) -> web.Response:
-        try:
-            return _ok(self._model(request).metadata())
-        except RequestError as e:
-            return _error(e.status, e.message, e.headers)
-
-    async def model_ready(self, request: web.Request) -> web.Response:
-        try:
-            spec = self._model(request)
-        except RequestError as e:
-            if e.status == 404:
-                return _error(404, e.message)
-            return web.Response(
-                status=503,
-                content_type=JSON,
-                body=json.dumps(
-                    {"name": request.match_info["name"], "ready": False, "error": self.reason}
-                ).encode(),
-            )
-        why = self.not_ready_reason()
-        if why is None:
-            return _ok({"name": spec.name, "ready": True})
-        return web.Response(
-            status=503,
-            content_type=JSON,
-            body=json.dumps({"name": spec.name, "ready": False, "error": why}).encode(),
-        )
-
-    async def model_config(self, request: web.Request) -> web.Response:
-        try:
-            spec = self._model(request)
-        except RequestError as e:
-            return _error(e.status, e.message, e.headers)
-        cfg: dict[str, Any] = {
-            "name": spec.name,
-            "platform": spec.platform,
-            "max_batch_size": spec.max_batch,
-            "input": [t.metadata() for t in spec.inputs],
-            "output": [t.metadata() for t in spec.outputs],
-            "instance_group": [{"count": len(self._instances) if self.batcher else self.s.instances or 1}],
-        }
-        if spec.max_batch:
-            cfg["dynamic_batching"] = {
-                "max_queue_delay_microseconds": self.s.max_queue_delay_us,
-                "default_queue_policy": {"max_queue_size": self.s.max_queue},
-            }
-        return _ok(cfg)
-
-    async def metrics_handler(self, request: web.Request) -> web.Response:
-        m = self.metrics
-        if self.batcher is not None:
-            m.queue_depth_m.set(self.batcher.depth)
-        if self._limiter is not None:
-            m.open_connections.set(self._limiter.open)
-        return web.Response(body=exposition(m), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    def health_answer(self, path: str) -> tuple[int, dict[str, object]] | None:
-        """The health endpoints' answers, for connections over the cap (None: not a health path)."""
-        path = path.split("?", 1)[0]
-        if path == "/v2/health/live":
-            return 200, {"live": True}
-        if path == "/v2/health/ready":
-            why = self.not_ready_reason()
-            return (200, {"ready": True}) if why is None else (503, {"ready": False, "error": why})
-        return None
-
-    async def _receive(self, request: web.Request, coding: Coding) -> tuple[bytes | bytearray, int]:
-        """The body as sent, and the bytes reserved for it in the shared budget (release them)."""
-        limit = self.s.max_request_bytes
-        cl = request.content_length
-        if cl is not None and cl > limit:
-            raise RequestError(413, f"request body of {cl} bytes exceeds the limit of {limit} bytes")
-        need = (cl if cl is not None else limit) + (0 if coding is Coding.IDENTITY else limit)
-        reserved = self.bodies.try_acquire(need)  # the common case: no wait, no timer
-        if reserved is None:
-            try:
-                async with asyncio.timeout(self.s.body_timeout_s):
-                    reserved = await self.bodies.acquire(need)
-            except TimeoutError as e:
-                raise BodyMemoryFull(self.bodies.total) from e
-        try:
-            async with asyncio.timeout(self.s.body_timeout_s):
-                return await read_body(request.content, cl, limit), reserved
-        except TimeoutError as e:
-            self.bodies.release(reserved)
-            raise RequestError(
-                408, f"the request body did not arrive within {self.s.body_timeout_s:g} s (--body-timeout)"
-            ) from e
-        except RequestPayloadError as e:
-            self.bodies.release(reserved)
-            raise RequestError(400, f"request body is malformed: {e}") from e
-        except BaseException:
-            self.bodies.release(reserved)
-            raise
-
-    def _decode(
-        self, raw: bytes | bytearray, coding: Coding, header_length: int | None, spec: ModelSpec
-    ) -> tuple[InferRequest, int]:
-        return self.decode_body(decompress(raw, coding, self.s.max_request_bytes), header_length, spec)
-
-    def decode_body(
-        self, body: bytes | bytearray | memoryview, header_length: int | None, spec: ModelSpec
-    ) -> tuple[InferRequest, int]:
-        """An identity-coded body's request and its batch rows (RequestError if it is not valid)."""
-        plans = self._plans
-        if plans is None or plans.spec is not spec:
-            plans = self._plans = RequestPlans(spec, self.s.max_json_bytes)
-        return plans.decode(body, header_length)
-
-    def http_protocols(self, http: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
-        """The protocol factory for counted connections: the infer fast path in front of aiohttp
-        (fastpath.py), or aiohttp alone when the fast path is off."""
-        if not fastpath.enabled():
-            log.info("HTTP infer fast path off", extra=fields(reason=fastpath.why_off()))
-            return http
-        return lambda: fastpath.InferConnection(self, http)
-
-    async def infer(self, request: web.Request) -> web.Response:
-        t0 = time.perf_counter()
-        self.active += 1
-        outcome = Outcome.SUCCESS
-        reserved = 0
-        try:
-            spec = self._model(request)
-            if self.state != "ready" or self.batcher is None:
-                raise RequestError(
-                    503, f"model {spec.name!r} is not ready: {self.reason}", {"Retry-After": "1"}
-                )
-            coding = content_coding(request.headers.get("Content-Encoding"))
-            hl = request.headers.get(HEADER_LENGTH)
-            try:
-                header_length = int(hl) if hl is not None else None
-            except ValueError as e:
-                raise RequestError(400, f"{HEADER_LENGTH} {hl!r} is not an integer") from e
-            raw, reserved = await self._receive(request, coding)
-            json_part = len(raw) if header_length is None else header_length
-            if coding is Coding.IDENTITY and json_part <= INLINE_DECODE_BYTES and not spec.has_bytes_inputs:
-                req, rows = self._decode(raw, coding, header_length, spec)
-            else:
-                loop = asyncio.get_running_loop()
-                req, rows = await loop.run_in_executor(
-                    self.decode_pool, self._decode, raw, coding, header_length, spec
-                )
-            del raw
-            results = await self.batcher.submit(req.inputs, rows)
-            out, out_hl = encode_response(spec, req, results)
-            if out_hl is None:
-                return web.Response(body=out, content_type=JSON)
-            return web.Response(
-                body=out, headers={HEADER_LENGTH: str(out_hl), "Content-Type": "application/octet-stream"}
-            )
-        except RequestError as e:
-            outcome = outcome_for(e.status)
-            return _error(e.status, e.message, e.headers)
-        except Exception as e:
-            outcome = Outcome.ERROR
-            log.exception("inference failed")
-            return _error(500, f"inference failed: {e}")
-        finally:
-            if reserved:
-                self.bodies.release(reserved)
-            self.active -= 1
-            self.metrics.observe_request(outcome, time.perf_counter() - t0)
-
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.s.max_request_bytes + 1)
-        r = app.router
-        r.add_post("/v2/models/{name}/infer", self.infer)  # first: the hot path resolves soonest
-        r.add_get("/v2/health/live", self.live)
-        r.add_get("/v2/health/ready", self.ready)
-        r.add_get("/v2", self.server_metadata)
-        r.add_get("/metrics", self.metrics_handler)
-        for base in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-            r.add_get(base, self.model_metadata)
-            r.add_get(base + "/ready", self.model_ready)
-            r.add_get(base + "/config", self.model_config)
-        r.add_post("/v2/models/{name}/versions/{version}/infer", self.infer)
-        return app
+        svc = self.svc
+        if solo is not None and svc.batcher is not None and svc.state == "ready":
+            svc.batcher.add_solo(solo)
+            log.info("solo instance ready", extra=fields(model=svc.spec.name if svc.spec else None))
 
     # --- the whole life ---------------------------------------------------------------------
     async def run(self) -> int:
@@ -555,8 +239,10 @@ class Runtime:
         monitor.start()
         # Bodies arrive undecoded (body.py decompresses them once, within the limit); a connection
         # with no complete request head for --idle-timeout (after opening or its last answer) closes.
+        limiter: ConnectionLimiter | None = None
+        api = HttpApi(self.svc, lambda: limiter.open if limiter is not None else 0)
         runner = web.AppRunner(
-            self.app(),
+            api.app(self.s.max_request_bytes),
             access_log=None,
             handle_signals=False,
             auto_decompress=False,
@@ -566,13 +252,12 @@ class Runtime:
         http = runner.server
         assert http is not None
         limiter = ConnectionLimiter(
-            self.http_protocols(http),
+            http,
             self.s.max_connections,
-            self.health_answer,
-            lambda: self.metrics,
+            self.svc.health_answer,
+            lambda: self.svc.metrics,
             idle_timeout_s=self.s.idle_timeout_s,
         )
-        self._limiter = limiter
         startup = asyncio.create_task(self._startup())
         if self.s.listen_when_ready:
             # A later worker of `serve --workers N`: the port already serves; join it ready or not at
@@ -582,7 +267,7 @@ class Runtime:
             await asyncio.wait([startup, stop, serving], return_when="FIRST_COMPLETED")
             stop.cancel()
             serving.cancel()
-            if self.state != "ready":
+            if self.svc.state != "ready":
                 self.request_stop(self.exit_code)
                 startup.cancel()
                 await runner.cleanup()
@@ -612,9 +297,9 @@ class Runtime:
         self._announce()
         await self._stop.wait()
         # Stop: not ready at once, no new connections, let in-flight requests finish.
-        was_ready = self.state == "ready"
-        self.state, self.reason = "draining", "shutting down"
-        self.metrics.ready_m.set(0)
+        svc = self.svc
+        was_ready = svc.state == "ready"
+        svc.stop_serving("draining", "shutting down")
         startup.cancel()
         listener.close()
         grpc_stopped = (
@@ -624,15 +309,15 @@ class Runtime:
         )
         if was_ready:
             deadline = time.monotonic() + self.s.drain_timeout_s
-            while (self.active or (self.batcher and self.batcher.in_flight)) and time.monotonic() < deadline:
+            while (svc.active or (svc.batcher and svc.batcher.in_flight)) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
-            log.info("drained", extra=fields(left=self.active))
+            log.info("drained", extra=fields(left=svc.active))
         if grpc_stopped is not None:
             await grpc_stopped
-        if self.batcher is not None:
-            await self.batcher.stop()
+        if svc.batcher is not None:
+            await svc.batcher.stop()
         await runner.cleanup()
-        self.decode_pool.shutdown(wait=False, cancel_futures=True)
+        svc.decode_pool.shutdown(wait=False, cancel_futures=True)
         monitor.stop()
         if self.exit_code == EXIT_OK:
             write_termination_message(

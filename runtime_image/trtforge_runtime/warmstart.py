@@ -1,10 +1,11 @@
 """Warm start: fetch, verify, load and canary-check the engine on a thread while the server imports.
 
 ``trtforge serve`` calls :func:`begin` once it has opened the store and the GPU probe, before it
-imports the server (aiohttp, prometheus_client, grpc, the batcher). The runtime then calls
-:func:`~trtforge_runtime.fetch.fetch_engine`, :func:`~trtforge_runtime.backends.load_backend` and the
-canary (:func:`collect_canary`) as always, and each first collects what the warm start made for the
-same arguments, waiting for it if it is still working. What the warm start could not do, or did for
+imports the server (aiohttp, prometheus_client, grpc, the batcher). The runtime's start-up then takes its
+steps through this module: :func:`fetch`, :func:`load` and the canary (:func:`collect_canary`) each
+first collect what the warm start made for the same arguments, waiting for it if it is still working,
+and only otherwise fetch, load or check themselves; the modules that do the work never call back
+into the warm start. What the warm start could not do, or did for
 other arguments, those calls do again themselves and report as usual, so a warm start changes when
 the work happens, never what is checked or in which order: the GPU identity check before anything
 touches the GPU (and, from a store that downloads, before anything large is fetched), the sha256
@@ -237,6 +238,32 @@ def _result(fut: Future[T] | None) -> T | None:
         return fut.result()
     except BaseException:
         return None  # the caller does the work again and reports what fails
+
+
+def fetch(
+    store: EngineStore, key: str, cache_dir: Path, check: Callable[[Manifest], None] | None = None
+) -> LocalEngine:
+    """The start-up's fetch step: what the warm start fetched for (`key`, `cache_dir`), after `check`
+    sees its manifest again; else :func:`~trtforge_runtime.fetch.fetch_engine` runs here."""
+    warm = collect_fetch(key, cache_dir)
+    if warm is not None:
+        if check is not None:
+            check(warm.manifest)
+        return warm
+    from trtforge_runtime.fetch import fetch_engine
+
+    return fetch_engine(store, key, cache_dir, check)
+
+
+def load(manifest: Manifest, artifact: Path, instances: int) -> Backend:
+    """The start-up's load step: the backend the warm start loaded for these arguments; else
+    :func:`~trtforge_runtime.backends.load_backend` runs here."""
+    warm = collect_backend(manifest.key, artifact, instances)
+    if warm is not None:
+        return warm
+    from trtforge_runtime.backends import load_backend
+
+    return load_backend(manifest, artifact, instances)
 
 
 def collect_fetch(key: str, cache_dir: Path) -> LocalEngine | None:

@@ -1,5 +1,5 @@
-"""`trtforge serve` over the v2 gRPC protocol, driven by `tritonclient.grpc` (a client no one here wrote),
-against both front ends (``--grpc-server native``, the default, and ``grpcio``).
+"""`trtforge serve` over the v2 gRPC protocol (grpc.aio), driven by `tritonclient.grpc` (a client no
+one here wrote).
 
 Engines are real builds (ResNet-50 and a dynamic-batch MLP, as in test_serve.py); answers are
 compared with ONNX Runtime run directly on the source models. HTTP and gRPC share one batcher,
@@ -44,28 +44,21 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Bed:
     return make_bed(tmp_path_factory.mktemp("grpc"), mlp_seed=3)
 
 
-@pytest.fixture(scope="module", params=["native", "grpcio"])
-def front(request: pytest.FixtureRequest) -> list[str]:
-    """The serve flags that pick the gRPC front end."""
-    return ["--grpc-server", str(request.param)]
-
-
 @pytest.fixture(scope="module")
-def resnet_server(bed: Bed, front: list[str]) -> Iterator[Server]:
-    s = Server(bed.store, bed.resnet_key, bed.tmp, bed.gpu_file, "--max-queue", "2", *front)
+def resnet_server(bed: Bed) -> Iterator[Server]:
+    s = Server(bed.store, bed.resnet_key, bed.tmp, bed.gpu_file, "--max-queue", "2")
     s.wait()
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
-def mlp_server(bed: Bed, front: list[str]) -> Iterator[Server]:
+def mlp_server(bed: Bed) -> Iterator[Server]:
     s = Server(
         bed.store,
         bed.mlp_key,
         bed.tmp,
         bed.gpu_file,
-        *front,
         "--max-queue-delay-us",
         "2000",
         "--max-request-bytes",
@@ -156,6 +149,41 @@ def test_grpc_and_http_share_one_batcher_and_its_metrics(bed: Bed, mlp_server: S
     )
 
 
+def test_model_configuration_over_http_and_grpc_is_what_tritons_tools_read(
+    resnet_server: Server, mlp_server: Server
+) -> None:
+    """Triton's model-configuration extension, asked by tritonclient over both protocols: the same
+    configuration, its dims without the batch dimension of a batchable model (as Triton's)."""
+    h = httpclient.InferenceServerClient(mlp_server.url)
+    g = grpcclient.InferenceServerClient(mlp_server.grpc_url)
+    over_http = h.get_model_config("mlp")
+    over_grpc = g.get_model_config("mlp", as_json=True)["config"]
+    assert over_http["name"] == over_grpc["name"] == "mlp"
+    assert over_http["platform"] == over_grpc["platform"] == "onnxruntime_onnx"
+    assert over_http["backend"] == over_grpc["backend"] == "onnxruntime"
+    assert over_http["max_batch_size"] == over_grpc["max_batch_size"] == 32
+    assert over_http["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [64]}]
+    assert over_grpc["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": ["64"]}]  # int64: text
+    assert [o["name"] for o in over_http["output"]] == [o["name"] for o in over_grpc["output"]] == ["y"]
+    assert over_http["output"][0]["data_type"] == over_grpc["output"][0]["data_type"] == "TYPE_FP32"
+    assert over_http["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
+    assert over_grpc["dynamic_batching"]["max_queue_delay_microseconds"] == "2000"
+    assert g.get_model_config("mlp", "1", as_json=True)["config"]["name"] == "mlp"
+    assert h.get_model_config("mlp", "1")["name"] == "mlp"
+    _refused("NOT_FOUND", g.get_model_config, "nope", match="unknown model 'nope'")
+    _refused("NOT_FOUND", g.get_model_config, "mlp", "2", match="has no version '2'")
+    with pytest.raises(InferenceServerException, match="unknown model 'nope'"):
+        h.get_model_config("nope")
+    # A model that is not batchable: max_batch_size 0, dims as the model declares them.
+    r = grpcclient.InferenceServerClient(resnet_server.grpc_url).get_model_config("resnet50").config
+    assert r.max_batch_size == 0 and [list(i.dims) for i in r.input] == [[1, 3, 224, 224]]
+    assert httpclient.InferenceServerClient(resnet_server.url).get_model_config("resnet50")["input"] == [
+        {"name": RESNET_IN, "data_type": "TYPE_FP32", "dims": [1, 3, 224, 224]}
+    ]
+    h.close()
+    g.close()
+
+
 def test_grpc_bad_input_gets_invalid_argument_naming_the_field(mlp_server: Server) -> None:
     c = grpcclient.InferenceServerClient(mlp_server.grpc_url)
     for shape, datatype, text in [
@@ -220,12 +248,12 @@ def test_grpc_full_queue_gets_resource_exhausted(resnet_server: Server) -> None:
     assert set(outcomes) <= {"ok", "StatusCode.RESOURCE_EXHAUSTED"}
 
 
-def test_grpc_messages_share_the_body_memory_budget_with_http(bed: Bed, front: list[str]) -> None:
+def test_grpc_messages_share_the_body_memory_budget_with_http(bed: Bed) -> None:
     """With --max-request-bytes 700000 the budget is 1.4 MB: two ResNet-50 inputs (602 KB each) are
     held at once, over both protocols. Twelve gRPC requests at once: those over the budget are
     refused with RESOURCE_EXHAUSTED naming it, the rest answered; afterwards the budget is whole
     again (an HTTP and a gRPC request both pass)."""
-    s = Server(bed.store, bed.resnet_key, bed.tmp, bed.gpu_file, "--max-request-bytes", "700000", *front)
+    s = Server(bed.store, bed.resnet_key, bed.tmp, bed.gpu_file, "--max-request-bytes", "700000")
     try:
         s.wait()
         outcomes = _resnet50_burst(s.grpc_url, "--max-body-memory")
@@ -248,11 +276,11 @@ def test_grpc_messages_share_the_body_memory_budget_with_http(bed: Bed, front: l
         assert s.stop() == 0
 
 
-def test_grpc_is_unavailable_while_not_ready(bed: Bed, front: list[str]) -> None:
+def test_grpc_is_unavailable_while_not_ready(bed: Bed) -> None:
     store = bed.tmp / "canary"
     key = copy_engine(bed.store, bed.mlp_key, store)
     perturb_canary(store, key, 0.5)
-    s = Server(store, key, bed.tmp, bed.gpu_file, *front, cache=bed.tmp / "cache-canary")
+    s = Server(store, key, bed.tmp, bed.gpu_file, cache=bed.tmp / "cache-canary")
     try:
         s.wait("live")
         c = grpcclient.InferenceServerClient(s.grpc_url)
@@ -270,12 +298,12 @@ def test_grpc_is_unavailable_while_not_ready(bed: Bed, front: list[str]) -> None
         assert s.stop() == 0
 
 
-def test_grpc_port_in_use_is_a_clear_error(bed: Bed, front: list[str]) -> None:
+def test_grpc_port_in_use_is_a_clear_error(bed: Bed) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        s = Server(bed.store, bed.mlp_key, bed.tmp, bed.gpu_file, "--grpc-port", str(port), *front)
+        s = Server(bed.store, bed.mlp_key, bed.tmp, bed.gpu_file, "--grpc-port", str(port))
         code = s.exit_code()
         s.stop()
     assert code == 1, s.output()

@@ -100,7 +100,14 @@ def test_hostile_bodies_are_refused_and_leave_the_server_healthy(
                 t.start()
             for t in threads:
                 t.join()
-            assert [r[0] for r in results] == [400] * 4, results
+            # 240 MB at once against a 128 MiB budget: each body is refused, by the model (read whole)
+            # or, when the budget cannot hold its bytes as they arrive, by the budget (503, retry).
+            assert 400 in [r[0] for r in results], results
+            for status, error in results:
+                assert (status, "needs 256" in error or "request-body memory" in error) in (
+                    (400, True),
+                    (503, True),
+                ), results
             _valid(bed, s, 99)
             # Valid compressed requests are decoded once and answered.
             x = np.random.default_rng(7).standard_normal((2, 64)).astype(np.float32)
@@ -183,4 +190,69 @@ def test_connections_past_the_cap_get_health_answers_and_503(bed: Bed) -> None:
                 time.sleep(0.1)
         assert s.metric("trtforge_runtime_connections_refused_total") >= 3
     finally:
+        s.stop()
+
+
+class _SlowSender:
+    """A connection whose request claims a 64 MiB body (by Content-Length, or chunked with no length
+    at all) and then sends a few bytes at a time, as a client starving the body budget would."""
+
+    def __init__(self, server: Server, chunked: bool) -> None:
+        head = "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n"
+        head += "Transfer-Encoding: chunked\r\n\r\n" if chunked else f"Content-Length: {64 * MB}\r\n\r\n"
+        self.chunked = chunked
+        self.sock = _open(server, head.encode())
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._drip, daemon=True)
+        self.thread.start()
+
+    def _drip(self) -> None:
+        piece = b"x" * 64
+        data = b"%x\r\n%s\r\n" % (len(piece), piece) if self.chunked else piece
+        while not self.stop.wait(0.1):
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                return  # the server gave up on it
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+def test_bodies_that_claim_64_mib_and_send_slowly_do_not_stall_legitimate_infers(bed: Bed) -> None:
+    """Four connections claim 64 MiB bodies (two by Content-Length, two chunked: 256 MiB claimed, twice
+    the default budget) and send 64 bytes every 0.1 s. The budget counts the bytes that arrived, not
+    the claims: meanwhile every HTTP and gRPC infer is answered, right, and the server stays small
+    and healthy."""
+    import tritonclient.grpc as grpcclient
+
+    s = Server(bed.store, bed.key, bed.tmp, bed.gpu_file)
+    senders: list[_SlowSender] = []
+    try:
+        s.wait()
+        _valid(bed, s, 0)
+        idle_kb = rss_kb(s.proc.pid, "VmRSS")
+        senders = [_SlowSender(s, chunked=i % 2 == 1) for i in range(4)]
+        while s.metric("trtforge_runtime_open_connections") < 4:  # all four are the server's
+            time.sleep(0.05)
+        g = grpcclient.InferenceServerClient(s.grpc_url)
+        rng = np.random.default_rng(41)
+        for i in range(20):
+            _valid(bed, s, 100 + i)  # HTTP, checked against ONNX Runtime
+            x = rng.standard_normal((2, 64)).astype(np.float32)
+            inp = grpcclient.InferInput("x", [2, 64], "FP32")
+            inp.set_data_from_numpy(x)
+            np.testing.assert_allclose(
+                g.infer("mlp", [inp]).as_numpy("y"), run_ort(bed.mlp, {"x": x})["y"], rtol=1e-5, atol=1e-6
+            )
+        g.close()
+        assert s.get("/v2/health/live") == (200, {"live": True})
+        assert all(t.thread.is_alive() for t in senders)  # still sending: the attack lasted throughout
+        assert (rss_kb(s.proc.pid, "VmHWM") - idle_kb) / 1024 <= RSS_BOUND_MB
+        assert s.proc.poll() is None
+    finally:
+        for t in senders:
+            t.close()
         s.stop()

@@ -9,7 +9,8 @@ import pytest
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 from trtforge_runtime import grpc_health as health
-from trtforge_runtime.grpc_calls import READINESS_NAMES, SERVICE, CallError, Code, is_unary, unary_call
+from trtforge_runtime.errors import Code
+from trtforge_runtime.grpc_calls import READINESS_NAMES, SERVICE, CallError, health_check
 from trtforge_runtime.grpc_health import ServingStatus, status_for
 
 
@@ -51,13 +52,11 @@ def _runtime(ready: bool) -> SimpleNamespace:
     return SimpleNamespace(not_ready_reason=lambda: None if ready else "loading")
 
 
-def test_check_is_a_unary_call_with_the_protocols_status_codes() -> None:
-    assert is_unary("grpc.health.v1.Health", "Check") and not is_unary("grpc.health.v1.Health", "Watch")
-    assert is_unary(SERVICE, "ServerLive") and not is_unary("grpc.health.v1.Health", "ServerLive")
+def test_check_answers_with_the_protocols_status_codes() -> None:
 
     def check(ready: bool, service: str) -> int:
         request = health_pb2.HealthCheckRequest(service=service).SerializeToString()
-        answer = unary_call(_runtime(ready), "grpc.health.v1.Health", "Check", request)  # type: ignore[arg-type]
+        answer = health_check(_runtime(ready), request)  # type: ignore[arg-type]
         return int(health_pb2.HealthCheckResponse.FromString(answer).status)
 
     assert (
@@ -71,8 +70,5 @@ def test_check_is_a_unary_call_with_the_protocols_status_codes() -> None:
         check(True, "nope")
     assert e.value.code is Code.NOT_FOUND and "'nope'" in e.value.message and "'liveness'" in e.value.message
     with pytest.raises(CallError) as e:
-        unary_call(_runtime(True), "grpc.health.v1.Health", "Check", b"\x0a\x05ab")  # type: ignore[arg-type]
+        health_check(_runtime(True), b"\x0a\x05ab")  # type: ignore[arg-type]
     assert e.value.code is Code.INVALID_ARGUMENT and "HealthCheckRequest" in e.value.message
-    with pytest.raises(CallError) as e:
-        unary_call(_runtime(True), "grpc.health.v1.Health", "Watch", b"")  # type: ignore[arg-type]
-    assert e.value.code is Code.UNIMPLEMENTED and "grpc.health.v1.Health/Watch" in e.value.message

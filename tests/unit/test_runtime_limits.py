@@ -11,7 +11,17 @@ import zlib
 
 import numpy as np
 import pytest
-from trtforge_runtime.body import Coding, MemoryBudget, content_coding, decompress, read_body
+from trtforge_runtime.body import (
+    BODY_GRACE_S,
+    BODY_MIN_RATE,
+    BodyMemoryFull,
+    Coding,
+    MemoryBudget,
+    body_deadline,
+    content_coding,
+    decompress,
+    read_body,
+)
 from trtforge_runtime.connections import http_response, overflow_answer
 from trtforge_runtime.errors import RequestError
 from trtforge_runtime.model import model_spec
@@ -147,30 +157,64 @@ async def test_read_body_stops_at_the_limit_and_on_short_bodies() -> None:
 
 
 @pytest.mark.asyncio
-async def test_memory_budget_is_first_come_first_served_and_survives_cancellation() -> None:
+async def test_read_body_takes_each_piece_as_it_arrives() -> None:
+    seen: list[int] = []
+
+    async def arrived(n: int) -> None:
+        seen.append(n)
+
+    assert await read_body(_Chunks(b"ab", b"cde"), 5, 10, arrived) == b"abcde"
+    assert seen == [2, 3]
+
+
+@pytest.mark.asyncio
+async def test_memory_budget_counts_what_arrived_waits_in_order_and_never_deadlocks() -> None:
     budget = MemoryBudget(100)
-    assert await budget.acquire(60) == 60
+    a, b, c = budget.reader(), budget.reader(), budget.reader()
+    await a.take(60)
+    assert budget.used == 60
+    with pytest.raises(BodyMemoryFull):
+        budget.hold(50)  # a whole gRPC message that does not fit: refused at once
     order: list[str] = []
 
-    async def take(name: str, n: int) -> int:
-        got = await budget.acquire(n)
+    async def take(r: object, name: str, n: int) -> None:
+        await r.take(n)  # type: ignore[attr-defined]
         order.append(name)
-        return got
 
-    big = asyncio.create_task(take("big", 70))
-    small = asyncio.create_task(take("small", 10))  # fits, but waits behind the older request
-    gone = asyncio.create_task(take("gone", 5))
+    big = asyncio.create_task(take(b, "big", 70))
+    small = asyncio.create_task(take(c, "small", 10))  # fits, but waits behind the older request
     await asyncio.sleep(0)
-    assert budget.waiting == 3 and order == []
-    gone.cancel()
-    await asyncio.sleep(0)
-    assert budget.waiting == 2
+    assert budget.waiting == 2 and order == []
+    assert budget.used == 60 and a.keep() == 60  # a's body arrived: it holds until its answer
     budget.release(60)
-    assert await big == 70 and await small == 10 and order == ["big", "small"]
-    assert budget.used == 80
-    budget.release(70)
-    budget.release(10)
-    assert await budget.acquire(1000) == 100  # capped at the total, so it never waits forever
+    await big
+    await small
+    assert order == ["big", "small"] and budget.used == 80
+    b.close()
+    c.close()
+    assert budget.used == 0
+    # Two readers each holding half, each needing more: the last to wait is refused, the other goes on.
+    d, e = budget.reader(), budget.reader()
+    await d.take(50)
+    await e.take(50)
+    first = asyncio.create_task(d.take(10))
+    await asyncio.sleep(0)
+    assert budget.waiting == 1  # e still reads: no deadlock yet
+    with pytest.raises(BodyMemoryFull):
+        await e.take(10)  # now both would wait on each other: e is refused...
+    e.close()  # ...and gives its bytes back
+    await first
+    assert d.held == 60 and budget.used == 60
+    d.close()
+    assert budget.used == 0
+
+
+def test_the_body_deadline_fits_the_claimed_size() -> None:
+    assert body_deadline(None, 60) == 60  # chunked: the whole --body-timeout
+    assert body_deadline(0, 60) == BODY_GRACE_S
+    assert body_deadline(10 * BODY_MIN_RATE, 60) == BODY_GRACE_S + 10
+    assert body_deadline(64 << 20, 60) == 60  # never past --body-timeout
+    assert body_deadline(1000, 1) == 1
 
 
 def test_connections_past_the_cap_get_health_answers_or_503() -> None:

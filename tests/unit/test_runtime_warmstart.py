@@ -12,9 +12,7 @@ from typing import BinaryIO
 import numpy as np
 import pytest
 from trtforge_runtime import warmstart
-from trtforge_runtime.backends import load_backend
 from trtforge_runtime.errors import Refusal
-from trtforge_runtime.fetch import fetch_engine
 from trtforge_runtime.model import model_spec
 
 from tests.modelzoo import dynamic_mlp
@@ -59,24 +57,24 @@ def _store(tmp: Path) -> Path:
     return tmp / "store"
 
 
-def test_the_usual_calls_collect_what_the_warm_start_made_once(tmp_path: Path) -> None:
+def test_the_start_up_steps_collect_what_the_warm_start_made_once(tmp_path: Path) -> None:
     store, cache = open_store(str(_store(tmp_path))), tmp_path / "cache"
     checked: list[str] = []
     warmstart.begin(store, KEY, cache, 2, check=lambda m: checked.append("warm")).join()
-    local = fetch_engine(store, KEY, cache, check=lambda m: checked.append("runtime"))
+    local = warmstart.fetch(store, KEY, cache, check=lambda m: checked.append("runtime"))
     assert local.hashed_bytes > 0  # the warm start verified it...
     assert checked == ["warm", "runtime"]  # ...and the runtime's identity check still saw the manifest
-    backend = load_backend(local.manifest, local.artifact, 2)
-    assert load_backend(local.manifest, local.artifact, 2) is not backend  # collected once
-    again = fetch_engine(store, KEY, cache)
+    backend = warmstart.load(local.manifest, local.artifact, 2)
+    assert warmstart.load(local.manifest, local.artifact, 2) is not backend  # collected once
+    again = warmstart.fetch(store, KEY, cache)
     assert again is not local and again.hashed_bytes == 0  # a fetch of its own (markers vouch)
 
 
 def test_a_warm_start_for_other_arguments_is_not_used(tmp_path: Path) -> None:
     store, cache = open_store(str(_store(tmp_path))), tmp_path / "cache"
     warmstart.begin(store, KEY, cache, 4).join()
-    local = fetch_engine(store, KEY, cache)
-    other = load_backend(local.manifest, local.artifact, 1)  # loaded anew; the 4-instance one closed
+    local = warmstart.fetch(store, KEY, cache)
+    other = warmstart.load(local.manifest, local.artifact, 1)  # loaded anew; the 4-instance one closed
     assert warmstart.collect_backend(KEY, local.artifact, 4) is None
     assert other.new_instance() is not None
 
@@ -87,20 +85,20 @@ def test_what_the_warm_start_refused_the_runtime_refuses_itself(tmp_path: Path) 
     (root / layout.engine_dir(KEY) / "model.onnx").write_bytes(b"tampered")
     warmstart.begin(store, KEY, cache, 1).join()
     with pytest.raises(Refusal, match="the manifest says") as e:
-        fetch_engine(store, KEY, cache)
+        warmstart.fetch(store, KEY, cache)
     assert e.value.reason == "EngineIntegrity"
 
 
 def test_the_canary_runs_on_the_warm_start_once_for_the_same_backend_and_spec(tmp_path: Path) -> None:
     store, cache = open_store(str(_store(tmp_path))), tmp_path / "cache"
     warmstart.begin(store, KEY, cache, 2, canary_for=("mlp", None)).join()
-    local = fetch_engine(store, KEY, cache)
-    backend = load_backend(local.manifest, local.artifact, 2)
+    local = warmstart.fetch(store, KEY, cache)
+    backend = warmstart.load(local.manifest, local.artifact, 2)
     other = model_spec(local.manifest, "other", None)
     assert warmstart.collect_canary(KEY, backend, local.canary, other) is None  # another spec: not it
     warmstart.begin(store, KEY, cache, 2, canary_for=("mlp", None)).join()  # again: a new backend
-    local = fetch_engine(store, KEY, cache)
-    backend = load_backend(local.manifest, local.artifact, 2)
+    local = warmstart.fetch(store, KEY, cache)
+    backend = warmstart.load(local.manifest, local.artifact, 2)
     got = warmstart.collect_canary(KEY, backend, local.canary, model_spec(local.manifest, "mlp", None))
     assert got is not None
     instance, result = got
@@ -116,7 +114,7 @@ def test_the_caller_learns_the_backend_to_import_once_the_manifest_is_checked(tm
     t = warmstart.begin(store, KEY, cache, 2)
     assert warmstart.import_backend_library(wait_s=60) == "onnxruntime"
     t.join()
-    fetch_engine(store, KEY, cache)  # collect it (the registry is module state)
+    warmstart.fetch(store, KEY, cache)  # collect it (the registry is module state)
 
 
 def test_no_backend_is_named_when_the_identity_check_refuses(tmp_path: Path) -> None:
@@ -129,7 +127,7 @@ def test_no_backend_is_named_when_the_identity_check_refuses(tmp_path: Path) -> 
     assert warmstart.import_backend_library(wait_s=60) is None
     t.join()
     with pytest.raises(Refusal, match="wrong GPU"):
-        fetch_engine(store, KEY, cache, check=refuse)
+        warmstart.fetch(store, KEY, cache, check=refuse)
 
 
 def test_a_store_that_does_not_answer_does_not_hold_the_caller(tmp_path: Path) -> None:
@@ -212,8 +210,8 @@ def test_a_canary_decoded_ahead_is_replayed_and_its_errors_reported_as_if_read_t
     from trtforge.contract.canary import Canary
 
     store, cache = open_store(str(_store(tmp_path))), tmp_path / "cache"
-    local = fetch_engine(store, KEY, cache)
-    backend = load_backend(local.manifest, local.artifact, 1)
+    local = warmstart.fetch(store, KEY, cache)
+    backend = warmstart.load(local.manifest, local.artifact, 1)
     instance, spec = backend.new_instance(), model_spec(local.manifest, "mlp", None)
     x = np.ones((1, 4), np.float32)
     path = tmp_path / "canary.npz"

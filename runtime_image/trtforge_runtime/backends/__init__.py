@@ -42,14 +42,10 @@ def default_instances(backend: str) -> int:
 
 def load_backend(manifest: Manifest, artifact: Path, instances: int) -> Backend:
     """Load the artifact with the backend the manifest names; Refusal(EngineLoadFailed) if it cannot.
-
-    A backend that a :mod:`~trtforge_runtime.warmstart` loaded for the same arguments is returned."""
-    from trtforge_runtime import warmstart
+    (The runtime asks :func:`trtforge_runtime.warmstart.load`, which calls this only when the warm
+    start loaded no backend for the same arguments.)"""
     from trtforge_runtime.errors import Refusal
 
-    warm = warmstart.collect_backend(manifest.key, artifact, instances)
-    if warm is not None:
-        return warm
     if manifest.backend == "onnxruntime":
         from trtforge_runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
 

@@ -1,8 +1,6 @@
-"""The HTTP infer fast path (trtforge_runtime.fastpath) of a real `trtforge serve`, over real sockets.
-
-Which path answered is visible on the wire: aiohttp's answers carry a ``Server`` header, the fast
-path's do not. Every answer is compared with ONNX Runtime run directly, or with the status and the
-JSON error the aiohttp path gives for the same request.
+"""HTTP/1.1 of a real `trtforge serve` (aiohttp) over raw sockets: keep-alive, pipelining, bodies in
+any pieces, limits, refusals and back-pressure. Every answer is compared with ONNX Runtime run
+directly, or with the status and the JSON error the request must get.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ Bed = MlpBed
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Bed:
-    return make_mlp_bed(tmp_path_factory.mktemp("fastpath"), mlp_seed=3)
+    return make_mlp_bed(tmp_path_factory.mktemp("http"), mlp_seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +53,6 @@ class Answer:
         n = int(self.headers.get("inference-header-content-length", len(self.body)))
         out: dict[str, object] = json.loads(self.body[:n])
         return out
-
-    @property
-    def fast(self) -> bool:
-        return "server" not in self.headers
 
 
 class Conn:
@@ -162,7 +156,6 @@ def test_pipelined_requests_are_answered_in_order(bed: Bed, server: Server) -> N
     c.send(infer_bytes(xs(1)) + bad + infer_bytes(xs(2), binary_output=False) + infer_bytes(xs(3)))
     first, err, second, third = (c.answer() for _ in range(4))
     assert [a.status for a in (first, err, second, third)] == [200, 400, 200, 200]
-    assert all(a.fast for a in (first, err, second, third))
     assert "request JSON is not valid" in str(err.json()["error"])
     assert err.headers["content-type"] == "application/json"
     for a, seed in ((first, 1), (second, 2), (third, 3)):
@@ -183,18 +176,18 @@ def test_a_pipeline_past_the_buffer_is_answered_and_the_connection_goes_on(bed: 
         if seed == 52:
             c.send(infer_bytes(xs(seed, rows=32)))
         a = c.answer()
-        assert a.status == 200 and a.fast, (seed, a.headers)
+        assert a.status == 200, (seed, a.headers)
         np.testing.assert_allclose(
             output(a), run_ort(bed.mlp, {"x": xs(seed, rows=32)})["y"], rtol=1e-5, atol=1e-6
         )
     c.close()
 
 
-def test_anything_else_goes_to_aiohttp_which_keeps_the_connection(bed: Bed, server: Server) -> None:
+def test_chunked_bodies_and_health_probes_share_a_connection_with_infers(bed: Bed, server: Server) -> None:
     c = Conn(server)
     c.send(infer_bytes(xs(4)))
-    assert c.answer().fast
-    # Chunked: aiohttp's, and from then on the connection is aiohttp's.
+    assert c.answer().status == 200
+    # A chunked body, then a Content-Length one, on the same connection.
     whole = infer_bytes(xs(5))
     head, body = whole.split(b"\r\n\r\n", 1)
     head = b"\r\n".join(ln for ln in head.split(b"\r\n") if not ln.startswith(b"Content-Length"))
@@ -203,18 +196,19 @@ def test_anything_else_goes_to_aiohttp_which_keeps_the_connection(bed: Bed, serv
     )
     c.send(chunked)
     a = c.answer()
-    assert (a.status, a.fast) == (200, False)
+    assert a.status == 200
     np.testing.assert_allclose(output(a), run_ort(bed.mlp, {"x": xs(5)})["y"], rtol=1e-5, atol=1e-6)
     c.send(infer_bytes(xs(6)))
     a = c.answer()
-    assert (a.status, a.fast) == (200, False)
+    assert a.status == 200
     np.testing.assert_allclose(output(a), run_ort(bed.mlp, {"x": xs(6)})["y"], rtol=1e-5, atol=1e-6)
     c.close()
-    # A health probe first: aiohttp answers it (and the infer after it).
+    # A health probe first, then an infer.
     c = Conn(server)
     c.send(b"GET /v2/health/ready HTTP/1.1\r\nHost: t\r\n\r\n" + infer_bytes(xs(7)))
     ready, a = c.answer(), c.answer()
-    assert (ready.status, ready.fast, a.status, a.fast) == (200, False, 200, False)
+    assert (ready.status, a.status) == (200, 200)
+    np.testing.assert_allclose(output(a), run_ort(bed.mlp, {"x": xs(7)})["y"], rtol=1e-5, atol=1e-6)
     c.close()
 
 
@@ -234,13 +228,13 @@ def test_anything_else_goes_to_aiohttp_which_keeps_the_connection(bed: Bed, serv
         ("a version", request(b"{}", {}, path="/v2/models/mlp/versions/9/infer"), 404, "no version"),
     ],
 )
-def test_limits_hold_through_the_aiohttp_path(
+def test_limits_are_refused_with_their_status(
     server: Server, what: str, raw: bytes, status: int, message: str
 ) -> None:
     c = Conn(server)
     c.send(raw)
     a = c.answer()
-    assert (a.status, a.fast) == (status, False), what
+    assert a.status == status, what
     assert message in str(a.json()["error"]), (what, a.body)
     c.close()
 
@@ -254,13 +248,13 @@ def test_limits_hold_through_the_aiohttp_path(
         ("not an object", (b"[1, 2]", {}), 400, "must be an object"),
     ],
 )
-def test_bad_bodies_on_the_fast_path(
+def test_bad_bodies_are_refused_and_the_connection_goes_on(
     server: Server, what: str, body: tuple[bytes, dict[str, str]], status: int, message: str
 ) -> None:
     c = Conn(server)
     c.send(request(*body))
     a = c.answer()
-    assert (a.status, a.fast) == (status, True), (what, a.body)
+    assert a.status == status, (what, a.body)
     assert message in str(a.json()["error"]), (what, a.body)
     c.send(infer_bytes(xs(8)))  # the connection still serves
     assert c.answer().status == 200
@@ -272,16 +266,15 @@ def test_a_slow_body_gets_408_and_the_connection_closes(bed: Bed, server: Server
     whole = infer_bytes(xs(9))
     c.send(whole[:-100])  # the head and most of the body; --body-timeout is 1 s
     a = c.answer()
-    assert (a.status, a.fast, a.headers["connection"]) == (408, True, "close")
+    assert (a.status, a.headers["connection"]) == (408, "close")
     assert "--body-timeout" in str(a.json()["error"])
     assert c.closed()
     c.close()
 
 
 def test_clients_that_vanish_mid_body_give_their_memory_back(bed: Bed, server: Server) -> None:
-    """Each partial body reserves its Content-Length of the shared budget (2 x 100000 bytes): if a
-    vanished client kept its share, the next requests would find the budget full (aiohttp's path,
-    then 503)."""
+    """Each partial body holds what arrived of it in the shared budget (2 x 100000 bytes): if a
+    vanished client kept its bytes, the next requests would find the budget full (503)."""
     for _ in range(10):
         c = Conn(server)
         c.send(request(b"x" * 99_000, {})[:-98_000])
@@ -291,10 +284,11 @@ def test_clients_that_vanish_mid_body_give_their_memory_back(bed: Bed, server: S
     for _ in range(3):
         c.send(request(b"x" * 99_000, {"Inference-Header-Content-Length": "99000"}))
         a = c.answer()
-        assert (a.status, a.fast) == (400, True), a.body
+        assert a.status == 400, a.body
     c.send(infer_bytes(xs(10)))
     a = c.answer()
-    assert (a.status, a.fast) == (200, True)
+    assert a.status == 200
+    np.testing.assert_allclose(output(a), run_ort(bed.mlp, {"x": xs(10)})["y"], rtol=1e-5, atol=1e-6)
     c.close()
 
 
@@ -302,7 +296,7 @@ def test_connection_close_is_honoured(bed: Bed, server: Server) -> None:
     c = Conn(server)
     c.send(infer_bytes(xs(11)).replace(b"Host: test", b"Host: test\r\nConnection: close"))
     a = c.answer()
-    assert (a.status, a.fast, a.headers["connection"]) == (200, True, "close")
+    assert (a.status, a.headers["connection"]) == (200, "close")
     np.testing.assert_allclose(output(a), run_ort(bed.mlp, {"x": xs(11)})["y"], rtol=1e-5, atol=1e-6)
     assert c.closed()
     c.close()
@@ -320,7 +314,7 @@ def test_queue_full_is_503_with_retry_after(bed: Bed) -> None:
         statuses = sorted({a.status for a in answers})
         assert statuses == [200, 503], statuses
         full = [a for a in answers if a.status == 503]
-        assert all(a.fast and a.headers["retry-after"] == "1" for a in full)
+        assert all(a.headers["retry-after"] == "1" for a in full)
         assert all("queue is full" in str(a.json()["error"]) for a in full)
         for c in conns:
             c.close()
@@ -328,8 +322,8 @@ def test_queue_full_is_503_with_retry_after(bed: Bed) -> None:
         s.stop()
 
 
-def test_not_ready_is_503_with_retry_after_from_the_aiohttp_path(bed: Bed) -> None:
-    """A failed canary keeps the server not ready: infer requests are not the fast path's."""
+def test_not_ready_is_503_with_retry_after(bed: Bed) -> None:
+    """A failed canary keeps the server not ready: infer requests get 503 naming it."""
     store = bed.tmp / "store-canary"
     key = copy_engine(bed.store, bed.key, store)
     perturb_canary(store, key, 0.5)
@@ -340,7 +334,7 @@ def test_not_ready_is_503_with_retry_after_from_the_aiohttp_path(bed: Bed) -> No
         while True:
             c.send(infer_bytes(xs(13)))
             a = c.answer()
-            assert (a.status, a.fast, a.headers["retry-after"]) == (503, False, "1")
+            assert (a.status, a.headers["retry-after"]) == (503, "1")
             if "canary failed" in str(a.json()["error"]):
                 break
             time.sleep(0.05)  # still loading: "not loaded yet", the same 503
@@ -352,7 +346,7 @@ def test_not_ready_is_503_with_retry_after_from_the_aiohttp_path(bed: Bed) -> No
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Bed]]:
     """An MLP with 8192 inputs a row (32 KiB): a request's body spans many of the socket's reads."""
-    bed = make_mlp_bed(tmp_path_factory.mktemp("fastwide"), mlp_seed=13, features=8192)
+    bed = make_mlp_bed(tmp_path_factory.mktemp("httpwide"), mlp_seed=13, features=8192)
     s = Server(bed.store, bed.key, bed.tmp, bed.gpu_file)
     s.wait()
     yield s, bed
@@ -362,7 +356,7 @@ def wide(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Bed
 def test_large_bodies_are_read_whole_however_their_bytes_arrive(wide: tuple[Server, Bed]) -> None:
     """Bodies of up to 1 MiB in one write, in pieces of odd sizes, three requests in one write, and a
     body whose last bytes share a write with the next request's head: every answer equals ONNX
-    Runtime's, on one connection, on the fast path; tritonclient is answered afterwards."""
+    Runtime's, on one connection; tritonclient is answered afterwards."""
     server, bed = wide
     rng = np.random.default_rng(11)
 
@@ -370,7 +364,7 @@ def test_large_bodies_are_read_whole_however_their_bytes_arrive(wide: tuple[Serv
         return rng.standard_normal((rows, 8192)).astype(np.float32)
 
     def check(a: Answer, x: np.ndarray) -> None:
-        assert a.status == 200 and a.fast, (a.status, a.body[:200])
+        assert a.status == 200, (a.status, a.body[:200])
         np.testing.assert_allclose(output(a), run_ort(bed.mlp, {"x": x})["y"], rtol=1e-4, atol=1e-5)
 
     c = Conn(server)
@@ -429,7 +423,7 @@ def test_no_request_is_taken_while_the_client_does_not_read(tmp_path: Path) -> N
         assert 0 < more <= st.bound, f"{more} answered once the client read, {st.bound} fit"
         for _ in range(st.sent - st.taken):
             a = c.answer()
-            assert a.status == 200 and a.fast, a.headers
+            assert a.status == 200, a.headers
             np.testing.assert_allclose(output(a), want, rtol=1e-5, atol=1e-6)
         assert server.answered() - st.base == st.sent
         c.close()

@@ -3,7 +3,7 @@
 Each call takes its request message and gives its response message or raises :class:`CallError`
 with a gRPC status :class:`Code`. ModelInfer works on the serialised bytes both ways: raw input
 contents are read in place (:func:`parse_infer_request`) and the answer is written once
-(:func:`encode_infer_response`); docs/design.md, "Runtime gRPC". This module does not import grpc.
+(:func:`encode_infer_response`); docs/design.md, "Runtime protocols". This module does not import grpc.
 
 Status codes (the service's refusals mapped by ``errors.grpc_code``): INVALID_ARGUMENT (a request
 the model cannot take; the message says why), NOT_FOUND

@@ -13,7 +13,7 @@ The service names it answers for, by :func:`status_for`:
 ``Watch`` (a server stream) is not served: UNIMPLEMENTED, which the protocol allows. The two messages
 are built here from their field numbers into a descriptor pool of their own (the runtime ships no
 health stubs, and another library's ``grpc.health.v1`` stubs can live in the same process);
-docs/design.md, "Runtime gRPC".
+docs/design.md, "Runtime protocols".
 """
 
 from __future__ import annotations

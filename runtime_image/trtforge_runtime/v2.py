@@ -266,7 +266,7 @@ class RequestPlans:
     found. Only requests whose every input is binary data of a fixed-size datatype, with a header
     of at most ``PLAN_MAX_HEADER_BYTES``, are kept, at most ``PLANS`` of them (the oldest go first).
     What :meth:`decode` returns is what :func:`decode_request` and ``spec.validate`` return; a
-    request they refuse is refused each time (docs/design.md, "The runtime's request path")."""
+    request they refuse is refused each time (docs/design.md, "Runtime protocols")."""
 
     def __init__(self, spec: ModelSpec, max_json_bytes: int = DEFAULT_MAX_JSON_BYTES) -> None:
         self.spec = spec

@@ -133,7 +133,7 @@ def test_every_citation_names_a_section_of_design_md() -> None:
 
 @pytest.mark.parametrize(
     "section",
-    ["Engine keys", "Runtime cold start", "Scale", "TensorRT", "Runtime gRPC", "Adapting to load"],
+    ["Engine keys", "Runtime cold start", "Scale", "TensorRT", "Runtime protocols", "Adapting to load"],
 )
 def test_the_most_cited_sections_exist(section: str) -> None:
     assert section in headings(DESIGN.read_text())

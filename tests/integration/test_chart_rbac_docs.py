@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.integration.chart import render
 
@@ -33,9 +34,9 @@ MARKER = re.compile(r"^<!-- rbac: (ClusterRole|Role)/([a-z0-9-]+) -->$")
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 
 
-def rendered(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def rendered(values: dict[str, Any] | None = None, kinds: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     docs, _ = render(RELEASE, NAMESPACE, values)
-    return [d for d in docs if d["kind"] in (*ROLE_KINDS, *BINDING_KINDS)]
+    return [d for d in docs if d["kind"] in (*ROLE_KINDS, *BINDING_KINDS, *kinds)]
 
 
 def short(name: str) -> str:
@@ -146,12 +147,19 @@ def test_watch_namespaces_binds_the_watched_role_there_and_in_the_build_namespac
     build_namespace: str,
 ) -> None:
     docs = rendered(
-        {"operator": {"watchNamespaces": ["team-a", "team-b"]}, "build": {"namespace": build_namespace}}
+        {"operator": {"watchNamespaces": ["team-a", "team-b"]}, "build": {"namespace": build_namespace}},
+        kinds=("ConfigMap",),
     )
     build = build_namespace or NAMESPACE
     assert _bindings(docs, "operator-watched") == sorted(
         ("RoleBinding", ns) for ns in {"team-a", "team-b", build}
     ), "once per watched namespace and the build namespace"
+    # The operator watches (kopf's namespaces) exactly where it is bound: the config the chart writes.
+    from trtforge_operator.config import OperatorConfig
+
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    cfg = OperatorConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))
+    assert cfg.watched_namespaces() == [ns for _, ns in _bindings(docs, "operator-watched")]
     # What stays cluster-wide is read-only and cluster-scoped: CRDs, namespaces, nodes.
     cluster_bound = {d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding"}
     operator_roles = {f"{RELEASE}-operator", f"{RELEASE}-operator-watched", f"{RELEASE}-build"}

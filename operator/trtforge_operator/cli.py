@@ -63,7 +63,7 @@ async def main(cfg: Any) -> int:
 
     load_kube_config()
     metrics = Metrics()
-    start_http_server(cfg.metrics_port, addr=cfg.bind_address)
+    start_http_server(cfg.metrics_port, addr=cfg.metrics_address())
     kube = Kube()
     store = StoreReader(cfg.reader_store_uri)
     cfg = cfg.with_broker_on_bind_address()
@@ -80,7 +80,7 @@ async def main(cfg: Any) -> int:
     health = await start_health(
         cfg.bind_address, cfg.liveness_port, identity, elector.leading if le.enabled else None, watch.problem
     )
-    namespaces = sorted({*cfg.namespaces, cfg.build_namespace}) if cfg.namespaces else []
+    namespaces = cfg.watched_namespaces()
     log.info(
         "trtforge operator starting",
         extra=fields(

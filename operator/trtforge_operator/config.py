@@ -189,6 +189,9 @@ class OperatorConfig(BaseModel):
     # Where metrics, /healthz and the broker listen. A pod's own IP instead of every address where
     # pods share one network (the test bed: TRTFORGE_OPERATOR_BIND_ADDRESS from status.podIP).
     bind_address: str = "0.0.0.0"
+    # Where /metrics listens: "0.0.0.0" is where /healthz does (bind_address); one address such as
+    # 127.0.0.1 keeps the tenants' object names in the series inside the pod (the chart's default).
+    metrics_bind_address: str = "0.0.0.0"
     runtime_service_account: str = "default"  # in tenant namespaces; needs no API permissions
 
     def backend_for(self, gpu: str) -> Backend:
@@ -219,6 +222,15 @@ class OperatorConfig(BaseModel):
             return self
         return self.model_copy(update={"broker": self.broker.model_copy(update={"host": self.bind_address})})
 
+    def metrics_address(self) -> str:
+        """The address /metrics listens on (see `metrics_bind_address`)."""
+        return self.bind_address if self.metrics_bind_address == "0.0.0.0" else self.metrics_bind_address
+
+    def watched_namespaces(self) -> list[str]:
+        """The namespaces the operator watches and acts in: those configured and the build namespace;
+        empty for every namespace. The chart binds the operator's rights in exactly these."""
+        return sorted({*self.namespaces, self.build_namespace}) if self.namespaces else []
+
     def engine_source(self) -> str:
         """The --store runtime pods get."""
         return self.runtime_store_uri or self.broker_url()
@@ -241,6 +253,7 @@ def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
         "liveness_port",
         "metrics_port",
         "bind_address",
+        "metrics_bind_address",
         "image_pull_policy",
         "build_service_account",
         "runtime_service_account",

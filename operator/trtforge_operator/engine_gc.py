@@ -29,14 +29,30 @@ async def gc_pass(state: Any) -> list[str]:
         m = await asyncio.to_thread(state.store.manifest, k)
         if m is not None:
             stored.append(StoredEngine(k, m.created_at))
-    engines = await state.kube.list_custom(TRTENGINES)
-    deps = await asyncio.to_thread(
-        state.kube.apps.list_deployment_for_all_namespaces, label_selector=selector
-    )
+    # Only where the operator watches when it watches some namespaces: its rights end there.
+    watched = cfg.watched_namespaces()
+    if watched:
+        engines = [e for ns in watched for e in await state.kube.list_custom(TRTENGINES, ns)]
+        deps = [
+            d
+            for ns in watched
+            for d in (
+                await asyncio.to_thread(
+                    state.kube.apps.list_namespaced_deployment, ns, label_selector=selector
+                )
+            ).items
+        ]
+    else:
+        engines = await state.kube.list_custom(TRTENGINES)
+        deps = (
+            await asyncio.to_thread(
+                state.kube.apps.list_deployment_for_all_namespaces, label_selector=selector
+            )
+        ).items
     jobs = await asyncio.to_thread(
         state.kube.batch.list_namespaced_job, cfg.build_namespace, label_selector=selector
     )
-    tkeys = [(d.spec.template.metadata.annotations or {}).get(ANNOTATION_ENGINE_KEY, "") for d in deps.items]
+    tkeys = [(d.spec.template.metadata.annotations or {}).get(ANNOTATION_ENGINE_KEY, "") for d in deps]
     views = [JobView.from_k8s(state.kube.api.sanitize_for_serialization(j)) for j in jobs.items]
 
     def resolve(request_key: str) -> str | None:

@@ -71,7 +71,7 @@ class Kube:
         await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
     async def create(self, obj: Mapping[str, Any]) -> bool:
-        """Create `obj` (Job, Deployment, Service, Secret); False when it already exists (409).
+        """Create `obj` (Job, Deployment, Service); False when it already exists (409).
 
         The answer's body is not parsed: no caller reads it, and turning a Job back into the client's
         models and then into a dict cost more operator CPU than the POST itself (docs/design.md
@@ -81,7 +81,6 @@ class Kube:
             "Job": self.batch.create_namespaced_job,
             "Deployment": self.apps.create_namespaced_deployment,
             "Service": self.core.create_namespaced_service,
-            "Secret": self.core.create_namespaced_secret,
         }[kind]
         try:
             await self._call_unparsed(fn, ns, dict(obj))
@@ -97,11 +96,6 @@ class Kube:
             extra=fields(kind=kind, namespace=ns, name=obj["metadata"]["name"]),
         )
         return True
-
-    async def read_secret_data(self, namespace: str, name: str) -> dict[str, str]:
-        """A Secret's data (base64 values, as stored)."""
-        res = await self._call(self.core.read_namespaced_secret, name, namespace)
-        return dict(res.data or {})
 
     async def job_annotations(self, namespace: str, name: str) -> dict[str, str] | None:
         """A Job's annotations; None when the Job is gone (404)."""

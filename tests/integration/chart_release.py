@@ -1,11 +1,10 @@
 """The chart's RBAC on the test bed, as a platform team installing the chart would set it up: the
-templates verbatim (names substituted), the operator's ServiceAccount and a kubeconfig holding only
-its token. Shared by the tests that run the operator under the chart's RBAC."""
+RBAC objects and ServiceAccounts of the chart as Helm renders them, and a kubeconfig holding only the
+operator's token. Shared by the tests that run the operator under the chart's RBAC."""
 
 from __future__ import annotations
 
 import base64
-import importlib.util
 import secrets
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -18,37 +17,26 @@ from trtforge_dev import localdev
 from trtforge_dev.testbed.handle import TestBed
 from trtforge_dev.testbed.wait import wait_for
 
+from tests.integration.chart import render
+
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATES = REPO / "charts" / "trtforge" / "templates"
-STATIC_RBAC = [
-    "rbac-operator.yaml",
-    "rbac-build.yaml",
-    "rbac-tenant.yaml",
-    "rbac-model-secrets.yaml",
-    "rbac-leader-election.yaml",
-    "rbac-broker.yaml",
-]
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
 
-def _substitute(text: str, fullname: str, namespace: str) -> str:
-    spec = importlib.util.spec_from_file_location(
-        "test_chart_helpers", REPO / "tests/unit/test_chart_helpers.py"
-    )
-    assert spec and spec.loader
-    helpers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(helpers)
-    names = {
-        '{{ include "trtforge.fullname" . }}': fullname,
-        '{{ include "trtforge.serviceAccountName" . }}': fullname,
-        '{{ include "trtforge.buildNamespace" . }}': namespace,
-        "{{ .Release.Namespace }}": namespace,
-        "{{ .Values.operator.leaderElection.leaseName | quote }}": '"trtforge-operator"',
-        '{{- include "trtforge.labels" . | nindent 4 }}': f"app.kubernetes.io/instance: {fullname}",
-        '{{ include "trtforge.brokerName" . }}': f"{fullname}-broker",
-        '{{- include "trtforge.brokerLabels" . | nindent 4 }}': f"app.kubernetes.io/instance: {fullname}",
-    }
-    out: str = helpers.substitute_static(text, names)
-    return out
+def chart_rbac(fullname: str, namespace: str, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The chart's ServiceAccounts and RBAC objects, as `helm template <fullname> -n <namespace>`
+    renders them with `values` (a release name holding the chart's name is its full name)."""
+    docs, _ = render(fullname, namespace, values)
+    return [d for d in docs if d["kind"] in RBAC_KINDS]
+
+
+def apply_chart_rbac(
+    testbed: TestBed, fullname: str, namespace: str, values: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Apply :func:`chart_rbac` (the namespaces it names must exist); returns what was applied."""
+    docs = chart_rbac(fullname, namespace, values)
+    testbed.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    return docs
 
 
 def sa_token(api: client.ApiClient, ns: str, name: str) -> str:
@@ -86,8 +74,9 @@ def sa_kubeconfig(tb: TestBed, token: str, path: Path) -> Path:
 
 
 def install_chart_rbac(testbed: TestBed, tenants: int = 1) -> dict[str, str]:
-    """The chart's RBAC (templates verbatim, names substituted) and ServiceAccount, a release
-    namespace and `tenants` tenant namespaces (keys tenant, tenant2, ...)."""
+    """The chart's RBAC and ServiceAccounts for an operator watching `tenants` tenant namespaces (keys
+    tenant, tenant2, ...; `operator.watchNamespaces`, as the operator config these tests write), in a
+    fresh release namespace."""
     tag = secrets.token_hex(3)
     rel = {"fullname": f"trtforge-{tag}", "namespace": f"trtforge-op-{tag}", "tenant": f"tenant-{tag}"}
     for i in range(2, tenants + 1):
@@ -96,20 +85,8 @@ def install_chart_rbac(testbed: TestBed, tenants: int = 1) -> dict[str, str]:
     with testbed.api_client() as api:
         for ns in (rel["namespace"], *tenant_namespaces(rel)):
             localdev.ensure_namespace(api, ns)
-    for name in STATIC_RBAC:
-        text = _substitute((TEMPLATES / name).read_text(), rel["fullname"], rel["namespace"])
-        testbed.kubectl("apply", "-f", "-", input=text)
-    testbed.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "ServiceAccount",
-                "metadata": {"name": rel["fullname"], "namespace": rel["namespace"]},
-            }
-        ),
+    apply_chart_rbac(
+        testbed, rel["fullname"], rel["namespace"], {"operator": {"watchNamespaces": tenant_namespaces(rel)}}
     )
     return rel
 
@@ -142,7 +119,8 @@ def delete_chart_cluster_rbac(testbed: TestBed, fullname: str) -> None:
         ("clusterrolebinding", "operator"),
         ("clusterrole", "view"),
         ("clusterrole", "edit"),
-        ("clusterrole", "model-secrets"),
+        ("clusterrole", "operator-watched"),
+        ("clusterrolebinding", "operator-watched"),
         ("clusterrole", "broker"),
         ("clusterrolebinding", "broker"),
     ):

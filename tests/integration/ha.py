@@ -188,6 +188,12 @@ class ChartOperator:
                 "name": "TRTFORGE_OPERATOR_BIND_ADDRESS",
                 "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
             },
+            # Pods share one network here: the operator's pod-local /metrics (metrics.bindAddress
+            # 127.0.0.1) listens on its pod IP instead, so replicas and test beds never collide.
+            {
+                "name": "TRTFORGE_OPERATOR_METRICS_BIND_ADDRESS",
+                "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+            },
             {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
             {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.apiserver.port)},
         ]
@@ -202,7 +208,6 @@ class ChartOperator:
             "store": {"pvc": {"storageClassName": "trtforge-local", "size": "1Gi"}},
             "engineBackends": {"gpu": "onnxruntime", "cpu": "onnxruntime"},  # the emulated GPUs
             "build": {"cpu": "100m", "memory": "1Gi", "retryBaseSeconds": 5, "maxConcurrentPerNamespace": 4},
-            "rbac": {"modelSecrets": {"namespaces": [self.tenant]}},
         }
         for k, val in self.extra_values.items():
             v[k] = {**v.get(k, {}), **val} if isinstance(val, dict) else val

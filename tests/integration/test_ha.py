@@ -42,7 +42,13 @@ def ha(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chart
     op = ChartOperator(
         testbed,
         tmp_path_factory.mktemp("ha"),
-        values={"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}},
+        values={
+            "metrics": {
+                "bindAddress": "0.0.0.0",  # a ServiceMonitor scrapes over the pod network
+                "serviceMonitor": {"enabled": True},
+                "prometheusRule": {"enabled": True},
+            }
+        },
     )
     try:
         op.install()

@@ -66,12 +66,29 @@ def test_helm_template_renders_each_ci_values_file(values: Path) -> None:
         ({"broker": {"replicas": 1}}, "/broker/replicas"),
         ({"broker": {"replicas": 3, "podDisruptionBudget": {"minAvailable": 3}}}, "minAvailable (3)"),
         ({"broker": {"antiAffinity": "required"}}, "antiAffinity"),
+        ({"metrics": {"bindAddress": "10.0.0.7"}}, "/metrics/bindAddress"),
+        ({"metrics": {"serviceMonitor": {"enabled": True}}}, "metrics.bindAddress is 127.0.0.1"),
     ],
 )
 def test_helm_refuses_bad_values_naming_the_field(values: dict[str, Any], needle: str) -> None:
     _, r = render("bad", "trtforge-system", values, check=False)
     assert r.returncode != 0, f"{values} was rendered"
     assert needle in r.stderr, r.stderr
+
+
+def test_metrics_listen_inside_the_pod_unless_opened() -> None:
+    """The operator's /metrics names every tenant's objects and has no authentication: by default the
+    config the chart writes makes it listen on 127.0.0.1; metrics.bindAddress 0.0.0.0 opens it."""
+    from trtforge_operator.config import OperatorConfig
+
+    def cfg(values: dict[str, Any] | None) -> OperatorConfig:
+        docs, _ = render("m", "trtforge-system", values)
+        (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+        return OperatorConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))
+
+    assert cfg(None).metrics_address() == "127.0.0.1"
+    opened = cfg({"metrics": {"bindAddress": "0.0.0.0", "serviceMonitor": {"enabled": True}}})
+    assert opened.metrics_address() == "0.0.0.0"
 
 
 def _pdbs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

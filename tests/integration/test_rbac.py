@@ -1,22 +1,20 @@
 """The chart's RBAC on a real API server (the test bed), checked with real authorization requests.
 
-The chart's RBAC templates are static YAML apart from names, so they are applied here with the names
-substituted textually (tests/unit/test_chart_helpers.substitute_static): what is tested is exactly
-what the chart ships. Every check goes through the API server's RBAC authorizer: `kubectl auth can-i`
-with impersonation (a SelfSubjectAccessReview as that user), a SubjectAccessReview, or a real create
-or get as that user, which must be refused with 403.
+The chart's ServiceAccounts and RBAC objects are applied as `helm template` renders them
+(tests/integration/chart_release.chart_rbac): what is tested is exactly what the chart ships, in the
+default all-namespaces mode and with `operator.watchNamespaces` set. Every check goes through the
+API server's RBAC authorizer: `kubectl auth can-i` with impersonation (a SelfSubjectAccessReview as
+that user), a SubjectAccessReview, or a real create or get as that user, which must be refused with 403.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import secrets
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -25,29 +23,11 @@ from kubernetes import client
 from trtforge_dev.testbed.handle import TestBed
 from trtforge_dev.testbed.wait import wait_for
 
-from tests.integration.chart_release import delete_chart_cluster_rbac
+from tests.integration.chart_release import apply_chart_rbac, delete_chart_cluster_rbac
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATES = REPO / "charts" / "trtforge" / "templates"
-STATIC_RBAC = [
-    "rbac-operator.yaml",
-    "rbac-build.yaml",
-    "rbac-tenant.yaml",
-    "rbac-model-secrets.yaml",
-    "rbac-broker.yaml",
-]
-
-
-def _helpers() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "test_chart_helpers", REPO / "tests/unit/test_chart_helpers.py"
-    )
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @dataclass
@@ -67,18 +47,6 @@ class Release:
     def broker(self) -> str:
         """The engine broker's own ServiceAccount (rbac-broker.yaml)."""
         return f"system:serviceaccount:{self.namespace}:{self.fullname}-broker"
-
-
-def _names(fullname: str, namespace: str) -> dict[str, str]:
-    return {
-        '{{ include "trtforge.fullname" . }}': fullname,
-        '{{ include "trtforge.serviceAccountName" . }}': fullname,
-        '{{ include "trtforge.buildNamespace" . }}': namespace,
-        "{{ .Release.Namespace }}": namespace,
-        '{{- include "trtforge.labels" . | nindent 4 }}': f"app.kubernetes.io/instance: {fullname}",
-        '{{ include "trtforge.brokerName" . }}': f"{fullname}-broker",
-        '{{- include "trtforge.brokerLabels" . | nindent 4 }}': f"app.kubernetes.io/instance: {fullname}",
-    }
 
 
 def _apply(tb: TestBed, obj: dict[str, Any] | str, *args: str) -> None:
@@ -105,19 +73,7 @@ def release(testbed: TestBed) -> Iterator[Release]:
         (REPO / "charts" / "trtforge" / "crds").glob("*.yaml")
     ):  # the CEL rules need --validate=false on 1.20
         testbed.kubectl("apply", "--validate=false", "-f", str(path))
-    helpers = _helpers()
-    names = _names(rel.fullname, rel.namespace)
-    for name in STATIC_RBAC:
-        _apply(testbed, helpers.substitute_static((TEMPLATES / name).read_text(), names))
-    # The chart's ServiceAccount (serviceaccount.yaml, values: create=true, no annotations).
-    _apply(
-        testbed,
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": {"name": rel.fullname, "namespace": rel.namespace},
-        },
-    )
+    apply_chart_rbac(testbed, rel.fullname, rel.namespace)  # the default: every namespace
     # The store credentials (store.yaml with store.type=s3), in the release/build namespace.
     _apply(
         testbed,
@@ -350,7 +306,6 @@ def test_operator_has_what_the_lifecycle_needs(testbed: TestBed, release: Releas
         ("patch", "inferencedeployments.trtforge.io", tenant, "status"),
         ("update", "trtengines.trtforge.io", tenant, "finalizers"),
         ("create", "deployments.apps", tenant, None),
-        ("patch", "deployments.apps", tenant, None),
         ("delete", "deployments.apps", tenant, None),
         ("create", "services", tenant, None),
         ("delete", "pods", tenant, None),
@@ -360,8 +315,6 @@ def test_operator_has_what_the_lifecycle_needs(testbed: TestBed, release: Releas
         ("list", "customresourcedefinitions.apiextensions.k8s.io", None, None),
         ("create", "jobs.batch", sysns, None),
         ("delete", "jobs.batch", sysns, None),
-        ("get", "pods", sysns, "log"),
-        ("create", "secrets", sysns, None),
     ]
     for verb, res, ns, sub in allowed:
         assert can_i(testbed, op, verb, res, ns, sub), (
@@ -386,39 +339,37 @@ def test_operator_is_denied_what_it_does_not_need(testbed: TestBed, release: Rel
         ("create", "pods/exec", tenant),
         ("create", "persistentvolumeclaims", tenant),
         ("create", "tokenreviews.authentication.k8s.io", None),  # the broker checks tokens, apart
+        ("get", "pods/log", release.namespace),  # build results come in the termination message
+        ("get", "persistentvolumeclaims", release.namespace),  # a Job mounts the store, the kubelet reads it
+        ("list", "replicasets.apps", tenant),
+        ("patch", "deployments.apps", tenant),  # replaced whole when their spec hash changes
     ]
     for verb, res, ns in denied:
         assert not can_i(testbed, op, verb, res, ns), f"operator may {verb} {res} in {ns or 'all namespaces'}"
 
 
-def test_operator_model_secrets_only_where_granted(testbed: TestBed, release: Release) -> None:
-    op = release.operator
-    assert not sar(testbed, op, "get", "", "secrets", release.tenant, "model-credentials")
-    # What rbac.modelSecrets.namespaces=[tenant] renders (rbac-model-secrets-bindings.yaml).
-    _apply(
-        testbed,
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": f"{release.fullname}-model-secrets", "namespace": release.tenant},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": f"{release.fullname}-model-secrets",
-            },
-            "subjects": [
-                {"kind": "ServiceAccount", "name": release.fullname, "namespace": release.namespace}
-            ],
-        },
+SECRET_VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")
+
+
+def assert_no_secrets(tb: TestBed, user: str, namespaces: list[str]) -> None:
+    """`user` can do nothing with Secrets in `namespaces`, nor cluster-wide, by name or not."""
+    for ns in namespaces:
+        for verb in SECRET_VERBS:
+            assert not can_i(tb, user, verb, "secrets", ns), f"{user} may {verb} secrets in {ns}"
+        assert not sar(tb, user, "get", "", "secrets", ns, "model-credentials")
+    for verb in ("get", "list", "watch"):
+        assert not can_i(tb, user, verb, "secrets"), f"{user} may {verb} secrets in all namespaces"
+
+
+def test_operator_touches_no_secret_anywhere(testbed: TestBed, release: Release) -> None:
+    """Verify Jobs read a model's Secret in the TRTEngine's namespace, builds read the broker-verified
+    copy, and the store's credentials reach pods as volumes: the operator needs no Secret, in the build
+    namespace (where the store credentials live) or any other."""
+    assert_no_secrets(testbed, release.operator, [release.namespace, release.tenant, release.other])
+    r = as_user(
+        testbed, release.operator, "-n", release.namespace, "get", "secret", f"{release.fullname}-store-s3"
     )
-    wait_for(
-        lambda: sar(testbed, op, "get", "", "secrets", release.tenant, "model-credentials"),
-        timeout=30,
-        desc="the model-secrets RoleBinding to take effect",
-    )
-    assert not sar(testbed, op, "list", "", "secrets", release.tenant)
-    assert not sar(testbed, op, "watch", "", "secrets", release.tenant)
-    assert not sar(testbed, op, "get", "", "secrets", release.other, "model-credentials")
+    assert _forbidden(r), r.stdout + r.stderr
 
 
 def test_operator_really_creates_a_build_job_and_no_tokenreview(testbed: TestBed, release: Release) -> None:
@@ -477,6 +428,115 @@ def test_operator_really_creates_a_build_job_and_no_tokenreview(testbed: TestBed
         "x=y",
     )
     assert _forbidden(r), "the operator may not change Jobs outside the build namespace"
+
+
+# --- the operator watching some namespaces only (operator.watchNamespaces) -------------------------------
+
+
+@pytest.fixture(scope="module")
+def watched(testbed: TestBed) -> Iterator[Release]:
+    """The chart with `operator.watchNamespaces: [tenant]`: `other` is a namespace it does not watch."""
+    tag = secrets.token_hex(3)
+    rel = Release(
+        fullname=f"trtforge-{tag}",
+        namespace=f"trtforge-sys-{tag}",
+        tenant=f"team-a-{tag}",
+        other=f"team-b-{tag}",
+    )
+    for ns in (rel.namespace, rel.tenant, rel.other):
+        _create_namespace(testbed, ns)
+    apply_chart_rbac(testbed, rel.fullname, rel.namespace, {"operator": {"watchNamespaces": [rel.tenant]}})
+    try:
+        yield rel
+    finally:
+        delete_chart_cluster_rbac(testbed, rel.fullname)
+        for ns in (rel.namespace, rel.tenant, rel.other):
+            testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+# What the operator must never do outside the namespaces it watches and the build namespace.
+OUTSIDE_DENIED = [
+    ("create", "jobs.batch"),
+    ("delete", "jobs.batch"),
+    ("list", "jobs.batch"),
+    ("watch", "jobs.batch"),
+    ("delete", "pods"),
+    ("list", "pods"),
+    ("create", "deployments.apps"),
+    ("patch", "deployments.apps"),
+    ("update", "deployments.apps"),
+    ("delete", "deployments.apps"),
+    ("list", "deployments.apps"),
+    ("create", "services"),
+    ("delete", "services"),
+    ("patch", "trtengines.trtforge.io"),
+    ("list", "inferencedeployments.trtforge.io"),
+    ("create", "events"),
+]
+
+
+def test_watching_namespaces_the_operator_acts_there_and_in_the_build_namespace(
+    testbed: TestBed, watched: Release
+) -> None:
+    op, tenant, sysns = watched.operator, watched.tenant, watched.namespace
+    allowed = [
+        ("list", "trtengines.trtforge.io", tenant, None),
+        ("watch", "inferencedeployments.trtforge.io", tenant, None),
+        ("patch", "trtengines.trtforge.io", tenant, "status"),
+        ("update", "inferencedeployments.trtforge.io", tenant, "finalizers"),
+        ("create", "deployments.apps", tenant, None),
+        ("delete", "deployments.apps", tenant, None),
+        ("create", "services", tenant, None),
+        ("create", "jobs.batch", tenant, None),  # verify Jobs
+        ("delete", "pods", tenant, None),  # the fault loop
+        ("create", "events", tenant, None),
+        ("create", "jobs.batch", sysns, None),  # build Jobs
+        ("patch", "jobs.batch", sysns, None),
+        ("watch", "trtengines.trtforge.io", sysns, None),  # kopf watches the build namespace too
+        ("watch", "deployments.apps", sysns, None),
+        # cluster-scoped by nature
+        ("list", "nodes", None, None),
+        ("watch", "namespaces", None, None),
+        ("list", "customresourcedefinitions.apiextensions.k8s.io", None, None),
+    ]
+    for verb, res, ns, sub in allowed:
+        assert can_i(testbed, op, verb, res, ns, sub), (
+            f"operator cannot {verb} {res} {sub or ''} in {ns or 'all'}"
+        )
+
+
+def test_watching_namespaces_no_jobs_pod_deletion_or_deployments_elsewhere(
+    testbed: TestBed, watched: Release
+) -> None:
+    """Not in kube-system, not in a namespace it does not watch, not cluster-wide."""
+    op = watched.operator
+    for ns in ("kube-system", watched.other, None):
+        for verb, res in OUTSIDE_DENIED:
+            assert not can_i(testbed, op, verb, res, ns), (
+                f"operator may {verb} {res} in {ns or 'all namespaces'}"
+            )
+    # Real requests, refused by the authorizer.
+    for ns in ("kube-system", watched.other):
+        job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "rbac-probe", "namespace": ns},
+            "spec": {
+                "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}
+            },
+        }
+        r = as_user(testbed, op, "create", "-f", "-", input=json.dumps(job))
+        assert _forbidden(r), r.stdout + r.stderr
+        r = as_user(testbed, op, "-n", ns, "get", "deployments")
+        assert _forbidden(r), r.stdout + r.stderr
+        r = as_user(testbed, op, "-n", ns, "delete", "pod", "anything")
+        assert _forbidden(r), r.stdout + r.stderr
+
+
+def test_watching_namespaces_no_secrets(testbed: TestBed, watched: Release) -> None:
+    assert_no_secrets(
+        testbed, watched.operator, [watched.namespace, watched.tenant, watched.other, "kube-system"]
+    )
 
 
 # --- the engine broker (its own ServiceAccount) -------------------------------------------------------

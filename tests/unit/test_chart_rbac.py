@@ -7,13 +7,20 @@ from typing import Any
 
 import pytest
 import yaml
-from test_chart_helpers import FULLNAME, RELEASE_NAMESPACE, REPO, TEMPLATES, skeleton, substitute_static
+from test_chart_helpers import (
+    FULLNAME,
+    PLACEHOLDER,
+    RELEASE_NAMESPACE,
+    REPO,
+    TEMPLATES,
+    skeleton,
+    substitute_static,
+)
 
 STATIC_RBAC = [
     "rbac-operator.yaml",
     "rbac-build.yaml",
     "rbac-tenant.yaml",
-    "rbac-model-secrets.yaml",
     "rbac-leader-election.yaml",
     "rbac-broker.yaml",
 ]
@@ -47,7 +54,7 @@ def _grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
 
 def test_every_rbac_template_is_covered() -> None:
     rbac = {p.name for p in TEMPLATES.glob("rbac-*.yaml")}
-    assert rbac == {*STATIC_RBAC, "rbac-model-secrets-bindings.yaml"}
+    assert rbac == {*STATIC_RBAC, "rbac-operator-bindings.yaml"}
 
 
 @pytest.mark.parametrize("name", STATIC_RBAC)
@@ -71,35 +78,42 @@ def test_no_wildcards_and_verbs_listed() -> None:
             assert "nonResourceURLs" not in rule, where
 
 
-def test_secrets_only_in_build_namespace_and_model_secrets_get() -> None:
+def test_no_role_touches_secrets() -> None:
+    """Nothing the chart's roles grant reads or writes a Secret: verify Jobs read a model's Secret in the
+    TRTEngine's namespace with that namespace's rights, builds read the broker-verified copy, and the
+    store's credentials reach pods as volumes the kubelet mounts."""
     for role in _roles():
-        secret_verbs = {v for g, r, v in _grants(role) if g == "" and r == "secrets"}
-        name = role["metadata"]["name"]
-        if name == f"{FULLNAME}-build":
-            assert role["kind"] == "Role" and role["metadata"]["namespace"] == RELEASE_NAMESPACE
-        elif name == f"{FULLNAME}-model-secrets":
-            assert secret_verbs == {"get"}, "model secrets: get by name only, never list or watch"
-        else:
-            assert not secret_verbs, f"{name} may not touch Secrets"
+        assert not {v for g, r, v in _grants(role) if g == "" and r == "secrets"}, role["metadata"]["name"]
 
 
-def test_operator_cluster_role_is_cluster_wide_only_where_needed() -> None:
+def test_operator_cluster_role_is_only_what_is_cluster_scoped() -> None:
+    """What must span namespaces whatever operator.watchNamespaces says: kopf's CRD discovery, the
+    namespaces' cache-group labels (cache.sharing), GPU nodes. Read only."""
     role = _role(f"{FULLNAME}-operator")
     assert role["kind"] == "ClusterRole"
-    resources = {(g, r) for g, r, _ in _grants(role)}
-    # Build-namespace things are never granted cluster-wide.
-    for g, r in [("", "persistentvolumeclaims"), ("", "secrets"), ("", "configmaps")]:
-        assert (g, r) not in resources, f"{g}/{r} belongs in the build namespace's Role"
+    assert _grants(role) == {
+        (g, r, v)
+        for g, r in [("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces"), ("", "nodes")]
+        for v in ("get", "list", "watch")
+    }
+
+
+def test_operator_watched_role_is_what_it_does_in_a_namespace() -> None:
+    role = _role(f"{FULLNAME}-operator-watched")
+    assert role["kind"] == "ClusterRole"  # bound per namespace, or cluster-wide (rbac-operator-bindings.yaml)
     grants = _grants(role)
-    job_verbs = {v for g, r, v in grants if (g, r) == ("batch", "jobs")}
-    # create/delete cluster-wide: verify Jobs run in the tenant's namespace (proof of possession);
-    # build Jobs are annotated only in the build namespace.
-    assert job_verbs == {"get", "list", "watch", "create", "delete"}
-    assert ("", "nodes", "get") in grants and not {v for g, r, v in grants if r == "nodes"} - {
+    resources = {(g, r) for g, r, _ in grants}
+    for g, r in [("", "persistentvolumeclaims"), ("", "secrets"), ("", "configmaps"), ("", "nodes")]:
+        assert (g, r) not in resources, f"{g}/{r} is not granted per watched namespace"
+    # create/delete: verify Jobs run in the tenant's namespace (proof of possession); build Jobs are
+    # annotated only in the build namespace.
+    assert {v for g, r, v in grants if (g, r) == ("batch", "jobs")} == {
         "get",
         "list",
         "watch",
-    }, "nodes: read only"
+        "create",
+        "delete",
+    }
     assert ("authentication.k8s.io", "tokenreviews", "create") not in grants, "the broker checks tokens"
     assert ("", "events", "create") in grants
     assert ("", "pods", "create") not in grants, "the operator moves pods by deleting them, never makes one"
@@ -132,7 +146,9 @@ def test_build_role_is_namespaced_in_the_build_namespace() -> None:
     assert ("batch", "jobs", "create") in grants
     assert ("batch", "jobs", "delete") in grants
     assert ("batch", "jobs", "patch") in grants
-    assert ("", "pods", "get") in grants
+    assert ("", "pods", "watch") in grants
+    assert ("", "pods/log", "get") not in grants, "build results come in the termination message"
+    assert not {r for _, r, _ in grants} & {"persistentvolumeclaims", "secrets"}, "a Job mounts them, not us"
     (binding,) = [d for d in _docs("rbac-build.yaml") if d["kind"] == "RoleBinding"]
     assert binding["metadata"]["namespace"] == RELEASE_NAMESPACE
     assert binding["subjects"] == [
@@ -183,15 +199,23 @@ def test_broker_role_is_token_reviews_and_listing_references_only() -> None:
     }
 
 
-def test_model_secret_bindings_are_per_namespace_unless_asked() -> None:
-    path: Path = TEMPLATES / "rbac-model-secrets-bindings.yaml"
+def test_operator_watched_role_is_bound_per_namespace_when_namespaces_are_watched() -> None:
+    """Both branches name the -operator-watched ClusterRole and the chart's ServiceAccount; the
+    rendered result in each mode is checked with Helm (tests/integration/test_chart_rbac_docs.py)."""
+    path: Path = TEMPLATES / "rbac-operator-bindings.yaml"
     docs = skeleton(path.read_text())
-    assert {d["kind"] for d in docs} == {"ClusterRoleBinding", "RoleBinding"}
+    assert sorted(d["kind"] for d in docs) == ["ClusterRoleBinding", "RoleBinding"]
     for d in docs:
-        assert d["roleRef"]["kind"] == "ClusterRole"
+        assert d["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": f"{PLACEHOLDER}-operator-watched",
+        }
+        (subject,) = d["subjects"]
+        assert subject["kind"] == "ServiceAccount"
     text = path.read_text()
-    assert "{{- if .Values.rbac.modelSecrets.allNamespaces }}" in text
-    assert "{{- range .Values.rbac.modelSecrets.namespaces }}" in text
+    assert "{{- if not .Values.operator.watchNamespaces }}" in text
+    assert '(append .Values.operator.watchNamespaces (include "trtforge.buildNamespace" .)) | uniq' in text
 
 
 def test_leases_only_in_the_release_namespace_and_only_ours() -> None:

@@ -68,3 +68,25 @@ def test_the_broker_listens_on_the_bind_address_unless_told_otherwise(tmp_path: 
     assert pod.broker.host == "127.3.0.7"
     explicit = OperatorConfig.model_validate({"bind_address": "127.3.0.7", "broker": {"host": "127.0.0.1"}})
     assert explicit.with_broker_on_bind_address().broker.host == "127.0.0.1"
+
+
+def test_metrics_listen_where_told_or_where_healthz_does() -> None:
+    """`metrics_bind_address` 0.0.0.0 follows bind_address (a pod IP where pods share one network); one
+    address, such as the chart's default 127.0.0.1, is used as is, from the file or the environment."""
+    from trtforge_operator.config import OperatorConfig
+
+    assert OperatorConfig().metrics_address() == "0.0.0.0"
+    assert OperatorConfig(bind_address="127.3.0.7").metrics_address() == "127.3.0.7"
+    local = OperatorConfig(bind_address="127.3.0.7", metrics_bind_address="127.0.0.1")
+    assert local.metrics_address() == "127.0.0.1"
+    env = {"TRTFORGE_OPERATOR_METRICS_BIND_ADDRESS": "127.3.0.9"}
+    assert load_config(None, env=env).metrics_address() == "127.3.0.9"
+
+
+def test_watched_namespaces_add_the_build_namespace_or_are_every_namespace() -> None:
+    """What kopf watches, and where the chart binds the operator's namespaced rights."""
+    from trtforge_operator.config import OperatorConfig
+
+    assert OperatorConfig().watched_namespaces() == []
+    cfg = OperatorConfig(namespaces=["team-b", "team-a"], build_namespace="trtforge-system")
+    assert cfg.watched_namespaces() == ["team-a", "team-b", "trtforge-system"]

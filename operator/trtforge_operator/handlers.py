@@ -53,7 +53,6 @@ from trtforge_operator.labels import (
     GROUP,
     INFERENCEDEPLOYMENTS,
     LABEL_INFERENCEDEPLOYMENT,
-    LABEL_REQUESTER_NAMESPACE,
     MANAGED_BY,
     TRTENGINES,
     VERSION,
@@ -112,7 +111,11 @@ class State:
         return self.node_views
 
     def __post_init__(self) -> None:
-        self.slots = BuildSlots(self.cfg.build.max_concurrent, self.cfg.build.max_concurrent_per_namespace)
+        self.slots = BuildSlots(
+            self.cfg.build.max_concurrent,
+            self.cfg.build.max_concurrent_per_namespace,
+            self.cfg.build_namespace,
+        )
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -677,12 +680,16 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
             ns, _, n = j.annotations.get(ANNOTATION_CREATED_FOR, "").partition("/")
             state.queue.fire(Kind.TRTENGINE, ns, n)
             return
+        if j.namespace != cfg.build_namespace:
+            # Our build Jobs live in the build namespace only. A Job elsewhere wearing our labels was
+            # made by someone else: it holds no slot and names no requester (docs/security.md).
+            return
         created_here = state.slots.awaiting_event(j.name)  # before observe() clears it
         held = state.slots.held
         if kw.get("type") == "DELETED":
             state.slots.forget(j.name)
         else:
-            state.slots.observe(j, j.labels.get(LABEL_REQUESTER_NAMESPACE, ""))
+            state.slots.observe(j)
         state.metrics.builds_running.set(state.slots.running)
         if state.slots.held < held:
             state.queue.fire_waiting_for_slot()

@@ -418,3 +418,15 @@ def test_kopfs_finalizer_patch_is_no_news_to_an_engine_but_spec_annotations_stat
         assert q2.engine_changed("ns", "e", engine_projection(changed)), changed
     assert q.engine_changed("ns", "e", None), "gone is news"
     assert q.engine_changed("ns", "e", engine_projection(finalized)), "and seen again after, too"
+
+
+def test_an_inferencedeployments_recorded_faults_changing_is_news_to_its_engine() -> None:
+    """Its TRTEngine plans fault rebuilds from them (planning/rebuild.py): a change wakes it, the
+    same faults again (a status write of something else) do not, and no faults ever is never news."""
+    q = WorkQueue()
+    assert not q.infd_faults_changed("ns", "d", "null"), "no faults recorded: nothing to plan from"
+    assert q.infd_faults_changed("ns", "d", '[{"pod": "p"}]')
+    assert not q.infd_faults_changed("ns", "d", '[{"pod": "p"}]')
+    assert q.infd_faults_changed("ns", "d", '[{"pod": "p", "recoveredSeconds": 3.0}]')
+    assert q.infd_faults_changed("ns", "d", None), "gone: its rebuilds go too"
+    assert not q.infd_faults_changed("ns", "d", None)

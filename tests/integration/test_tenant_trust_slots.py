@@ -1,6 +1,7 @@
 """Nothing a tenant writes in its own namespace reaches another tenant's builds (issue 52), on the test
 bed: Jobs dressed as the operator's in a tenant namespace hold no build slot, and a rebuild annotation
-naming another tenant's engine creates nothing, while a real GPU fault still gets its rebuild.
+naming another tenant's engine creates nothing, while a real GPU fault still gets its rebuild; one
+naming the TRTEngine's own target rebuilds that engine and nothing else.
 
 Two tenant namespaces, A (the hostile one) and B, in no shared cache group: their engine keys differ.
 """
@@ -31,7 +32,7 @@ def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Oper
     e = OperatorEnv(
         testbed,
         tmp_path_factory.mktemp("trust"),
-        [f"trust-{i}-{tag}" for i in range(4)],
+        [f"trust-{i}-{tag}" for i in range(6)],
         # The limits of the issue's report: four per namespace, eight in all.
         build={"max_concurrent": 8, "max_concurrent_per_namespace": SQUATTERS},
     )
@@ -229,3 +230,28 @@ def test_a_forged_rebuild_request_for_another_tenants_engine_creates_nothing_and
     finally:
         testbed.heal(victim_node)
     assert not {j.metadata.name for j in build_jobs_for_key(env, key_b)} - jobs_b - {rb.metadata.name}
+
+
+def test_a_rebuild_annotation_naming_its_own_target_rebuilds_that_engine_only(
+    env: OperatorEnv, tenants: tuple[str, str], testbed: Any
+) -> None:
+    a, b = tenants
+    env.apply(engine("mine", model(env, f"ask-{a}")), a)
+    env.apply(engine("other", model(env, f"ask-{b}")), b)
+    (ta,) = env.wait_true("trtengines", a, "mine", timeout=240)["status"]["targets"]
+    (tb,) = env.wait_true("trtengines", b, "other", timeout=240)["status"]["targets"]
+    jobs_b = {j.metadata.name for j in build_jobs_for_key(env, tb["engineKey"])}
+    testbed.kubectl("annotate", "trte", "mine", "-n", a, f"rebuild.trtforge.io/again={ta['name']}")
+
+    def asked() -> Any:
+        new = [j for j in build_jobs_for_key(env, ta["engineKey"]) if "-rq" in (j.metadata.name or "")]
+        return new[0] if new and new[0].status.succeeded == 1 else None
+
+    rq = wait_for(asked, timeout=180, desc=f"the rebuild {a} asked for, finished")
+    ann = rq.metadata.annotations or {}
+    assert (
+        ann.get("trtforge.io/rebuild-cause") == "asked" and ann.get("trtforge.io/created-for") == f"{a}/mine"
+    )
+    assert rq.spec.template.spec.affinity is None, "no node is avoided: the operator observed no fault"
+    assert condition(env.get("trtengines", a, "mine"), "RebuildRequests") is None, "nothing refused"
+    assert {j.metadata.name for j in build_jobs_for_key(env, tb["engineKey"])} == jobs_b

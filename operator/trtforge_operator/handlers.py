@@ -87,8 +87,8 @@ log = logging.getLogger(__name__)
 MANAGED = {APP_MANAGED_BY: MANAGED_BY}
 DEBOUNCE_S = 0.2
 V = TypeVar("V")
-INFD_FAULTS_IDX = job_cleanup.INFD_FAULTS_IDX
 S = TypeVar("S", TRTEngineStatus, InferenceDeploymentStatus)
+INFD_FAULTS_IDX = job_cleanup.INFD_FAULTS_IDX
 
 
 @dataclasses.dataclass
@@ -780,7 +780,7 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
             state.queue.fire(Kind.TRTENGINE, namespace, str(ref))
         if not gone and state.statuses.echoes(Kind.INFERENCEDEPLOYMENT, kw["body"]):
             return  # our own status write coming back
-        if kw.get("type") != "DELETED":
+        if not gone:
             state.queue.set_engine_ref(namespace, name, str(ref) if ref else None)
         state.queue.fire(Kind.INFERENCEDEPLOYMENT, namespace, name)
 

@@ -20,7 +20,6 @@ a fault rebuild back (planning/engine.py).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,11 +66,6 @@ class RebuildRequest(BaseModel):
         return children.job_name(
             self.engine_key[:20], rebuild_of=self.fault, asked=self.cause is RebuildCause.ASKED
         )
-
-    def annotation(self) -> str:
-        """The annotation under which earlier versions recorded this request (cleaned up, never read)."""
-        digest = hashlib.sha256(f"{self.requester}\n{self.fault}".encode()).hexdigest()[:16]
-        return REBUILD_PREFIX + digest
 
 
 @dataclass(frozen=True)

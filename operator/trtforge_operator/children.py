@@ -27,6 +27,7 @@ from trtforge_operator.labels import (
     ANNOTATION_ENGINE_KEY,
     ANNOTATION_ENGINE_SHA256,
     ANNOTATION_FAULT,
+    ANNOTATION_REBUILD_CAUSE,
     ANNOTATION_REQUEST_DIGEST,
     ANNOTATION_SOURCE_FINGERPRINT,
     ANNOTATION_SPEC_HASH,
@@ -76,10 +77,11 @@ def build_id(engine_key: str | None, request_digest: str) -> str:
     return (engine_key or request_digest)[:20]
 
 
-def job_name(bid: str, attempt: int = 1, rebuild_of: str | None = None) -> str:
-    """`trtforge-build-<id>`; later attempts get `-a<n>`, fault rebuilds `-rb<fault hash>`."""
+def job_name(bid: str, attempt: int = 1, rebuild_of: str | None = None, *, asked: bool = False) -> str:
+    """`trtforge-build-<id>`; later attempts get `-a<n>`, fault rebuilds `-rb<fault hash>`, rebuilds a
+    tenant asked for `-rq<ask hash>` (never the name of a fault rebuild, whatever the ask says)."""
     if rebuild_of:
-        return f"{JOB_PREFIX}{bid}-rb{rebuild_of[:8]}"
+        return f"{JOB_PREFIX}{bid}-{'rq' if asked else 'rb'}{rebuild_of[:8]}"
     return f"{JOB_PREFIX}{bid}" if attempt <= 1 else f"{JOB_PREFIX}{bid}-a{attempt}"
 
 
@@ -191,6 +193,7 @@ class BuildRequest:
     atol: float | None = None
     attempt: int = 1
     rebuild_of: str | None = None  # a fault id: a fresh rebuild that must not trust the stored artifact
+    rebuild_asked: bool = False  # a rebuild its TRTEngine's annotation asked for, not a fault's
     avoid_nodes: tuple[str, ...] = ()
     backend: str = "auto"  # the backend the key was computed for
     # The model comes from the store's staging area (models/<model_sha256>/), put there by the broker
@@ -204,7 +207,7 @@ class BuildRequest:
 
     @property
     def job_name(self) -> str:
-        return job_name(self.build_id, self.attempt, self.rebuild_of)
+        return job_name(self.build_id, self.attempt, self.rebuild_of, asked=self.rebuild_asked)
 
 
 def builder_args(req: BuildRequest, store_uri: str) -> list[str]:
@@ -266,6 +269,7 @@ def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
     }
     if req.rebuild_of:
         annotations[ANNOTATION_FAULT] = req.rebuild_of
+        annotations[ANNOTATION_REBUILD_CAUSE] = "asked" if req.rebuild_asked else "fault"
     volumes: list[dict[str, Any]] = [{"name": "scratch", "emptyDir": {"sizeLimit": cfg.build.scratch_size}}]
     mounts: list[dict[str, Any]] = [{"name": "scratch", "mountPath": "/tmp"}]
     env = [

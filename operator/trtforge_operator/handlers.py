@@ -53,7 +53,6 @@ from trtforge_operator.labels import (
     GROUP,
     INFERENCEDEPLOYMENTS,
     LABEL_INFERENCEDEPLOYMENT,
-    LABEL_REQUESTER_NAMESPACE,
     MANAGED_BY,
     TRTENGINES,
     VERSION,
@@ -71,7 +70,7 @@ from trtforge_operator.planning.engine import model_source_problem, plan_engine
 from trtforge_operator.planning.engine_conditions import EngineReason, invalid_spec_status
 from trtforge_operator.planning.events import Event
 from trtforge_operator.planning.observed_engine import Capacity, EngineObserved
-from trtforge_operator.planning.rebuild import annotation_patch, rebuild_job, requests_on
+from trtforge_operator.planning.rebuild import ObservedFaults, legacy_cleanup_patch, parse_observed
 from trtforge_operator.planning.text import one_line
 from trtforge_operator.status_cache import StatusCache, resource_version
 from trtforge_operator.store_reader import StoreReader
@@ -89,6 +88,7 @@ MANAGED = {APP_MANAGED_BY: MANAGED_BY}
 DEBOUNCE_S = 0.2
 V = TypeVar("V")
 S = TypeVar("S", TRTEngineStatus, InferenceDeploymentStatus)
+INFD_FAULTS_IDX = job_cleanup.INFD_FAULTS_IDX
 
 
 @dataclasses.dataclass
@@ -112,7 +112,11 @@ class State:
         return self.node_views
 
     def __post_init__(self) -> None:
-        self.slots = BuildSlots(self.cfg.build.max_concurrent, self.cfg.build.max_concurrent_per_namespace)
+        self.slots = BuildSlots(
+            self.cfg.build.max_concurrent,
+            self.cfg.build.max_concurrent_per_namespace,
+            self.cfg.build_namespace,
+        )
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -268,6 +272,12 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
         if isinstance(p, PodView) and p.unschedulable and p.phase == "Pending"
     }
 
+    # The faults this namespace's InferenceDeployments recorded for this engine (their status: the
+    # operator's own record, never a tenant's annotation).
+    observed_faults = [
+        o for o in list(indices[INFD_FAULTS_IDX].get((ns, name), ())) if isinstance(o, ObservedFaults)
+    ]
+
     def observe(capacity: Capacity) -> EngineObserved:
         return EngineObserved(
             namespace=ns,
@@ -282,11 +292,8 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
             capacity=capacity,
             now=time.time(),
             unschedulable=unschedulable,
-            rebuild_jobs=[
-                job
-                for r in requests_on(meta.get("annotations") or {})
-                if (job := rebuild_job(obj, nodes, state.cfg, r, cache_scope=cache_scope)) is not None
-            ],
+            observed_faults=observed_faults,
+            annotations=dict(meta.get("annotations") or {}),
             uid=meta.get("uid", ""),
             possession=possession,
             verify_jobs=verify_jobs,
@@ -447,8 +454,9 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     for p in plan.delete_pods:
         await state.kube.delete("Pod", ns, p)
     if engine is not None:
-        # Rebuilds are asked of the TRTEngine, which owns every build Job (planning/rebuild.py).
-        patch = annotation_patch(f"{ns}/{name}", plan.rebuild_requests, engine.metadata.annotations)
+        # The TRTEngine creates the rebuilds from this status (planning/rebuild.py); requests an
+        # earlier version recorded on it as annotations go.
+        patch = legacy_cleanup_patch(f"{ns}/{name}", engine.metadata.annotations)
         if patch:
             await state.kube.annotate("TRTEngine", ns, engine_name, patch)
     known = {(f.pod, f.time) for f in old_status.faults}
@@ -657,6 +665,14 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         body, namespace, labels = kw["body"], kw["namespace"], kw["labels"]
         return {(namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, "")): DeploymentView.from_k8s(body)}
 
+    @kopf.index(GROUP, VERSION, INFERENCEDEPLOYMENTS, id=INFD_FAULTS_IDX, registry=registry)
+    def _infd_faults_idx(**kw: Any) -> Any:
+        """The faults an InferenceDeployment's status records, by the engine it serves (same namespace)."""
+        namespace, name, body = kw["namespace"], kw["name"], kw["body"]
+        ref = ((body.get("spec") or {}).get("engineRef") or {}).get("name")
+        observed = parse_observed(f"{namespace}/{name}", _plain(body.get("status") or {}))
+        return {(namespace, str(ref)): observed} if ref and observed is not None else None
+
     @kopf.index(GROUP, VERSION, TRTENGINES, id="trte_idx", registry=registry)
     def _trte_idx(**kw: Any) -> Any:
         body, namespace, name = kw["body"], kw["namespace"], kw["name"]
@@ -677,12 +693,16 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
             ns, _, n = j.annotations.get(ANNOTATION_CREATED_FOR, "").partition("/")
             state.queue.fire(Kind.TRTENGINE, ns, n)
             return
+        if j.namespace != cfg.build_namespace:
+            # Our build Jobs live in the build namespace only. A Job elsewhere wearing our labels was
+            # made by someone else: it holds no slot and names no requester (docs/security.md).
+            return
         created_here = state.slots.awaiting_event(j.name)  # before observe() clears it
         held = state.slots.held
         if kw.get("type") == "DELETED":
             state.slots.forget(j.name)
         else:
-            state.slots.observe(j, j.labels.get(LABEL_REQUESTER_NAMESPACE, ""))
+            state.slots.observe(j)
         state.metrics.builds_running.set(state.slots.running)
         if state.slots.held < held:
             state.queue.fire_waiting_for_slot()
@@ -749,10 +769,18 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event(GROUP, VERSION, INFERENCEDEPLOYMENTS, registry=registry)
     def _infd_event(**kw: Any) -> None:
         namespace, name = kw["namespace"], kw["name"]
-        if kw.get("type") != "DELETED" and state.statuses.echoes(Kind.INFERENCEDEPLOYMENT, kw["body"]):
-            return  # our own status write coming back
         ref = ((kw["body"].get("spec") or {}).get("engineRef") or {}).get("name")
-        if kw.get("type") != "DELETED":
+        gone = kw.get("type") == "DELETED"
+        faults_seen = (
+            None if gone else json.dumps((kw["body"].get("status") or {}).get("faults"), default=str)
+        )
+        if ref and state.queue.infd_faults_changed(namespace, name, faults_seen):
+            # Its recorded faults (what the TRTEngine plans rebuilds from) changed, and the index has
+            # them already: the engine's next pass sees them.
+            state.queue.fire(Kind.TRTENGINE, namespace, str(ref))
+        if not gone and state.statuses.echoes(Kind.INFERENCEDEPLOYMENT, kw["body"]):
+            return  # our own status write coming back
+        if not gone:
             state.queue.set_engine_ref(namespace, name, str(ref) if ref else None)
         state.queue.fire(Kind.INFERENCEDEPLOYMENT, namespace, name)
 

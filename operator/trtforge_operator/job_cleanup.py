@@ -14,35 +14,41 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from trtforge_operator import children
 from trtforge_operator.api import TRTEngine
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kube import Kube
 from trtforge_operator.metrics import Metrics
 from trtforge_operator.observed import JobView
 from trtforge_operator.planning.finished_jobs import Requester, expired_jobs
-from trtforge_operator.planning.rebuild import requests_on
+from trtforge_operator.planning.rebuild import ObservedFaults, plan_rebuilds
 
 log = logging.getLogger(__name__)
-INDICES = ("jobs_idx", "trte_idx")  # the kopf indices a pass reads
+INFD_FAULTS_IDX = "infd_faults_idx"  # (namespace, engine) -> the faults its InferenceDeployments recorded
+INDICES = ("jobs_idx", "trte_idx", INFD_FAULTS_IDX)  # the kopf indices a pass reads
 
 
-def requester_lookup(trte_idx: Mapping[Any, Any]) -> Callable[[str], Requester | None]:
-    """`namespace/name` -> what that TRTEngine recorded (from the index), None when it is gone."""
+def requester_lookup(
+    trte_idx: Mapping[Any, Any], faults_idx: Mapping[Any, Any] | None = None
+) -> Callable[[str], Requester | None]:
+    """`namespace/name` -> what that TRTEngine recorded (from the index), None when it is gone. Its
+    rebuild Jobs are those it still wants: its InferenceDeployments' unrecovered faults and its own
+    accepted rebuild annotations (planning/rebuild.py)."""
 
     def find(name: str) -> Requester | None:
         ns, _, n = name.partition("/")
         for e in list(trte_idx.get((ns, n), ())):
             if isinstance(e, TRTEngine):
                 gen = e.metadata.generation or 1
-                rebuilds = frozenset(
-                    children.job_name(r.engine_key[:20], rebuild_of=r.fault)
-                    for r in requests_on(e.metadata.annotations or {})
+                observed = [
+                    o for o in list((faults_idx or {}).get((ns, n), ())) if isinstance(o, ObservedFaults)
+                ]
+                wanted = plan_rebuilds(
+                    name, e.status.targets, e.metadata.annotations or {}, observed, (), 0.0, 0.0
                 )
                 return Requester(
                     targets=e.status.targets,
                     current=e.status.observed_generation == gen,
-                    rebuild_jobs=rebuilds,
+                    rebuild_jobs=frozenset(r.job_name for r in wanted.requests),
                 )
         return None
 
@@ -55,7 +61,9 @@ async def clean_once(
     """One pass: delete the expired Jobs; returns how many went."""
     jobs = [j for store in list(indices["jobs_idx"].values()) for j in list(store) if isinstance(j, JobView)]
     gone = 0
-    for j in expired_jobs(jobs, requester_lookup(indices["trte_idx"]), now, ttl_seconds):
+    for j in expired_jobs(
+        jobs, requester_lookup(indices["trte_idx"], indices.get(INFD_FAULTS_IDX)), now, ttl_seconds
+    ):
         try:
             if await kube.delete("Job", j.namespace, j.name):
                 metrics.finished_jobs_deleted.inc()

@@ -26,7 +26,7 @@ COMPONENT_VERIFIER = "verifier"  # verify Jobs in tenant namespaces (proof of po
 LABEL_BUILD_ID = "trtforge.io/build-id"  # key[:20] (pinned model) or request digest[:20]
 LABEL_BUILD_KIND = "trtforge.io/build-kind"  # build | rebuild
 LABEL_TARGET = "trtforge.io/target"  # GPUTarget.name
-LABEL_REQUESTER_NAMESPACE = "trtforge.io/requester-namespace"  # first requester, for per-namespace limits
+LABEL_REQUESTER_NAMESPACE = "trtforge.io/requester-namespace"  # first requester (selection only)
 # The engine key: on a fault rebuild Job, the engine it replaces ("" for first builds); on a runtime
 # pod template, the engine the pods serve.
 ANNOTATION_ENGINE_KEY = "trtforge.io/engine-key"
@@ -41,6 +41,8 @@ ANNOTATION_RESULT = "trtforge.io/result"  # the builder's result JSON, copied fr
 LABEL_MODEL_SOURCE = "trtforge.io/model-source"  # verify Jobs: source fingerprint[:20]
 ANNOTATION_SOURCE_FINGERPRINT = "trtforge.io/model-source-fingerprint"  # verify Jobs: the full fingerprint
 ANNOTATION_FAULT = "trtforge.io/fault"  # rebuild Jobs: the fault that asked for them
+# rebuild Jobs: "fault" (the operator saw a GPU fault) or "asked" (the TRTEngine's annotation asked)
+ANNOTATION_REBUILD_CAUSE = "trtforge.io/rebuild-cause"
 
 # Runtime Deployments, their pods and the Service (tenant namespace, owned by the InferenceDeployment).
 LABEL_INFERENCEDEPLOYMENT = "trtforge.io/inferencedeployment"

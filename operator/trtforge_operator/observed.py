@@ -28,6 +28,7 @@ from trtforge_operator.labels import (
     ANNOTATION_ATTEMPT,
     ANNOTATION_CREATED_FOR,
     ANNOTATION_ENGINE_KEY,
+    ANNOTATION_REBUILD_CAUSE,
     ANNOTATION_REQUEST_DIGEST,
     ANNOTATION_RESULT,
     LABEL_BUILD_ID,
@@ -371,6 +372,11 @@ class JobView:
     @property
     def engine_key(self) -> str:
         return self.annotations.get(ANNOTATION_ENGINE_KEY, "")
+
+    @property
+    def fault_rebuild(self) -> bool:
+        """A rebuild the operator started for a GPU fault it observed (not one a tenant asked for)."""
+        return self.kind == "rebuild" and self.annotations.get(ANNOTATION_REBUILD_CAUSE, "fault") == "fault"
 
     @property
     def created_for(self) -> str:

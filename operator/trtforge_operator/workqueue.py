@@ -75,6 +75,7 @@ class WorkQueue:
         self._jobs: dict[str, tuple[object, ...]] = {}
         self._waiting: set[tuple[str, str]] = set()  # TRTEngines a build slot refused, by (ns, name)
         self._engines: dict[tuple[str, str], tuple[object, ...]] = {}  # (ns, name) -> engine_projection
+        self._infd_faults: dict[tuple[str, str], str] = {}  # (ns, name) -> its status.faults, as JSON
 
     def get(self, kind: Kind, namespace: str, name: str) -> asyncio.Event:
         key = (kind, namespace, name)
@@ -92,6 +93,7 @@ class WorkQueue:
                 del self._by_label[(kind, namespace, dns_name(name))]
         if kind == Kind.INFERENCEDEPLOYMENT:
             self.set_engine_ref(namespace, name, None)
+            self._infd_faults.pop((namespace, name), None)
         else:
             self._waiting.discard((namespace, name))
             self._engines.pop((namespace, name), None)
@@ -106,6 +108,15 @@ class WorkQueue:
         old = self._engines.get(key)
         self._engines[key] = projection
         return old != projection
+
+    def infd_faults_changed(self, namespace: str, name: str, faults: str | None) -> bool:
+        """True when an InferenceDeployment's recorded faults (`faults`, None once it is gone) differ
+        from the last seen, and there are or were some: its TRTEngine plans rebuilds from them."""
+        key = (namespace, name)
+        old = self._infd_faults.pop(key, None) if faults is None else self._infd_faults.get(key)
+        if faults is not None:
+            self._infd_faults[key] = faults
+        return old != faults and (old not in (None, "null") or faults not in (None, "null"))
 
     def set_waiting_for_slot(self, namespace: str, engine: str, waiting: bool) -> None:
         """Record whether a TRTEngine's last pass was refused a build slot."""

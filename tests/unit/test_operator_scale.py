@@ -11,10 +11,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from pydantic import ValidationError
 from trtforge_operator.api import InferenceDeployment, InferenceDeploymentStatus
 from trtforge_operator.api.common import field_error
-from trtforge_operator.build_slots import PENDING_TTL_S, BuildSlots
+from trtforge_operator.build_slots import PENDING_TTL_S, BuildSlots, slot_namespace
 from trtforge_operator.health import health_app
 from trtforge_operator.kinds import Kind
 from trtforge_operator.labels import (
+    ANNOTATION_CREATED_FOR,
     ANNOTATION_RESULT,
     LABEL_BUILD_ID,
     LABEL_REQUESTER_NAMESPACE,
@@ -81,7 +82,7 @@ class Clock:
 
 
 def test_build_slots_admit_all_or_nothing_within_both_limits() -> None:
-    slots = BuildSlots(max_total=3, max_per_namespace=2, clock=Clock())
+    slots = BuildSlots(max_total=3, max_per_namespace=2, build_namespace="build", clock=Clock())
     assert slots.admit(["j1", "j2"], "a")
     assert not slots.admit(["j3"], "a"), "namespace a is at its limit"
     assert slots.admit(["j3"], "b")
@@ -92,15 +93,85 @@ def test_build_slots_admit_all_or_nothing_within_both_limits() -> None:
 
 def test_build_slots_follow_job_events_and_expire_unseen_reservations() -> None:
     clock = Clock()
-    slots = BuildSlots(max_total=2, max_per_namespace=2, clock=clock)
+    slots = BuildSlots(max_total=2, max_per_namespace=2, build_namespace="build", clock=clock)
     assert slots.admit(["trtforge-build-" + "a" * 20], "team-a")
-    slots.observe(job("trtforge-build-" + "a" * 20, "team-a/e"), "team-a")  # created: now running
+    slots.observe(job("trtforge-build-" + "a" * 20, "team-a/e"))  # created: now running
     assert slots.capacity("team-a").running_total == 1 and slots.running == 1
-    slots.observe(job("trtforge-build-" + "a" * 20, "team-a/e", running=False), "team-a")  # finished
+    slots.observe(job("trtforge-build-" + "a" * 20, "team-a/e", running=False))  # finished
     assert slots.capacity("team-a").running_total == 0
     assert slots.admit(["lost"], "team-a")  # created, but its event never comes
     clock.t += PENDING_TTL_S + 1
     assert slots.capacity("team-a").running_total == 0
+
+
+def any_job(
+    name: str, namespace: str, *, labels: dict[str, str] | None = None, created_for: str = ""
+) -> JobView:
+    annotations = {ANNOTATION_CREATED_FOR: created_for} if created_for else {}
+    return JobView.from_k8s(
+        {
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": labels or {},
+                "annotations": annotations,
+            },
+            "status": {"active": 1},
+        }
+    )
+
+
+SQUAT_LABELS = {
+    "app.kubernetes.io/managed-by": "trtforge-operator",
+    "app.kubernetes.io/component": "builder",
+    LABEL_REQUESTER_NAMESPACE: "team-b",
+}
+
+
+@pytest.mark.parametrize(
+    ("job_", "reserved_for", "counted_for"),
+    [
+        # Reserved by this process: the reservation's namespace, whatever the Job says.
+        (any_job("j", "build", created_for="team-b/e", labels=SQUAT_LABELS), "team-a", "team-a"),
+        # Not reserved here (a restart): the requester the operator wrote when it created it.
+        (any_job("j", "build", created_for="team-a/e", labels=SQUAT_LABELS), None, "team-a"),
+        # Neither: a slot of the total, counted against no tenant (never the requester label).
+        (any_job("j", "build", labels=SQUAT_LABELS), None, "build"),
+        (any_job("j", "build", created_for="no-slash", labels=SQUAT_LABELS), None, "build"),
+    ],
+)
+def test_a_slot_counts_against_the_namespace_the_operator_recorded(
+    job_: JobView, reserved_for: str | None, counted_for: str
+) -> None:
+    assert slot_namespace(job_, reserved_for) == counted_for
+
+
+def test_jobs_outside_the_build_namespace_hold_no_slot_whatever_their_labels_say() -> None:
+    slots = BuildSlots(max_total=8, max_per_namespace=4, build_namespace="build", clock=Clock())
+    for i in range(8):  # a tenant's own Jobs, dressed as ours and naming another tenant
+        slots.observe(any_job(f"squat-{i}", "team-a", labels=SQUAT_LABELS, created_for="team-b/e"))
+    assert slots.held == 0 and slots.running == 0
+    assert slots.capacity("team-b").running_in_namespace == 0
+    assert slots.admit(
+        ["trtforge-build-b1", "trtforge-build-b2", "trtforge-build-b3", "trtforge-build-b4"], "team-b"
+    )
+
+
+def test_build_slots_are_keyed_by_namespace_and_name() -> None:
+    """A tenant's Job named like one of ours neither frees nor takes our Job's slot."""
+    slots = BuildSlots(max_total=8, max_per_namespace=4, build_namespace="build", clock=Clock())
+    name = "trtforge-build-" + "c" * 20
+    assert slots.admit([name], "team-b")
+    slots.observe(any_job(name, "build", created_for="team-b/e"))
+    done_elsewhere = JobView.from_k8s(
+        {
+            "metadata": {"name": name, "namespace": "team-a", "labels": SQUAT_LABELS},
+            "status": {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]},
+        }
+    )
+    slots.observe(done_elsewhere)
+    assert slots.held == 1 and slots.capacity("team-b").running_in_namespace == 1
+    assert not slots.awaiting_event(name) and slots.known(name)
 
 
 # ----------------------------------------------------------------------------------- wake-ups by key
@@ -248,7 +319,7 @@ def test_a_status_write_coming_back_on_the_watch_is_recognised_as_our_own() -> N
 
 
 def test_build_slots_know_the_jobs_created_but_not_seen_yet() -> None:
-    slots = BuildSlots(8, 4)
+    slots = BuildSlots(8, 4, "build")
     assert not slots.known("trtforge-build-a")
     assert slots.admit(["trtforge-build-a"], "ns")
     assert slots.known("trtforge-build-a")  # created by us; its event has not arrived
@@ -276,12 +347,12 @@ def fresh_job(name: str, *requesters: str, active: int = 0, result: str | None =
 
 def test_our_own_job_create_coming_back_wakes_no_engine_but_any_later_change_does() -> None:
     name = "trtforge-build-" + "b" * 20
-    slots = BuildSlots(8, 8)
+    slots = BuildSlots(8, 8, "build")
     assert slots.admit([name], "team-a")
     created = fresh_job(name, "team-a/e1")
     assert slots.awaiting_event(name)
     assert own_create_echo(slots.awaiting_event(name), created)
-    slots.observe(created, "team-a")
+    slots.observe(created)
     assert not slots.awaiting_event(name), "seen once: later events are news"
     assert not own_create_echo(slots.awaiting_event(name), created)
     # Made by another operator process (or before a restart): its first event is news.
@@ -319,12 +390,12 @@ async def test_a_freed_build_slot_wakes_the_engines_that_were_refused_one_and_no
 
 
 def test_build_slots_count_what_they_hold_so_a_freed_slot_shows() -> None:
-    slots = BuildSlots(8, 8)
+    slots = BuildSlots(8, 8, "build")
     a, b = "trtforge-build-" + "a" * 20, "trtforge-build-" + "b" * 20
     assert slots.admit([a, b], "team-a") and slots.held == 2
-    slots.observe(job(a, "team-a/e1"), "team-a")
+    slots.observe(job(a, "team-a/e1"))
     assert slots.held == 2, "a reservation seen running still holds its slot"
-    slots.observe(job(a, "team-a/e1", running=False), "team-a")
+    slots.observe(job(a, "team-a/e1", running=False))
     assert slots.held == 1
     slots.forget(b)
     assert slots.held == 0
@@ -347,3 +418,15 @@ def test_kopfs_finalizer_patch_is_no_news_to_an_engine_but_spec_annotations_stat
         assert q2.engine_changed("ns", "e", engine_projection(changed)), changed
     assert q.engine_changed("ns", "e", None), "gone is news"
     assert q.engine_changed("ns", "e", engine_projection(finalized)), "and seen again after, too"
+
+
+def test_an_inferencedeployments_recorded_faults_changing_is_news_to_its_engine() -> None:
+    """Its TRTEngine plans fault rebuilds from them (planning/rebuild.py): a change wakes it, the
+    same faults again (a status write of something else) do not, and no faults ever is never news."""
+    q = WorkQueue()
+    assert not q.infd_faults_changed("ns", "d", "null"), "no faults recorded: nothing to plan from"
+    assert q.infd_faults_changed("ns", "d", '[{"pod": "p"}]')
+    assert not q.infd_faults_changed("ns", "d", '[{"pod": "p"}]')
+    assert q.infd_faults_changed("ns", "d", '[{"pod": "p", "recoveredSeconds": 3.0}]')
+    assert q.infd_faults_changed("ns", "d", None), "gone: its rebuilds go too"
+    assert not q.infd_faults_changed("ns", "d", None)

@@ -265,7 +265,14 @@ def test_gpu_fault_moves_the_pod_records_it_and_rebuilds() -> None:
     # The deployment asks its TRTEngine for the rebuild; the engine's planner makes this Job.
     (rq,) = plan.rebuild_requests
     assert (rq.requester, rq.target, rq.engine_key) == ("team-a/resnet", H100.name, KEY_H)
-    rb = rebuild_job(engine(), observed(infd(), engine(), nodes=nodes).nodes, CFG, rq)
+    rb = rebuild_job(
+        engine().spec,
+        engine().status,
+        "team-a/resnet",
+        observed(infd(), engine(), nodes=nodes).nodes,
+        CFG,
+        rq,
+    )
     assert rb is not None
     assert rb["metadata"]["labels"][LABEL_BUILD_KIND] == "rebuild"
     assert "--rebuild" in rb["spec"]["template"]["spec"]["containers"][0]["command"]
@@ -311,7 +318,9 @@ def test_a_rebuild_reads_the_verified_staged_model_not_the_tenants_secret() -> N
     pods = [pod("p-h100", "gpu-h100-0", terminated=gpu_fault())]
     plan = plan_deployment(observed(infd(), e, pods=pods), CFG)
     (rq,) = plan.rebuild_requests
-    rb = rebuild_job(e, observed(infd(), engine()).nodes, CFG, rq, cache_scope="ns:team-a")
+    rb = rebuild_job(
+        e.spec, e.status, "team-a/resnet", observed(infd(), engine()).nodes, CFG, rq, cache_scope="ns:team-a"
+    )
     assert rb is not None
     c = rb["spec"]["template"]["spec"]["containers"][0]
     assert "envFrom" not in c  # the build never holds the tenant's credentials
@@ -320,7 +329,12 @@ def test_a_rebuild_reads_the_verified_staged_model_not_the_tenants_secret() -> N
     assert cmd[cmd.index("--cache-scope") + 1] == "ns:team-a" and "--rebuild" in cmd
     # Not proven (no status.model): no rebuild of a model the namespace has not shown it holds.
     unproven = e.model_copy(update={"status": e.status.model_copy(update={"model": None})})
-    assert rebuild_job(unproven, observed(infd(), engine()).nodes, CFG, rq) is None
+    assert (
+        rebuild_job(
+            unproven.spec, unproven.status, "team-a/resnet", observed(infd(), engine()).nodes, CFG, rq
+        )
+        is None
+    )
 
 
 def test_rebuild_disabled_still_moves_the_pod() -> None:
@@ -409,24 +423,22 @@ def test_several_suspect_nodes_each_get_their_own_field_selector() -> None:
     ]
 
 
-def test_a_fault_rebuild_requested_by_an_inferencedeployment_creates_its_job_through_the_trtengine() -> None:
-    """The deployment records a request on the engine; the engine's planner creates the Job, once."""
+def test_a_fault_recorded_by_an_inferencedeployment_becomes_its_trtengines_rebuild_job() -> None:
+    """The deployment records the fault in its status; the engine's planner plans the rebuild from that
+    record (its own status's engine key, the faulty node avoided) and creates the Job, once."""
     from trtforge_operator.planning.engine import plan_engine
     from trtforge_operator.planning.observed_engine import Capacity, EngineObserved
-    from trtforge_operator.planning.rebuild import annotation_patch, requests_on
+    from trtforge_operator.planning.rebuild import ObservedFaults
 
     nodes = [gpu_node("gpu-h100-0", H100.gpu, 8, allocatable={"nvidia.com/gpu": 7}), *default_nodes()[1:]]
     pods = [pod("p-h100", "gpu-h100-0", terminated=gpu_fault())]
     obs = observed(infd(), engine(), pods=pods, nodes=nodes)
     plan = plan_deployment(obs, CFG)
     assert not hasattr(plan, "jobs_to_create"), "the deployment planner never makes build Jobs"
-    patch = annotation_patch("team-a/resnet", plan.rebuild_requests, {})
-    annotations = {k: v for k, v in patch.items() if v is not None}
-    (request,) = requests_on(annotations)
-    wanted = rebuild_job(engine(), obs.nodes, CFG, request)
-    assert wanted is not None
+    (request,) = plan.rebuild_requests
+    recorded = ObservedFaults("team-a/resnet", tuple(plan.status.faults))
 
-    def engine_pass(jobs: list[JobView]) -> list[dict[str, Any]]:
+    def engine_pass(jobs: list[JobView], observed_faults: list[ObservedFaults]) -> list[dict[str, Any]]:
         e = engine()
         eo = EngineObserved(
             namespace="team-a",
@@ -439,7 +451,7 @@ def test_a_fault_rebuild_requested_by_an_inferencedeployment_creates_its_job_thr
             manifests=lambda _key: None,
             capacity=Capacity(0, 0, 10, 10),
             now=NOW,
-            rebuild_jobs=[wanted],
+            observed_faults=observed_faults,
         )
         return [
             j
@@ -447,11 +459,14 @@ def test_a_fault_rebuild_requested_by_an_inferencedeployment_creates_its_job_thr
             if j["metadata"]["labels"][LABEL_BUILD_KIND] == "rebuild"
         ]
 
-    (created,) = engine_pass([])
-    assert created["metadata"]["name"] == wanted["metadata"]["name"]
-    assert engine_pass([JobView.from_k8s(job(created, at=NOW))]) == [], "create-if-absent"
-    # Recovered: the deployment takes its request back.
-    assert annotation_patch("team-a/resnet", [], annotations) == {request.annotation(): None}
+    (created,) = engine_pass([], [recorded])
+    assert created["metadata"]["name"] == request.job_name
+    assert created["metadata"]["annotations"]["trtforge.io/engine-key"] == KEY_H
+    assert "gpu-h100-0" in json.dumps(created["spec"]["template"]["spec"]["affinity"])
+    assert engine_pass([JobView.from_k8s(job(created, at=NOW))], [recorded]) == [], "create-if-absent"
+    assert engine_pass([], []) == [], "no recorded fault: no rebuild"
+    # A fault recorded by an InferenceDeployment of another namespace never counts here.
+    assert engine_pass([], [ObservedFaults("team-b/resnet", recorded.records)]) == []
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ from trtforge_operator.labels import (
     LABEL_TARGET,
 )
 from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView, utc
-from trtforge_operator.planning import faults
+from trtforge_operator.planning import faults, rebuild
 from trtforge_operator.planning.events import Event
 from trtforge_operator.planning.keys import key_inputs
 from trtforge_operator.planning.rebuild import RebuildRequest
@@ -138,25 +138,12 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         if p.node in avoid and not p.deleting and (not p.ready or (p.name in faulted and _gpu_faulted(p)))
     )
 
-    # --- rebuilds for unrecovered faults that asked for one (create-if-absent: level-based)
-    pending_rebuild: dict[str, str] = {}  # target -> rebuild Job name
-    for rec in records:
-        if rec.action not in faults.REBUILD_ACTIONS or rec.recovered_seconds is not None:
-            continue
-        t = engine_targets.get(rec.target or "")
-        if t is None or not t.engine_key:
-            continue
-        fid = faults.fault_id(rec)
-        pending_rebuild[t.name] = children.job_name(t.engine_key[:20], rebuild_of=fid)
-        plan.rebuild_requests.append(
-            RebuildRequest(
-                requester=f"{obs.namespace}/{obs.name}",
-                target=t.name,
-                engine_key=t.engine_key,
-                fault=fid,
-                avoid_nodes=tuple(sorted(avoid_for(t.target()))),
-            )
-        )
+    # --- rebuilds for unrecovered faults that asked for one: the TRTEngine derives the same from this
+    # status (the operator's record of the faults) and creates the Jobs (planning/rebuild.py)
+    plan.rebuild_requests = rebuild.fault_rebuilds(
+        f"{obs.namespace}/{obs.name}", records, list(engine_targets.values()), obs.nodes, now, ttl
+    )
+    pending_rebuild = {r.target: r.job_name for r in plan.rebuild_requests}  # target -> rebuild Job
 
     # --- Deployments and the Service
     existing = {d.name: d for d in obs.deployments}

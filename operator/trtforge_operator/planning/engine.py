@@ -19,9 +19,10 @@ from trtforge_operator.api import (
 )
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import LABEL_BUILD_ID
-from trtforge_operator.observed import utc
+from trtforge_operator.observed import JobView, utc
 from trtforge_operator.planning.engine_conditions import (
     engine_conditions,
+    rebuild_requests_condition,
     transition_events,
 )
 from trtforge_operator.planning.events import Event, merged
@@ -31,7 +32,9 @@ from trtforge_operator.planning.keys import (
 from trtforge_operator.planning.observed_engine import (
     EngineObserved,
     jobs_by_build_id,
+    obs_requester,
 )
+from trtforge_operator.planning.rebuild import RebuildCause, RebuildRequest, plan_rebuilds, rebuild_job
 from trtforge_operator.planning.target import TargetOutcome, keep_times, plan_target
 from trtforge_operator.planning.target_state import RefusedTransition, TargetState
 from trtforge_operator.planning.text import one_line
@@ -95,11 +98,27 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
             wait = max(0.5, o.wake_at - obs.now)
             plan.requeue_after = wait if plan.requeue_after is None else min(plan.requeue_after, wait)
         outcomes.append(o)
-    for job in obs.rebuild_jobs:
+    rebuilds = plan_rebuilds(
+        obs_requester(obs),
+        obs.status.targets,
+        obs.annotations,
+        obs.observed_faults,
+        obs.nodes,
+        obs.now,
+        cfg.faults.suspect_node_ttl_seconds,
+    )
+    for req in rebuilds.requests:
+        job = rebuild_job(
+            obs.spec, obs.status, obs_requester(obs), obs.nodes, cfg, req, cache_scope=obs.cache_scope
+        )
+        if job is None:
+            continue
         name = job["metadata"]["name"]
         existing = jobs_by_id.get(job["metadata"]["labels"][LABEL_BUILD_ID], [])
-        if name in planned or any(j.name == name or (j.kind == "rebuild" and j.running) for j in existing):
-            continue  # asked for already, or a rebuild of that engine is running: create-if-absent
+        if name in planned or any(j.name == name for j in existing):
+            continue  # asked for already: create-if-absent
+        if any(j.running and _holds_back(req, j) for j in existing):
+            continue  # one rebuild of that engine at a time (a fault's is never held back by an ask)
         if obs.capacity.allows(extra_total, extra_ns):
             planned.add(name)
             extra_total += 1
@@ -119,9 +138,22 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
         if p is not None and obs.verified_sha256 is not None
         else None,
     )
+    plan.status.conditions, refusal = rebuild_requests_condition(
+        plan.status.conditions, obs.status.conditions, obs.generation, obs.now, rebuilds.refused
+    )
     events, plan.refused = transition_events(obs.status.targets, outcomes)
+    if refusal is not None:
+        events.append(refusal)
     plan.events = merged(events)
     return plan
+
+
+def _holds_back(req: RebuildRequest, running: JobView) -> bool:
+    """Whether the running rebuild Job `running` of the same engine holds back `req`: a fault's rebuild
+    waits only for another fault's, never for one a tenant asked for; an ask waits for any rebuild."""
+    if running.kind != "rebuild":
+        return False
+    return running.fault_rebuild or req.cause is RebuildCause.ASKED
 
 
 def model_source_problem(uri: str, store_uri: str) -> str | None:

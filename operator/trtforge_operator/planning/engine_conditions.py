@@ -12,6 +12,7 @@ from enum import StrEnum
 from trtforge_operator.api import Condition, TargetStatus, TRTEngineStatus, set_condition
 from trtforge_operator.api.common import ConditionStatus
 from trtforge_operator.planning.events import Event
+from trtforge_operator.planning.rebuild import RefusedAsk
 from trtforge_operator.planning.target import TargetOutcome
 from trtforge_operator.planning.target_state import (
     ENTRY_EVENTS,
@@ -38,6 +39,10 @@ class EngineReason(StrEnum):
     AS_EXPECTED = "AsExpected"
     INVALID_SPEC = "InvalidSpec"
     INVALID_MODEL_SOURCE = "InvalidModelSource"
+    REBUILD_REQUEST_REFUSED = "RebuildRequestRefused"
+
+
+REBUILD_REQUESTS = "RebuildRequests"  # condition: whether the rebuild annotations are all accepted
 
 
 def stalled_reason(states: Sequence[TargetState]) -> str:
@@ -107,6 +112,43 @@ def engine_conditions(
     else:
         put("Stalled", "False", EngineReason.AS_EXPECTED, "")
     return conds
+
+
+def rebuild_requests_condition(
+    conds: list[Condition],
+    old: Sequence[Condition],
+    generation: int,
+    now: float,
+    refused: Sequence[RefusedAsk],
+) -> tuple[list[Condition], Event | None]:
+    """The RebuildRequests condition: False with the refused annotations and what is expected, True
+    once none is refused; absent while no annotation was ever refused. A Warning Event when the set of
+    refused annotations changes (not on every pass)."""
+    before = next((c for c in old if c.type == REBUILD_REQUESTS), None)
+    if not refused:
+        if before is None:
+            return conds, None
+        return set_condition(
+            conds,
+            REBUILD_REQUESTS,
+            "True",
+            EngineReason.AS_EXPECTED,
+            "",
+            observed_generation=generation,
+            at=timestamp(now),
+        ), None
+    message = one_line("; ".join(r.message for r in refused), 1000)
+    out = set_condition(
+        conds,
+        REBUILD_REQUESTS,
+        "False",
+        EngineReason.REBUILD_REQUEST_REFUSED,
+        message,
+        observed_generation=generation,
+        at=timestamp(now),
+    )
+    changed = before is None or before.status != "False" or before.message != message
+    return out, Event("Warning", EngineReason.REBUILD_REQUEST_REFUSED, message) if changed else None
 
 
 def transition_events(

@@ -6,8 +6,9 @@ more than the TTL ago and each TRTEngine its requester annotations name has eith
 it: a target serving the engine that Job built, a later attempt of the same request, or (a status of
 the current generation) no target that asks for that request any more. A failed Job a target still
 names stays: it is the count of attempts that keeps a stalled target from building again. A rebuild
-Job stays while a rebuild request on its engine still asks for it (the InferenceDeployment reads it
-to record its fault's recovery).
+Job stays while its engine still wants it: an unrecovered fault an InferenceDeployment recorded (which
+reads the Job to record its fault's recovery), or the engine's own rebuild annotation
+(planning/rebuild.py).
 """
 
 from __future__ import annotations

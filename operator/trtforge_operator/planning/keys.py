@@ -112,6 +112,7 @@ def build_request(
     engine_key: str | None,
     attempt: int = 1,
     rebuild_of: str | None = None,
+    rebuild_asked: bool = False,
     avoid_nodes: tuple[str, ...] = (),
     verified_sha256: str | None = None,
     cache_scope: str = "",
@@ -140,6 +141,7 @@ def build_request(
         backend=ki.backend,
         attempt=attempt,
         rebuild_of=rebuild_of,
+        rebuild_asked=rebuild_asked,
         avoid_nodes=avoid_nodes,
     )
 

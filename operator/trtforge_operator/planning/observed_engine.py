@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
 
 from trtforge.contract.build_result import BuildFailure
 from trtforge.contract.engine_key import (
@@ -18,6 +17,7 @@ from trtforge_operator.api import (
     TRTEngineStatus,
 )
 from trtforge_operator.observed import JobView, NodeView
+from trtforge_operator.planning.rebuild import ObservedFaults
 
 ManifestLookup = Callable[[str], Manifest | None]
 RequestLookup = Callable[[str], RequestRecord | None]
@@ -80,9 +80,11 @@ class EngineObserved:
             return None
         return p.sha256
 
-    # Fault rebuilds asked of this engine by its InferenceDeployments, as the Jobs they need
-    # (planning/rebuild.py): this planner creates them, the one owner of build Jobs.
-    rebuild_jobs: Sequence[dict[str, Any]] = ()
+    # Rebuilds (planning/rebuild.py): the faults this namespace's InferenceDeployments that serve this
+    # engine recorded in their status, and the engine's own annotations (where a tenant may ask for a
+    # rebuild of one of its targets). This planner creates the Jobs, the one owner of build Jobs.
+    observed_faults: Sequence[ObservedFaults] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 class _IndexedJobs(Mapping[str, list[JobView]]):

@@ -209,8 +209,12 @@ def _plan_request(
             out.use_job = latest.name
     if key:
         st.engine_key = key
+        # Only rebuilds made for this engine (the requester the operator wrote on the Job): another
+        # engine's rebuild of a key they share never changes this engine's status.
+        me = obs_requester(obs)
         rebuilds = sorted(
-            (j for j in jobs_by_id.get(key[:20], []) if j.kind == "rebuild"), key=lambda j: j.created or 0
+            (j for j in jobs_by_id.get(key[:20], []) if j.kind == "rebuild" and j.created_for in ("", me)),
+            key=lambda j: j.created or 0,
         )
         if rebuilds:
             last_rb = rebuilds[-1]

@@ -286,4 +286,4 @@ def test_store_claim_survives_uninstall() -> None:
 
 def test_notes_tell_the_crd_upgrade_path() -> None:
     notes = (TEMPLATES / "NOTES.txt").read_text()
-    assert "kubectl apply --server-side -f charts/trtforge/crds/" in notes
+    assert "kubectl apply --server-side --force-conflicts -f charts/trtforge/crds/" in notes

@@ -213,11 +213,11 @@ def test_a_copycat_with_the_hash_but_not_the_model_gets_nothing(t: Tenancy) -> N
     assert not core.list_namespaced_pod(t.c, label_selector="app.kubernetes.io/component=runtime").items
     for f in (manifest["engine_file"], "manifest.json"):
         assert t.broker(t.c, "GET", f"/engines/{key}/{f}") == 403
-    # Nor can it forge possession: bytes that are not the model are refused.
+    # Nor can it forge possession: only the operator's verify Jobs may upload at all.
     forged = t.broker(
         t.c, "PUT", f"/models/{t.sha}", data=b"not the model", **{"X-Trtforge-Source-Uri": "pvc://models/x"}
     )
-    assert forged == 422
+    assert forged == 403
     assert t.broker(t.c, "GET", f"/engines/{key}/{manifest['engine_file']}") == 403
 
 

@@ -47,6 +47,8 @@ MODEL_URI_PATTERN = (
     r"|https://[^/]+/.+)$"
 )
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+REDIRECT_HOST_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]{1,5})?$"
+RedirectHost = Annotated[str, Field(max_length=259, pattern=REDIRECT_HOST_PATTERN)]
 GPU_PRODUCT_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 MIG_PROFILE_PATTERN = MIG_PROFILE_RE.pattern
 MAX_RANK = 8
@@ -146,6 +148,22 @@ class ModelSource(ApiModel):
         description=(
             "Secret (same namespace) with credentials: AWS_* keys for s3://, "
             "TRTFORGE_MODEL_TOKEN (a bearer token) for https://."
+        ),
+    )
+    allowed_redirect_hosts: list[RedirectHost] = Field(
+        default_factory=list,
+        max_length=16,
+        description=(
+            "Hosts an https model's redirects may lead to besides its own host and port: 'host' (port "
+            "443) or 'host:port'. Redirects are followed https to https only, at most 5 hops."
+        ),
+    )
+    max_size_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "The largest model the verify step may upload, in bytes; the broker refuses a larger one "
+            "before storing anything. Unset: the operator's broker.max_model_bytes (also the upper bound)."
         ),
     )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trtforge.contract.possession import VerifyGrant
 from trtforge_operator import children
 from trtforge_operator.api import (
     TRTEngineStatus,
@@ -43,6 +44,8 @@ class EnginePlan:
     status: TRTEngineStatus
     jobs_to_create: list[dict[str, Any]] = field(default_factory=list)
     verify_jobs_to_create: list[dict[str, Any]] = field(default_factory=list)  # in the tenant namespace
+    # The operator's record of each verify Job it creates (by Job name), written before the Job.
+    verify_grants: dict[str, VerifyGrant] = field(default_factory=dict)
     add_requester: list[str] = field(default_factory=list)  # names of existing Jobs this engine now uses
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None  # seconds until a backoff expires
@@ -64,6 +67,7 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     if verify is not None:
         if verify.create is not None:
             plan.verify_jobs_to_create.append(children.verify_job(verify.create, cfg))
+            plan.verify_grants[verify.create.job_name] = children.verify_grant(verify.create, cfg, obs.now)
         if verify.wake_at is not None:
             plan.requeue_after = max(0.5, verify.wake_at - obs.now)
     for target in targets:

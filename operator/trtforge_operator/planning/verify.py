@@ -17,8 +17,12 @@ from trtforge_operator.planning.observed_engine import (
 from trtforge_operator.planning.target_state import TargetState
 from trtforge_operator.planning.text import iso_time, one_line
 
-VERIFY_NO_RETRY = frozenset({"InvalidArgument", "ModelIntegrity"})
+# Failures a retry of the same source cannot fix (the source, the pin or the bytes must change).
+VERIFY_NO_RETRY = frozenset(
+    {"InvalidArgument", "ModelIntegrity", "ModelSourceRefused", "InvalidModel", "ModelTooLarge"}
+)
 VERIFY_RESULT_GRACE_S = 30.0  # a verify Job that succeeded but whose record the store does not show yet
+VERIFY_SLOT_RECHECK_S = 10.0  # how soon an engine waiting for a verify slot looks again
 
 
 @dataclass(frozen=True)
@@ -62,9 +66,26 @@ def plan_verify(obs: EngineObserved, cfg: OperatorConfig) -> VerifyOutcome:
             secret=m.secret_ref.name if m.secret_ref else None,
             fingerprint=fp,
             attempt=n,
+            max_bytes=m.max_size_bytes,
+            allowed_redirect_hosts=tuple(m.allowed_redirect_hosts),
+        )
+
+    def no_slot(n: int) -> VerifyOutcome | None:
+        """Waiting when this namespace already runs as many verify Jobs as it may."""
+        running = sum(1 for j in obs.verify_jobs if j.running and not j.deleting)
+        limit = cfg.verify.max_concurrent_per_namespace
+        if running < limit:
+            return None
+        return VerifyOutcome(
+            TargetState.VERIFYING_MODEL,
+            f"waiting for a verify slot to verify {uri} (attempt {n}): {running} verify Jobs running in "
+            f"this namespace, limit {limit}",
+            wake_at=obs.now + VERIFY_SLOT_RECHECK_S,
         )
 
     if latest is None:
+        if (wait := no_slot(1)) is not None:
+            return wait
         req = request(1)
         return VerifyOutcome(
             TargetState.VERIFYING_MODEL,
@@ -72,6 +93,15 @@ def plan_verify(obs: EngineObserved, cfg: OperatorConfig) -> VerifyOutcome:
             req,
         )
     if latest.running:
+        stuck = obs.verify_stuck.get(latest.name)
+        if stuck:
+            return VerifyOutcome(
+                TargetState.VERIFYING_MODEL,
+                one_line(
+                    f"verify Job {latest.name} (attempt {attempt}) cannot start its pod: {stuck}; it "
+                    f"waits until the cause is fixed or its deadline ({cfg.verify.deadline_seconds} s)"
+                ),
+            )
         return VerifyOutcome(
             TargetState.VERIFYING_MODEL,
             f"verifying that this namespace holds {uri} (Job {latest.name}, attempt {attempt})",
@@ -109,6 +139,8 @@ def plan_verify(obs: EngineObserved, cfg: OperatorConfig) -> VerifyOutcome:
             one_line(f"verify attempt {attempt} failed: {failure}; retrying at {iso_time(retry_at)}"),
             wake_at=retry_at,
         )
+    if (wait := no_slot(attempt + 1)) is not None:
+        return wait
     req = request(attempt + 1)
     return VerifyOutcome(
         TargetState.VERIFYING_MODEL,

@@ -27,6 +27,7 @@ from trtforge_operator.labels import (
     ANNOTATION_ENGINE_KEY,
     ANNOTATION_ENGINE_SHA256,
     ANNOTATION_FAULT,
+    ANNOTATION_RECHECK_ROUND,
     ANNOTATION_REQUEST_DIGEST,
     ANNOTATION_SOURCE_FINGERPRINT,
     ANNOTATION_SPEC_HASH,
@@ -338,9 +339,10 @@ VERIFY_PREFIX = "trtforge-verify-"
 VERIFY_GRANT_SLACK_S = 300.0  # a grant outlives its Job's deadline by this much (Job start, clock skew)
 
 
-def verify_job_name(fingerprint: str, attempt: int = 1) -> str:
-    """`trtforge-verify-<fingerprint[:20]>`, later attempts `-a<n>` (one per source and attempt)."""
-    base = f"{VERIFY_PREFIX}{fingerprint[:20]}"
+def verify_job_name(fingerprint: str, attempt: int = 1, round_: str = "") -> str:
+    """`trtforge-verify-<fingerprint[:20]>`, a re-read `-<round>`, later attempts `-a<n>` (one per
+    source, round and attempt)."""
+    base = f"{VERIFY_PREFIX}{fingerprint[:20]}" + (f"-{round_}" if round_ else "")
     return base if attempt <= 1 else f"{base}-a{attempt}"
 
 
@@ -359,10 +361,11 @@ class VerifyRequest:
     attempt: int = 1
     max_bytes: int | None = None  # spec.model.maxSizeBytes
     allowed_redirect_hosts: tuple[str, ...] = ()  # spec.model.allowedRedirectHosts
+    round_: str = ""  # a re-read of a verified model (spec.model.recheckInterval): which one
 
     @property
     def job_name(self) -> str:
-        return verify_job_name(self.fingerprint, self.attempt)
+        return verify_job_name(self.fingerprint, self.attempt, self.round_)
 
 
 def verify_command(req: VerifyRequest, cfg: OperatorConfig) -> list[str]:
@@ -434,6 +437,8 @@ def verify_job(req: VerifyRequest, cfg: OperatorConfig) -> dict[str, Any]:
         ANNOTATION_ATTEMPT: str(req.attempt),
         ANNOTATION_CREATED_FOR: f"{req.namespace}/{req.engine}",
     }
+    if req.round_:
+        annotations[ANNOTATION_RECHECK_ROUND] = req.round_
     token_volume, token_mount, token_env = broker_token_volume(cfg)
     volumes: list[dict[str, Any]] = [
         {"name": "scratch", "emptyDir": {"sizeLimit": cfg.build.scratch_size}},

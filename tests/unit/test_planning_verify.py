@@ -11,7 +11,7 @@ import pytest
 from trtforge_operator import children
 from trtforge_operator.api import get_condition
 from trtforge_operator.config import OperatorConfig
-from trtforge_operator.observed import PodView
+from trtforge_operator.observed import JobView, PodView
 from trtforge_operator.planning.engine import plan_engine
 from trtforge_operator.planning.target_state import TargetState
 from trtforge_operator.planning.verify import plan_verify
@@ -155,3 +155,75 @@ def test_failures_a_retry_cannot_fix_stall(reason: str, stalls: bool) -> None:
     assert t.reason == "ModelVerifyFailed" and "what happened" in (t.message or "")
     stalled = get_condition(plan.status.conditions, "Stalled")
     assert (stalled is not None and stalled.status == "True") == stalls
+
+
+def _verified(now: float, **model: Any) -> Any:
+    e = engine([{"gpu": H100.gpu}], sha=None, model={"uri": "https://models.example/r.onnx", **model})
+    # observe(): the record was verified at NOW, of SHA
+    return e, observe(e, verified="a" * 64, now=now)
+
+
+@pytest.mark.parametrize(
+    ("model", "after", "creates", "says"),
+    [
+        ({}, 10 * 86400, False, "recheckInterval is unset: the model was read once"),
+        ({"recheckInterval": "24h"}, 3600, False, "read again at"),
+        ({"recheckInterval": "24h"}, 86400, True, "reading the model again"),
+        ({"recheckInterval": "1h30m"}, 5400, True, "reading the model again"),
+    ],
+)
+def test_an_unpinned_model_is_read_again_on_its_interval(
+    model: dict[str, Any], after: float, creates: bool, says: str
+) -> None:
+    _, obs = _verified(NOW + after, **model)
+    plan = plan_engine(obs, CFG)
+    assert plan.status.model is not None and says in (plan.status.model.message or "")
+    assert bool(plan.verify_jobs_to_create) == creates
+    if creates:
+        (vj,) = plan.verify_jobs_to_create
+        assert vj["metadata"]["annotations"]["trtforge.io/recheck-round"] == f"r{int(NOW):x}"
+        assert vj["metadata"]["name"] in plan.verify_grants
+    # The targets keep the verified model meanwhile: no target waits on a verify step.
+    assert all(t.reason != "VerifyingModel" for t in plan.status.targets)
+
+
+def test_a_pinned_model_is_never_read_again_and_says_nothing() -> None:
+    pinned = {"uri": "https://models.example/r.onnx", "sha256": "a" * 64, "recheckInterval": "1h"}
+    e = engine([{"gpu": H100.gpu}], model=pinned)
+    plan = plan_engine(observe(e, now=NOW + 10 * 86400), CFG)
+    assert plan.verify_jobs_to_create == []
+    assert plan.status.model is not None and plan.status.model.message is None
+
+
+def test_a_recheck_round_runs_once_and_the_first_verification_is_not_confused_with_it() -> None:
+    _, obs = _verified(NOW + 86400, recheckInterval="24h")
+    (vj,) = plan_engine(obs, CFG).verify_jobs_to_create
+    running = dataclasses.replace(obs, verify_jobs=[JobView.from_k8s(job(vj, at=NOW + 86400))])
+    again = plan_engine(running, CFG)
+    assert again.verify_jobs_to_create == []
+    assert "reading the model again" in (again.status.model.message or "")  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("24h", True),
+        ("90m", True),
+        ("1h30m", True),
+        ("3600s", True),
+        ("4m", False),
+        ("1d", False),
+        ("", False),
+    ],
+)
+def test_recheck_interval_is_a_duration_of_at_least_five_minutes(text: str, ok: bool) -> None:
+    from pydantic import ValidationError
+
+    try:
+        engine(
+            [{"gpu": H100.gpu}], sha=None, model={"uri": "https://m.example/r.onnx", "recheckInterval": text}
+        )
+    except ValidationError as e:
+        assert (not ok and "recheckInterval" in str(e)) or "duration" in str(e)
+    else:
+        assert ok

@@ -6,7 +6,11 @@ from dataclasses import dataclass
 
 from trtforge_operator import children
 from trtforge_operator.config import OperatorConfig
-from trtforge_operator.labels import ANNOTATION_ATTEMPT, ANNOTATION_SOURCE_FINGERPRINT
+from trtforge_operator.labels import (
+    ANNOTATION_ATTEMPT,
+    ANNOTATION_RECHECK_ROUND,
+    ANNOTATION_SOURCE_FINGERPRINT,
+)
 from trtforge_operator.planning.build_results import (
     backoff_seconds,
     failure_message,
@@ -36,18 +40,21 @@ class VerifyOutcome:
     stalled: bool = False
 
 
-def plan_verify(obs: EngineObserved, cfg: OperatorConfig) -> VerifyOutcome:
+def plan_verify(obs: EngineObserved, cfg: OperatorConfig, round_: str = "") -> VerifyOutcome:
     """The next step of proving that obs.namespace holds the model through its current source.
 
     One verify Job per source fingerprint and attempt (create-if-absent); a failed attempt is retried
     with the build backoff up to build.maxAttempts, except when retrying cannot help (a pin the model
-    does not match, a path out of the claim)."""
+    does not match, a path out of the claim). `round_`: a re-read of a verified model (plan_recheck),
+    whose Jobs are told apart from the first verification's and each other round's."""
     fp = obs.source_fingerprint
     mine = sorted(
         (
             j
             for j in obs.verify_jobs
-            if j.annotations.get(ANNOTATION_SOURCE_FINGERPRINT) == fp and not j.deleting
+            if j.annotations.get(ANNOTATION_SOURCE_FINGERPRINT) == fp
+            and j.annotations.get(ANNOTATION_RECHECK_ROUND, "") == round_
+            and not j.deleting
         ),
         key=lambda j: int(j.annotations.get(ANNOTATION_ATTEMPT) or 1),
     )
@@ -68,6 +75,7 @@ def plan_verify(obs: EngineObserved, cfg: OperatorConfig) -> VerifyOutcome:
             attempt=n,
             max_bytes=m.max_size_bytes,
             allowed_redirect_hosts=tuple(m.allowed_redirect_hosts),
+            round_=round_,
         )
 
     def no_slot(n: int) -> VerifyOutcome | None:
@@ -146,4 +154,34 @@ def plan_verify(obs: EngineObserved, cfg: OperatorConfig) -> VerifyOutcome:
         TargetState.VERIFYING_MODEL,
         one_line(f"verify attempt {attempt} failed: {failure}; starting {req.job_name}"),
         req,
+    )
+
+
+@dataclass(frozen=True)
+class RecheckOutcome:
+    """Reading a verified, unpinned model again (spec.model.recheckInterval); targets keep serving the
+    model verified last until a re-read records another digest."""
+
+    message: str | None  # for status.model.message
+    create: children.VerifyRequest | None = None
+    wake_at: float | None = None
+
+
+def plan_recheck(obs: EngineObserved, cfg: OperatorConfig) -> RecheckOutcome:
+    """Whether to read the model again now. Pure. Called once the namespace holds a verified record."""
+    m, p = obs.spec.model, obs.possession
+    if m.sha256 or p is None:
+        return RecheckOutcome(None)
+    every = m.recheck_seconds
+    if every is None:
+        return RecheckOutcome(
+            f"not pinned and spec.model.recheckInterval is unset: the model was read once, at "
+            f"{iso_time(p.verified_at)}; a change at {m.uri} is never seen"
+        )
+    due = p.verified_at + every
+    if obs.now < due:
+        return RecheckOutcome(f"read again at {iso_time(due)} (every {m.recheck_interval})", wake_at=due)
+    out = plan_verify(obs, cfg, round_=f"r{int(p.verified_at):x}")
+    return RecheckOutcome(
+        one_line(f"reading the model again (due {iso_time(due)}): {out.message}"), out.create, out.wake_at
     )

@@ -228,16 +228,24 @@ def _verify_failures(
     return out
 
 
+VERIFY_EVENT_LAG_S = 30.0  # a verify Job created this recently may not be in the index yet
+
+
 async def _create_verify_job(state: State, job: Mapping[str, Any], grant: VerifyGrant) -> bool:
     """Create a verify Job and the operator's record of it (the broker's only proof that this Job is
     the operator's). The record is written first without the Job's uid (the broker answers its pod
     503, retry, until the uid is there), then with it. A Job that already exists keeps its record;
     one left without a uid (a kill between the two writes) is refused by the broker, fails, and the
-    next attempt gets a Job and record of its own."""
+    next attempt gets a Job and record of its own. An older record of the same name (a Job since
+    deleted, with its TRTEngine) is replaced."""
     path = verify_grant_path(grant.namespace, grant.job)
     existing = await asyncio.to_thread(state.store.verify_grant, grant.namespace, grant.job)
-    if existing is not None and existing.job_uid:
-        return False  # created by an earlier pass; its event has not arrived yet
+    if (
+        existing is not None
+        and existing.job_uid
+        and grant.issued_at - existing.issued_at < VERIFY_EVENT_LAG_S
+    ):
+        return False  # created by an earlier pass a moment ago; its event has not arrived yet
     await asyncio.to_thread(state.store.store.put_bytes, path, grant.to_json().encode())
     uid = await state.kube.create_job_uid(job)
     if uid is None:

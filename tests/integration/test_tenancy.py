@@ -35,6 +35,7 @@ from tests.integration.chart_release import (
     tenant_namespaces,
     uninstall_chart_rbac,
 )
+from trtforge.contract.possession import GRANTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -123,12 +124,17 @@ class Tenancy:
             return int(e.code)
 
     def store_snapshot(self) -> dict[str, tuple[int, int]]:
+        """Every file of the store but the operator's records of the verify Jobs it creates
+        (verify-grants/: its own bookkeeping, written for any verify Job, refused or not)."""
         out = {}
         for dirpath, _, files in os.walk(self.store_dir):
             for f in files:
                 p = Path(dirpath) / f
+                rel = str(p.relative_to(self.store_dir))
+                if rel.startswith(f"{GRANTS}/"):
+                    continue
                 st = p.stat()
-                out[str(p.relative_to(self.store_dir))] = (st.st_size, st.st_mtime_ns)
+                out[rel] = (st.st_size, st.st_mtime_ns)
         return out
 
 

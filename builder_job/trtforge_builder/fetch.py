@@ -6,7 +6,13 @@ are streamed into the work directory.
 
 An https model behind authentication: the TRTEngine's ``spec.model.secretRef`` Secret, given to the
 build as environment (``envFrom``), holds ``TRTFORGE_MODEL_TOKEN``; it is sent as
-``Authorization: Bearer <token>`` to the model's host only, never along a redirect to another host.
+``Authorization: Bearer <token>`` to the model's own origin (scheme, host, port) only, never along a
+redirect to another one.
+
+Redirects (:func:`redirect_refusal`): at most ``MAX_REDIRECTS`` hops, https to https only, and only to
+the model's own host and port or to a host the source allows (``spec.model.allowedRedirectHosts``,
+``host`` for port 443 or ``host:port``). A plain-http source follows none. Anything else fails the
+fetch with reason ``ModelSourceRefused``, naming the hop.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from __future__ import annotations
 import hashlib
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, cast
@@ -29,6 +37,8 @@ if TYPE_CHECKING:
 CHUNK = 1 << 20
 HTTP_TIMEOUT_S = 60.0
 TOKEN_ENV = "TRTFORGE_MODEL_TOKEN"
+MAX_REDIRECTS = 5
+REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
 
 
 @dataclass(frozen=True)
@@ -85,11 +95,16 @@ def local_model_path(uri: str) -> Path:
     return Path(uri).expanduser()
 
 
-def fetch_model(uri: str, workdir: Path, expected_sha256: str | None = None) -> FetchedModel:
+def fetch_model(
+    uri: str,
+    workdir: Path,
+    expected_sha256: str | None = None,
+    allowed_hosts: Sequence[str] = (),
+) -> FetchedModel:
     if uri.startswith("s3://"):
         fetched = _fetch_s3(uri, workdir)
     elif uri.startswith(("https://", "http://")):
-        fetched = _fetch_http(uri, workdir)
+        fetched = _fetch_http(uri, workdir, allowed_hosts)
     elif "://" in uri and not uri.startswith(("pvc://", "file://")):
         raise _fail(uri, "unknown scheme; expected pvc://, s3://, https://, file:// or a path")
     else:
@@ -165,34 +180,99 @@ def _fetch_s3(uri: str, workdir: Path) -> FetchedModel:
     return FetchedModel(path=dest, sha256=res.sha256, size_bytes=res.size_bytes, uri=uri)
 
 
-def _fetch_http(uri: str, workdir: Path) -> FetchedModel:
+def origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of an http(s) URL, the port made explicit."""
+    u = urllib.parse.urlsplit(url)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    return u.scheme, (u.hostname or "").lower(), port
+
+
+def _allowed(host: str, port: int, source: str, allowed_hosts: Sequence[str]) -> bool:
+    _, src_host, src_port = origin(source)
+    if (host, port) == (src_host, src_port):
+        return True
+    for entry in allowed_hosts:
+        name, _, p = entry.strip().lower().partition(":")
+        if name == host and int(p or 443) == port:
+            return True
+    return False
+
+
+def redirect_refusal(
+    source: str, current: str, location: str, hops: int, allowed_hosts: Sequence[str]
+) -> str | None:
+    """Why the fetch of `source` must not follow a redirect from `current` to `location` (already
+    made absolute), the `hops`-th; None: it may. Pure."""
+    to_scheme, to_host, to_port = origin(location)
+    if hops > MAX_REDIRECTS:
+        return f"more than {MAX_REDIRECTS} redirects (the last one to {location})"
+    if origin(current)[0] != "https":
+        return f"{current} redirects to {location}: a plain-http source follows no redirects"
+    if to_scheme != "https":
+        return f"{current} redirects to {location}: only https to https is followed"
+    if not _allowed(to_host, to_port, source, allowed_hosts):
+        return (
+            f"{current} redirects to {location}: host {to_host}:{to_port} is not the model's own host "
+            "nor in spec.model.allowedRedirectHosts"
+        )
+    return None
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Hand every redirect back to the caller (as an HTTPError), which decides whether to follow."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects())
+
+
+def _fetch_http(uri: str, workdir: Path, allowed_hosts: Sequence[str] = ()) -> FetchedModel:
     dest = workdir / "model.onnx"
     h = hashlib.sha256()
-    request = urllib.request.Request(uri)
     token = os.environ.get(TOKEN_ENV, "").strip()
-    if token:
-        request.add_unredirected_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as resp, open(dest, "wb") as f:
-            total = int(resp.headers.get("Content-Length") or 0) or None
-            prog = Progress(f"downloading model {uri}", total)
-            while chunk := resp.read(CHUNK):
-                h.update(chunk)
-                f.write(chunk)
-                prog.update(len(chunk))
-    except urllib.error.HTTPError as e:
-        if e.code in (401, 403):
-            hint = (
-                "the token was refused"
-                if token
-                else f"no token given (${TOKEN_ENV} from spec.model.secretRef)"
-            )
-            raise _fail(uri, f"HTTP {e.code} {e.reason}: {hint}") from e
-        raise _fail(uri, f"HTTP {e.code} {e.reason}") from e
-    except urllib.error.URLError as e:
-        raise _fail(uri, f"cannot reach the server: {e.reason}") from e
-    except OSError as e:
-        raise _fail(uri, f"download failed: {e}") from e
+    url, hops = uri, 0
+    while True:
+        request = urllib.request.Request(url)
+        sent_token = bool(token) and origin(url) == origin(uri)  # the model's own origin only
+        if sent_token:
+            request.add_unredirected_header("Authorization", f"Bearer {token}")
+        where = "" if url == uri else f" (at {url}, after {hops} redirect{'s' if hops != 1 else ''})"
+        try:
+            with _OPENER.open(request, timeout=HTTP_TIMEOUT_S) as resp, open(dest, "wb") as f:
+                total = int(resp.headers.get("Content-Length") or 0) or None
+                prog = Progress(f"downloading model {uri}", total)
+                while chunk := resp.read(CHUNK):
+                    h.update(chunk)
+                    f.write(chunk)
+                    prog.update(len(chunk))
+            break
+        except urllib.error.HTTPError as e:
+            if e.code in REDIRECT_CODES:
+                location = urllib.parse.urljoin(url, e.headers.get("Location") or "")
+                e.close()
+                hops += 1
+                why = redirect_refusal(uri, url, location, hops, allowed_hosts)
+                if why is not None:
+                    raise BuildError(
+                        f"model {uri}: redirect refused: {why}", "ModelSourceRefused", step="fetch-model"
+                    ) from e
+                url = location
+                continue
+            if e.code in (401, 403):
+                if sent_token:
+                    hint = "the token was refused"
+                elif token:
+                    hint = f"the token is sent to {origin(uri)[1]} only, not along a redirect"
+                else:
+                    hint = f"no token given (${TOKEN_ENV} from spec.model.secretRef)"
+                raise _fail(uri, f"HTTP {e.code} {e.reason}{where}: {hint}") from e
+            raise _fail(uri, f"HTTP {e.code} {e.reason}{where}") from e
+        except urllib.error.URLError as e:
+            raise _fail(uri, f"cannot reach the server{where}: {e.reason}") from e
+        except OSError as e:
+            raise _fail(uri, f"download failed{where}: {e}") from e
     prog.finish()
     if total is not None and prog.done != total:
         raise _fail(uri, f"download ended after {prog.done} of {total} bytes")

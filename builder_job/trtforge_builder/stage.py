@@ -2,10 +2,12 @@
 
 Runs in the tenant's namespace, with the tenant's own source: a ``pvc://`` claim of that namespace
 mounted read-only (paths cleaned, symlinks out of the claim refused), or ``s3://`` / ``https://`` with
-credentials from the tenant's own Secret (environment). It reads the model, checks the pin, and
-streams the bytes to the engine broker (``PUT /models/<sha256>``), which hashes them itself, keeps one
-copy per digest in the store's staging area for build Jobs, and records that this namespace holds the
-model through this source. It holds no store credentials.
+credentials from the tenant's own Secret (environment). It reads the model (redirects only as
+:func:`trtforge_builder.fetch.redirect_refusal` allows), checks the pin and that the bytes are an ONNX
+model, and streams them to the engine broker (``PUT /models/<sha256>``). The broker takes them only
+from the pod of the verify Job the operator created, hashes them itself, keeps one copy per digest in
+the store's staging area for build Jobs, and records that this namespace holds the model through the
+source the operator gave this Job. It holds no store credentials.
 
 The last stdout line and the termination message: ``{"sha256", "sizeBytes", "fingerprint"}``, or a
 failure (``{"error", "reason"}``) with the exit codes of ``trtforge build``.
@@ -24,15 +26,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from trtforge.contract.build_result import FailureReason
 from trtforge.logs import fields
 
 log = logging.getLogger("trtforge_builder")
 
 TOKEN_FILE_ENV = "TRTFORGE_BROKER_TOKEN_FILE"
-SOURCE_URI_HEADER = "X-Trtforge-Source-Uri"
-SOURCE_SECRET_HEADER = "X-Trtforge-Source-Secret"
-SOURCE_PIN_HEADER = "X-Trtforge-Source-Pin"
 UPLOAD_TIMEOUT_S = 600.0
+UPLOAD_REASONS: dict[int, FailureReason] = {422: "ModelIntegrity", 413: "ModelTooLarge"}
 RETRIES_PER_BROKER = 3
 
 
@@ -50,6 +51,12 @@ def register(sub: Any) -> None:
         "--broker",
         required=True,
         help="engine broker URL; a comma-separated list is tried in turn (no Service IPs)",
+    )
+    p.add_argument(
+        "--allow-redirect-host",
+        action="append",
+        default=[],
+        help="a host (port 443) or host:port an https redirect may lead to (spec.model.allowedRedirectHosts)",
     )
     p.add_argument("--workdir", default=None, help="scratch directory for s3/https downloads")
     p.set_defaults(func=handle)
@@ -69,14 +76,11 @@ def _token() -> str | None:
         ) from e
 
 
-def upload(
-    brokers: list[str], path: Path, sha256: str, size: int, headers: dict[str, str], token: str | None
-) -> dict[str, Any]:
+def upload(brokers: list[str], path: Path, sha256: str, size: int, token: str | None) -> dict[str, Any]:
     """PUT the file to the first broker that answers; retries with backoff across the list.
 
     4xx answers are final (the broker refused these bytes or this token); connection errors and 5xx
     move on to the next broker."""
-    from trtforge.contract.build_result import FailureReason
     from trtforge_builder.errors import BuildError
 
     last = ""
@@ -87,8 +91,6 @@ def upload(
                 req = urllib.request.Request(url, data=f, method="PUT")
                 req.add_header("Content-Length", str(size))
                 req.add_header("Content-Type", "application/octet-stream")
-                for k, v in headers.items():
-                    req.add_header(k, v)
                 if token:
                     req.add_header("Authorization", f"Bearer {token}")
                 try:
@@ -102,7 +104,7 @@ def upload(
                     except ValueError:
                         why = body.strip() or e.reason
                     if 400 <= e.code < 500:
-                        reason: FailureReason = "ModelIntegrity" if e.code == 422 else "ModelFetchFailed"
+                        reason: FailureReason = UPLOAD_REASONS.get(e.code, "UploadRefused")
                         raise BuildError(
                             f"broker {base} refused the model: HTTP {e.code}: {why}", reason, step="stage"
                         ) from e
@@ -120,6 +122,7 @@ def handle(args: argparse.Namespace) -> int:
     from trtforge_builder.cli import _emit
     from trtforge_builder.errors import BuildError
     from trtforge_builder.fetch import fetch_model
+    from trtforge_builder.model_format import onnx_problem
 
     brokers = [b.strip() for b in args.broker.split(",") if b.strip()]
     pin = args.sha256.lower() if args.sha256 else None
@@ -133,13 +136,16 @@ def handle(args: argparse.Namespace) -> int:
                 step="parse-arguments",
             )
         with tempfile.TemporaryDirectory(prefix="trtforge-stage-", dir=args.workdir) as tmp:
-            fetched = fetch_model(args.model, Path(tmp), pin)
-            headers = {SOURCE_URI_HEADER: args.model}
-            if args.secret_name:
-                headers[SOURCE_SECRET_HEADER] = args.secret_name
-            if pin:
-                headers[SOURCE_PIN_HEADER] = pin
-            answer = upload(brokers, fetched.path, fetched.sha256, fetched.size_bytes, headers, _token())
+            fetched = fetch_model(args.model, Path(tmp), pin, args.allow_redirect_host)
+            problem = onnx_problem(fetched.path)
+            if problem is not None:
+                raise BuildError(
+                    f"model {args.model}: the bytes read ({fetched.size_bytes}, sha256 "
+                    f"{fetched.sha256[:12]}) are not an ONNX model: {problem}; nothing was uploaded",
+                    "InvalidModel",
+                    step="check-model",
+                )
+            answer = upload(brokers, fetched.path, fetched.sha256, fetched.size_bytes, _token())
     except BuildError as e:
         log.error(str(e), extra=fields(reason=e.reason, step=e.step))
         _emit(e.failure().to_line())

@@ -18,10 +18,18 @@ with the pod name in the token's extra info.
   that engine's model (``Manifest.model_sha256``) through the model source that TRTEngine names now:
   a possession record ``possession/<ns>/<source fingerprint>.json`` of that digest. 401 without a
   valid token, 403 when (1) or (2) fails, 404 when the store has no such file.
-- A ``PUT /models/<sha256>`` body is hashed by the broker while it is spooled to local disk; only
-  bytes whose sha256 is the one named (and the pin, if any) are kept: once per digest in the staging
-  area ``models/<sha256>/model.onnx`` (what build Jobs read), and a possession record for the token's
-  namespace and the named source. 422 when the bytes do not match, 413 when too large.
+- A ``PUT /models/<sha256>`` is taken only from a pod of a verify Job the operator created for a
+  pending verification: the token's pod (TokenReview: name and uid) must exist, its controller must
+  be a Job whose uid the operator recorded in a :class:`VerifyGrant` (``verify-grants/<ns>/<job>``,
+  written by the operator, never by a tenant), and its one container must run the image and
+  arguments the operator gave that Job. Labels, annotations and headers count for nothing. The digest
+  must be the pin, if the source has one; the size at most the grant's ``max_bytes``, refused before
+  any byte is spooled when the request says its length. Anything else: 403 (413 for the size), and
+  nothing is written. The body is hashed while it is spooled to local disk; only bytes whose sha256
+  is the one named are kept: once per digest in the staging area ``models/<sha256>/model.onnx``
+  (what build Jobs read), and a possession record for the grant's namespace and source (the source
+  the operator's Job read, never one the uploader names). The grant is then used up. 422 when the
+  bytes do not match.
 """
 
 from __future__ import annotations
@@ -45,9 +53,11 @@ from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import (
     SHA256_RE,
     PossessionRecord,
+    VerifyGrant,
     possession_path,
     source_fingerprint,
     staged_model_path,
+    verify_grant_path,
 )
 from trtforge.logs import fields
 from trtforge.store import ObjectNotFound, StoreError
@@ -60,10 +70,8 @@ from trtforge_operator.store_reader import StoreReader
 log = logging.getLogger(__name__)
 SA_PREFIX = "system:serviceaccount:"
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SHA256_HEADER = "X-Trtforge-Sha256"
-SOURCE_URI_HEADER = "X-Trtforge-Source-Uri"
-SOURCE_SECRET_HEADER = "X-Trtforge-Source-Secret"
-SOURCE_PIN_HEADER = "X-Trtforge-Source-Pin"
 AUTH_TTL_S = 5.0
 SPOOL_CHUNK = 1 << 20
 DEFAULT_MAX_MODEL_BYTES = 64 << 30
@@ -79,6 +87,7 @@ class Denied(Exception):
 class Identity:
     namespace: str
     pod: str = ""
+    pod_uid: str = ""
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.pod}" if self.pod else self.namespace
@@ -104,6 +113,10 @@ class Authorizer(Protocol):
 
     async def check_engine(self, who: Identity, key: str) -> None:
         """Raises Denied (403) unless `who`'s namespace may read engine `key`."""
+        ...
+
+    async def check_upload(self, who: Identity, sha256: str, length: int | None) -> VerifyGrant:
+        """The pending verification `who` uploads for; raises Denied (403/413/503) otherwise."""
         ...
 
 
@@ -168,6 +181,89 @@ def grant_denial(
     )
 
 
+@dataclass(frozen=True)
+class UploaderPod:
+    """What the broker reads of the pod a token is bound to (from the apiserver, not from the pod)."""
+
+    uid: str
+    job: str  # the name of its controller, when that is a Job ("" otherwise)
+    job_uid: str
+    containers: tuple[tuple[str, tuple[str, ...]], ...]  # (image, command + args) of each container
+    init_containers: int = 0
+
+    @classmethod
+    def from_k8s(cls, pod: dict[str, Any]) -> UploaderPod:
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        owner: dict[str, Any] = next(
+            (
+                o
+                for o in meta.get("ownerReferences") or []
+                if o.get("controller") and o.get("kind") == "Job" and o.get("apiVersion") == "batch/v1"
+            ),
+            {},
+        )
+        return cls(
+            uid=str(meta.get("uid") or ""),
+            job=str(owner.get("name") or ""),
+            job_uid=str(owner.get("uid") or ""),
+            containers=tuple(
+                (
+                    str(c.get("image") or ""),
+                    tuple(str(a) for a in [*(c.get("command") or []), *(c.get("args") or [])]),
+                )
+                for c in spec.get("containers") or []
+            ),
+            init_containers=len(spec.get("initContainers") or []),
+        )
+
+
+def upload_denial(
+    who: Identity,
+    pod: UploaderPod | None,
+    grant: VerifyGrant | None,
+    sha256: str,
+    length: int | None,
+    now: float,
+) -> Denied | None:
+    """Why `who` may not upload model `sha256` (`length` bytes, if said); None: it may. Pure.
+
+    `pod`: the pod `who`'s token is bound to, as the apiserver has it (None: gone or no pod);
+    `grant`: the operator's record of the verify Job that is that pod's controller (None: none)."""
+    if not who.pod:
+        return Denied(403, "only a verify Job's pod may upload a model: this token is bound to no pod")
+    if pod is None or (who.pod_uid and pod.uid != who.pod_uid):
+        return Denied(403, f"pod {who} does not exist (or is another pod of that name)")
+    if not pod.job:
+        return Denied(403, f"pod {who} is not a Job's pod; only the operator's verify Jobs upload models")
+    if grant is None:
+        return Denied(
+            403, f"Job {who.namespace}/{pod.job} is not a pending verification the operator created"
+        )
+    if not grant.job_uid:  # the operator is between recording the Job and creating it
+        return Denied(503, f"the verification of Job {pod.job} is being set up; retry")
+    if grant.namespace != who.namespace or grant.job != pod.job or grant.job_uid != pod.job_uid:
+        return Denied(
+            403, f"Job {who.namespace}/{pod.job} is not the verify Job the operator created under that name"
+        )
+    if pod.init_containers or pod.containers != ((grant.image, tuple(grant.command)),):
+        return Denied(
+            403,
+            f"pod {who} does not run what the operator gave Job {pod.job} (image {grant.image}, the "
+            "stage-model command line)",
+        )
+    if now > grant.expires_at:
+        return Denied(403, f"the verification of Job {pod.job} expired; the operator starts another")
+    if grant.pin and sha256 != grant.pin:
+        return Denied(403, f"Job {pod.job} verifies a source pinned to sha256 {grant.pin}, not {sha256}")
+    if length is not None and length > grant.max_bytes:
+        return Denied(
+            413,
+            f"the model is {length} bytes, more than this verification accepts ({grant.max_bytes} "
+            "bytes: spec.model.maxSizeBytes or the operator's broker.max_model_bytes)",
+        )
+    return None
+
+
 # The apiserver could not answer (down, restarting, partitioned): the client should retry, not give up.
 UNAVAILABLE: tuple[type[BaseException], ...] = (ApiException, OSError, urllib3.exceptions.HTTPError)
 
@@ -203,8 +299,9 @@ class KubeAuthorizer:
         ns = namespace_of(str(user.get("username", "")))
         if ns is None:
             raise Denied(403, f"{user.get('username')} is not a service account")
-        pod = ((user.get("extra") or {}).get(POD_NAME_EXTRA) or [""])[0]
-        who = Identity(ns, pod)
+        extra = user.get("extra") or {}
+        pod = (extra.get(POD_NAME_EXTRA) or [""])[0]
+        who = Identity(ns, pod, (extra.get(POD_UID_EXTRA) or [""])[0])
         self._tokens[token] = (time.monotonic(), who)
         return who
 
@@ -236,6 +333,26 @@ class KubeAuthorizer:
     def _possession(self, ns: str, fp: str) -> PossessionRecord | None:
         return self.store.possession(ns, fp)
 
+    async def check_upload(self, who: Identity, sha256: str, length: int | None) -> VerifyGrant:
+        pod: UploaderPod | None = None
+        grant: VerifyGrant | None = None
+        if who.pod:
+            try:
+                raw = await self.kube.read_pod(who.namespace, who.pod)
+            except UNAVAILABLE as e:
+                raise Denied(503, f"cannot read the uploading pod now ({_short(e)}); retry") from e
+            pod = UploaderPod.from_k8s(raw) if raw is not None else None
+        if pod is not None and pod.job:
+            try:
+                grant = await asyncio.to_thread(self.store.verify_grant, who.namespace, pod.job)
+            except StoreError as e:
+                raise Denied(503, f"cannot read the verification record now ({e}); retry") from e
+        why = upload_denial(who, pod, grant, sha256, length, time.time())
+        if why is not None:
+            raise why
+        assert grant is not None
+        return grant
+
 
 class OpenAuthorizer:
     """`broker.auth: none` (local debugging only): anyone, as namespace `X-Trtforge-Namespace` or
@@ -246,6 +363,9 @@ class OpenAuthorizer:
 
     async def check_engine(self, who: Identity, key: str) -> None:
         return None
+
+    async def check_upload(self, who: Identity, sha256: str, length: int | None) -> VerifyGrant:
+        raise Denied(403, "model uploads need broker.auth: tokenreview (a verify Job's bound token)")
 
 
 async def _spool(request: web.Request, dest: str, limit: int) -> tuple[str, int]:
@@ -373,20 +493,14 @@ def make_app(
             if not SHA256_RE.match(sha):
                 raise Denied(404, "not a model digest (64 lowercase hex)")
             who = await _identify(request)
-            uri = request.headers.get(SOURCE_URI_HEADER, "").strip()
-            if not uri:
-                raise Denied(400, f"header {SOURCE_URI_HEADER} (the model source) is missing")
-            secret = request.headers.get(SOURCE_SECRET_HEADER) or None
-            pin = request.headers.get(SOURCE_PIN_HEADER) or None
-            if pin is not None and pin != sha:
-                raise Denied(422, f"the source pins sha256 {pin}, not {sha}")
-            length = request.content_length
-            if length is not None and length > max_model_bytes:
-                raise Denied(413, f"the model is larger than the broker accepts ({max_model_bytes} bytes)")
+            grant = await auth.check_upload(who, sha, request.content_length)
+            limit = min(grant.max_bytes, max_model_bytes)
+            if request.content_length is not None and request.content_length > limit:
+                raise Denied(413, f"the model is larger than the broker accepts ({limit} bytes)")
             fd, tmp = tempfile.mkstemp(prefix="trtforge-model-", suffix=".part", dir=spool_dir)
             os.close(fd)
             try:
-                got, size = await _spool(request, tmp, max_model_bytes)
+                got, size = await _spool(request, tmp, limit)
                 if got != sha:
                     raise Denied(
                         422,
@@ -402,20 +516,22 @@ def make_app(
                     await asyncio.to_thread(_put)
             finally:
                 os.unlink(tmp)
-            fp = source_fingerprint(uri, secret, pin)
+            fp = grant.fingerprint
             rec = PossessionRecord(
-                namespace=who.namespace,
+                namespace=grant.namespace,
                 fingerprint=fp,
                 sha256=sha,
                 size_bytes=size,
-                uri=uri,
-                secret=secret or "",
+                uri=grant.uri,
+                secret=grant.secret,
                 pod=who.pod,
             )
             await asyncio.to_thread(
-                store.store.put_bytes, possession_path(who.namespace, fp), rec.to_json().encode()
+                store.store.put_bytes, possession_path(grant.namespace, fp), rec.to_json().encode()
             )
-            store.invalidate_possession(who.namespace, fp)
+            store.invalidate_possession(grant.namespace, fp)
+            # Used up: the same Job's pod cannot record another digest for this source.
+            await asyncio.to_thread(store.store.delete, verify_grant_path(grant.namespace, grant.job))
         except Denied as e:
             return _deny(e)
         except (StoreError, OSError) as e:
@@ -427,7 +543,14 @@ def make_app(
             "possession verified: %s holds model %s",
             who,
             sha[:12],
-            extra=fields(namespace=who.namespace, sha256=sha, bytes=size, source=uri, client=str(who)),
+            extra=fields(
+                namespace=grant.namespace,
+                sha256=sha,
+                bytes=size,
+                source=grant.uri,
+                job=grant.job,
+                client=str(who),
+            ),
         )
         return web.json_response({"sha256": sha, "sizeBytes": size, "fingerprint": fp})
 

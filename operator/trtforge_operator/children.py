@@ -17,7 +17,7 @@ from typing import Any
 from trtforge.contract.engine_key import BuildConfig
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.layout import ENGINES, REQUESTS, TIMING_CACHES
-from trtforge.contract.possession import MODELS
+from trtforge.contract.possession import MODELS, VerifyGrant
 from trtforge.contract.termination import TERMINATION_LOG_ENV
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import (
@@ -28,6 +28,7 @@ from trtforge_operator.labels import (
     ANNOTATION_ENGINE_SHA256,
     ANNOTATION_FAULT,
     ANNOTATION_REBUILD_CAUSE,
+    ANNOTATION_RECHECK_ROUND,
     ANNOTATION_REQUEST_DIGEST,
     ANNOTATION_SOURCE_FINGERPRINT,
     ANNOTATION_SPEC_HASH,
@@ -339,11 +340,13 @@ def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------- verify
 
 VERIFY_PREFIX = "trtforge-verify-"
+VERIFY_GRANT_SLACK_S = 300.0  # a grant outlives its Job's deadline by this much (Job start, clock skew)
 
 
-def verify_job_name(fingerprint: str, attempt: int = 1) -> str:
-    """`trtforge-verify-<fingerprint[:20]>`, later attempts `-a<n>` (one per source and attempt)."""
-    base = f"{VERIFY_PREFIX}{fingerprint[:20]}"
+def verify_job_name(fingerprint: str, attempt: int = 1, round_: str = "") -> str:
+    """`trtforge-verify-<fingerprint[:20]>`, a re-read `-<round>`, later attempts `-a<n>` (one per
+    source, round and attempt)."""
+    base = f"{VERIFY_PREFIX}{fingerprint[:20]}" + (f"-{round_}" if round_ else "")
     return base if attempt <= 1 else f"{base}-a{attempt}"
 
 
@@ -360,10 +363,46 @@ class VerifyRequest:
     secret: str | None  # spec.model.secretRef: the tenant's own Secret, in its own namespace
     fingerprint: str
     attempt: int = 1
+    max_bytes: int | None = None  # spec.model.maxSizeBytes
+    allowed_redirect_hosts: tuple[str, ...] = ()  # spec.model.allowedRedirectHosts
+    round_: str = ""  # a re-read of a verified model (spec.model.recheckInterval): which one
 
     @property
     def job_name(self) -> str:
-        return verify_job_name(self.fingerprint, self.attempt)
+        return verify_job_name(self.fingerprint, self.attempt, self.round_)
+
+
+def verify_command(req: VerifyRequest, cfg: OperatorConfig) -> list[str]:
+    """The verify container's command line (the broker checks the uploading pod runs exactly this)."""
+    args = ["trtforge", "stage-model", "--model", req.model_uri, "--broker", cfg.broker_url()]
+    if req.model_sha256:
+        args += ["--sha256", req.model_sha256]
+    if req.secret:
+        args += ["--secret-name", req.secret]
+    for host in req.allowed_redirect_hosts:
+        args += ["--allow-redirect-host", host]
+    return args
+
+
+def verify_grant(req: VerifyRequest, cfg: OperatorConfig, now: float, job_uid: str = "") -> VerifyGrant:
+    """The operator's record of the verify Job it creates for `req` (docs/security.md): the broker
+    takes an upload only from that Job's pod, for this source, at most `max_bytes`, once."""
+    cap = cfg.broker.max_model_bytes
+    return VerifyGrant(
+        namespace=req.namespace,
+        job=req.job_name,
+        job_uid=job_uid,
+        engine=req.engine,
+        fingerprint=req.fingerprint,
+        uri=req.model_uri,
+        secret=req.secret or "",
+        pin=req.model_sha256 or "",
+        max_bytes=min(req.max_bytes, cap) if req.max_bytes else cap,
+        image=cfg.builder_image,
+        command=verify_command(req, cfg),
+        issued_at=now,
+        expires_at=now + cfg.verify.deadline_seconds + VERIFY_GRANT_SLACK_S,
+    )
 
 
 def broker_token_volume(cfg: OperatorConfig) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -402,6 +441,8 @@ def verify_job(req: VerifyRequest, cfg: OperatorConfig) -> dict[str, Any]:
         ANNOTATION_ATTEMPT: str(req.attempt),
         ANNOTATION_CREATED_FOR: f"{req.namespace}/{req.engine}",
     }
+    if req.round_:
+        annotations[ANNOTATION_RECHECK_ROUND] = req.round_
     token_volume, token_mount, token_env = broker_token_volume(cfg)
     volumes: list[dict[str, Any]] = [
         {"name": "scratch", "emptyDir": {"sizeLimit": cfg.build.scratch_size}},
@@ -418,11 +459,7 @@ def verify_job(req: VerifyRequest, cfg: OperatorConfig) -> dict[str, Any]:
     if claim:
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": "model", "mountPath": f"{PVC_ROOT}/{claim}", "readOnly": True})
-    args = ["trtforge", "stage-model", "--model", req.model_uri, "--broker", cfg.broker_url()]
-    if req.model_sha256:
-        args += ["--sha256", req.model_sha256]
-    if req.secret:
-        args += ["--secret-name", req.secret]
+    args = verify_command(req, cfg)
     env_from = [{"secretRef": {"name": req.secret}}] if req.secret else []
     resources = {
         "requests": {"cpu": cfg.verify.cpu, "memory": cfg.verify.memory},

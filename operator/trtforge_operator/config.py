@@ -85,6 +85,9 @@ class VerifySettings(BaseModel):
     cpu: str = "500m"
     memory: str = "1Gi"
     deadline_seconds: int = Field(default=1800, ge=60)
+    # Verify Jobs running at once in one namespace (each reads a whole model and streams it to the
+    # broker); more wait, with the reason in their TRTEngine's status.
+    max_concurrent_per_namespace: int = Field(default=4, ge=1)
 
 
 CacheSharing = Literal["all", "namespace", "groups"]

@@ -26,7 +26,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from trtforge.contract.build_result import BuildFailure, parse_build_message
-from trtforge.contract.possession import source_fingerprint
+from trtforge.contract.possession import VerifyGrant, source_fingerprint, verify_grant_path
 from trtforge.logs import fields
 from trtforge_operator import children, job_cleanup
 from trtforge_operator.api import (
@@ -232,6 +232,50 @@ def _verify_failures(
     return out
 
 
+VERIFY_EVENT_LAG_S = 30.0  # a verify Job created this recently may not be in the index yet
+
+
+async def _create_verify_job(state: State, job: Mapping[str, Any], grant: VerifyGrant) -> bool:
+    """Create a verify Job and the operator's record of it (the broker's only proof that this Job is
+    the operator's). The record is written first without the Job's uid (the broker answers its pod
+    503, retry, until the uid is there), then with it. A Job that already exists keeps its record;
+    one left without a uid (a kill between the two writes) is refused by the broker, fails, and the
+    next attempt gets a Job and record of its own. An older record of the same name (a Job since
+    deleted, with its TRTEngine) is replaced."""
+    path = verify_grant_path(grant.namespace, grant.job)
+    existing = await asyncio.to_thread(state.store.verify_grant, grant.namespace, grant.job)
+    if (
+        existing is not None
+        and existing.job_uid
+        and grant.issued_at - existing.issued_at < VERIFY_EVENT_LAG_S
+    ):
+        return False  # created by an earlier pass a moment ago; its event has not arrived yet
+    await asyncio.to_thread(state.store.store.put_bytes, path, grant.to_json().encode())
+    uid = await state.kube.create_job_uid(job)
+    if uid is None:
+        return False
+    bound = grant.model_copy(update={"job_uid": uid})
+    await asyncio.to_thread(state.store.store.put_bytes, path, bound.to_json().encode())
+    return True
+
+
+def _verify_stuck(indices: Mapping[str, Any], namespace: str, jobs: list[JobView]) -> dict[str, str]:
+    """Running verify Jobs of `namespace` whose pod cannot start -> the kubelet's or scheduler's reason."""
+    out: dict[str, str] = {}
+    for j in jobs:
+        if not j.running:
+            continue
+        for pod in list(indices["vpods_idx"].get((namespace, j.name), [])):
+            if not isinstance(pod, PodView) or pod.deleting:
+                continue
+            w = pod.cannot_start()
+            if w is not None:
+                out[j.name] = one_line(f"{w.reason}: {w.message}" if w.message else w.reason)
+            elif pod.unschedulable and pod.phase == "Pending":
+                out[j.name] = one_line(f"Unschedulable: {pod.unschedulable}")
+    return out
+
+
 # ------------------------------------------------------------------------------------------ TRTEngine
 
 
@@ -256,6 +300,7 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
     possession = await asyncio.to_thread(state.store.possession, ns, fingerprint)
     verify_jobs = [j for j in list(indices["vjobs_idx"].get(ns, [])) if isinstance(j, JobView)]
     verify_failures = _verify_failures(indices, ns, verify_jobs)
+    verify_stuck = _verify_stuck(indices, ns, verify_jobs)
     cache_scope = _cache_scope(state, indices, ns)
     problem = model_source_problem(m.uri, state.cfg.store_uri)
     if problem is not None:
@@ -298,6 +343,7 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
             possession=possession,
             verify_jobs=verify_jobs,
             verify_failures=verify_failures,
+            verify_stuck=verify_stuck,
             cache_scope=cache_scope,
         )
 
@@ -319,7 +365,8 @@ async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mappi
         state.metrics.refused_transitions.labels(str(refused.before or "None"), refused.after).inc()
     await _create_jobs(state, [j for j in plan.jobs_to_create if j["metadata"]["name"] not in known], "build")
     for vj in plan.verify_jobs_to_create:  # in the tenant's namespace, not a build slot
-        if await state.kube.create(vj):
+        grant = plan.verify_grants.get(vj["metadata"]["name"])
+        if grant is not None and await _create_verify_job(state, vj, grant):
             state.metrics.jobs_created.labels("verify").inc()
     requester = f"{ns}/{name}"
     by_name = {
@@ -734,6 +781,17 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         if job is not None and ANNOTATION_RESULT not in job:
             await state.kube.annotate("Job", namespace, job_name, {ANNOTATION_RESULT: result})
             state.metrics.observe_build_result(result)
+
+    @kopf.on.event("v1", "pods", labels={**MANAGED, APP_COMPONENT: COMPONENT_VERIFIER}, registry=registry)
+    def _verify_pod_event(**kw: Any) -> None:
+        """A verify pod that cannot start (or starts) changes its engine's status: wake that engine."""
+        ns, labels = kw["namespace"], kw["labels"] or {}
+        job = labels.get("job-name") or labels.get("batch.kubernetes.io/job-name")
+        for j in list(kw["vjobs_idx"].get(ns, [])):
+            if isinstance(j, JobView) and j.name == job:
+                owner_ns, _, n = j.annotations.get(ANNOTATION_CREATED_FOR, "").partition("/")
+                if owner_ns == ns:
+                    state.queue.fire(Kind.TRTENGINE, ns, n)
 
     @kopf.on.event("v1", "pods", labels={**MANAGED, APP_COMPONENT: COMPONENT_RUNTIME}, registry=registry)
     def _runtime_pod_event(**kw: Any) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import functools
+import json
 import logging
 import uuid
 from collections.abc import Mapping
@@ -96,6 +97,41 @@ class Kube:
             extra=fields(kind=kind, namespace=ns, name=obj["metadata"]["name"]),
         )
         return True
+
+    async def create_job_uid(self, obj: Mapping[str, Any]) -> str | None:
+        """Create the Job `obj`; the uid the apiserver gave it, None when it already exists (409).
+        Only the answer's metadata is read (see `create`)."""
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+
+        def call() -> str:
+            create: Any = self.batch.create_namespaced_job  # typed for models; this answer is raw
+            raw = create(ns, dict(obj), _preload_content=False).data
+            return str((json.loads(raw).get("metadata") or {}).get("uid") or "")
+
+        try:
+            uid = await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        except ApiException as e:
+            if e.status == 409:
+                return None
+            raise
+        log.info("created Job %s/%s", ns, name, extra=fields(kind="Job", namespace=ns, name=name, uid=uid))
+        return uid
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A pod as plain JSON; None when it is gone (404)."""
+
+        def call() -> dict[str, Any]:
+            read: Any = self.core.read_namespaced_pod  # typed for models; this answer is raw
+            raw = read(name, namespace, _preload_content=False).data
+            out: dict[str, Any] = json.loads(raw)
+            return out
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
 
     async def job_annotations(self, namespace: str, name: str) -> dict[str, str] | None:
         """A Job's annotations; None when the Job is gone (404)."""

@@ -39,6 +39,7 @@ ANNOTATION_TARGET = "trtforge.io/target"  # JSON {gpu, mig}
 ANNOTATION_ATTEMPT = "trtforge.io/attempt"
 ANNOTATION_RESULT = "trtforge.io/result"  # the builder's result JSON, copied from the pod when it ends
 LABEL_MODEL_SOURCE = "trtforge.io/model-source"  # verify Jobs: source fingerprint[:20]
+ANNOTATION_RECHECK_ROUND = "trtforge.io/recheck-round"  # verify Jobs re-reading a model: which round
 ANNOTATION_SOURCE_FINGERPRINT = "trtforge.io/model-source-fingerprint"  # verify Jobs: the full fingerprint
 ANNOTATION_FAULT = "trtforge.io/fault"  # rebuild Jobs: the fault that asked for them
 # rebuild Jobs: "fault" (the operator saw a GPU fault) or "asked" (the TRTEngine's annotation asked)

@@ -233,6 +233,34 @@ class ContainerView:
     restart_count: int
     terminated: Terminated | None  # the current state
     last_terminated: Terminated | None  # the previous run (after a restart)
+    waiting: Waiting | None = None  # the current state, while the container has not started
+
+
+@dataclass(frozen=True)
+class Waiting:
+    reason: str  # the kubelet's reason (ContainerCreating, CreateContainerConfigError, ErrImagePull, ...)
+    message: str
+
+
+# Waiting reasons that say the container cannot start as things are (not that it is on its way).
+CANNOT_START = frozenset(
+    {
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "RunContainerError",
+    }
+)
+
+
+def _waiting(state: Mapping[str, Any] | None) -> Waiting | None:
+    w = (state or {}).get("waiting")
+    if not w:
+        return None
+    return Waiting(reason=str(w.get("reason") or ""), message=str(w.get("message") or ""))
 
 
 @dataclass(frozen=True)
@@ -261,6 +289,7 @@ class PodView:
                 restart_count=int(cs.get("restartCount") or 0),
                 terminated=_terminated(cs.get("state")),
                 last_terminated=_terminated(cs.get("lastState")),
+                waiting=_waiting(cs.get("state")),
             )
             for cs in status.get("containerStatuses") or []
         )
@@ -285,6 +314,13 @@ class PodView:
                 None,
             ),
         )
+
+    def cannot_start(self) -> Waiting | None:
+        """The first container's reason for not starting, when it is one that will not pass by itself."""
+        for c in self.containers:
+            if c.waiting is not None and c.waiting.reason in CANNOT_START:
+                return c.waiting
+        return None
 
     def terminations(self) -> list[Terminated]:
         out: list[Terminated] = []

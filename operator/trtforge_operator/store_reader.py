@@ -8,7 +8,7 @@ import time
 from trtforge.contract.engine_key import RequestRecord
 from trtforge.contract.layout import ENGINES, MANIFEST, manifest_path, request_path
 from trtforge.contract.manifest import Manifest
-from trtforge.contract.possession import PossessionRecord, possession_path
+from trtforge.contract.possession import PossessionRecord, VerifyGrant, possession_path, verify_grant_path
 from trtforge.logs import fields
 from trtforge.store import EngineStore, ObjectNotFound, StoreError, open_store
 
@@ -43,6 +43,22 @@ class StoreReader:
             return hit[1] if hit is not None else None
         self._cache[key] = (now, m)
         return m
+
+    def verify_grant(self, namespace: str, job: str) -> VerifyGrant | None:
+        """The operator's record of its verify Job `namespace/job` (never cached: it changes within a
+        second of being written). None when there is none or it does not parse; StoreError when the
+        store cannot answer."""
+        try:
+            path = verify_grant_path(namespace, job)
+        except ValueError:
+            return None
+        try:
+            return VerifyGrant.from_json(self.store.read_bytes(path))
+        except ObjectNotFound:
+            return None
+        except ValueError as e:
+            log.warning("verify grant %s is not valid: %s", path, e, extra=fields(path=path))
+            return None
 
     def possession(self, namespace: str, fingerprint: str) -> PossessionRecord | None:
         """The broker's record that `namespace` holds a model through the source `fingerprint`.

@@ -35,6 +35,7 @@ from tests.integration.chart_release import (
     tenant_namespaces,
     uninstall_chart_rbac,
 )
+from trtforge.contract.possession import GRANTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -123,12 +124,17 @@ class Tenancy:
             return int(e.code)
 
     def store_snapshot(self) -> dict[str, tuple[int, int]]:
+        """Every file of the store but the operator's records of the verify Jobs it creates
+        (verify-grants/: its own bookkeeping, written for any verify Job, refused or not)."""
         out = {}
         for dirpath, _, files in os.walk(self.store_dir):
             for f in files:
                 p = Path(dirpath) / f
+                rel = str(p.relative_to(self.store_dir))
+                if rel.startswith(f"{GRANTS}/"):
+                    continue
                 st = p.stat()
-                out[str(p.relative_to(self.store_dir))] = (st.st_size, st.st_mtime_ns)
+                out[rel] = (st.st_size, st.st_mtime_ns)
         return out
 
 
@@ -213,11 +219,11 @@ def test_a_copycat_with_the_hash_but_not_the_model_gets_nothing(t: Tenancy) -> N
     assert not core.list_namespaced_pod(t.c, label_selector="app.kubernetes.io/component=runtime").items
     for f in (manifest["engine_file"], "manifest.json"):
         assert t.broker(t.c, "GET", f"/engines/{key}/{f}") == 403
-    # Nor can it forge possession: bytes that are not the model are refused.
+    # Nor can it forge possession: only the operator's verify Jobs may upload at all.
     forged = t.broker(
         t.c, "PUT", f"/models/{t.sha}", data=b"not the model", **{"X-Trtforge-Source-Uri": "pvc://models/x"}
     )
-    assert forged == 422
+    assert forged == 403
     assert t.broker(t.c, "GET", f"/engines/{key}/{manifest['engine_file']}") == 403
 
 

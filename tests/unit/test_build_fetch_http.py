@@ -94,12 +94,14 @@ def test_refusal_names_the_cause(
     assert e.value.reason == "ModelFetchFailed"
 
 
-def test_token_never_follows_a_redirect_to_another_host(
+def test_a_plain_http_source_follows_no_redirect(
     servers: _Servers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
-    fetch_model(servers.url("/elsewhere.onnx"), tmp_path)
-    assert servers.seen_by_other == [None]
+    with pytest.raises(BuildError, match="plain-http source follows no redirects") as e:
+        fetch_model(servers.url("/elsewhere.onnx"), tmp_path)
+    assert e.value.reason == "ModelSourceRefused"
+    assert servers.seen_by_other == []  # never asked, with or without the token
 
 
 def test_build_without_the_token_fails_with_one_line_and_publishes_nothing(

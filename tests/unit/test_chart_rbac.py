@@ -190,6 +190,7 @@ def test_broker_role_is_token_reviews_and_listing_references_only() -> None:
         ("authentication.k8s.io", "tokenreviews", "create"),
         ("trtforge.io", "trtengines", "list"),
         ("trtforge.io", "inferencedeployments", "list"),
+        ("", "pods", "get"),
     }
     (sa,) = [d for d in _docs("rbac-broker.yaml") if d["kind"] == "ServiceAccount"]
     assert sa["metadata"] == {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,24 +13,26 @@ import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 from trtforge_operator.broker import (
     SHA256_HEADER,
-    SOURCE_PIN_HEADER,
-    SOURCE_URI_HEADER,
     Denied,
     Identity,
     ModelSourceRef,
+    UploaderPod,
     grant_denial,
     keys_referenced,
     make_app,
     namespace_of,
+    upload_denial,
 )
 from trtforge_operator.store_reader import StoreReader
 
 from trtforge.contract.layout import engine_path, manifest_path
 from trtforge.contract.possession import (
     PossessionRecord,
+    VerifyGrant,
     possession_path,
     source_fingerprint,
     staged_model_path,
+    verify_grant_path,
 )
 from trtforge.store import open_store
 
@@ -98,6 +101,35 @@ class Tokens:
         why = grant_denial(who.namespace, key, sources, self.store.manifest(key), self.store.possession)
         if why:
             raise Denied(403, why)
+
+    async def check_upload(self, who: Identity, sha256: str, length: int | None) -> VerifyGrant:
+        """The broker's real upload rule over the real store's grants; every pod is VERIFY_POD."""
+        grant = self.store.verify_grant(who.namespace, VERIFY_POD.job)
+        why = upload_denial(who, VERIFY_POD, grant, sha256, length, time.time())
+        if why is not None:
+            raise why
+        assert grant is not None
+        return grant
+
+
+VERIFY_POD = UploaderPod(uid="", job="trtforge-verify-x", job_uid="job-uid", containers=(("img", ("a",)),))
+
+
+def _grant(tmp_path: Path, ns: str, pin: str = "", max_bytes: int = 1 << 20) -> None:
+    g = VerifyGrant(
+        namespace=ns,
+        job=VERIFY_POD.job,
+        job_uid=VERIFY_POD.job_uid,
+        engine="e",
+        fingerprint=source_fingerprint(SOURCE.uri, None, pin or None),
+        uri=SOURCE.uri,
+        pin=pin,
+        max_bytes=max_bytes,
+        image="img",
+        command=["a"],
+        expires_at=time.time() + 600,
+    )
+    open_store(str(tmp_path)).put_bytes(verify_grant_path(ns, g.job), g.to_json().encode())
 
 
 def _prove(tmp_path: Path, ns: str = "team-a", sha: str = MODEL_SHA) -> None:
@@ -182,18 +214,21 @@ async def test_a_verify_upload_is_hashed_by_the_broker_staged_once_and_recorded(
     broker: TestClient[Any, Any], tmp_path: Path
 ) -> None:
     fp = source_fingerprint(SOURCE.uri, None, None)
-    hdr = {"Authorization": "Bearer other", SOURCE_URI_HEADER: SOURCE.uri}
+    hdr = {"Authorization": "Bearer other"}
     store = open_store(str(tmp_path))
+    # No pending verification for team-b: refused, nothing written.
+    none = await broker.put(f"/models/{MODEL_SHA}", data=MODEL, headers=hdr)
+    assert none.status == 403 and not store.exists(staged_model_path(MODEL_SHA))
+    # A pinned verification takes no other digest.
+    _grant(tmp_path, "team-b", pin="1" * 64)
+    pinned = await broker.put(f"/models/{MODEL_SHA}", data=MODEL, headers=hdr)
+    assert pinned.status == 403 and not store.exists(staged_model_path(MODEL_SHA))
+    _grant(tmp_path, "team-b")
     # Bytes that are not the digest named: refused, nothing recorded or staged.
     bad = await broker.put(f"/models/{MODEL_SHA}", data=b"something else", headers=hdr)
     assert bad.status == 422 and "nothing was recorded" in (await bad.json())["error"]
     assert not store.exists(possession_path("team-b", fp)) and not store.exists(staged_model_path(MODEL_SHA))
-    # A pin that is not the digest: refused. No token: refused.
-    pinned = await broker.put(
-        f"/models/{MODEL_SHA}", data=MODEL, headers={**hdr, SOURCE_PIN_HEADER: "1" * 64}
-    )
-    assert pinned.status == 422
-    no_token = await broker.put(f"/models/{MODEL_SHA}", data=MODEL, headers={SOURCE_URI_HEADER: SOURCE.uri})
+    no_token = await broker.put(f"/models/{MODEL_SHA}", data=MODEL)
     assert no_token.status == 401
     ok = await broker.put(f"/models/{MODEL_SHA}", data=MODEL, headers=hdr)
     assert ok.status == 200 and (await ok.json())["fingerprint"] == fp
@@ -202,4 +237,7 @@ async def test_a_verify_upload_is_hashed_by_the_broker_staged_once_and_recorded(
     assert r.status == 200
     assert store.read_bytes(staged_model_path(MODEL_SHA)) == MODEL
     rec = PossessionRecord.from_json(store.read_bytes(possession_path("team-b", fp)))
-    assert (rec.namespace, rec.sha256, rec.pod) == ("team-b", MODEL_SHA, "pod")
+    assert (rec.namespace, rec.sha256, rec.pod, rec.uri) == ("team-b", MODEL_SHA, "pod", SOURCE.uri)
+    # The grant is used up: the same Job's pod records nothing more.
+    again = await broker.put(f"/models/{MODEL_SHA}", data=MODEL, headers=hdr)
+    assert again.status == 403

@@ -57,6 +57,9 @@ FailureReason = Literal[
     "BuildFailed",
     "ValidationFailed",
     "Timeout",
+    "ModelSourceRefused",  # a redirect the source does not allow (scheme, host, hop count)
+    "UploadRefused",  # the engine broker refused a verify upload (not this Job's, not this digest)
+    "ModelTooLarge",  # larger than the verification accepts
 ]
 
 BUILD_EXIT_CODES: dict[FailureReason, int] = {
@@ -73,6 +76,9 @@ BUILD_EXIT_CODES: dict[FailureReason, int] = {
     "BuildFailed": 95,
     "ValidationFailed": 96,
     "Timeout": 97,
+    "ModelSourceRefused": 98,
+    "UploadRefused": 99,
+    "ModelTooLarge": 100,
 }
 BUILD_REASON_BY_EXIT_CODE: dict[int, FailureReason] = {v: k for k, v in BUILD_EXIT_CODES.items()}
 

@@ -32,6 +32,7 @@ from trtforge.contract.layout import KEY_RE
 
 POSSESSION = "possession"
 MODELS = "models"
+GRANTS = "verify-grants"
 STAGED_MODEL_FILE = "model.onnx"
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -48,6 +49,13 @@ def possession_path(namespace: str, fingerprint: str) -> str:
     if not NAMESPACE_RE.match(namespace) or not SHA256_RE.match(fingerprint):
         raise ValueError(f"possession record of {namespace!r}/{fingerprint!r}: not a namespace/fingerprint")
     return f"{POSSESSION}/{namespace}/{fingerprint}.json"
+
+
+def verify_grant_path(namespace: str, job: str) -> str:
+    """Where the operator records the verify Job it created (what the broker lets upload)."""
+    if not NAMESPACE_RE.match(namespace) or not NAMESPACE_RE.match(job):
+        raise ValueError(f"verify grant of {namespace!r}/{job!r}: not a namespace/Job name")
+    return f"{GRANTS}/{namespace}/{job}.json"
 
 
 def staged_model_path(sha256: str) -> str:
@@ -84,6 +92,38 @@ class PossessionRecord(BaseModel):
             and self.fingerprint == fingerprint
             and (sha256 is None or self.sha256 == sha256)
         )
+
+
+class VerifyGrant(BaseModel):
+    """The operator created verify Job `job` (uid `job_uid`) in `namespace` to read this source.
+
+    Written by the operator right after it creates the Job, read by the broker: only a pod whose
+    controller is that very Job (by uid) may upload, only once, at most `max_bytes`, and only the
+    pinned digest when the source pins one. The possession record's source is this grant's, never
+    anything the uploader says. A tenant can create Jobs with any labels in its own namespace, but
+    not this record (docs/security.md)."""
+
+    model_config = ConfigDict(extra="ignore")
+    namespace: str
+    job: str
+    job_uid: str
+    engine: str
+    fingerprint: str
+    uri: str
+    secret: str = ""
+    pin: str = ""
+    max_bytes: int
+    image: str  # what the Job's one container runs: the builder image and its stage-model command line
+    command: list[str]
+    issued_at: float = Field(default_factory=time.time)
+    expires_at: float
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> VerifyGrant:
+        return cls.model_validate_json(text)
 
 
 def scoped_key(engine_key: str, scope: str) -> str:

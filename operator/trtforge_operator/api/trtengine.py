@@ -47,6 +47,23 @@ MODEL_URI_PATTERN = (
     r"|https://[^/]+/.+)$"
 )
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+REDIRECT_HOST_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]{1,5})?$"
+RedirectHost = Annotated[str, Field(max_length=259, pattern=REDIRECT_HOST_PATTERN)]
+DURATION_PATTERN = r"^([0-9]{1,5}h)?([0-9]{1,6}m)?([0-9]{1,8}s)?$"
+MIN_RECHECK_SECONDS = 300
+
+
+def duration_seconds(text: str) -> int:
+    """Seconds of a duration like ``24h``, ``90m``, ``1h30m`` or ``3600s`` (DURATION_PATTERN)."""
+    import re
+
+    m = re.fullmatch(DURATION_PATTERN, text)
+    if m is None or not text:
+        raise ValueError(f"{text!r} is not a duration like 24h, 90m, 1h30m or 3600s")
+    h, mi, s = (int((g or "0")[:-1] or 0) for g in m.groups())
+    return h * 3600 + mi * 60 + s
+
+
 GPU_PRODUCT_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 MIG_PROFILE_PATTERN = MIG_PROFILE_RE.pattern
 MAX_RANK = 8
@@ -148,12 +165,55 @@ class ModelSource(ApiModel):
             "TRTFORGE_MODEL_TOKEN (a bearer token) for https://."
         ),
     )
+    allowed_redirect_hosts: list[RedirectHost] = Field(
+        default_factory=list,
+        max_length=16,
+        description=(
+            "Hosts an https model's redirects may lead to besides its own host and port: 'host' (port "
+            "443) or 'host:port'. Redirects are followed https to https only, at most 5 hops."
+        ),
+    )
+    recheck_interval: str | None = Field(
+        default=None,
+        min_length=2,
+        max_length=24,
+        pattern=DURATION_PATTERN,
+        description=(
+            "Read an unpinned model again this often (a duration: 24h, 90m, 1h30m; at least 5m) and "
+            "verify it anew: a changed model becomes a new model digest (status.model.sha256) and new "
+            "engines. Unset: an unpinned model is read once, and status.model.message says so. "
+            "Ignored with sha256 (a pinned model cannot change)."
+        ),
+    )
+    max_size_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "The largest model the verify step may upload, in bytes; the broker refuses a larger one "
+            "before storing anything. Unset: the operator's broker.max_model_bytes (also the upper bound)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _secret_scheme(self) -> ModelSource:
         if self.secret_ref is not None and self.uri.startswith("pvc://"):
             raise ValueError("model.secretRef applies to s3:// and https:// models only")
+        if (
+            self.recheck_interval is not None
+            and duration_seconds(self.recheck_interval) < MIN_RECHECK_SECONDS
+        ):
+            raise ValueError(
+                f"model.recheckInterval {self.recheck_interval!r} is shorter than "
+                f"{MIN_RECHECK_SECONDS // 60}m"
+            )
         return self
+
+    @property
+    def recheck_seconds(self) -> int | None:
+        """How often an unpinned model is read again; None: never (or pinned)."""
+        if self.sha256 or not self.recheck_interval:
+            return None
+        return duration_seconds(self.recheck_interval)
 
 
 class ShapeRangeSpec(ApiModel):
@@ -508,6 +568,14 @@ class VerifiedModel(ApiModel):
     sha256: str = Field(max_length=64, description="sha256 of the model, as the broker computed it.")
     verified_time: Time | None = Field(default=None, description="When the verify step finished.")
     size_bytes: int | None = Field(default=None, ge=0, description="Model size.")
+    message: str | None = Field(
+        default=None,
+        max_length=1024,
+        description=(
+            "When the model is read again (spec.model.recheckInterval), how the last re-read went, or "
+            "a warning that an unpinned model without recheckInterval is never read again."
+        ),
+    )
 
 
 class TRTEngineStatus(ApiModel):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trtforge.contract.possession import VerifyGrant
 from trtforge_operator import children
 from trtforge_operator.api import (
     TRTEngineStatus,
@@ -38,7 +39,7 @@ from trtforge_operator.planning.rebuild import RebuildCause, RebuildRequest, pla
 from trtforge_operator.planning.target import TargetOutcome, keep_times, plan_target
 from trtforge_operator.planning.target_state import RefusedTransition, TargetState
 from trtforge_operator.planning.text import one_line
-from trtforge_operator.planning.verify import plan_verify
+from trtforge_operator.planning.verify import plan_recheck, plan_verify
 
 
 @dataclass
@@ -46,6 +47,8 @@ class EnginePlan:
     status: TRTEngineStatus
     jobs_to_create: list[dict[str, Any]] = field(default_factory=list)
     verify_jobs_to_create: list[dict[str, Any]] = field(default_factory=list)  # in the tenant namespace
+    # The operator's record of each verify Job it creates (by Job name), written before the Job.
+    verify_grants: dict[str, VerifyGrant] = field(default_factory=dict)
     add_requester: list[str] = field(default_factory=list)  # names of existing Jobs this engine now uses
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None  # seconds until a backoff expires
@@ -64,11 +67,15 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     extra_total = extra_ns = 0
     planned: set[str] = set()
     verify = plan_verify(obs, cfg) if obs.verified_sha256 is None and targets else None
-    if verify is not None:
-        if verify.create is not None:
-            plan.verify_jobs_to_create.append(children.verify_job(verify.create, cfg))
-        if verify.wake_at is not None:
-            plan.requeue_after = max(0.5, verify.wake_at - obs.now)
+    recheck = plan_recheck(obs, cfg) if obs.verified_sha256 is not None and targets else None
+    for step in (verify, recheck):
+        if step is None:
+            continue
+        if step.create is not None:
+            plan.verify_jobs_to_create.append(children.verify_job(step.create, cfg))
+            plan.verify_grants[step.create.job_name] = children.verify_grant(step.create, cfg, obs.now)
+        if step.wake_at is not None:
+            plan.requeue_after = max(0.5, step.wake_at - obs.now)
     for target in targets:
         o = plan_target(obs, target, cfg, jobs_by_id, prev.get(target.name), verify)
         if o.create is not None and o.create.job_name in planned:
@@ -134,7 +141,12 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
         conditions=engine_conditions(obs.status.conditions, obs.generation, obs.now, outcomes),
         targets=statuses,
         ready_targets=ready_text(sum(1 for o in outcomes if o.state.serving), len(statuses)),
-        model=VerifiedModel(sha256=p.sha256, verified_time=utc(p.verified_at), size_bytes=p.size_bytes)
+        model=VerifiedModel(
+            sha256=p.sha256,
+            verified_time=utc(p.verified_at),
+            size_bytes=p.size_bytes,
+            message=recheck.message if recheck is not None else None,
+        )
         if p is not None and obs.verified_sha256 is not None
         else None,
     )

@@ -5,6 +5,10 @@ opt-in policy (``gc.enabled``) that deletes engines no TRTEngine status, runtime
 build Job references, once they are older than ``gc.minAgeSeconds``, keeping the ``gc.keepLatest``
 newest unreferenced ones.
 
+The same policy collects the verify side of the store (:func:`plan_model_gc`): staged models
+(``models/<sha256>/``) and possession records no TRTEngine's current source needs, and expired
+verify grants.
+
 An engine is also referenced through a *request key* (docs/design.md "Engine keys"): a build that has
 just published its engine, but whose TRTEngine has not yet recorded the engine key, is named only by
 the request key on its Job and in the target's status. The store's request index resolves those.
@@ -79,3 +83,77 @@ def referenced_keys(
         if k := resolve_request(rk):
             out.add(k)
     return out
+
+
+# ------------------------------------------------------------------------------------ models/ and proofs
+
+
+@dataclass(frozen=True)
+class StoredProof:
+    """A possession record in the store: ``possession/<namespace>/<fingerprint>.json``."""
+
+    namespace: str
+    fingerprint: str
+    sha256: str
+    verified_at: float
+
+
+@dataclass(frozen=True)
+class StoredGrant:
+    """The operator's record of a verify Job: ``verify-grants/<namespace>/<job>.json``."""
+
+    namespace: str
+    job: str
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class ModelGCPlan:
+    proofs: list[tuple[str, str]]  # (namespace, fingerprint), records first
+    models: list[str]  # staged model digests, after the records that named them
+    grants: list[tuple[str, str]]  # (namespace, job): expired, useless to the broker
+
+
+def plan_model_gc(
+    models: Iterable[str],
+    proofs: Iterable[StoredProof],
+    grants: Iterable[StoredGrant],
+    current_sources: Iterable[tuple[str, str]],
+    build_models: Iterable[str],
+    now: float,
+    policy: GCSettings,
+    sources_listed_at: float | None = None,
+) -> ModelGCPlan:
+    """What of the verify side of the store nothing references any more. Pure.
+
+    - A possession record goes once no TRTEngine of its namespace names its source
+      (``current_sources``: (namespace, source fingerprint) of every TRTEngine) and it is older than
+      ``gc.minAgeSeconds``: the broker only ever honours the record of a TRTEngine's current source.
+      A record written after the TRTEngines were listed (``sources_listed_at``) may be of one created
+      meanwhile: it stays this pass.
+    - A staged model goes once no remaining record names it and no running build Job reads it
+      (``build_models``), and no verification is pending anywhere (an unexpired grant): an upload
+      stages its model before it writes its record, and may find a staged copy it relies on.
+    - An expired grant goes: the broker refuses it anyway."""
+    current = set(current_sources)
+    kept_digests: set[str] = set()
+    drop: list[StoredProof] = []
+    for p in proofs:
+        fresh = sources_listed_at is not None and p.verified_at >= sources_listed_at - CLOCK_SKEW_S
+        if (
+            (p.namespace, p.fingerprint) not in current
+            and not fresh
+            and now - p.verified_at >= policy.min_age_seconds
+        ):
+            drop.append(p)
+        else:
+            kept_digests.add(p.sha256)
+    all_grants = list(grants)
+    pending = any(g.expires_at >= now for g in all_grants)
+    keep = kept_digests | set(build_models)
+    dead_models = [] if pending else sorted(m for m in set(models) if m not in keep)
+    return ModelGCPlan(
+        proofs=sorted((p.namespace, p.fingerprint) for p in drop),
+        models=dead_models,
+        grants=sorted((g.namespace, g.job) for g in all_grants if g.expires_at < now),
+    )

@@ -65,6 +65,8 @@ class EngineObserved:
     possession: PossessionRecord | None = None
     verify_jobs: Sequence[JobView] = ()
     verify_failures: Mapping[str, BuildFailure] = field(default_factory=dict)  # failed verify Job -> why
+    # Running verify Job -> why its pod cannot start (the kubelet's or scheduler's reason and message).
+    verify_stuck: Mapping[str, str] = field(default_factory=dict)
     cache_scope: str = ""  # the namespace's cache scope (CacheSettings.scope)
 
     @cached_property  # hashed once per pass, not once per target and call

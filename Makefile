@@ -55,22 +55,49 @@ binaries: deps venv
 helm: deps venv
 	$(BIN)/python -m trtforge_dev.testbed.helm
 
+LINT := $(BIN)/ruff check . && $(BIN)/ruff format --check .
+TYPECHECK := $(BIN)/mypy
 lint: venv
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(LINT)
 typecheck: venv
-	$(BIN)/mypy
+	$(TYPECHECK)
+
+# Tests run in tiers (docs/development.md, "Tests"); tests/conftest.py marks them from where a test
+# lives and what it uses:
+# - `testbed`: every test that uses the shared test bed, one after another in a pytest session of its
+#   own (they share its emulated GPUs, and some fault a node or stop its apiserver);
+# - the rest (`unit`, `serve` and the few integration tests that bring their own processes) at the same
+#   time over $(TEST_WORKERS) pytest-xdist workers; outside tests/unit a module stays on one worker.
+# pytest exits 5 when it collects nothing, so an empty tier fails too.
+TEST_WORKERS ?= 2
+PYTEST_TESTBED := $(BIN)/pytest -q -p no:xdist -m testbed
+PYTEST_PARALLEL := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m 'not testbed'
+TESTBED_LOG := .cache/test-testbed.log
 
 unit: venv
-	$(BIN)/pytest tests/unit -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup tests/unit
 integration: binaries helm
-	$(BIN)/pytest tests/integration -q
+	$(PYTEST_TESTBED) tests/integration
+	$(PYTEST_PARALLEL) tests/integration
 e2e: binaries
-	$(BIN)/pytest tests/e2e -q
+	$(PYTEST_TESTBED) tests/e2e
 
-# pytest exits 5 when it collects nothing, so an empty run fails here too.
-test: deps venv binaries helm lint typecheck
-	$(BIN)/pytest tests -q
+# The test-bed tier starts first, in the background (it waits on the control plane more than it
+# computes); ruff, mypy and the parallel tier run meanwhile. Its output follows theirs, and stays in
+# $(TESTBED_LOG).
+test: deps venv binaries helm
+	@mkdir -p .cache
+	@echo ">> the test-bed tier, in the background: $(TESTBED_LOG)"
+	@$(PYTEST_TESTBED) tests > $(TESTBED_LOG) 2>&1 & bed=$$!; \
+	rc=0; \
+	echo ">> ruff"; { $(LINT); } || rc=$$?; \
+	echo ">> mypy"; $(TYPECHECK) || rc=$$?; \
+	echo ">> the other tiers over $(TEST_WORKERS) workers"; \
+	$(PYTEST_PARALLEL) tests || rc=$$?; \
+	echo ">> the test-bed tier"; \
+	wait $$bed || rc=$$?; \
+	cat $(TESTBED_LOG); \
+	exit $$rc
 
 demo: deps venv binaries
 	$(BIN)/trtforge demo

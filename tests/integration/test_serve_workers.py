@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -13,6 +15,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http.aio as aioclient
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from tests.integration.serve_engines import build_engine, run_ort, write_gpu_file
 from tests.integration.serve_process import Server, serve_once
@@ -39,9 +43,21 @@ def _cpus(pid: int) -> str:
     raise AssertionError("no Cpus_allowed_list")
 
 
-def _cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
+def _answered_by(pid: int) -> float:
+    """The successful requests that the worker `pid` itself counted: its own file in the pod's shared
+    metrics directory (prometheus_client's multiprocess mode, one file per process), read alone."""
+    env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+    own = Path(env["PROMETHEUS_MULTIPROC_DIR"]) / f"counter_{pid}.db"
+    if not own.exists():
+        return 0.0  # it has counted nothing yet
+    with tempfile.TemporaryDirectory() as alone:
+        shutil.copy(own, alone)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=alone)
+        value = registry.get_sample_value(
+            "trtforge_runtime_requests_total", {"model": "mlp", "outcome": "success"}
+        )
+    return value or 0.0
 
 
 def _get_or_none(s: Server, path: str) -> tuple[int, dict[str, object]] | None:
@@ -85,7 +101,7 @@ def test_two_workers_share_the_port_and_report_as_one_pod(engine: tuple[Path, Pa
         workers = _children(s.proc.pid)
         assert len(workers) == 2
         assert _cpus(workers[0]) != _cpus(workers[1])  # each on its own CPUs
-        before = [_cpu_ticks(p) for p in workers]
+        assert [_answered_by(p) for p in workers] == [0, 0]
 
         rng = np.random.default_rng(5)
         xs = [rng.standard_normal((2, 64)).astype(np.float32) for _ in range(160)]
@@ -101,10 +117,28 @@ def test_two_workers_share_the_port_and_report_as_one_pod(engine: tuple[Path, Pa
             finally:
                 await c.close()
 
-        async def main() -> None:
-            await asyncio.gather(*(client(i) for i in range(16)))
+        async def one_more(x: np.ndarray) -> None:
+            c = aioclient.InferenceServerClient(s.url)  # a new connection: the kernel picks its worker
+            try:
+                inp = aioclient.InferInput("x", [2, 64], "FP32")
+                inp.set_data_from_numpy(x)
+                got = (await c.infer("mlp", [inp])).as_numpy("y")
+                np.testing.assert_allclose(got, run_ort(mlp, {"x": x})["y"], rtol=1e-5, atol=1e-6)
+            finally:
+                await c.close()
 
-        asyncio.run(main())
+        async def main() -> int:
+            await asyncio.gather(*(client(i) for i in range(16)))
+            # Each connection lands on either worker with even odds, so sixteen all on one worker are
+            # rare but possible: new connections until both have answered (each worker's own count).
+            more = 0
+            while 0 in [_answered_by(p) for p in workers]:
+                assert more < 256, [_answered_by(p) for p in workers]
+                await one_more(xs[more % len(xs)])
+                more += 1
+            return more
+
+        more = asyncio.run(main())
         g = grpcclient.InferenceServerClient(s.grpc_url)  # gRPC shares its port the same way
         inp = grpcclient.InferInput("x", [2, 64], "FP32")
         inp.set_data_from_numpy(xs[0])
@@ -112,11 +146,11 @@ def test_two_workers_share_the_port_and_report_as_one_pod(engine: tuple[Path, Pa
             g.infer("mlp", [inp]).as_numpy("y"), run_ort(mlp, {"x": xs[0]})["y"], rtol=1e-5
         )
         g.close()
-        after = [_cpu_ticks(p) for p in workers]
-        assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)  # both served
+        answered = [_answered_by(p) for p in workers]
+        assert all(n > 0 for n in answered) and sum(answered) == 161 + more, answered  # both served
         # One pod's metrics, whichever worker answers the scrape.
         for _ in range(4):
-            assert s.metric('trtforge_runtime_requests_total{model="mlp",outcome="success"}') == 161
+            assert s.metric('trtforge_runtime_requests_total{model="mlp",outcome="success"}') == 161 + more
             assert s.metric('trtforge_runtime_ready{model="mlp"}') == 1
         s.proc.send_signal(signal.SIGTERM)
         assert s.exit_code(timeout=60) == 0

@@ -67,15 +67,16 @@ typecheck: venv
 # - `testbed`: every test that uses the shared test bed, one after another in a pytest session of its
 #   own (they share its emulated GPUs, and some fault a node or stop its apiserver);
 # - the rest (`unit`, `serve` and the few integration tests that bring their own processes) at the same
-#   time over $(TEST_WORKERS) pytest-xdist workers; outside tests/unit a module stays on one worker.
+#   time over $(TEST_WORKERS) pytest-xdist workers; outside tests/unit a module stays on one worker
+#   (the scheduler in tests/conftest.py).
 # pytest exits 5 when it collects nothing, so an empty tier fails too.
 TEST_WORKERS ?= 2
 PYTEST_TESTBED := $(BIN)/pytest -q -p no:xdist -m testbed
-PYTEST_PARALLEL := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m 'not testbed'
+PYTEST_PARALLEL := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope -m 'not testbed'
 TESTBED_LOG := .cache/test-testbed.log
 
 unit: venv
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup tests/unit
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope tests/unit
 integration: binaries helm
 	$(PYTEST_TESTBED) tests/integration
 	$(PYTEST_PARALLEL) tests/integration

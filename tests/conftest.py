@@ -9,8 +9,7 @@ Tiers (markers set here, from where a test lives and what it uses; docs/developm
 `unit` (tests/unit), `testbed` (any test that uses the `testbed` fixture), `serve` (tests in a module
 that starts `trtforge serve` processes through tests/integration/serve_process.py). `make test` runs
 the `testbed` tier one test after another in one pytest session, and everything else at the same time
-over pytest-xdist workers; outside tests/unit a module's tests stay on one worker (`xdist_group`), so
-its module-scoped fixtures start once."""
+over pytest-xdist workers (`--dist loadscope`, scheduled by `pytest_xdist_make_scheduler` below)."""
 
 from __future__ import annotations
 
@@ -32,9 +31,8 @@ def _starts_serve_processes(module: object) -> bool:
     return any(getattr(v, "__module__", None) == SERVE_PROCESS for v in vars(module).values())
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` selects and before xdist reads the groups
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
         try:
             rel = Path(item.path).resolve().relative_to(TESTS)
@@ -47,8 +45,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = getattr(item, "module", None)
         if module is not None and _starts_serve_processes(module):
             item.add_marker(pytest.mark.serve)
-        if grouped and rel.parts[0] != "unit":
-            item.add_marker(pytest.mark.xdist_group(rel.as_posix()))
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown when xdist is not loaded
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `--dist loadscope`: a unit test is a unit of work of its own; outside tests/unit a
+    module's tests go to one worker together, so its module-scoped fixtures start once."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitTestsAloneModulesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if path.startswith("tests/unit/") else path
+
+    return UnitTestsAloneModulesTogether(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -55,10 +55,10 @@ binaries: deps venv
 helm: deps venv
 	$(BIN)/python -m trtforge_dev.testbed.helm
 
-LINT := $(BIN)/ruff check . && $(BIN)/ruff format --check .
 TYPECHECK := $(BIN)/mypy
 lint: venv
-	$(LINT)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 typecheck: venv
 	$(TYPECHECK)
 
@@ -70,9 +70,10 @@ typecheck: venv
 #   time over $(TEST_WORKERS) pytest-xdist workers; outside tests/unit a module stays on one worker
 #   (the scheduler in tests/conftest.py).
 # pytest exits 5 when it collects nothing, so an empty tier fails too.
+# Each session lists its 15 slowest steps, so a log shows where the time goes.
 TEST_WORKERS ?= 2
-PYTEST_TESTBED := $(BIN)/pytest -q -p no:xdist -m testbed
-PYTEST_PARALLEL := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope -m 'not testbed'
+PYTEST_TESTBED := $(BIN)/pytest -q --durations=15 -p no:xdist -m testbed
+PYTEST_PARALLEL := $(BIN)/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadscope -m 'not testbed'
 TESTBED_LOG := .cache/test-testbed.log
 
 unit: venv
@@ -83,18 +84,19 @@ integration: binaries helm
 e2e: binaries
 	$(PYTEST_TESTBED) tests/e2e
 
-# The test-bed tier starts first, in the background (it waits on the control plane more than it
-# computes); ruff, mypy and the parallel tier run meanwhile. Its output follows theirs, and stays in
-# $(TESTBED_LOG).
+# The test-bed tier starts first, in the background: it is the longest, and waits on the control
+# plane more than it computes. ruff, mypy and the parallel tier run meanwhile at a lower CPU priority
+# (nice), so they fill the cores it leaves idle instead of slowing it down. Its output follows theirs,
+# and stays in $(TESTBED_LOG).
 test: deps venv binaries helm
 	@mkdir -p .cache
 	@echo ">> the test-bed tier, in the background: $(TESTBED_LOG)"
 	@$(PYTEST_TESTBED) tests > $(TESTBED_LOG) 2>&1 & bed=$$!; \
 	rc=0; \
-	echo ">> ruff"; { $(LINT); } || rc=$$?; \
-	echo ">> mypy"; $(TYPECHECK) || rc=$$?; \
+	echo ">> ruff"; nice -n 10 $(BIN)/ruff check . && nice -n 10 $(BIN)/ruff format --check . || rc=$$?; \
+	echo ">> mypy"; nice -n 10 $(TYPECHECK) || rc=$$?; \
 	echo ">> the other tiers over $(TEST_WORKERS) workers"; \
-	$(PYTEST_PARALLEL) tests || rc=$$?; \
+	nice -n 10 $(PYTEST_PARALLEL) tests || rc=$$?; \
 	echo ">> the test-bed tier"; \
 	wait $$bed || rc=$$?; \
 	cat $(TESTBED_LOG); \

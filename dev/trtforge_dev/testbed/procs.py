@@ -42,6 +42,16 @@ class _PortLeases:
     held: dict[int, int]  # port -> pid of a live process it is leased to
 
 
+def _runs(pid: int) -> bool:
+    """Whether `pid` runs (not a zombie); unlike is_alive it never reaps a child of ours, whose
+    Popen would then lose its exit code."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
 @contextlib.contextmanager
 def _port_leases() -> Iterator[_PortLeases]:
     """The live leases under an exclusive lock; what the block leaves in them is saved."""
@@ -56,7 +66,7 @@ def _port_leases() -> Iterator[_PortLeases]:
             held = {int(k): int(v) for k, v in saved.get("held", {}).items()}
             leases = _PortLeases(
                 next=int(saved.get("next", PORT_RANGE.start)),
-                held={port: pid for port, pid in held.items() if is_alive(pid)},
+                held={port: pid for port, pid in held.items() if _runs(pid)},
             )
             yield leases
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")

@@ -87,11 +87,12 @@ e2e: binaries
 # The test-bed tier starts first, in the background: it is the longest, and waits on the control
 # plane more than it computes. ruff, mypy and the parallel tier run meanwhile at a lower CPU priority
 # (nice), so they fill the cores it leaves idle instead of slowing it down. Its output follows theirs,
-# and stays in $(TESTBED_LOG).
+# and stays in $(TESTBED_LOG). Interrupted, the recipe stops it too (a background job ignores ^C).
 test: deps venv binaries helm
 	@mkdir -p .cache
 	@echo ">> the test-bed tier, in the background: $(TESTBED_LOG)"
 	@$(PYTEST_TESTBED) tests > $(TESTBED_LOG) 2>&1 & bed=$$!; \
+	trap 'kill $$bed 2>/dev/null; exit 130' INT TERM; \
 	rc=0; \
 	echo ">> ruff"; nice -n 10 $(BIN)/ruff check . && nice -n 10 $(BIN)/ruff format --check . || rc=$$?; \
 	echo ">> mypy"; nice -n 10 $(TYPECHECK) || rc=$$?; \

@@ -55,22 +55,53 @@ binaries: deps venv
 helm: deps venv
 	$(BIN)/python -m trtforge_dev.testbed.helm
 
+TYPECHECK := $(BIN)/mypy
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 typecheck: venv
-	$(BIN)/mypy
+	$(TYPECHECK)
+
+# Tests run in tiers (docs/development.md, "Tests"); tests/conftest.py marks them from where a test
+# lives and what it uses:
+# - `testbed`: every test that uses the shared test bed, one after another in a pytest session of its
+#   own (they share its emulated GPUs, and some fault a node or stop its apiserver);
+# - the rest (`unit`, `serve` and the few integration tests that bring their own processes) at the same
+#   time over $(TEST_WORKERS) pytest-xdist workers; outside tests/unit a module stays on one worker
+#   (the scheduler in tests/conftest.py).
+# pytest exits 5 when it collects nothing, so an empty tier fails too.
+# Each session lists its 15 slowest steps, so a log shows where the time goes.
+TEST_WORKERS ?= 2
+PYTEST_TESTBED := $(BIN)/pytest -q --durations=15 -p no:xdist -m testbed
+PYTEST_PARALLEL := $(BIN)/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadscope -m 'not testbed'
+TESTBED_LOG := .cache/test-testbed.log
 
 unit: venv
-	$(BIN)/pytest tests/unit -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope tests/unit
 integration: binaries helm
-	$(BIN)/pytest tests/integration -q
+	$(PYTEST_TESTBED) tests/integration
+	$(PYTEST_PARALLEL) tests/integration
 e2e: binaries
-	$(BIN)/pytest tests/e2e -q
+	$(PYTEST_TESTBED) tests/e2e
 
-# pytest exits 5 when it collects nothing, so an empty run fails here too.
-test: deps venv binaries helm lint typecheck
-	$(BIN)/pytest tests -q
+# The test-bed tier starts first, in the background: it is the longest, and waits on the control
+# plane more than it computes. ruff, mypy and the parallel tier run meanwhile at a lower CPU priority
+# (nice), so they fill the cores it leaves idle instead of slowing it down. Its output follows theirs,
+# and stays in $(TESTBED_LOG). Interrupted, the recipe stops it too (a background job ignores ^C).
+test: deps venv binaries helm
+	@mkdir -p .cache
+	@echo ">> the test-bed tier, in the background: $(TESTBED_LOG)"
+	@$(PYTEST_TESTBED) tests > $(TESTBED_LOG) 2>&1 & bed=$$!; \
+	trap 'kill $$bed 2>/dev/null; exit 130' INT TERM; \
+	rc=0; \
+	echo ">> ruff"; nice -n 10 $(BIN)/ruff check . && nice -n 10 $(BIN)/ruff format --check . || rc=$$?; \
+	echo ">> mypy"; nice -n 10 $(TYPECHECK) || rc=$$?; \
+	echo ">> the other tiers over $(TEST_WORKERS) workers"; \
+	nice -n 10 $(PYTEST_PARALLEL) tests || rc=$$?; \
+	echo ">> the test-bed tier"; \
+	wait $$bed || rc=$$?; \
+	cat $(TESTBED_LOG); \
+	exit $$rc
 
 demo: deps venv binaries
 	$(BIN)/trtforge demo

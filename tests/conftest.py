@@ -1,18 +1,66 @@
-"""Shared fixtures. `testbed` (session): the local control plane with emulated GPU nodes, reused if
-already up; `namespace` (per test): a fresh namespace, deleted afterwards. Wait with
+"""Shared fixtures and the suite's tiers.
+
+Fixtures: `testbed` (session): the local control plane with emulated GPU nodes, reused if already up;
+`namespace` (per test): a fresh namespace, deleted afterwards. Wait with
 `trtforge_dev.testbed.wait.wait_for`, never with fixed sleeps. `s3_endpoint` (per module): moto's
-S3-compatible server on a loopback port, its URL."""
+S3-compatible server on a loopback port, its URL.
+
+Tiers (markers set here, from where a test lives and what it uses; docs/development.md, "Tests"):
+`unit` (tests/unit), `testbed` (any test that uses the `testbed` fixture), `serve` (tests in a module
+that starts `trtforge serve` processes through tests/integration/serve_process.py). `make test` runs
+the `testbed` tier one test after another in one pytest session, and everything else at the same time
+over pytest-xdist workers (`--dist loadscope`, scheduled by `pytest_xdist_make_scheduler` below)."""
 
 from __future__ import annotations
 
 import re
 import secrets
-import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from trtforge_dev.testbed.handle import TestBed
+
+TESTS = Path(__file__).resolve().parent
+SERVE_PROCESS = "tests.integration.serve_process"
+
+
+def _starts_serve_processes(module: object) -> bool:
+    """Whether a test module uses the `trtforge serve` process helpers (imports anything from them)."""
+    return any(getattr(v, "__module__", None) == SERVE_PROCESS for v in vars(module).values())
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        try:
+            rel = Path(item.path).resolve().relative_to(TESTS)
+        except ValueError:
+            continue  # not under tests/
+        if rel.parts[0] == "unit":
+            item.add_marker(pytest.mark.unit)
+        if "testbed" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.testbed)
+        module = getattr(item, "module", None)
+        if module is not None and _starts_serve_processes(module):
+            item.add_marker(pytest.mark.serve)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown when xdist is not loaded
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `--dist loadscope`: a unit test is a unit of work of its own; outside tests/unit a
+    module's tests go to one worker together, so its module-scoped fixtures start once."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitTestsAloneModulesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if path.startswith("tests/unit/") else path
+
+    return UnitTestsAloneModulesTogether(config, log)
 
 
 @pytest.fixture(scope="session")
@@ -62,10 +110,9 @@ def namespace(testbed: TestBed, request: pytest.FixtureRequest) -> Iterator[str]
 def s3_endpoint() -> Iterator[str]:
     """moto's S3-compatible server on a free loopback port, for one test module; its URL."""
     from moto.server import ThreadedMotoServer
+    from trtforge_dev.testbed.procs import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     yield f"http://127.0.0.1:{port}"

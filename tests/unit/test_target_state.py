@@ -17,7 +17,12 @@ from trtforge_operator.planning.target_state import (
 )
 
 S = TargetState
-ALLOWED_PAIRS = [(before, after) for before, afters in ALLOWED.items() for after in sorted(afters)]
+# In one order in every process (pytest-xdist workers must collect the same tests in the same order).
+ALLOWED_PAIRS = [
+    (before, after)
+    for before, afters in sorted(ALLOWED.items(), key=lambda row: "" if row[0] is None else str(row[0]))
+    for after in sorted(afters)
+]
 
 
 def test_every_state_has_a_row_and_a_phase() -> None:

@@ -3,9 +3,13 @@ allocation and faults, pod env/phase rules, the binary cache check, mount script
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -395,6 +399,39 @@ def test_free_ports_are_distinct_and_bindable() -> None:
     finally:
         for s in socks:
             s.close()
+
+
+def test_free_ports_are_leased_to_a_live_process_and_below_the_ephemeral_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # a lease file of this test's own
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from trtforge_dev.testbed import procs; print(*procs.free_ports(4)); input()",
+        ],
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        theirs = [int(p) for p in holder.stdout.readline().split()]
+        assert len(theirs) == 4 and all(p in procs.PORT_RANGE and p < low for p in theirs), theirs
+        leases = tmp_path / "trtforge-port-leases.json"
+        state = json.loads(leases.read_text())
+        assert state["held"] == {str(p): holder.pid for p in theirs}
+        leases.write_text(json.dumps({**state, "next": theirs[0]}))  # the search starts at their ports
+        ours = procs.free_ports(4)
+        assert not set(ours) & set(theirs), (ours, theirs)
+    finally:
+        holder.communicate("\n")
+    assert procs.free_ports(0) == []
+    held = json.loads(leases.read_text())["held"]  # their process ended: only our leases are left
+    assert held == {str(p): os.getpid() for p in ours}
 
 
 def test_stop_never_kills_an_unmarked_pid(tmp_path: Path) -> None:

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import json
 import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from trtforge_dev.testbed.paths import MARKER_ENV, StatePaths
@@ -24,15 +28,81 @@ class PortInUseError(RuntimeError):
     pass
 
 
+# Ports that free_ports hands out: below Linux's ephemeral range (32768-60999 by default), so no
+# client's connect() picks one as its source port, and leased to the asking process in a file shared
+# by every process on the machine, so two processes (pytest-xdist workers, concurrent pytest sessions)
+# are never handed the same port while the first one lives.
+PORT_RANGE = range(20000, 30000)  # and below the NodePort range, 30000-32767
+_PORT_LEASES = "trtforge-port-leases.json"
+
+
+@dataclass
+class _PortLeases:
+    next: int  # where the next search starts, so ports go round the range before one comes back
+    held: dict[int, int]  # port -> pid of a live process it is leased to
+
+
+def _runs(pid: int) -> bool:
+    """Whether `pid` runs (not a zombie); unlike is_alive it never reaps a child of ours, whose
+    Popen would then lose its exit code."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+@contextlib.contextmanager
+def _port_leases() -> Iterator[_PortLeases]:
+    """The live leases under an exclusive lock; what the block leaves in them is saved."""
+    path = Path(tempfile.gettempdir()) / _PORT_LEASES
+    with path.with_suffix(".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            try:
+                saved = json.loads(path.read_text())
+            except (OSError, ValueError):
+                saved = {}
+            held = {int(k): int(v) for k, v in saved.get("held", {}).items()}
+            leases = _PortLeases(
+                next=int(saved.get("next", PORT_RANGE.start)),
+                held={port: pid for port, pid in held.items() if _runs(pid)},
+            )
+            yield leases
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"next": leases.next, "held": leases.held}))
+            tmp.replace(path)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def free_ports(n: int) -> list[int]:
-    """`n` distinct TCP ports on 127.0.0.1 that nothing listens on right now. They are bound all at
-    once: picked one at a time, the kernel may hand a port it just freed out again, and a process
-    given the same port twice fails on its second bind."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
+    """`n` distinct TCP ports on 127.0.0.1 that nothing listens on right now, from PORT_RANGE, leased
+    to this process for its life: no other process that asks here gets them meanwhile. Each is checked
+    by binding it, all of them at once."""
+    picked: list[int] = []
+    with _port_leases() as leases, contextlib.ExitStack() as stack:
+        start = leases.next if leases.next in PORT_RANGE else PORT_RANGE.start
+        for i in range(len(PORT_RANGE)):
+            if len(picked) == n:
+                break
+            port = PORT_RANGE[(start - PORT_RANGE.start + i) % len(PORT_RANGE)]
+            if port in leases.held:
+                continue
+            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            picked.append(port)
+        if len(picked) < n:
+            raise PortInUseError(
+                f"no {n} free ports left in {PORT_RANGE.start}-{PORT_RANGE.stop - 1} on 127.0.0.1: "
+                f"stop the processes that hold them ({tempfile.gettempdir()}/{_PORT_LEASES} lists them)"
+            )
+        leases.held.update((port, os.getpid()) for port in picked)
+        leases.next = picked[-1] + 1 if picked else start
+    return picked
 
 
 def free_port() -> int:

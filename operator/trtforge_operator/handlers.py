@@ -41,7 +41,6 @@ from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kinds import Kind
 from trtforge_operator.kube import Kube, clean_status, status_patch
 from trtforge_operator.labels import (
-    ANNOTATION_CREATED_FOR,
     ANNOTATION_RESULT,
     ANNOTATION_SOURCE_FINGERPRINT,
     APP_COMPONENT,
@@ -81,6 +80,7 @@ from trtforge_operator.workqueue import (
     jittered,
     job_projection,
     own_create_echo,
+    verify_job_engine,
 )
 
 log = logging.getLogger(__name__)
@@ -737,8 +737,9 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
             if j.done:
                 fp = j.annotations.get(ANNOTATION_SOURCE_FINGERPRINT, "")
                 state.store.invalidate_possession(j.namespace, fp)
-            ns, _, n = j.annotations.get(ANNOTATION_CREATED_FOR, "").partition("/")
-            state.queue.fire(Kind.TRTENGINE, ns, n)
+            engine = verify_job_engine(j)
+            if engine is not None:
+                state.queue.fire(Kind.TRTENGINE, j.namespace, engine)
             return
         if j.namespace != cfg.build_namespace:
             # Our build Jobs live in the build namespace only. A Job elsewhere wearing our labels was
@@ -788,10 +789,8 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         ns, labels = kw["namespace"], kw["labels"] or {}
         job = labels.get("job-name") or labels.get("batch.kubernetes.io/job-name")
         for j in list(kw["vjobs_idx"].get(ns, [])):
-            if isinstance(j, JobView) and j.name == job:
-                owner_ns, _, n = j.annotations.get(ANNOTATION_CREATED_FOR, "").partition("/")
-                if owner_ns == ns:
-                    state.queue.fire(Kind.TRTENGINE, ns, n)
+            if isinstance(j, JobView) and j.name == job and (engine := verify_job_engine(j)) is not None:
+                state.queue.fire(Kind.TRTENGINE, ns, engine)
 
     @kopf.on.event("v1", "pods", labels={**MANAGED, APP_COMPONENT: COMPONENT_RUNTIME}, registry=registry)
     def _runtime_pod_event(**kw: Any) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from trtforge_operator.children import dns_name
 from trtforge_operator.kinds import Kind
-from trtforge_operator.labels import ANNOTATION_RESULT
+from trtforge_operator.labels import ANNOTATION_CREATED_FOR, ANNOTATION_RESULT
 from trtforge_operator.observed import JobView, NodeView
 
 Key = tuple[Kind, str, str]
@@ -61,6 +61,14 @@ def own_create_echo(created_here: bool, job: JobView) -> bool:
         and job.active == 0
         and ANNOTATION_RESULT not in job.annotations
     )
+
+
+def verify_job_engine(job: JobView) -> str | None:
+    """The TRTEngine a verify Job's event wakes: the one its `created-for` annotation names, and only
+    in the Job's own namespace. A tenant can put any annotation on a Job of its own, so a name in
+    another namespace wakes nothing (docs/security.md)."""
+    ns, sep, name = job.annotations.get(ANNOTATION_CREATED_FOR, "").partition("/")
+    return name if sep and name and ns == job.namespace else None
 
 
 class WorkQueue:

@@ -31,6 +31,7 @@ from trtforge_operator.workqueue import (
     jittered,
     job_projection,
     own_create_echo,
+    verify_job_engine,
 )
 
 
@@ -119,6 +120,26 @@ def any_job(
             "status": {"active": 1},
         }
     )
+
+
+VERIFIER_LABELS = {
+    "app.kubernetes.io/managed-by": "trtforge-operator",
+    "app.kubernetes.io/component": "verifier",
+}
+
+
+@pytest.mark.parametrize(
+    ("created_for", "woken"),
+    [
+        ("team-a/e", "e"),  # the operator's own verify Job: wakes its engine
+        ("team-b/e", None),  # a tenant's Job in team-a naming team-b's engine
+        ("team-a", None),
+        ("team-a/", None),
+        ("", None),
+    ],
+)
+def test_a_verify_job_wakes_only_an_engine_of_its_own_namespace(created_for: str, woken: str | None) -> None:
+    assert verify_job_engine(any_job("v", "team-a", labels=VERIFIER_LABELS, created_for=created_for)) == woken
 
 
 SQUAT_LABELS = {

@@ -6,8 +6,8 @@ URL scheme (the read-only client is :mod:`trtforge.store.http`)::
     GET  /engines/<key>/<file>   the bytes (X-Trtforge-Sha256 for the engine file)
     HEAD /engines/<key>/<file>   200 when it exists
     GET  /engines/<key>/         {"files": [...]}
-    PUT  /models/<sha256>        a verify step's model bytes (headers X-Trtforge-Source-Uri, and
-                                 -Secret / -Pin when the TRTEngine has them)
+    PUT  /models/<sha256>        a verify step's model bytes (no header but the token and the
+                                 length counts: the source is the operator's grant)
 
 A request carries ``Authorization: Bearer <projected service-account token>`` (audience from the
 config). The broker asks the apiserver (TokenReview) who it is: ``system:serviceaccount:<ns>:<sa>``,

@@ -159,7 +159,18 @@ def _collect_models(
         secret = (m.get("secretRef") or {}).get("name")
         fp = source_fingerprint(str(m.get("uri") or ""), secret or None, m.get("sha256") or None)
         current.add((str(e["metadata"]["namespace"]), fp))
-    plan = plan_model_gc(models, proofs, grants, current, build_models, time.time(), state.cfg.gc, listed_at)
+    watched = state.cfg.watched_namespaces()
+    plan = plan_model_gc(
+        models,
+        proofs,
+        grants,
+        current,
+        build_models,
+        time.time(),
+        state.cfg.gc,
+        listed_at,
+        namespaces=frozenset(watched) if watched else None,
+    )
     store = state.store.store
     for ns, fp in plan.proofs:  # records before the models they name
         store.delete(possession_path(ns, fp))

@@ -123,3 +123,13 @@ def test_a_record_written_after_the_trtengines_were_listed_stays() -> None:
     assert (plan.proofs, plan.models) == ([], [])
     later = plan_model_gc([M1], [rec], [], [], [], NOW, POLICY, sources_listed_at=NOW)
     assert (later.proofs, later.models) == ([("a", FA)], [M1])
+
+
+def test_a_record_of_a_namespace_the_operator_does_not_watch_stays() -> None:
+    """With watchNamespaces set the TRTEngines are listed only there: another namespace's record
+    (another release's, or one no longer watched) is not known to be unreferenced."""
+    theirs, ours = proof("other", FA, M1, 2 * DAY), proof("a", FA, M2, 2 * DAY)
+    plan = plan_model_gc([M1, M2], [theirs, ours], [], [], [], NOW, POLICY, namespaces=frozenset({"a"}))
+    assert (plan.proofs, plan.models) == ([("a", FA)], [M2])
+    everywhere = plan_model_gc([M1, M2], [theirs, ours], [], [], [], NOW, POLICY)
+    assert (everywhere.proofs, everywhere.models) == ([("a", FA), ("other", FA)], [M1, M2])

@@ -123,6 +123,7 @@ def plan_model_gc(
     now: float,
     policy: GCSettings,
     sources_listed_at: float | None = None,
+    namespaces: frozenset[str] | None = None,
 ) -> ModelGCPlan:
     """What of the verify side of the store nothing references any more. Pure.
 
@@ -134,14 +135,20 @@ def plan_model_gc(
     - A staged model goes once no remaining record names it and no running build Job reads it
       (``build_models``), and no verification is pending anywhere (an unexpired grant): an upload
       stages its model before it writes its record, and may find a staged copy it relies on.
-    - An expired grant goes: the broker refuses it anyway."""
+    - An expired grant goes: the broker refuses it anyway.
+
+    ``namespaces``: where the TRTEngines were listed (the watched namespaces), None for everywhere. A
+    record of any other namespace is outside what this operator sees, so it stays, and so do the
+    models it names."""
     current = set(current_sources)
     kept_digests: set[str] = set()
     drop: list[StoredProof] = []
     for p in proofs:
         fresh = sources_listed_at is not None and p.verified_at >= sources_listed_at - CLOCK_SKEW_S
+        seen = namespaces is None or p.namespace in namespaces
         if (
-            (p.namespace, p.fingerprint) not in current
+            seen
+            and (p.namespace, p.fingerprint) not in current
             and not fresh
             and now - p.verified_at >= policy.min_age_seconds
         ):

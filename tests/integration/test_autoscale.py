@@ -1,0 +1,256 @@
+"""Scaling an InferenceDeployment on the test bed: its scale subresource, the HPAs the operator owns,
+and an operator that never writes the replicas an HPA owns.
+
+- `kubectl scale inferencedeployment/x --replicas=3` makes 3 Ready pods, and the scale subresource
+  reads them back (the test bed's kubectl is 1.20: `kubectl get --subresource` needs 1.24, so it is
+  read with `kubectl get --raw .../scale`);
+- with `spec.autoscaling` the operator's HPA is accepted by the apiserver (autoscaling/v2beta2 on
+  1.20, chosen from discovery), targets the target's Deployment and is deleted with its
+  InferenceDeployment;
+- a rollout while an autoscaler owns the replicas keeps the Deployment's count: sampled all along, its
+  `spec.replicas` never goes back to the InferenceDeployment's `spec.replicas`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from trtforge_dev.localdev import (
+    OperatorEnv,
+    delete_with_cleanup,
+    deployment_manifest,
+    engine_manifest,
+    tiny_model,
+)
+from trtforge_dev.testbed.wait import wait_for
+
+pytestmark = pytest.mark.integration
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+RUNTIME = "app.kubernetes.io/component=runtime"
+AUTO = {"minReplicas": 1, "maxReplicas": 3, "metric": "RequestsInFlight", "targetValue": 4}
+
+
+@pytest.fixture(scope="module")
+def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorEnv]:
+    tag = secrets.token_hex(3)
+    e = OperatorEnv(testbed, tmp_path_factory.mktemp("autoscale"), [f"as-{i}-{tag}" for i in range(3)])
+    e.start()
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+@pytest.fixture
+def ns(env: OperatorEnv, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A watched namespace of this test's own, with a Ready one-target engine `tiny` of its own model."""
+    n = env.tenants.pop(0)
+    seed = int.from_bytes(hashlib.sha256(request.node.nodeid.encode()).digest()[:4], "big")
+    name = request.node.name.replace("_", "-")[:40]
+    sha = tiny_model(env.models_dir / f"{name}.onnx", seed=seed)
+    env.apply(engine_manifest("tiny", sha, [{"gpu": H100}], model=f"pvc://models/{name}.onnx"), n)
+    env.wait_true("trtengines", n, "tiny", timeout=240)
+    yield n
+    co: Any = client.CustomObjectsApi(env.api)
+    for plural in ("inferencedeployments", "trtengines"):
+        for o in co.list_namespaced_custom_object("trtforge.io", "v1alpha1", n, plural)["items"]:
+            delete_with_cleanup(env.api, n, plural, o["metadata"]["name"])
+
+
+def _ready_pods(env: OperatorEnv, ns: str) -> list[Any]:
+    return [
+        p
+        for p in env.pods(ns, RUNTIME)
+        if p.metadata.deletion_timestamp is None
+        and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+    ]
+
+
+def test_kubectl_scale_makes_ready_pods_and_the_scale_subresource_reads_them_back(
+    env: OperatorEnv, ns: str
+) -> None:
+    env.apply(deployment_manifest("x", "tiny", replicas=1), ns)
+    env.wait_true("inferencedeployments", ns, "x", timeout=180)
+    env.tb.kubectl("scale", "-n", ns, "inferencedeployment/x", "--replicas=3")
+    wait_for(
+        lambda: len(_ready_pods(env, ns)) == 3 and len(env.pods(ns, RUNTIME)) == 3,
+        timeout=240,
+        desc="3 Ready runtime pods",
+    )
+    infd = env.wait_true("inferencedeployments", ns, "x", timeout=120)
+    assert infd["spec"]["replicas"] == 3 and infd["status"]["ready"] == "3/3"
+
+    def scale() -> dict[str, Any]:
+        path = f"/apis/trtforge.io/v1alpha1/namespaces/{ns}/inferencedeployments/x/scale"
+        return dict(json.loads(env.tb.kubectl("get", "--raw", path).stdout))
+
+    s = wait_for(
+        lambda: (lambda s: s if s["status"].get("replicas") == 3 else None)(scale()),
+        timeout=60,
+        desc="the scale subresource's status.replicas at 3",
+    )
+    assert s["kind"] == "Scale" and s["spec"]["replicas"] == 3
+    selector = s["status"]["selector"]
+    assert {p.metadata.name for p in env.pods(ns, selector)} == {
+        p.metadata.name for p in _ready_pods(env, ns)
+    }
+    # printer columns: desired and current replicas
+    table = env.tb.kubectl("get", "-n", ns, "inferencedeployment", "x").stdout
+    header, row = table.splitlines()[:2]
+    cols = dict(zip(header.split(), row.split(), strict=False))
+    assert (cols["DESIRED"], cols["CURRENT"], cols["READY"]) == ("3", "3", "3/3")
+    # and down again
+    env.tb.kubectl("scale", "-n", ns, "inferencedeployment/x", "--replicas=1")
+    wait_for(lambda: len(env.pods(ns, RUNTIME)) == 1, timeout=120, desc="back to 1 runtime pod")
+
+
+def _hpas(env: OperatorEnv, ns: str) -> list[dict[str, Any]]:
+    co: Any = client.CustomObjectsApi(env.api)
+    items = co.list_namespaced_custom_object("autoscaling", "v2beta2", ns, "horizontalpodautoscalers")[
+        "items"
+    ]
+    return list(items)
+
+
+def test_the_operators_hpa_targets_the_deployment_keeps_its_count_through_a_rollout_and_goes_with_it(
+    env: OperatorEnv, ns: str
+) -> None:
+    apps: Any = client.AppsV1Api(env.api)
+    env.apply(deployment_manifest("x", "tiny", replicas=1, autoscaling=AUTO), ns)
+    infd = env.wait_true("inferencedeployments", ns, "x", timeout=180)
+    (target,) = infd["status"]["targets"]
+    dname = target["deploymentName"]
+    (hpa,) = wait_for(lambda: _hpas(env, ns) or None, timeout=60, desc="the operator's HPA")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": dname}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 3)
+    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "trtforge_runtime_requests_in_flight"
+    (owner,) = hpa["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"]) == ("InferenceDeployment", infd["metadata"]["uid"])
+    dep = apps.read_namespaced_deployment(dname, ns)
+    assert (
+        dep.metadata.labels["trtforge.io/target"]
+        == target["name"]
+        == hpa["metadata"]["labels"]["trtforge.io/target"]
+    )
+    wait_for(
+        lambda: (
+            env.get("inferencedeployments", ns, "x")["status"]["targets"][0].get("autoscaler")
+            == hpa["metadata"]["name"]
+        ),
+        timeout=60,
+        desc="the status names the HPA",
+    )
+
+    # What the HPA does when its metric says so, done here by hand (the test bed serves no custom
+    # metrics API in this test): 2 replicas, within [1, 3], which the HPA controller leaves alone.
+    apps.patch_namespaced_deployment_scale(dname, ns, {"spec": {"replicas": 2}})
+    wait_for(lambda: len(_ready_pods(env, ns)) == 2, timeout=240, desc="2 Ready pods")
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            try:
+                seen.append(int(apps.read_namespaced_deployment(dname, ns).spec.replicas))
+            except ApiException:
+                pass
+            stop.wait(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        # a new pod template (and spec.replicas raised to 3 on the way): the operator replaces the
+        # Deployment, which rolls out at the count it has
+        co: Any = client.CustomObjectsApi(env.api)
+        co.patch_namespaced_custom_object(
+            "trtforge.io",
+            "v1alpha1",
+            ns,
+            "inferencedeployments",
+            "x",
+            {"spec": {"replicas": 3, "runtime": {"env": [{"name": "ROLLOUT", "value": "1"}]}}},
+        )
+
+        def rolled() -> bool:
+            d = apps.read_namespaced_deployment(dname, ns)
+            env_names = {e.name for e in d.spec.template.spec.containers[0].env or []}
+            st = d.status
+            return (
+                "ROLLOUT" in env_names
+                and (st.observed_generation or 0) >= d.metadata.generation
+                and st.updated_replicas == d.spec.replicas
+                and st.replicas == d.spec.replicas
+                and st.ready_replicas == d.spec.replicas
+            )
+
+        wait_for(rolled, timeout=300, desc="the rollout to the new template done")
+        env.wait_true("inferencedeployments", ns, "x", timeout=120)
+    finally:
+        stop.set()
+        sampler.join()
+    assert seen and set(seen) == {2}, f"the Deployment's replicas moved: {seen}"
+    assert len(_ready_pods(env, ns)) == 2
+    status = env.get("inferencedeployments", ns, "x")["status"]
+    assert (status["desiredReplicas"], status["replicas"]) == (2, 2)
+
+    delete_with_cleanup(env.api, ns, "inferencedeployments", "x")
+    wait_for(lambda: not _hpas(env, ns), timeout=60, desc="the HPA deleted with its InferenceDeployment")
+    wait_for(lambda: not apps.list_namespaced_deployment(ns).items, timeout=60, desc="Deployments gone")
+
+
+def test_the_schema_refuses_bad_autoscaling(env: OperatorEnv) -> None:
+    """On 1.20 the schema's own checks (no CEL): an unknown metric, minReplicas below 1."""
+    ns = env.tenants[-1]
+    for auto, words in (
+        ({**AUTO, "metric": "GPUUtilization"}, ["spec.autoscaling.metric", "RequestsInFlight"]),
+        ({**AUTO, "minReplicas": 0}, ["spec.autoscaling.minReplicas", "greater than or equal to 1"]),
+        (
+            {"minReplicas": 1, "metric": "QueueDepth", "targetValue": 2},
+            ["spec.autoscaling.maxReplicas", "Required"],
+        ),
+    ):
+        r = env.tb.kubectl(
+            "apply",
+            "-n",
+            ns,
+            "-f",
+            "-",
+            input=json.dumps(deployment_manifest("bad", "tiny", autoscaling=auto)),
+            check=False,
+        )
+        out = r.stdout + r.stderr
+        assert r.returncode != 0, out
+        for w in words:
+            assert w in out, out
+    co: Any = client.CustomObjectsApi(env.api)
+    assert (
+        co.list_namespaced_custom_object("trtforge.io", "v1alpha1", ns, "inferencedeployments")["items"] == []
+    )
+
+
+def test_min_above_max_on_1_20_is_refused_by_the_operator_naming_the_field(env: OperatorEnv) -> None:
+    """No CEL on 1.20: the spec gets in, and the operator says Ready=False InvalidSpec, naming why."""
+    ns = env.tenants[-1]
+    env.apply(
+        deployment_manifest("minmax", "tiny", autoscaling={**AUTO, "minReplicas": 3, "maxReplicas": 2}), ns
+    )
+
+    def invalid() -> dict[str, Any] | None:
+        conds = (env.get("inferencedeployments", ns, "minmax").get("status") or {}).get("conditions") or []
+        ready = next((c for c in conds if c["type"] == "Ready"), None)
+        return ready if ready and ready["reason"] == "InvalidSpec" else None
+
+    ready = wait_for(invalid, timeout=60, desc="Ready=False InvalidSpec")
+    assert "spec.autoscaling" in ready["message"]
+    assert "minReplicas (3) must not be greater than maxReplicas (2)" in ready["message"]
+    assert not _hpas(env, ns)
+    delete_with_cleanup(env.api, ns, "inferencedeployments", "minmax")

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from trtforge_dev.localdev import (
@@ -220,6 +221,7 @@ def test_the_schema_refuses_bad_autoscaling(env: OperatorEnv) -> None:
     ):
         r = env.tb.kubectl(
             "apply",
+            "--validate=false",  # the apiserver's answer, not kubectl's own check of the schema
             "-n",
             ns,
             "-f",
@@ -254,3 +256,173 @@ def test_min_above_max_on_1_20_is_refused_by_the_operator_naming_the_field(env: 
     assert "minReplicas (3) must not be greater than maxReplicas (2)" in ready["message"]
     assert not _hpas(env, ns)
     delete_with_cleanup(env.api, ns, "inferencedeployments", "minmax")
+
+
+# ------------------------------------------------------------------------------ the scaling loop
+
+
+@pytest.fixture(scope="module")
+def custom_metrics(env: OperatorEnv) -> Iterator[None]:
+    """The test bed's custom metrics API (trtforge_dev.testbed.metrics_adapter), registered as an
+    aggregated API, serving the runtime pods' own /metrics; removed afterwards."""
+    from trtforge_dev.testbed import metrics_adapter as ma
+    from trtforge_dev.testbed.pki import PKI
+
+    pki = PKI(env.tb.paths.pki)
+    host = ma.host_address()
+    api = env.tb.api_client()
+    server = ma.serve(api, host, 0, str(pki.serving_cert), str(pki.serving_key))
+    try:
+        ma.register(env.api, host, int(server.server_address[1]))
+        wait_for(lambda: ma.available(env.api), timeout=120, desc="custom.metrics.k8s.io Available")
+        yield
+    finally:
+        ma.unregister(env.api)
+        server.shutdown()
+        api.close()
+
+
+def _infer(ip: str, model: str, port: int = 8000) -> bool:
+    """One KServe v2 inference; True when answered 200."""
+    import http.client
+
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]})
+    try:
+        c = http.client.HTTPConnection(ip, port, timeout=10)
+        c.request("POST", f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"})
+        r = c.getresponse()
+        r.read()
+        c.close()
+        return r.status == 200
+    except OSError:
+        return False
+
+
+def _rescales(env: OperatorEnv, ns: str, hpa: str) -> dict[int, int]:
+    """How many times the HPA controller set each size: its SuccessfulRescale Events say
+    "New size: N; reason: ..." (repeats of one message are counted in the Event)."""
+    core: Any = client.CoreV1Api(env.api)
+    evs = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={hpa}").items
+    out: dict[int, int] = {}
+    for e in evs:
+        if e.reason == "SuccessfulRescale":
+            n = int(e.message.split("New size: ", 1)[1].split(";", 1)[0])
+            out[n] = out.get(n, 0) + (e.count or 1)
+    return out
+
+
+def test_load_scales_up_to_max_and_back_to_min_and_only_the_hpa_sets_replicas(
+    env: OperatorEnv, ns: str, custom_metrics: None
+) -> None:
+    apps: Any = client.AppsV1Api(env.api)
+    # The request rate: steady under a steady load, whatever the pod's speed (the in-flight count of
+    # a model this small is mostly 0 between requests).
+    auto = {"minReplicas": 1, "maxReplicas": 3, "metric": "RequestRate", "targetValue": "2"}
+    # spec.replicas 2: the count the operator creates the Deployment with, and one the HPA has no
+    # reason to set (it goes from no load to 3, then to 1); a reset by the operator would show as 2.
+    env.apply(deployment_manifest("x", "tiny", replicas=2, autoscaling=auto), ns)
+    infd = env.wait_true("inferencedeployments", ns, "x", timeout=180)
+    dname = infd["status"]["targets"][0]["deploymentName"]
+    wait_for(lambda: _hpas(env, ns) or None, timeout=60, desc="the operator's HPA")
+
+    seen: list[int] = []
+    stop_sampling, stop_load = threading.Event(), threading.Event()
+    answered = [0]
+
+    def sample() -> None:  # the Deployment's replicas, every second
+        while not stop_sampling.is_set():
+            try:
+                seen.append(int(apps.read_namespaced_deployment(dname, ns).spec.replicas))
+            except (ApiException, OSError, urllib3.exceptions.HTTPError):
+                pass
+            stop_sampling.wait(1.0)
+
+    def load() -> None:  # a steady stream to one pod (another once it is gone), ~30 per second
+        ip = ""
+        while not stop_load.wait(0.03):
+            if not ip:
+                pods = _ready_pods(env, ns)
+                ip = pods[0].status.pod_ip if pods else ""
+                if not ip:
+                    stop_load.wait(0.5)
+                    continue
+            if _infer(ip, "x"):
+                answered[0] += 1
+            else:
+                ip = ""
+
+    threads = [threading.Thread(target=sample, daemon=True)]
+    threads += [threading.Thread(target=load, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+
+        def at_max() -> bool:
+            d = apps.read_namespaced_deployment(dname, ns)
+            return d.spec.replicas == 3 and len(_ready_pods(env, ns)) == 3
+
+        wait_for(at_max, timeout=400, desc="the HPA scaled the target to maxReplicas with 3 Ready pods")
+        for p in _ready_pods(env, ns):  # the new pods serve
+            assert _infer(p.status.pod_ip, "x"), p.metadata.name
+
+        # a rollout while the HPA holds 3: the Deployment keeps 3 (surge on top)
+        co: Any = client.CustomObjectsApi(env.api)
+        co.patch_namespaced_custom_object(
+            "trtforge.io",
+            "v1alpha1",
+            ns,
+            "inferencedeployments",
+            "x",
+            {"spec": {"runtime": {"env": [{"name": "ROLLOUT", "value": "1"}]}}},
+        )
+
+        def rolled() -> bool:
+            d = apps.read_namespaced_deployment(dname, ns)
+            names = {e.name for e in d.spec.template.spec.containers[0].env or []}
+            st = d.status
+            return (
+                "ROLLOUT" in names
+                and (st.observed_generation or 0) >= d.metadata.generation
+                and st.updated_replicas == st.replicas == st.ready_replicas == d.spec.replicas == 3
+            )
+
+        wait_for(rolled, timeout=400, desc="the rollout done at 3 replicas")
+        stop_load.set()
+        assert answered[0] > 0
+        wait_for(
+            lambda: apps.read_namespaced_deployment(dname, ns).spec.replicas == 1,
+            timeout=400,
+            desc="the HPA scaled the target back to minReplicas once the load stopped",
+        )
+        wait_for(lambda: len(env.pods(ns, RUNTIME)) == 1, timeout=120, desc="one runtime pod left")
+    finally:
+        stop_load.set()
+        stop_sampling.set()
+        for t in threads:
+            t.join()
+    seen.append(int(apps.read_namespaced_deployment(dname, ns).spec.replicas))  # and one last time
+    sizes = _rescales(env, ns, dname)
+    runs = _runs(seen)
+    assert {3, 1} <= set(sizes), (sizes, runs)
+    # The Deployment's replicas: the operator's 2 until the HPA first set one, then only what the
+    # HPA set, and no more often than it set it (a write of the operator's would be one more).
+    assert seen and seen[0] in {2, *sizes}, runs
+    first = next(i for i, v in enumerate(seen) if v != 2)
+    assert set(seen[first:]) <= set(sizes), (runs, sizes)
+    changes: dict[int, int] = {}
+    for i in range(first, len(seen)):
+        if i == first or seen[i] != seen[i - 1]:
+            changes[seen[i]] = changes.get(seen[i], 0) + 1
+    assert all(n <= sizes[v] for v, n in changes.items()), (runs, sizes)
+    assert 3 in seen[first:] and seen[-1] == 1, (runs, sizes)
+
+
+def _runs(values: list[int]) -> str:
+    """``2x12 3x40 1x9``: the samples as runs of equal values."""
+    out: list[list[int]] = []
+    for v in values:
+        if out and out[-1][0] == v:
+            out[-1][1] += 1
+        else:
+            out.append([v, 1])
+    return " ".join(f"{v}x{n}" for v, n in out)

@@ -8,7 +8,14 @@ and an operator that never writes the replicas an HPA owns.
   1.20, chosen from discovery), targets the target's Deployment and is deleted with its
   InferenceDeployment;
 - a rollout while an autoscaler owns the replicas keeps the Deployment's count: sampled all along, its
-  `spec.replicas` never goes back to the InferenceDeployment's `spec.replicas`.
+  `spec.replicas` never goes back to the InferenceDeployment's `spec.replicas`;
+- the real loop: the test bed's custom metrics API (trtforge_dev.testbed.metrics_adapter) serves the
+  runtime pods' own /metrics, a steady load on one pod makes the real HPA controller scale the target
+  to maxReplicas (the new pods serve), a rollout at that count keeps it, and without load it comes
+  back to minReplicas; the Deployment's replicas take no value the HPA's rescale Events do not
+  account for;
+- bad autoscaling input is refused: by the schema (unknown metric, minReplicas 0, no maxReplicas),
+  and on 1.20, without CEL, minReplicas > maxReplicas by the operator (Ready=False InvalidSpec).
 """
 
 from __future__ import annotations

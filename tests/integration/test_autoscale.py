@@ -433,3 +433,67 @@ def _runs(values: list[int]) -> str:
         else:
             out.append([v, 1])
     return " ".join(f"{v}x{n}" for v, n in out)
+
+
+def test_an_hpa_of_your_own_scales_the_inferencedeployment_through_its_scale_subresource(
+    env: OperatorEnv, ns: str, custom_metrics: None
+) -> None:
+    """No spec.autoscaling: a user's HPA targets the InferenceDeployment itself, reads its pods through
+    status.selector and writes spec.replicas, which the operator turns into pods."""
+    apps: Any = client.AppsV1Api(env.api)
+    env.apply(deployment_manifest("x", "tiny", replicas=1), ns)
+    infd = env.wait_true("inferencedeployments", ns, "x", timeout=180)
+    dname = infd["status"]["targets"][0]["deploymentName"]
+    hpa = {
+        "apiVersion": "autoscaling/v2beta2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "mine"},
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "trtforge.io/v1alpha1",
+                "kind": "InferenceDeployment",
+                "name": "x",
+            },
+            "minReplicas": 1,
+            "maxReplicas": 2,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": "trtforge_runtime_requests_per_second"},
+                        "target": {"type": "AverageValue", "averageValue": "2"},
+                    },
+                }
+            ],
+        },
+    }
+    env.apply(hpa, ns)
+    stop = threading.Event()
+
+    def load() -> None:
+        ip = ""
+        while not stop.wait(0.03):
+            if not ip:
+                pods = _ready_pods(env, ns)
+                ip = pods[0].status.pod_ip if pods else ""
+                continue
+            if not _infer(ip, "x"):
+                ip = ""
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    try:
+        wait_for(
+            lambda: (
+                env.get("inferencedeployments", ns, "x")["spec"]["replicas"] == 2
+                and apps.read_namespaced_deployment(dname, ns).spec.replicas == 2
+                and len(_ready_pods(env, ns)) == 2
+            ),
+            timeout=400,
+            desc="the HPA set spec.replicas to 2 and 2 pods are Ready",
+        )
+    finally:
+        stop.set()
+        t.join()
+    assert _rescales(env, ns, "mine").get(2)
+    env.tb.kubectl("delete", "hpa", "mine", "-n", ns)

@@ -14,6 +14,7 @@ and an operator that never writes the replicas an HPA owns.
   to maxReplicas (the new pods serve), a rollout at that count keeps it, and without load it comes
   back to minReplicas; the Deployment's replicas take no value the HPA's rescale Events do not
   account for;
+- an HPA of the user's own on the InferenceDeployment scales it through the scale subresource;
 - bad autoscaling input is refused: by the schema (unknown metric, minReplicas 0, no maxReplicas),
   and on 1.20, without CEL, minReplicas > maxReplicas by the operator (Ready=False InvalidSpec).
 """

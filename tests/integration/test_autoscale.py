@@ -51,7 +51,7 @@ AUTO = {"minReplicas": 1, "maxReplicas": 3, "metric": "RequestsInFlight", "targe
 @pytest.fixture(scope="module")
 def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorEnv]:
     tag = secrets.token_hex(3)
-    e = OperatorEnv(testbed, tmp_path_factory.mktemp("autoscale"), [f"as-{i}-{tag}" for i in range(3)])
+    e = OperatorEnv(testbed, tmp_path_factory.mktemp("autoscale"), [f"as-{i}-{tag}" for i in range(6)])
     e.start()
     try:
         yield e
@@ -62,6 +62,7 @@ def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Oper
 @pytest.fixture
 def ns(env: OperatorEnv, request: pytest.FixtureRequest) -> Iterator[str]:
     """A watched namespace of this test's own, with a Ready one-target engine `tiny` of its own model."""
+    assert len(env.tenants) > 1, "more tests than namespaces: the last is the schema tests' own"
     n = env.tenants.pop(0)
     seed = int.from_bytes(hashlib.sha256(request.node.nodeid.encode()).digest()[:4], "big")
     name = request.node.name.replace("_", "-")[:40]

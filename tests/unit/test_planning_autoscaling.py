@@ -272,6 +272,8 @@ def test_without_an_hpa_api_the_operator_keeps_a_fixed_count() -> None:
     plan = plan_deployment(observed(d, engine(), hpa_api=None), CFG)
     (dep,) = _deps(plan)
     assert plan.apply_autoscalers == [] and dep["spec"]["replicas"] == 2 and plan.hpa_owned == set()
+    (st,) = plan.status.targets
+    assert st.message is not None and "autoscaling needs autoscaling/v2 or v2beta2" in st.message
 
 
 def test_scale_subresource_status() -> None:

@@ -290,6 +290,11 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             st.message = f"rolling out engine {ts.engine_key[:12] if ts.engine_key else ''}"
         else:
             st.message = "serving"
+        if auto is not None and obs.hpa_api is None:
+            st.message += (
+                "; autoscaling needs autoscaling/v2 or v2beta2, which this cluster does not serve: "
+                "the operator keeps spec.replicas' split"
+            )
         target_statuses.append(st)
     plan.delete_deployments = sorted(n for n in existing if n not in keep)
     plan.delete_autoscalers = sorted(n for n in autoscalers if n not in keep_autoscalers)

@@ -123,7 +123,7 @@ def _run(args: argparse.Namespace) -> int:
 
         story.step("An InferenceDeployment: one Deployment per GPU type, pods fetch engines from the broker")
         t1 = time.monotonic()
-        env.apply(deployment_manifest("demo", "demo"), team_a)
+        env.apply(deployment_manifest("demo", "demo", replicas=len(targets)), team_a)
         infd = env.wait_true("inferencedeployments", team_a, "demo", timeout=300)
         story.say(
             f"Ready {infd['status']['ready']} in {time.monotonic() - t1:.1f}s; endpoint "

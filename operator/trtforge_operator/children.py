@@ -522,6 +522,11 @@ def selector_labels(infd: str, target: GPUTarget | None = None) -> dict[str, str
     return sel
 
 
+def selector_text(infd: str) -> str:
+    """The runtime pods' label selector as text (``k=v,k=v``): the scale subresource's selector."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(infd).items()))
+
+
 @dataclass(frozen=True)
 class RuntimeRequest:
     """One runtime Deployment: an InferenceDeployment's pods on one target."""
@@ -549,6 +554,9 @@ class RuntimeRequest:
     max_unavailable: int | str = 0
     progress_deadline_seconds: int = 600
     avoid_nodes: tuple[str, ...] = ()
+    # An HPA sets the replicas: they are left out of the spec hash (a new count from the HPA or from
+    # spec.replicas is no reason to write), and a replace keeps the Deployment's own number.
+    hpa_owned: bool = False
 
 
 def owner_reference(kind: str, name: str, uid: str) -> dict[str, Any]:
@@ -668,6 +676,7 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
         },
         "template": {"metadata": {"labels": labels, "annotations": template_annotations}, "spec": pod_spec},
     }
+    hashed = {k: v for k, v in spec.items() if k != "replicas"} if req.hpa_owned else spec
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -676,7 +685,7 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
             "namespace": req.namespace,
             "labels": labels,
             "annotations": {
-                ANNOTATION_SPEC_HASH: spec_hash(spec),
+                ANNOTATION_SPEC_HASH: spec_hash(hashed),
                 ANNOTATION_AVOID_NODES: ",".join(sorted(req.avoid_nodes)),
             },
             "ownerReferences": [owner_reference("InferenceDeployment", req.infd, req.infd_uid)],
@@ -707,6 +716,67 @@ def runtime_service(namespace: str, infd: str, infd_uid: str, port: int, grpc_po
             },
             "annotations": {ANNOTATION_SPEC_HASH: spec_hash(spec)},
             "ownerReferences": [owner_reference("InferenceDeployment", infd, infd_uid)],
+        },
+        "spec": spec,
+    }
+
+
+# ------------------------------------------------------------------------------------------ autoscaler
+
+
+@dataclass(frozen=True)
+class AutoscalerRequest:
+    """The HorizontalPodAutoscaler of one target Deployment."""
+
+    namespace: str
+    infd: str
+    infd_uid: str
+    target: GPUTarget
+    api_version: str  # autoscaling/v2 or autoscaling/v2beta2 (the same shape for what is written here)
+    min_replicas: int
+    max_replicas: int
+    metric: str  # its name in the custom metrics API
+    target_value: str  # average per pod, a quantity
+
+
+def autoscaler_name(infd: str, target: GPUTarget) -> str:
+    """The HPA of a target is named as its Deployment."""
+    return deployment_name(infd, target)
+
+
+def runtime_autoscaler(req: AutoscalerRequest) -> dict[str, Any]:
+    """An HPA scaling one target Deployment on a per-pod custom metric (type Pods, AverageValue)."""
+    spec = {
+        "scaleTargetRef": {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": deployment_name(req.infd, req.target),
+        },
+        "minReplicas": req.min_replicas,
+        "maxReplicas": req.max_replicas,
+        "metrics": [
+            {
+                "type": "Pods",
+                "pods": {
+                    "metric": {"name": req.metric},
+                    "target": {"type": "AverageValue", "averageValue": req.target_value},
+                },
+            }
+        ],
+    }
+    return {
+        "apiVersion": req.api_version,
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {
+            "name": autoscaler_name(req.infd, req.target),
+            "namespace": req.namespace,
+            "labels": {
+                **BASE_LABELS,
+                **selector_labels(req.infd, req.target),
+                APP_COMPONENT: COMPONENT_RUNTIME,
+            },
+            "annotations": {ANNOTATION_SPEC_HASH: spec_hash({"apiVersion": req.api_version, **spec})},
+            "ownerReferences": [owner_reference("InferenceDeployment", req.infd, req.infd_uid)],
         },
         "spec": spec,
     }

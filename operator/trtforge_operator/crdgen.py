@@ -180,13 +180,22 @@ def crd_manifest(resource: Any) -> dict[str, Any]:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": _subresources(resource),
                     "additionalPrinterColumns": [dict(c) for c in resource.PRINTER_COLUMNS],
                     "schema": {"openAPIV3Schema": root},
                 }
             ],
         },
     }
+
+
+def _subresources(resource: Any) -> dict[str, Any]:
+    """Status always; scale where the resource names its replica paths (``SCALE``)."""
+    out: dict[str, Any] = {"status": {}}
+    scale = getattr(resource, "SCALE", None)
+    if scale:
+        out["scale"] = dict(scale)
+    return out
 
 
 def _yaml(obj: Any) -> str:
@@ -277,6 +286,17 @@ def _json(v: Any) -> str:
     return json.dumps(v)
 
 
+def _subresource_text(subresources: dict[str, Any]) -> str:
+    scale = subresources.get("scale")
+    if not scale:
+        return "status subresource."
+    return (
+        f"status and scale subresources (scale reads `{scale['specReplicasPath'][1:]}`, "
+        f"`{scale['statusReplicasPath'][1:]}` and the selector `{scale['labelSelectorPath'][1:]}`: "
+        "`kubectl scale`, an HPA or a KEDA ScaledObject can target it)."
+    )
+
+
 def api_doc() -> str:
     """docs/api.md: the API reference, generated from the same schemas as the CRDs."""
     out = [
@@ -299,7 +319,7 @@ def api_doc() -> str:
             root["description"],
             "",
             f"- Plural `{names['plural']}`, short names {', '.join(f'`{s}`' for s in names['shortNames'])}, "
-            f"category `{names['categories'][0]}`; status subresource.",
+            f"category `{names['categories'][0]}`; {_subresource_text(version['subresources'])}",
             f"- `kubectl get` columns: {cols}.",
             "",
         ]

@@ -58,7 +58,8 @@ from trtforge_operator.labels import (
     requester_annotation,
 )
 from trtforge_operator.metrics import Metrics
-from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView
+from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, NodeView, PodView
+from trtforge_operator.planning.autoscaling import HpaApi, hpa_api_version
 from trtforge_operator.planning.cleanup import release_jobs
 from trtforge_operator.planning.deployment import (
     DeploymentObserved,
@@ -104,6 +105,18 @@ class State:
     indices: Mapping[str, Any] | None = None  # kopf's indices, once a handler has been given them
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)  # background loops
     node_views: list[NodeView] | None = None  # the Nodes index as a list; None after any Node event
+    hpa_api: HpaApi | None = None  # the HPA API to write in, once discovered
+    hpa_api_known: bool = False
+
+    async def autoscaling_api(self) -> HpaApi | None:
+        """The HPA API version to write in, from discovery (once; again after a failed look)."""
+        if not self.hpa_api_known:
+            try:
+                self.hpa_api = hpa_api_version(await self.kube.served_versions("autoscaling"))
+                self.hpa_api_known = True
+            except ApiException as e:
+                log.warning("could not discover the autoscaling API: %s %s", e.status, e.reason)
+        return self.hpa_api
 
     def nodes(self, indices: Mapping[str, Any]) -> list[NodeView]:
         """Every Node's view, read from the index once per Node event (not once per pass)."""
@@ -459,6 +472,9 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     label = children.dns_name(name)
     deployments = [v for v in list(indices["deps_idx"].get((ns, label), [])) if isinstance(v, DeploymentView)]
     pods = [v for v in list(indices["rpods_idx"].get((ns, label), [])) if isinstance(v, PodView)]
+    autoscalers = [v for v in list(indices["hpas_idx"].get((ns, label), [])) if isinstance(v, AutoscalerView)]
+    wants_autoscaling = obj.spec.autoscaling is not None or any(t.autoscaling for t in obj.spec.targets)
+    hpa_api = await state.autoscaling_api() if wants_autoscaling or autoscalers else None
     nodes = state.nodes(indices)
     # The engine's own build and rebuild Jobs, by build id (rebuilds share the engine key's id).
     ids = {t.engine_key[:20] for t in (engine.status.targets if engine is not None else []) if t.engine_key}
@@ -477,6 +493,8 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
         jobs=jobs,
         now=time.time(),
         engine_problem=problem,
+        autoscalers=autoscalers,
+        hpa_api=hpa_api,
     )
     plan = plan_deployment(obs, state.cfg)
     state.metrics.observe_deployment(ns, name, plan.status)
@@ -486,7 +504,8 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     await _write_status(state, Kind.INFERENCEDEPLOYMENT, INFERENCEDEPLOYMENTS, body, old_norm, new)
     for obj_ in plan.apply:
         try:
-            await state.kube.apply_owned(obj_)
+            keep = obj_["kind"] == "Deployment" and obj_["metadata"]["name"] in plan.hpa_owned
+            await state.kube.apply_owned(obj_, keep_replicas=keep)
         except ApiException as e:
             log.warning(
                 "could not apply %s %s/%s: %s %s",
@@ -496,6 +515,20 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
                 e.status,
                 e.reason,
             )
+    for hpa in plan.apply_autoscalers:
+        try:
+            await state.kube.apply_autoscaler(hpa)
+        except ApiException as e:
+            log.warning(
+                "could not apply HorizontalPodAutoscaler %s/%s: %s %s",
+                ns,
+                hpa["metadata"]["name"],
+                e.status,
+                e.reason,
+                extra=fields(namespace=ns, name=hpa["metadata"]["name"]),
+            )
+    for h in plan.delete_autoscalers:
+        await state.kube.delete_autoscaler(ns, h)
     for d in plan.delete_deployments:
         await state.kube.delete("Deployment", ns, d)
     for p in plan.delete_pods:
@@ -518,9 +551,13 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
 
 
 async def cleanup_deployment(state: State, body: Mapping[str, Any], indices: Mapping[str, Any]) -> None:
-    """On deletion: delete the runtime Deployments and the Service (ownerRefs would too, eventually)."""
+    """On deletion: delete the HPAs, the runtime Deployments and the Service (ownerRefs would too,
+    eventually)."""
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
+    for h in list(indices["hpas_idx"].get((ns, children.dns_name(name)), [])):
+        if isinstance(h, AutoscalerView):
+            await state.kube.delete_autoscaler(ns, h.name)
     for d in list(indices["deps_idx"].get((ns, children.dns_name(name)), [])):
         if isinstance(d, DeploymentView):
             await state.kube.delete("Deployment", ns, d.name)
@@ -720,6 +757,15 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         observed = parse_observed(f"{namespace}/{name}", _plain(body.get("status") or {}))
         return {(namespace, str(ref)): observed} if ref and observed is not None else None
 
+    # Read through autoscaling/v1 (served by every version): metadata, target and counts are all a
+    # pass needs; the operator writes them in v2 or v2beta2 (planning/autoscaling.py).
+    @kopf.index(
+        "autoscaling", "v1", "horizontalpodautoscalers", id="hpas_idx", labels=MANAGED, registry=registry
+    )
+    def _hpas_idx(**kw: Any) -> Any:
+        body, namespace, labels = kw["body"], kw["namespace"], kw["labels"]
+        return {(namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, "")): AutoscalerView.from_k8s(body)}
+
     @kopf.index(GROUP, VERSION, TRTENGINES, id="trte_idx", registry=registry)
     def _trte_idx(**kw: Any) -> Any:
         body, namespace, name = kw["body"], kw["namespace"], kw["name"]
@@ -799,6 +845,11 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)
     def _deployment_event(**kw: Any) -> None:
+        namespace, labels = kw["namespace"], kw["labels"]
+        state.queue.fire_label(Kind.INFERENCEDEPLOYMENT, namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, ""))
+
+    @kopf.on.event("autoscaling", "v1", "horizontalpodautoscalers", labels=MANAGED, registry=registry)
+    def _autoscaler_event(**kw: Any) -> None:
         namespace, labels = kw["namespace"], kw["labels"]
         state.queue.fire_label(Kind.INFERENCEDEPLOYMENT, namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, ""))
 

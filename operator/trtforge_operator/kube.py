@@ -143,8 +143,12 @@ class Kube:
             raise
         return dict((j.metadata.annotations if j.metadata else None) or {})
 
-    async def apply_owned(self, obj: Mapping[str, Any]) -> str:
-        """Create, or replace when its spec hash annotation differs. Returns created|replaced|unchanged."""
+    async def apply_owned(self, obj: Mapping[str, Any], *, keep_replicas: bool = False) -> str:
+        """Create, or replace when its spec hash annotation differs. Returns created|replaced|unchanged.
+
+        ``keep_replicas`` (a Deployment whose replicas an HPA sets): a replace writes the replicas the
+        Deployment has in the read it replaces (its resourceVersion guards the write: a count the HPA
+        sets in between makes the replace fail with 409, and the next pass reads it)."""
         kind, ns, name = obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]
         if await self.create(obj):
             return "created"
@@ -169,9 +173,60 @@ class Kube:
             new["spec"] = spec
             await self._call(self.core.replace_namespaced_service, name, ns, new)
         else:
+            if keep_replicas and cur["spec"].get("replicas") is not None:
+                new["spec"] = {**new["spec"], "replicas": cur["spec"]["replicas"]}
             await self._call(self.apps.replace_namespaced_deployment, name, ns, new)
         log.info("updated %s %s/%s", kind, ns, name, extra=fields(kind=kind, namespace=ns, name=name))
         return "replaced"
+
+    async def served_versions(self, group: str) -> list[str]:
+        """The ``group/version`` strings the apiserver serves for an API group (discovery)."""
+        groups = await self._call(client.ApisApi(self.api).get_api_versions)
+        for g in groups.groups or []:
+            if g.name == group:
+                return [v.group_version for v in g.versions or []]
+        return []
+
+    async def apply_autoscaler(self, obj: Mapping[str, Any]) -> str:
+        """Create an HPA (in the apiVersion it names), or replace it when its spec hash differs."""
+        group, version = obj["apiVersion"].split("/", 1)
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        plural = "horizontalpodautoscalers"
+        try:
+            await self._call_unparsed(
+                self.custom.create_namespaced_custom_object, group, version, ns, plural, dict(obj)
+            )
+            log.info("created HorizontalPodAutoscaler %s/%s", ns, name, extra=fields(namespace=ns, name=name))
+            return "created"
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        cur = await self._call(self.custom.get_namespaced_custom_object, group, version, ns, plural, name)
+        want = obj["metadata"]["annotations"].get(ANNOTATION_SPEC_HASH)
+        if (cur["metadata"].get("annotations") or {}).get(ANNOTATION_SPEC_HASH) == want:
+            return "unchanged"
+        new = {**obj, "metadata": {**obj["metadata"], "resourceVersion": cur["metadata"]["resourceVersion"]}}
+        await self._call(self.custom.replace_namespaced_custom_object, group, version, ns, plural, name, new)
+        log.info("updated HorizontalPodAutoscaler %s/%s", ns, name, extra=fields(namespace=ns, name=name))
+        return "replaced"
+
+    async def delete_autoscaler(self, namespace: str, name: str) -> bool:
+        """Delete an HPA (through autoscaling/v1, served everywhere); False when it is gone."""
+        try:
+            await self._call_unparsed(
+                client.AutoscalingV1Api(self.api).delete_namespaced_horizontal_pod_autoscaler, name, namespace
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        log.info(
+            "deleted HorizontalPodAutoscaler %s/%s",
+            namespace,
+            name,
+            extra=fields(kind="HorizontalPodAutoscaler", namespace=namespace, name=name),
+        )
+        return True
 
     async def delete(self, kind: str, namespace: str, name: str) -> bool:
         fn = {

@@ -104,7 +104,7 @@ class Metrics:
 
     def observe_deployment(self, namespace: str, name: str, status: Any) -> None:
         """From an InferenceDeployment's status as just planned (InferenceDeploymentStatus)."""
-        self.deployment_replicas.labels(namespace, name).set(status.replicas or 0)
+        self.deployment_replicas.labels(namespace, name).set(status.desired_replicas or 0)
         self.deployment_ready_replicas.labels(namespace, name).set(status.ready_replicas or 0)
 
     def observe_build_result(self, line: str) -> None:

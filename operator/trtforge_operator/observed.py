@@ -483,3 +483,30 @@ class DeploymentView:
             and self.replicas == want
             and self.ready_replicas >= want
         )
+
+
+@dataclass(frozen=True)
+class AutoscalerView:
+    """A HorizontalPodAutoscaler the operator made (read in any served version: only its metadata,
+    target and counts are used)."""
+
+    name: str
+    namespace: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    target_name: str = ""  # spec.scaleTargetRef.name
+    current_replicas: int = 0
+    desired_replicas: int = 0
+
+    @classmethod
+    def from_k8s(cls, obj: Mapping[str, Any]) -> AutoscalerView:
+        meta, spec, status = _meta(obj), obj.get("spec") or {}, obj.get("status") or {}
+        return cls(
+            name=meta.get("name", ""),
+            namespace=meta.get("namespace", ""),
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+            target_name=str((spec.get("scaleTargetRef") or {}).get("name") or ""),
+            current_replicas=int(status.get("currentReplicas") or 0),
+            desired_replicas=int(status.get("desiredReplicas") or 0),
+        )

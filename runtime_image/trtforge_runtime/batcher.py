@@ -218,6 +218,8 @@ class Batcher:
 
     def _left(self, fut: asyncio.Future[Outputs]) -> None:
         self.in_flight -= 1
+        if not self.in_flight:
+            self._metrics.in_flight_m.set(0)  # idle: batches (which set it) stop coming
 
     # -- the instances' threads (everything below runs there, `_lock` held where it says) --------
     def _lone(self, batch: list[_Item]) -> bool:
@@ -291,6 +293,7 @@ class Batcher:
         """Record a batch as taken (queue depth, each request's wait, its size)."""
         m = self._metrics
         m.queue_depth_m.set(len(self._queue))
+        m.in_flight_m.set(self.in_flight)  # read off the event loop's count: an int, read whole
         now = time.monotonic()
         for it in batch:
             m.queue_time_m.observe(now - it.enqueued)

@@ -74,6 +74,14 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.in_flight = Gauge(
+            "trtforge_runtime_requests_in_flight",
+            "Inference requests accepted and not yet answered (queued or executing): the load signal "
+            "to autoscale on",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.ready = Gauge(
             "trtforge_runtime_ready",
             "1 when the model serves (every worker)",
@@ -138,6 +146,7 @@ class Metrics:
         self.queue_time_m = self.queue_time.labels(model)
         self.compute_time_m = self.compute_time.labels(model)
         self.queue_depth_m = self.queue_depth.labels(model)
+        self.in_flight_m = self.in_flight.labels(model)
         self.ready_m = self.ready.labels(model)
         self.solo_batches_m = self.solo_batches.labels(model)
         self.batch_cap_m = self.batch_cap.labels(model)

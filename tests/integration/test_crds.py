@@ -307,7 +307,8 @@ def test_printer_columns(testbed: Any, crds: None, namespace: str) -> None:
         {
             "observedGeneration": 1,
             "ready": "2/3",
-            "replicas": 3,
+            "replicas": 4,  # a rollout's surge: one pod more than wanted
+            "desiredReplicas": 3,
             "readyReplicas": 2,
             "endpoint": f"http://squeezenet.{namespace}.svc:8000",
             "conditions": [
@@ -322,8 +323,9 @@ def test_printer_columns(testbed: Any, crds: None, namespace: str) -> None:
     wide = _table(_ok(testbed, "get", "trte", "-n", namespace, "-o", "wide"))
     assert "MODEL" in wide[0] and "pvc://models/squeezenet.onnx" in wide[1]["squeezenet"]
     rows = _table(_ok(testbed, "get", "infd", "-n", namespace))
-    assert list(rows[0])[:4] == ["NAME", "ENGINE", "READY", "STATUS"] and list(rows[0])[-1] == "AGE"
-    assert rows[1]["squeezenet"][:3] == ["squeezenet", "2/3", "Progressing"]
+    assert list(rows[0])[:6] == ["NAME", "ENGINE", "DESIRED", "CURRENT", "READY", "STATUS"]
+    assert list(rows[0])[-1] == "AGE"
+    assert rows[1]["squeezenet"][:5] == ["squeezenet", "3", "4", "2/3", "Progressing"]
 
 
 def _table(text: str) -> tuple[dict[str, int], dict[str, list[str]]]:

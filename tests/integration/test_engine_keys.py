@@ -114,7 +114,7 @@ def test_a_new_builder_image_rebuilds_once_per_target_and_rolls_out_behind_the_c
     ns = env.tenants[0]
     apps: Any = client.AppsV1Api(env.api)
     core: Any = client.CoreV1Api(env.api)
-    env.apply(deployment_manifest("tiny", "tiny"), ns)
+    env.apply(deployment_manifest("tiny", "tiny", replicas=len(TARGETS)), ns)  # one pod per target
     env.wait_true("inferencedeployments", ns, "tiny", timeout=180)
     old = {t["name"]: t["engineKey"] for t in env.get("trtengines", ns, "tiny")["status"]["targets"]}
     jobs_before = {j.metadata.name for j in env.jobs()}

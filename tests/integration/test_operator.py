@@ -163,7 +163,7 @@ def test_build_per_gpu_type_then_serve(env: OperatorEnv, tenants: tuple[str, str
     wait_for(lambda: {"BuildStarted", "EngineReady"} <= reasons(), timeout=30, desc="Events on transitions")
 
     t1 = time.monotonic()
-    env.apply(deployment_manifest("tiny", "tiny"), ns)
+    env.apply(deployment_manifest("tiny", "tiny", replicas=3), ns)  # one pod per target
     infd = env.wait_true("inferencedeployments", ns, "tiny", timeout=180)
     print(f"InferenceDeployment Ready in {time.monotonic() - t1:.1f}s")
     assert infd["status"]["ready"] == "3/3"
@@ -298,7 +298,10 @@ def test_a_spec_change_builds_new_engines_and_rolls_out_without_a_gap(
     # The GH200 node has one GPU: no room to surge there, so serve only H100 and the MIG slice.
     ready_engine(env, ns, "tiny", model, TARGETS)
     env.apply(
-        deployment_manifest("tiny", "tiny", targets=[{"gpu": H100}, {"gpu": B200, "mig": "1g.23gb"}]), ns
+        deployment_manifest(
+            "tiny", "tiny", replicas=2, targets=[{"gpu": H100}, {"gpu": B200, "mig": "1g.23gb"}]
+        ),
+        ns,
     )
     env.wait_true("inferencedeployments", ns, "tiny", timeout=180)
     assert len(apps.list_namespaced_deployment(ns).items) == 2

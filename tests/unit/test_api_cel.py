@@ -198,3 +198,38 @@ def test_deployment_rules() -> None:
 def _refused(model: type[BaseModel], spec: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         model.model_validate(spec)
+
+
+AUTOSCALING = {"minReplicas": 1, "maxReplicas": 4, "metric": "RequestsInFlight", "targetValue": 4}
+INVALID_AUTOSCALING = [
+    ({**AUTOSCALING, "minReplicas": 5, "maxReplicas": 2}, "minReplicas must not be greater than maxReplicas"),
+    ({**AUTOSCALING, "minReplicas": 0}, "scale to zero is not supported"),
+]
+
+
+@pytest.mark.parametrize(("auto", "message"), INVALID_AUTOSCALING)
+def test_autoscaling_rules_for_all_and_per_target(auto: dict[str, Any], message: str) -> None:
+    for spec, path in (
+        ({"engineRef": {"name": "e"}, "autoscaling": auto}, "spec.autoscaling"),
+        (
+            {"engineRef": {"name": "e"}, "targets": [{"gpu": "cpu", "autoscaling": auto}]},
+            "spec.targets[0].autoscaling",
+        ),
+    ):
+        violations = cel_violations("InferenceDeployment", spec)
+        assert len(violations) == 1 and violations[0].startswith(f"{path}: ") and message in violations[0]
+        _refused(InferenceDeploymentSpec, spec)
+
+
+def test_autoscaling_schema_refuses_what_cel_need_not() -> None:
+    """An unknown metric and minReplicas below 1 are refused by the schema itself (every version)."""
+    auto = SCHEMAS["InferenceDeployment"]["properties"]["spec"]["properties"]["autoscaling"]
+    assert auto["properties"]["metric"]["enum"] == ["RequestsInFlight", "QueueDepth", "RequestRate"]
+    assert auto["properties"]["minReplicas"]["minimum"] == 1
+    assert auto["required"] == ["maxReplicas", "targetValue"]
+    per_target = SCHEMAS["InferenceDeployment"]["properties"]["spec"]["properties"]["targets"]["items"]
+    same = {k: v for k, v in per_target["properties"]["autoscaling"].items() if k != "description"}
+    assert same == {k: v for k, v in auto.items() if k != "description"}
+    ok = {"engineRef": {"name": "e"}, "autoscaling": AUTOSCALING}
+    assert cel_violations("InferenceDeployment", ok) == []
+    InferenceDeploymentSpec.model_validate(ok)

@@ -105,6 +105,10 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["crds", "--root", str(tmp_path), "--check"]) == 0
 
 
+def cols_of(version: dict[str, Any]) -> dict[str, str]:
+    return {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+
+
 @pytest.mark.parametrize("resource", RESOURCES)
 def test_crd_shape(resource: Any) -> None:
     crd = crdgen.crd_manifest(resource)
@@ -117,7 +121,19 @@ def test_crd_shape(resource: Any) -> None:
     )
     (version,) = spec["versions"]
     assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
-    assert version["subresources"] == {"status": {}}
+    if resource is TRTEngine:
+        assert version["subresources"] == {"status": {}}
+    else:  # kubectl scale, an HPA or KEDA act on it
+        assert version["subresources"] == {
+            "status": {},
+            "scale": {
+                "specReplicasPath": ".spec.replicas",
+                "statusReplicasPath": ".status.replicas",
+                "labelSelectorPath": ".status.selector",
+            },
+        }
+        assert cols_of(version)["Desired"] == ".status.desiredReplicas"
+        assert cols_of(version)["Current"] == ".status.replicas"
     cols = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert cols["Age"] == ".metadata.creationTimestamp"
     if resource is TRTEngine:

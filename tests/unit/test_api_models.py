@@ -22,6 +22,7 @@ from trtforge_operator.api import (
     get_condition,
     ready_text,
     set_condition,
+    split_replicas,
 )
 
 from trtforge.contract.engine_key import BuildConfig, ShapeRange
@@ -258,10 +259,12 @@ def test_invalid_deployment_specs_name_the_problem(spec: dict[str, Any], message
         InferenceDeploymentSpec.model_validate(spec)
 
 
-def test_replicas_by_target() -> None:
+def test_replicas_by_target_splits_spec_replicas_by_shares() -> None:
     engine = [H100, B200_MIG]
-    all_ = InferenceDeploymentSpec.model_validate({"engineRef": {"name": "e"}, "replicas": 2})
+    all_ = InferenceDeploymentSpec.model_validate({"engineRef": {"name": "e"}, "replicas": 4})
     assert all_.replicas_by_target(engine) == {H100: 2, B200_MIG: 2}
+    odd = InferenceDeploymentSpec.model_validate({"engineRef": {"name": "e"}, "replicas": 3})
+    assert odd.replicas_by_target(engine) == {H100: 2, B200_MIG: 1}  # the tie goes to the engine's first
     subset = InferenceDeploymentSpec.model_validate(
         {
             "engineRef": {"name": "e"},
@@ -269,12 +272,58 @@ def test_replicas_by_target() -> None:
             "targets": [{"gpu": "NVIDIA-B200", "mig": "3g.90gb", "replicas": 0}, {"gpu": "NVIDIA-H200"}],
         }
     )
-    # only targets the engine has; per-target override wins, zero is allowed
+    # only targets the engine has; a share of 0 gets nothing
     assert subset.replicas_by_target(engine) == {B200_MIG: 0}
+    weighted = InferenceDeploymentSpec.model_validate(
+        {
+            "engineRef": {"name": "e"},
+            "replicas": 6,
+            "targets": [
+                {"gpu": "NVIDIA-H100-80GB-HBM3", "replicas": 2},
+                {"gpu": "NVIDIA-B200", "mig": "3g.90gb"},
+            ],
+        }
+    )
+    assert weighted.replicas_by_target(engine) == {H100: 4, B200_MIG: 2}
     with_default = InferenceDeploymentSpec.model_validate(
         {"engineRef": {"name": "e"}, "targets": [{"gpu": "NVIDIA-H100-80GB-HBM3"}]}
     )
     assert with_default.replicas_by_target(engine) == {H100: 1}
+
+
+A, B, C = GPUTarget(gpu="a"), GPUTarget(gpu="b"), GPUTarget(gpu="c")
+
+
+@pytest.mark.parametrize(
+    ("total", "shares", "expected"),
+    [
+        (3, {A: 2, B: 1}, {A: 2, B: 1}),  # shares summing to the total: exactly the shares
+        (9, {A: 2, B: 1}, {A: 6, B: 3}),  # proportional
+        (4, {A: 2, B: 1}, {A: 3, B: 1}),  # 2.67 / 1.33: the larger remainder gets the extra one
+        (5, {A: 1, B: 1, C: 1}, {A: 2, B: 2, C: 1}),  # equal remainders: the earlier targets
+        (1, {A: 1, B: 1, C: 1}, {A: 1, B: 0, C: 0}),  # fewer replicas than targets
+        (7, {A: 1, B: 0, C: 1}, {A: 4, B: 0, C: 3}),  # share 0: nothing
+        (5, {A: 0, B: 0}, {A: 0, B: 0}),  # no share at all
+        (0, {A: 3, B: 1}, {A: 0, B: 0}),
+        (1000, {A: 3, B: 3, C: 1}, {A: 429, B: 428, C: 143}),
+        (5, {}, {}),
+    ],
+)
+def test_split_replicas(total: int, shares: dict[GPUTarget, int], expected: dict[GPUTarget, int]) -> None:
+    got = split_replicas(total, shares)
+    assert got == expected
+    assert list(got) == list(shares)  # the targets' order is kept
+    if any(shares.values()):
+        assert sum(got.values()) == total
+
+
+def test_split_replicas_follows_each_share_within_one() -> None:
+    shares = {A: 5, B: 3, C: 1}
+    for total in range(60):
+        got = split_replicas(total, shares)
+        assert sum(got.values()) == total
+        for t, s in shares.items():
+            assert abs(got[t] - total * s / 9) < 1
 
 
 def test_set_condition_moves_transition_time_only_on_a_flip() -> None:

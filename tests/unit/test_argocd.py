@@ -100,7 +100,8 @@ def test_stalled_or_degraded_wins_over_ready(kind: str) -> None:
             }
         )
         o = {**obj, "status": {**obj["status"], "conditions": conds}}
-        assert run_health(script, o) == {"status": "Degraded", "message": "Broken: it broke"}
+        got = run_health(script, o)
+        assert got["status"] == "Degraded" and got["message"].startswith("Broken: it broke")
 
 
 def test_argocd_cm_embeds_the_same_scripts() -> None:
@@ -172,3 +173,18 @@ def test_applications_parse() -> None:
         assert not any(o.startswith(("Replace=", "Force=")) for o in opts), (
             "would wipe the operator's annotations"
         )
+
+
+def test_inferencedeployment_health_shows_current_and_desired_replicas() -> None:
+    """Whatever the health, the message ends with the pods ready, current and desired (an
+    autoscaler's count included); a status without the counts (an older operator) adds nothing."""
+    script = (CUSTOM / "InferenceDeployment" / "health.lua").read_text()
+    obj = yaml.safe_load((CUSTOM / "InferenceDeployment" / "testdata" / "ready.yaml").read_text())
+    obj["status"].update(replicas=5, desiredReplicas=4, readyReplicas=3)
+    assert run_health(script, obj)["message"].endswith("(replicas: 3 ready, 5 current, 4 desired)")
+    obj["metadata"]["generation"] += 1  # Progressing, waiting for the operator: no counts
+    assert "replicas:" not in run_health(script, obj)["message"]
+    obj["metadata"]["generation"] -= 1
+    for key in ("replicas", "desiredReplicas", "readyReplicas"):
+        del obj["status"][key]
+    assert run_health(script, obj)["message"] == "AllReplicasReady: 4/4 replicas ready on 2 targets"

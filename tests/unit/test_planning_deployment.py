@@ -17,8 +17,9 @@ from trtforge_operator.labels import (
     LABEL_TARGET,
     MANAGED_BY,
 )
-from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView
+from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, NodeView, PodView
 from trtforge_operator.planning import faults
+from trtforge_operator.planning.autoscaling import HpaApi
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
 from trtforge_operator.planning.rebuild import rebuild_job
 
@@ -86,6 +87,8 @@ def observed(
     nodes: list[dict[str, Any]] | None = None,
     jobs: Sequence[dict[str, Any]] = (),
     now: float = NOW,
+    autoscalers: Sequence[AutoscalerView] = (),
+    hpa_api: HpaApi | None = None,
 ) -> DeploymentObserved:
     return DeploymentObserved(
         namespace="team-a",
@@ -100,6 +103,8 @@ def observed(
         nodes=[NodeView.from_k8s(n) for n in (nodes or default_nodes())],
         jobs=[JobView.from_k8s(j) for j in jobs],
         now=now,
+        autoscalers=autoscalers,
+        hpa_api=hpa_api,
     )
 
 
@@ -195,14 +200,14 @@ def test_instances_and_workers_pass_through_and_are_left_to_the_runtime_when_uns
 
 
 def test_ready_when_every_target_has_its_replicas_and_stable_after() -> None:
-    first = plan_deployment(observed(infd(replicas=2), engine()), CFG)
+    first = plan_deployment(observed(infd(replicas=4), engine()), CFG)
     deps = [live(o) for o in first.apply if o["kind"] == "Deployment"]
-    plan = plan_deployment(observed(infd(replicas=2), engine(), deployments=deps), CFG)
+    plan = plan_deployment(observed(infd(replicas=4), engine(), deployments=deps), CFG)
     assert [o["kind"] for o in plan.apply] == ["Service"]  # Deployments unchanged: nothing to write
     ready = get_condition(plan.status.conditions, "Ready")
     assert ready is not None and ready.status == "True" and plan.status.ready == "4/4"
     again = plan_deployment(
-        observed(infd(replicas=2, status=plan.status.to_wire()), engine(), deployments=deps, now=NOW + 100),
+        observed(infd(replicas=4, status=plan.status.to_wire()), engine(), deployments=deps, now=NOW + 100),
         CFG,
     )
     assert again.status.to_wire() == plan.status.to_wire()
@@ -228,7 +233,7 @@ def test_while_an_engine_builds_the_old_deployment_is_left_alone() -> None:
 
 def test_subset_of_targets_and_missing_engine() -> None:
     plan = plan_deployment(
-        observed(infd(targets=[{"gpu": MIG.gpu, "mig": MIG.mig, "replicas": 3}]), engine()), CFG
+        observed(infd(replicas=3, targets=[{"gpu": MIG.gpu, "mig": MIG.mig, "replicas": 2}]), engine()), CFG
     )
     (dep,) = [o for o in plan.apply if o["kind"] == "Deployment"]
     assert dep["spec"]["replicas"] == 3 and dep["metadata"]["labels"][LABEL_TARGET] == MIG.name

@@ -27,7 +27,7 @@ from trtforge.logs import fields
 from trtforge_dev.testbed import procs
 from trtforge_dev.testbed.binaries import Binaries, resolve
 from trtforge_dev.testbed.paths import StatePaths
-from trtforge_dev.testbed.pki import PKI, ensure_pki
+from trtforge_dev.testbed.pki import FRONT_PROXY_CLIENT, PKI, ensure_front_proxy, ensure_pki
 from trtforge_dev.testbed.profile import load_profile
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ CONTROLLERS = ",".join(
         "csrapproving",
         "root-ca-cert-publisher",
         "clusterrole-aggregation",
+        "horizontalpodautoscaling",
     ]
 )
 
@@ -232,6 +233,16 @@ def _apiserver_argv(b: Binaries, st: ClusterState, pki: PKI) -> list[str]:
         "--profiling=false",
         "--enable-priority-and-fairness=false",
         f"--cert-dir={pki.dir}",
+        # API aggregation (the custom metrics API of trtforge_dev.testbed.metrics_adapter): with no
+        # kube-proxy, the apiserver dials an aggregated API's endpoint IP, not its Service IP.
+        "--enable-aggregator-routing=true",
+        f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
+        f"--proxy-client-key-file={pki.front_proxy_client_key}",
         "--v=1",
     ]
 
@@ -250,6 +261,9 @@ def _controller_manager_argv(b: Binaries, paths: StatePaths, pki: PKI) -> list[s
         f"--cluster-signing-key-file={pki.ca_key}",
         "--use-service-account-credentials=false",
         "--concurrent-gc-syncs=5",
+        # The HPA controller: scale-downs wait 30 s of lower recommendations (5 min by default), so a
+        # test sees a target come back down in a test's time.
+        "--horizontal-pod-autoscaler-downscale-stabilization=30s",
         "--v=1",
     ]
 
@@ -310,6 +324,7 @@ def up(
     paths.root.mkdir(parents=True, exist_ok=True)
     _clean_state(paths)
     pki = ensure_pki(paths.pki)
+    ensure_front_proxy(pki)
     any_apiserver, etcd_port, etcd_peer_port, kubelet_port = procs.free_ports(4)
     st = ClusterState(
         root=str(paths.root),
@@ -458,6 +473,7 @@ def start_apiserver(paths: StatePaths, timeout_s: float = 60.0) -> int:
     if pid is not None and procs.is_alive(pid):
         raise ClusterError(f"kube-apiserver is already running (pid {pid})")
     pki = ensure_pki(paths.pki)
+    ensure_front_proxy(pki)
     b = Binaries(**{k.replace("-", "_"): Path(v) for k, v in st.binaries.items()})
     pid = procs.spawn(paths, "kube-apiserver", _apiserver_argv(b, st, pki))
     _wait_healthy(paths, "kube-apiserver", pid, f"{st.server}/readyz", _ssl_context(pki), timeout_s)

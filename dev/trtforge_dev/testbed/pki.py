@@ -1,5 +1,6 @@
-"""Certificates and keys for the test bed: a CA, the apiserver's serving cert, an admin client cert
-and the service-account signing key. Generated once per state root, reused by later `up`s.
+"""Certificates and keys for the test bed: a CA, the apiserver's serving cert, an admin client cert,
+the service-account signing key, and the front-proxy CA and client cert of API aggregation. Generated
+once per state root, reused by later `up`s.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
 _VALID_DAYS = 3650
+FRONT_PROXY_CLIENT = "front-proxy-client"  # the name aggregated APIs allow (--requestheader-allowed-names)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,18 @@ class PKI:
     @property
     def sa_pub(self) -> Path:
         return self.dir / "sa.pub"
+
+    @property
+    def front_proxy_ca_cert(self) -> Path:
+        return self.dir / "front-proxy-ca.crt"
+
+    @property
+    def front_proxy_client_cert(self) -> Path:
+        return self.dir / "front-proxy-client.crt"
+
+    @property
+    def front_proxy_client_key(self) -> Path:
+        return self.dir / "front-proxy-client.key"
 
     def complete(self) -> bool:
         files = (
@@ -117,6 +131,31 @@ def _sign(
 
 def _write_cert(path: Path, cert: x509.Certificate) -> None:
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def ensure_front_proxy(pki: PKI) -> None:
+    """The front-proxy CA and the client certificate the apiserver's aggregator presents to aggregated
+    APIs (``--proxy-client-cert-file``; its CA is ``--requestheader-client-ca-file``), unless both exist.
+    A CA of its own, as Kubernetes wants: a certificate of the main CA would authenticate anyone as
+    anyone through the request headers."""
+    if pki.front_proxy_client_cert.exists() and pki.front_proxy_ca_cert.exists():
+        return
+    ca_key = _key()
+    ca_name = _name("trtforge-testbed-front-proxy-ca")
+    ca = _sign(ca_name, ca_key.public_key(), ca_name, ca_key, ca=True, usage=[], sans=[])
+    client_key = _key()
+    client = _sign(
+        _name(FRONT_PROXY_CLIENT),
+        client_key.public_key(),
+        ca_name,
+        ca_key,
+        ca=False,
+        usage=[x509.ExtendedKeyUsageOID.CLIENT_AUTH],
+        sans=[],
+    )
+    _write_key(pki.front_proxy_client_key, client_key)
+    _write_cert(pki.front_proxy_client_cert, client)
+    _write_cert(pki.front_proxy_ca_cert, ca)  # last: its presence says the pair is whole
 
 
 def ensure_pki(directory: Path) -> PKI:

@@ -26,7 +26,11 @@ from trtforge_operator.api.common import (
     set_condition,
 )
 from trtforge_operator.api.inferencedeployment import (
+    CUSTOM_METRIC_NAMES,
     MAX_FAULTS,
+    SCALE_TO_ZERO_MESSAGE,
+    Autoscaling,
+    AutoscalingMetric,
     Batching,
     DeploymentTarget,
     DeploymentTargetStatus,
@@ -41,6 +45,7 @@ from trtforge_operator.api.inferencedeployment import (
     Rollout,
     RuntimeSettings,
     Toleration,
+    split_replicas,
 )
 from trtforge_operator.api.trtengine import (
     DEFAULT_TOLERANCES,
@@ -66,14 +71,18 @@ RESOURCES = (TRTEngine, InferenceDeployment)
 
 __all__ = [
     "API_VERSION",
+    "CUSTOM_METRIC_NAMES",
     "DEFAULT_TOLERANCES",
     "GROUP",
     "MAX_FAULTS",
     "RESOURCES",
+    "SCALE_TO_ZERO_MESSAGE",
     "VERSION",
     "Accuracy",
     "ApiModel",
     "AutoTargets",
+    "Autoscaling",
+    "AutoscalingMetric",
     "Batching",
     "BuilderSettings",
     "Condition",
@@ -111,4 +120,5 @@ __all__ = [
     "quantity_to_bytes",
     "ready_text",
     "set_condition",
+    "split_replicas",
 ]

@@ -5,8 +5,10 @@ Wire names are camelCase, Python names snake_case. Parse with ``InferenceDeploym
 Helpers the operator uses:
 
 - :meth:`InferenceDeploymentSpec.replicas_by_target` -> ``dict[GPUTarget, int]``: given the engine's
-  targets, the replicas wanted per target (``spec.targets`` selects a subset and may override
-  ``spec.replicas`` per target; without it every engine target gets ``spec.replicas``).
+  targets, the replicas wanted per target: ``spec.replicas`` in all, split by :func:`split_replicas`
+  over the served targets in proportion to their shares (``spec.targets[].replicas``, 1 where unset).
+- :meth:`InferenceDeploymentSpec.autoscaling_by_target`: the autoscaling settings of each target (its
+  own, else ``spec.autoscaling``), None where the operator keeps a fixed count.
 - :class:`InferenceDeploymentStatus`, :class:`DeploymentTargetStatus`, :class:`FaultRecord`
   (:data:`MAX_FAULTS` most recent kept; :meth:`InferenceDeploymentStatus.add_fault` trims).
 - Condition types :data:`READY`, :data:`PROGRESSING`, :data:`DEGRADED`.
@@ -18,7 +20,7 @@ from collections.abc import Iterable
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, Field, WithJsonSchema, field_validator, model_validator
 
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.quantity import QUANTITY_PATTERN, parse_quantity
@@ -83,6 +85,102 @@ IntOrPercent = Annotated[
 """A count or a percentage (``1`` or ``"25%"``), as in a Deployment's rolling update."""
 
 
+def split_replicas(total: int, shares: dict[GPUTarget, int]) -> dict[GPUTarget, int]:
+    """``total`` replicas over the targets in proportion to their ``shares`` (largest remainder).
+
+    Each target first gets ``floor(total * share / sum(shares))``; the replicas left over go one each
+    to the targets with the largest remainders, ties to the earlier target (the engine's order).
+    Shares summing to ``total`` give each target exactly its share; a share of 0 gets nothing; all
+    shares 0 give every target 0. The counts always sum to ``total`` (or to 0 without a share).
+    """
+    weight = sum(shares.values())
+    if weight <= 0 or total <= 0:
+        return dict.fromkeys(shares, 0)
+    out = {t: total * s // weight for t, s in shares.items()}
+    left = total - sum(out.values())
+    order = sorted(enumerate(shares.items()), key=lambda x: (-(total * x[1][1] % weight), x[0]))
+    for _, (t, _s) in order[:left]:
+        out[t] += 1
+    return out
+
+
+SCALE_TO_ZERO_MESSAGE = (
+    "minReplicas must be at least 1: scaling to zero needs a way to hold the first request while a "
+    "pod starts, which trtforge does not have; scale to zero is not supported"
+)
+
+
+class AutoscalingMetric(StrEnum):
+    """The runtime's load signal an autoscaler follows, averaged over a target's pods."""
+
+    REQUESTS_IN_FLIGHT = "RequestsInFlight"
+    QUEUE_DEPTH = "QueueDepth"
+    REQUEST_RATE = "RequestRate"
+
+
+CUSTOM_METRIC_NAMES: dict[AutoscalingMetric, str] = {
+    AutoscalingMetric.REQUESTS_IN_FLIGHT: "trtforge_runtime_requests_in_flight",
+    AutoscalingMetric.QUEUE_DEPTH: "trtforge_runtime_queue_depth",
+    AutoscalingMetric.REQUEST_RATE: "trtforge_runtime_requests_per_second",
+}
+"""The name each metric has in the custom metrics API (``custom.metrics.k8s.io``, per pod): the
+runtime's gauges as they are, and the per-second rate of ``trtforge_runtime_requests_total``."""
+
+
+class Autoscaling(ApiModel):
+    """A HorizontalPodAutoscaler per target Deployment, created and owned by the operator."""
+
+    min_replicas: int = Field(
+        default=1,
+        le=1000,
+        description="Fewest pods of a target. At least 1: scale to zero is not supported (it needs a "
+        "way to hold the first request while a pod starts).",
+        json_schema_extra={"minimum": 1},
+    )
+    max_replicas: int = Field(ge=1, le=1000, description="Most pods of a target.")
+    metric: AutoscalingMetric = Field(
+        default=AutoscalingMetric.REQUESTS_IN_FLIGHT,
+        description="The load signal, per pod: RequestsInFlight (requests accepted and not yet "
+        "answered; trtforge_runtime_requests_in_flight), QueueDepth (requests waiting for an "
+        "execution instance; trtforge_runtime_queue_depth) or RequestRate (requests per second; "
+        "trtforge_runtime_requests_per_second), read from the custom metrics API.",
+    )
+    target_value: Quantity = Field(
+        description="The metric's average per pod the autoscaler holds, e.g. 4 (in flight) or 500m.",
+    )
+
+    @field_validator("min_replicas")
+    @classmethod
+    def _no_scale_to_zero(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(SCALE_TO_ZERO_MESSAGE)
+        return v
+
+    @field_validator("target_value")
+    @classmethod
+    def _positive(cls, v: int | str) -> int | str:
+        if parse_quantity(v) <= 0:
+            raise ValueError(f"targetValue must be greater than 0, not {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _range(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"minReplicas ({self.min_replicas}) must not be greater than maxReplicas "
+                f"({self.max_replicas})"
+            )
+        return self
+
+
+_AUTOSCALING_RULES: list[Any] = [
+    {"rule": "self.minReplicas >= 1", "message": SCALE_TO_ZERO_MESSAGE},
+    {
+        "rule": "self.minReplicas <= self.maxReplicas",
+        "message": "minReplicas must not be greater than maxReplicas",
+    },
+]
+
 # ---------------------------------------------------------------------------------------------- spec
 
 
@@ -91,7 +189,7 @@ class EngineReference(LocalObjectReference):
 
 
 class DeploymentTarget(ApiModel):
-    """One engine target to serve, optionally with its own replica count."""
+    """One engine target to serve, optionally with its share of the replicas and its autoscaling."""
 
     gpu: str = Field(
         min_length=1,
@@ -106,7 +204,16 @@ class DeploymentTarget(ApiModel):
         description="MIG profile of that engine target; unset for the full GPU.",
     )
     replicas: int | None = Field(
-        default=None, ge=0, le=1000, description="Replicas on this target; unset: spec.replicas."
+        default=None,
+        ge=0,
+        le=1000,
+        description="This target's share of spec.replicas (a weight; unset: 1). Shares that sum to "
+        "spec.replicas give each target exactly its share; 0 serves nothing here.",
+    )
+    autoscaling: Autoscaling | None = Field(
+        default=None,
+        description="Autoscaling of this target; unset: spec.autoscaling.",
+        json_schema_extra={"x-kubernetes-validations": _AUTOSCALING_RULES},
     )
 
     def to_contract(self) -> GPUTarget:
@@ -237,11 +344,23 @@ class InferenceDeploymentSpec(ApiModel):
     """Serve a TRTEngine of this namespace on its GPU targets."""
 
     engine_ref: EngineReference = Field(description="The TRTEngine (same namespace) to serve.")
-    replicas: int = Field(default=1, ge=0, le=1000, description="Replicas per target.")
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Replicas in all (the scale subresource's spec.replicas: kubectl scale, an HPA or "
+        "KEDA may set it). They are split over the served targets in proportion to their shares "
+        "(targets[].replicas, 1 where unset; every engine target has share 1 without targets): each "
+        "gets floor(replicas x share / sum of shares), and the replicas left over go one each to the "
+        "targets with the largest remainders, ties to the engine's target order. A target with "
+        "autoscaling starts with its split clamped to [minReplicas, maxReplicas]; its HPA sets its "
+        "count from then on.",
+    )
     targets: list[DeploymentTarget] = Field(
         default_factory=list,
         max_length=MAX_TARGETS,
-        description="Serve only these engine targets (with optional per-target replicas); empty: all.",
+        description="Serve only these engine targets (each with its share of the replicas and its own "
+        "autoscaling, optionally); empty: all.",
         json_schema_extra={
             "x-kubernetes-validations": [
                 {"rule": _UNIQUE_TARGETS, "message": "targets must be unique (gpu, mig) pairs"},
@@ -267,6 +386,13 @@ class InferenceDeploymentSpec(ApiModel):
     fault_policy: FaultPolicy = Field(
         default_factory=FaultPolicy, description="GPU fault handling.", json_schema_extra={"default": {}}
     )
+    autoscaling: Autoscaling | None = Field(
+        default=None,
+        description="Autoscaling of every target without its own: the operator creates and owns one "
+        "HorizontalPodAutoscaler per target Deployment (minReplicas and maxReplicas count that "
+        "target's pods) and stops writing those Deployments' replicas.",
+        json_schema_extra={"x-kubernetes-validations": _AUTOSCALING_RULES},
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> InferenceDeploymentSpec:
@@ -280,14 +406,18 @@ class InferenceDeploymentSpec(ApiModel):
         return self
 
     def replicas_by_target(self, engine_targets: Iterable[GPUTarget]) -> dict[GPUTarget, int]:
-        """Replicas wanted per engine target, in the engine's order (subset and overrides applied)."""
+        """Replicas wanted per engine target, in the engine's order: ``spec.replicas`` split over the
+        served targets by their shares (:func:`split_replicas`)."""
         engine = list(dict.fromkeys(engine_targets))
         if not self.targets:
-            return {t: self.replicas for t in engine}
-        wanted = {
-            t.to_contract(): (self.replicas if t.replicas is None else t.replicas) for t in self.targets
-        }
-        return {t: wanted[t] for t in engine if t in wanted}
+            return split_replicas(self.replicas, dict.fromkeys(engine, 1))
+        share = {t.to_contract(): (1 if t.replicas is None else t.replicas) for t in self.targets}
+        return split_replicas(self.replicas, {t: share[t] for t in engine if t in share})
+
+    def autoscaling_by_target(self, targets: Iterable[GPUTarget]) -> dict[GPUTarget, Autoscaling | None]:
+        """Each target's autoscaling: its own (``spec.targets[]``), else ``spec.autoscaling``."""
+        own = {t.to_contract(): t.autoscaling for t in self.targets}
+        return {t: own.get(t) or self.autoscaling for t in targets}
 
 
 # -------------------------------------------------------------------------------------------- status
@@ -301,8 +431,14 @@ class DeploymentTargetStatus(ApiModel):
     mig: str | None = Field(default=None, max_length=32, description="MIG profile, unset for the full GPU.")
     engine_key: str | None = Field(default=None, max_length=64, description="Engine key being served.")
     deployment_name: str | None = Field(default=None, max_length=253, description="The Deployment.")
-    replicas: int = Field(default=0, ge=0, description="Pods wanted.")
+    replicas: int = Field(
+        default=0, ge=0, description="Pods wanted: the split of spec.replicas, or what the HPA set."
+    )
+    current_replicas: int = Field(default=0, ge=0, description="Pods there are (the Deployment's).")
     ready_replicas: int = Field(default=0, ge=0, description="Pods Ready.")
+    autoscaler: str | None = Field(
+        default=None, max_length=253, description="The HorizontalPodAutoscaler that sets replicas here."
+    )
     updated_replicas: int = Field(default=0, ge=0, description="Pods on the current engine.")
     message: str | None = Field(default=None, max_length=4096, description="One line on this target.")
 
@@ -353,8 +489,22 @@ class InferenceDeploymentStatus(ApiModel):
         description="One entry per served target.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
-    replicas: int | None = Field(default=None, ge=0, description="Pods wanted, all targets.")
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="Pods there are, all targets (the scale subresource's status.replicas).",
+    )
+    desired_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="Pods wanted, all targets: spec.replicas, or what the autoscalers set.",
+    )
     ready_replicas: int | None = Field(default=None, ge=0, description="Pods Ready, all targets.")
+    selector: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Label selector of the runtime pods, as text (the scale subresource's selector).",
+    )
     ready: str | None = Field(
         default=None, max_length=32, description='Ready pods out of wanted, like "2/3".'
     )
@@ -382,8 +532,25 @@ class InferenceDeployment(ApiModel):
     PLURAL: ClassVar[str] = "inferencedeployments"
     SINGULAR: ClassVar[str] = "inferencedeployment"
     SHORT_NAMES: ClassVar[list[str]] = ["infd"]
+    SCALE: ClassVar[dict[str, str] | None] = {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
     PRINTER_COLUMNS: ClassVar[list[dict[str, Any]]] = [
         {"name": "Engine", "type": "string", "jsonPath": ".spec.engineRef.name"},
+        {
+            "name": "Desired",
+            "type": "integer",
+            "jsonPath": ".status.desiredReplicas",
+            "description": "Pods wanted (spec.replicas, or what the autoscalers set)",
+        },
+        {
+            "name": "Current",
+            "type": "integer",
+            "jsonPath": ".status.replicas",
+            "description": "Pods there are",
+        },
         {
             "name": "Ready",
             "type": "string",

@@ -4,7 +4,13 @@ One Deployment per served target whose engine is Ready (pinned to that GPU type,
 or MIG resource), one Service over all of them. The pod template carries the engine key and the
 manifest sha256, so a new engine (or a rebuilt artifact under the same key) rolls out; with
 maxUnavailable 0 the old pods keep serving until new ones pass their canary. While a target's
-engine is being (re)built, its existing Deployment is left as it is. No I/O.
+engine is being (re)built, its existing Deployment is left as it is.
+
+``spec.replicas`` is split over the served targets by their shares. A target with autoscaling gets a
+HorizontalPodAutoscaler of its own (owned by the InferenceDeployment, so deleted with it), and its
+Deployment's replicas belong to that HPA: the operator writes them only when it creates the
+Deployment, and a replace (a new engine, a changed template) keeps the Deployment's own count
+(planning/autoscaling.py). No I/O.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 from trtforge.contract.gpu import GPUTarget
 from trtforge_operator import children
 from trtforge_operator.api import (
+    CUSTOM_METRIC_NAMES,
     Condition,
     DeploymentTargetStatus,
     FaultRecord,
@@ -33,8 +40,9 @@ from trtforge_operator.labels import (
     ANNOTATION_SPEC_HASH,
     LABEL_TARGET,
 )
-from trtforge_operator.observed import DeploymentView, JobView, NodeView, PodView, utc
+from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, NodeView, PodView, utc
 from trtforge_operator.planning import faults, rebuild
+from trtforge_operator.planning.autoscaling import HpaApi, replicas_decision
 from trtforge_operator.planning.events import Event
 from trtforge_operator.planning.keys import key_inputs
 from trtforge_operator.planning.rebuild import RebuildRequest
@@ -56,6 +64,8 @@ class DeploymentObserved:
     jobs: Sequence[JobView]  # build Jobs (for rebuilds of our keys)
     now: float
     engine_problem: str | None = None  # why `engine` is None
+    autoscalers: Sequence[AutoscalerView] = ()  # our HPAs (label trtforge.io/inferencedeployment)
+    hpa_api: HpaApi | None = None  # the HPA API the apiserver serves (discovery); None: cannot autoscale
 
 
 @dataclass
@@ -65,6 +75,10 @@ class DeploymentPlan:
         default_factory=list
     )  # Deployments + Service: create, or update on hash
     delete_deployments: list[str] = field(default_factory=list)
+    # Deployments (by name) whose replicas an HPA sets: a replace keeps the count the Deployment has.
+    hpa_owned: set[str] = field(default_factory=set)
+    apply_autoscalers: list[dict[str, Any]] = field(default_factory=list)  # create, or replace on hash
+    delete_autoscalers: list[str] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
     # Rebuilds this deployment asks its TRTEngine for (the engine creates the Jobs; docs/design.md
     # §"Scale" and planning/rebuild.py). Level-based: the full set still wanted, not a delta.
@@ -147,20 +161,29 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
 
     # --- Deployments and the Service
     existing = {d.name: d for d in obs.deployments}
+    autoscalers = {a.name: a for a in obs.autoscalers}
+    autoscaling = spec.autoscaling_by_target(wanted)
+    counts: dict[GPUTarget, int] = {}  # replicas wanted per target now (the HPA's where it owns them)
     keep: set[str] = set()
+    keep_autoscalers: set[str] = set()
     target_statuses: list[DeploymentTargetStatus] = []
     rollout_done: dict[str, bool] = {}
     engine_not_ready: set[str] = set()  # targets whose engine is not Ready (typed, not read from text)
     runtime = spec.runtime
     image = runtime.image or cfg.runtime_image
-    for target, replicas in wanted.items():
+    for target, split in wanted.items():
         ts = engine_targets[target.name]
         dname = children.deployment_name(obs.name, target)
         keep.add(dname)
         cur = existing.get(dname)
+        auto = autoscaling[target]
+        decision = replicas_decision(split, auto, cur.spec_replicas if cur is not None else None, obs.hpa_api)
+        replicas = counts[target] = decision.replicas
         st = DeploymentTargetStatus(
             name=target.name, gpu=target.gpu, mig=target.mig, deployment_name=dname, replicas=replicas
         )
+        if decision.hpa_owned:
+            plan.hpa_owned.add(dname)
         desired_hash = None
         if ts.phase == "Ready" and ts.engine_key and ts.sha256:
             try:
@@ -192,13 +215,41 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 max_unavailable=spec.rollout.max_unavailable,
                 progress_deadline_seconds=spec.rollout.progress_deadline_seconds,
                 avoid_nodes=tuple(sorted(avoid_for(target))),
+                hpa_owned=decision.hpa_owned,
             )
             dep = children.runtime_deployment(rreq, cfg)
             desired_hash = dep["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
             if cur is None or cur.annotations.get(ANNOTATION_SPEC_HASH) != desired_hash:
                 plan.apply.append(dep)
+        if decision.hpa_owned and auto is not None and obs.hpa_api is not None:
+            # Made once the target has a Deployment to scale (or one is being made now).
+            hname = children.autoscaler_name(obs.name, target)
+            if cur is not None or desired_hash is not None or hname in autoscalers:
+                keep_autoscalers.add(hname)
+                hpa = children.runtime_autoscaler(
+                    children.AutoscalerRequest(
+                        namespace=obs.namespace,
+                        infd=obs.name,
+                        infd_uid=obs.uid,
+                        target=target,
+                        api_version=obs.hpa_api.value,
+                        min_replicas=auto.min_replicas,
+                        max_replicas=auto.max_replicas,
+                        metric=CUSTOM_METRIC_NAMES[auto.metric],
+                        target_value=str(auto.target_value),
+                    )
+                )
+                have = autoscalers.get(hname)
+                if (
+                    have is None
+                    or have.annotations.get(ANNOTATION_SPEC_HASH)
+                    != (hpa["metadata"]["annotations"][ANNOTATION_SPEC_HASH])
+                ):
+                    plan.apply_autoscalers.append(hpa)
+                st.autoscaler = hname
         if cur is not None:
             st.engine_key = cur.template_annotations.get(ANNOTATION_ENGINE_KEY)
+            st.current_replicas = cur.replicas
             st.ready_replicas = cur.ready_replicas
             st.updated_replicas = cur.updated_replicas
         up_to_date = (
@@ -226,8 +277,14 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             st.message = f"rolling out engine {ts.engine_key[:12] if ts.engine_key else ''}"
         else:
             st.message = "serving"
+        if auto is not None and obs.hpa_api is None:
+            st.message += (
+                "; autoscaling needs autoscaling/v2 or v2beta2, which this cluster does not serve: "
+                "the operator keeps spec.replicas' split"
+            )
         target_statuses.append(st)
     plan.delete_deployments = sorted(n for n in existing if n not in keep)
+    plan.delete_autoscalers = sorted(n for n in autoscalers if n not in keep_autoscalers)
     if wanted:
         plan.apply.append(
             children.runtime_service(obs.namespace, obs.name, obs.uid, runtime.port, runtime.grpc_port)
@@ -255,17 +312,19 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         )
 
     # --- status
-    total = sum(wanted.values())
+    total = sum(counts.values())
     ready_total = sum(min(s.ready_replicas, s.replicas) for s in target_statuses)
     svc = children.service_name(obs.name)
     plan.status = InferenceDeploymentStatus(
         observed_generation=obs.generation,
         conditions=_conditions(
-            obs, wanted, target_statuses, rollout_done, records, existing, engine_not_ready
+            obs, counts, target_statuses, rollout_done, records, existing, engine_not_ready
         ),
         targets=target_statuses,
-        replicas=total,
+        replicas=sum(s.current_replicas for s in target_statuses),
+        desired_replicas=total,
         ready_replicas=ready_total,
+        selector=children.selector_text(obs.name),
         ready=ready_text(ready_total, total),
         endpoint=f"http://{svc}.{obs.namespace}.svc:{runtime.port}" if wanted else None,
         faults=records[-cfg.faults.history :],

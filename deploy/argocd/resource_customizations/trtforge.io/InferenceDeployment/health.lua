@@ -2,6 +2,8 @@
 -- kstatus-style: nothing is Healthy before the operator has observed the current generation;
 -- Stalled or Degraded is Degraded; Ready is Healthy; anything else, Progressing included, is Progressing.
 -- A condition computed for an older generation (its own observedGeneration) is ignored.
+-- The message ends with the pods ready, there now (current) and wanted (desired: spec.replicas, or
+-- what the autoscalers set), as the status has them.
 local hs = { status = "Progressing", message = "Waiting for the trtforge operator" }
 if obj.status == nil then
   return hs
@@ -32,23 +34,32 @@ local function describe(c)
   end
   return c.type
 end
+local function replicas_text()
+  local s = obj.status
+  if s.desiredReplicas == nil then
+    return ""
+  end
+  return " (replicas: " .. tostring(s.readyReplicas or 0) .. " ready, " .. tostring(s.replicas or 0)
+    .. " current, " .. tostring(s.desiredReplicas) .. " desired)"
+end
 local function is_true(name)
   local c = conditions[name]
   return c ~= nil and c.status == "True"
 end
 if is_true("Stalled") then
-  return { status = "Degraded", message = describe(conditions["Stalled"]) }
+  return { status = "Degraded", message = describe(conditions["Stalled"]) .. replicas_text() }
 end
 if is_true("Degraded") then
-  return { status = "Degraded", message = describe(conditions["Degraded"]) }
+  return { status = "Degraded", message = describe(conditions["Degraded"]) .. replicas_text() }
 end
 if is_true("Ready") then
-  return { status = "Healthy", message = describe(conditions["Ready"]) }
+  return { status = "Healthy", message = describe(conditions["Ready"]) .. replicas_text() }
 end
 if is_true("Progressing") then
-  return { status = "Progressing", message = describe(conditions["Progressing"]) }
+  return { status = "Progressing", message = describe(conditions["Progressing"]) .. replicas_text() }
 end
 if conditions["Ready"] ~= nil then
   hs.message = describe(conditions["Ready"])
 end
+hs.message = hs.message .. replicas_text()
 return hs

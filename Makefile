@@ -64,15 +64,17 @@ typecheck: venv
 
 # Tests run in tiers (docs/development.md, "Tests"); tests/conftest.py marks them from where a test
 # lives and what it uses:
-# - `testbed`: every test that uses the shared test bed, one after another in a pytest session of its
-#   own (they share its emulated GPUs, and some fault a node or stop its apiserver);
+# - `testbed`: every test that uses the test bed, in a pytest session of its own over
+#   $(TESTBED_WORKERS) workers, each with a test bed of its own (a module's tests share its emulated
+#   GPUs, and some fault a node or stop its apiserver), a module's tests on one worker;
 # - the rest (`unit`, `serve` and the few integration tests that bring their own processes) at the same
 #   time over $(TEST_WORKERS) pytest-xdist workers; outside tests/unit a module stays on one worker
 #   (the scheduler in tests/conftest.py).
 # pytest exits 5 when it collects nothing, so an empty tier fails too.
 # Each session lists its 15 slowest steps, so a log shows where the time goes.
 TEST_WORKERS ?= 2
-PYTEST_TESTBED := $(BIN)/pytest -q --durations=15 -p no:xdist -m testbed
+TESTBED_WORKERS ?= 2
+PYTEST_TESTBED := $(BIN)/pytest -q --durations=15 -n $(TESTBED_WORKERS) --dist loadscope -m testbed
 PYTEST_PARALLEL := $(BIN)/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadscope -m 'not testbed'
 TESTBED_LOG := .cache/test-testbed.log
 

@@ -8,11 +8,13 @@ S3-compatible server on a loopback port, its URL.
 Tiers (markers set here, from where a test lives and what it uses; docs/development.md, "Tests"):
 `unit` (tests/unit), `testbed` (any test that uses the `testbed` fixture), `serve` (tests in a module
 that starts `trtforge serve` processes through tests/integration/serve_process.py). `make test` runs
-the `testbed` tier one test after another in one pytest session, and everything else at the same time
-over pytest-xdist workers (`--dist loadscope`, scheduled by `pytest_xdist_make_scheduler` below)."""
+the `testbed` tier over pytest-xdist workers with a test bed each (`pytest_configure` below), and
+everything else at the same time over workers of its own; both `--dist loadscope`, scheduled by
+`pytest_xdist_make_scheduler` below."""
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 from collections.abc import Iterator
@@ -29,6 +31,23 @@ SERVE_PROCESS = "tests.integration.serve_process"
 def _starts_serve_processes(module: object) -> bool:
     """Whether a test module uses the `trtforge serve` process helpers (imports anything from them)."""
     return any(getattr(v, "__module__", None) == SERVE_PROCESS for v in vars(module).values())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker that uses the test bed starts one of its own: its state next to
+    the default one (`.cluster-gw0`, ...), and a pod address block of its own, so that workers never
+    share emulated GPUs, nodes or a control plane that a test stops or faults."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return
+    from trtforge_dev.testbed.kubelet.podspec import POD_BLOCK_ENV, pod_block_for
+    from trtforge_dev.testbed.paths import ROOT_ENV, default_root
+
+    base = default_root()
+    lane = int(worker.removeprefix("gw"))
+    os.environ[ROOT_ENV] = str(base.with_name(f"{base.name}-{worker}"))
+    # base's block + 1 + lane (wrapping within 1..254): the lanes differ from each other and from base
+    os.environ[POD_BLOCK_ENV] = str((pod_block_for(str(base)) + lane) % 254 + 1)
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects

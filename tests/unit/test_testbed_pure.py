@@ -438,3 +438,11 @@ def test_stop_never_kills_an_unmarked_pid(tmp_path: Path) -> None:
     # Our own pid carries no marker for this root: stop() must leave it alone.
     procs.stop(os.getpid(), tmp_path, grace_s=0.1)
     assert stat.S_ISDIR(os.stat(f"/proc/{os.getpid()}").st_mode)
+
+
+def test_the_pod_block_comes_from_the_environment_where_set_and_is_checked() -> None:
+    assert podspec.pod_block("/work/a/.cluster", {}) == podspec.pod_block_for("/work/a/.cluster")
+    assert podspec.pod_block("/work/a/.cluster", {podspec.POD_BLOCK_ENV: "17"}) == 17
+    for bad in ("0", "255", "x", "-3"):
+        with pytest.raises(ValueError, match=r"TRTFORGE_POD_BLOCK=.*1 to 254"):
+            podspec.pod_block("/work/a/.cluster", {podspec.POD_BLOCK_ENV: bad})

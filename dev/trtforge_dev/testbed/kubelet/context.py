@@ -13,7 +13,7 @@ from kubernetes import client
 
 from trtforge.contract.gpu_probe import EmulatedGPUFile, GPUDevice
 from trtforge_dev.testbed import gpus
-from trtforge_dev.testbed.kubelet.podspec import pod_block_for, pod_ip_for
+from trtforge_dev.testbed.kubelet.podspec import pod_block, pod_ip_for
 from trtforge_dev.testbed.paths import MARKER_ENV, StatePaths
 from trtforge_dev.testbed.profile import Profile
 
@@ -100,7 +100,7 @@ class KubeletContext:
     stopping: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
-        self.ips = IPAllocator(pod_block_for(str(self.paths.root.resolve())))
+        self.ips = IPAllocator(pod_block(str(self.paths.root.resolve())))
         if self.gpus is None:
             self.gpus = GPUAllocator(self.paths)
 

@@ -5,6 +5,7 @@ and the pod phase/conditions that follow from container states (as the kubelet c
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -187,6 +188,21 @@ def pod_ip_for(n: int, block: int = 1) -> str:
     c = n % per_c + 1
     b = n // per_c
     return f"127.{block}.{b}.{c}"
+
+
+POD_BLOCK_ENV = "TRTFORGE_POD_BLOCK"
+
+
+def pod_block(root: str, env: Mapping[str, str] = os.environ) -> int:
+    """The pod address block of the test bed at `root`: ``$TRTFORGE_POD_BLOCK`` (1-254) where set,
+    which is how the test suite gives each of its test beds a block of its own, else
+    :func:`pod_block_for` the path."""
+    raw = env.get(POD_BLOCK_ENV, "")
+    if not raw:
+        return pod_block_for(root)
+    if not raw.isdigit() or not 1 <= int(raw) <= 254:
+        raise ValueError(f"{POD_BLOCK_ENV}={raw!r}: expected a number from 1 to 254 (the x of 127.x.0.0/16)")
+    return int(raw)
 
 
 def pod_block_for(root: str) -> int:

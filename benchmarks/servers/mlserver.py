@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from benchmarks.common import free_ports
-from benchmarks.servers import Kind, Launch, Model, Setting, default_sweep
+from benchmarks.servers import Kind, Launch, Model, Setting
 from benchmarks.servers.venvs import MLSERVER
 
 HERE = Path(__file__).resolve().parent
@@ -56,4 +56,9 @@ def version() -> dict[str, str]:
     }
 
 
-KIND = Kind("mlserver", "MLServer", default_sweep, launch, version)
+def setting(cores: int) -> Setting:
+    """One session of every thread in the server process, adaptive batches of up to 32."""
+    return Setting(1, cores, 32, 0)
+
+
+KIND = Kind("mlserver", "MLServer", setting, launch, version)

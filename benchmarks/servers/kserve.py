@@ -18,8 +18,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def setting(cores: int) -> Setting:
-    """One uvicorn worker per core, each session with every thread, ``predict`` on the event loop."""
-    return Setting(cores, cores, 1, 0, "predict on the event loop, threads oversubscribed")
+    """One uvicorn worker with a session of every thread, ``predict`` on the event loop: with more
+    workers, uvicorn starts them afresh and they lack the config route (kserve_server's docstring)."""
+    return Setting(1, cores, 1, 0, "predict on the event loop")
 
 
 def launch(model: Model, s: Setting, http_port: int, grpc_port: int, work: Path) -> Launch:
@@ -48,7 +49,8 @@ def launch(model: Model, s: Setting, http_port: int, grpc_port: int, work: Path)
         "--enable_latency_logging",
         "false" if "(defaults)" not in s.variant else "true",
     ]
-    return Launch(cmd, {}, http_port, grpc_port, ("http", "grpc"), [d])
+    # perf_analyzer cannot drive KServe's gRPC (no ModelConfig RPC: kserve_server's docstring)
+    return Launch(cmd, {}, http_port, grpc_port, ("http",), [d])
 
 
 def version() -> dict[str, str]:

@@ -4,6 +4,7 @@ served from a local store with the setting's instances, threads, max batch and q
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 from benchmarks.common import CACHE, TRTFORGE, cmd_output, serve_cmd
@@ -43,7 +44,12 @@ def grpc_supported() -> bool:
 
 
 def version() -> dict[str, str]:
-    return {"trtforge": cmd_output(["git", "rev-parse", "--short", "HEAD"])}
+    """The commit of the trtforge that serves: ``$BENCH_TRTFORGE_COMMIT`` where ``$BENCH_TRTFORGE``
+    runs another tree's (benchmarks.common), else this tree's."""
+    return {
+        "trtforge": os.environ.get("BENCH_TRTFORGE_COMMIT")
+        or cmd_output(["git", "rev-parse", "--short", "HEAD"])
+    }
 
 
 def setting(cores: int) -> Setting:

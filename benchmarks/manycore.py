@@ -494,9 +494,11 @@ def render(res: dict[str, Any]) -> str:
         f"\n\nfailed: {f['model']} N={f['n']} [{f['setting']}]: {f['error'].strip().splitlines()[-1]}"
         for f in res.get("failed", [])
     )
-    head = (
-        f"Many cores: server on cores 0..N-1, client on the rest of {res['host_cpus']};"
-        " each server's answers compared with ONNX Runtime's before the load."
+    client = res["config"].get("client")  # set only where the harness's own clients drove the load
+    head = f"Many cores: server on cores 0..N-1, client on the rest of {res['host_cpus']}; " + (
+        f"load from the harness's own {client} clients, every answer compared with ONNX Runtime's."
+        if client
+        else "load from perf_analyzer, each server's answers compared with ONNX Runtime's before it."
     )
     if rounds:
         head += (

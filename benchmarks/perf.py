@@ -190,7 +190,7 @@ def measure(cmd: list[str], report: Path, timeout: float) -> Point:
         raise PerfError(str(e)) from None
     if len(points) != 1:
         raise PerfError(f"perf_analyzer reported {len(points)} points for one concurrency: {tail}")
-    log(f"      perf_analyzer: {' '.join(cmd[1:])}")
+    log(f"      {' '.join(cmd)}")
     return points[0]
 
 

@@ -2,7 +2,7 @@
 
 The page keeps its prose; only the text between ``<!-- results:NAME -->`` and
 ``<!-- /results:NAME -->`` is replaced (NAME: machine, serving, manycore, hostile, coldstart,
-coldstart-h200, controlplane, recovery, and targets).
+coldstart-h200, controlplane, recovery, ha, and targets).
 """
 
 from __future__ import annotations
@@ -114,6 +114,17 @@ def _manycore_share(run: dict[str, Any]) -> float:
     return float(run["round_shares"]["median"] if "round_shares" in run else run["pct_of_ceiling"])
 
 
+def provenance(res: dict[str, Any]) -> str:
+    """Where and from which commit a result file comes, one line."""
+    m = res.get("machine") or {}
+    when = res.get("finished_utc") or res.get("finished") or "?"
+    return (
+        f"*Result file of {when}: {m.get('cpu_model', '?')}, {m.get('cpus', '?')} vCPUs"
+        f" ({m.get('hypervisor', '?')} guest), trtforge at {m.get('trtforge_commit', '?')},"
+        f" 1-min load average {m.get('loadavg_at_start', '?')} at the start.*"
+    )
+
+
 def _wrap(text: str) -> str:
     """Plain tables pass through; prose lines from render() become paragraphs."""
     out = []
@@ -123,7 +134,7 @@ def _wrap(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks import coldstart, controlplane, hostile, manycore, recovery, serving
+    from benchmarks import coldstart, controlplane, ha, hostile, manycore, recovery, serving
 
     if not DOC.exists():
         log(f"{DOC} does not exist; nothing to fill")
@@ -138,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         "coldstart-h200": ("coldstart-h200", coldstart.render),
         "controlplane": ("controlplane", controlplane.render),
         "recovery": ("recovery", recovery.render),
+        "ha": ("ha", ha.render),
     }
     try:
         body = targets(read_result("serving"), read_result("coldstart"), read_result("manycore"))
@@ -154,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         if res is None:
             continue
         try:
-            body = _wrap(fn(res))
+            body = _wrap(fn(res) if marker == "machine" else f"{provenance(res)}\n{fn(res)}")
         except KeyError as e:
             log(f"results/{name}.json is from an older harness (no {e}); its table is left as it was")
             continue

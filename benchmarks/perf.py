@@ -38,8 +38,21 @@ PERF_ANALYZER = Venv(
 PROTOCOLS = ("http", "grpc")
 
 
+# perf_analyzer's exit status when no three windows in a row agreed within --max-trials
+# (its STABILITY_ERROR); any other non-zero status is an error (a failed request, a refused option).
+UNSTABLE_EXIT = 2
+
+
 class PerfError(RuntimeError):
-    """perf_analyzer failed at a point (no stable measurement, or no answer from the server)."""
+    """perf_analyzer failed at a point: `returncode` UNSTABLE_EXIT when the point did not settle."""
+
+    def __init__(self, message: str, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.returncode = returncode
+
+    @property
+    def unstable(self) -> bool:
+        return self.returncode == UNSTABLE_EXIT
 
 
 @dataclass(frozen=True)
@@ -183,7 +196,7 @@ def measure(cmd: list[str], report: Path, timeout: float) -> Point:
         raise PerfError(f"perf_analyzer did not finish in {timeout:.0f}s") from None
     tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-6:])
     if r.returncode != 0 or not report.exists():
-        raise PerfError(f"perf_analyzer exited {r.returncode}: {tail}")
+        raise PerfError(f"perf_analyzer exited {r.returncode}: {tail}", r.returncode)
     try:
         points = parse_csv(report.read_text())
     except ValueError as e:

@@ -221,7 +221,14 @@ def measure_server(
                     r = load(srv, protocol, c, windows, data, cpus)
                 except perf.PerfError as e:
                     log(f"    {kind.name:8s} {protocol:4s} c={c:<3d} FAILED: {e}")
-                    failed.append({"protocol": protocol, "concurrency": c, "error": str(e)[-1500:]})
+                    failed.append(
+                        {
+                            "protocol": protocol,
+                            "concurrency": c,
+                            "unstable": e.unstable,
+                            "error": str(e)[-1500:],
+                        }
+                    )
                     continue
                 points.append(r)
                 log(
@@ -302,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
             partial = {**results, "partial": True, "loadavg_after": os.getloadavg()}
             partial["summary"] = summarize(partial)
             write_result(a.name, partial)
+        # timed again after the servers: how far the machine's speed moved while they ran
+        after = run_pinned(model.file, cpus, threads, a.ceiling_seconds * slow, a.ceiling_batches)
+        mres["ceiling_after"] = after["best"]
+        log(f"  {name}: ceiling after the servers {after['best']['images_per_s']} img/s")
     results["loadavg_after"] = os.getloadavg()
     results["wall_s"] = round(time.monotonic() - t_begin, 1)
     results["summary"] = summarize(results)
@@ -431,7 +442,13 @@ def render(results: dict[str, Any]) -> str:
         parts.append(
             f"\n**{model}**: in-process ceiling {ceil['images_per_s']} img/s (batch {ceil['batch']}"
             + (f", {ceil['sessions']} sessions side by side" if "sessions" in ceil else "")
-            + f"); perf_analyzer windows of {m['interval_ms'] / 1000:g} s. Settings:"
+            + ")"
+            + (
+                f", {m['ceiling_after']['images_per_s']} img/s timed again after the servers"
+                if m.get("ceiling_after")
+                else ""
+            )
+            + f"; perf_analyzer windows of {m['interval_ms'] / 1000:g} s. Settings:"
         )
         parts.append(
             table(
@@ -440,7 +457,11 @@ def render(results: dict[str, Any]) -> str:
             )
         )
         parts.append("")
-        parts.append(f"Inferences/s (p99 ms), **{model}**; trtforge's share of the ceiling.")
+        parts.append(
+            f"Inferences/s (p99 ms), **{model}**; trtforge's share of the ceiling. *unstable*: no three"
+            " windows in a row agreed within the stability percentage; *failed*: perf_analyzer stopped"
+            " at an error (the result file keeps its message)."
+        )
         rows = []
         measured = [q for s in servers.values() for q in [*s["points"], *s["failed_points"]]]
         protos = [pr for pr in PROTOCOL_TITLES if any(q["protocol"] == pr for q in measured)]
@@ -452,9 +473,10 @@ def render(results: dict[str, Any]) -> str:
                     for k, s in servers.items()
                 }
                 failed = {
-                    k
+                    k: "unstable" if f.get("unstable") else "failed"
                     for k, s in servers.items()
-                    if any(f["concurrency"] == c and f["protocol"] == pr for f in s["failed_points"])
+                    for f in s["failed_points"]
+                    if f["concurrency"] == c and f["protocol"] == pr
                 }
                 if not any(at.values()) and not failed:
                     continue
@@ -463,7 +485,7 @@ def render(results: dict[str, Any]) -> str:
                     [
                         c,
                         PROTOCOL_TITLES[pr],
-                        *("failed" if k in failed else _cell(at.get(k)) for k in servers),
+                        *(failed.get(k) or _cell(at.get(k)) for k in servers),
                         f"{tf['pct_of_ceiling']}%" if tf else "-",
                     ]
                 )

@@ -31,8 +31,15 @@ def machine(res: dict[str, Any]) -> str:
     ]
     for name, versions in (m.get("peers") or {}).items():
         rows.append([f"{name} venv", ", ".join(f"{d} {v}" for d, v in versions.items())])
+    served = {
+        s["versions"].get("trtforge")
+        for mod in res["models"].values()
+        for k, s in mod["servers"].items()
+        if k == "trtforge" and "versions" in s
+    }
     rows += [
-        ["trtforge commit", m["trtforge_commit"]],
+        ["benchmark harness commit", m["trtforge_commit"]],
+        ["trtforge serve measured", ", ".join(sorted(v for v in served if v)) or m["trtforge_commit"]],
         ["run finished (UTC)", res["finished_utc"]],
         [
             "1-min load average before / after the serving run",
@@ -121,7 +128,7 @@ def provenance(res: dict[str, Any]) -> str:
     return (
         f"*Result file of {when}: {m.get('cpu_model', '?')}, {m.get('cpus', '?')} vCPUs"
         f" ({m.get('hypervisor', '?')} guest), trtforge at {m.get('trtforge_commit', '?')},"
-        f" 1-min load average {m.get('loadavg_at_start', '?')} at the start.*"
+        f" 1-min load average {float(m.get('loadavg_at_start') or 0):.2f} when written.*"
     )
 
 
@@ -166,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         if res is None:
             continue
         try:
-            body = _wrap(fn(res) if marker == "machine" else f"{provenance(res)}\n{fn(res)}")
+            body = _wrap(fn(res) if marker in ("machine", "serving") else f"{provenance(res)}\n{fn(res)}")
         except KeyError as e:
             log(f"results/{name}.json is from an older harness (no {e}); its table is left as it was")
             continue

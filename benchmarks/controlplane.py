@@ -21,7 +21,7 @@ as a process scoped to one tenant namespace and a build namespace (``trtforge_de
 - For every case the 1-minute load average before and after, since the test bed, the operator and
   this harness share the machine's cores: a run on a busy machine says so in its results.
 
-The full grid (issue 13), on a quiet machine, writes benchmarks/results/controlplane.json, the plot
+The full grid, on a quiet machine, writes benchmarks/results/controlplane.json, the plot
 docs/img/bench-controlplane.png and the tables of docs/benchmarks.md:
 
     python -m benchmarks.controlplane --n 100,500,1000,2000 --scenarios cache,jobs
@@ -574,7 +574,7 @@ def _case(cases: list[dict[str, Any]], scenario: str, n: int) -> dict[str, Any] 
 
 
 def verdicts(cases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Issue 13's targets against what was measured (None: not measured)."""
+    """The control plane's targets against what was measured (None: not measured)."""
     c500, c2000, j2000 = _case(cases, "cache", 500), _case(cases, "cache", 2000), _case(cases, "jobs", 2000)
     out: dict[str, dict[str, Any]] = {}
 
@@ -671,7 +671,7 @@ def render(results: dict[str, Any]) -> str:
     if v:
         out += [
             "",
-            "Issue 13's targets:",
+            "Targets:",
             table(
                 ["target", "measured", "verdict"],
                 [

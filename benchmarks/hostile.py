@@ -7,6 +7,10 @@ attackers on ``--attack-cpus`` send, for ``--rounds`` rounds: every body of the 
 60 MB bodies at once, and ``--half-open`` connections that never finish a request (closed by the
 server's idle timeout). A valid request follows each attack and must match ONNX Runtime.
 
+The attackers are a client of their own (:mod:`trtforge_dev.hostile` over ``http.client``), not
+``perf_analyzer``: perf_analyzer sends only well-formed requests at a concurrency, and this needs
+malformed, oversized and never-finished ones.
+
 Reported: the probes' latency percentiles and failures (per phase and overall), the server's peak
 RSS above idle, and every attack's status. The tests (tests/integration/test_serve_hostile.py) assert
 the answers; this measures the timing, which belongs on a quiet machine.

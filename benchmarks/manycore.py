@@ -3,10 +3,10 @@
 For each N (default 2, 4, 8 and 14 on a 16-core host): the server is pinned to cores 0..N-1 and the
 client to the rest. On the server's cores, first the backend's in-process ceiling (one session with
 N threads, and N single-thread sessions side by side; the best images per second of either), then
-``trtforge serve`` in each given setting, driven by :mod:`benchmarks.loadgen` at each concurrency,
-with every answer compared with ONNX Runtime's own output for the same input (``--check``): an
-answer that differs counts as an error. The client runs as several processes when it has the cores
-for them, so the client is not what limits a fast server.
+``trtforge serve`` in each given setting, its answer over each protocol first compared with ONNX
+Runtime's own output for the same input, then driven by Triton's ``perf_analyzer``
+(:mod:`benchmarks.perf`) at each concurrency, on the cores the server does not use, so the client is
+not what limits a fast server.
 
     python -m benchmarks.manycore --cores 2,4,8,14 --models squeezenet,resnet50
 
@@ -22,7 +22,7 @@ one window against one ceiling taken minutes earlier says as much about the minu
 server. Each round times the ceiling again at the full scan's best batch (on the server's cores, the
 server up and idle), then drives each protocol once; each window is divided by its own round's
 ceiling, and a point's published row is its median round by that share, with every round kept
-beside it (as :mod:`benchmarks.paired` does on two cores). While each window runs, every server
+beside it. While each window runs, every server
 process's CPU is sampled every 0.25 s: per worker, its busy cores and its event loop's (the median of
 the samples' rates, so the load generator's start-up does not dilute them).
 """
@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import re
+import resource
 import shlex
 import shutil
 import statistics
@@ -46,15 +46,14 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import perf
 from benchmarks.ceiling import run_pinned
 from benchmarks.common import (
     CACHE,
     CLK_TCK,
-    ROOT,
     cpu_ticks,
     descendants,
     free_ports,
-    loadgen_cmd,
     log,
     serve_cmd,
     start,
@@ -66,7 +65,6 @@ from benchmarks.common import (
     write_result,
 )
 from benchmarks.engines import ensure_engine, store_dir
-from benchmarks.loadgen import CLIENTS
 from benchmarks.models import model_info, sample_input
 from benchmarks.servers import Model
 from benchmarks.servers.trtforge import grpc_supported
@@ -104,16 +102,17 @@ def without_defaults(flags: list[str]) -> list[str]:
     return out
 
 
-def reference(model: Model) -> Path:
-    """ONNX Runtime's output for the load generator's input, saved for ``loadgen --check``."""
-    from benchmarks.ceiling import ort_session
+def check_answers(model: Model, port: int, grpc_port: int | None, protocols: list[str]) -> None:
+    """Raise unless the server's answer over each protocol matches ONNX Runtime's for the same input."""
+    from benchmarks.serving import answer, reference_output
 
-    sess = ort_session(str(model.file), 1)
-    (y,) = sess.run([model.output], {model.input: sample_input(1)})  # type: ignore[attr-defined]
-    path = CACHE / "manycore" / f"{model.name}-reference.npy"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(path, np.asarray(y, dtype=np.float32))
-    return path
+    ref = reference_output(model)
+    for proto in protocols:
+        address = f"127.0.0.1:{grpc_port if proto == 'grpc' else port}"
+        got = answer(model, address, proto, sample_input(1))
+        err = float(np.max(np.abs(got.reshape(ref.shape) - ref)))
+        if err > 1e-4:
+            raise RuntimeError(f"{model.name} over {proto}: max abs error {err} against ONNX Runtime")
 
 
 def ceiling(model: Model, cpus: str, n: int, seconds: float, batches: str) -> dict[str, Any]:
@@ -248,53 +247,39 @@ def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 def drive(
     model: Model,
-    url: str,
+    address: str,
     protocol: str,
     cpus: str,
-    procs: int,
     c: int,
-    seconds: float,
-    warmup: float,
-    ref: Path,
+    windows: perf.Windows,
+    data: Path,
     pid: int,
-    client: str = "native",
 ) -> dict[str, Any]:
-    cmd = taskset(
-        cpus,
-        loadgen_cmd(
-            url,
-            model.name,
-            model.input,
-            model.output,
-            c,
-            seconds,
-            warmup,
-            "--procs",
-            str(procs),
-            "--check",
-            str(ref),
-            "--protocol",
-            protocol,
-            "--client",
-            client,
-        ),
-    )
+    """One perf_analyzer point pinned to `cpus`, with the server's CPU sampled while it runs."""
+    report = CACHE / "manycore" / f"perf-{model.name}-{protocol}-{c}.csv"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    cmd = taskset(cpus, perf.command(address, protocol, model.name, c, windows, report, data))
     sampler = CpuSampler(pid)
     cpu0, t0 = tree_cpu_seconds(pid), time.monotonic()
+    client0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     sampler.start()
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=seconds + warmup + 300)
+        pt = perf.measure(cmd, report, windows.max_trials * windows.interval_ms / 1000 * 2 + 120)
     finally:
         workers = sampler.stop()
+    client1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu1, t1 = tree_cpu_seconds(pid), time.monotonic()
-    if r.returncode != 0:
-        raise RuntimeError(f"load generator failed: {r.stderr[-2000:]}")
-    res: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
-    res["server_cpu_cores"] = round((cpu1 - cpu0) / (t1 - t0), 2)  # over the whole run, start-up included
-    res["server_cores_loaded"] = round(sum(w["busy_cores"] for w in workers), 2)
-    res["workers"] = workers
-    res["client_cpu_cores"] = round(res["client_cpu_s"] / max(res["seconds"], 1e-9), 2)
-    return res
+    client_s = (client1.ru_utime + client1.ru_stime) - (client0.ru_utime + client0.ru_stime)
+    return {
+        "concurrency": c,
+        "protocol": protocol,
+        **pt.as_dict(),
+        "errors": 0,  # perf_analyzer stops at a failed request: a point with errors is a failed point
+        "server_cpu_cores": round((cpu1 - cpu0) / (t1 - t0), 2),  # over the whole run, trials included
+        "server_cores_loaded": round(sum(w["busy_cores"] for w in workers), 2),
+        "workers": workers,
+        "client_cpu_cores": round(client_s / (t1 - t0), 2),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,8 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="squeezenet,resnet50")
     p.add_argument("--settings", default="default", help="';'-separated trtforge serve flags, {n} = N")
     p.add_argument("--concurrency", default="auto", help="comma-separated, or auto: max(64, 8 N)")
-    p.add_argument("--seconds", type=float, default=5.0)
-    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--seconds", type=float, default=5.0, help="perf_analyzer's measurement window")
+    p.add_argument("--stability", type=int, default=10, help="perf_analyzer --stability-percentage")
+    p.add_argument("--max-trials", type=int, default=10, help="perf_analyzer --max-trials")
     p.add_argument("--slow-factor", type=float, default=1.6, help="window multiplier for ResNet-50")
     p.add_argument("--ceiling-seconds", type=float, default=1.0)
     p.add_argument("--ceiling-batches", default="1,4,8,16,32")
@@ -313,9 +299,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--protocols", default="http", help="comma-separated: http, grpc")
     p.add_argument("--name", default="manycore")
-    p.add_argument(
-        "--client", choices=CLIENTS, default="native", help="see benchmarks.loadgen (native needs cc)"
-    )
     a = p.parse_args(argv)
     protocols = [x for x in a.protocols.split(",") if x]
     if not protocols or set(protocols) - {"http", "grpc"}:
@@ -336,11 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name in a.models.split(","):
         model = model_info(name)
-        ref = reference(model)
         slow = a.slow_factor if name != "squeezenet" else 1.0
+        windows = perf.Windows(int(a.seconds * slow * 1000), a.stability, a.max_trials)
+        data = perf.input_file(CACHE / "manycore" / f"{name}-input.json", model.input, sample_input(1))
         for n in cores:
             scpus, ccpus = f"0-{n - 1}", f"{n}-{total - 1}"
-            procs = max(1, min(4, total - n))
             ceil = ceiling(model, scpus, n, a.ceiling_seconds * slow, a.ceiling_batches)
             best = float(ceil["best"]["images_per_s"])
             log(f"{name} N={n}: ceiling {best} img/s ({ceil['best']})")
@@ -361,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     continue
                 try:
+                    check_answers(model, port, grpc_port, protocols)
                     concs = (
                         [max(64, 8 * n)]
                         if a.concurrency == "auto"
@@ -373,26 +357,10 @@ def main(argv: list[str] | None = None) -> int:
                         rceil = float(rc["best"]["images_per_s"])
                         log(f"  [{s}] round {rnd}/{a.rounds}: ceiling {rceil} img/s ({rc['best']})")
                         for c, proto in points:
-                            url = (
-                                f"grpc://127.0.0.1:{grpc_port}"
-                                if proto == "grpc"
-                                else f"http://127.0.0.1:{port}"
-                            )
+                            address = f"127.0.0.1:{grpc_port if proto == 'grpc' else port}"
                             try:
-                                r = drive(
-                                    model,
-                                    url,
-                                    proto,
-                                    ccpus,
-                                    procs,
-                                    c,
-                                    a.seconds * slow,
-                                    a.warmup * slow,
-                                    ref,
-                                    srv.pid,
-                                    a.client,
-                                )
-                            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                                r = drive(model, address, proto, ccpus, c, windows, data, srv.pid)
+                            except perf.PerfError as e:
                                 log(f"  [{s}] c={c} {proto} round {rnd} FAILED: {e}")
                                 res.setdefault("failed", []).append(
                                     {
@@ -406,7 +374,6 @@ def main(argv: list[str] | None = None) -> int:
                                     }
                                 )
                                 continue
-                            r.pop("error_samples", None) if not r["errors"] else None
                             run = {
                                 "model": name,
                                 "n": n,
@@ -430,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                                 f"  [{s}] c={c} {proto} round {rnd}: {r['throughput']} req/s"
                                 f" = {run['pct_of_round_ceiling']}% of the round's ceiling"
                                 f" ({run['pct_of_ceiling']}% of the scan's), p99 {r['p99_ms']} ms,"
-                                f" errors {r['errors']}, server {r['server_cores_loaded']} cores loaded"
+                                f" server {r['server_cores_loaded']} cores loaded"
                                 f" [per process: {busy}], client {r['client_cpu_cores']} cores"
                             )
                     res["runs"] += [median_round(rs) for rs in done_rounds.values() if rs]
@@ -470,7 +437,6 @@ def render(res: dict[str, Any]) -> str:
             "of its round's ceiling, median (min-max)",
             "p99 ms",
             "errors, all rounds",
-            "correct answers in window",
             "server cores loaded (per process)",
             "client cores busy",
         ]
@@ -484,7 +450,6 @@ def render(res: dict[str, Any]) -> str:
                 "**{median}%** ({min}-{max}%)".format(**r["round_shares"]),
                 r["p99_ms"],
                 r["errors"],
-                r["completed"],
                 f"{r['server_cores_loaded']} ({_per_process(r)})",
                 r["client_cpu_cores"],
             ]
@@ -499,7 +464,6 @@ def render(res: dict[str, Any]) -> str:
             "p50 ms",
             "p99 ms",
             "errors",
-            "correct answers in window",
             "server cores busy",
             "client cores busy",
         ]
@@ -512,7 +476,6 @@ def render(res: dict[str, Any]) -> str:
                 r["p50_ms"],
                 r["p99_ms"],
                 r["errors"],
-                r["completed"],
                 r["server_cpu_cores"],
                 r["client_cpu_cores"],
             ]
@@ -531,9 +494,11 @@ def render(res: dict[str, Any]) -> str:
         f"\n\nfailed: {f['model']} N={f['n']} [{f['setting']}]: {f['error'].strip().splitlines()[-1]}"
         for f in res.get("failed", [])
     )
-    head = (
-        f"Many cores: server on cores 0..N-1, client on the rest of {res['host_cpus']};"
-        " every answer compared with ONNX Runtime's (a differing one counts as an error)."
+    client = res["config"].get("client")  # set only where the harness's own clients drove the load
+    head = f"Many cores: server on cores 0..N-1, client on the rest of {res['host_cpus']}; " + (
+        f"load from the harness's own {client} clients, every answer compared with ONNX Runtime's."
+        if client
+        else "load from perf_analyzer, each server's answers compared with ONNX Runtime's before it."
     )
     if rounds:
         head += (

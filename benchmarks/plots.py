@@ -46,7 +46,7 @@ def serving(res: dict[str, Any]) -> list[Path]:
     models = list(res["models"])
     out = []
     for metric, ylabel, fname, logy in (
-        ("throughput", "requests / s", "bench-serving-throughput.png", False),
+        ("throughput", "inferences / s", "bench-serving-throughput.png", False),
         ("p99_ms", "p99 latency (ms, log scale)", "bench-serving-p99.png", True),
     ):
         fig, axes = plt.subplots(1, len(models), figsize=(6.2 * len(models), 4.4), squeeze=False)
@@ -78,13 +78,11 @@ def serving(res: dict[str, Any]) -> list[Path]:
             concs = sorted({p["concurrency"] for s in m["servers"].values() for p in s["points"]})
             ax.set_xticks(concs)
             ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
-            lay = res["layout"]
             ax.set_title(
-                f"{TITLES.get(model, model)}: servers on cpus {lay['server_cpus']},"
-                f" client on {lay['client_cpus']}",
+                f"{TITLES.get(model, model)}: perf_analyzer, servers and client on cpus {res['cpus']}",
                 fontsize=9,
             )
-            ax.set_xlabel("concurrent clients")
+            ax.set_xlabel("concurrency (perf_analyzer --concurrency-range)")
             ax.set_ylabel(ylabel)
             ax.legend(fontsize=6.5, loc="best", ncol=2)
         fig.tight_layout()
@@ -93,61 +91,11 @@ def serving(res: dict[str, Any]) -> list[Path]:
     return out
 
 
-def window_ceilings(model: dict[str, Any]) -> list[float]:
-    """The ceilings timed next to a serving grid's windows, every server's (empty for results from
-    before the thirtieth session, which timed one ceiling per model)."""
-    return [float(p["ceiling"]) for s in model["servers"].values() for p in s["points"] if "ceiling" in p]
-
-
 def _ceiling(ax: Any, model: dict[str, Any]) -> None:
-    """What a point's share is judged against: the range of the ceilings timed next to the windows
-    (and 90% of it), or the one ceiling of older results."""
-    near = window_ceilings(model)
-    if near:
-        lo, hi = min(near), max(near)
-        label = f"in-process ceiling timed next to the windows ({lo:.0f}-{hi:.0f}/s)"
-        ax.axhspan(lo, hi, color=COLORS["ceiling"], alpha=0.18, lw=0, label=label)
-        ax.axhspan(0.9 * lo, 0.9 * hi, color=COLORS["ceiling"], alpha=0.07, lw=0, label="90% of it")
-        return
+    """The model's in-process ceiling and 90% of it."""
     c = model["ceiling"]["best"]["images_per_s"]
     ax.axhline(c, ls="--", color=COLORS["ceiling"], label=f"in-process ceiling ({c:.0f}/s)")
     ax.axhline(0.9 * c, ls=":", color=COLORS["ceiling"], label="90% of ceiling")
-
-
-def serving_paired(res: dict[str, Any]) -> list[Path]:
-    """Paired rounds: trtforge over the peer, each at its best protocol, per concurrency: the median of
-    the rounds' ratios with their range, and trtforge's share of each round's ceiling."""
-    plt = _plt()
-    models = list(res["models"])
-    peer = res["peer"]
-    fig, axes = plt.subplots(1, len(models), figsize=(6.2 * len(models), 4.0), squeeze=False)
-    for j, model in enumerate(models):
-        ax = axes[0][j]
-        pts = res["models"][model]["best_protocol_points"]
-        xs = [str(p["concurrency"]) for p in pts]
-        med = [p["paired_ratio"]["median"] for p in pts]
-        lo = [p["paired_ratio"]["median"] - p["paired_ratio"]["min"] for p in pts]
-        hi = [p["paired_ratio"]["max"] - p["paired_ratio"]["median"] for p in pts]
-        ax.errorbar(
-            xs,
-            med,
-            yerr=[lo, hi],
-            fmt="o",
-            color=COLORS["trtforge"],
-            capsize=4,
-            label=f"trtforge / {LABELS.get(peer, peer)}, median and range of {res['rounds']} rounds",
-        )
-        ax.axhline(1.0, color="#444444", lw=1)
-        ax.set_title(
-            f"{TITLES.get(model, model)}: paired rounds, each server at its best protocol", fontsize=9
-        )
-        ax.set_xlabel("concurrent clients")
-        ax.set_ylabel("throughput ratio, same round")
-        ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    out = [_save(fig, "bench-serving-paired.png")]
-    plt.close(fig)
-    return out
 
 
 def manycore(res: dict[str, Any]) -> list[Path]:
@@ -343,7 +291,6 @@ def main(argv: list[str] | None = None) -> int:
     made: list[Path] = []
     for name, fn in (
         ("serving", serving),
-        ("serving-paired", serving_paired),
         ("manycore", manycore),
         ("coldstart", coldstart),
         ("coldstart-h200", lambda r: coldstart(r, "bench-coldstart-h200.png")),

@@ -1,8 +1,8 @@
 """Fill the generated tables of docs/benchmarks.md from benchmarks/results/*.json.
 
 The page keeps its prose; only the text between ``<!-- results:NAME -->`` and
-``<!-- /results:NAME -->`` is replaced (NAME: machine, serving, serving-paired, manycore, coldstart,
-controlplane, recovery).
+``<!-- /results:NAME -->`` is replaced (NAME: machine, serving, manycore, hostile, coldstart,
+coldstart-h200, controlplane, recovery, ha, and targets).
 """
 
 from __future__ import annotations
@@ -26,20 +26,20 @@ def machine(res: dict[str, Any]) -> str:
         ["kernel", m["kernel"]],
         ["Python", m["python"]],
         ["ONNX Runtime (trtforge, ceiling)", m["onnxruntime"]],
-        ["aiohttp (trtforge serve)", m["aiohttp"]],
-        # runs before the fourteenth session's drove HTTP with aiohttp and did not record httptools
-        ["httptools (trtforge serve's fast path, HTTP load generator)", m.get("httptools", "not recorded")],
-        ["grpcio (trtforge serve)", m.get("grpcio")],
-        # the gRPC load generator was grpcio's client before the fourteenth session
-        [
-            "hpack (trtforge serve's gRPC front end, gRPC load generator), tritonclient",
-            f"{m.get('hpack', 'not recorded')}, {m.get('tritonclient')}",
-        ],
+        ["aiohttp, grpcio (trtforge serve)", f"{m['aiohttp']}, {m.get('grpcio')}"],
+        ["load generator", f"perf_analyzer of tritonclient {res['load_generator']['tritonclient']}"],
     ]
     for name, versions in (m.get("peers") or {}).items():
         rows.append([f"{name} venv", ", ".join(f"{d} {v}" for d, v in versions.items())])
+    served = {
+        s["versions"].get("trtforge")
+        for mod in res["models"].values()
+        for k, s in mod["servers"].items()
+        if k == "trtforge" and "versions" in s
+    }
     rows += [
-        ["trtforge commit", m["trtforge_commit"]],
+        ["benchmark harness commit", m["trtforge_commit"]],
+        ["trtforge serve measured", ", ".join(sorted(v for v in served if v)) or m["trtforge_commit"]],
         ["run finished (UTC)", res["finished_utc"]],
         [
             "1-min load average before / after the serving run",
@@ -54,98 +54,44 @@ def _met(ok: bool | None) -> str:
     return "-" if ok is None else "**met**" if ok else "**missed**"
 
 
-# A grid row whose point the paired rounds measured again (docs/benchmarks.md, "Which rows decide").
-SHOWN = "shown (one window; the paired rounds decide)"
-# A row that is no target of its own: gRPC's share of the ceiling (its target is its ratio to HTTP).
-INFO = "shown"
-
-
-def paired_decides(grid_points: list[dict[str, Any]], paired: dict[str, Any] | None, model: str) -> bool:
-    """Whether `model`'s serving rows are decided by the paired rounds rather than by the grid's single
-    windows: the paired rounds measured the model, and their peer is the grid's best peer at every
-    point (a point where another peer led is judged in the grid)."""
-    if not paired or model not in (paired.get("models") or {}):
-        return False
-    return all(p["best_peer"]["server"] == paired.get("peer") for p in grid_points)
-
-
-def _grid_met(ok: bool, by_paired: bool) -> str:
-    """A grid row's status: met or missed, or shown where the paired rounds decide its model."""
-    return SHOWN if by_paired else _met(ok)
+def _trtforge_points(serving: dict[str, Any], model: str, protocol: str) -> dict[int, dict[str, Any]]:
+    srv = serving["models"][model]["servers"].get("trtforge") or {}
+    return {p["concurrency"]: p for p in srv.get("points", []) if p["protocol"] == protocol}
 
 
 def targets(
-    serving: dict[str, Any] | None,
-    coldstart: dict[str, Any] | None,
-    manycore: dict[str, Any] | None,
-    paired: dict[str, Any] | None = None,
+    serving: dict[str, Any] | None, coldstart: dict[str, Any] | None, manycore: dict[str, Any] | None
 ) -> str:
-    """The issue's targets against the result files, one row each (computed, not written by hand).
-    Rows marked "paired rounds" come from benchmarks/paired.py: medians of rounds in which trtforge
-    and the peer were measured back to back. Where those rounds measured a model, they decide its
-    serving rows; its grid rows are shown beside them, each from one window."""
+    """The targets against the result files, one row each (computed, not written by hand)."""
     rows: list[list[Any]] = []
     summ = (serving or {}).get("summary") or {}
     for model, s in summ.items():
+        assert serving is not None
         pts = s.get("points") or []
-        by_paired = paired_decides(pts, paired, model)
         if pts:
-            verdicts = [p["verdict"] for p in pts]
             detail = ", ".join(
                 f"c={p['concurrency']}: {p['ratio']}x {p['best_peer']['server']} ({p['verdict']})"
                 for p in pts
             )
-            ok = all(v in MET_VERDICTS for v in verdicts)
-            rows.append(
-                [
-                    f"{model}: trtforge ≥ the best of Triton and MLServer, p99 no higher",
-                    detail,
-                    _grid_met(ok, by_paired),
-                ]
-            )
-        for proto in ("http", "grpc"):
-            v = s.get(f"min_pct_of_ceiling_c_ge_8_{proto}")
-            if v is not None:
-                # the share's target is HTTP binary's; gRPC's own is "within 10% of HTTP binary"
-                met = _grid_met(v >= 90, by_paired) if proto == "http" else INFO
-                rows.append([f"{model}: ≥ 90% of the ceiling at c ≥ 8 ({proto})", f"lowest {v}%", met])
-        g = s.get("grpc_vs_http_c32")
-        if g is not None:
-            within = _grid_met(g >= 0.9, by_paired)
-            rows.append([f"{model}: gRPC within 10% of HTTP binary at c=32", f"gRPC = {g:.2f}x HTTP", within])
-    for model, m in ((paired or {}).get("models") or {}).items():
-        peer = (paired or {}).get("peer", "peer")
-        pts = m.get("best_protocol_points") or []
-        if pts:
-            detail = ", ".join(
-                f"c={p['concurrency']}: {(r := p['paired_ratio'])['median']}x"
-                f" ({r['rounds_at_or_above']}/{r['rounds']} rounds, {p['verdict']})"
-                for p in pts
-            )
             ok = all(p["verdict"] in MET_VERDICTS for p in pts)
-            rows.append([f"{model}: trtforge ≥ {peer}, p99 no higher (paired rounds)", detail, _met(ok)])
-        for proto in ("http", "grpc"):
-            ge8 = [
-                p["pct_of_ceiling"]["median"]
-                for p in m.get("points") or []
-                if p["concurrency"] >= 8 and p["protocol"] == proto
-            ]
-            if ge8:
-                rows.append(
-                    [
-                        f"{model}: ≥ 90% of the ceiling at c ≥ 8 ({proto}, paired rounds)",
-                        f"lowest {min(ge8)}%",
-                        _met(min(ge8) >= 90) if proto == "http" else INFO,
-                    ]
-                )
-        g = (m.get("trtforge_grpc_over_http_c32") or {}).get("median")
-        if g is not None:
+            rows.append(
+                [f"{model}: trtforge ≥ the best of Triton and MLServer, p99 no higher", detail, _met(ok)]
+            )
+        http = _trtforge_points(serving, model, "http")
+        ge8 = [p["pct_of_ceiling"] for c, p in http.items() if c >= 8 and "pct_of_ceiling" in p]
+        if ge8:
             rows.append(
                 [
-                    f"{model}: gRPC within 10% of HTTP binary at c=32 (paired rounds)",
-                    f"gRPC = {g:.2f}x HTTP",
-                    _met(g >= 0.9),
+                    f"{model}: ≥ 90% of the ceiling at c ≥ 8 (HTTP binary)",
+                    f"lowest {min(ge8)}%",
+                    _met(min(ge8) >= 90),
                 ]
+            )
+        grpc = _trtforge_points(serving, model, "grpc")
+        if 32 in http and 32 in grpc:
+            g = grpc[32]["throughput"] / max(http[32]["throughput"], 1e-9)
+            rows.append(
+                [f"{model}: gRPC within 10% of HTTP binary at c=32", f"gRPC = {g:.2f}x HTTP", _met(g >= 0.9)]
             )
     for src, e in ((coldstart or {}).get("sources") or {}).items():
         r = e.get("ratio_cold")
@@ -171,8 +117,19 @@ def targets(
 
 def _manycore_share(run: dict[str, Any]) -> float:
     """A many-core row's share: of its own round's ceiling (median round) where it ran in rounds, else
-    of the run's one ceiling (results from before the rounds)."""
+    of the run's one ceiling."""
     return float(run["round_shares"]["median"] if "round_shares" in run else run["pct_of_ceiling"])
+
+
+def provenance(res: dict[str, Any]) -> str:
+    """Where and from which commit a result file comes, one line."""
+    m = res.get("machine") or {}
+    when = res.get("finished_utc") or res.get("finished") or "?"
+    return (
+        f"*Result file of {when}: {m.get('cpu_model', '?')}, {m.get('cpus', '?')} vCPUs"
+        f" ({m.get('hypervisor', '?')} guest), trtforge at {m.get('trtforge_commit', '?')},"
+        f" 1-min load average {float(m.get('loadavg_at_start') or 0):.2f} when written.*"
+    )
 
 
 def _wrap(text: str) -> str:
@@ -184,7 +141,7 @@ def _wrap(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks import coldstart, controlplane, hostile, manycore, paired, recovery, serving
+    from benchmarks import coldstart, controlplane, ha, hostile, manycore, recovery, serving
 
     if not DOC.exists():
         log(f"{DOC} does not exist; nothing to fill")
@@ -193,22 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     renderers: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
         "machine": ("serving", machine),
         "serving": ("serving", serving.render),
-        "serving-paired": ("serving-paired", paired.render),
         "manycore": ("manycore", manycore.render),
-        "manycore-workers": ("manycore-workers", manycore.render),
         "hostile": ("hostile", hostile.render),
         "coldstart": ("coldstart", coldstart.render),
         "coldstart-h200": ("coldstart-h200", coldstart.render),
         "controlplane": ("controlplane", controlplane.render),
         "recovery": ("recovery", recovery.render),
+        "ha": ("ha", ha.render),
     }
     try:
-        body = targets(
-            read_result("serving"),
-            read_result("coldstart"),
-            read_result("manycore"),
-            read_result("serving-paired"),
-        )
+        body = targets(read_result("serving"), read_result("coldstart"), read_result("manycore"))
     except KeyError as e:
         body = f"(a result file is from an older harness: no {e})"
     doc = re.sub(
@@ -222,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         if res is None:
             continue
         try:
-            body = _wrap(fn(res))
+            body = _wrap(fn(res) if marker in ("machine", "serving") else f"{provenance(res)}\n{fn(res)}")
         except KeyError as e:
             log(f"results/{name}.json is from an older harness (no {e}); its table is left as it was")
             continue

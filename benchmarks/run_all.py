@@ -2,7 +2,9 @@
 
 The serving peers are installed each into its own virtual environment under ``.cache/``
 (:mod:`benchmarks.servers.venvs`: KServe, Triton from ``nvidia-pytriton``, MLServer; each with the
-project's own onnxruntime version), so their pins never touch the project's ``.venv`` or each other.
+project's own onnxruntime version), so their pins never touch the project's ``.venv`` or each other;
+so is the load generator, ``perf_analyzer`` from the ``tritonclient==2.40.0`` wheel
+(:mod:`benchmarks.perf`).
 The control-plane and recovery benchmarks share one test bed of their own (``.cache/bench/cluster``),
 brought up here and down at the end. The many-core benchmark (:mod:`benchmarks.manycore`) runs only
 with ``--only manycore`` on a host with at least 16 cores.
@@ -23,9 +25,7 @@ from benchmarks.common import CACHE, log
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--only", default="serving,paired,coldstart,hostile,controlplane,recovery", help="also: manycore"
-    )
+    p.add_argument("--only", default="serving,coldstart,hostile,controlplane,recovery", help="also: manycore")
     p.add_argument("--quick", action="store_true", help="short runs to check the harness")
     a = p.parse_args(argv)
     only = a.only.split(",")
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         controlplane,
         hostile,
         manycore,
-        paired,
+        perf,
         plots,
         recovery,
         report,
@@ -48,30 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         (
             "serving",
             serving.main,
-            [
-                *("--seconds", "1.5", "--warmup", "0.5", "--ceiling-seconds", "0.3"),
-                *("--concurrency", "1,32", "--stream-answers", "0", "--tiebreak-rounds", "1"),
-            ]
-            if q
-            else [],
-        ),
-        (
-            "paired",
-            paired.main,
-            [
-                "--rounds",
-                "1",
-                "--seconds",
-                "1",
-                "--warmup",
-                "0.3",
-                "--ceiling-seconds",
-                "0.3",
-                "--concurrency",
-                "1,32",
-                "--stream-answers",
-                "0",
-            ]
+            ["--concurrency", "1,8", "--interval-ms", "1000", "--max-trials", "4", "--stability", "20"]
             if q
             else [],
         ),
@@ -90,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn, args in steps:
         if name not in only:
             continue
-        if name in ("serving", "paired"):
+        if name in ("serving", "manycore"):
+            perf.PERF_ANALYZER.ensure()
+        if name == "serving":
             venvs.main([])
         cluster_used |= name in ("controlplane", "recovery")
         log(f"=== {name} {' '.join(args)}")

@@ -7,6 +7,11 @@ binary of the PyPI wheel ``nvidia-pytriton`` with a Python-backend model), :mod:
 with a custom ONNX Runtime runtime) and :mod:`.kserve` (KServe's Python model server). The peers run
 from their own virtual environments (:mod:`.venvs`); every session everywhere gets the settings of
 trtforge's ONNX Runtime backend.
+
+Each server runs in one setting (its module's ``setting``): the one that gave it the most inferences
+per second at concurrency 8 and above on a 2-core host, out of the same sweep for every server with
+a batcher (one session of every thread; one single-thread instance per core with max batch 32, 2 or
+4, with and without a 2 ms queue delay).
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -53,40 +57,6 @@ class Setting:
         }
 
 
-def default_sweep(cores: int, small_batch: int = 4) -> list[Setting]:
-    """The settings every server with a batcher is tried in, for a server given `cores` cores.
-
-    One session with every thread (best for a lone request), one single-thread instance per core with
-    a large and a small max batch, and the small batch with a queue delay. `small_batch`: measured
-    from the run's ceiling by ``sweep_small_batch``.
-    """
-    return [
-        Setting(1, cores, 32, 0),
-        Setting(cores, 1, 32, 0),
-        Setting(cores, 1, small_batch, 0),
-        Setting(cores, 1, small_batch, 2000),
-    ]
-
-
-SMALL_BATCH_TOLERANCE = 0.03  # the ceiling's own timings move this much from one to the next
-
-
-def sweep_small_batch(ceiling: dict[str, Any]) -> int:
-    """The small max batch of the sweep, from the run's in-process ceiling: the smallest batch size
-    at which single-thread sessions side by side (the form of the sweep's one-instance-per-core
-    settings) computed within 3% of their most images per second, and at least 2 (a setting with a
-    batcher batches). Within 3% the timings' noise picks the best, so the smallest is taken: on
-    ResNet-50 every batch size from 1 to 16 is within it. Ceilings without that form give 4."""
-    side_by_side = ceiling.get("parallel_sessions") or []
-    if not side_by_side:
-        return 4
-    top = max(float(r["images_per_s"]) for r in side_by_side)
-    near = [
-        int(r["batch"]) for r in side_by_side if float(r["images_per_s"]) >= (1 - SMALL_BATCH_TOLERANCE) * top
-    ]
-    return max(2, min(near))
-
-
 @dataclass
 class Launch:
     """How to start one server and where it answers."""
@@ -95,7 +65,7 @@ class Launch:
     env: dict[str, str]
     http_port: int
     grpc_port: int | None
-    protocols: tuple[str, ...]  # of benchmarks.loadgen.PROTOCOLS, the first one primary
+    protocols: tuple[str, ...]  # of benchmarks.serving.PROTOCOL_TITLES
     cleanup: list[Path] = field(default_factory=list)
 
 
@@ -115,7 +85,7 @@ class Model:
 class Kind:
     name: str
     title: str
-    sweep: Callable[[int, int], list[Setting]]  # (cores, the small max batch) -> the settings
+    setting: Callable[[int], Setting]  # the server's setting for a host of this many cores
     launch: Callable[[Model, Setting, int, int, Path], Launch]  # model, setting, http, grpc port, work dir
     version: Callable[[], dict[str, str]]
 

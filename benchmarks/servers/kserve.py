@@ -1,8 +1,8 @@
 """KServe's Python model server wrapping an ONNX Runtime session (:mod:`.kserve_server`).
 
 KServe's Python server has no batcher (batching lives in its Go agent sidecar, which is not on
-PyPI), so its sweep spends the max-batch and queue-delay slots on KServe's own knobs: ``predict``
-on the event loop (its documented custom-model pattern) or handed to the thread pool. Its instances
+PyPI); its setting's variant names KServe's own knob: ``predict`` on the event loop (its documented
+custom-model pattern) or handed to the thread pool. Its instances
 are uvicorn workers, each with its own session; gRPC is KServe's own v2 gRPC server.
 """
 
@@ -17,14 +17,10 @@ from benchmarks.servers.venvs import KSERVE
 HERE = Path(__file__).resolve().parent
 
 
-def sweep(cores: int, small_batch: int = 4) -> list[Setting]:
-    """KServe has no batcher: `small_batch` is unused, its slots are KServe's own knobs."""
-    return [
-        Setting(1, cores, 1, 0, "predict on the event loop (defaults)"),
-        Setting(cores, 1, 1, 0, "predict on the event loop"),
-        Setting(1, cores, 1, 0, "predict in the thread pool"),
-        Setting(cores, cores, 1, 0, "predict on the event loop, threads oversubscribed"),
-    ]
+def setting(cores: int) -> Setting:
+    """One uvicorn worker with a session of every thread, ``predict`` on the event loop: with more
+    workers, uvicorn starts them afresh and they lack the config route (kserve_server's docstring)."""
+    return Setting(1, cores, 1, 0, "predict on the event loop")
 
 
 def launch(model: Model, s: Setting, http_port: int, grpc_port: int, work: Path) -> Launch:
@@ -53,11 +49,12 @@ def launch(model: Model, s: Setting, http_port: int, grpc_port: int, work: Path)
         "--enable_latency_logging",
         "false" if "(defaults)" not in s.variant else "true",
     ]
-    return Launch(cmd, {}, http_port, grpc_port, ("http", "grpc"), [d])
+    # perf_analyzer cannot drive KServe's gRPC (no ModelConfig RPC: kserve_server's docstring)
+    return Launch(cmd, {}, http_port, grpc_port, ("http",), [d])
 
 
 def version() -> dict[str, str]:
     return {"kserve": KSERVE.version("kserve"), "onnxruntime": KSERVE.version("onnxruntime")}
 
 
-KIND = Kind("kserve", "KServe", sweep, launch, version)
+KIND = Kind("kserve", "KServe", setting, launch, version)

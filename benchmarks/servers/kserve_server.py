@@ -9,6 +9,13 @@ execution, all graph optimisations, no spinning).
 loop); ``--predict_mode executor`` makes ``predict`` a coroutine that hands ``session.run`` to the
 server's thread pool, so the event loop keeps parsing requests while the session runs. KServe's
 own v2 gRPC server listens on ``--grpc_port``.
+
+KServe lacks Triton's model-configuration extension, which ``perf_analyzer`` reads before any load
+(for the model's max batch size): :func:`triton_config` answers ``GET /v2/models/NAME/config`` as a
+route of KServe's own FastAPI app (its requests may carry any batch, so 32 lets perf_analyzer
+send batches of one). It is called once per perf_analyzer
+run, never on the inference path. KServe's gRPC has no such hook, so perf_analyzer drives KServe over
+HTTP only.
 """
 
 from __future__ import annotations
@@ -47,6 +54,20 @@ class OrtModel(Model):
         self.ready = True
         return self.ready
 
+    # The tensors of the model's metadata, which perf_analyzer builds its requests from.
+    def get_input_types(self) -> list[dict[str, object]]:
+        return self._types(ort.InferenceSession(self.path).get_inputs())
+
+    def get_output_types(self) -> list[dict[str, object]]:
+        return self._types(ort.InferenceSession(self.path).get_outputs())
+
+    @staticmethod
+    def _types(args: list[ort.NodeArg]) -> list[dict[str, object]]:
+        return [
+            {"name": a.name, "datatype": "FP32", "shape": [d if isinstance(d, int) else -1 for d in a.shape]}
+            for a in args
+        ]
+
     # With --workers > 1 KServe pickles the model into each spawned worker process: each worker builds
     # its own session there (an ONNX Runtime session cannot be pickled).
     def __getstate__(self) -> dict[str, object]:
@@ -82,6 +103,11 @@ class ExecutorOrtModel(OrtModel):
         return await asyncio.get_running_loop().run_in_executor(None, self._run, payload)
 
 
+async def triton_config(model_name: str) -> dict[str, object]:
+    """The part of a Triton model configuration that perf_analyzer reads."""
+    return {"name": model_name, "platform": "onnxruntime_onnx", "max_batch_size": 32}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(parents=[kserve.model_server.parser], description=__doc__)
     p.add_argument("--model_file", required=True)
@@ -92,6 +118,8 @@ def main() -> None:
     model = cls(args.model_name, args.model_file, args.ort_threads)
     model.load()
     logging.getLogger().setLevel(logging.WARNING)
+    # before the server registers its own routes, in this process (its workers are forked from it)
+    kserve.model_server.app.add_api_route("/v2/models/{model_name}/config", triton_config, methods=["GET"])
     ModelServer(
         http_port=args.http_port,
         grpc_port=args.grpc_port,

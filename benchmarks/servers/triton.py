@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from benchmarks.common import CACHE
-from benchmarks.servers import Kind, Launch, Model, Setting, default_sweep
+from benchmarks.servers import Kind, Launch, Model, Setting
 from benchmarks.servers.venvs import TRITON, python_libdir, python_version, site_packages
 
 HERE = Path(__file__).resolve().parent
@@ -105,4 +105,9 @@ def version() -> dict[str, str]:
     }
 
 
-KIND = Kind("triton", "Triton (nvidia-pytriton tritonserver)", default_sweep, launch, version)
+def setting(cores: int) -> Setting:
+    """One single-thread model instance per core, batches of up to 2 after a 2 ms queue delay."""
+    return Setting(cores, 1, 2, 2000)
+
+
+KIND = Kind("triton", "Triton (nvidia-pytriton tritonserver)", setting, launch, version)

@@ -3,13 +3,13 @@ served from a local store with the setting's instances, threads, max batch and q
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import os
 from pathlib import Path
 
 from benchmarks.common import CACHE, TRTFORGE, cmd_output, serve_cmd
 from benchmarks.engines import ensure_engine, store_dir
-from benchmarks.servers import Kind, Launch, Model, Setting, default_sweep
+from benchmarks.servers import Kind, Launch, Model, Setting
 
 
 def launch(model: Model, s: Setting, http_port: int, grpc_port: int, work: Path) -> Launch:
@@ -44,16 +44,19 @@ def grpc_supported() -> bool:
 
 
 def version() -> dict[str, str]:
-    return {"trtforge": cmd_output(["git", "rev-parse", "--short", "HEAD"])}
+    """The commit of the trtforge that serves: ``$BENCH_TRTFORGE_COMMIT`` where ``$BENCH_TRTFORGE``
+    runs another tree's (benchmarks.common), else this tree's."""
+    return {
+        "trtforge": os.environ.get("BENCH_TRTFORGE_COMMIT")
+        or cmd_output(["git", "rev-parse", "--short", "HEAD"])
+    }
 
 
-def sweep(cores: int, small_batch: int = 4) -> list[Setting]:
-    """The common sweep; with several instances the runtime also keeps its solo session (on by
-    default) for a request that arrives alone, and the label says so."""
-    return [
-        dataclasses.replace(s, variant="+ solo session") if s.instances > 1 else s
-        for s in default_sweep(cores, small_batch)
-    ]
+def setting(cores: int) -> Setting:
+    """One single-thread instance per core, batches of up to 32 with no queue delay; with several
+    instances the runtime also keeps its solo session (on by default) for a request that arrives
+    alone, and the label says so."""
+    return Setting(cores, 1, 32, 0, "+ solo session" if cores > 1 else "")
 
 
-KIND = Kind("trtforge", "trtforge serve", sweep, launch, version)
+KIND = Kind("trtforge", "trtforge serve", setting, launch, version)

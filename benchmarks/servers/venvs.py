@@ -24,6 +24,7 @@ from benchmarks.common import ROOT, log, pkg_version
 class Venv:
     name: str
     packages: tuple[str, ...]
+    onnxruntime: bool = True  # a server's venv gets the project's ONNX Runtime version
 
     @property
     def path(self) -> Path:
@@ -34,7 +35,7 @@ class Venv:
         return self.path / "bin" / "python"
 
     def requirements(self) -> list[str]:
-        return [*self.packages, f"onnxruntime=={ort_version()}"]
+        return [*self.packages, *([f"onnxruntime=={ort_version()}"] if self.onnxruntime else [])]
 
     def stamp(self) -> Path:
         digest = hashlib.sha256("\n".join(self.requirements()).encode()).hexdigest()[:12]

@@ -108,6 +108,41 @@ def chart_broker(
     )
 
 
+class ChartOperatorBed:
+    """What a test world with the operator and the broker under the chart's ServiceAccounts needs
+    from them: `tb`, `api`, `op` (the operator process) and `broker_process` are set by the
+    subclass."""
+
+    tb: TestBed
+    api: client.ApiClient
+    op: localdev.OperatorProcess
+    broker_process: Any
+
+    def apply(self, *objs: dict[str, Any], check: bool = True) -> Any:
+        return self.tb.kubectl(
+            "apply", "--validate=false", "-f", "-", input=yaml.safe_dump_all(objs), check=check
+        )
+
+    def get(self, plural: str, ns: str, name: str) -> dict[str, Any]:
+        return localdev.get_custom(self.api, plural, ns, name)
+
+    def wait(self, what: str, fn: Any, timeout: float = 240) -> Any:
+        """`fn`'s first truthy answer, while the operator lives; the operator's and the broker's
+        logs in the failure when none comes within `timeout`."""
+
+        def check() -> Any:
+            assert self.op.alive(), self.op.tail()
+            return fn()
+
+        try:
+            return wait_for(check, timeout=timeout, desc=what)
+        except TimeoutError as e:
+            raise AssertionError(
+                f"{e}\n--- operator log ---\n{self.op.tail(60)}"
+                f"\n--- broker log ---\n{self.broker_process.tail(30)}"
+            ) from e
+
+
 def tenant_namespaces(rel: dict[str, str]) -> list[str]:
     return [v for k, v in sorted(rel.items()) if k.startswith("tenant")]
 

@@ -20,14 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from trtforge_dev import localdev
 from trtforge_dev.testbed.handle import TestBed
-from trtforge_dev.testbed.wait import wait_for
 from trtforge_operator.config import CACHE_GROUP_LABEL
 
 from tests.integration.chart_release import (
+    ChartOperatorBed,
     chart_broker,
     install_chart_rbac,
     sa_kubeconfig,
@@ -42,7 +41,7 @@ H100 = "NVIDIA-H100-80GB-HBM3"
 TARGETS = [{"gpu": H100}]
 
 
-class Tenancy:
+class Tenancy(ChartOperatorBed):
     def __init__(self, tb: TestBed, rel: dict[str, str], tmp: Path) -> None:
         self.tb, self.rel, self.tmp = tb, rel, tmp
         self.sysns = rel["namespace"]
@@ -73,27 +72,6 @@ class Tenancy:
         kubeconfig = sa_kubeconfig(tb, token, tmp / "operator.kubeconfig")
         self.op = localdev.OperatorProcess(self.config, kubeconfig, tmp / "operator.log")
         self.broker_process = chart_broker(tb, rel, self.config, tmp)
-
-    def apply(self, *objs: dict[str, Any], check: bool = True) -> Any:
-        return self.tb.kubectl(
-            "apply", "--validate=false", "-f", "-", input=yaml.safe_dump_all(objs), check=check
-        )
-
-    def get(self, plural: str, ns: str, name: str) -> dict[str, Any]:
-        return localdev.get_custom(self.api, plural, ns, name)
-
-    def wait(self, what: str, fn: Any, timeout: float = 240) -> Any:
-        def check() -> Any:
-            assert self.op.alive(), self.op.tail()
-            return fn()
-
-        try:
-            return wait_for(check, timeout=timeout, desc=what)
-        except TimeoutError as e:
-            raise AssertionError(
-                f"{e}\n--- operator log ---\n{self.op.tail(60)}"
-                f"\n--- broker log ---\n{self.broker_process.tail(30)}"
-            ) from e
 
     def ready(self, plural: str, ns: str, name: str) -> dict[str, Any]:
         def ok() -> dict[str, Any] | None:

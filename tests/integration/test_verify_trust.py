@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from trtforge_dev import localdev
 from trtforge_dev.testbed.handle import TestBed
-from trtforge_dev.testbed.wait import wait_for
 
 from tests.integration.chart_release import (
+    ChartOperatorBed,
     chart_broker,
     install_chart_rbac,
     sa_kubeconfig,
@@ -41,7 +40,7 @@ TARGETS = [{"gpu": "NVIDIA-H100-80GB-HBM3"}]
 AUDIENCE = "trtforge-broker"
 
 
-class Bed:
+class Bed(ChartOperatorBed):
     def __init__(self, tb: TestBed, rel: dict[str, str], tmp: Path) -> None:
         self.tb, self.rel = tb, rel
         self.sysns, self.a, self.b = rel["namespace"], rel["tenant"], rel["tenant2"]
@@ -71,25 +70,6 @@ class Bed:
             config, sa_kubeconfig(tb, token, tmp / "operator.kubeconfig"), tmp / "operator.log"
         )
         self.broker_process = chart_broker(tb, rel, config, tmp)
-
-    def apply(self, *objs: dict[str, Any]) -> None:
-        self.tb.kubectl("apply", "--validate=false", "-f", "-", input=yaml.safe_dump_all(objs))
-
-    def get(self, plural: str, ns: str, name: str) -> dict[str, Any]:
-        return localdev.get_custom(self.api, plural, ns, name)
-
-    def wait(self, what: str, fn: Any, timeout: float = 240) -> Any:
-        def check() -> Any:
-            assert self.op.alive(), self.op.tail()
-            return fn()
-
-        try:
-            return wait_for(check, timeout=timeout, desc=what)
-        except TimeoutError as e:
-            raise AssertionError(
-                f"{e}\n--- operator log ---\n{self.op.tail(60)}"
-                f"\n--- broker log ---\n{self.broker_process.tail(30)}"
-            ) from e
 
     def store_files(self) -> set[str]:
         return {

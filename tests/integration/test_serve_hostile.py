@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from trtforge_dev.hostile import MB, LiveProbe, binary_body, hostile_requests, json_body, post, rss_kb
+from trtforge_dev.testbed.wait import wait_for
 
 from tests.integration.serve_engines import MlpBed, make_mlp_bed, run_ort
 from tests.integration.serve_process import Server
@@ -143,7 +144,9 @@ def _open(server: Server, first: bytes) -> socket.socket:
 
 
 def test_half_open_connections_are_closed_after_the_idle_timeout(bed: Bed) -> None:
-    s = Server(bed.store, bed.key, bed.tmp, bed.gpu_file, "--idle-timeout", "2")
+    # Long enough that opening 500 connections and one infer fit inside it on a loaded machine, so
+    # the count below sees them all open; short enough that the wait for the closes stays small.
+    s = Server(bed.store, bed.key, bed.tmp, bed.gpu_file, "--idle-timeout", "20")
     socks: list[socket.socket] = []
     try:
         s.wait()
@@ -170,11 +173,17 @@ def test_connections_past_the_cap_get_health_answers_and_503(bed: Bed) -> None:
     try:
         s.wait()
         socks = [_open(s, b"") for _ in range(20)]
-        time.sleep(0.2)  # let the server accept them (the cap counts accepted connections)
+
+        # The cap counts connections the server has accepted: until it has taken all 20, a request
+        # gets through (and is refused for its empty body); from then on each one is turned away.
+        def turned_away() -> tuple[int, str] | None:
+            answer = _post(s, b"{}")
+            return answer if answer[0] == 503 else None
+
+        status, error = wait_for(turned_away, timeout=60, desc="the cap reached")
+        assert status == 503 and "20 open connections, its limit" in error
         assert s.get("/v2/health/live") == (200, {"live": True})
         assert s.get("/v2/health/ready") == (200, {"ready": True})
-        status, error = _post(s, b"{}")
-        assert status == 503 and "20 open connections, its limit" in error
     finally:
         for sock in socks:
             sock.close()

@@ -1,5 +1,6 @@
-"""Engine GC on the test bed: with GC on, an engine nothing references leaves the store; one still
-referenced by a TRTEngine stays, however many GC passes run."""
+"""GC on the test bed: with GC on, an engine nothing references leaves the store, and so do the staged
+model and possession record of a TRTEngine that is gone; what a TRTEngine still references stays,
+however many GC passes run. Each test uses TRTEngines and models of its own."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 import pytest
 from trtforge_dev.localdev import OperatorEnv, delete_with_cleanup, engine_manifest, tiny_model
 from trtforge_dev.testbed.wait import wait_for
+
+from trtforge.contract.possession import possession_path, source_fingerprint, staged_model_path
 
 pytestmark = pytest.mark.integration
 
@@ -52,3 +55,28 @@ def test_unreferenced_engines_are_collected_referenced_ones_stay(env: OperatorEn
     wait_for(lambda: not dropped.exists(), timeout=60, desc="the unreferenced engine collected")
     assert not manifest("dropped")
     assert manifest("kept")  # passes ran every second meanwhile; the referenced engine stays
+
+
+def test_the_model_and_proof_of_a_gone_trtengine_are_collected_the_others_stay(env: OperatorEnv) -> None:
+    (ns,) = env.tenants
+    files: dict[str, tuple[str, str]] = {}
+    for name, seed in (("model-kept", 21), ("model-dropped", 22)):
+        uri = f"pvc://models/{name}.onnx"
+        sha = tiny_model(env.models_dir / f"{name}.onnx", seed=seed)
+        env.apply(engine_manifest(name, None, TARGETS, model=uri), ns)  # unpinned: verified, staged
+        files[name] = (staged_model_path(sha), possession_path(ns, source_fingerprint(uri, None, None)))
+    for name in ("model-kept", "model-dropped"):
+        env.wait_true("trtengines", ns, name, timeout=180)
+
+    def present(name: str) -> list[bool]:
+        return [(env.store_dir / p).exists() for p in files[name]]
+
+    assert present("model-kept") == present("model-dropped") == [True, True]
+    delete_with_cleanup(env.api, ns, "trtengines", "model-dropped")
+    # Records younger than the clock-skew allowance stay a pass or two: wait for the end.
+    wait_for(
+        lambda: present("model-dropped") == [False, False],
+        timeout=180,
+        desc="the gone engine's model collected",
+    )
+    assert present("model-kept") == [True, True]  # passes ran every second meanwhile

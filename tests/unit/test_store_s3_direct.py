@@ -18,6 +18,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.utils import percent_encode
 
+from tests.certs import self_signed
 from trtforge.store import ObjectNotFound, StoreError
 from trtforge.store.s3 import DIRECT_ENV, S3Store, make_client, s3_settings
 from trtforge.store.s3_direct import (
@@ -271,38 +272,8 @@ def test_a_body_that_breaks_midway_is_a_store_error(monkeypatch: pytest.MonkeyPa
 
 def _self_signed(tmp: Any) -> tuple[str, str]:
     """A certificate for 127.0.0.1 (and its key) that no public bundle trusts."""
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = tmp / "cert.pem", tmp / "key.pem"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return str(cert_file), str(key_file)
+    cert, key = self_signed(tmp)
+    return str(cert), str(key)
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ servers on loopback, `trtforge stage-model` run as its own process (as in the ve
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import json
 import os
 import random
@@ -22,43 +20,11 @@ import pytest
 from trtforge_builder.fetch import MAX_REDIRECTS, redirect_refusal
 from trtforge_builder.model_format import onnx_problem
 
+from tests.certs import self_signed
 from tests.modelzoo import dynamic_cnn, sha256_of
 from trtforge.contract.build_result import BUILD_EXIT_CODES, BuildFailure, parse_build_message
 
 TOKEN = "tenant-token"
-
-
-def _certificate(tmp: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 and localhost (two hosts, one loopback)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "loopback")])
-    now = dt.datetime.now(dt.UTC)
-    sans = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(sans), False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = tmp / "cert.pem", tmp / "key.pem"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return cert_file, key_file
 
 
 class Net:
@@ -66,7 +32,7 @@ class Net:
     and a plain-http "broker" that records every upload it is sent."""
 
     def __init__(self, tmp: Path) -> None:
-        self.cert, key = _certificate(tmp)
+        self.cert, key = self_signed(tmp, dns_names=("localhost",))  # two hosts, one loopback
         self.model = dynamic_cnn().read_bytes()
         self.seen: list[tuple[str, str, str | None]] = []  # (server, path, Authorization)
         self.uploads: list[str] = []

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from trtforge_runtime import event_loop
+
 # How long the CLI waits for the warm start to check the manifest (and, from a store that downloads,
 # for the download) before it imports the server anyway (a slow store must not keep the ports
 # closed): trtforge_runtime.warmstart.import_backend_library.
@@ -154,6 +156,13 @@ def register(subparsers: Any) -> None:
         "--drain-timeout", type=float, default=30.0, help="seconds to drain in-flight requests on SIGTERM"
     )
     p.add_argument(
+        "--event-loop",
+        choices=event_loop.CHOICES,
+        default=event_loop.DEFAULT,
+        help="the event loop of each worker: asyncio (the standard library's) or uvloop (needs the "
+        "trtforge-runtime[uvloop] extra); docs/benchmarks.md measures both",
+    )
+    p.add_argument(
         "--gil-switch-interval-us",
         type=_positive,
         default=DEFAULT_SWITCH_INTERVAL_US,
@@ -183,6 +192,11 @@ def handle(args: argparse.Namespace) -> int:
 
     from trtforge_runtime import cpus
 
+    try:
+        event_loop.check(args.event_loop)
+    except event_loop.EventLoopUnavailable as e:
+        logging.getLogger("trtforge_runtime").error(str(e))
+        return 2
     any_port = args.port == 0 or (args.grpc_port == 0 and not args.no_grpc)
     if args.workers is None:  # auto
         args.workers = 1 if any_port else cpus.auto_workers(cpus.usable_cpus())
@@ -252,8 +266,6 @@ def handle(args: argparse.Namespace) -> int:
     )
     warmstart.import_backend_library(MANIFEST_WAIT_S)
 
-    import asyncio
-
     from trtforge_runtime.server import Runtime
     from trtforge_runtime.settings import Settings
     from trtforge_runtime.workers import WORKER_INDEX_ENV
@@ -282,4 +294,4 @@ def handle(args: argparse.Namespace) -> int:
         reuse_port=os.environ.get("TRTFORGE_REUSE_PORT") == "1",
         listen_when_ready=os.environ.get(WORKER_INDEX_ENV, "0") != "0",
     )
-    return asyncio.run(Runtime(settings, store, probe).run())
+    return event_loop.run(Runtime(settings, store, probe).run(), args.event_loop)

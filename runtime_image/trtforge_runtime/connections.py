@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from trtforge_runtime.metrics import Metrics
 
@@ -52,6 +52,12 @@ def http_response(status: int, body: dict[str, object]) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + data
 
 
+def _stream(transport: asyncio.BaseTransport) -> asyncio.Transport:
+    """A TCP connection's transport as a stream transport. uvloop's (``--event-loop uvloop``) has the
+    same methods without subclassing asyncio.Transport, so this is a cast, not an isinstance check."""
+    return cast(asyncio.Transport, transport)
+
+
 class _Overflow(asyncio.Protocol):
     def __init__(self, limiter: ConnectionLimiter) -> None:
         self._limiter = limiter
@@ -60,8 +66,7 @@ class _Overflow(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = _stream(transport)
         self._limiter.answering += 1
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(self._limiter.answer_timeout_s, self._answer, b"")
@@ -118,8 +123,7 @@ class _Counted(asyncio.Protocol):
         limiter.open += 1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        transport = self._transport = _stream(transport)
         if self._guard:
             self._arm()
             transport = _AnswerWatch(transport, self._answered)

@@ -280,7 +280,13 @@ class Runtime:
             self.port = listener.sockets[0].getsockname()[1]
         switch_us = round(sys.getswitchinterval() * 1e6)  # set by the CLI (--gil-switch-interval-us)
         log.info(
-            "listening", extra=fields(host=self.s.host, port=self.port, gil_switch_interval_us=switch_us)
+            "listening",
+            extra=fields(
+                host=self.s.host,
+                port=self.port,
+                gil_switch_interval_us=switch_us,
+                event_loop=type(loop).__module__.split(".")[0],  # asyncio or uvloop (--event-loop)
+            ),
         )
         grpc_server = None
         if self.s.grpc_port is not None:

@@ -4,6 +4,7 @@ metrics, one exit code. Real processes, real sockets, answers compared with ONNX
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 
 from tests.integration.serve_engines import build_engine, run_ort, write_gpu_file
@@ -174,3 +176,28 @@ def test_workers_refuse_port_zero_and_more_workers_than_cpus(engine: tuple[Path,
     ]:
         r = serve_once(tmp / "store", key, gpu_file, tmp / "t", *extra)
         assert r.returncode == 2 and message in r.stderr + r.stdout, (r.stdout, r.stderr)
+
+
+def test_workers_serve_on_uvloop_when_asked(engine: tuple[Path, Path, Path, str]) -> None:
+    """`--event-loop uvloop`: every worker runs uvloop's loop and both protocols answer as ONNX Runtime."""
+    tmp, gpu_file, mlp, key = engine
+    s = Server(tmp / "store", key, tmp, gpu_file, "--workers", "2", "--event-loop", "uvloop")
+    try:
+        s.wait()
+        listening = [json.loads(line) for line in s.output().splitlines() if '"msg": "listening"' in line]
+        assert [entry["event_loop"] for entry in listening] == ["uvloop", "uvloop"], s.output()
+        x = np.random.default_rng(6).standard_normal((3, 64)).astype(np.float32)
+        want = run_ort(mlp, {"x": x})["y"]
+        h = httpclient.InferenceServerClient(s.url)
+        hin = httpclient.InferInput("x", [3, 64], "FP32")
+        hin.set_data_from_numpy(x)
+        np.testing.assert_allclose(h.infer("mlp", [hin]).as_numpy("y"), want, rtol=1e-5, atol=1e-6)
+        g = grpcclient.InferenceServerClient(s.grpc_url)
+        gin = grpcclient.InferInput("x", [3, 64], "FP32")
+        gin.set_data_from_numpy(x)
+        np.testing.assert_allclose(g.infer("mlp", [gin]).as_numpy("y"), want, rtol=1e-5, atol=1e-6)
+        g.close()
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.exit_code(timeout=60) == 0
+    finally:
+        s.stop()

@@ -2,8 +2,8 @@
 
 ``--event-loop asyncio`` (the default) or ``uvloop``. uvloop is an optional dependency
 (``trtforge-runtime[uvloop]``); its effect on throughput with ``--workers`` on many cores is measured in
-docs/benchmarks.md ("Many cores"), and the default follows that measurement (docs/design.md,
-"Event loop").
+docs/benchmarks.md ("Many cores"), and the default follows that measurement (docs/design.md
+§"Event loop").
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -79,15 +78,15 @@ class AuthS3:
 
 
 def _wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
-    for _ in range(600):
+    from trtforge_dev.testbed.wait import wait_for
+
+    def up() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"moto_server exited with {proc.returncode}")
-        try:
-            urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("moto_server did not answer")
+        urllib.request.urlopen(url + "/moto-api/", timeout=5).close()
+        return True
+
+    wait_for(up, desc=f"moto_server at {url}", ignore=(OSError,))
 
 
 @pytest.fixture(scope="module")

@@ -106,9 +106,10 @@ def auth_s3() -> Iterator[AuthS3]:
     )
     try:
         _wait_up(url, proc)
-        setup = {"endpoint_url": url, "region_name": "us-east-1"}
-        setup |= {"aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
-        iam = boto3.client("iam", **setup)
+        session = boto3.session.Session(
+            aws_access_key_id="setup", aws_secret_access_key="setup", region_name="us-east-1"
+        )
+        iam = session.client("iam", endpoint_url=url)
         iam.create_user(UserName="store")
         iam.put_user_policy(UserName="store", PolicyName="s3", PolicyDocument=json.dumps(ALLOW_ALL_S3))
         key = iam.create_access_key(UserName="store")["AccessKey"]
@@ -116,7 +117,7 @@ def auth_s3() -> Iterator[AuthS3]:
         iam.put_role_policy(
             RoleName="engine-reader", PolicyName="read", PolicyDocument=json.dumps(ALLOW_READ)
         )
-        s3 = boto3.client("s3", **setup)
+        s3 = session.client("s3", endpoint_url=url)
         s3.create_bucket(Bucket=BUCKET)
         s3.put_object(Bucket=BUCKET, Key="p/big", Body=BIG)
         s3.put_object(Bucket=BUCKET, Key="p/small", Body=b"manifest")

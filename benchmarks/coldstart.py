@@ -392,7 +392,7 @@ def render(results: dict[str, Any]) -> str:
         "\n\n'listening at' and 'engine loaded at' are seconds after the process started; the engine's"
         " verify/fetch and load run on a thread while the HTTP server imports (the warm start), so"
         " the phases overlap and do not add up to 'ready'. 'of which S3 client s' is the floor's boto3"
-        " import and client before its one GET; the runtime reads S3 without boto3 where it can"
+        " import and client before its one GET; the runtime reads S3 through a botocore client"
         ' (docs/design.md, "Runtime cold start").'
     )
     return f"{head}\n{t}{nm}{note}"

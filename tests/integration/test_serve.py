@@ -323,14 +323,12 @@ def test_gpu_fault_exits_with_the_fault_message_and_restart_uses_the_cache(bed: 
         again.stop()
 
 
-@pytest.mark.parametrize("direct", [True, False], ids=["direct-reads", "boto3-reads"])
 def test_from_s3_the_engine_loads_from_memory_and_a_restart_uses_its_cache_copy(
-    bed: Bed, monkeypatch: pytest.MonkeyPatch, direct: bool
+    bed: Bed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """From a store that downloads (S3: moto's server on loopback), the engine file is verified and
     loaded in memory, its cache copy lands whole behind it, and a container restart with the same
-    cache volume serves without downloading (trtforge_runtime.staging). The runtime reads the
-    objects directly (trtforge.store.s3_direct) or, with ``TRTFORGE_S3_DIRECT_READS=0``, with boto3."""
+    cache volume serves without downloading (trtforge_runtime.staging)."""
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -345,18 +343,17 @@ def test_from_s3_the_engine_loads_from_memory_and_a_restart_uses_its_cache_copy(
             "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
         }
         for k in [k for k in os.environ if k.startswith("AWS_") or k.upper().endswith("_PROXY")]:
-            monkeypatch.delenv(k)  # nothing beyond the store's settings (s3_direct.direct_target)
+            monkeypatch.delenv(k)  # nothing beyond the store's settings
         for k, v in env.items():
             monkeypatch.setenv(k, v)
-        monkeypatch.setenv("HOME", str(bed.tmp / f"home-{direct}"))  # no shared AWS config file
-        monkeypatch.setenv("TRTFORGE_S3_DIRECT_READS", "1" if direct else "0")
+        monkeypatch.setenv("HOME", str(bed.tmp / "home-s3"))  # no shared AWS config file
         s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1")
         s3.create_bucket(Bucket="engines")
         engine = bed.store / "engines" / bed.mlp_key
         files = sorted((p for p in engine.iterdir() if p.is_file()), key=lambda p: p.name == "manifest.json")
         for f in files:  # the manifest last: it is the commit
             s3.upload_file(str(f), "engines", f"store/engines/{bed.mlp_key}/{f.name}")
-        cache = bed.tmp / f"cache-s3-{direct}"  # each case starts from an empty cache
+        cache = bed.tmp / "cache-s3"  # an empty cache, as in a new pod
         assert not cache.exists()
         first = Server("s3://engines/store", bed.mlp_key, bed.tmp, bed.gpu_file, cache=cache)
         try:
@@ -377,12 +374,7 @@ def test_from_s3_the_engine_loads_from_memory_and_a_restart_uses_its_cache_copy(
         fetched = [e for e in events if e.get("msg") == "fetched"]
         staged = {Path(str(e["path"])).name: e["staged"] for e in fetched}
         assert staged == {manifest["engine_file"]: "memory", manifest["canary"]["file"]: "disk"}, fetched
-        via_boto3 = [e for e in events if e.get("msg") == "S3 reads go through boto3"]
         assert not [e for e in events if e.get("level") == "warning"], events
-        if direct:
-            assert not via_boto3, via_boto3
-        else:
-            assert [e["why"] for e in via_boto3] == ["TRTFORGE_S3_DIRECT_READS=0"], via_boto3
         copy = cache / bed.mlp_key / manifest["engine_file"]
         assert copy.read_bytes() == (engine / manifest["engine_file"]).read_bytes()
 

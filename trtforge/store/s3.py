@@ -6,10 +6,11 @@ Configuration, the usual AWS names: ``AWS_ENDPOINT_URL`` (empty for AWS itself),
 ``$TRTFORGE_S3_CREDENTIALS_DIR`` (a mounted Secret whose keys are those names). With an endpoint
 set, path-style addressing is used (what MinIO, Ceph RGW and moto expect).
 
-Reads: objects stream through a GET signed by :mod:`trtforge.store.s3_direct` (no boto3 import, no
-client to build: about 0.3 s less before a runtime's first byte) wherever that GET is the one boto3
-would send; otherwise, and for every other operation, through boto3, whose client is built on first
-use. ``TRTFORGE_S3_DIRECT_READS=0`` sends every read through boto3.
+Every request goes through one botocore S3 client, built on first use: botocore signs it (AWS
+Signature Version 4), retries it, resolves the endpoint, and finds credentials where the settings
+name none (its chain: environment, shared files and ``AWS_PROFILE``, web identity as with IRSA,
+container and instance-profile credentials). Reads stream the response body; every engine file is
+checked against its sha256 after the read (:func:`~trtforge.store.base.verify`).
 
 Atomicity: S3 objects appear whole on the final PUT or CompleteMultipartUpload; a writer that dies
 mid-upload leaves an incomplete multipart upload, which is invisible (a bucket lifecycle rule
@@ -23,27 +24,17 @@ a race is then possible in a window of one round trip.
 from __future__ import annotations
 
 import hashlib
-import http.client
 import io
 import logging
 import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from trtforge.logs import fields
 from trtforge.store.base import ObjectNotFound, PutResult, StoreError, stream_to, verify
 from trtforge.store.local import check_relpath
-from trtforge.store.s3_direct import (
-    SETTINGS,
-    DirectTarget,
-    DirectUnavailable,
-    NotFound,
-    direct_target,
-    open_get,
-    shared_config_exists,
-)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -53,11 +44,37 @@ log = logging.getLogger(__name__)
 
 CREDENTIALS_DIR_ENV = "TRTFORGE_S3_CREDENTIALS_DIR"
 CONDITIONAL_ENV = "TRTFORGE_S3_CONDITIONAL_WRITES"
-DIRECT_ENV = "TRTFORGE_S3_DIRECT_READS"  # "0": every read through boto3 (trtforge.store.s3_direct)
+# The store's settings (s3_settings reads them from the environment or the mounted secret).
+SETTINGS = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+)
+DEFAULT_REGION = "us-east-1"  # where neither the settings nor botocore's config name one
 PART_SIZE = 8 << 20  # multipart part size; S3's minimum part is 5 MiB
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
 _RACE_LOST = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 _NO_CONDITIONAL = {"NotImplemented", "501"}
+_UNKNOWN_KEY = {"InvalidAccessKeyId", "InvalidClientTokenId", "UnrecognizedClientException"}
+_BAD_SIGNATURE = {"SignatureDoesNotMatch"}
+_BAD_TOKEN = {"ExpiredToken", "InvalidToken", "TokenRefreshRequired", "ExpiredTokenException"}
+_DENIED = {"AccessDenied", "AllAccessDisabled", "403"}
+_WRONG_REGION = {
+    "AuthorizationHeaderMalformed",
+    "PermanentRedirect",
+    "IllegalLocationConstraintException",
+    "301",
+}
+# The permission each operation needs, for the message of a 403.
+_PERMISSION = {
+    "read": "s3:GetObject",
+    "look up": "s3:GetObject",
+    "list": "s3:ListBucket",
+    "delete": "s3:DeleteObject",
+}
 
 
 def s3_settings(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -91,7 +108,12 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
 
 
 def make_client(settings: dict[str, str]) -> S3Client:
-    import boto3
+    """A botocore S3 client for the store's `settings`: their keys where they name some, else
+    botocore's credential chain; their region, else botocore's configured one, else us-east-1.
+
+    botocore without boto3: boto3 adds nothing the store uses, and its import costs start-up time
+    (docs/design.md, "Runtime cold start")."""
+    import botocore.session
     from botocore.config import Config
 
     endpoint = settings.get("AWS_ENDPOINT_URL")
@@ -104,13 +126,28 @@ def make_client(settings: dict[str, str]) -> S3Client:
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
-    session = boto3.session.Session(
+    # botocore's DEBUG records print each request's headers, a session token among them: its
+    # loggers stay at INFO or above, whatever the root logger's level.
+    for name in ("botocore", "urllib3"):
+        if logging.getLogger(name).level < logging.INFO:
+            logging.getLogger(name).setLevel(logging.INFO)
+    session = botocore.session.Session()
+    region = (
+        settings.get("AWS_REGION")
+        or settings.get("AWS_DEFAULT_REGION")
+        or session.get_config_variable("region")
+        or DEFAULT_REGION
+    )
+    client = session.create_client(
+        "s3",
+        region_name=region,
+        endpoint_url=endpoint or None,
         aws_access_key_id=settings.get("AWS_ACCESS_KEY_ID"),
         aws_secret_access_key=settings.get("AWS_SECRET_ACCESS_KEY"),
         aws_session_token=settings.get("AWS_SESSION_TOKEN"),
-        region_name=settings.get("AWS_REGION") or settings.get("AWS_DEFAULT_REGION") or "us-east-1",
+        config=config,
     )
-    return session.client("s3", endpoint_url=endpoint or None, config=config)
+    return cast("S3Client", client)
 
 
 def _code(e: Exception) -> str:
@@ -123,6 +160,83 @@ def _code(e: Exception) -> str:
 def _status(e: Exception) -> str:
     resp: dict[str, Any] = getattr(e, "response", None) or {}
     return str(resp.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+
+
+def describe_error(
+    where: str, bucket: str, region: str | None, what: str, path: str, e: Exception
+) -> StoreError:
+    """One clear message for a failed request: which store (`where`) and object, what failed, and
+    what to do. Pure: the exception botocore raised (or an OSError) in, the StoreError out; nothing
+    of a secret is in it (botocore's errors carry none)."""
+    from botocore.exceptions import (
+        ClientError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        NoRegionError,
+        PartialCredentialsError,
+        SSLError,
+    )
+
+    if isinstance(e, StoreError):
+        return e
+    if isinstance(e, SSLError):
+        return StoreError(
+            f"{where}: the endpoint's TLS certificate is not trusted ({what} {path}): {e}; set "
+            "AWS_CA_BUNDLE to the CA bundle that signs it"
+        )
+    if isinstance(e, EndpointConnectionError | ConnectTimeoutError):
+        return StoreError(f"{where}: cannot reach the endpoint to {what} {path}: {e}")
+    if isinstance(e, NoCredentialsError | PartialCredentialsError):
+        detail = f" ({e})" if isinstance(e, PartialCredentialsError) else ""
+        return StoreError(
+            f"{where}: no S3 credentials to {what} {path}{detail}; set AWS_ACCESS_KEY_ID and "
+            f"AWS_SECRET_ACCESS_KEY, mount them under ${CREDENTIALS_DIR_ENV}, or give the pod an "
+            "identity botocore finds (IRSA web identity, AWS_PROFILE, an instance profile)"
+        )
+    if isinstance(e, NoRegionError):
+        return StoreError(f"{where}: no region to {what} {path}; set AWS_REGION")
+    if isinstance(e, ClientError):
+        code = _code(e)
+        error: dict[str, Any] = dict(e.response.get("Error", {}))
+        detail = f"{code} {error.get('Message') or ''}".strip()
+        if code in _NOT_FOUND:
+            return ObjectNotFound(f"{where}: {path} does not exist")
+        if code == "NoSuchBucket":
+            return StoreError(f"{where}: bucket {bucket!r} does not exist ({what} {path})")
+        if code in _UNKNOWN_KEY:
+            return StoreError(
+                f"{where}: the server does not know the access key ({what} {path}: {code}); check "
+                "AWS_ACCESS_KEY_ID, and that the endpoint and region are the bucket's"
+            )
+        if code in _BAD_SIGNATURE:
+            return StoreError(
+                f"{where}: the server refused the request's signature ({what} {path}: {code}); "
+                "AWS_SECRET_ACCESS_KEY is not the secret of AWS_ACCESS_KEY_ID, or something between "
+                "changed the request"
+            )
+        if code in _BAD_TOKEN:
+            return StoreError(
+                f"{where}: the session token was refused ({what} {path}: {detail}); renew "
+                "AWS_SESSION_TOKEN with its keys, or let botocore refresh them (IRSA, an instance profile)"
+            )
+        if code in _WRONG_REGION:
+            right = error.get("Region") or (
+                e.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("x-amz-bucket-region")
+            )
+            hint = f"set AWS_REGION={right}" if right else "set AWS_REGION to the bucket's region"
+            return StoreError(
+                f"{where}: bucket {bucket!r} is not in region {region or DEFAULT_REGION} ({what} "
+                f"{path}: {detail}); {hint}"
+            )
+        if code in _DENIED:
+            need = _PERMISSION.get(what, "s3:PutObject")
+            on = f"s3://{bucket}" if need == "s3:ListBucket" else f"s3://{bucket}/*"
+            return StoreError(
+                f"{where}: access denied to {what} {path} ({code}); grant the store's identity {need} on {on}"
+            )
+        return StoreError(f"{where}: {what} {path} failed: {detail if detail != code else e}")
+    return StoreError(f"{where}: {what} {path} failed: {type(e).__name__}: {e}")
 
 
 class S3Store:
@@ -143,8 +257,6 @@ class S3Store:
         self.endpoint = self.settings.get("AWS_ENDPOINT_URL") or "AWS S3"
         self._client = client
         self._client_lock = threading.Lock()
-        # direct reads (trtforge.store.s3_direct): undecided (None), the target, or why not (str)
-        self._direct: DirectTarget | str | None = None if client is None else "a client was given"
         self.part_size = max(part_size, 5 << 20)
         self.conditional_writes = os.environ.get(CONDITIONAL_ENV, "1") not in ("0", "false", "no")
 
@@ -153,9 +265,7 @@ class S3Store:
 
     @property
     def client(self) -> S3Client:
-        """The boto3 client, made on first use: importing boto3 and building a client takes about
-        0.3 s of one core, which a runtime whose reads are all direct never pays (docs/design.md,
-        "Runtime cold start")."""
+        """The botocore client, made on first use (a store that is only opened never pays for it)."""
         if self._client is None:
             with self._client_lock:
                 if self._client is None:
@@ -166,57 +276,16 @@ class S3Store:
         check_relpath(path)
         return f"{self.prefix}/{path}" if self.prefix else path
 
-    def _direct_target(self) -> DirectTarget | None:
-        """Where this store's reads go directly, decided on the first read; None: through boto3."""
-        if self._direct is None:
-            env = os.environ
-            if env.get(DIRECT_ENV, "1").strip().lower() in ("0", "false", "no"):
-                decided: DirectTarget | str = f"{DIRECT_ENV}={env[DIRECT_ENV]}"
-            else:
-                decided = direct_target(self.settings, env, self.bucket, shared_config_exists(env))
-            if isinstance(decided, str):
-                log.info("S3 reads go through boto3", extra=fields(store=self.uri, why=decided))
-            self._direct = decided
-        return self._direct if isinstance(self._direct, DirectTarget) else None
-
-    def _stop_direct(self, why: str) -> None:
-        if isinstance(self._direct, DirectTarget):
-            log.warning(
-                "a direct S3 read could not begin; this store reads through boto3 from now on",
-                extra=fields(store=self.uri, why=why),
-            )
-        self._direct = why
-
     @property
     def _where(self) -> str:
         return f"store {self.uri} (endpoint {self.endpoint})"
 
     def _error(self, what: str, path: str, e: Exception) -> StoreError:
-        """One clear message: which store, which object, what failed and why."""
-        from botocore.exceptions import (
-            ClientError,
-            EndpointConnectionError,
-            NoCredentialsError,
-            PartialCredentialsError,
-        )
-
-        where = self._where
-        if isinstance(e, EndpointConnectionError):
-            return StoreError(f"{where}: cannot reach the endpoint to {what} {path}: {e}")
-        if isinstance(e, NoCredentialsError | PartialCredentialsError):
-            return StoreError(
-                f"{where}: no S3 credentials to {what} {path}; set AWS_ACCESS_KEY_ID and "
-                f"AWS_SECRET_ACCESS_KEY, or mount them under ${CREDENTIALS_DIR_ENV}"
-            )
-        if isinstance(e, ClientError):
-            code = _code(e)
-            if code in _NOT_FOUND:
-                return ObjectNotFound(f"{where}: {path} does not exist")
-            if code == "NoSuchBucket":
-                return StoreError(f"{where}: bucket {self.bucket!r} does not exist ({what} {path})")
-            msg = e.response.get("Error", {}).get("Message", "") or str(e)
-            return StoreError(f"{where}: {what} {path} failed: {code} {msg}".rstrip())
-        return StoreError(f"{where}: {what} {path} failed: {type(e).__name__}: {e}")
+        """One clear message: which store, which object, what failed and why (describe_error)."""
+        region = self.settings.get("AWS_REGION") or self.settings.get("AWS_DEFAULT_REGION")
+        if self._client is not None:
+            region = self._client.meta.region_name
+        return describe_error(self._where, self.bucket, region, what, path, e)
 
     # -- writes ------------------------------------------------------------------------------
     def put(self, path: str, src: BinaryIO) -> PutResult:
@@ -292,36 +361,13 @@ class S3Store:
 
     # -- reads -------------------------------------------------------------------------------
     def iter_chunks(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
-        target = self._direct_target()
-        if target is not None:
-            try:
-                key = self._key(path)
-            except StoreError as e:
-                raise self._error("read", path, e) from e
-            try:
-                resp = open_get(target, key)
-            except NotFound:
-                raise ObjectNotFound(f"{self._where}: {path} does not exist") from None
-            except DirectUnavailable as e:
-                self._stop_direct(str(e))  # then read it through boto3, below
-            else:
-                try:
-                    while chunk := resp.read(chunk_size):
-                        yield chunk
-                except (OSError, http.client.HTTPException) as e:
-                    raise self._error("read", path, e) from e
-                finally:
-                    resp.close()
-                return
         try:
             body = self.client.get_object(Bucket=self.bucket, Key=self._key(path))["Body"]
         except Exception as e:
             raise self._error("read", path, e) from e
         try:
             yield from body.iter_chunks(chunk_size)
-        except StoreError:
-            raise
-        except Exception as e:
+        except Exception as e:  # a body that ends early is botocore's IncompleteReadError
             raise self._error("read", path, e) from e
         finally:
             body.close()

@@ -13,35 +13,28 @@ our finalizer) clean up children.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import random
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 import kopf
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from trtforge.contract.build_result import BuildFailure, parse_build_message
-from trtforge.contract.possession import VerifyGrant, source_fingerprint, verify_grant_path
 from trtforge.logs import fields
 from trtforge_operator import children, job_cleanup
 from trtforge_operator.api import (
     InferenceDeployment,
     InferenceDeploymentStatus,
     TRTEngine,
-    TRTEngineStatus,
 )
 from trtforge_operator.api.common import field_error
-from trtforge_operator.build_slots import BuildSlots
-from trtforge_operator.config import OperatorConfig
+from trtforge_operator.engine_apply import apply_engine, apply_job_actions, post_events, write_status
 from trtforge_operator.kinds import Kind
-from trtforge_operator.kube import Kube, clean_status, status_patch
 from trtforge_operator.labels import (
-    ANNOTATION_RESULT,
     ANNOTATION_SOURCE_FINGERPRINT,
     APP_COMPONENT,
     APP_MANAGED_BY,
@@ -55,28 +48,20 @@ from trtforge_operator.labels import (
     MANAGED_BY,
     TRTENGINES,
     VERSION,
-    requester_annotation,
 )
-from trtforge_operator.metrics import Metrics
+from trtforge_operator.observe import INFD_FAULTS_IDX, observe_engine, observe_release
 from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, NodeView, PodView
-from trtforge_operator.planning.autoscaling import HpaApi, hpa_api_version
-from trtforge_operator.planning.cleanup import release_jobs
+from trtforge_operator.planning.cleanup import plan_release
 from trtforge_operator.planning.deployment import (
     DeploymentObserved,
     invalid_deployment_status,
     plan_deployment,
 )
-from trtforge_operator.planning.engine import model_source_problem, plan_engine
-from trtforge_operator.planning.engine_conditions import EngineReason, invalid_spec_status
-from trtforge_operator.planning.events import Event
-from trtforge_operator.planning.observed_engine import Capacity, EngineObserved
-from trtforge_operator.planning.rebuild import ObservedFaults, legacy_cleanup_patch, parse_observed
+from trtforge_operator.planning.engine import plan_engine_pass
+from trtforge_operator.planning.rebuild import legacy_cleanup_patch, parse_observed
 from trtforge_operator.planning.text import one_line
-from trtforge_operator.status_cache import StatusCache, resource_version
-from trtforge_operator.store_reader import StoreReader
+from trtforge_operator.state import State, parsed_status, plain
 from trtforge_operator.workqueue import (
-    LoopWatch,
-    WorkQueue,
     engine_projection,
     jittered,
     job_projection,
@@ -87,49 +72,6 @@ from trtforge_operator.workqueue import (
 log = logging.getLogger(__name__)
 MANAGED = {APP_MANAGED_BY: MANAGED_BY}
 DEBOUNCE_S = 0.2
-V = TypeVar("V")
-S = TypeVar("S", TRTEngineStatus, InferenceDeploymentStatus)
-INFD_FAULTS_IDX = job_cleanup.INFD_FAULTS_IDX
-
-
-@dataclasses.dataclass
-class State:
-    cfg: OperatorConfig
-    kube: Kube
-    store: StoreReader
-    metrics: Metrics
-    queue: WorkQueue = dataclasses.field(default_factory=WorkQueue)
-    watch: LoopWatch = dataclasses.field(default_factory=lambda: LoopWatch(stuck_after=300.0))
-    slots: BuildSlots = dataclasses.field(init=False)
-    statuses: StatusCache = dataclasses.field(default_factory=StatusCache)
-    indices: Mapping[str, Any] | None = None  # kopf's indices, once a handler has been given them
-    tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)  # background loops
-    node_views: list[NodeView] | None = None  # the Nodes index as a list; None after any Node event
-    hpa_api: HpaApi | None = None  # the HPA API to write in, once discovered
-    hpa_api_known: bool = False
-
-    async def autoscaling_api(self) -> HpaApi | None:
-        """The HPA API version to write in, from discovery (once; again after a failed look)."""
-        if not self.hpa_api_known:
-            try:
-                self.hpa_api = hpa_api_version(await self.kube.served_versions("autoscaling"))
-                self.hpa_api_known = True
-            except ApiException as e:
-                log.warning("could not discover the autoscaling API: %s %s", e.status, e.reason)
-        return self.hpa_api
-
-    def nodes(self, indices: Mapping[str, Any]) -> list[NodeView]:
-        """Every Node's view, read from the index once per Node event (not once per pass)."""
-        if self.node_views is None:
-            self.node_views = _views(indices["nodes_idx"], NodeView)
-        return self.node_views
-
-    def __post_init__(self) -> None:
-        self.slots = BuildSlots(
-            self.cfg.build.max_concurrent,
-            self.cfg.build.max_concurrent_per_namespace,
-            self.cfg.build_namespace,
-        )
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -151,268 +93,26 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return kopf.BodyEssence()
 
 
-def _plain(body: Any) -> dict[str, Any]:
-    return json.loads(json.dumps(dict(body), default=str))
-
-
-def _views(index: Any, cls: type[V]) -> list[V]:
-    """A snapshot of every `cls` value of a kopf index (it changes under us between awaits)."""
-    return [v for store in list(index.values()) for v in list(store) if isinstance(v, cls)]
+_plain = plain
+_parsed_status = parsed_status
+_write_status = write_status
+_post_events = post_events
 
 
 def _current_status(state: State, kind: Kind, body: Mapping[str, Any]) -> dict[str, Any]:
     return state.statuses.current(kind, body)
 
 
-async def _write_status(
-    state: State,
-    kind: Kind,
-    plural: str,
-    body: Mapping[str, Any],
-    old: Mapping[str, Any],
-    new: dict[str, Any],
-) -> bool:
-    patch = status_patch(old, new)
-    if patch is None:
-        return False
-    meta = body["metadata"]
-    res = await state.kube.patch_status(plural, meta["namespace"], meta["name"], patch)
-    rv = resource_version((res or {}).get("metadata") or {})
-    state.statuses.wrote(kind, meta["namespace"], meta["name"], rv, clean_status(new))
-    state.metrics.status_writes.labels(kind).inc()
-    return True
-
-
-async def _post_events(state: State, body: Mapping[str, Any], events: Iterable[Event]) -> None:
-    for ev in events:
-        await state.kube.event(body, ev.type, ev.reason, ev.message)
-
-
-async def _create_jobs(state: State, jobs: list[dict[str, Any]], kind: str) -> int:
-    """Create-if-absent, every Job at once (a pass's POSTs do not wait on each other; the client's
-    thread pool bounds how many are in flight over all passes); returns how many were created now."""
-
-    async def one(j: dict[str, Any]) -> bool:
-        try:
-            return await state.kube.create(j)
-        except ApiException as e:
-            state.slots.forget(j["metadata"]["name"])
-            state.queue.fire_waiting_for_slot()
-            log.warning("could not create Job %s: %s %s", j["metadata"]["name"], e.status, e.reason)
-            return False
-
-    created = sum(await asyncio.gather(*(one(j) for j in jobs)))
-    if created:
-        state.metrics.jobs_created.labels(kind).inc(created)
-    return created
-
-
-def _job_names(jobs: list[dict[str, Any]]) -> list[str]:
-    return [str(j["metadata"]["name"]) for j in jobs]
-
-
-def _cache_scope(state: State, indices: Mapping[str, Any], namespace: str) -> str:
-    """The cache scope of `namespace` under the configured sharing policy (its labels from the index)."""
-    labels: dict[str, str] = {}
-    for found in list(indices["ns_idx"].get(namespace, [])):
-        labels = dict(found)
-    return state.cfg.cache.scope(namespace, labels)
-
-
-def _verify_failures(
-    indices: Mapping[str, Any], namespace: str, jobs: list[JobView]
-) -> dict[str, BuildFailure]:
-    """Failed verify Jobs of `namespace` -> the failure their pod reported (termination message)."""
-    out: dict[str, BuildFailure] = {}
-    for j in jobs:
-        for pod in list(indices["vpods_idx"].get((namespace, j.name), [])):
-            if not isinstance(pod, PodView):
-                continue
-            for c in pod.containers:
-                t = c.terminated
-                if t is None or t.exit_code == 0:
-                    continue
-                parsed = parse_build_message(t.message)
-                if isinstance(parsed, BuildFailure):
-                    out[j.name] = parsed
-                else:
-                    tail = t.message.strip().splitlines()[-1] if t.message.strip() else t.reason
-                    out[j.name] = BuildFailure(
-                        error=one_line(tail or f"exit code {t.exit_code}"),
-                        reason="Error",
-                        exit_code=t.exit_code,
-                    )
-    return out
-
-
-VERIFY_EVENT_LAG_S = 30.0  # a verify Job created this recently may not be in the index yet
-
-
-async def _create_verify_job(state: State, job: Mapping[str, Any], grant: VerifyGrant) -> bool:
-    """Create a verify Job and the operator's record of it (the broker's only proof that this Job is
-    the operator's). The record is written first without the Job's uid (the broker answers its pod
-    503, retry, until the uid is there), then with it. A Job that already exists keeps its record;
-    one left without a uid (a kill between the two writes) is refused by the broker, fails, and the
-    next attempt gets a Job and record of its own. An older record of the same name (a Job since
-    deleted, with its TRTEngine) is replaced."""
-    path = verify_grant_path(grant.namespace, grant.job)
-    existing = await asyncio.to_thread(state.store.verify_grant, grant.namespace, grant.job)
-    if (
-        existing is not None
-        and existing.job_uid
-        and grant.issued_at - existing.issued_at < VERIFY_EVENT_LAG_S
-    ):
-        return False  # created by an earlier pass a moment ago; its event has not arrived yet
-    await asyncio.to_thread(state.store.store.put_bytes, path, grant.to_json().encode())
-    uid = await state.kube.create_job_uid(job)
-    if uid is None:
-        return False
-    bound = grant.model_copy(update={"job_uid": uid})
-    await asyncio.to_thread(state.store.store.put_bytes, path, bound.to_json().encode())
-    return True
-
-
-def _verify_stuck(indices: Mapping[str, Any], namespace: str, jobs: list[JobView]) -> dict[str, str]:
-    """Running verify Jobs of `namespace` whose pod cannot start -> the kubelet's or scheduler's reason."""
-    out: dict[str, str] = {}
-    for j in jobs:
-        if not j.running:
-            continue
-        for pod in list(indices["vpods_idx"].get((namespace, j.name), [])):
-            if not isinstance(pod, PodView) or pod.deleting:
-                continue
-            w = pod.cannot_start()
-            if w is not None:
-                out[j.name] = one_line(f"{w.reason}: {w.message}" if w.message else w.reason)
-            elif pod.unschedulable and pod.phase == "Pending":
-                out[j.name] = one_line(f"Unschedulable: {pod.unschedulable}")
-    return out
-
-
 # ------------------------------------------------------------------------------------------ TRTEngine
 
 
 async def reconcile_engine(state: State, body: Mapping[str, Any], indices: Mapping[str, Any]) -> float | None:
-    """One level-based pass over a TRTEngine; returns seconds until it wants to run again (backoff)."""
-    body = _plain(body)
-    meta = body["metadata"]
-    ns, name, gen = meta["namespace"], meta["name"], int(meta.get("generation") or 1)
-    old = _current_status(state, Kind.TRTENGINE, body)
-    old_status = _parsed_status(TRTEngineStatus, old)
-    try:
-        obj = TRTEngine.model_validate({**body, "status": old})
-    except ValidationError as e:
-        status = invalid_spec_status(old_status, gen, f"invalid spec: {field_error(e)}", time.time())
-        await _write_status(state, Kind.TRTENGINE, TRTENGINES, body, old, status.to_wire())
-        return None
-    nodes = state.nodes(indices)
-    jobs_idx: Mapping[str, Any] = indices["jobs_idx"]  # by build id: looked up per target, never scanned
-    # Proof of possession (docs/security.md): the broker's record for this source, the verify Jobs.
-    m = obj.spec.model
-    fingerprint = source_fingerprint(m.uri, m.secret_ref.name if m.secret_ref else None, m.sha256)
-    possession = await asyncio.to_thread(state.store.possession, ns, fingerprint)
-    verify_jobs = [j for j in list(indices["vjobs_idx"].get(ns, [])) if isinstance(j, JobView)]
-    verify_failures = _verify_failures(indices, ns, verify_jobs)
-    verify_stuck = _verify_stuck(indices, ns, verify_jobs)
-    cache_scope = _cache_scope(state, indices, ns)
-    problem = model_source_problem(m.uri, state.cfg.store_uri)
-    if problem is not None:
-        status = invalid_spec_status(
-            old_status, gen, problem, time.time(), reason=EngineReason.INVALID_MODEL_SOURCE
-        )
-        if await _write_status(state, Kind.TRTENGINE, TRTENGINES, body, old, status.to_wire()):
-            await state.kube.event(body, "Warning", EngineReason.INVALID_MODEL_SOURCE, problem)
-        return None
-    unschedulable = {
-        job: p.unschedulable
-        for job in {t.job_name for t in obj.status.targets if t.job_name}
-        for p in list(indices["bpods_idx"].get(job, ()))
-        if isinstance(p, PodView) and p.unschedulable and p.phase == "Pending"
-    }
-
-    # The faults this namespace's InferenceDeployments recorded for this engine (their status: the
-    # operator's own record, never a tenant's annotation).
-    observed_faults = [
-        o for o in list(indices[INFD_FAULTS_IDX].get((ns, name), ())) if isinstance(o, ObservedFaults)
-    ]
-
-    def observe(capacity: Capacity) -> EngineObserved:
-        return EngineObserved(
-            namespace=ns,
-            name=name,
-            generation=gen,
-            spec=obj.spec,
-            status=obj.status,
-            nodes=nodes,
-            jobs=jobs_idx,
-            manifests=state.store.manifest,
-            requests=state.store.request,
-            capacity=capacity,
-            now=time.time(),
-            unschedulable=unschedulable,
-            observed_faults=observed_faults,
-            annotations=dict(meta.get("annotations") or {}),
-            uid=meta.get("uid", ""),
-            possession=possession,
-            verify_jobs=verify_jobs,
-            verify_failures=verify_failures,
-            verify_stuck=verify_stuck,
-            cache_scope=cache_scope,
-        )
-
-    plan = await asyncio.to_thread(plan_engine, observe(state.slots.capacity(ns)), state.cfg)
-    # Jobs an earlier pass created whose event has not arrived yet get no second POST (a 409); known
-    # before admitting, in the same synchronous step.
-    known = {n for n in _job_names(plan.jobs_to_create) if state.slots.known(n)}
-    if plan.jobs_to_create and not state.slots.admit(_job_names(plan.jobs_to_create), ns):
-        # Another pass took the slots meanwhile: plan again against the current count and admit in the
-        # same synchronous step (no await between them), so the limits always hold.
-        plan = plan_engine(observe(state.slots.capacity(ns)), state.cfg)
-        known = {n for n in _job_names(plan.jobs_to_create) if state.slots.known(n)}
-        if not state.slots.admit(_job_names(plan.jobs_to_create), ns):
-            raise RuntimeError("build slots refused a plan made against their own count")
-    state.metrics.builds_running.set(state.slots.running)
-    state.queue.set_waiting_for_slot(ns, name, plan.waiting_for_slot)
-    for refused in plan.refused:  # a planner bug: the status still shows what was observed
-        log.warning("%s/%s: %s", ns, name, refused, extra=fields(namespace=ns, name=name))
-        state.metrics.refused_transitions.labels(str(refused.before or "None"), refused.after).inc()
-    await _create_jobs(state, [j for j in plan.jobs_to_create if j["metadata"]["name"] not in known], "build")
-    for vj in plan.verify_jobs_to_create:  # in the tenant's namespace, not a build slot
-        grant = plan.verify_grants.get(vj["metadata"]["name"])
-        if grant is not None and await _create_verify_job(state, vj, grant):
-            state.metrics.jobs_created.labels("verify").inc()
-    requester = f"{ns}/{name}"
-    by_name = {
-        j.name: j
-        for bid in {n.removeprefix(children.JOB_PREFIX)[:20] for n in plan.add_requester}
-        for j in list(jobs_idx.get(bid, ()))
-        if isinstance(j, JobView)
-    }
-    for jname in plan.add_requester:
-        j = by_name.get(jname)
-        if j is not None and requester not in j.requesters():
-            await state.kube.annotate(
-                "Job", state.cfg.build_namespace, jname, {requester_annotation(requester): requester}
-            )
-    old_norm = old_status.to_wire() if old else {}
-    new = plan.status.to_wire()
-    state.metrics.observe_engine(ns, name, plan.status)
-    if await _write_status(state, Kind.TRTENGINE, TRTENGINES, body, old_norm, new):
-        state.queue.fire_deployments_of(ns, name)
-        hits = sum(1 for t in plan.status.targets if t.cache_hit and t.phase == "Ready")
-        was = sum(1 for t in old_status.targets if t.cache_hit and t.phase == "Ready")
-        if hits > was:
-            state.metrics.cache_hits.inc(hits - was)
-    await _post_events(state, body, plan.events)
-    return plan.requeue_after
-
-
-def _parsed_status(cls: type[S], raw: Mapping[str, Any]) -> S:
-    """A status as its model, or an empty one when what is there does not validate."""
-    try:
-        return cls.model_validate(raw or {})
-    except ValidationError:
-        return cls()
+    """One level-based pass over a TRTEngine: observe, plan, apply; returns seconds until it wants
+    to run again (backoff). Planning and slot admission run in one synchronous step after the last
+    read (docs/design.md §"Observe, plan, apply")."""
+    obs = await observe_engine(state, body, indices)
+    plan = plan_engine_pass(obs, state.cfg)
+    return await apply_engine(state, body, obs, plan)
 
 
 async def cleanup_engine(state: State, body: Mapping[str, Any], indices: Mapping[str, Any]) -> None:
@@ -420,21 +120,10 @@ async def cleanup_engine(state: State, body: Mapping[str, Any], indices: Mapping
     name no one else is deleted; one that another requester still names only loses our annotation
     (judged from the Job's own annotations, never from other engines' status). Engines stay in the
     store (a cache)."""
-    body = _plain(body)
+    requester, jobs = observe_release(body, indices)
+    await apply_job_actions(state, plan_release(requester, jobs))
     meta = body["metadata"]
-    me = (meta["namespace"], meta["name"])
-    requester = f"{me[0]}/{me[1]}"
-    status = _parsed_status(TRTEngineStatus, body.get("status") or {})
-    ids = {k[:20] for t in status.targets for k in (t.engine_key, t.request_key) if k}
-    ids |= {t.job_name.removeprefix(children.JOB_PREFIX)[:20] for t in status.targets if t.job_name}
-    jobs_idx: Mapping[str, Any] = indices["jobs_idx"]
-    candidates = [j for bid in ids for j in list(jobs_idx.get(bid, ())) if isinstance(j, JobView)]
-    release = release_jobs(requester, candidates)
-    for j in release.delete:
-        await state.kube.delete("Job", j.namespace, j.name)
-    for j in release.leave:
-        await state.kube.annotate("Job", j.namespace, j.name, {requester_annotation(requester): None})
-    _forget(state, Kind.TRTENGINE, *me)
+    _forget(state, Kind.TRTENGINE, meta["namespace"], meta["name"])
 
 
 # ------------------------------------------------------------------------------- InferenceDeployment
@@ -631,23 +320,6 @@ async def _wait_any(trigger: asyncio.Event, stopped: Any, timeout: float) -> Non
             t.cancel()
 
 
-def _build_pod_result(pod: PodView) -> str | None:
-    """The result line a finished build pod left (its termination message), as the Job annotation holds it."""
-    for c in pod.containers:
-        t = c.terminated
-        if t is None:
-            continue
-        parsed = parse_build_message(t.message)
-        if parsed is not None:
-            return parsed.to_line()
-        if t.exit_code != 0:
-            tail = t.message.strip().splitlines()[-1] if t.message.strip() else t.reason
-            return BuildFailure(
-                error=one_line(tail or f"exit code {t.exit_code}"), reason="Error", exit_code=t.exit_code
-            ).to_line()
-    return None
-
-
 def register(state: State, registry: kopf.OperatorRegistry) -> None:
     """Register every handler on `registry` (no import-time side effects)."""
     cfg = state.cfg
@@ -673,9 +345,7 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     @kopf.on.startup(registry=registry)
     async def _start_job_cleanup(**_: Any) -> None:
         if cfg.build.finished_job_ttl_seconds > 0:
-            state.tasks.append(
-                asyncio.create_task(job_cleanup.run(cfg, state.kube, state.metrics, lambda: state.indices))
-            )
+            state.tasks.append(asyncio.create_task(job_cleanup.run(state)))
 
     @kopf.on.cleanup(registry=registry)
     async def _stop_job_cleanup(**_: Any) -> None:
@@ -711,7 +381,7 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     )
     def _vpods_idx(**kw: Any) -> Any:
         job = kw["labels"].get("job-name") or kw["labels"].get("batch.kubernetes.io/job-name")
-        return {(kw["namespace"], job): PodView.from_k8s(kw["body"])} if job else None
+        return {(kw["namespace"], job): PodView.from_verify_pod(kw["body"])} if job else None
 
     @kopf.index("v1", "namespaces", id="ns_idx", registry=registry)
     def _ns_idx(**kw: Any) -> Any:
@@ -731,7 +401,7 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     )
     def _bpods_idx(**kw: Any) -> Any:
         job = _build_pod_job(kw["namespace"], kw["labels"])
-        return {job: PodView.from_k8s(kw["body"])} if job else None
+        return {job: PodView.from_build_pod(kw["body"])} if job else None
 
     @kopf.index(
         "v1",
@@ -795,11 +465,14 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         held = state.slots.held
         if kw.get("type") == "DELETED":
             state.slots.forget(j.name)
+            state.results_recorded.discard(j.name)
         else:
             state.slots.observe(j)
         state.metrics.builds_running.set(state.slots.running)
         if state.slots.held < held:
             state.queue.fire_waiting_for_slot()
+        if j.recorded:
+            state.results_recorded.discard(j.name)  # the Job carries it now: no pass writes it again
         if j.done:
             key = j.engine_key or ((j.result() or {}).get("key") or "")
             if key:
@@ -816,18 +489,26 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
             state.queue.fire_deployments_of(ns, n)
 
     @kopf.on.event("v1", "pods", labels={**MANAGED, APP_COMPONENT: COMPONENT_BUILDER}, registry=registry)
-    async def _build_pod_event(**kw: Any) -> None:
-        body, namespace = kw["body"], kw["namespace"]
-        job_name = _build_pod_job(namespace, kw["labels"])
+    def _build_pod_event(**kw: Any) -> None:
+        """A build pod that reports its result wakes the engines that use its Job: their pass reads the
+        result from the pod (the index has it) and records it on the Job (engine_apply.py)."""
+        job_name = _build_pod_job(kw["namespace"], kw["labels"])
         if not job_name:
             return
-        result = _build_pod_result(PodView.from_k8s(body))
-        if result is None:
+        pod = PodView.from_build_pod(kw["body"])
+        if pod.reported is None:
             return
-        job = await state.kube.job_annotations(namespace, job_name)
-        if job is not None and ANNOTATION_RESULT not in job:
-            await state.kube.annotate("Job", namespace, job_name, {ANNOTATION_RESULT: result})
-            state.metrics.observe_build_result(result)
+        bid = job_name.removeprefix(children.JOB_PREFIX)[:20]
+        for j in list(kw["jobs_idx"].get(bid, ())):
+            if not isinstance(j, JobView) or j.name != job_name or j.recorded:
+                continue
+            key = getattr(pod.reported, "key", None)
+            if key:
+                state.store.invalidate(str(key))
+            state.store.invalidate_request(j.request_digest)
+            for r in j.requesters():
+                ns, _, n = r.partition("/")
+                state.queue.fire(Kind.TRTENGINE, ns, n)
 
     @kopf.on.event("v1", "pods", labels={**MANAGED, APP_COMPONENT: COMPONENT_VERIFIER}, registry=registry)
     def _verify_pod_event(**kw: Any) -> None:

@@ -1,5 +1,5 @@
-"""Apply: carry out a TRTEngine plan through kube.py, the one writer of build and verify Jobs, of the
-TRTEngine's status and of its Events (docs/design.md §"One writer per child").
+"""Apply: carry out a TRTEngine plan through kube.py, the one writer of build and verify Jobs
+(docs/design.md §"One writer per child"); its status and Events go through writes.py.
 
 Every write of a build Job goes through here: the engine pass's creates, requester claims and
 recorded results, the deletion handler's releases and the finished-Job cleanup's deletions
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes.client.rest import ApiException
@@ -19,7 +19,6 @@ from kubernetes.client.rest import ApiException
 from trtforge.contract.possession import VerifyGrant, verify_grant_path
 from trtforge.logs import fields
 from trtforge_operator.kinds import Kind
-from trtforge_operator.kube import clean_status, status_patch
 from trtforge_operator.labels import ANNOTATION_RESULT, TRTENGINES, requester_annotation
 from trtforge_operator.observed import EngineObserved, UnreadableEngine
 from trtforge_operator.planning.engine_actions import (
@@ -35,9 +34,8 @@ from trtforge_operator.planning.engine_actions import (
     RecordResult,
     WriteStatus,
 )
-from trtforge_operator.planning.events import Event
 from trtforge_operator.state import State
-from trtforge_operator.status_cache import resource_version
+from trtforge_operator.writes import post_events, write_status
 
 log = logging.getLogger(__name__)
 
@@ -108,42 +106,17 @@ async def apply_job_actions(state: State, actions: Sequence[EngineAction]) -> in
     return deleted
 
 
-async def write_status(
-    state: State,
-    kind: Kind,
-    plural: str,
-    body: Mapping[str, Any],
-    old: Mapping[str, Any],
-    new: dict[str, Any],
-) -> bool:
-    """Patch the status from `old` to `new` when they differ; whether it wrote."""
-    patch = status_patch(old, new)
-    if patch is None:
-        return False
-    meta = body["metadata"]
-    res = await state.kube.patch_status(plural, meta["namespace"], meta["name"], patch)
-    rv = resource_version((res or {}).get("metadata") or {})
-    state.statuses.wrote(kind, meta["namespace"], meta["name"], rv, clean_status(new))
-    state.metrics.status_writes.labels(kind).inc()
-    return True
-
-
-async def post_events(state: State, body: Mapping[str, Any], events: Iterable[Event]) -> None:
-    for ev in events:
-        await state.kube.event(body, ev.type, ev.reason, ev.message)
-
-
 async def _create_jobs(state: State, jobs: list[Mapping[str, Any]], kind: str) -> int:
     """Create-if-absent, every Job at once (a pass's POSTs do not wait on each other; the client's
     thread pool bounds how many are in flight over all passes); returns how many were created now."""
 
-    async def one(j: Mapping[str, Any]) -> bool:
+    async def one(job: Mapping[str, Any]) -> bool:
         try:
-            return await state.kube.create(j)
+            return await state.kube.create(job)
         except ApiException as e:
-            state.slots.forget(j["metadata"]["name"])
+            state.slots.forget(job["metadata"]["name"])
             state.queue.fire_waiting_for_slot()
-            log.warning("could not create Job %s: %s %s", j["metadata"]["name"], e.status, e.reason)
+            log.warning("could not create Job %s: %s %s", job["metadata"]["name"], e.status, e.reason)
             return False
 
     created = sum(await asyncio.gather(*(one(j) for j in jobs)))

@@ -32,7 +32,7 @@ from trtforge_operator.api import (
     TRTEngine,
 )
 from trtforge_operator.api.common import field_error
-from trtforge_operator.engine_apply import apply_engine, apply_job_actions, post_events, write_status
+from trtforge_operator.engine_apply import apply_engine, apply_job_actions
 from trtforge_operator.kinds import Kind
 from trtforge_operator.labels import (
     ANNOTATION_SOURCE_FINGERPRINT,
@@ -68,6 +68,7 @@ from trtforge_operator.workqueue import (
     own_create_echo,
     verify_job_engine,
 )
+from trtforge_operator.writes import post_events, write_status
 
 log = logging.getLogger(__name__)
 MANAGED = {APP_MANAGED_BY: MANAGED_BY}

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from trtforge_operator.build_slots import BuildSlots
 from trtforge_operator.config import OperatorConfig
+from trtforge_operator.kinds import Kind
 from trtforge_operator.kube import Kube
 from trtforge_operator.metrics import Metrics
 from trtforge_operator.observed import NodeView
@@ -85,3 +86,11 @@ def parsed_status(cls: type[M], raw: Mapping[str, Any]) -> M:
         return cls.model_validate(raw or {})
     except ValidationError:
         return cls()
+
+
+def forget(state: State, kind: Kind, namespace: str, name: str) -> None:
+    """Drop what the operator keeps about a deleted object (its wake-up flag, the status it wrote)."""
+    state.queue.drop(kind, namespace, name)
+    state.watch.forget((kind, namespace, name))
+    state.statuses.forget(kind, namespace, name)
+    state.metrics.forget(kind, namespace, name)

@@ -52,7 +52,7 @@ async def main(cfg: Any) -> int:
     from prometheus_client import start_http_server
 
     from trtforge.logs import fields
-    from trtforge_operator.broker import start_broker
+    from trtforge_operator.broker.server import start_broker
     from trtforge_operator.health import start_health
     from trtforge_operator.kube import Kube, load_kube_config
     from trtforge_operator.leader.elector import Elector, KubeLeaseAPI

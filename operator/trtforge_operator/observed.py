@@ -45,6 +45,9 @@ from trtforge_operator.labels import (
     REQUESTER_PREFIX,
 )
 
+if TYPE_CHECKING:  # planning.rebuild reads these views: a type-only import, no cycle
+    from trtforge_operator.planning.rebuild import ObservedFaults
+
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 # Taints and Node conditions that say a node's GPUs are not healthy (GPU health checkers, NPD).
 GPU_HEALTH_TAINTS = frozenset(
@@ -691,7 +694,3 @@ def jobs_by_build_id(jobs: Sequence[JobView] | Mapping[str, Sequence[JobView]]) 
 
 def obs_requester(obs: EngineObserved) -> str:
     return obs.requester
-
-
-if TYPE_CHECKING:
-    from trtforge_operator.planning.rebuild import ObservedFaults

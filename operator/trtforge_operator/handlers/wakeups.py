@@ -8,6 +8,7 @@ from typing import Any
 
 import kopf
 
+from trtforge.contract.build_result import BuildResult
 from trtforge_operator import children
 from trtforge_operator.kinds import Kind
 from trtforge_operator.labels import (
@@ -109,9 +110,8 @@ def register_wakeups(state: State, registry: kopf.OperatorRegistry) -> None:
         for j in list(kw["jobs_idx"].get(bid, ())):
             if not isinstance(j, JobView) or j.name != job_name or j.recorded:
                 continue
-            key = getattr(pod.reported, "key", None)
-            if key:
-                state.store.invalidate(str(key))
+            if isinstance(pod.reported, BuildResult):  # its engine may be in the store now
+                state.store.invalidate(pod.reported.key)
             state.store.invalidate_request(j.request_digest)
             for r in j.requesters():
                 ns, _, n = r.partition("/")

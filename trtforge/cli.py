@@ -30,7 +30,7 @@ ENTRY_POINT_GROUP = "trtforge.commands"
 PRODUCT_COMMANDS = {
     "gpu": "trtforge.contract.probe_cli:register",
     "operator": "trtforge_operator.cli:register",
-    "broker": "trtforge_operator.broker_cli:register",
+    "broker": "trtforge_operator.broker.cli:register",
     "crds": "trtforge_operator.crdgen:register",
     "serve": "trtforge_runtime.cli:register",
     "build": "trtforge_builder.cli:register",

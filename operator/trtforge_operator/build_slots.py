@@ -18,8 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from trtforge_operator.observed import JobView
-from trtforge_operator.planning.observed_engine import Capacity
+from trtforge_operator.observed import Capacity, JobView
 
 JobRef = tuple[str, str]  # (namespace, name): a Job's name is unique only within its namespace
 

@@ -52,7 +52,7 @@ async def main(cfg: Any) -> int:
     from prometheus_client import start_http_server
 
     from trtforge.logs import fields
-    from trtforge_operator.broker import start_broker
+    from trtforge_operator.broker.server import start_broker
     from trtforge_operator.health import start_health
     from trtforge_operator.kube import Kube, load_kube_config
     from trtforge_operator.leader.elector import Elector, KubeLeaseAPI
@@ -118,7 +118,8 @@ async def _act(
     import kopf
 
     from trtforge_operator.engine_gc import gc_loop
-    from trtforge_operator.handlers import State, register
+    from trtforge_operator.handlers import register
+    from trtforge_operator.state import State
 
     state = State(cfg=cfg, kube=kube, store=store, metrics=metrics, watch=watch)
     registry = kopf.OperatorRegistry()

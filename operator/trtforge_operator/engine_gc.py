@@ -34,6 +34,7 @@ from trtforge_operator.planning.gc import (
     plan_gc,
     plan_model_gc,
     referenced_keys,
+    unrecorded_requests,
 )
 
 log = logging.getLogger(__name__)
@@ -86,13 +87,18 @@ async def gc_pass(state: Any) -> list[str]:
     filed = {
         v.request_digest: await asyncio.to_thread(resolve, v.request_digest) for v in live if v.request_digest
     }
+    statuses = [e.get("status") or {} for e in engines]
+    unrecorded = unrecorded_requests(statuses)
+    recorded_filed = await asyncio.to_thread(
+        lambda: {rk: k for rk in sorted(unrecorded) if (k := resolve(rk))}
+    )
     refs = await asyncio.to_thread(
         referenced_keys,
-        [e.get("status") or {} for e in engines],
+        statuses,
         tkeys,
         # a rebuild still running may publish; a finished build may not be recorded by any status yet
         [v.engine_key for v in views if v.running] + [k for k in filed.values() if k],
-        resolve,
+        recorded_filed,
     )
     starts = [
         v.started or v.created or 0.0

@@ -1,17 +1,23 @@
-"""Typed, read-only views of the Kubernetes objects the planners look at (Jobs, Pods, Nodes, Deployments).
+"""Typed, read-only views of what the planners look at: Jobs, Pods, Nodes, Deployments, and one
+TRTEngine pass's whole observation (:class:`EngineObserved`).
 
 Built from raw API dicts (kopf bodies or client responses) with ``*.from_k8s``; the pure planners take
-only these, so unit tests build them from small literal dicts.
+only these, so unit tests build them from small literal dicts. What a finished build or verify pod
+reported is parsed here, once per pod event, from its typed termination message (a fact of the
+view, never re-read from text by a planner). The gathering itself is observe.py's.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
+from trtforge.contract.build_result import BuildFailure, BuildResult, parse_build_message
+from trtforge.contract.engine_key import RequestRecord
 from trtforge.contract.gpu import (
     LABEL_ARCH,
     LABEL_CC_MAJOR,
@@ -22,8 +28,11 @@ from trtforge.contract.gpu import (
     GPUTarget,
     mig_profile_of_resource,
 )
+from trtforge.contract.manifest import Manifest
+from trtforge.contract.possession import PossessionRecord, source_fingerprint
 from trtforge.contract.termination import REASON_BY_EXIT_CODE, TerminationMessage
 from trtforge_operator.api.inferencedeployment import NodeProblem
+from trtforge_operator.api.trtengine import TRTEngineSpec, TRTEngineStatus
 from trtforge_operator.labels import (
     ANNOTATION_ATTEMPT,
     ANNOTATION_CREATED_FOR,
@@ -35,6 +44,9 @@ from trtforge_operator.labels import (
     LABEL_BUILD_KIND,
     REQUESTER_PREFIX,
 )
+
+if TYPE_CHECKING:  # planning.rebuild reads these views: a type-only import, no cycle
+    from trtforge_operator.planning.rebuild import ObservedFaults
 
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 # Taints and Node conditions that say a node's GPUs are not healthy (GPU health checkers, NPD).
@@ -277,6 +289,21 @@ class PodView:
     deleting: bool = False
     created: float | None = None
     unschedulable: str | None = None  # the scheduler's message while it cannot place the pod
+    # What a finished build or verify pod reported (its termination message, parsed once): the
+    # builder's result or why it failed. None for other pods and for pods that have not finished.
+    reported: BuildResult | BuildFailure | None = None
+
+    @classmethod
+    def from_build_pod(cls, obj: Mapping[str, Any]) -> PodView:
+        """A build pod, with the result its termination message reports."""
+        pod = cls.from_k8s(obj)
+        return _replace_pod(pod, build_pod_result(pod))
+
+    @classmethod
+    def from_verify_pod(cls, obj: Mapping[str, Any]) -> PodView:
+        """A verify pod, with the failure its termination message reports (a success reports none)."""
+        pod = cls.from_k8s(obj)
+        return _replace_pod(pod, verify_pod_failure(pod))
 
     @classmethod
     def from_k8s(cls, obj: Mapping[str, Any]) -> PodView:
@@ -329,6 +356,52 @@ class PodView:
         return out
 
 
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _exit_failure(t: Terminated) -> BuildFailure:
+    """A failure from a container that left no message of ours: its last line, or the kubelet's reason."""
+    tail = t.message.strip().splitlines()[-1] if t.message.strip() else t.reason
+    return BuildFailure(
+        error=_one_line(tail or f"exit code {t.exit_code}"), reason="Error", exit_code=t.exit_code
+    )
+
+
+def build_pod_result(pod: PodView) -> BuildResult | BuildFailure | None:
+    """What a finished build pod reported: the builder's typed termination message, or, for a
+    container that failed without one, a failure made from its exit."""
+    for c in pod.containers:
+        t = c.terminated
+        if t is None:
+            continue
+        parsed = parse_build_message(t.message)
+        if parsed is not None:
+            return parsed
+        if t.exit_code != 0:
+            return _exit_failure(t)
+    return None
+
+
+def verify_pod_failure(pod: PodView) -> BuildFailure | None:
+    """Why a verify pod failed (a container that exited non-zero), else None."""
+    out: BuildFailure | None = None
+    for c in pod.containers:
+        t = c.terminated
+        if t is None or t.exit_code == 0:
+            continue
+        parsed = parse_build_message(t.message)
+        out = parsed if isinstance(parsed, BuildFailure) else _exit_failure(t)
+    return out
+
+
+def _replace_pod(pod: PodView, reported: BuildResult | BuildFailure | None) -> PodView:
+    if reported is None:
+        return pod
+    return PodView(**{**pod.__dict__, "reported": reported})
+
+
 @dataclass(frozen=True)
 class JobView:
     name: str
@@ -346,6 +419,9 @@ class JobView:
     started: float | None = None
     finished: float | None = None
     deleting: bool = False
+    # What its pod reported, while the Job does not carry it yet (observe.py fills it in; the
+    # engine pass then records it on the Job: planning/engine.py, RecordResult).
+    reported: BuildResult | BuildFailure | None = None
 
     @classmethod
     def from_k8s(cls, obj: Mapping[str, Any]) -> JobView:
@@ -422,9 +498,16 @@ class JobView:
         """The TRTEngines (`namespace/name`) that use this Job, one annotation each."""
         return sorted(v for k, v in self.annotations.items() if k.startswith(REQUESTER_PREFIX))
 
+    @property
+    def recorded(self) -> bool:
+        """Whether the Job carries its pod's result (the annotation)."""
+        return bool(self.annotations.get(ANNOTATION_RESULT))
+
     def result(self) -> dict[str, Any] | None:
-        """The builder's result JSON, once copied onto the Job from its pod."""
+        """The builder's result JSON: as recorded on the Job, else as its pod reported it."""
         raw = self.annotations.get(ANNOTATION_RESULT)
+        if not raw and self.reported is not None:
+            raw = self.reported.to_line()
         if not raw:
             return None
         try:
@@ -510,3 +593,104 @@ class AutoscalerView:
             current_replicas=int(status.get("currentReplicas") or 0),
             desired_replicas=int(status.get("desiredReplicas") or 0),
         )
+
+
+# ------------------------------------------------------------------------------ one TRTEngine pass
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Build Jobs running now, cluster-wide and requested from this namespace, and the limits."""
+
+    running_total: int
+    running_in_namespace: int
+    max_total: int
+    max_per_namespace: int
+
+    def allows(self, extra_total: int, extra_ns: int) -> bool:
+        return (
+            self.running_total + extra_total < self.max_total
+            and self.running_in_namespace + extra_ns < self.max_per_namespace
+        )
+
+
+@dataclass(frozen=True)
+class UnreadableEngine:
+    """A TRTEngine whose spec the models refuse (the CRD of an old cluster lets it in)."""
+
+    namespace: str
+    name: str
+    generation: int
+    status: TRTEngineStatus  # what its status holds, parsed (empty when it does not parse)
+    status_wire: Mapping[str, Any]  # what its status holds, as read
+    error: str  # which field is wrong and why
+    now: float
+
+
+@dataclass(frozen=True)
+class EngineObserved:
+    """Everything one TRTEngine pass plans from, gathered once (observe.py): data only."""
+
+    namespace: str
+    name: str
+    generation: int
+    spec: TRTEngineSpec
+    status: TRTEngineStatus
+    nodes: Sequence[NodeView]
+    # This engine's build Jobs of the build namespace, by build id (the ids its targets' request
+    # keys and engine keys name; a list in unit tests). Each with what its pod reported.
+    jobs: Sequence[JobView] | Mapping[str, Sequence[JobView]]
+    capacity: Capacity
+    now: float
+    # The store, read once per pass: manifests by engine key, the request index by request key
+    # (docs/design.md §"Engine keys"). A key missing here has no manifest or record.
+    manifests: Mapping[str, Manifest] = field(default_factory=dict)
+    requests: Mapping[str, RequestRecord] = field(default_factory=dict)
+    unschedulable: Mapping[str, str] = field(default_factory=dict)  # build Job -> why its pod waits
+    uid: str = ""
+    # Proof of possession (docs/security.md): the broker's record for this namespace and the current
+    # source (None: not proven yet), the verify Jobs of this namespace, and why finished ones failed.
+    possession: PossessionRecord | None = None
+    verify_jobs: Sequence[JobView] = ()
+    verify_failures: Mapping[str, BuildFailure] = field(default_factory=dict)  # failed verify Job -> why
+    # Running verify Job -> why its pod cannot start (the kubelet's or scheduler's reason and message).
+    verify_stuck: Mapping[str, str] = field(default_factory=dict)
+    cache_scope: str = ""  # the namespace's cache scope (CacheSettings.scope)
+    # Rebuilds (planning/rebuild.py): the faults this namespace's InferenceDeployments that serve this
+    # engine recorded in their status, and the engine's own annotations (where a tenant may ask for a
+    # rebuild of one of its targets). This planner creates the Jobs, the one owner of build Jobs.
+    observed_faults: Sequence[ObservedFaults] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    status_wire: Mapping[str, Any] = field(default_factory=dict)  # the status as read (patch base)
+
+    @cached_property  # hashed once per pass, not once per target and call
+    def source_fingerprint(self) -> str:
+        m = self.spec.model
+        return source_fingerprint(m.uri, m.secret_ref.name if m.secret_ref else None, m.sha256)
+
+    @cached_property
+    def verified_sha256(self) -> str | None:
+        """The model digest this namespace proved it holds through the current source, else None."""
+        p = self.possession
+        if p is None or not p.proves(self.namespace, self.source_fingerprint, self.spec.model.sha256 or None):
+            return None
+        return p.sha256
+
+    @property
+    def requester(self) -> str:
+        """`namespace/name`, as this engine names itself on the Jobs it uses."""
+        return f"{self.namespace}/{self.name}"
+
+
+def jobs_by_build_id(jobs: Sequence[JobView] | Mapping[str, Sequence[JobView]]) -> dict[str, list[JobView]]:
+    """The live (not deleting) Jobs per build id."""
+    found = [j for js in jobs.values() for j in js] if isinstance(jobs, Mapping) else list(jobs)
+    out: dict[str, list[JobView]] = {}
+    for j in found:
+        if not j.deleting:
+            out.setdefault(j.build_id, []).append(j)
+    return out
+
+
+def obs_requester(obs: EngineObserved) -> str:
+    return obs.requester

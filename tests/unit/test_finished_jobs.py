@@ -46,7 +46,7 @@ def built_engine() -> tuple[TRTEngine, dict[str, Any], dict[str, Any]]:
 
 
 def expired(jobs: list[dict[str, Any]], engines: dict[str, Requester], now: float) -> list[str]:
-    return [j.name for j in expired_jobs([JobView.from_k8s(j) for j in jobs], engines.get, now, TTL)]
+    return [j.name for j in expired_jobs([JobView.from_k8s(j) for j in jobs], engines, now, TTL)]
 
 
 def test_a_recorded_job_goes_after_its_ttl_and_the_engine_stays_built_without_churn() -> None:

@@ -431,8 +431,8 @@ def test_several_suspect_nodes_each_get_their_own_field_selector() -> None:
 def test_a_fault_recorded_by_an_inferencedeployment_becomes_its_trtengines_rebuild_job() -> None:
     """The deployment records the fault in its status; the engine's planner plans the rebuild from that
     record (its own status's engine key, the faulty node avoided) and creates the Job, once."""
+    from trtforge_operator.observed import Capacity, EngineObserved
     from trtforge_operator.planning.engine import plan_engine
-    from trtforge_operator.planning.observed_engine import Capacity, EngineObserved
     from trtforge_operator.planning.rebuild import ObservedFaults
 
     nodes = [gpu_node("gpu-h100-0", H100.gpu, 8, allocatable={"nvidia.com/gpu": 7}), *default_nodes()[1:]]
@@ -453,7 +453,6 @@ def test_a_fault_recorded_by_an_inferencedeployment_becomes_its_trtengines_rebui
             status=e.status,
             nodes=obs.nodes,
             jobs=jobs,
-            manifests=lambda _key: None,
             capacity=Capacity(0, 0, 10, 10),
             now=NOW,
             observed_faults=observed_faults,

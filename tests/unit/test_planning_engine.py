@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -16,10 +16,9 @@ from trtforge_operator.labels import (
     LABEL_TARGET,
     requester_annotation,
 )
-from trtforge_operator.observed import JobView, NodeView
+from trtforge_operator.observed import Capacity, EngineObserved, JobView, NodeView
 from trtforge_operator.planning.engine import model_source_problem, plan_engine
 from trtforge_operator.planning.keys import key_inputs
-from trtforge_operator.planning.observed_engine import Capacity, EngineObserved
 
 from tests.fakes import default_nodes, gpu_node, job
 from trtforge.contract.build_result import BuildFailure
@@ -89,20 +88,7 @@ def observe(
         if digest
         else None
     )
-    index = filed
-
-    def requests(rk: str) -> RequestRecord | None:
-        ek = index.get(rk) if index is not None else engine_for(rk)
-        if ek is None or (index is None and ek not in manifests):
-            return None
-        return RequestRecord(
-            request_key=rk,
-            engine_key=ek,
-            backend="onnxruntime",
-            backend_version="1.22.0",
-            cuda="none",
-            recipe=2,
-        )
+    requests = FiledRequests(filed, manifests)
 
     return EngineObserved(
         namespace=e.metadata.namespace or "",
@@ -112,7 +98,7 @@ def observe(
         status=e.status,
         nodes=[NodeView.from_k8s(n) for n in (nodes or default_nodes())],
         jobs=[JobView.from_k8s(j) for j in jobs],
-        manifests=manifests.get,
+        manifests=manifests,
         capacity=Capacity(running, running, cfg.build.max_concurrent, cfg.build.max_concurrent_per_namespace),
         now=now,
         requests=requests,
@@ -122,6 +108,33 @@ def observe(
         verify_failures=verify_failures or {},
         cache_scope=cache_scope,
     )
+
+
+class FiledRequests(Mapping[str, RequestRecord]):
+    """The store's request index as the observer reads it: `filed` (request key -> engine key), or by
+    default every request whose engine (:func:`engine_for`) is among `manifests`."""
+
+    def __init__(self, filed: dict[str, str] | None, manifests: dict[str, Manifest]) -> None:
+        self.filed, self.manifests = filed, manifests
+
+    def __getitem__(self, rk: str) -> RequestRecord:
+        ek = self.filed.get(rk) if self.filed is not None else engine_for(rk)
+        if ek is None or (self.filed is None and ek not in self.manifests):
+            raise KeyError(rk)
+        return RequestRecord(
+            request_key=rk,
+            engine_key=ek,
+            backend="onnxruntime",
+            backend_version="1.22.0",
+            cuda="none",
+            recipe=2,
+        )
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.filed or ())
+
+    def __len__(self) -> int:
+        return len(self.filed or ())
 
 
 def manifest_for(key: str, target: GPUTarget, sha256: str = "b" * 64) -> Manifest:

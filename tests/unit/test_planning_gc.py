@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trtforge_operator.config import GCSettings
-from trtforge_operator.planning.gc import StoredEngine, plan_gc, referenced_keys
+from trtforge_operator.planning.gc import StoredEngine, plan_gc, referenced_keys, unrecorded_requests
 
 NOW = 1_000_000.0
 
@@ -26,18 +26,12 @@ def test_a_target_without_an_engine_key_protects_what_its_request_key_resolves_t
     """A build published its engine but the TRTEngine has not recorded it yet: the request index
     names the engine, so GC keeps it; a target that records an engine key is not resolved again."""
     filed = {"r1": "a", "r2": "b"}
-    asked: list[str] = []
-
-    def resolve(rk: str) -> str | None:
-        asked.append(rk)
-        return filed.get(rk)
-
     statuses = [
         {"targets": [{"requestKey": "r1"}, {"requestKey": "r2", "engineKey": "c"}, {"requestKey": "r3"}]}
     ]
-    refs = referenced_keys(statuses, template_keys=[], job_keys=[], resolve_request=resolve)
+    assert unrecorded_requests(statuses) == {"r1", "r3"}
+    refs = referenced_keys(statuses, template_keys=[], job_keys=[], filed=filed)
     assert refs == {"a", "c"}
-    assert sorted(asked) == ["r1", "r3"]
     stored = [StoredEngine(k, NOW - 10_000) for k in "abc"]
     assert plan_gc(stored, refs, NOW, GCSettings(min_age_seconds=0)) == ["b"]
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from trtforge_operator.observed import JobView
+from trtforge_operator.planning.engine_actions import DeleteJob, DeleteReason, DropRequester
 
 
 @dataclass
@@ -32,3 +33,12 @@ def release_jobs(requester: str, jobs: Iterable[JobView]) -> Release:
         else:
             out.delete.append(j)
     return out
+
+
+def plan_release(requester: str, jobs: Iterable[JobView]) -> tuple[DeleteJob | DropRequester, ...]:
+    """What leaving `jobs` takes: delete those no one else names, drop our annotation from the rest."""
+    release = release_jobs(requester, jobs)
+    return (
+        *(DeleteJob(j.name, DeleteReason.RELEASED) for j in release.delete),
+        *(DropRequester(j.name, requester) for j in release.leave),
+    )

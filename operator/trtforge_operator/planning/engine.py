@@ -8,10 +8,8 @@ for every target and admits new builds against the capacity.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
 
-from trtforge.contract.possession import VerifyGrant
 from trtforge_operator import children
 from trtforge_operator.api import (
     TRTEngineStatus,
@@ -20,9 +18,31 @@ from trtforge_operator.api import (
 )
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import LABEL_BUILD_ID
-from trtforge_operator.observed import JobView, utc
+from trtforge_operator.observed import (
+    EngineObserved,
+    JobView,
+    UnreadableEngine,
+    jobs_by_build_id,
+    obs_requester,
+    utc,
+)
+from trtforge_operator.planning.engine_actions import (
+    AddRequester,
+    CreateJob,
+    CreateVerifyJob,
+    Emit,
+    EngineAction,
+    EnginePlan,
+    JobPurpose,
+    RecordResult,
+    RequeueAfter,
+    WaitForSlot,
+    WriteStatus,
+)
 from trtforge_operator.planning.engine_conditions import (
+    EngineReason,
     engine_conditions,
+    invalid_spec_status,
     rebuild_requests_condition,
     transition_events,
 )
@@ -30,39 +50,42 @@ from trtforge_operator.planning.events import Event, merged
 from trtforge_operator.planning.keys import (
     resolve_targets,
 )
-from trtforge_operator.planning.observed_engine import (
-    EngineObserved,
-    jobs_by_build_id,
-    obs_requester,
-)
 from trtforge_operator.planning.rebuild import RebuildCause, RebuildRequest, plan_rebuilds, rebuild_job
 from trtforge_operator.planning.target import TargetOutcome, keep_times, plan_target
-from trtforge_operator.planning.target_state import RefusedTransition, TargetState
+from trtforge_operator.planning.target_state import TargetState
 from trtforge_operator.planning.text import one_line
 from trtforge_operator.planning.verify import plan_recheck, plan_verify
 
 
-@dataclass
-class EnginePlan:
-    status: TRTEngineStatus
-    jobs_to_create: list[dict[str, Any]] = field(default_factory=list)
-    verify_jobs_to_create: list[dict[str, Any]] = field(default_factory=list)  # in the tenant namespace
-    # The operator's record of each verify Job it creates (by Job name), written before the Job.
-    verify_grants: dict[str, VerifyGrant] = field(default_factory=dict)
-    add_requester: list[str] = field(default_factory=list)  # names of existing Jobs this engine now uses
-    events: list[Event] = field(default_factory=list)
-    requeue_after: float | None = None  # seconds until a backoff expires
-    refused: list[RefusedTransition] = field(default_factory=list)  # target changes the table refuses
-    # A build this engine needs was refused a slot: wake it when a slot frees (not at the next resync).
-    waiting_for_slot: bool = False
+def plan_engine_pass(obs: EngineObserved | UnreadableEngine, cfg: OperatorConfig) -> EnginePlan:
+    """The whole pass: a spec the models refuse or a model source it may not use stalls the engine
+    (and says why once); anything else is planned by :func:`plan_engine`."""
+    if isinstance(obs, UnreadableEngine):
+        status = invalid_spec_status(obs.status, obs.generation, f"invalid spec: {obs.error}", obs.now)
+        return EnginePlan(actions=(WriteStatus(obs.status_wire, status),))
+    problem = model_source_problem(obs.spec.model.uri, cfg.store_uri)
+    if problem is not None:
+        reason = EngineReason.INVALID_MODEL_SOURCE
+        status = invalid_spec_status(obs.status, obs.generation, problem, obs.now, reason=reason)
+        return EnginePlan(
+            actions=(
+                WriteStatus(obs.status_wire, status),
+                Emit(Event("Warning", reason, problem), on_status_change=True),
+            )
+        )
+    return plan_engine(obs, cfg)
 
 
 def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
-    """The desired Jobs and status of one TRTEngine."""
+    """The desired Jobs, status and Events of one TRTEngine, with its builds admitted against the
+    observed build capacity (slot admission is part of the plan)."""
     targets = resolve_targets(obs.spec, obs.nodes)
     jobs_by_id = jobs_by_build_id(obs.jobs)
     prev = {t.name: t for t in obs.status.targets}
-    plan = EnginePlan(status=TRTEngineStatus())
+    creates: list[EngineAction] = []
+    claims: list[EngineAction] = []
+    requeue: float | None = None
+    waiting_for_slot = False
     outcomes: list[TargetOutcome] = []
     extra_total = extra_ns = 0
     planned: set[str] = set()
@@ -72,10 +95,13 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
         if step is None:
             continue
         if step.create is not None:
-            plan.verify_jobs_to_create.append(children.verify_job(step.create, cfg))
-            plan.verify_grants[step.create.job_name] = children.verify_grant(step.create, cfg, obs.now)
+            creates.append(
+                CreateVerifyJob(
+                    children.verify_job(step.create, cfg), children.verify_grant(step.create, cfg, obs.now)
+                )
+            )
         if step.wake_at is not None:
-            plan.requeue_after = max(0.5, step.wake_at - obs.now)
+            requeue = max(0.5, step.wake_at - obs.now)
     for target in targets:
         o = plan_target(obs, target, cfg, jobs_by_id, prev.get(target.name), verify)
         if o.create is not None and o.create.job_name in planned:
@@ -85,7 +111,7 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
                 planned.add(o.create.job_name)
                 extra_total += 1
                 extra_ns += 1
-                plan.jobs_to_create.append(children.build_job(o.create, cfg))
+                creates.append(CreateJob(children.build_job(o.create, cfg), JobPurpose.BUILD))
             else:
                 queued = (
                     f"waiting for a build slot ({obs.capacity.running_total} running, "
@@ -98,12 +124,12 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
                     o.enter(TargetState.QUEUED, queued)
                 o.status.job_name = None
                 o.create = None
-                plan.waiting_for_slot = True
+                waiting_for_slot = True
         if o.use_job:
-            plan.add_requester.append(o.use_job)
+            claims.append(AddRequester(o.use_job, obs_requester(obs)))
         if o.wake_at is not None:
             wait = max(0.5, o.wake_at - obs.now)
-            plan.requeue_after = wait if plan.requeue_after is None else min(plan.requeue_after, wait)
+            requeue = wait if requeue is None else min(requeue, wait)
         outcomes.append(o)
     rebuilds = plan_rebuilds(
         obs_requester(obs),
@@ -130,13 +156,13 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
             planned.add(name)
             extra_total += 1
             extra_ns += 1
-            plan.jobs_to_create.append(job)
+            creates.append(CreateJob(job, JobPurpose.REBUILD))
         else:
-            plan.requeue_after = min(plan.requeue_after or 5.0, 5.0)
-            plan.waiting_for_slot = True
+            requeue = min(requeue or 5.0, 5.0)
+            waiting_for_slot = True
     statuses = [keep_times(o.status, prev.get(o.status.name)) for o in outcomes]
     p = obs.possession
-    plan.status = TRTEngineStatus(
+    status = TRTEngineStatus(
         observed_generation=obs.generation,
         conditions=engine_conditions(obs.status.conditions, obs.generation, obs.now, outcomes),
         targets=statuses,
@@ -150,14 +176,30 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
         if p is not None and obs.verified_sha256 is not None
         else None,
     )
-    plan.status.conditions, refusal = rebuild_requests_condition(
-        plan.status.conditions, obs.status.conditions, obs.generation, obs.now, rebuilds.refused
+    status.conditions, refusal = rebuild_requests_condition(
+        status.conditions, obs.status.conditions, obs.generation, obs.now, rebuilds.refused
     )
-    events, plan.refused = transition_events(obs.status.targets, outcomes)
+    events, refused = transition_events(obs.status.targets, outcomes)
     if refusal is not None:
         events.append(refusal)
-    plan.events = merged(events)
-    return plan
+    actions: list[EngineAction] = [*creates, *claims, *_record_results(jobs_by_id)]
+    actions.append(WriteStatus(obs.status.to_wire() if obs.status_wire else {}, status))
+    actions.extend(Emit(e) for e in merged(events))
+    if requeue is not None:
+        actions.append(RequeueAfter(requeue))
+    if waiting_for_slot:
+        actions.append(WaitForSlot())
+    return EnginePlan(actions=tuple(actions), refused=tuple(refused))
+
+
+def _record_results(jobs_by_id: Mapping[str, list[JobView]]) -> list[RecordResult]:
+    """Results a build pod reported that its Job does not carry yet: copy them onto the Job."""
+    return [
+        RecordResult(j.name, j.reported)
+        for js in jobs_by_id.values()
+        for j in js
+        if j.reported is not None and not j.recorded
+    ]
 
 
 def _holds_back(req: RebuildRequest, running: JobView) -> bool:

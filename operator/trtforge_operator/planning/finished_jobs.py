@@ -13,13 +13,14 @@ reads the Job to record its fault's recovery), or the engine's own rebuild annot
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from trtforge_operator import children
 from trtforge_operator.api import TargetStatus
 from trtforge_operator.observed import JobView
 from trtforge_operator.planning.build_results import result_key
+from trtforge_operator.planning.engine_actions import DeleteJob, DeleteReason
 from trtforge_operator.planning.target_state import TargetState
 
 
@@ -58,12 +59,12 @@ def recorded_by(job: JobView, r: Requester) -> bool:
 
 def expired_jobs(
     jobs: Iterable[JobView],
-    requesters: Callable[[str], Requester | None],
+    requesters: Mapping[str, Requester],
     now: float,
     ttl_seconds: float,
 ) -> list[JobView]:
     """The finished build and rebuild Jobs to delete now (`requesters`: `namespace/name` -> what that
-    TRTEngine recorded, None when it is gone)."""
+    TRTEngine recorded; a name missing is an engine that is gone)."""
     out = []
     for j in jobs:
         if j.kind not in ("build", "rebuild") or j.deleting or not j.done:
@@ -71,6 +72,15 @@ def expired_jobs(
         finished = j.finished or j.created
         if finished is None or now - finished < ttl_seconds:
             continue
-        if all((r := requesters(name)) is None or recorded_by(j, r) for name in j.requesters()):
+        if all((r := requesters.get(name)) is None or recorded_by(j, r) for name in j.requesters()):
             out.append(j)
     return sorted(out, key=lambda j: j.name)
+
+
+def plan_finished_jobs(
+    jobs: Iterable[JobView], requesters: Mapping[str, Requester], now: float, ttl_seconds: float
+) -> tuple[DeleteJob, ...]:
+    """The deletions of the finished Jobs whose time has come (:func:`expired_jobs`)."""
+    return tuple(
+        DeleteJob(j.name, DeleteReason.EXPIRED) for j in expired_jobs(jobs, requesters, now, ttl_seconds)
+    )

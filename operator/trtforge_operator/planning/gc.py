@@ -18,7 +18,7 @@ index does not answer yet, every engine created since that build began is kept f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from trtforge_operator.config import GCSettings
@@ -58,29 +58,35 @@ def plan_gc(
     return [e.key for e in sorted(out, key=lambda e: e.created_at)]
 
 
+def unrecorded_requests(engine_statuses: Iterable[Mapping[str, object]]) -> set[str]:
+    """The request keys of targets that record no engine key yet (built, perhaps, but not recorded):
+    the ones to look up in the store's request index for :func:`referenced_keys`."""
+    out: set[str] = set()
+    for st in engine_statuses:
+        for t in st.get("targets") or []:  # type: ignore[attr-defined]
+            if isinstance(t, Mapping) and not t.get("engineKey") and (rk := t.get("requestKey")):
+                out.add(str(rk))
+    return out
+
+
 def referenced_keys(
     engine_statuses: Iterable[Mapping[str, object]],
     template_keys: Iterable[str],
     job_keys: Iterable[str],
-    resolve_request: Callable[[str], str | None] = lambda _rk: None,
+    filed: Mapping[str, str] | None = None,
 ) -> set[str]:
     """Every engine key some TRTEngine status, runtime pod template or build Job still uses.
 
-    ``job_keys``: the engine keys build Jobs name or produced; ``resolve_request`` maps the request key
-    of a target with no engine key yet to the engine key the store's request index files for it (None
-    when none is filed)."""
+    ``job_keys``: the engine keys build Jobs name or produced; ``filed``: the store's request index
+    for the request keys of targets with no engine key yet (:func:`unrecorded_requests`; request key
+    -> engine key, absent when none is filed)."""
     out = {str(k) for k in template_keys if k} | {str(k) for k in job_keys if k}
-    requests: set[str] = set()
     for st in engine_statuses:
         for t in st.get("targets") or []:  # type: ignore[attr-defined]
-            if not isinstance(t, Mapping):
-                continue
-            if k := t.get("engineKey"):
+            if isinstance(t, Mapping) and (k := t.get("engineKey")):
                 out.add(str(k))
-            elif rk := t.get("requestKey"):  # built, perhaps, but not yet recorded
-                requests.add(str(rk))
-    for rk in sorted(requests):
-        if k := resolve_request(rk):
+    for rk in sorted(unrecorded_requests(engine_statuses)):
+        if k := (filed or {}).get(rk):
             out.add(k)
     return out
 

@@ -21,7 +21,11 @@ from trtforge_operator.api import (
     TargetStatus,
 )
 from trtforge_operator.config import OperatorConfig
-from trtforge_operator.observed import JobView
+from trtforge_operator.observed import (
+    EngineObserved,
+    JobView,
+    obs_requester,
+)
 from trtforge_operator.planning.build_results import (
     backoff_seconds,
     failure_message,
@@ -34,10 +38,6 @@ from trtforge_operator.planning.keys import (
     build_request,
     key_inputs,
     no_node_message,
-)
-from trtforge_operator.planning.observed_engine import (
-    EngineObserved,
-    obs_requester,
 )
 from trtforge_operator.planning.target_state import ALWAYS_STALLED, TargetState
 from trtforge_operator.planning.text import iso_time, one_line, timestamp
@@ -101,7 +101,7 @@ def plan_target(
         return out
     if prev.request_key == st.request_key:
         return out
-    old = obs.manifests(prev.engine_key)
+    old = obs.manifests.get(prev.engine_key)
     if old is None:
         return out
     pending = f"{st.reason}: {st.message}" if st.message else (st.reason or st.phase)
@@ -165,6 +165,18 @@ def _keep_recorded_build(out: TargetOutcome, prev: TargetStatus | None) -> None:
     out.enter(before, prev.message or "")
 
 
+def request_builds(jobs_by_id: Mapping[str, list[JobView]], request_key: str) -> list[JobView]:
+    """The build Jobs (first builds and retries, not rebuilds) of a request key, by attempt."""
+    bid = children.build_id(None, request_key)
+    return sorted((j for j in jobs_by_id.get(bid, []) if j.kind == "build"), key=lambda j: j.attempt)
+
+
+def built_key(builds: list[JobView]) -> str | None:
+    """The engine key the latest successful build of a request reported, if any."""
+    succeeded = [j for j in builds if j.complete]
+    return next((k for j in reversed(succeeded) if (k := result_key(j.result()))), None)
+
+
 def _plan_request(
     obs: EngineObserved,
     target: GPUTarget,
@@ -189,15 +201,13 @@ def _plan_request(
             out.enter(TargetState.INVALID_TARGET, one_line(str(e)))
         return out
     st.request_key = ki.request_key
-    bid = children.build_id(None, ki.request_key)
-    builds = sorted((j for j in jobs_by_id.get(bid, []) if j.kind == "build"), key=lambda j: j.attempt)
-    succeeded = [j for j in builds if j.complete]
-    key = next((k for j in reversed(succeeded) if (k := result_key(j.result()))), None)
+    builds = request_builds(jobs_by_id, ki.request_key)
+    key = built_key(builds)
     if key is None and (obs.verified_sha256 or obs.spec.model.sha256):
         # a known digest: the store's index answers across the namespaces of the cache scope
-        filed = obs.requests(ki.request_key)
+        filed = obs.requests.get(ki.request_key)
         key = filed.engine_key if filed is not None else None
-    manifest = obs.manifests(key) if key else None
+    manifest = obs.manifests.get(key) if key else None
     latest = builds[-1] if builds else None
     if latest is not None:
         st.job_name = latest.name

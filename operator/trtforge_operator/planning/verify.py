@@ -11,12 +11,12 @@ from trtforge_operator.labels import (
     ANNOTATION_RECHECK_ROUND,
     ANNOTATION_SOURCE_FINGERPRINT,
 )
+from trtforge_operator.observed import (
+    EngineObserved,
+)
 from trtforge_operator.planning.build_results import (
     backoff_seconds,
     failure_message,
-)
-from trtforge_operator.planning.observed_engine import (
-    EngineObserved,
 )
 from trtforge_operator.planning.target_state import TargetState
 from trtforge_operator.planning.text import iso_time, one_line

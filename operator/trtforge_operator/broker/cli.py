@@ -47,7 +47,7 @@ async def main(cfg: Any) -> None:
     import signal
 
     from trtforge.logs import fields
-    from trtforge_operator.broker import start_broker
+    from trtforge_operator.broker.server import start_broker
     from trtforge_operator.kube import Kube, load_kube_config
     from trtforge_operator.metrics import BrokerMetrics
     from trtforge_operator.store_reader import StoreReader

@@ -1,0 +1,171 @@
+"""The InferenceDeployment's handlers: one level-based pass, and cleanup on deletion."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+from pydantic import ValidationError
+
+from trtforge.logs import fields
+from trtforge_operator import children
+from trtforge_operator.api import (
+    InferenceDeployment,
+    InferenceDeploymentStatus,
+    TRTEngine,
+)
+from trtforge_operator.api.common import field_error
+from trtforge_operator.kinds import Kind
+from trtforge_operator.labels import (
+    INFERENCEDEPLOYMENTS,
+)
+from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, PodView
+from trtforge_operator.planning.deployment import (
+    DeploymentObserved,
+    invalid_deployment_status,
+    plan_deployment,
+)
+from trtforge_operator.planning.rebuild import legacy_cleanup_patch
+from trtforge_operator.state import State, forget, parsed_status, plain
+from trtforge_operator.writes import post_events, write_status
+
+log = logging.getLogger(__name__)
+_plain = plain
+_parsed_status = parsed_status
+_write_status = write_status
+_post_events = post_events
+
+
+def _current_status(state: State, kind: Kind, body: Mapping[str, Any]) -> dict[str, Any]:
+    return state.statuses.current(kind, body)
+
+
+_forget = forget
+
+
+async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: Mapping[str, Any]) -> None:
+    body = _plain(body)
+    meta = body["metadata"]
+    ns, name, gen, uid = (
+        meta["namespace"],
+        meta["name"],
+        int(meta.get("generation") or 1),
+        meta.get("uid", ""),
+    )
+    old = _current_status(state, Kind.INFERENCEDEPLOYMENT, body)
+    old_status = _parsed_status(InferenceDeploymentStatus, old)
+    try:
+        obj = InferenceDeployment.model_validate({**body, "status": old})
+    except ValidationError as e:
+        message = f"invalid spec: {field_error(e)}"
+        log.warning("InferenceDeployment %s/%s: %s", ns, name, message)
+        status = invalid_deployment_status(old_status, gen, message, time.time())
+        await _write_status(
+            state, Kind.INFERENCEDEPLOYMENT, INFERENCEDEPLOYMENTS, body, old, status.to_wire()
+        )
+        return
+    engine_name = obj.spec.engine_ref.name
+    state.queue.set_engine_ref(ns, name, engine_name)
+    engine: TRTEngine | None = None
+    problem = None
+    for found in list(indices["trte_idx"].get((ns, engine_name), [])):
+        engine = found
+    if engine is None:
+        problem = f"TRTEngine {engine_name} not found in namespace {ns} (references stay in the namespace)"
+    label = children.dns_name(name)
+    deployments = [v for v in list(indices["deps_idx"].get((ns, label), [])) if isinstance(v, DeploymentView)]
+    pods = [v for v in list(indices["rpods_idx"].get((ns, label), [])) if isinstance(v, PodView)]
+    autoscalers = [v for v in list(indices["hpas_idx"].get((ns, label), [])) if isinstance(v, AutoscalerView)]
+    wants_autoscaling = obj.spec.autoscaling is not None or any(t.autoscaling for t in obj.spec.targets)
+    hpa_api = await state.autoscaling_api() if wants_autoscaling or autoscalers else None
+    nodes = state.nodes(indices)
+    # The engine's own build and rebuild Jobs, by build id (rebuilds share the engine key's id).
+    ids = {t.engine_key[:20] for t in (engine.status.targets if engine is not None else []) if t.engine_key}
+    jobs = [j for bid in ids for j in list(indices["jobs_idx"].get(bid, ())) if isinstance(j, JobView)]
+    obs = DeploymentObserved(
+        namespace=ns,
+        name=name,
+        uid=uid,
+        generation=gen,
+        spec=obj.spec,
+        status=obj.status,
+        engine=engine,
+        deployments=deployments,
+        pods=pods,
+        nodes=nodes,
+        jobs=jobs,
+        now=time.time(),
+        engine_problem=problem,
+        autoscalers=autoscalers,
+        hpa_api=hpa_api,
+    )
+    plan = plan_deployment(obs, state.cfg)
+    state.metrics.observe_deployment(ns, name, plan.status)
+    old_norm = old_status.to_wire() if old else {}
+    new = plan.status.to_wire()
+    # Record faults (and their actions) before acting on them: a crash in between repeats the actions.
+    await _write_status(state, Kind.INFERENCEDEPLOYMENT, INFERENCEDEPLOYMENTS, body, old_norm, new)
+    for obj_ in plan.apply:
+        try:
+            keep = obj_["kind"] == "Deployment" and obj_["metadata"]["name"] in plan.hpa_owned
+            await state.kube.apply_owned(obj_, keep_replicas=keep)
+        except ApiException as e:
+            log.warning(
+                "could not apply %s %s/%s: %s %s",
+                obj_["kind"],
+                ns,
+                obj_["metadata"]["name"],
+                e.status,
+                e.reason,
+            )
+    for hpa in plan.apply_autoscalers:
+        try:
+            await state.kube.apply_autoscaler(hpa)
+        except ApiException as e:
+            log.warning(
+                "could not apply HorizontalPodAutoscaler %s/%s: %s %s",
+                ns,
+                hpa["metadata"]["name"],
+                e.status,
+                e.reason,
+                extra=fields(namespace=ns, name=hpa["metadata"]["name"]),
+            )
+    for h in plan.delete_autoscalers:
+        await state.kube.delete_autoscaler(ns, h)
+    for d in plan.delete_deployments:
+        await state.kube.delete("Deployment", ns, d)
+    for p in plan.delete_pods:
+        await state.kube.delete("Pod", ns, p)
+    if engine is not None:
+        # The TRTEngine creates the rebuilds from this status (planning/rebuild.py); requests an
+        # earlier version recorded on it as annotations go.
+        patch = legacy_cleanup_patch(f"{ns}/{name}", engine.metadata.annotations)
+        if patch:
+            await state.kube.annotate("TRTEngine", ns, engine_name, patch)
+    known = {(f.pod, f.time) for f in old_status.faults}
+    for f in plan.status.faults:
+        if (f.pod, f.time) not in known:
+            state.metrics.faults.labels(f.action).inc()
+    old_faults = {(f.pod, f.time) for f in old_status.faults if f.recovered_seconds is not None}
+    for f in plan.status.faults:
+        if f.recovered_seconds is not None and (f.pod, f.time) not in old_faults:
+            state.metrics.recovery_seconds.observe(f.recovered_seconds)
+    await _post_events(state, body, plan.events)
+
+
+async def cleanup_deployment(state: State, body: Mapping[str, Any], indices: Mapping[str, Any]) -> None:
+    """On deletion: delete the HPAs, the runtime Deployments and the Service (ownerRefs would too,
+    eventually)."""
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    for h in list(indices["hpas_idx"].get((ns, children.dns_name(name)), [])):
+        if isinstance(h, AutoscalerView):
+            await state.kube.delete_autoscaler(ns, h.name)
+    for d in list(indices["deps_idx"].get((ns, children.dns_name(name)), [])):
+        if isinstance(d, DeploymentView):
+            await state.kube.delete("Deployment", ns, d.name)
+    await state.kube.delete("Service", ns, children.service_name(name))
+    _forget(state, Kind.INFERENCEDEPLOYMENT, ns, name)

@@ -254,7 +254,7 @@ def run_families(a: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="hostile-families-", dir=CACHE))
     bed = make_mlp_bed(work, mlp_seed=51)
     port, grpc_port = free_ports(2)
-    flags = ("--grpc-port", str(grpc_port), "--idle-timeout", str(a.idle_timeout))
+    flags = ("--grpc-port", str(grpc_port), "--idle-timeout", str(a.idle_timeout), *a.serve_flag)
     cmd = taskset(a.server_cpus, serve_cmd(str(bed.store), bed.key, "mlp", port, work / "cache", *flags))
     proc = start(cmd, work / "serve.log", env_for(bed.gpu_file, work / "termination"))
     x = np.random.default_rng(51).standard_normal((2, 64)).astype(np.float32)
@@ -292,6 +292,7 @@ def run_families(a: argparse.Namespace) -> dict[str, Any]:
         "model": "the suite's MLP (x: 2 x 64 FP32 -> y: 2 x 10), ONNX Runtime backend",
         "family_seconds": a.family_seconds,
         "idle_timeout_s": a.idle_timeout,
+        "serve_flags": a.serve_flag,
         "families": results,
         "server_alive": alive,
         "targets": {
@@ -316,6 +317,7 @@ def render_families(res: dict[str, Any]) -> str:
                 r["health_max_ms"],
                 r["http_success"].split(" ")[0],
                 r.get("grpc_success", "-").split(" ")[0],
+                r["rss_start_above_idle_mb"],
                 r["rss_peak_above_idle_mb"],
             ]
         )
@@ -324,7 +326,8 @@ def render_families(res: dict[str, Any]) -> str:
     return (
         f"Attack families, {res['family_seconds']:.0f} s each: server on CPUs {cpus['server'] or 'any'}, "
         f"prober on {cpus['probe'] or 'any'}, attackers and legitimate clients on "
-        f"{cpus['attack'] or 'any'}.\n"
+        f"{cpus['attack'] or 'any'}; extra serve flags: {' '.join(res['serve_flags']) or 'none'}. RSS "
+        "above the server's idle RSS, at the family's start and its peak.\n"
         + table(
             [
                 "family",
@@ -335,7 +338,8 @@ def render_families(res: dict[str, Any]) -> str:
                 "max ms",
                 "HTTP infers ok",
                 "gRPC infers ok",
-                "RSS above idle MB",
+                "RSS at start MB",
+                "RSS peak MB",
             ],
             rows,
         )
@@ -387,6 +391,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--part", choices=("all", "catalogue", "families"), default="all")
     p.add_argument("--families", default="all", help=f"comma-separated, of: {', '.join(FAMILIES)}")
     p.add_argument("--family-seconds", type=float, default=20.0, help="how long each family attacks")
+    p.add_argument(
+        "--serve-flag",
+        action="append",
+        default=[],
+        help="a flag for the families' server (repeat), e.g. --serve-flag=--max-request-bytes=8388608",
+    )
     a = p.parse_args(argv)
     ok = True
     if a.part in ("all", "catalogue"):

@@ -43,6 +43,7 @@ from trtforge_dev.hostile import Target
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
+GZIP_BOMB_MIB = 1024  # what grpc_gzip_bomb's message inflates to
 
 
 def infer_message(model: str, input_name: str, x: np.ndarray) -> bytes:
@@ -453,9 +454,9 @@ def repeated_end_stream(target: Target, stop: threading.Event, counters: Counter
 
 
 def grpc_gzip_bomb(target: Target, stop: threading.Event, counters: Counter[str]) -> None:
-    """A ModelInfer call whose one message is a gzip stream of 1 GiB of zeros (about 1 MB on the
-    wire) under ``grpc-encoding: gzip``, one call after another, reading the answers."""
-    message = grpc_message(gzip_bomb(1024), compressed=True)
+    """A ModelInfer call whose one message is a gzip stream of `GZIP_BOMB_MIB` of zeros (about 1 MB
+    on the wire) under ``grpc-encoding: gzip``, one call after another, reading the answers."""
+    message = grpc_message(gzip_bomb(GZIP_BOMB_MIB), compressed=True)
     headers = request_headers(target, ("grpc-encoding", "gzip"), ("grpc-accept-encoding", "identity,gzip"))
 
     def call(c: H2Client) -> bool:

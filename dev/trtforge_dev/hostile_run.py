@@ -114,6 +114,7 @@ class Outcome:
     legit: dict[str, Legit]
     probe_statuses: list[str]
     probe_latencies: list[float]
+    rss_start_above_idle_mb: float  # when the attack began (what earlier attacks left)
     rss_peak_above_idle_mb: float
     alive: bool
 
@@ -135,6 +136,7 @@ class Outcome:
                 for p, r in self.legit.items()
             },
             **{f"{p}_success_rate": round(r.success_rate, 3) for p, r in self.legit.items()},
+            "rss_start_above_idle_mb": round(self.rss_start_above_idle_mb, 1),
             "rss_peak_above_idle_mb": round(self.rss_peak_above_idle_mb, 1),
             "alive": self.alive,
             "attack": dict(sorted(self.counters.items())),
@@ -166,7 +168,7 @@ def under_attack(
     counters: Counter[str] = Counter()
     stop = threading.Event()
     thread = threading.Thread(target=attack, args=(target, stop, counters), daemon=True)
-    peak_kb = idle_rss_kb
+    start_kb = peak_kb = rss_kb(pid, "VmRSS")
     alive = True
     with LiveProbe(f"{target.host}:{target.http_port}", probe_out, cpus=probe_cpus) as probe:
         loads = [
@@ -214,6 +216,7 @@ def under_attack(
         legit={load.result.protocol: load.result for load in loads},
         probe_statuses=probe.statuses,
         probe_latencies=probe.latencies,
+        rss_start_above_idle_mb=(start_kb - idle_rss_kb) / 1024,
         rss_peak_above_idle_mb=(peak_kb - idle_rss_kb) / 1024,
         alive=alive,
     )

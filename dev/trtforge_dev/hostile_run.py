@@ -55,7 +55,8 @@ class LegitLoad:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _client(self) -> Callable[[], np.ndarray]:
+    def _client(self) -> tuple[Callable[[], np.ndarray], Callable[[], None]]:
+        """An infer of `target.sample` on a new client, and the client's close."""
         t = self.target
         if self.result.protocol == "http":
             import tritonclient.http as http
@@ -65,29 +66,35 @@ class LegitLoad:
             )
             hi = http.InferInput(t.input_name, list(t.sample.shape), "FP32")
             hi.set_data_from_numpy(t.sample)
-            return lambda: hc.infer(t.model, [hi]).as_numpy(self.output)
+            return lambda: hc.infer(t.model, [hi]).as_numpy(self.output), hc.close
         import tritonclient.grpc as grpc
 
         gc = grpc.InferenceServerClient(f"{t.host}:{t.grpc_port}")
         gi = grpc.InferInput(t.input_name, list(t.sample.shape), "FP32")
         gi.set_data_from_numpy(t.sample)
-        return lambda: gc.infer(t.model, [gi], client_timeout=30).as_numpy(self.output)
+        return lambda: gc.infer(t.model, [gi], client_timeout=30).as_numpy(self.output), gc.close
 
     def _run(self) -> None:
-        infer = None
+        client: tuple[Callable[[], np.ndarray], Callable[[], None]] | None = None
         while not self.stop.is_set():
+            failed = False
             try:
-                if infer is None or self.fresh:
-                    infer = self._client()
-                got = infer()
+                if client is None:
+                    client = self._client()
+                got = client[0]()
             except Exception as e:  # every failure is counted, by kind
                 self.result.errors[_error_kind(e)] += 1
-                infer = None
-                continue
-            if got is not None and np.allclose(got, self.reference, rtol=1e-4, atol=1e-5):
-                self.result.ok += 1
+                failed = True
             else:
-                self.result.wrong += 1
+                if got is not None and np.allclose(got, self.reference, rtol=1e-4, atol=1e-5):
+                    self.result.ok += 1
+                else:
+                    self.result.wrong += 1
+            if client is not None and (failed or self.fresh):
+                client[1]()
+                client = None
+        if client is not None:
+            client[1]()
 
     def __enter__(self) -> LegitLoad:
         self.thread.start()

@@ -235,7 +235,7 @@ def parse_responses(data: bytes) -> list[int]:
     trailing partial response is left out."""
     src = _Replayed(data)
     statuses: list[int] = []
-    while src.file.tell() < len(data):
+    while data.find(b"\r\n\r\n", src.file.tell()) != -1:  # a whole head is there
         r = http.client.HTTPResponse(src)  # type: ignore[arg-type]
         try:
             r.begin()

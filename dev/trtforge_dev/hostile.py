@@ -212,7 +212,9 @@ class Target:
     http_port: int
     model: str
     input_name: str
-    sample: np.ndarray  # a valid FP32 input of the model, batch included
+    # A valid FP32 input of the model, batch included. Small: the HTTP/2 attackers send its request
+    # in one DATA frame (16 KiB at most) without waiting for flow-control credit.
+    sample: np.ndarray
 
 
 class _Unclosed(io.BytesIO):

@@ -3,11 +3,11 @@ liveness benchmark.
 
 Each attack is a function ``attack(target, stop, counters)``: it attacks ``target`` until `stop` is
 set and counts what it did and saw in `counters` as it goes (frames sent, connections the server
-closed, gRPC statuses).
-It decides nothing: the callers assert or record. Well-formed HTTP/2 comes from the ``h2`` package
-(a client whose flow control and HPACK state are real); frames that ``h2`` refuses to send (a
-CONTINUATION that never ends, HEADERS on a half-closed stream, a crafted HPACK block) are built with
-``hyperframe`` and ``hpack``, the libraries ``h2`` itself is made of, and written to the raw socket.
+closed, gRPC statuses). It decides nothing: the callers assert or record. Well-formed HTTP/2 comes
+from the ``h2`` package (a client whose flow control and HPACK state are real); frames that ``h2``
+refuses to send (a CONTINUATION that never ends, HEADERS on a half-closed stream, a crafted HPACK
+block) are built with ``hyperframe`` and ``hpack``, the libraries ``h2`` itself is made of, and
+written to the raw socket.
 """
 
 from __future__ import annotations

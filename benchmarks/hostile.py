@@ -1,5 +1,15 @@
 """Liveness under hostile load: does ``/v2/health/live`` answer within 100 ms while tenants attack?
 
+Two parts (``--part``). ``catalogue``: the hostile bodies below, against SqueezeNet over HTTP.
+``families``: every attack family of the hostile-client suite
+(tests/integration/test_serve_hostile_families.py: the HTTP/2 ones of :mod:`trtforge_dev.hostile_h2`
+on the gRPC port, the HTTP/1.1 ones of :mod:`trtforge_dev.hostile`) for ``--family-seconds`` each,
+one after another against one server of the suite's MLP (built by the real builder; small requests,
+so the attackers' frames and not the tensors' bytes make the load), each beside the liveness prober
+and legitimate HTTP and gRPC infers checked against ONNX Runtime
+(:func:`trtforge_dev.hostile_run.under_attack`); per family the probes' latency, the legitimate
+success rate and the server's peak RSS above idle.
+
 ``trtforge serve`` (SqueezeNet, the benchmark engine) is pinned to ``--server-cpus``; a prober on
 ``--probe-cpus`` polls ``/v2/health/live`` on a fresh connection every 20 ms, as a kubelet would;
 attackers on ``--attack-cpus`` send, for ``--rounds`` rounds: every body of the hostile catalogue
@@ -16,6 +26,7 @@ RSS above idle, and every attack's status. The tests (tests/integration/test_ser
 the answers; this measures the timing, which belongs on a quiet machine.
 
     python -m benchmarks.hostile --server-cpus 0-1 --probe-cpus 2 --attack-cpus 3-5
+    python -m benchmarks.hostile --part families --server-cpus 0 --probe-cpus 1 --attack-cpus 1
 """
 
 from __future__ import annotations
@@ -34,11 +45,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from trtforge_dev.hostile import MB, LiveProbe, binary_body, hostile_requests, post, rss_kb
+from trtforge_dev.hostile import MB, LiveProbe, Target, binary_body, hostile_requests, post, rss_kb
+from trtforge_dev.hostile_run import FAMILIES, under_attack
 
 from benchmarks.common import (
     CACHE,
     free_port,
+    free_ports,
     log,
     serve_cmd,
     start,
@@ -233,6 +246,109 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def run_families(a: argparse.Namespace) -> dict[str, Any]:
+    """Every attack family for ``--family-seconds`` against one quiet server (gRPC on)."""
+    from tests.integration.serve_engines import env_for, make_mlp_bed, run_ort
+
+    CACHE.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="hostile-families-", dir=CACHE))
+    bed = make_mlp_bed(work, mlp_seed=51)
+    port, grpc_port = free_ports(2)
+    flags = ("--grpc-port", str(grpc_port), "--idle-timeout", str(a.idle_timeout), *a.serve_flag)
+    cmd = taskset(a.server_cpus, serve_cmd(str(bed.store), bed.key, "mlp", port, work / "cache", *flags))
+    proc = start(cmd, work / "serve.log", env_for(bed.gpu_file, work / "termination"))
+    x = np.random.default_rng(51).standard_normal((2, 64)).astype(np.float32)
+    reference = run_ort(bed.mlp, {"x": x})["y"]
+    target = Target("127.0.0.1", grpc_port, port, "mlp", "x", x)
+    families = list(FAMILIES) if a.families == "all" else a.families.split(",")
+    results: dict[str, Any] = {}
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/v2/health/ready", 300, proc)
+        os.sched_setaffinity(0, _cpus(a.attack_cpus))
+        time.sleep(1.0)
+        idle_kb = rss_kb(proc.pid, "VmRSS")
+        for family in families:
+            out = under_attack(
+                family,
+                target,
+                pid=proc.pid,
+                idle_rss_kb=idle_kb,
+                output="y",
+                reference=reference,
+                probe_out=work / f"probe-{family}.log",
+                seconds=a.family_seconds,
+                probe_cpus=a.probe_cpus,
+            )
+            results[family] = out.summary()
+            log(f"{family}: {results[family]}")
+            if not out.alive:
+                break
+            time.sleep(1.0)  # the server settles before the next family
+        alive = proc.poll() is None
+    finally:
+        stop(proc)
+    return {
+        "cpus": {"server": a.server_cpus, "probe": a.probe_cpus, "attack": a.attack_cpus},
+        "model": "the suite's MLP (x: 2 x 64 FP32 -> y: 2 x 10), ONNX Runtime backend",
+        "family_seconds": a.family_seconds,
+        "idle_timeout_s": a.idle_timeout,
+        "serve_flags": a.serve_flag,
+        "families": results,
+        "server_alive": alive,
+        "targets": {
+            "liveness_p99_ms": LIVENESS_TARGET_MS,
+            "legit_success": 0.9,
+            "rss_bound_mb": RSS_BOUND_MB,
+        },
+    }
+
+
+def render_families(res: dict[str, Any]) -> str:
+    """Per family: the probes' latency, the legitimate success, the peak RSS above idle."""
+    rows = []
+    for family, r in res["families"].items():
+        rows.append(
+            [
+                family,
+                r["probes"],
+                r["probes_failed"],
+                r["health_p50_ms"],
+                r["health_p99_ms"],
+                r["health_max_ms"],
+                r["http_success"].split(" ")[0],
+                r.get("grpc_success", "-").split(" ")[0],
+                r["rss_start_above_idle_mb"],
+                r["rss_peak_above_idle_mb"],
+            ]
+        )
+    cpus = res["cpus"]
+    t = res["targets"]
+    return (
+        f"Attack families, {res['family_seconds']:.0f} s each: server on CPUs {cpus['server'] or 'any'}, "
+        f"prober on {cpus['probe'] or 'any'}, attackers and legitimate clients on "
+        f"{cpus['attack'] or 'any'}; extra serve flags: {' '.join(res['serve_flags']) or 'none'}. RSS "
+        "above the server's idle RSS, at the family's start and its peak.\n"
+        + table(
+            [
+                "family",
+                "probes",
+                "failed",
+                "health p50 ms",
+                "health p99 ms",
+                "max ms",
+                "HTTP infers ok",
+                "gRPC infers ok",
+                "RSS at start MB",
+                "RSS peak MB",
+            ],
+            rows,
+        )
+        + f"\nTargets: health p99 within {t['liveness_p99_ms']:.0f} ms, at least "
+        f"{t['legit_success']:.0%} of legitimate infers right, RSS within {t['rss_bound_mb']:.0f} MB of "
+        f"idle. Server alive at the end: {res['server_alive']}."
+    )
+
+
 def _cpus(spec: str | None) -> set[int]:
     if not spec:
         return set(os.sched_getaffinity(0))
@@ -272,11 +388,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--half-open", type=int, default=500)
     p.add_argument("--idle-timeout", type=float, default=2.0, help="the server's --idle-timeout")
     p.add_argument("--request-timeout", type=float, default=30.0, help="client socket timeout per attack")
+    p.add_argument("--part", choices=("all", "catalogue", "families"), default="all")
+    p.add_argument("--families", default="all", help=f"comma-separated, of: {', '.join(FAMILIES)}")
+    p.add_argument("--family-seconds", type=float, default=20.0, help="how long each family attacks")
+    p.add_argument(
+        "--serve-flag",
+        action="append",
+        default=[],
+        help="a flag for the families' server (repeat), e.g. --serve-flag=--max-request-bytes=8388608",
+    )
     a = p.parse_args(argv)
-    res = run(a)
-    write_result("hostile", res)
-    print(render(res))
-    return 0 if res["server_alive"] and res["valid_failures"] == 0 else 1
+    ok = True
+    if a.part in ("all", "catalogue"):
+        res = run(a)
+        write_result("hostile", res)
+        print(render(res))
+        ok = ok and res["server_alive"] and res["valid_failures"] == 0
+    if a.part in ("all", "families"):
+        fam = run_families(a)
+        write_result("hostile_families", fam)
+        print(render_families(fam))
+        ok = ok and fam["server_alive"]
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

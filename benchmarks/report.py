@@ -1,8 +1,8 @@
 """Fill the generated tables of docs/benchmarks.md from benchmarks/results/*.json.
 
 The page keeps its prose; only the text between ``<!-- results:NAME -->`` and
-``<!-- /results:NAME -->`` is replaced (NAME: machine, serving, manycore, hostile, coldstart,
-coldstart-h200, controlplane, recovery, ha, and targets).
+``<!-- /results:NAME -->`` is replaced (NAME: machine, serving, manycore, hostile, hostile_families,
+coldstart, coldstart-h200, controlplane, recovery, ha, and targets).
 """
 
 from __future__ import annotations
@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         "serving": ("serving", serving.render),
         "manycore": ("manycore", manycore.render),
         "hostile": ("hostile", hostile.render),
+        "hostile_families": ("hostile_families", hostile.render_families),
         "coldstart": ("coldstart", coldstart.render),
         "coldstart-h200": ("coldstart-h200", coldstart.render),
         "controlplane": ("controlplane", controlplane.render),

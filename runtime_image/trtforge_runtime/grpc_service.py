@@ -130,6 +130,9 @@ def _health(servicer: InferenceService) -> grpc.GenericRpcHandler:
     )
 
 
+MAX_CONCURRENT_STREAMS = 100  # per HTTP/2 connection: see start_grpc
+
+
 def grpc_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -140,7 +143,8 @@ async def start_grpc(service: Service, host: str, port: int) -> tuple[aio.Server
     ``so_reuseport`` is off (except for the workers of ``--workers N``, which share the port on
     purpose), so a port in use is an error rather than silently shared; messages are
     limited to ``--max-request-bytes`` (gRPC answers RESOURCE_EXHAUSTED past it, after its own
-    decompression); connections idle for ``--idle-timeout`` are closed.
+    decompression); connections idle for ``--idle-timeout`` are closed; a connection carries at most
+    ``MAX_CONCURRENT_STREAMS`` calls at once.
     """
     s = service.s
     server = aio.server(
@@ -149,6 +153,11 @@ async def start_grpc(service: Service, host: str, port: int) -> tuple[aio.Server
             ("grpc.max_receive_message_length", s.max_request_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.max_connection_idle_ms", int(s.idle_timeout_s * 1000)),
+            # At most this many calls open at once on one connection (RFC 9113 §6.5.2 recommends no
+            # fewer than 100). Without it one connection can open calls until `maximum_concurrent_rpcs`
+            # is spent (a client that never opens its receive window holds them all) and a rapid
+            # reset cancels legitimate calls; docs/security.md ("Hostile clients") has the measurements.
+            ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
         ],
         maximum_concurrent_rpcs=s.max_connections,
     )

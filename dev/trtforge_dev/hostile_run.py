@@ -1,0 +1,229 @@
+"""One attack family against a running ``trtforge serve``, with everything a hostile-client check
+watches meanwhile: ``/v2/health/live`` polled from a process of its own (:class:`LiveProbe`),
+legitimate infers over HTTP and gRPC (``tritonclient``) compared with a reference the caller got
+from ONNX Runtime, and the server's RSS. Shared by the hostile-client suite
+(tests/integration/test_serve_hostile_families.py), which asserts on the :class:`Outcome`, and the
+liveness benchmark (benchmarks/hostile.py), which records it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from trtforge_dev.hostile import H1_ATTACKS, LiveProbe, Target, rss_kb
+from trtforge_dev.hostile_h2 import H2_ATTACKS, Attack
+
+FAMILIES: dict[str, Attack] = {**H2_ATTACKS, **H1_ATTACKS}
+GRPC_FAMILIES = frozenset(H2_ATTACKS)
+
+
+@dataclass
+class Legit:
+    """Legitimate infers of one protocol: how many were answered right, wrong, or not at all."""
+
+    protocol: str
+    ok: int = 0
+    wrong: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def attempts(self) -> int:
+        return self.ok + self.wrong + sum(self.errors.values())
+
+    @property
+    def success_rate(self) -> float:
+        return self.ok / self.attempts if self.attempts else 0.0
+
+
+class LegitLoad:
+    """One thread of back-to-back infers over `protocol` ("http" or "grpc"), each answer compared
+    with `reference` (ONNX Runtime's output for `target.sample`). `fresh_clients`: a new client (so a
+    new connection) for every infer, as a newly arriving client would."""
+
+    def __init__(
+        self, target: Target, protocol: str, output: str, reference: np.ndarray, fresh_clients: bool = False
+    ) -> None:
+        self.target, self.output, self.reference, self.fresh = target, output, reference, fresh_clients
+        self.result = Legit(protocol)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _client(self) -> tuple[Callable[[], np.ndarray], Callable[[], None]]:
+        """An infer of `target.sample` on a new client, and the client's close."""
+        t = self.target
+        if self.result.protocol == "http":
+            import tritonclient.http as http
+
+            hc = http.InferenceServerClient(
+                f"{t.host}:{t.http_port}", network_timeout=30, connection_timeout=30
+            )
+            hi = http.InferInput(t.input_name, list(t.sample.shape), "FP32")
+            hi.set_data_from_numpy(t.sample)
+            return lambda: hc.infer(t.model, [hi]).as_numpy(self.output), hc.close
+        import tritonclient.grpc as grpc
+
+        gc = grpc.InferenceServerClient(f"{t.host}:{t.grpc_port}")
+        gi = grpc.InferInput(t.input_name, list(t.sample.shape), "FP32")
+        gi.set_data_from_numpy(t.sample)
+        return lambda: gc.infer(t.model, [gi], client_timeout=30).as_numpy(self.output), gc.close
+
+    def _run(self) -> None:
+        client: tuple[Callable[[], np.ndarray], Callable[[], None]] | None = None
+        while not self.stop.is_set():
+            failed = False
+            try:
+                if client is None:
+                    client = self._client()
+                got = client[0]()
+            except Exception as e:  # every failure is counted, by kind
+                self.result.errors[_error_kind(e)] += 1
+                failed = True
+            else:
+                if got is not None and np.allclose(got, self.reference, rtol=1e-4, atol=1e-5):
+                    self.result.ok += 1
+                else:
+                    self.result.wrong += 1
+            if client is not None and (failed or self.fresh):
+                client[1]()
+                client = None
+        if client is not None:
+            client[1]()
+
+    def __enter__(self) -> LegitLoad:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def _error_kind(e: Exception) -> str:
+    status = getattr(e, "status", None)
+    code = status() if callable(status) else status
+    return f"{type(e).__name__}:{code}" if code else type(e).__name__
+
+
+@dataclass
+class Outcome:
+    """What one attack did and what the server did meanwhile."""
+
+    family: str
+    seconds: float
+    counters: dict[str, int]
+    legit: dict[str, Legit]
+    probe_statuses: list[str]
+    probe_latencies: list[float]
+    rss_start_above_idle_mb: float  # when the attack began (what earlier attacks left)
+    rss_peak_above_idle_mb: float
+    alive: bool
+
+    def probe_quantile(self, q: float) -> float:
+        """The `q` quantile (0..1) of the liveness probes' latency, in ms (nearest rank)."""
+        lat = sorted(self.probe_latencies)
+        return lat[min(len(lat) - 1, max(0, int(np.ceil(q * len(lat))) - 1))] * 1e3 if lat else float("nan")
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "seconds": round(self.seconds, 1),
+            "probes": len(self.probe_latencies),
+            "probes_failed": sum(s != "200" for s in self.probe_statuses),
+            "health_p50_ms": round(self.probe_quantile(0.5), 1),
+            "health_p99_ms": round(self.probe_quantile(0.99), 1),
+            "health_max_ms": round(max(self.probe_latencies, default=float("nan")) * 1e3, 1),
+            **{
+                f"{p}_success": f"{r.ok}/{r.attempts}" + (f" ({dict(r.errors)})" if r.errors else "")
+                for p, r in self.legit.items()
+            },
+            **{f"{p}_success_rate": round(r.success_rate, 3) for p, r in self.legit.items()},
+            "rss_start_above_idle_mb": round(self.rss_start_above_idle_mb, 1),
+            "rss_peak_above_idle_mb": round(self.rss_peak_above_idle_mb, 1),
+            "alive": self.alive,
+            "attack": dict(sorted(self.counters.items())),
+        }
+
+
+def under_attack(
+    family: str,
+    target: Target,
+    *,
+    pid: int,
+    idle_rss_kb: int,
+    output: str,
+    reference: np.ndarray,
+    probe_out: Path,
+    seconds: float,
+    min_infers: int = 0,
+    until: Callable[[Counter[str]], bool] | None = None,
+    max_seconds: float = 120.0,
+    probe_cpus: str | None = None,
+) -> Outcome:
+    """Run the attack `family` for at least `seconds`, and on until each protocol's legitimate load
+    has made `min_infers` infers and `until` (if given) holds of the attack's counters, or
+    `max_seconds` have passed; meanwhile the probe, the legitimate load (HTTP always, gRPC too for
+    the HTTP/2 families; fresh gRPC clients against connections that never send the preface) and
+    the server's RSS (sampled every 50 ms) are watched."""
+    attack = FAMILIES[family]
+    protocols = ["http", "grpc"] if family in GRPC_FAMILIES else ["http"]
+    counters: Counter[str] = Counter()
+    stop = threading.Event()
+    thread = threading.Thread(target=attack, args=(target, stop, counters), daemon=True)
+    start_kb = peak_kb = rss_kb(pid, "VmRSS")
+    alive = True
+    with LiveProbe(f"{target.host}:{target.http_port}", probe_out, cpus=probe_cpus) as probe:
+        loads = [
+            LegitLoad(target, p, output, reference, fresh_clients=family == "no_preface") for p in protocols
+        ]
+        t0 = time.monotonic()
+        thread.start()
+        for load in loads:
+            load.__enter__()
+        try:
+            while True:
+                try:
+                    peak_kb = max(peak_kb, rss_kb(pid, "VmRSS"))
+                except (OSError, KeyError):
+                    alive = False
+                    break
+                elapsed = time.monotonic() - t0
+                if elapsed >= max_seconds:
+                    break
+                if (
+                    elapsed >= seconds
+                    and all(load.result.attempts >= min_infers for load in loads)
+                    and (until is None or until(counters))
+                ):
+                    break
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            thread.join()
+            elapsed = time.monotonic() - t0
+            for load in loads:
+                load.__exit__()
+    try:
+        alive = (
+            alive
+            and Path(f"/proc/{pid}").exists()
+            and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+        )
+    except OSError:
+        alive = False
+    return Outcome(
+        family=family,
+        seconds=elapsed,
+        counters=dict(counters),
+        legit={load.result.protocol: load.result for load in loads},
+        probe_statuses=probe.statuses,
+        probe_latencies=probe.latencies,
+        rss_start_above_idle_mb=(start_kb - idle_rss_kb) / 1024,
+        rss_peak_above_idle_mb=(peak_kb - idle_rss_kb) / 1024,
+        alive=alive,
+    )

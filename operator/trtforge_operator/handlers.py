@@ -36,6 +36,7 @@ from trtforge_operator.api import (
     TRTEngineStatus,
 )
 from trtforge_operator.api.common import field_error
+from trtforge_operator.autoscaling_discovery import AutoscalingDiscovery
 from trtforge_operator.build_slots import BuildSlots
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kinds import Kind
@@ -59,7 +60,7 @@ from trtforge_operator.labels import (
 )
 from trtforge_operator.metrics import Metrics
 from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, NodeView, PodView
-from trtforge_operator.planning.autoscaling import HpaApi, hpa_api_version
+from trtforge_operator.planning.autoscaling import AutoscalingApis
 from trtforge_operator.planning.cleanup import release_jobs
 from trtforge_operator.planning.deployment import (
     DeploymentObserved,
@@ -105,18 +106,7 @@ class State:
     indices: Mapping[str, Any] | None = None  # kopf's indices, once a handler has been given them
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)  # background loops
     node_views: list[NodeView] | None = None  # the Nodes index as a list; None after any Node event
-    hpa_api: HpaApi | None = None  # the HPA API to write in, once discovered
-    hpa_api_known: bool = False
-
-    async def autoscaling_api(self) -> HpaApi | None:
-        """The HPA API version to write in, from discovery (once; again after a failed look)."""
-        if not self.hpa_api_known:
-            try:
-                self.hpa_api = hpa_api_version(await self.kube.served_versions("autoscaling"))
-                self.hpa_api_known = True
-            except ApiException as e:
-                log.warning("could not discover the autoscaling API: %s %s", e.status, e.reason)
-        return self.hpa_api
+    discovery: AutoscalingDiscovery = dataclasses.field(init=False)  # the served autoscaling APIs
 
     def nodes(self, indices: Mapping[str, Any]) -> list[NodeView]:
         """Every Node's view, read from the index once per Node event (not once per pass)."""
@@ -125,6 +115,7 @@ class State:
         return self.node_views
 
     def __post_init__(self) -> None:
+        self.discovery = AutoscalingDiscovery(self.kube, self.cfg.autoscaling)
         self.slots = BuildSlots(
             self.cfg.build.max_concurrent,
             self.cfg.build.max_concurrent_per_namespace,
@@ -472,9 +463,15 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     label = children.dns_name(name)
     deployments = [v for v in list(indices["deps_idx"].get((ns, label), [])) if isinstance(v, DeploymentView)]
     pods = [v for v in list(indices["rpods_idx"].get((ns, label), [])) if isinstance(v, PodView)]
-    autoscalers = [v for v in list(indices["hpas_idx"].get((ns, label), [])) if isinstance(v, AutoscalerView)]
-    wants_autoscaling = obj.spec.autoscaling is not None or any(t.autoscaling for t in obj.spec.targets)
-    hpa_api = await state.autoscaling_api() if wants_autoscaling or autoscalers else None
+    autoscalers = [
+        v
+        for idx in ("hpas_idx", "sos_idx")
+        for v in list(indices[idx].get((ns, label), []))
+        if isinstance(v, AutoscalerView)
+    ]
+    autos = [obj.spec.autoscaling, *(t.autoscaling for t in obj.spec.targets)]
+    wants_autoscaling = any(a is not None for a in autos)
+    apis = await state.discovery.current(autos) if wants_autoscaling or autoscalers else AutoscalingApis()
     nodes = state.nodes(indices)
     # The engine's own build and rebuild Jobs, by build id (rebuilds share the engine key's id).
     ids = {t.engine_key[:20] for t in (engine.status.targets if engine is not None else []) if t.engine_key}
@@ -494,7 +491,7 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
         now=time.time(),
         engine_problem=problem,
         autoscalers=autoscalers,
-        hpa_api=hpa_api,
+        apis=apis,
     )
     plan = plan_deployment(obs, state.cfg)
     state.metrics.observe_deployment(ns, name, plan.status)
@@ -515,20 +512,25 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
                 e.status,
                 e.reason,
             )
+    # The other provider's autoscaler goes first: KEDA refuses a ScaledObject whose Deployment an HPA
+    # already scales.
+    for ref in plan.delete_autoscalers:
+        await state.kube.delete_autoscaler(ns, ref.name, ref.kind.value)
     for hpa in plan.apply_autoscalers:
         try:
             await state.kube.apply_autoscaler(hpa)
         except ApiException as e:
+            if e.status == 404:
+                state.discovery.write_refused()
             log.warning(
-                "could not apply HorizontalPodAutoscaler %s/%s: %s %s",
+                "could not apply %s %s/%s: %s %s",
+                hpa["kind"],
                 ns,
                 hpa["metadata"]["name"],
                 e.status,
                 e.reason,
-                extra=fields(namespace=ns, name=hpa["metadata"]["name"]),
+                extra=fields(kind=hpa["kind"], namespace=ns, name=hpa["metadata"]["name"]),
             )
-    for h in plan.delete_autoscalers:
-        await state.kube.delete_autoscaler(ns, h)
     for d in plan.delete_deployments:
         await state.kube.delete("Deployment", ns, d)
     for p in plan.delete_pods:
@@ -555,9 +557,10 @@ async def cleanup_deployment(state: State, body: Mapping[str, Any], indices: Map
     eventually)."""
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
-    for h in list(indices["hpas_idx"].get((ns, children.dns_name(name)), [])):
-        if isinstance(h, AutoscalerView):
-            await state.kube.delete_autoscaler(ns, h.name)
+    for idx in ("hpas_idx", "sos_idx"):
+        for h in list(indices[idx].get((ns, children.dns_name(name)), [])):
+            if isinstance(h, AutoscalerView) and h.owner_kind == "InferenceDeployment":
+                await state.kube.delete_autoscaler(ns, h.name, h.kind)
     for d in list(indices["deps_idx"].get((ns, children.dns_name(name)), [])):
         if isinstance(d, DeploymentView):
             await state.kube.delete("Deployment", ns, d.name)
@@ -766,6 +769,13 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         body, namespace, labels = kw["body"], kw["namespace"], kw["labels"]
         return {(namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, "")): AutoscalerView.from_k8s(body)}
 
+    # KEDA's ScaledObjects (provider: KEDA). Where KEDA's CRDs are not installed kopf serves nothing
+    # here and starts watching once they are.
+    @kopf.index("keda.sh", "v1alpha1", "scaledobjects", id="sos_idx", labels=MANAGED, registry=registry)
+    def _sos_idx(**kw: Any) -> Any:
+        body, namespace, labels = kw["body"], kw["namespace"], kw["labels"]
+        return {(namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, "")): AutoscalerView.from_k8s(body)}
+
     @kopf.index(GROUP, VERSION, TRTENGINES, id="trte_idx", registry=registry)
     def _trte_idx(**kw: Any) -> Any:
         body, namespace, name = kw["body"], kw["namespace"], kw["name"]
@@ -850,6 +860,11 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.event("autoscaling", "v1", "horizontalpodautoscalers", labels=MANAGED, registry=registry)
     def _autoscaler_event(**kw: Any) -> None:
+        namespace, labels = kw["namespace"], kw["labels"]
+        state.queue.fire_label(Kind.INFERENCEDEPLOYMENT, namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, ""))
+
+    @kopf.on.event("keda.sh", "v1alpha1", "scaledobjects", labels=MANAGED, registry=registry)
+    def _scaled_object_event(**kw: Any) -> None:
         namespace, labels = kw["namespace"], kw["labels"]
         state.queue.fire_label(Kind.INFERENCEDEPLOYMENT, namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, ""))
 

@@ -127,8 +127,25 @@ CUSTOM_METRIC_NAMES: dict[AutoscalingMetric, str] = {
 runtime's gauges as they are, and the per-second rate of ``trtforge_runtime_requests_total``."""
 
 
+class AutoscalingProvider(StrEnum):
+    """What scales a target Deployment for the operator: its own HPA, or a KEDA ScaledObject."""
+
+    HPA = "HPA"
+    KEDA = "KEDA"
+
+
 class Autoscaling(ApiModel):
-    """A HorizontalPodAutoscaler per target Deployment, created and owned by the operator."""
+    """An autoscaler per target Deployment (a HorizontalPodAutoscaler or a KEDA ScaledObject), created
+    and owned by the operator."""
+
+    provider: AutoscalingProvider = Field(
+        default=AutoscalingProvider.HPA,
+        description="HPA: a HorizontalPodAutoscaler reading the metric from the custom metrics API "
+        "(prometheus-adapter). KEDA: a KEDA ScaledObject (keda.sh/v1alpha1) with a prometheus trigger "
+        "on the same metric, queried from the Prometheus the operator is configured with; needs "
+        "KEDA's CRDs in the cluster (without them the InferenceDeployment's Autoscaling condition "
+        "says so and no autoscaler is made).",
+    )
 
     min_replicas: int = Field(
         default=1,
@@ -389,8 +406,9 @@ class InferenceDeploymentSpec(ApiModel):
     autoscaling: Autoscaling | None = Field(
         default=None,
         description="Autoscaling of every target without its own: the operator creates and owns one "
-        "HorizontalPodAutoscaler per target Deployment (minReplicas and maxReplicas count that "
-        "target's pods) and stops writing those Deployments' replicas.",
+        "autoscaler per target Deployment (a HorizontalPodAutoscaler, or a KEDA ScaledObject with "
+        "provider KEDA; minReplicas and maxReplicas count that target's pods) and stops writing those "
+        "Deployments' replicas.",
         json_schema_extra={"x-kubernetes-validations": _AUTOSCALING_RULES},
     )
 
@@ -437,7 +455,13 @@ class DeploymentTargetStatus(ApiModel):
     current_replicas: int = Field(default=0, ge=0, description="Pods there are (the Deployment's).")
     ready_replicas: int = Field(default=0, ge=0, description="Pods Ready.")
     autoscaler: str | None = Field(
-        default=None, max_length=253, description="The HorizontalPodAutoscaler that sets replicas here."
+        default=None,
+        max_length=253,
+        description="The autoscaler (HorizontalPodAutoscaler or ScaledObject, see autoscalerKind) that "
+        "sets replicas here.",
+    )
+    autoscaler_kind: str | None = Field(
+        default=None, max_length=63, description="HorizontalPodAutoscaler or ScaledObject."
     )
     updated_replicas: int = Field(default=0, ge=0, description="Pods on the current engine.")
     message: str | None = Field(default=None, max_length=4096, description="One line on this target.")

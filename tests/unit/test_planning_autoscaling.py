@@ -559,3 +559,42 @@ def test_wants_missing(autos: list[Any], apis: AutoscalingApis, expected: bool) 
 )
 def test_keda_served(resources: list[str], served: bool) -> None:
     assert keda_served(resources) is served
+
+
+# ---------------------------------------------------------------------------------- a share of 0
+
+
+def test_a_target_with_share_0_has_no_pods_and_no_autoscaler_under_autoscaling() -> None:
+    """Weight 0 serves nothing, autoscaling or not: a target held dark gets neither pods nor an HPA
+    (minReplicas would otherwise start it)."""
+    mig = {"gpu": MIG.gpu, "mig": MIG.mig}
+    d = infd(replicas=2, autoscaling=AUTO, targets=[{"gpu": H100.gpu}, {**mig, "replicas": 0}])
+    plan = plan_deployment(observed(d, engine(), hpa_api=HpaApi.V2), CFG)
+    deps = {o["metadata"]["labels"][LABEL_TARGET]: o for o in _deps(plan)}
+    h100, dark = deps[H100.name], deps[MIG.name]
+    assert dark["spec"]["replicas"] == 0 and dark["metadata"]["name"] not in plan.hpa_owned
+    (hpa,) = plan.apply_autoscalers
+    assert hpa["spec"]["scaleTargetRef"]["name"] == h100["metadata"]["name"]
+    assert h100["spec"]["replicas"] == 2 and h100["metadata"]["name"] in plan.hpa_owned
+    by = {t.name: t for t in plan.status.targets}
+    assert by[MIG.name].autoscaler is None and by[MIG.name].replicas == 0
+
+    # a target that had an HPA and is set to 0: the HPA goes and its pods go to 0
+    before = infd(replicas=2, autoscaling=AUTO, targets=[{"gpu": H100.gpu}, mig])
+    first = plan_deployment(observed(before, engine(), hpa_api=HpaApi.V2), CFG)
+    live_deps = [_scaled(o, 2) for o in _deps(first)]
+    hpas = [_hpa_view(h) for h in first.apply_autoscalers]
+    assert len(hpas) == 2
+    plan = plan_deployment(
+        observed(d, engine(), deployments=live_deps, autoscalers=hpas, hpa_api=HpaApi.V2), CFG
+    )
+    dark_name = children.deployment_name("resnet", MIG)
+    assert plan.delete_autoscalers == [AutoscalerRef(AutoscalerKind.HPA, dark_name)]
+    (dep,) = _deps(plan)
+    assert dep["metadata"]["name"] == dark_name and dep["spec"]["replicas"] == 0
+
+
+def test_share_0_alone_asks_for_no_autoscaling() -> None:
+    d = infd(replicas=0, autoscaling=AUTO, targets=[{"gpu": H100.gpu, "replicas": 0}])
+    plan = plan_deployment(observed(d, engine(), hpa_api=HpaApi.V2), CFG)
+    assert plan.apply_autoscalers == [] and get_condition(plan.status.conditions, "Autoscaling") is None

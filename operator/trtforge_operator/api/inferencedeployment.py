@@ -225,7 +225,9 @@ class DeploymentTarget(ApiModel):
         ge=0,
         le=1000,
         description="This target's share of spec.replicas (a weight; unset: 1). Shares that sum to "
-        "spec.replicas give each target exactly its share; 0 serves nothing here.",
+        "spec.replicas give each target exactly its share; 0 serves nothing here: no pods, and no "
+        "autoscaler even with autoscaling (a target held at zero, e.g. dark or a canary not yet "
+        "started).",
     )
     autoscaling: Autoscaling | None = Field(
         default=None,
@@ -370,8 +372,8 @@ class InferenceDeploymentSpec(ApiModel):
         "(targets[].replicas, 1 where unset; every engine target has share 1 without targets): each "
         "gets floor(replicas x share / sum of shares), and the replicas left over go one each to the "
         "targets with the largest remainders, ties to the engine's target order. A target with "
-        "autoscaling starts with its split clamped to [minReplicas, maxReplicas]; its HPA sets its "
-        "count from then on.",
+        "autoscaling starts with its split clamped to [minReplicas, maxReplicas]; its autoscaler sets "
+        "its count from then on. A target whose share is 0 is not autoscaled and has no pods.",
     )
     targets: list[DeploymentTarget] = Field(
         default_factory=list,
@@ -433,9 +435,18 @@ class InferenceDeploymentSpec(ApiModel):
         return split_replicas(self.replicas, {t: share[t] for t in engine if t in share})
 
     def autoscaling_by_target(self, targets: Iterable[GPUTarget]) -> dict[GPUTarget, Autoscaling | None]:
-        """Each target's autoscaling: its own (``spec.targets[]``), else ``spec.autoscaling``."""
-        own = {t.to_contract(): t.autoscaling for t in self.targets}
-        return {t: own.get(t) or self.autoscaling for t in targets}
+        """Each target's autoscaling: its own (``spec.targets[]``), else ``spec.autoscaling``; none
+        for a target whose share is 0: it serves nothing (no pods, no autoscaler), whatever
+        ``minReplicas`` says, e.g. a target held dark until its share is raised."""
+        own = {t.to_contract(): t for t in self.targets}
+
+        def of(t: GPUTarget) -> Autoscaling | None:
+            entry = own.get(t)
+            if entry is not None and entry.replicas == 0:
+                return None
+            return (entry.autoscaling if entry is not None else None) or self.autoscaling
+
+        return {t: of(t) for t in targets}
 
 
 # -------------------------------------------------------------------------------------------- status

@@ -254,3 +254,36 @@ def test_the_scaled_object_is_deleted_with_its_inferencedeployment_by_the_garbag
         wait_for(lambda: not apps.list_namespaced_deployment(ns).items, timeout=120, desc="Deployments gone")
     finally:
         env.op.start()
+
+
+def test_discovery_looks_again_when_a_pass_wants_what_it_did_not_find(env: OperatorEnv) -> None:
+    """The operator's discovery of the autoscaling APIs against the real apiserver: kept while fresh,
+    looked up again once a wanted API was missing for miss_retry seconds, after the TTL, and at once
+    after a write was refused with 404."""
+    import asyncio
+
+    from trtforge_operator.api import Autoscaling
+    from trtforge_operator.autoscaling_discovery import AutoscalingDiscovery
+    from trtforge_operator.config import AutoscalingSettings
+    from trtforge_operator.kube import Kube
+    from trtforge_operator.planning.autoscaling import AutoscalingApis, HpaApi
+
+    keda = [Autoscaling.model_validate(KEDA)]
+    hpa_only = [Autoscaling.model_validate(HPA)]
+    d = AutoscalingDiscovery(
+        Kube(env.api), AutoscalingSettings(discovery_ttl_seconds=300, miss_retry_seconds=10)
+    )
+    run = asyncio.run
+    _remove_crd(env)
+    assert run(d.current(keda, now=1000.0)) == AutoscalingApis(HpaApi.V2BETA2, keda=False)  # 1.20
+    _install_crd(env)
+    assert not run(d.current(keda, now=1005.0)).keda  # looked 5 s ago: kept
+    assert not run(d.current(hpa_only, now=1200.0)).keda  # nothing missing for HPA: kept within the TTL
+    assert run(d.current(keda, now=1011.0)).keda  # missing for 11 s: looked again, found
+    _remove_crd(env)
+    assert run(d.current(hpa_only, now=1100.0)).keda  # kept
+    d.write_refused()
+    assert not run(d.current(hpa_only, now=1101.0)).keda  # a 404 on a write: looked again at once
+    _install_crd(env)
+    assert not run(d.current(hpa_only, now=1200.0)).keda
+    assert run(d.current(hpa_only, now=1401.0)).keda  # past the TTL

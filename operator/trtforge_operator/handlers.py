@@ -39,6 +39,7 @@ from trtforge_operator.api.common import field_error
 from trtforge_operator.autoscaling_discovery import AutoscalingDiscovery
 from trtforge_operator.build_slots import BuildSlots
 from trtforge_operator.config import OperatorConfig
+from trtforge_operator.deployment_applier import apply_deployment_actions
 from trtforge_operator.kinds import Kind
 from trtforge_operator.kube import Kube, clean_status, status_patch
 from trtforge_operator.labels import (
@@ -67,11 +68,12 @@ from trtforge_operator.planning.deployment import (
     invalid_deployment_status,
     plan_deployment,
 )
+from trtforge_operator.planning.deployment_actions import cleanup_actions
 from trtforge_operator.planning.engine import model_source_problem, plan_engine
 from trtforge_operator.planning.engine_conditions import EngineReason, invalid_spec_status
 from trtforge_operator.planning.events import Event
 from trtforge_operator.planning.observed_engine import Capacity, EngineObserved
-from trtforge_operator.planning.rebuild import ObservedFaults, legacy_cleanup_patch, parse_observed
+from trtforge_operator.planning.rebuild import ObservedFaults, parse_observed
 from trtforge_operator.planning.text import one_line
 from trtforge_operator.status_cache import StatusCache, resource_version
 from trtforge_operator.store_reader import StoreReader
@@ -496,51 +498,11 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     plan = plan_deployment(obs, state.cfg)
     state.metrics.observe_deployment(ns, name, plan.status)
     old_norm = old_status.to_wire() if old else {}
-    new = plan.status.to_wire()
-    # Record faults (and their actions) before acting on them: a crash in between repeats the actions.
-    await _write_status(state, Kind.INFERENCEDEPLOYMENT, INFERENCEDEPLOYMENTS, body, old_norm, new)
-    for obj_ in plan.apply:
-        try:
-            keep = obj_["kind"] == "Deployment" and obj_["metadata"]["name"] in plan.hpa_owned
-            await state.kube.apply_owned(obj_, keep_replicas=keep)
-        except ApiException as e:
-            log.warning(
-                "could not apply %s %s/%s: %s %s",
-                obj_["kind"],
-                ns,
-                obj_["metadata"]["name"],
-                e.status,
-                e.reason,
-            )
-    # The other provider's autoscaler goes first: KEDA refuses a ScaledObject whose Deployment an HPA
-    # already scales.
-    for ref in plan.delete_autoscalers:
-        await state.kube.delete_autoscaler(ns, ref.name, ref.kind.value)
-    for hpa in plan.apply_autoscalers:
-        try:
-            await state.kube.apply_autoscaler(hpa)
-        except ApiException as e:
-            if e.status == 404:
-                state.discovery.write_refused()
-            log.warning(
-                "could not apply %s %s/%s: %s %s",
-                hpa["kind"],
-                ns,
-                hpa["metadata"]["name"],
-                e.status,
-                e.reason,
-                extra=fields(kind=hpa["kind"], namespace=ns, name=hpa["metadata"]["name"]),
-            )
-    for d in plan.delete_deployments:
-        await state.kube.delete("Deployment", ns, d)
-    for p in plan.delete_pods:
-        await state.kube.delete("Pod", ns, p)
-    if engine is not None:
-        # The TRTEngine creates the rebuilds from this status (planning/rebuild.py); requests an
-        # earlier version recorded on it as annotations go.
-        patch = legacy_cleanup_patch(f"{ns}/{name}", engine.metadata.annotations)
-        if patch:
-            await state.kube.annotate("TRTEngine", ns, engine_name, patch)
+
+    async def write_status(new: Mapping[str, Any]) -> None:
+        await _write_status(state, Kind.INFERENCEDEPLOYMENT, INFERENCEDEPLOYMENTS, body, old_norm, dict(new))
+
+    await apply_deployment_actions(state.kube, state.discovery, body, plan.actions, write_status)
     known = {(f.pod, f.time) for f in old_status.faults}
     for f in plan.status.faults:
         if (f.pod, f.time) not in known:
@@ -549,7 +511,6 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     for f in plan.status.faults:
         if f.recovered_seconds is not None and (f.pod, f.time) not in old_faults:
             state.metrics.recovery_seconds.observe(f.recovered_seconds)
-    await _post_events(state, body, plan.events)
 
 
 async def cleanup_deployment(state: State, body: Mapping[str, Any], indices: Mapping[str, Any]) -> None:
@@ -557,14 +518,16 @@ async def cleanup_deployment(state: State, body: Mapping[str, Any], indices: Map
     eventually)."""
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
-    for idx in ("hpas_idx", "sos_idx"):
-        for h in list(indices[idx].get((ns, children.dns_name(name)), [])):
-            if isinstance(h, AutoscalerView) and h.owner_kind == "InferenceDeployment":
-                await state.kube.delete_autoscaler(ns, h.name, h.kind)
-    for d in list(indices["deps_idx"].get((ns, children.dns_name(name)), [])):
-        if isinstance(d, DeploymentView):
-            await state.kube.delete("Deployment", ns, d.name)
-    await state.kube.delete("Service", ns, children.service_name(name))
+    label = (ns, children.dns_name(name))
+    autoscalers = [
+        h
+        for idx in ("hpas_idx", "sos_idx")
+        for h in list(indices[idx].get(label, []))
+        if isinstance(h, AutoscalerView)
+    ]
+    deployments = [d.name for d in list(indices["deps_idx"].get(label, [])) if isinstance(d, DeploymentView)]
+    actions = cleanup_actions(deployments, autoscalers, children.service_name(name))
+    await apply_deployment_actions(state.kube, state.discovery, body, actions)
     _forget(state, Kind.INFERENCEDEPLOYMENT, ns, name)
 
 

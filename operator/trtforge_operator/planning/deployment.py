@@ -17,7 +17,7 @@ made in no other form: the Autoscaling condition says what is missing. No I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,9 +55,21 @@ from trtforge_operator.planning.autoscaling import (
     problem_message,
     replicas_decision,
 )
+from trtforge_operator.planning.deployment_actions import (
+    Action,
+    ApplyAutoscaler,
+    ApplyDeployment,
+    ApplyService,
+    ChildKind,
+    DeleteChild,
+    Emit,
+    PatchEngineAnnotations,
+    WriteStatus,
+    owned_autoscalers,
+)
 from trtforge_operator.planning.events import Event
 from trtforge_operator.planning.keys import key_inputs
-from trtforge_operator.planning.rebuild import RebuildRequest
+from trtforge_operator.planning.rebuild import RebuildRequest, legacy_cleanup_patch
 from trtforge_operator.planning.text import one_line
 
 
@@ -91,23 +103,90 @@ class AutoscalerRef:
     name: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class DeploymentPlan:
+    """One pass's decisions: the new status, the actions that carry them out (in order, by the one
+    applier, deployment_applier.py), and the rebuilds asked of the TRTEngine."""
+
     status: InferenceDeploymentStatus
-    apply: list[dict[str, Any]] = field(
-        default_factory=list
-    )  # Deployments + Service: create, or update on hash
+    actions: tuple[Action, ...] = ()
+    # Rebuilds this deployment asks its TRTEngine for (the engine creates the Jobs; docs/design.md
+    # §"Scale" and planning/rebuild.py). Level-based: the full set still wanted, not a delta. The
+    # TRTEngine reads them from the status written here: no action of this plan.
+    rebuild_requests: list[RebuildRequest] = field(default_factory=list)
+
+    # Views of the actions, by what they do.
+    @property
+    def apply(self) -> list[Mapping[str, Any]]:
+        """Deployments and the Service to create, or replace on hash."""
+        return [a.manifest for a in self.actions if isinstance(a, ApplyDeployment | ApplyService)]
+
+    @property
+    def hpa_owned(self) -> set[str]:
+        """Deployments applied whose replicas an autoscaler sets (a replace keeps their count)."""
+        return {a.name for a in self.actions if isinstance(a, ApplyDeployment) and a.keep_replicas}
+
+    @property
+    def apply_autoscalers(self) -> list[Mapping[str, Any]]:
+        return [a.manifest for a in self.actions if isinstance(a, ApplyAutoscaler)]
+
+    def _deleted(self, *kinds: ChildKind) -> list[DeleteChild]:
+        return [a for a in self.actions if isinstance(a, DeleteChild) and a.kind in kinds]
+
+    @property
+    def delete_autoscalers(self) -> list[AutoscalerRef]:
+        return [
+            AutoscalerRef(AutoscalerKind(a.kind.value), a.name)
+            for a in self._deleted(ChildKind.HPA, ChildKind.SCALED_OBJECT)
+        ]
+
+    @property
+    def delete_deployments(self) -> list[str]:
+        return [a.name for a in self._deleted(ChildKind.DEPLOYMENT)]
+
+    @property
+    def delete_pods(self) -> list[str]:
+        return [a.name for a in self._deleted(ChildKind.POD)]
+
+    @property
+    def events(self) -> list[Event]:
+        return [a.event for a in self.actions if isinstance(a, Emit)]
+
+
+@dataclass
+class _Draft:
+    """What a pass decides, gathered while planning; :meth:`plan` orders it into actions."""
+
+    deployments: list[ApplyDeployment] = field(default_factory=list)
+    service: ApplyService | None = None
     delete_deployments: list[str] = field(default_factory=list)
-    # Deployments (by name) whose replicas an HPA sets: a replace keeps the count the Deployment has.
-    hpa_owned: set[str] = field(default_factory=set)
-    # HPAs and ScaledObjects: create, or replace on hash
     apply_autoscalers: list[dict[str, Any]] = field(default_factory=list)
     delete_autoscalers: list[AutoscalerRef] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
-    # Rebuilds this deployment asks its TRTEngine for (the engine creates the Jobs; docs/design.md
-    # §"Scale" and planning/rebuild.py). Level-based: the full set still wanted, not a delta.
     rebuild_requests: list[RebuildRequest] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
+
+    def plan(
+        self,
+        status: InferenceDeploymentStatus,
+        events: Sequence[Event],
+        engine_patch: PatchEngineAnnotations | None,
+    ) -> DeploymentPlan:
+        """In the order they are carried out: the status first (faults recorded before they are acted
+        on), the autoscalers that go before the ones that come (KEDA refuses a Deployment an HPA
+        already scales), Deployments and the Service before their autoscalers, then deletions,
+        the TRTEngine's old annotations, and Events last."""
+        actions: list[Action] = [WriteStatus(status.to_wire())]
+        actions += [DeleteChild(ChildKind(r.kind.value), r.name) for r in self.delete_autoscalers]
+        actions += self.deployments
+        if self.service is not None:
+            actions.append(self.service)
+        actions += [ApplyAutoscaler(a) for a in self.apply_autoscalers]
+        actions += [DeleteChild(ChildKind.DEPLOYMENT, d) for d in self.delete_deployments]
+        actions += [DeleteChild(ChildKind.POD, p) for p in self.delete_pods]
+        if engine_patch is not None:
+            actions.append(engine_patch)
+        actions += [Emit(e) for e in events]
+        return DeploymentPlan(status, tuple(actions), list(self.rebuild_requests))
 
 
 def _gpu_faulted(pod: PodView) -> bool:
@@ -132,7 +211,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     dep_names = {t.name: children.deployment_name(obs.name, t) for t in wanted}
     jobs_by_name = {j.name: j for j in obs.jobs}
     events: list[Event] = []
-    plan = DeploymentPlan(status=InferenceDeploymentStatus())
+    plan = _Draft()
 
     # --- faults: detect, record once, decide the action
     records = faults.enrich_from_pods(list(obs.status.faults), our_pods)
@@ -186,9 +265,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     # --- Deployments and the Service
     existing = {d.name: d for d in obs.deployments}
     autoscalers = {
-        AutoscalerRef(AutoscalerKind(a.kind), a.name): a
-        for a in obs.autoscalers
-        if a.owner_kind == "InferenceDeployment" and a.kind in set(AutoscalerKind)
+        AutoscalerRef(AutoscalerKind(a.kind), a.name): a for a in owned_autoscalers(obs.autoscalers)
     }
     keda_prometheus = cfg.autoscaling.keda_prometheus_address
     problems: dict[str, AutoscalingProblem] = {}  # target -> why it has no autoscaler
@@ -214,8 +291,6 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         st = DeploymentTargetStatus(
             name=target.name, gpu=target.gpu, mig=target.mig, deployment_name=dname, replicas=replicas
         )
-        if decision.hpa_owned:
-            plan.hpa_owned.add(dname)
         desired_hash = None
         if ts.phase == "Ready" and ts.engine_key and ts.sha256:
             try:
@@ -252,7 +327,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             dep = children.runtime_deployment(rreq, cfg)
             desired_hash = dep["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
             if cur is None or cur.annotations.get(ANNOTATION_SPEC_HASH) != desired_hash:
-                plan.apply.append(dep)
+                plan.deployments.append(ApplyDeployment(dep, keep_replicas=decision.hpa_owned))
         if decision.hpa_owned and auto is not None and choice.kind is not None:
             # Made once the target has a Deployment to scale (or one is being made now).
             ref = AutoscalerRef(choice.kind, children.autoscaler_name(obs.name, target))
@@ -306,7 +381,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     plan.delete_deployments = sorted(n for n in existing if n not in keep)
     plan.delete_autoscalers = sorted(r for r in autoscalers if r not in keep_autoscalers)
     if wanted:
-        plan.apply.append(
+        plan.service = ApplyService(
             children.runtime_service(obs.namespace, obs.name, obs.uid, runtime.port, runtime.grpc_port)
         )
 
@@ -335,7 +410,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     total = sum(counts.values())
     ready_total = sum(min(s.ready_replicas, s.replicas) for s in target_statuses)
     svc = children.service_name(obs.name)
-    plan.status = InferenceDeploymentStatus(
+    status = InferenceDeploymentStatus(
         observed_generation=obs.generation,
         conditions=_autoscaling_condition(
             _conditions(obs, counts, target_statuses, rollout_done, records, existing, engine_not_ready),
@@ -353,8 +428,14 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         endpoint=f"http://{svc}.{obs.namespace}.svc:{runtime.port}" if wanted else None,
         faults=records[-cfg.faults.history :],
     )
-    plan.events = events
-    return plan
+    engine_patch = None
+    if obs.engine is not None:
+        # The TRTEngine creates the rebuilds from this status (planning/rebuild.py); requests an
+        # earlier version recorded on it as annotations go.
+        patch = legacy_cleanup_patch(f"{obs.namespace}/{obs.name}", obs.engine.metadata.annotations)
+        if patch:
+            engine_patch = PatchEngineAnnotations(obs.spec.engine_ref.name, patch)
+    return plan.plan(status, events, engine_patch)
 
 
 def _autoscaler(

@@ -598,3 +598,39 @@ def test_share_0_alone_asks_for_no_autoscaling() -> None:
     d = infd(replicas=0, autoscaling=AUTO, targets=[{"gpu": H100.gpu, "replicas": 0}])
     plan = plan_deployment(observed(d, engine(), hpa_api=HpaApi.V2), CFG)
     assert plan.apply_autoscalers == [] and get_condition(plan.status.conditions, "Autoscaling") is None
+
+
+def test_a_scaled_object_is_written_again_only_when_it_changes() -> None:
+    one = [{"gpu": H100.gpu}]
+    d = infd(autoscaling=KEDA, targets=one)
+    first = plan_deployment(observed(d, engine(), hpa_api=HpaApi.V2, keda=True), KEDA_CFG)
+    (dep,) = _deps(first)
+    (so,) = first.apply_autoscalers
+    same = plan_deployment(
+        observed(
+            d, engine(), deployments=[live(dep)], autoscalers=[_hpa_view(so)], hpa_api=HpaApi.V2, keda=True
+        ),
+        KEDA_CFG,
+    )
+    assert same.apply_autoscalers == [] and same.delete_autoscalers == []
+    for change, cfg in (
+        ({**KEDA, "maxReplicas": 8}, KEDA_CFG),
+        ({**KEDA, "metric": "RequestRate"}, KEDA_CFG),
+        (
+            KEDA,
+            CFG.model_copy(update={"autoscaling": AutoscalingSettings(keda_prometheus_address=PROM + "0")}),
+        ),
+    ):
+        plan = plan_deployment(
+            observed(
+                infd(autoscaling=change, targets=one),
+                engine(),
+                deployments=[live(dep)],
+                autoscalers=[_hpa_view(so)],
+                hpa_api=HpaApi.V2,
+                keda=True,
+            ),
+            cfg,
+        )
+        (new,) = plan.apply_autoscalers
+        assert new["kind"] == "ScaledObject" and new["spec"] != so["spec"] and plan.delete_autoscalers == []

@@ -133,13 +133,22 @@ def _set_autoscaling(env: OperatorEnv, ns: str, name: str, auto: dict[str, Any])
     )
 
 
+def _wait(env: OperatorEnv, check: Any, *, timeout: float, desc: str) -> Any:
+    """wait_for, with the operator's log tail in the failure."""
+    try:
+        return wait_for(check, timeout=timeout, desc=desc)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}\n--- operator log tail:\n{env.op.tail(120)}") from e
+
+
 def test_keda_asked_for_without_its_crd_says_so_and_makes_no_hpa_then_comes_once_installed(
     env: OperatorEnv, ns: str
 ) -> None:
     _remove_crd(env)
     apps: Any = client.AppsV1Api(env.api)
     env.apply(deployment_manifest("x", "tiny", replicas=2, autoscaling=KEDA), ns)
-    cond = wait_for(
+    cond = _wait(
+        env,
         lambda: (c := _autoscaling(env, ns, "x")) and c["status"] == "False" and c,
         timeout=180,
         desc="Autoscaling=False",
@@ -155,9 +164,10 @@ def test_keda_asked_for_without_its_crd_says_so_and_makes_no_hpa_then_comes_once
 
     # KEDA installed now: found without a restart, and the ScaledObject comes
     _install_crd(env)
-    (so,) = wait_for(lambda: _scaled_objects(env, ns) or None, timeout=120, desc="the ScaledObject")
+    (so,) = _wait(env, lambda: _scaled_objects(env, ns) or None, timeout=120, desc="the ScaledObject")
     assert so["spec"]["scaleTargetRef"]["name"] == target["deploymentName"]
-    cond = wait_for(
+    cond = _wait(
+        env,
         lambda: (c := _autoscaling(env, ns, "x")) and c["status"] == "True" and c,
         timeout=60,
         desc="Autoscaling=True",
@@ -174,7 +184,7 @@ def test_the_operators_scaled_object_targets_the_deployment_and_switches_with_th
     infd = env.wait_true("inferencedeployments", ns, "x", timeout=240)
     (target,) = infd["status"]["targets"]
     dname = target["deploymentName"]
-    (so,) = wait_for(lambda: _scaled_objects(env, ns) or None, timeout=60, desc="the ScaledObject")
+    (so,) = _wait(env, lambda: _scaled_objects(env, ns) or None, timeout=60, desc="the ScaledObject")
     # accepted by the apiserver with every field the operator writes (none pruned)
     assert so["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": dname}
     assert (so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]) == (1, 3)
@@ -204,7 +214,8 @@ def test_the_operators_scaled_object_targets_the_deployment_and_switches_with_th
     pods = env.pods(ns, "app.kubernetes.io/component=runtime")
     assert pods and all(re.fullmatch(pattern, p.metadata.name) for p in pods)
     assert _hpas(env, ns) == []
-    wait_for(
+    _wait(
+        env,
         lambda: (
             env.get("inferencedeployments", ns, "x")["status"]["targets"][0].get("autoscalerKind")
             == "ScaledObject"
@@ -215,7 +226,8 @@ def test_the_operators_scaled_object_targets_the_deployment_and_switches_with_th
 
     # provider HPA: the ScaledObject goes, the HPA comes, on the same Deployment
     _set_autoscaling(env, ns, "x", HPA)
-    (hpa,) = wait_for(
+    (hpa,) = _wait(
+        env,
         lambda: (h := _hpas(env, ns)) and not _scaled_objects(env, ns) and h,
         timeout=120,
         desc="the HPA in place of the ScaledObject",
@@ -224,7 +236,8 @@ def test_the_operators_scaled_object_targets_the_deployment_and_switches_with_th
     assert [o.kind for o in hpa.metadata.owner_references] == ["InferenceDeployment"]
     # and back
     _set_autoscaling(env, ns, "x", KEDA)
-    wait_for(
+    _wait(
+        env,
         lambda: not _hpas(env, ns) and len(_scaled_objects(env, ns)) == 1,
         timeout=120,
         desc="the ScaledObject in place of the HPA",
@@ -238,7 +251,7 @@ def test_the_scaled_object_is_deleted_with_its_inferencedeployment_by_the_garbag
     apps: Any = client.AppsV1Api(env.api)
     env.apply(deployment_manifest("x", "tiny", replicas=1, autoscaling=KEDA), ns)
     env.wait_true("inferencedeployments", ns, "x", timeout=240)
-    (so,) = wait_for(lambda: _scaled_objects(env, ns) or None, timeout=60, desc="the ScaledObject")
+    (so,) = _wait(env, lambda: _scaled_objects(env, ns) or None, timeout=60, desc="the ScaledObject")
     # The operator stopped, its finalizer taken off by hand: only the ownerReference is left to act.
     env.op.stop()
     try:
@@ -251,7 +264,9 @@ def test_the_scaled_object_is_deleted_with_its_inferencedeployment_by_the_garbag
             timeout=180,
             desc=f"ScaledObject {so['metadata']['name']} collected with its InferenceDeployment",
         )
-        wait_for(lambda: not apps.list_namespaced_deployment(ns).items, timeout=120, desc="Deployments gone")
+        _wait(
+            env, lambda: not apps.list_namespaced_deployment(ns).items, timeout=120, desc="Deployments gone"
+        )
     finally:
         env.op.start()
 

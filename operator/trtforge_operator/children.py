@@ -780,3 +780,60 @@ def runtime_autoscaler(req: AutoscalerRequest) -> dict[str, Any]:
         },
         "spec": spec,
     }
+
+
+@dataclass(frozen=True)
+class ScaledObjectRequest:
+    """The KEDA ScaledObject of one target Deployment (``provider: KEDA``)."""
+
+    namespace: str
+    infd: str
+    infd_uid: str
+    target: GPUTarget
+    min_replicas: int
+    max_replicas: int
+    server_address: str  # the Prometheus the trigger queries
+    query: str  # PromQL: the metric summed over the target's pods
+    threshold: str  # the per-pod average to hold (a plain decimal)
+
+
+def runtime_scaled_object(req: ScaledObjectRequest) -> dict[str, Any]:
+    """A KEDA ScaledObject (keda.sh/v1alpha1) scaling one target Deployment with a prometheus trigger.
+    Its metric type is AverageValue: the HPA that KEDA makes divides the query's sum by the pod count,
+    so ``threshold`` is per pod, as the operator's own HPA's target is. Named as its Deployment."""
+    spec = {
+        "scaleTargetRef": {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": deployment_name(req.infd, req.target),
+        },
+        "minReplicaCount": req.min_replicas,
+        "maxReplicaCount": req.max_replicas,
+        "triggers": [
+            {
+                "type": "prometheus",
+                "metricType": "AverageValue",
+                "metadata": {
+                    "serverAddress": req.server_address,
+                    "query": req.query,
+                    "threshold": req.threshold,
+                },
+            }
+        ],
+    }
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {
+            "name": autoscaler_name(req.infd, req.target),
+            "namespace": req.namespace,
+            "labels": {
+                **BASE_LABELS,
+                **selector_labels(req.infd, req.target),
+                APP_COMPONENT: COMPONENT_RUNTIME,
+            },
+            "annotations": {ANNOTATION_SPEC_HASH: spec_hash(spec)},
+            "ownerReferences": [owner_reference("InferenceDeployment", req.infd, req.infd_uid)],
+        },
+        "spec": spec,
+    }

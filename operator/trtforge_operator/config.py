@@ -150,6 +150,21 @@ class FaultSettings(BaseModel):
     history: int = Field(default=10, ge=1)  # status.faults keeps the last N
 
 
+class AutoscalingSettings(BaseModel):
+    """What the operator's autoscalers need from the cluster (docs/operations.md, Autoscaling)."""
+
+    model_config = ConfigDict(extra="forbid")
+    # The Prometheus (its HTTP query API) a KEDA ScaledObject's prometheus trigger asks, e.g.
+    # http://prometheus-operated.monitoring.svc:9090; unset: `provider: KEDA` is refused in status.
+    keda_prometheus_address: str | None = None
+    # The window of the request rate (RequestRate) in a KEDA trigger's query, as prometheus-adapter's.
+    rate_window: str = Field(default="1m", pattern=r"^[0-9]+(ms|s|m|h)$")
+    # The served autoscaling APIs (HPA versions, KEDA's ScaledObject) are looked up again after this
+    # long, and sooner (miss_retry_seconds) when a pass wants one that the last look did not find.
+    discovery_ttl_seconds: float = Field(default=300.0, gt=0)
+    miss_retry_seconds: float = Field(default=10.0, ge=0)
+
+
 class OperatorConfig(BaseModel):
     """Everything `trtforge operator` needs; see docs/operations for the YAML form."""
 
@@ -178,6 +193,7 @@ class OperatorConfig(BaseModel):
     verify: VerifySettings = Field(default_factory=VerifySettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     faults: FaultSettings = Field(default_factory=FaultSettings)
+    autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
     # Level-based resync, counted from each object's own last pass and jittered by +-10%
     # (docs/design.md §"Scale"). InferenceDeployments: their rollout and fault timers ride on it.

@@ -24,6 +24,7 @@ from trtforge.logs import fields
 from trtforge_operator.labels import ANNOTATION_SPEC_HASH, GROUP, TRTENGINES, VERSION
 
 log = logging.getLogger(__name__)
+AUTOSCALER_PLURALS = {"HorizontalPodAutoscaler": "horizontalpodautoscalers", "ScaledObject": "scaledobjects"}
 
 
 def load_kube_config() -> None:
@@ -187,16 +188,30 @@ class Kube:
                 return [v.group_version for v in g.versions or []]
         return []
 
+    async def served_resources(self, group_version: str) -> list[str]:
+        """The resources (plural names) the apiserver serves in ``group/version``; [] when it serves
+        no such group version (404)."""
+        group, version = group_version.split("/", 1)
+        try:
+            res = await self._call(self.custom.get_api_resources, group, version)
+        except ApiException as e:
+            if e.status == 404:
+                return []
+            raise
+        return [r.name for r in res.resources or []]
+
     async def apply_autoscaler(self, obj: Mapping[str, Any]) -> str:
-        """Create an HPA (in the apiVersion it names), or replace it when its spec hash differs."""
+        """Create an HPA (in the apiVersion it names) or a KEDA ScaledObject, or replace it when its
+        spec hash differs."""
         group, version = obj["apiVersion"].split("/", 1)
-        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
-        plural = "horizontalpodautoscalers"
+        kind, ns, name = obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]
+        plural = AUTOSCALER_PLURALS[kind]
+        what = fields(kind=kind, namespace=ns, name=name)
         try:
             await self._call_unparsed(
                 self.custom.create_namespaced_custom_object, group, version, ns, plural, dict(obj)
             )
-            log.info("created HorizontalPodAutoscaler %s/%s", ns, name, extra=fields(namespace=ns, name=name))
+            log.info("created %s %s/%s", kind, ns, name, extra=what)
             return "created"
         except ApiException as e:
             if e.status != 409:
@@ -207,24 +222,41 @@ class Kube:
             return "unchanged"
         new = {**obj, "metadata": {**obj["metadata"], "resourceVersion": cur["metadata"]["resourceVersion"]}}
         await self._call(self.custom.replace_namespaced_custom_object, group, version, ns, plural, name, new)
-        log.info("updated HorizontalPodAutoscaler %s/%s", ns, name, extra=fields(namespace=ns, name=name))
+        log.info("updated %s %s/%s", kind, ns, name, extra=what)
         return "replaced"
 
-    async def delete_autoscaler(self, namespace: str, name: str) -> bool:
-        """Delete an HPA (through autoscaling/v1, served everywhere); False when it is gone."""
+    async def delete_autoscaler(
+        self, namespace: str, name: str, kind: str = "HorizontalPodAutoscaler"
+    ) -> bool:
+        """Delete an HPA (through autoscaling/v1, served everywhere) or a KEDA ScaledObject; False
+        when it is gone (or, for a ScaledObject, when KEDA's API is not served: nothing to delete)."""
         try:
-            await self._call_unparsed(
-                client.AutoscalingV1Api(self.api).delete_namespaced_horizontal_pod_autoscaler, name, namespace
-            )
+            if kind == "ScaledObject":
+                await self._call_unparsed(
+                    self.custom.delete_namespaced_custom_object,
+                    "keda.sh",
+                    "v1alpha1",
+                    namespace,
+                    AUTOSCALER_PLURALS[kind],
+                    name,
+                    propagation_policy="Background",
+                )
+            else:
+                await self._call_unparsed(
+                    client.AutoscalingV1Api(self.api).delete_namespaced_horizontal_pod_autoscaler,
+                    name,
+                    namespace,
+                )
         except ApiException as e:
             if e.status == 404:
                 return False
             raise
         log.info(
-            "deleted HorizontalPodAutoscaler %s/%s",
+            "deleted %s %s/%s",
+            kind,
             namespace,
             name,
-            extra=fields(kind="HorizontalPodAutoscaler", namespace=namespace, name=name),
+            extra=fields(kind=kind, namespace=namespace, name=name),
         )
         return True
 

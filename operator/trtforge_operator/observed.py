@@ -570,8 +570,10 @@ class DeploymentView:
 
 @dataclass(frozen=True)
 class AutoscalerView:
-    """A HorizontalPodAutoscaler the operator made (read in any served version: only its metadata,
-    target and counts are used)."""
+    """An autoscaler with the operator's labels: a HorizontalPodAutoscaler (read in any served
+    version: only its metadata, target and counts are used) or a KEDA ScaledObject. ``owner_kind``
+    tells the operator's own (owned by an InferenceDeployment) from an HPA that KEDA made for a
+    ScaledObject, which carries the ScaledObject's labels but is KEDA's."""
 
     name: str
     namespace: str
@@ -580,10 +582,13 @@ class AutoscalerView:
     target_name: str = ""  # spec.scaleTargetRef.name
     current_replicas: int = 0
     desired_replicas: int = 0
+    kind: str = "HorizontalPodAutoscaler"  # or ScaledObject
+    owner_kind: str = ""  # the kind of its controller ownerReference ("" without one)
 
     @classmethod
     def from_k8s(cls, obj: Mapping[str, Any]) -> AutoscalerView:
         meta, spec, status = _meta(obj), obj.get("spec") or {}, obj.get("status") or {}
+        owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
         return cls(
             name=meta.get("name", ""),
             namespace=meta.get("namespace", ""),
@@ -592,6 +597,8 @@ class AutoscalerView:
             target_name=str((spec.get("scaleTargetRef") or {}).get("name") or ""),
             current_replicas=int(status.get("currentReplicas") or 0),
             desired_replicas=int(status.get("desiredReplicas") or 0),
+            kind=str(obj.get("kind") or "HorizontalPodAutoscaler"),
+            owner_kind=str(owners[0].get("kind") or "") if owners else "",
         )
 
 

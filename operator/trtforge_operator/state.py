@@ -9,16 +9,15 @@ import logging
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from kubernetes.client.rest import ApiException
 from pydantic import BaseModel, ValidationError
 
+from trtforge_operator.autoscaling_discovery import AutoscalingDiscovery
 from trtforge_operator.build_slots import BuildSlots
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kinds import Kind
 from trtforge_operator.kube import Kube
 from trtforge_operator.metrics import Metrics
 from trtforge_operator.observed import NodeView
-from trtforge_operator.planning.autoscaling import HpaApi, hpa_api_version
 from trtforge_operator.status_cache import StatusCache
 from trtforge_operator.store_reader import StoreReader
 from trtforge_operator.workqueue import LoopWatch, WorkQueue
@@ -41,21 +40,10 @@ class State:
     indices: Mapping[str, Any] | None = None  # kopf's indices, once a handler has been given them
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)  # background loops
     node_views: list[NodeView] | None = None  # the Nodes index as a list; None after any Node event
-    hpa_api: HpaApi | None = None  # the HPA API to write in, once discovered
-    hpa_api_known: bool = False
+    discovery: AutoscalingDiscovery = dataclasses.field(init=False)  # the served autoscaling APIs
     # Build Jobs whose pod's result this process copied onto them, until the Job's own event shows
     # it (a pass before that event writes it no second time).
     results_recorded: set[str] = dataclasses.field(default_factory=set)
-
-    async def autoscaling_api(self) -> HpaApi | None:
-        """The HPA API version to write in, from discovery (once; again after a failed look)."""
-        if not self.hpa_api_known:
-            try:
-                self.hpa_api = hpa_api_version(await self.kube.served_versions("autoscaling"))
-                self.hpa_api_known = True
-            except ApiException as e:
-                log.warning("could not discover the autoscaling API: %s %s", e.status, e.reason)
-        return self.hpa_api
 
     def nodes(self, indices: Mapping[str, Any]) -> list[NodeView]:
         """Every Node's view, read from the index once per Node event (not once per pass)."""
@@ -64,6 +52,7 @@ class State:
         return self.node_views
 
     def __post_init__(self) -> None:
+        self.discovery = AutoscalingDiscovery(self.kube, self.cfg.autoscaling)
         self.slots = BuildSlots(
             self.cfg.build.max_concurrent,
             self.cfg.build.max_concurrent_per_namespace,

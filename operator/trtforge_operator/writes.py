@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from trtforge_operator.kinds import Kind
-from trtforge_operator.kube import clean_status, status_patch
+from trtforge_operator.kube import Kube, clean_status, status_patch
 from trtforge_operator.planning.events import Event
 from trtforge_operator.state import State
 from trtforge_operator.status_cache import resource_version
@@ -35,4 +35,9 @@ async def write_status(
 
 async def post_events(state: State, body: Mapping[str, Any], events: Iterable[Event]) -> None:
     for ev in events:
-        await state.kube.event(body, ev.type, ev.reason, ev.message)
+        await post_event(state.kube, body, ev)
+
+
+async def post_event(kube: Kube, body: Mapping[str, Any], ev: Event) -> None:
+    """Post one Event on `body`: every Event the operator writes goes through here."""
+    await kube.event(body, ev.type, ev.reason, ev.message)

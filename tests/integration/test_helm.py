@@ -68,6 +68,10 @@ def test_helm_template_renders_each_ci_values_file(values: Path) -> None:
         ({"broker": {"antiAffinity": "required"}}, "antiAffinity"),
         ({"metrics": {"bindAddress": "10.0.0.7"}}, "/metrics/bindAddress"),
         ({"metrics": {"serviceMonitor": {"enabled": True}}}, "metrics.bindAddress is 127.0.0.1"),
+        (
+            {"autoscaling": {"keda": {"prometheusServerAddress": "prometheus:9090"}}},
+            "prometheusServerAddress",
+        ),
     ],
 )
 def test_helm_refuses_bad_values_naming_the_field(values: dict[str, Any], needle: str) -> None:
@@ -89,6 +93,28 @@ def test_metrics_listen_inside_the_pod_unless_opened() -> None:
     assert cfg(None).metrics_address() == "127.0.0.1"
     opened = cfg({"metrics": {"bindAddress": "0.0.0.0", "serviceMonitor": {"enabled": True}}})
     assert opened.metrics_address() == "0.0.0.0"
+
+
+def test_the_keda_prometheus_address_reaches_the_operator() -> None:
+    """spec.autoscaling.provider KEDA needs the Prometheus its ScaledObjects' triggers query: the
+    chart's autoscaling.keda.prometheusServerAddress, unset by default (KEDA is then refused in
+    status), and the request rate's window is prometheus-adapter's."""
+    from trtforge_operator.config import OperatorConfig
+
+    def cfg(values: dict[str, Any] | None) -> OperatorConfig:
+        docs, _ = render("k", "trtforge-system", values)
+        (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+        return OperatorConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))
+
+    assert cfg(None).autoscaling.keda_prometheus_address is None
+    address = "http://prometheus-operated.monitoring.svc:9090"
+    set_ = cfg(
+        {
+            "autoscaling": {"keda": {"prometheusServerAddress": address}},
+            "metrics": {"prometheusAdapter": {"rateWindow": "2m"}},
+        }
+    )
+    assert (set_.autoscaling.keda_prometheus_address, set_.autoscaling.rate_window) == (address, "2m")
 
 
 def _pdbs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

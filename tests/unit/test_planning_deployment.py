@@ -19,7 +19,7 @@ from trtforge_operator.labels import (
 )
 from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, NodeView, PodView
 from trtforge_operator.planning import faults
-from trtforge_operator.planning.autoscaling import HpaApi
+from trtforge_operator.planning.autoscaling import AutoscalingApis, HpaApi
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
 from trtforge_operator.planning.rebuild import rebuild_job
 
@@ -89,6 +89,7 @@ def observed(
     now: float = NOW,
     autoscalers: Sequence[AutoscalerView] = (),
     hpa_api: HpaApi | None = None,
+    keda: bool = False,
 ) -> DeploymentObserved:
     return DeploymentObserved(
         namespace="team-a",
@@ -104,7 +105,7 @@ def observed(
         jobs=[JobView.from_k8s(j) for j in jobs],
         now=now,
         autoscalers=autoscalers,
-        hpa_api=hpa_api,
+        apis=AutoscalingApis(hpa=hpa_api, keda=keda),
     )
 
 

@@ -23,14 +23,13 @@ DESIGN = ROOT / "docs" / "design.md"
 SECTION = "## One writer per child"
 DEPLOYMENT_APPLIER = "the deployment applier"
 # Where the InferenceDeployment's applier may live.
-DEPLOYMENT_APPLIER_MODULES = frozenset(
-    {"handlers.py", "handlers/deployment.py", "children.py", "deployment_apply.py", "apply.py"}
-)
+DEPLOYMENT_APPLIER_MODULES = frozenset({"handlers/deployment.py", "deployment_applier.py"})
 KUBE_READS = frozenset(
     {
         "read_pod",
         "job_annotations",
         "served_versions",
+        "served_resources",
         "list_custom",
         "token_review",
         "_call",

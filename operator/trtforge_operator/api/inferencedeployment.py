@@ -127,8 +127,25 @@ CUSTOM_METRIC_NAMES: dict[AutoscalingMetric, str] = {
 runtime's gauges as they are, and the per-second rate of ``trtforge_runtime_requests_total``."""
 
 
+class AutoscalingProvider(StrEnum):
+    """What scales a target Deployment for the operator: its own HPA, or a KEDA ScaledObject."""
+
+    HPA = "HPA"
+    KEDA = "KEDA"
+
+
 class Autoscaling(ApiModel):
-    """A HorizontalPodAutoscaler per target Deployment, created and owned by the operator."""
+    """An autoscaler per target Deployment (a HorizontalPodAutoscaler or a KEDA ScaledObject), created
+    and owned by the operator."""
+
+    provider: AutoscalingProvider = Field(
+        default=AutoscalingProvider.HPA,
+        description="HPA: a HorizontalPodAutoscaler reading the metric from the custom metrics API "
+        "(prometheus-adapter). KEDA: a KEDA ScaledObject (keda.sh/v1alpha1) with a prometheus trigger "
+        "on the same metric, queried from the Prometheus the operator is configured with; needs "
+        "KEDA's CRDs in the cluster (without them the InferenceDeployment's Autoscaling condition "
+        "says so and no autoscaler is made).",
+    )
 
     min_replicas: int = Field(
         default=1,
@@ -208,7 +225,9 @@ class DeploymentTarget(ApiModel):
         ge=0,
         le=1000,
         description="This target's share of spec.replicas (a weight; unset: 1). Shares that sum to "
-        "spec.replicas give each target exactly its share; 0 serves nothing here.",
+        "spec.replicas give each target exactly its share; 0 serves nothing here: no pods, and no "
+        "autoscaler even with autoscaling (a target held at zero, e.g. dark or a canary not yet "
+        "started).",
     )
     autoscaling: Autoscaling | None = Field(
         default=None,
@@ -353,8 +372,8 @@ class InferenceDeploymentSpec(ApiModel):
         "(targets[].replicas, 1 where unset; every engine target has share 1 without targets): each "
         "gets floor(replicas x share / sum of shares), and the replicas left over go one each to the "
         "targets with the largest remainders, ties to the engine's target order. A target with "
-        "autoscaling starts with its split clamped to [minReplicas, maxReplicas]; its HPA sets its "
-        "count from then on.",
+        "autoscaling starts with its split clamped to [minReplicas, maxReplicas]; its autoscaler sets "
+        "its count from then on. A target whose share is 0 is not autoscaled and has no pods.",
     )
     targets: list[DeploymentTarget] = Field(
         default_factory=list,
@@ -389,8 +408,9 @@ class InferenceDeploymentSpec(ApiModel):
     autoscaling: Autoscaling | None = Field(
         default=None,
         description="Autoscaling of every target without its own: the operator creates and owns one "
-        "HorizontalPodAutoscaler per target Deployment (minReplicas and maxReplicas count that "
-        "target's pods) and stops writing those Deployments' replicas.",
+        "autoscaler per target Deployment (a HorizontalPodAutoscaler, or a KEDA ScaledObject with "
+        "provider KEDA; minReplicas and maxReplicas count that target's pods) and stops writing those "
+        "Deployments' replicas.",
         json_schema_extra={"x-kubernetes-validations": _AUTOSCALING_RULES},
     )
 
@@ -415,9 +435,18 @@ class InferenceDeploymentSpec(ApiModel):
         return split_replicas(self.replicas, {t: share[t] for t in engine if t in share})
 
     def autoscaling_by_target(self, targets: Iterable[GPUTarget]) -> dict[GPUTarget, Autoscaling | None]:
-        """Each target's autoscaling: its own (``spec.targets[]``), else ``spec.autoscaling``."""
-        own = {t.to_contract(): t.autoscaling for t in self.targets}
-        return {t: own.get(t) or self.autoscaling for t in targets}
+        """Each target's autoscaling: its own (``spec.targets[]``), else ``spec.autoscaling``; none
+        for a target whose share is 0: it serves nothing (no pods, no autoscaler), whatever
+        ``minReplicas`` says, e.g. a target held dark until its share is raised."""
+        own = {t.to_contract(): t for t in self.targets}
+
+        def of(t: GPUTarget) -> Autoscaling | None:
+            entry = own.get(t)
+            if entry is not None and entry.replicas == 0:
+                return None
+            return (entry.autoscaling if entry is not None else None) or self.autoscaling
+
+        return {t: of(t) for t in targets}
 
 
 # -------------------------------------------------------------------------------------------- status
@@ -437,7 +466,13 @@ class DeploymentTargetStatus(ApiModel):
     current_replicas: int = Field(default=0, ge=0, description="Pods there are (the Deployment's).")
     ready_replicas: int = Field(default=0, ge=0, description="Pods Ready.")
     autoscaler: str | None = Field(
-        default=None, max_length=253, description="The HorizontalPodAutoscaler that sets replicas here."
+        default=None,
+        max_length=253,
+        description="The autoscaler (HorizontalPodAutoscaler or ScaledObject, see autoscalerKind) that "
+        "sets replicas here.",
+    )
+    autoscaler_kind: str | None = Field(
+        default=None, max_length=63, description="HorizontalPodAutoscaler or ScaledObject."
     )
     updated_replicas: int = Field(default=0, ge=0, description="Pods on the current engine.")
     message: str | None = Field(default=None, max_length=4096, description="One line on this target.")

@@ -7,10 +7,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from trtforge.logs import fields
 from trtforge_operator import children
 from trtforge_operator.api import (
     InferenceDeployment,
@@ -18,17 +16,19 @@ from trtforge_operator.api import (
     TRTEngine,
 )
 from trtforge_operator.api.common import field_error
+from trtforge_operator.deployment_applier import apply_deployment_actions
 from trtforge_operator.kinds import Kind
 from trtforge_operator.labels import (
     INFERENCEDEPLOYMENTS,
 )
 from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, PodView
+from trtforge_operator.planning.autoscaling import AutoscalingApis
 from trtforge_operator.planning.deployment import (
     DeploymentObserved,
     invalid_deployment_status,
     plan_deployment,
 )
-from trtforge_operator.planning.rebuild import legacy_cleanup_patch
+from trtforge_operator.planning.deployment_actions import cleanup_actions
 from trtforge_operator.state import State, forget, parsed_status, plain
 from trtforge_operator.writes import post_events, write_status
 
@@ -78,9 +78,15 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     label = children.dns_name(name)
     deployments = [v for v in list(indices["deps_idx"].get((ns, label), [])) if isinstance(v, DeploymentView)]
     pods = [v for v in list(indices["rpods_idx"].get((ns, label), [])) if isinstance(v, PodView)]
-    autoscalers = [v for v in list(indices["hpas_idx"].get((ns, label), [])) if isinstance(v, AutoscalerView)]
-    wants_autoscaling = obj.spec.autoscaling is not None or any(t.autoscaling for t in obj.spec.targets)
-    hpa_api = await state.autoscaling_api() if wants_autoscaling or autoscalers else None
+    autoscalers = [
+        v
+        for idx in ("hpas_idx", "sos_idx")
+        for v in list(indices[idx].get((ns, label), []))
+        if isinstance(v, AutoscalerView)
+    ]
+    autos = [obj.spec.autoscaling, *(t.autoscaling for t in obj.spec.targets)]
+    wants_autoscaling = any(a is not None for a in autos)
+    apis = await state.discovery.current(autos) if wants_autoscaling or autoscalers else AutoscalingApis()
     nodes = state.nodes(indices)
     # The engine's own build and rebuild Jobs, by build id (rebuilds share the engine key's id).
     ids = {t.engine_key[:20] for t in (engine.status.targets if engine is not None else []) if t.engine_key}
@@ -100,51 +106,16 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
         now=time.time(),
         engine_problem=problem,
         autoscalers=autoscalers,
-        hpa_api=hpa_api,
+        apis=apis,
     )
     plan = plan_deployment(obs, state.cfg)
     state.metrics.observe_deployment(ns, name, plan.status)
     old_norm = old_status.to_wire() if old else {}
-    new = plan.status.to_wire()
-    # Record faults (and their actions) before acting on them: a crash in between repeats the actions.
-    await _write_status(state, Kind.INFERENCEDEPLOYMENT, INFERENCEDEPLOYMENTS, body, old_norm, new)
-    for obj_ in plan.apply:
-        try:
-            keep = obj_["kind"] == "Deployment" and obj_["metadata"]["name"] in plan.hpa_owned
-            await state.kube.apply_owned(obj_, keep_replicas=keep)
-        except ApiException as e:
-            log.warning(
-                "could not apply %s %s/%s: %s %s",
-                obj_["kind"],
-                ns,
-                obj_["metadata"]["name"],
-                e.status,
-                e.reason,
-            )
-    for hpa in plan.apply_autoscalers:
-        try:
-            await state.kube.apply_autoscaler(hpa)
-        except ApiException as e:
-            log.warning(
-                "could not apply HorizontalPodAutoscaler %s/%s: %s %s",
-                ns,
-                hpa["metadata"]["name"],
-                e.status,
-                e.reason,
-                extra=fields(namespace=ns, name=hpa["metadata"]["name"]),
-            )
-    for h in plan.delete_autoscalers:
-        await state.kube.delete_autoscaler(ns, h)
-    for d in plan.delete_deployments:
-        await state.kube.delete("Deployment", ns, d)
-    for p in plan.delete_pods:
-        await state.kube.delete("Pod", ns, p)
-    if engine is not None:
-        # The TRTEngine creates the rebuilds from this status (planning/rebuild.py); requests an
-        # earlier version recorded on it as annotations go.
-        patch = legacy_cleanup_patch(f"{ns}/{name}", engine.metadata.annotations)
-        if patch:
-            await state.kube.annotate("TRTEngine", ns, engine_name, patch)
+
+    async def write_new_status(new: Mapping[str, Any]) -> None:
+        await _write_status(state, Kind.INFERENCEDEPLOYMENT, INFERENCEDEPLOYMENTS, body, old_norm, dict(new))
+
+    await apply_deployment_actions(state.kube, state.discovery, body, plan.actions, write_new_status)
     known = {(f.pod, f.time) for f in old_status.faults}
     for f in plan.status.faults:
         if (f.pod, f.time) not in known:
@@ -153,7 +124,6 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     for f in plan.status.faults:
         if f.recovered_seconds is not None and (f.pod, f.time) not in old_faults:
             state.metrics.recovery_seconds.observe(f.recovered_seconds)
-    await _post_events(state, body, plan.events)
 
 
 async def cleanup_deployment(state: State, body: Mapping[str, Any], indices: Mapping[str, Any]) -> None:
@@ -161,11 +131,14 @@ async def cleanup_deployment(state: State, body: Mapping[str, Any], indices: Map
     eventually)."""
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
-    for h in list(indices["hpas_idx"].get((ns, children.dns_name(name)), [])):
-        if isinstance(h, AutoscalerView):
-            await state.kube.delete_autoscaler(ns, h.name)
-    for d in list(indices["deps_idx"].get((ns, children.dns_name(name)), [])):
-        if isinstance(d, DeploymentView):
-            await state.kube.delete("Deployment", ns, d.name)
-    await state.kube.delete("Service", ns, children.service_name(name))
+    label = (ns, children.dns_name(name))
+    autoscalers = [
+        h
+        for idx in ("hpas_idx", "sos_idx")
+        for h in list(indices[idx].get(label, []))
+        if isinstance(h, AutoscalerView)
+    ]
+    deployments = [d.name for d in list(indices["deps_idx"].get(label, [])) if isinstance(d, DeploymentView)]
+    actions = cleanup_actions(deployments, autoscalers, children.service_name(name))
+    await apply_deployment_actions(state.kube, state.discovery, body, actions)
     _forget(state, Kind.INFERENCEDEPLOYMENT, ns, name)

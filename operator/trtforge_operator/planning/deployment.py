@@ -6,16 +6,18 @@ manifest sha256, so a new engine (or a rebuilt artifact under the same key) roll
 maxUnavailable 0 the old pods keep serving until new ones pass their canary. While a target's
 engine is being (re)built, its existing Deployment is left as it is.
 
-``spec.replicas`` is split over the served targets by their shares. A target with autoscaling gets a
-HorizontalPodAutoscaler of its own (owned by the InferenceDeployment, so deleted with it), and its
-Deployment's replicas belong to that HPA: the operator writes them only when it creates the
+``spec.replicas`` is split over the served targets by their shares. A target with autoscaling gets an
+autoscaler of its own, a HorizontalPodAutoscaler or (``provider: KEDA``) a KEDA ScaledObject, owned by
+the InferenceDeployment (so deleted with it); switching provider deletes the other one. The
+Deployment's replicas belong to that autoscaler: the operator writes them only when it creates the
 Deployment, and a replace (a new engine, a changed template) keeps the Deployment's own count
-(planning/autoscaling.py). No I/O.
+(planning/autoscaling.py). An autoscaler that cannot be made (KEDA not installed, no HPA API) is
+made in no other form: the Autoscaling condition says what is missing. No I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +25,7 @@ from trtforge.contract.gpu import GPUTarget
 from trtforge_operator import children
 from trtforge_operator.api import (
     CUSTOM_METRIC_NAMES,
+    Autoscaling,
     Condition,
     DeploymentTargetStatus,
     FaultRecord,
@@ -42,10 +45,31 @@ from trtforge_operator.labels import (
 )
 from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, NodeView, PodView, utc
 from trtforge_operator.planning import faults, rebuild
-from trtforge_operator.planning.autoscaling import HpaApi, replicas_decision
+from trtforge_operator.planning.autoscaling import (
+    AutoscalerKind,
+    AutoscalingApis,
+    AutoscalingProblem,
+    autoscaler_choice,
+    keda_query,
+    keda_threshold,
+    problem_message,
+    replicas_decision,
+)
+from trtforge_operator.planning.deployment_actions import (
+    Action,
+    ApplyAutoscaler,
+    ApplyDeployment,
+    ApplyService,
+    ChildKind,
+    DeleteChild,
+    Emit,
+    PatchEngineAnnotations,
+    WriteStatus,
+    owned_autoscalers,
+)
 from trtforge_operator.planning.events import Event
 from trtforge_operator.planning.keys import key_inputs
-from trtforge_operator.planning.rebuild import RebuildRequest
+from trtforge_operator.planning.rebuild import RebuildRequest, legacy_cleanup_patch
 from trtforge_operator.planning.text import one_line
 
 
@@ -64,26 +88,105 @@ class DeploymentObserved:
     jobs: Sequence[JobView]  # build Jobs (for rebuilds of our keys)
     now: float
     engine_problem: str | None = None  # why `engine` is None
-    autoscalers: Sequence[AutoscalerView] = ()  # our HPAs (label trtforge.io/inferencedeployment)
-    hpa_api: HpaApi | None = None  # the HPA API the apiserver serves (discovery); None: cannot autoscale
+    # HPAs and ScaledObjects with our label (trtforge.io/inferencedeployment); only those an
+    # InferenceDeployment owns are the operator's (KEDA's own HPA carries its ScaledObject's labels)
+    autoscalers: Sequence[AutoscalerView] = ()
+    # what the apiserver serves for autoscalers (discovery)
+    apis: AutoscalingApis = field(default_factory=AutoscalingApis)
+
+
+@dataclass(frozen=True, order=True)
+class AutoscalerRef:
+    """One autoscaler the operator owns: its kind and name (an HPA and a ScaledObject may share one)."""
+
+    kind: AutoscalerKind
+    name: str
+
+
+@dataclass(frozen=True)
+class DeploymentPlan:
+    """One pass's decisions: the new status, the actions that carry them out (in order, by the one
+    applier, deployment_applier.py), and the rebuilds asked of the TRTEngine."""
+
+    status: InferenceDeploymentStatus
+    actions: tuple[Action, ...] = ()
+    # Rebuilds this deployment asks its TRTEngine for (the engine creates the Jobs; docs/design.md
+    # §"Scale" and planning/rebuild.py). Level-based: the full set still wanted, not a delta. The
+    # TRTEngine reads them from the status written here: no action of this plan.
+    rebuild_requests: list[RebuildRequest] = field(default_factory=list)
+
+    # Views of the actions, by what they do.
+    @property
+    def apply(self) -> list[Mapping[str, Any]]:
+        """Deployments and the Service to create, or replace on hash."""
+        return [a.manifest for a in self.actions if isinstance(a, ApplyDeployment | ApplyService)]
+
+    @property
+    def hpa_owned(self) -> set[str]:
+        """Deployments applied whose replicas an autoscaler sets (a replace keeps their count)."""
+        return {a.name for a in self.actions if isinstance(a, ApplyDeployment) and a.keep_replicas}
+
+    @property
+    def apply_autoscalers(self) -> list[Mapping[str, Any]]:
+        return [a.manifest for a in self.actions if isinstance(a, ApplyAutoscaler)]
+
+    def _deleted(self, *kinds: ChildKind) -> list[DeleteChild]:
+        return [a for a in self.actions if isinstance(a, DeleteChild) and a.kind in kinds]
+
+    @property
+    def delete_autoscalers(self) -> list[AutoscalerRef]:
+        return [
+            AutoscalerRef(AutoscalerKind(a.kind.value), a.name)
+            for a in self._deleted(ChildKind.HPA, ChildKind.SCALED_OBJECT)
+        ]
+
+    @property
+    def delete_deployments(self) -> list[str]:
+        return [a.name for a in self._deleted(ChildKind.DEPLOYMENT)]
+
+    @property
+    def delete_pods(self) -> list[str]:
+        return [a.name for a in self._deleted(ChildKind.POD)]
+
+    @property
+    def events(self) -> list[Event]:
+        return [a.event for a in self.actions if isinstance(a, Emit)]
 
 
 @dataclass
-class DeploymentPlan:
-    status: InferenceDeploymentStatus
-    apply: list[dict[str, Any]] = field(
-        default_factory=list
-    )  # Deployments + Service: create, or update on hash
+class _Draft:
+    """What a pass decides, gathered while planning; :meth:`plan` orders it into actions."""
+
+    deployments: list[ApplyDeployment] = field(default_factory=list)
+    service: ApplyService | None = None
     delete_deployments: list[str] = field(default_factory=list)
-    # Deployments (by name) whose replicas an HPA sets: a replace keeps the count the Deployment has.
-    hpa_owned: set[str] = field(default_factory=set)
-    apply_autoscalers: list[dict[str, Any]] = field(default_factory=list)  # create, or replace on hash
-    delete_autoscalers: list[str] = field(default_factory=list)
+    apply_autoscalers: list[dict[str, Any]] = field(default_factory=list)
+    delete_autoscalers: list[AutoscalerRef] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
-    # Rebuilds this deployment asks its TRTEngine for (the engine creates the Jobs; docs/design.md
-    # §"Scale" and planning/rebuild.py). Level-based: the full set still wanted, not a delta.
     rebuild_requests: list[RebuildRequest] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
+
+    def plan(
+        self,
+        status: InferenceDeploymentStatus,
+        events: Sequence[Event],
+        engine_patch: PatchEngineAnnotations | None,
+    ) -> DeploymentPlan:
+        """In the order they are carried out: the status first (faults recorded before they are acted
+        on), the autoscalers that go before the ones that come (KEDA refuses a Deployment an HPA
+        already scales), Deployments and the Service before their autoscalers, then deletions,
+        the TRTEngine's old annotations, and Events last."""
+        actions: list[Action] = [WriteStatus(status.to_wire())]
+        actions += [DeleteChild(ChildKind(r.kind.value), r.name) for r in self.delete_autoscalers]
+        actions += self.deployments
+        if self.service is not None:
+            actions.append(self.service)
+        actions += [ApplyAutoscaler(a) for a in self.apply_autoscalers]
+        actions += [DeleteChild(ChildKind.DEPLOYMENT, d) for d in self.delete_deployments]
+        actions += [DeleteChild(ChildKind.POD, p) for p in self.delete_pods]
+        if engine_patch is not None:
+            actions.append(engine_patch)
+        actions += [Emit(e) for e in events]
+        return DeploymentPlan(status, tuple(actions), list(self.rebuild_requests))
 
 
 def _gpu_faulted(pod: PodView) -> bool:
@@ -108,7 +211,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     dep_names = {t.name: children.deployment_name(obs.name, t) for t in wanted}
     jobs_by_name = {j.name: j for j in obs.jobs}
     events: list[Event] = []
-    plan = DeploymentPlan(status=InferenceDeploymentStatus())
+    plan = _Draft()
 
     # --- faults: detect, record once, decide the action
     records = faults.enrich_from_pods(list(obs.status.faults), our_pods)
@@ -161,11 +264,16 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
 
     # --- Deployments and the Service
     existing = {d.name: d for d in obs.deployments}
-    autoscalers = {a.name: a for a in obs.autoscalers}
+    autoscalers = {
+        AutoscalerRef(AutoscalerKind(a.kind), a.name): a for a in owned_autoscalers(obs.autoscalers)
+    }
+    keda_prometheus = cfg.autoscaling.keda_prometheus_address
+    problems: dict[str, AutoscalingProblem] = {}  # target -> why it has no autoscaler
+    autoscaled: dict[str, AutoscalerRef] = {}  # target -> its autoscaler
     autoscaling = spec.autoscaling_by_target(wanted)
     counts: dict[GPUTarget, int] = {}  # replicas wanted per target now (the HPA's where it owns them)
     keep: set[str] = set()
-    keep_autoscalers: set[str] = set()
+    keep_autoscalers: set[AutoscalerRef] = set()
     target_statuses: list[DeploymentTargetStatus] = []
     rollout_done: dict[str, bool] = {}
     engine_not_ready: set[str] = set()  # targets whose engine is not Ready (typed, not read from text)
@@ -177,13 +285,12 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         keep.add(dname)
         cur = existing.get(dname)
         auto = autoscaling[target]
-        decision = replicas_decision(split, auto, cur.spec_replicas if cur is not None else None, obs.hpa_api)
+        choice = autoscaler_choice(auto, obs.apis, keda_prometheus)
+        decision = replicas_decision(split, auto, cur.spec_replicas if cur is not None else None, choice.kind)
         replicas = counts[target] = decision.replicas
         st = DeploymentTargetStatus(
             name=target.name, gpu=target.gpu, mig=target.mig, deployment_name=dname, replicas=replicas
         )
-        if decision.hpa_owned:
-            plan.hpa_owned.add(dname)
         desired_hash = None
         if ts.phase == "Ready" and ts.engine_key and ts.sha256:
             try:
@@ -220,33 +327,24 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             dep = children.runtime_deployment(rreq, cfg)
             desired_hash = dep["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
             if cur is None or cur.annotations.get(ANNOTATION_SPEC_HASH) != desired_hash:
-                plan.apply.append(dep)
-        if decision.hpa_owned and auto is not None and obs.hpa_api is not None:
+                plan.deployments.append(ApplyDeployment(dep, keep_replicas=decision.hpa_owned))
+        if decision.hpa_owned and auto is not None and choice.kind is not None:
             # Made once the target has a Deployment to scale (or one is being made now).
-            hname = children.autoscaler_name(obs.name, target)
-            if cur is not None or desired_hash is not None or hname in autoscalers:
-                keep_autoscalers.add(hname)
-                hpa = children.runtime_autoscaler(
-                    children.AutoscalerRequest(
-                        namespace=obs.namespace,
-                        infd=obs.name,
-                        infd_uid=obs.uid,
-                        target=target,
-                        api_version=obs.hpa_api.value,
-                        min_replicas=auto.min_replicas,
-                        max_replicas=auto.max_replicas,
-                        metric=CUSTOM_METRIC_NAMES[auto.metric],
-                        target_value=str(auto.target_value),
-                    )
-                )
-                have = autoscalers.get(hname)
+            ref = AutoscalerRef(choice.kind, children.autoscaler_name(obs.name, target))
+            if cur is not None or desired_hash is not None or ref in autoscalers:
+                keep_autoscalers.add(ref)
+                autoscaled[target.name] = ref
+                obj = _autoscaler(obs, cfg, target, auto, choice.kind, dname)
+                have = autoscalers.get(ref)
                 if (
                     have is None
                     or have.annotations.get(ANNOTATION_SPEC_HASH)
-                    != (hpa["metadata"]["annotations"][ANNOTATION_SPEC_HASH])
+                    != (obj["metadata"]["annotations"][ANNOTATION_SPEC_HASH])
                 ):
-                    plan.apply_autoscalers.append(hpa)
-                st.autoscaler = hname
+                    plan.apply_autoscalers.append(obj)
+                st.autoscaler, st.autoscaler_kind = ref.name, ref.kind.value
+        if choice.problem is not None:
+            problems[target.name] = choice.problem
         if cur is not None:
             st.engine_key = cur.template_annotations.get(ANNOTATION_ENGINE_KEY)
             st.current_replicas = cur.replicas
@@ -277,16 +375,13 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             st.message = f"rolling out engine {ts.engine_key[:12] if ts.engine_key else ''}"
         else:
             st.message = "serving"
-        if auto is not None and obs.hpa_api is None:
-            st.message += (
-                "; autoscaling needs autoscaling/v2 or v2beta2, which this cluster does not serve: "
-                "the operator keeps spec.replicas' split"
-            )
+        if choice.problem is not None:
+            st.message += "; " + problem_message(choice.problem)
         target_statuses.append(st)
     plan.delete_deployments = sorted(n for n in existing if n not in keep)
-    plan.delete_autoscalers = sorted(n for n in autoscalers if n not in keep_autoscalers)
+    plan.delete_autoscalers = sorted(r for r in autoscalers if r not in keep_autoscalers)
     if wanted:
-        plan.apply.append(
+        plan.service = ApplyService(
             children.runtime_service(obs.namespace, obs.name, obs.uid, runtime.port, runtime.grpc_port)
         )
 
@@ -315,10 +410,14 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     total = sum(counts.values())
     ready_total = sum(min(s.ready_replicas, s.replicas) for s in target_statuses)
     svc = children.service_name(obs.name)
-    plan.status = InferenceDeploymentStatus(
+    status = InferenceDeploymentStatus(
         observed_generation=obs.generation,
-        conditions=_conditions(
-            obs, counts, target_statuses, rollout_done, records, existing, engine_not_ready
+        conditions=_autoscaling_condition(
+            _conditions(obs, counts, target_statuses, rollout_done, records, existing, engine_not_ready),
+            obs,
+            any(a is not None for a in autoscaling.values()),
+            autoscaled,
+            problems,
         ),
         targets=target_statuses,
         replicas=sum(s.current_replicas for s in target_statuses),
@@ -329,8 +428,83 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         endpoint=f"http://{svc}.{obs.namespace}.svc:{runtime.port}" if wanted else None,
         faults=records[-cfg.faults.history :],
     )
-    plan.events = events
-    return plan
+    engine_patch = None
+    if obs.engine is not None:
+        # The TRTEngine creates the rebuilds from this status (planning/rebuild.py); requests an
+        # earlier version recorded on it as annotations go.
+        patch = legacy_cleanup_patch(f"{obs.namespace}/{obs.name}", obs.engine.metadata.annotations)
+        if patch:
+            engine_patch = PatchEngineAnnotations(obs.spec.engine_ref.name, patch)
+    return plan.plan(status, events, engine_patch)
+
+
+def _autoscaler(
+    obs: DeploymentObserved,
+    cfg: OperatorConfig,
+    target: GPUTarget,
+    auto: Autoscaling,
+    kind: AutoscalerKind,
+    deployment: str,
+) -> dict[str, Any]:
+    """The HPA or ScaledObject of one target Deployment."""
+    if kind == AutoscalerKind.SCALED_OBJECT:
+        return children.runtime_scaled_object(
+            children.ScaledObjectRequest(
+                namespace=obs.namespace,
+                infd=obs.name,
+                infd_uid=obs.uid,
+                target=target,
+                min_replicas=auto.min_replicas,
+                max_replicas=auto.max_replicas,
+                server_address=cfg.autoscaling.keda_prometheus_address or "",
+                query=keda_query(auto.metric, obs.namespace, deployment, cfg.autoscaling.rate_window),
+                threshold=keda_threshold(auto.target_value),
+            )
+        )
+    assert obs.apis.hpa is not None  # autoscaler_choice gives HPA only with an HPA API
+    return children.runtime_autoscaler(
+        children.AutoscalerRequest(
+            namespace=obs.namespace,
+            infd=obs.name,
+            infd_uid=obs.uid,
+            target=target,
+            api_version=obs.apis.hpa.value,
+            min_replicas=auto.min_replicas,
+            max_replicas=auto.max_replicas,
+            metric=CUSTOM_METRIC_NAMES[auto.metric],
+            target_value=str(auto.target_value),
+        )
+    )
+
+
+AUTOSCALING = "Autoscaling"  # the condition type
+AUTOSCALED = "AutoscalersInPlace"  # its reason when every autoscaled target has its autoscaler
+
+
+def _autoscaling_condition(
+    conds: list[Condition],
+    obs: DeploymentObserved,
+    requested: bool,
+    autoscaled: dict[str, AutoscalerRef],
+    problems: dict[str, AutoscalingProblem],
+) -> list[Condition]:
+    """The Autoscaling condition: False naming what is missing (typed reason) while a target asked to
+    autoscale has no autoscaler; True once each has one; absent without autoscaling."""
+    if not requested:
+        return [c for c in conds if c.type != AUTOSCALING]
+    gen, at = obs.generation, utc(obs.now)
+    if problems:
+        first = sorted(problems)[0]
+        reason = problems[first]
+        names = ", ".join(sorted(t for t, p in problems.items() if p == reason))
+        msg = one_line(f"{names}: {problem_message(reason)}", 1000)
+        return set_condition(conds, AUTOSCALING, "False", reason.value, msg, observed_generation=gen, at=at)
+    msg = one_line(
+        "; ".join(f"{t}: {r.kind.value} {r.name}" for t, r in sorted(autoscaled.items()))
+        or "no target has a Deployment yet",
+        1000,
+    )
+    return set_condition(conds, AUTOSCALING, "True", AUTOSCALED, msg, observed_generation=gen, at=at)
 
 
 def _conditions(

@@ -1,0 +1,106 @@
+"""The one writer of an InferenceDeployment's children: carries out the typed actions of its plan
+(planning/deployment.py) or of its deletion (planning/deployment_actions.cleanup_actions), in order,
+through kube.py.
+
+Runtime Deployments, the Service, HorizontalPodAutoscalers and KEDA ScaledObjects are created,
+replaced and deleted here and nowhere else; so are the runtime pods moved off a faulty GPU. Every
+write is idempotent (kube.py), so a pass cut short at any action is repeated whole by the next one.
+A write refused by the apiserver is logged and left to the next pass; a refused autoscaler write with
+404 (its API version gone) makes discovery look again (autoscaling_discovery.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from kubernetes.client.rest import ApiException
+
+from trtforge.logs import fields
+from trtforge_operator.autoscaling_discovery import AutoscalingDiscovery
+from trtforge_operator.kube import Kube
+from trtforge_operator.planning.deployment_actions import (
+    Action,
+    ApplyAutoscaler,
+    ApplyDeployment,
+    ApplyService,
+    ChildKind,
+    DeleteChild,
+    Emit,
+    PatchEngineAnnotations,
+    WriteStatus,
+)
+from trtforge_operator.writes import post_event
+
+log = logging.getLogger(__name__)
+
+AUTOSCALER_KINDS = (ChildKind.HPA, ChildKind.SCALED_OBJECT)
+
+
+class StatusWriter(Protocol):
+    """Writes an InferenceDeployment's status when it changed (the handler's status cache decides)."""
+
+    async def __call__(self, status: Mapping[str, Any], /) -> None: ...
+
+
+async def apply_deployment_actions(
+    kube: Kube,
+    discovery: AutoscalingDiscovery | None,
+    body: Mapping[str, Any],
+    actions: Iterable[Action],
+    write_status: StatusWriter | None = None,
+) -> None:
+    """Carry out ``actions`` for the InferenceDeployment ``body``, in order. ``write_status`` is needed
+    only for a :class:`WriteStatus` (none in a deletion's actions)."""
+    ns = body["metadata"]["namespace"]
+    for action in actions:
+        match action:
+            case WriteStatus():
+                if write_status is None:
+                    raise ValueError("a WriteStatus action needs a status writer")
+                await write_status(action.status)
+            case ApplyDeployment():
+                await _apply(kube, ns, action.manifest, keep_replicas=action.keep_replicas)
+            case ApplyService():
+                await _apply(kube, ns, action.manifest)
+            case ApplyAutoscaler():
+                try:
+                    await kube.apply_autoscaler(action.manifest)
+                except ApiException as e:
+                    if e.status == 404 and discovery is not None:
+                        discovery.write_refused()
+                    _refused(ns, action.manifest, e)
+            case DeleteChild(kind=kind, name=name) if kind in AUTOSCALER_KINDS:
+                await kube.delete_autoscaler(ns, name, kind.value)
+            # One literal kind per delete, so tests/unit/test_writers.py can name what each call writes.
+            case DeleteChild(kind=ChildKind.DEPLOYMENT, name=name):
+                await kube.delete("Deployment", ns, name)
+            case DeleteChild(kind=ChildKind.SERVICE, name=name):
+                await kube.delete("Service", ns, name)
+            case DeleteChild(kind=ChildKind.POD, name=name):
+                await kube.delete("Pod", ns, name)
+            case PatchEngineAnnotations():
+                await kube.annotate("TRTEngine", ns, action.engine, action.annotations)
+            case Emit(event=ev):
+                await post_event(kube, body, ev)
+
+
+async def _apply(kube: Kube, ns: str, manifest: Mapping[str, Any], *, keep_replicas: bool = False) -> None:
+    try:
+        await kube.apply_owned(manifest, keep_replicas=keep_replicas)
+    except ApiException as e:
+        _refused(ns, manifest, e)
+
+
+def _refused(ns: str, manifest: Mapping[str, Any], e: ApiException) -> None:
+    kind, name = manifest["kind"], manifest["metadata"]["name"]
+    log.warning(
+        "could not apply %s %s/%s: %s %s",
+        kind,
+        ns,
+        name,
+        e.status,
+        e.reason,
+        extra=fields(kind=kind, namespace=ns, name=name, status=e.status),
+    )

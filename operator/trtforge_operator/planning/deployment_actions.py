@@ -1,0 +1,122 @@
+"""What an InferenceDeployment pass (or its deletion) does, as typed actions. No I/O, no callables.
+
+The planner (planning/deployment.py) and the deletion planner (:func:`cleanup_actions`) return these;
+one applier (deployment_applier.py) carries them out, in order, through kube.py. That applier is the
+one writer of an InferenceDeployment's children: its runtime Deployments, its Service, its
+HorizontalPodAutoscalers and KEDA ScaledObjects, and the runtime pods it moves off a faulty GPU.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trtforge_operator.observed import AutoscalerView
+from trtforge_operator.planning.autoscaling import AutoscalerKind
+from trtforge_operator.planning.events import Event
+
+
+class ChildKind(enum.StrEnum):
+    """The kinds of object an InferenceDeployment's applier writes."""
+
+    DEPLOYMENT = "Deployment"
+    SERVICE = "Service"
+    HPA = AutoscalerKind.HPA.value
+    SCALED_OBJECT = AutoscalerKind.SCALED_OBJECT.value
+    POD = "Pod"  # deleted only: a runtime pod moved off a faulty GPU
+
+
+@dataclass(frozen=True)
+class WriteStatus:
+    """Write the InferenceDeployment's status (only what changed; nothing when equal). First in a
+    plan: faults and their actions are recorded before they are acted on, so a crash in between
+    repeats the actions rather than losing them."""
+
+    status: Mapping[str, Any]  # the whole new status, in its wire form
+
+
+@dataclass(frozen=True)
+class ApplyDeployment:
+    """Create a runtime Deployment, or replace it when its spec hash differs. ``keep_replicas``: an
+    autoscaler owns its replicas, so a replace writes the count the Deployment has."""
+
+    manifest: Mapping[str, Any]
+    keep_replicas: bool = False
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest["metadata"]["name"])
+
+
+@dataclass(frozen=True)
+class ApplyService:
+    """Create the InferenceDeployment's Service, or replace it when its spec hash differs."""
+
+    manifest: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ApplyAutoscaler:
+    """Create an HPA (in the apiVersion it names) or a KEDA ScaledObject, or replace it on hash."""
+
+    manifest: Mapping[str, Any]
+
+    @property
+    def kind(self) -> AutoscalerKind:
+        return AutoscalerKind(self.manifest["kind"])
+
+
+@dataclass(frozen=True)
+class DeleteChild:
+    """Delete one child (gone already is fine)."""
+
+    kind: ChildKind
+    name: str
+
+
+@dataclass(frozen=True)
+class PatchEngineAnnotations:
+    """Drop what an earlier version recorded on the served TRTEngine as annotations (the TRTEngine
+    now reads rebuild requests from the InferenceDeployment's status)."""
+
+    engine: str
+    annotations: Mapping[str, str | None]
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Post an Event on the InferenceDeployment."""
+
+    event: Event
+
+
+Action = (
+    WriteStatus
+    | ApplyDeployment
+    | ApplyService
+    | ApplyAutoscaler
+    | DeleteChild
+    | PatchEngineAnnotations
+    | Emit
+)
+
+
+def owned_autoscalers(views: Iterable[AutoscalerView]) -> list[AutoscalerView]:
+    """The autoscalers with our labels that an InferenceDeployment owns: not the HPA KEDA makes for a
+    ScaledObject (it carries the ScaledObject's labels, is owned by it, and is KEDA's to write)."""
+    kinds = {k.value for k in AutoscalerKind}
+    return [v for v in views if v.owner_kind == "InferenceDeployment" and v.kind in kinds]
+
+
+def cleanup_actions(
+    deployments: Iterable[str], autoscalers: Iterable[AutoscalerView], service: str
+) -> list[DeleteChild]:
+    """On an InferenceDeployment's deletion: its own autoscalers first (nothing scales a Deployment
+    being deleted), then its Deployments and its Service."""
+    refs = sorted({(v.kind, v.name) for v in owned_autoscalers(autoscalers)})
+    out = [DeleteChild(ChildKind(kind), name) for kind, name in refs]
+    out += [DeleteChild(ChildKind.DEPLOYMENT, d) for d in sorted(set(deployments))]
+    out.append(DeleteChild(ChildKind.SERVICE, service))
+    return out

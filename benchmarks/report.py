@@ -55,8 +55,32 @@ def _met(ok: bool | None) -> str:
 
 
 def _trtforge_points(serving: dict[str, Any], model: str, protocol: str) -> dict[int, dict[str, Any]]:
-    srv = serving["models"][model]["servers"].get("trtforge") or {}
+    return _points(serving, model, "trtforge", protocol)
+
+
+def _points(serving: dict[str, Any], model: str, server: str, protocol: str) -> dict[int, dict[str, Any]]:
+    srv = serving["models"][model]["servers"].get(server) or {}
     return {p["concurrency"]: p for p in srv.get("points", []) if p["protocol"] == protocol}
+
+
+# trtforge against Triton over the same protocol, at every concurrency of the run: at least this share.
+SAME_PROTOCOL_SHARE = {"http": 0.95, "grpc": 0.85}
+
+
+def _against_triton(serving: dict[str, Any], model: str, protocol: str) -> list[Any] | None:
+    """A targets row: trtforge's throughput over `protocol` against Triton's over the same protocol."""
+    ours, theirs = _points(serving, model, "trtforge", protocol), _points(serving, model, "triton", protocol)
+    conc = sorted(set(ours) & set(theirs))
+    if not conc:
+        return None
+    ratios = {c: ours[c]["throughput"] / max(theirs[c]["throughput"], 1e-9) for c in conc}
+    want = SAME_PROTOCOL_SHARE[protocol]
+    name = "HTTP binary" if protocol == "http" else "gRPC"
+    return [
+        f"{model}: trtforge {name} ≥ {want}x Triton's {name} at every concurrency",
+        ", ".join(f"c={c}: {r:.2f}x" for c, r in ratios.items()),
+        _met(min(ratios.values()) >= want),
+    ]
 
 
 def targets(
@@ -93,6 +117,9 @@ def targets(
             rows.append(
                 [f"{model}: gRPC within 10% of HTTP binary at c=32", f"gRPC = {g:.2f}x HTTP", _met(g >= 0.9)]
             )
+        for protocol in SAME_PROTOCOL_SHARE:
+            if (row := _against_triton(serving, model, protocol)) is not None:
+                rows.append(row)
     for src, e in ((coldstart or {}).get("sources") or {}).items():
         r = e.get("ratio_cold")
         if r is not None:

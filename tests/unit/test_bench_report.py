@@ -61,3 +61,33 @@ def test_without_grpc_points_there_is_no_grpc_row() -> None:
     got = rows(targets(serving(["win"] * 3, [70.0, 90.0, 95.0], None), None, None))
     assert GRPC_ROW not in got and VERDICT_ROW in got
     assert targets(None, None, None) == "(no results)"
+
+
+def test_trtforge_against_triton_over_each_protocol_at_every_concurrency() -> None:
+    """HTTP at least 0.95x Triton's HTTP and gRPC at least 0.85x Triton's gRPC, at every concurrency
+    both servers have; the lowest point decides."""
+
+    def run(http: list[float], grpc: list[float]) -> dict[str, str]:
+        result = serving(["win"] * 3, [90.0, 90.0, 90.0], None)
+        servers = result["models"]["squeezenet"]["servers"]
+        servers["trtforge"]["points"] = [
+            {"protocol": p, "concurrency": c, "throughput": t, "pct_of_ceiling": 90.0}
+            for p, ts in (("http", http), ("grpc", grpc))
+            for c, t in zip((1, 8, 32), ts, strict=True)
+        ]
+        servers["triton"] = {
+            "points": [
+                {"protocol": p, "concurrency": c, "throughput": 100.0}
+                for p in ("http", "grpc")
+                for c in (1, 8, 32)
+            ]
+        }
+        return rows(targets(result, None, None))
+
+    http_row = "squeezenet: trtforge HTTP binary ≥ 0.95x Triton's HTTP binary at every concurrency"
+    grpc_row = "squeezenet: trtforge gRPC ≥ 0.85x Triton's gRPC at every concurrency"
+    met = run([200.0, 95.0, 100.0], [150.0, 85.0, 90.0])
+    assert met[http_row] == "**met**" and met[grpc_row] == "**met**"
+    missed = run([200.0, 94.9, 100.0], [150.0, 90.0, 84.9])
+    assert missed[http_row] == "**missed**" and missed[grpc_row] == "**missed**"
+    assert http_row not in rows(targets(serving(["win"] * 3, [90.0] * 3, None), None, None))  # no Triton

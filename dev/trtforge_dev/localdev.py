@@ -7,13 +7,15 @@ is given, so several can share one test bed without seeing each other's resource
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -414,6 +416,25 @@ class OperatorEnv:
             raise AssertionError(f"{e}\n--- operator log tail:\n{self.op.tail()}") from e
         assert found is not None
         return found
+
+    @contextlib.contextmanager
+    def tenant_with_tiny_engine(self, test_id: str, gpu: str) -> Iterator[str]:
+        """One of the tenant namespaces, taken for a test (`test_id`, e.g. pytest's node id): a Ready
+        one-target TRTEngine `tiny` for `gpu` of a model of its own; its InferenceDeployments and
+        TRTEngines are deleted (finalizers run) when the block ends."""
+        ns = self.tenants.pop(0)
+        digest = hashlib.sha256(test_id.encode()).hexdigest()
+        name = f"m-{digest[:16]}"
+        sha = tiny_model(self.models_dir / f"{name}.onnx", seed=int(digest[:8], 16))
+        self.apply(engine_manifest("tiny", sha, [{"gpu": gpu}], model=f"pvc://models/{name}.onnx"), ns)
+        self.wait_true("trtengines", ns, "tiny", timeout=240)
+        try:
+            yield ns
+        finally:
+            co: Any = client.CustomObjectsApi(self.api)
+            for plural in ("inferencedeployments", "trtengines"):
+                for o in co.list_namespaced_custom_object("trtforge.io", "v1alpha1", ns, plural)["items"]:
+                    delete_with_cleanup(self.api, ns, plural, o["metadata"]["name"])
 
     def close(self) -> None:
         """Delete our resources while the operator runs (finalizers), then stop it; drop the namespaces."""

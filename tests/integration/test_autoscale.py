@@ -21,7 +21,6 @@ and an operator that never writes the replicas an HPA owns.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 import threading
@@ -36,8 +35,6 @@ from trtforge_dev.localdev import (
     OperatorEnv,
     delete_with_cleanup,
     deployment_manifest,
-    engine_manifest,
-    tiny_model,
 )
 from trtforge_dev.testbed.wait import wait_for
 
@@ -63,17 +60,8 @@ def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Oper
 def ns(env: OperatorEnv, request: pytest.FixtureRequest) -> Iterator[str]:
     """A watched namespace of this test's own, with a Ready one-target engine `tiny` of its own model."""
     assert len(env.tenants) > 1, "more tests than namespaces: the last is the schema tests' own"
-    n = env.tenants.pop(0)
-    seed = int.from_bytes(hashlib.sha256(request.node.nodeid.encode()).digest()[:4], "big")
-    name = request.node.name.replace("_", "-")[:40]
-    sha = tiny_model(env.models_dir / f"{name}.onnx", seed=seed)
-    env.apply(engine_manifest("tiny", sha, [{"gpu": H100}], model=f"pvc://models/{name}.onnx"), n)
-    env.wait_true("trtengines", n, "tiny", timeout=240)
-    yield n
-    co: Any = client.CustomObjectsApi(env.api)
-    for plural in ("inferencedeployments", "trtengines"):
-        for o in co.list_namespaced_custom_object("trtforge.io", "v1alpha1", n, plural)["items"]:
-            delete_with_cleanup(env.api, n, plural, o["metadata"]["name"])
+    with env.tenant_with_tiny_engine(request.node.nodeid, H100) as n:
+        yield n
 
 
 def _ready_pods(env: OperatorEnv, ns: str) -> list[Any]:

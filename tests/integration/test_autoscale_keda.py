@@ -19,7 +19,6 @@ the apiserver checks the operator's objects against.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,10 +30,7 @@ from kubernetes.client.rest import ApiException
 from trtforge_dev.localdev import (
     OperatorEnv,
     condition,
-    delete_with_cleanup,
     deployment_manifest,
-    engine_manifest,
-    tiny_model,
 )
 from trtforge_dev.testbed.wait import wait_for
 
@@ -97,17 +93,8 @@ def keda_crd(env: OperatorEnv) -> None:
 @pytest.fixture
 def ns(env: OperatorEnv, request: pytest.FixtureRequest) -> Iterator[str]:
     """A watched namespace of this test's own, with a Ready one-target engine `tiny` of its own model."""
-    n = env.tenants.pop(0)
-    seed = int.from_bytes(hashlib.sha256(request.node.nodeid.encode()).digest()[:4], "big")
-    name = request.node.name.replace("_", "-")[:40]
-    sha = tiny_model(env.models_dir / f"{name}.onnx", seed=seed)
-    env.apply(engine_manifest("tiny", sha, [{"gpu": H100}], model=f"pvc://models/{name}.onnx"), n)
-    env.wait_true("trtengines", n, "tiny", timeout=240)
-    yield n
-    co: Any = client.CustomObjectsApi(env.api)
-    for plural in ("inferencedeployments", "trtengines"):
-        for o in co.list_namespaced_custom_object("trtforge.io", "v1alpha1", n, plural)["items"]:
-            delete_with_cleanup(env.api, n, plural, o["metadata"]["name"])
+    with env.tenant_with_tiny_engine(request.node.nodeid, H100) as n:
+        yield n
 
 
 def _scaled_objects(env: OperatorEnv, ns: str) -> list[dict[str, Any]]:

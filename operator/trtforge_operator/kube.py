@@ -225,6 +225,21 @@ class Kube:
         log.info("updated %s %s/%s", kind, ns, name, extra=what)
         return "replaced"
 
+    async def scaled_objects(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """The KEDA ScaledObjects in `namespace` that match `label_selector`, read from the apiserver
+        (call only where discovery serves keda.sh/v1alpha1). Read here rather than through a kopf
+        watch: kopf looks for a CRD's resources once per CRD event, and the apiserver may serve them
+        only after the last event, so a watch could stay unstarted (docs/design.md §"Autoscaling")."""
+        res = await self._call(
+            self.custom.list_namespaced_custom_object,
+            "keda.sh",
+            "v1alpha1",
+            namespace,
+            AUTOSCALER_PLURALS["ScaledObject"],
+            label_selector=label_selector,
+        )
+        return list(res.get("items") or [])
+
     async def delete_autoscaler(
         self, namespace: str, name: str, kind: str = "HorizontalPodAutoscaler"
     ) -> bool:

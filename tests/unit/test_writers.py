@@ -30,6 +30,7 @@ KUBE_READS = frozenset(
         "job_annotations",
         "served_versions",
         "served_resources",
+        "scaled_objects",
         "list_custom",
         "token_review",
         "_call",

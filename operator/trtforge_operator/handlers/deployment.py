@@ -19,7 +19,10 @@ from trtforge_operator.api.common import field_error
 from trtforge_operator.deployment_applier import apply_deployment_actions
 from trtforge_operator.kinds import Kind
 from trtforge_operator.labels import (
+    APP_MANAGED_BY,
     INFERENCEDEPLOYMENTS,
+    LABEL_INFERENCEDEPLOYMENT,
+    MANAGED_BY,
 )
 from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, PodView
 from trtforge_operator.planning.autoscaling import AutoscalingApis
@@ -78,15 +81,9 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     label = children.dns_name(name)
     deployments = [v for v in list(indices["deps_idx"].get((ns, label), [])) if isinstance(v, DeploymentView)]
     pods = [v for v in list(indices["rpods_idx"].get((ns, label), [])) if isinstance(v, PodView)]
-    autoscalers = [
-        v
-        for idx in ("hpas_idx", "sos_idx")
-        for v in list(indices[idx].get((ns, label), []))
-        if isinstance(v, AutoscalerView)
-    ]
     autos = [obj.spec.autoscaling, *(t.autoscaling for t in obj.spec.targets)]
-    wants_autoscaling = any(a is not None for a in autos)
-    apis = await state.discovery.current(autos) if wants_autoscaling or autoscalers else AutoscalingApis()
+    apis = await state.discovery.current(autos)
+    autoscalers = await _autoscalers(state, indices, ns, label, apis)
     nodes = state.nodes(indices)
     # The engine's own build and rebuild Jobs, by build id (rebuilds share the engine key's id).
     ids = {t.engine_key[:20] for t in (engine.status.targets if engine is not None else []) if t.engine_key}
@@ -131,14 +128,24 @@ async def cleanup_deployment(state: State, body: Mapping[str, Any], indices: Map
     eventually)."""
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
-    label = (ns, children.dns_name(name))
-    autoscalers = [
-        h
-        for idx in ("hpas_idx", "sos_idx")
-        for h in list(indices[idx].get(label, []))
-        if isinstance(h, AutoscalerView)
+    label = children.dns_name(name)
+    autoscalers = await _autoscalers(state, indices, ns, label, await state.discovery.current([]))
+    deployments = [
+        d.name for d in list(indices["deps_idx"].get((ns, label), [])) if isinstance(d, DeploymentView)
     ]
-    deployments = [d.name for d in list(indices["deps_idx"].get(label, [])) if isinstance(d, DeploymentView)]
     actions = cleanup_actions(deployments, autoscalers, children.service_name(name))
     await apply_deployment_actions(state.kube, state.discovery, body, actions)
     _forget(state, Kind.INFERENCEDEPLOYMENT, ns, name)
+
+
+async def _autoscalers(
+    state: State, indices: Mapping[str, Any], ns: str, label: str, apis: AutoscalingApis
+) -> list[AutoscalerView]:
+    """The InferenceDeployment's autoscalers: its HPAs from the index, and, where KEDA is served, its
+    ScaledObjects read from the apiserver (Kube.scaled_objects says why not from a watch)."""
+    hpas = [v for v in list(indices["hpas_idx"].get((ns, label), [])) if isinstance(v, AutoscalerView)]
+    if not apis.keda:
+        return hpas
+    selector = f"{APP_MANAGED_BY}={MANAGED_BY},{LABEL_INFERENCEDEPLOYMENT}={label}"
+    scaled = await state.kube.scaled_objects(ns, selector)
+    return [*hpas, *(AutoscalerView.from_k8s({"kind": "ScaledObject", **o}) for o in scaled)]

@@ -174,13 +174,6 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
         body, namespace, labels = kw["body"], kw["namespace"], kw["labels"]
         return {(namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, "")): AutoscalerView.from_k8s(body)}
 
-    # KEDA's ScaledObjects (provider: KEDA). Where KEDA's CRDs are not installed kopf serves nothing
-    # here and starts watching once they are.
-    @kopf.index("keda.sh", "v1alpha1", "scaledobjects", id="sos_idx", labels=MANAGED, registry=registry)
-    def _sos_idx(**kw: Any) -> Any:
-        body, namespace, labels = kw["body"], kw["namespace"], kw["labels"]
-        return {(namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, "")): AutoscalerView.from_k8s(body)}
-
     @kopf.index(GROUP, VERSION, TRTENGINES, id="trte_idx", registry=registry)
     def _trte_idx(**kw: Any) -> Any:
         body, namespace, name = kw["body"], kw["namespace"], kw["name"]

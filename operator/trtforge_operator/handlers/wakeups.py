@@ -141,11 +141,6 @@ def register_wakeups(state: State, registry: kopf.OperatorRegistry) -> None:
         namespace, labels = kw["namespace"], kw["labels"]
         state.queue.fire_label(Kind.INFERENCEDEPLOYMENT, namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, ""))
 
-    @kopf.on.event("keda.sh", "v1alpha1", "scaledobjects", labels=MANAGED, registry=registry)
-    def _scaled_object_event(**kw: Any) -> None:
-        namespace, labels = kw["namespace"], kw["labels"]
-        state.queue.fire_label(Kind.INFERENCEDEPLOYMENT, namespace, labels.get(LABEL_INFERENCEDEPLOYMENT, ""))
-
     @kopf.on.event("v1", "nodes", registry=registry)
     def _node_event(**kw: Any) -> None:
         body, name, type_ = kw["body"], kw["name"], kw.get("type")

@@ -44,7 +44,8 @@ def test_pause_stops_collections_until_resume() -> None:
         assert runs == []
         frozen = startup_gc.resume()
         assert gc.isenabled()
-        assert frozen == gc.get_freeze_count() and frozen > 0
+        # Frozen objects can still die (other threads of the test process drop theirs), never join.
+        assert frozen > 0 and 0 < gc.get_freeze_count() <= frozen
         for _ in range(50_000):
             _Cycle()
         assert runs, "no collection after resume"

@@ -33,6 +33,7 @@ PRODUCT_COMMANDS = {
     "broker": "trtforge_operator.broker.cli:register",
     "crds": "trtforge_operator.crdgen:register",
     "serve": "trtforge_runtime.cli:register",
+    "serve-llm": "trtforge_runtime.llm.cli:register",
     "build": "trtforge_builder.cli:register",
     "stage-model": "trtforge_builder.stage:register",
 }

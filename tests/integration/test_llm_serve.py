@@ -30,7 +30,9 @@ def _args(server: Path, gguf: Path, golden: list[int], *extra: str) -> list[str]
     ]  # fmt: skip
 
 
-def test_openai_client_chats_with_the_supervised_server(bed: tuple[Path, Path, list[int]], tmp_path: Path) -> None:
+def test_openai_client_chats_with_the_supervised_server(
+    bed: tuple[Path, Path, list[int]], tmp_path: Path
+) -> None:
     from openai import OpenAI
 
     server, gguf, golden = bed
@@ -49,7 +51,10 @@ def test_openai_client_chats_with_the_supervised_server(bed: tuple[Path, Path, l
         assert reply.choices[0].message.content
         assert reply.usage is not None and reply.usage.completion_tokens > 0
         stream = client.chat.completions.create(
-            model="smollm2", messages=[{"role": "user", "content": "Count to three."}], max_tokens=8, stream=True
+            model="smollm2",
+            messages=[{"role": "user", "content": "Count to three."}],
+            max_tokens=8,
+            stream=True,
         )
         assert sum(1 for chunk in stream if chunk.choices and chunk.choices[0].delta.content) > 0
         status, text = s.probe("/metrics")
@@ -63,7 +68,9 @@ def test_openai_client_chats_with_the_supervised_server(bed: tuple[Path, Path, l
     assert s.termination()["reason"] == "Completed"
 
 
-def test_wrong_golden_tokens_keep_the_pod_live_but_not_ready(bed: tuple[Path, Path, list[int]], tmp_path: Path) -> None:
+def test_wrong_golden_tokens_keep_the_pod_live_but_not_ready(
+    bed: tuple[Path, Path, list[int]], tmp_path: Path
+) -> None:
     server, gguf, golden = bed
     wrong = [golden[0], golden[1] + 1, *golden[2:]]
     s = Supervised(tmp_path, _args(server, gguf, wrong))
@@ -78,7 +85,10 @@ def test_wrong_golden_tokens_keep_the_pod_live_but_not_ready(bed: tuple[Path, Pa
                 break
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        assert f"canary token 1 of {len(golden)} is {golden[1]}, the golden token is {golden[1] + 1}" in body["canary"]
+        assert (
+            f"canary token 1 of {len(golden)} is {golden[1]}, the golden token is {golden[1] + 1}"
+            in body["canary"]
+        )
         assert s.probe("/v2/health/live")[0] == 200
         assert s.termination()["reason"] == "CanaryFailed"
     finally:
@@ -99,7 +109,9 @@ def test_a_dead_server_ends_the_pod_with_the_cause(bed: tuple[Path, Path, list[i
         s.stop()
 
 
-def test_a_silent_server_fails_liveness_after_the_grace_period(bed: tuple[Path, Path, list[int]], tmp_path: Path) -> None:
+def test_a_silent_server_fails_liveness_after_the_grace_period(
+    bed: tuple[Path, Path, list[int]], tmp_path: Path
+) -> None:
     """A stopped server accepts no answer: past --unavailable-grace the pod is not live and ends."""
     server, gguf, golden = bed
     s = Supervised(tmp_path, _args(server, gguf, golden, "--unavailable-grace", "3"))

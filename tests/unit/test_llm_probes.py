@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-
 from trtforge_runtime.llm.probes import (
     Action,
     Cause,

@@ -6,14 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from trtforge_runtime.llm import llama_server as ls
 from trtforge_runtime.llm.canary import compare
 from trtforge_runtime.llm.probes import Health
 
 
 def test_argv_sets_metrics_and_the_tuned_settings() -> None:
-    argv = ls.argv(ls.LlamaServerArgs(model=Path("/m.gguf"), port=9000, alias="smol", threads=1, batch_size=256, extra=("--seed", "1")))
+    argv = ls.argv(
+        ls.LlamaServerArgs(
+            model=Path("/m.gguf"), port=9000, alias="smol", threads=1, batch_size=256, extra=("--seed", "1")
+        )
+    )
     assert argv[0] == "llama-server" and "--metrics" in argv
     pairs = dict(zip(argv[1::2], argv[2::2], strict=False))
     assert pairs["-m"] == "/m.gguf" and pairs["--port"] == "9000"
@@ -34,7 +37,11 @@ def test_argv_refuses_an_extra_flag_the_supervisor_owns() -> None:
     ("status", "body", "want"),
     [
         (200, {"status": "ok"}, Health.UP),
-        (503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}, Health.STARTING),
+        (
+            503,
+            {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
+            Health.STARTING,
+        ),
         (503, {"error": {"message": "slots busy"}}, Health.UNAVAILABLE),
         (503, None, Health.UNAVAILABLE),
         (404, None, Health.ERROR),

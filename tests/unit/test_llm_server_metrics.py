@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
-
-from trtforge_runtime.llm.server_metrics import IN_FLIGHT, KV_CACHE, QUEUE_DEPTH, ServerKind, exposition, runtime_gauges
+from trtforge_runtime.llm.server_metrics import (
+    IN_FLIGHT,
+    KV_CACHE,
+    QUEUE_DEPTH,
+    ServerKind,
+    exposition,
+    runtime_gauges,
+)
 
 LLAMA = """# HELP llamacpp:requests_processing Number of requests processing
 # TYPE llamacpp:requests_processing gauge

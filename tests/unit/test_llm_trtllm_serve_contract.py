@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from trtforge_runtime.llm import trtllm_serve as t
 from trtforge_runtime.llm.probes import Health
 
@@ -37,7 +36,11 @@ def test_contract_argv_uses_the_upstream_option_names() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value", "named"),
-    [("tensor_parallel", 0, "parallelism"), ("log_level", "loud", "log level"), ("kv_cache_free_gpu_memory_fraction", 1.5, "kv_cache")],
+    [
+        ("tensor_parallel", 0, "parallelism"),
+        ("log_level", "loud", "log level"),
+        ("kv_cache_free_gpu_memory_fraction", 1.5, "kv_cache"),
+    ],
 )
 def test_contract_argv_refuses_bad_values_by_name(field: str, value: object, named: str) -> None:
     a = t.TrtllmServeArgs(model_dir=Path("/ckpt"), port=1, **{field: value})  # type: ignore[arg-type]
@@ -52,7 +55,9 @@ def test_contract_prometheus_route_needs_return_perf_metrics() -> None:
 
 
 def test_contract_autotuner_cache_goes_through_its_environment_variable() -> None:
-    assert t.environment(Path("/cache/autotuner.cache")) == {"TLLM_AUTOTUNER_CACHE_PATH": "/cache/autotuner.cache"}
+    assert t.environment(Path("/cache/autotuner.cache")) == {
+        "TLLM_AUTOTUNER_CACHE_PATH": "/cache/autotuner.cache"
+    }
     assert t.environment(None) == {}
 
 

@@ -15,14 +15,15 @@ import re
 import subprocess
 from pathlib import Path
 
-from trtforge.contract.gpu_probe import GPUProbe, probe_identity
 from trtforge.contract.llm.artefact import ArtefactKind, ArtefactManifest
 from trtforge.contract.llm.recipe import Backend
 from trtforge.contract.llm.tuning import MismatchReason, TuningRecord, tuning_mismatch
+from trtforge.store.artefacts import fetch, verify_folder
+
+from trtforge.contract.gpu_probe import GPUProbe, probe_identity
 from trtforge.contract.termination import Reason
 from trtforge.logs import fields
 from trtforge.store import open_store
-from trtforge.store.artefacts import fetch, verify_folder
 from trtforge.store.base import EngineStore, IntegrityError, ObjectNotFound, StoreError
 from trtforge_runtime.errors import Refusal
 from trtforge_runtime.llm.canary import CanarySpec
@@ -64,15 +65,20 @@ def tuning_refusal(
     if record.checkpoint_key != checkpoint_key:
         return Refusal(
             "EngineLoadFailed",
-            f"tuning record was measured with checkpoint {record.checkpoint_key}; this pod serves {checkpoint_key}",
+            f"tuning record was measured with checkpoint {record.checkpoint_key}; "
+            f"this pod serves {checkpoint_key}",
         )
     mismatch = tuning_mismatch(record, probe_identity(probe), version, backend)
     if mismatch is None:
         return None
-    return Refusal(MISMATCH_REASONS[mismatch.reason], f"{mismatch.reason}: {mismatch.message}; refusing to load it")
+    return Refusal(
+        MISMATCH_REASONS[mismatch.reason], f"{mismatch.reason}: {mismatch.message}; refusing to load it"
+    )
 
 
-def fetch_verified(store: EngineStore, kind: ArtefactKind, key: str, cache_dir: Path) -> tuple[ArtefactManifest, Path]:
+def fetch_verified(
+    store: EngineStore, kind: ArtefactKind, key: str, cache_dir: Path
+) -> tuple[ArtefactManifest, Path]:
     """The artefact's folder under `cache_dir`, every file verified against the store's manifest."""
     from trtforge.store.artefacts import read_manifest
 
@@ -86,7 +92,9 @@ def fetch_verified(store: EngineStore, kind: ArtefactKind, key: str, cache_dir: 
             log.info("verified kept copy", extra=fields(kind=str(kind), key=key))
         else:
             fetch(store, kind, key, dest)
-            log.info("fetched and verified", extra=fields(kind=str(kind), key=key, bytes=manifest.total_bytes))
+            log.info(
+                "fetched and verified", extra=fields(kind=str(kind), key=key, bytes=manifest.total_bytes)
+            )
     except IntegrityError as e:
         raise Refusal("EngineIntegrity", str(e)) from e
     except ObjectNotFound as e:
@@ -114,7 +122,9 @@ def plan_from_store(args: argparse.Namespace, extra: list[str], probe: GPUProbe)
     backend = Backend.LLAMA_CPP if args.server == "llama.cpp" else Backend.TENSORRT_LLM
     if manifest.backend is not backend:
         raise Refusal(
-            "EngineLoadFailed", f"checkpoint {manifest.key} is a {manifest.backend} artefact; --server {args.server} serves {backend}"
+            "EngineLoadFailed",
+            f"checkpoint {manifest.key} is a {manifest.backend} artefact; "
+            f"--server {args.server} serves {backend}",
         )
     settings: dict[str, int | float | str] = {}
     tuning_cache: Path | None = None

@@ -39,6 +39,8 @@ def compare(golden: Sequence[int], got: Sequence[int]) -> CanaryOutcome:
             )
     if len(got) != len(golden):
         return CanaryOutcome(
-            False, f"canary gave {len(got)} tokens, the golden record has {len(golden)} (the first {min(len(got), len(golden))} match)"
+            False,
+            f"canary gave {len(got)} tokens, the golden record has {len(golden)} "
+            f"(the first {min(len(got), len(golden))} match)",
         )
     return CanaryOutcome(True, f"{len(golden)} greedy tokens equal the golden tokens")

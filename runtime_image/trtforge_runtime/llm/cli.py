@@ -24,12 +24,18 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--server", choices=("llama.cpp", "trtllm-serve"), default="llama.cpp", help="the LLM server")
+    p.add_argument(
+        "--server", choices=("llama.cpp", "trtllm-serve"), default="llama.cpp", help="the LLM server"
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", metavar="KEY", help="the quantized checkpoint's key in --store")
-    src.add_argument("--model", metavar="PATH", help="a local GGUF, unverified (hand use and benchmarks only)")
+    src.add_argument(
+        "--model", metavar="PATH", help="a local GGUF, unverified (hand use and benchmarks only)"
+    )
     p.add_argument("--store", metavar="STORE_URI", help="store URI (as `trtforge serve`); with --checkpoint")
-    p.add_argument("--tuning", metavar="KEY", help="the tuning record's key in --store, checked against this pod")
+    p.add_argument(
+        "--tuning", metavar="KEY", help="the tuning record's key in --store, checked against this pod"
+    )
     p.add_argument("--cache-dir", default="/var/cache/trtforge", help="where the verified files are kept")
     p.add_argument("--model-name", default=None, help="the model's name in the OpenAI API and the metrics")
     p.add_argument("--host", default="0.0.0.0", help="address of the server and the probe port")
@@ -38,12 +44,23 @@ def register(subparsers: Any) -> None:
     p.add_argument("--server-binary", default=None, help="the server's executable (default: found on PATH)")
     p.add_argument("--ctx-size", type=int, default=2048, help="llama.cpp: context size")
     p.add_argument("--parallel", type=int, default=4, help="llama.cpp: slots (requests decoded together)")
-    p.add_argument("--threads", type=int, default=None, help="llama.cpp: threads, unless the tuning record sets them")
+    p.add_argument(
+        "--threads", type=int, default=None, help="llama.cpp: threads, unless the tuning record sets them"
+    )
     p.add_argument("--gpu-layers", type=int, default=None, help="llama.cpp CUDA build: layers on the GPU")
     p.add_argument("--canary-prompt", default=None, help="with --model: the canary prompt")
-    p.add_argument("--golden-tokens", default=None, help="with --model: the golden token ids, comma-separated")
-    p.add_argument("--unavailable-grace", type=float, default=30.0, help="seconds of 503 or silence before liveness fails")
-    p.add_argument("--start-limit", type=float, default=600.0, help="seconds the server may take to become healthy")
+    p.add_argument(
+        "--golden-tokens", default=None, help="with --model: the golden token ids, comma-separated"
+    )
+    p.add_argument(
+        "--unavailable-grace",
+        type=float,
+        default=30.0,
+        help="seconds of 503 or silence before liveness fails",
+    )
+    p.add_argument(
+        "--start-limit", type=float, default=600.0, help="seconds the server may take to become healthy"
+    )
     p.add_argument("server_args", nargs=argparse.REMAINDER, help="after --: further arguments for the server")
     p.set_defaults(func=handle)
 
@@ -69,7 +86,9 @@ def handle(args: argparse.Namespace) -> int:
     except ValueError as e:  # a bad argument: one line, usage exit
         log.error(str(e))
         return 2
-    sup = Supervisor(plan, probes.Policy(args.unavailable_grace, args.start_limit), args.host, args.probe_port)
+    sup = Supervisor(
+        plan, probes.Policy(args.unavailable_grace, args.start_limit), args.host, args.probe_port
+    )
     monitor = prepare.start_fault_monitor(probe, sup, args.checkpoint or "")
     try:
         msg = asyncio.run(sup.run())

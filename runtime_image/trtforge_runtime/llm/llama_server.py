@@ -54,8 +54,30 @@ class LlamaServerArgs:
 
 # Arguments the supervisor sets itself: a deployment's `extra` must not set them again.
 OWNED_FLAGS = frozenset(
-    {"-m", "--model", "--host", "--port", "--metrics", "-a", "--alias", "-t", "--threads", "-b", "--batch-size"}
-    | {"-ub", "--ubatch-size", "-np", "--parallel", "-c", "--ctx-size", "-ngl", "--n-gpu-layers", "--gpu-layers"}
+    {
+        "-m",
+        "--model",
+        "--host",
+        "--port",
+        "--metrics",
+        "-a",
+        "--alias",
+        "-t",
+        "--threads",
+        "-b",
+        "--batch-size",
+    }
+    | {
+        "-ub",
+        "--ubatch-size",
+        "-np",
+        "--parallel",
+        "-c",
+        "--ctx-size",
+        "-ngl",
+        "--n-gpu-layers",
+        "--gpu-layers",
+    }
 )
 
 
@@ -77,7 +99,12 @@ def argv(a: LlamaServerArgs, binary: str = COMMAND) -> list[str]:
     out += ["-c", str(a.ctx_size), "-np", str(a.parallel), "--no-webui"]
     if a.alias:
         out += ["-a", a.alias]
-    for flag, value in (("-t", a.threads), ("-b", a.batch_size), ("-ub", a.ubatch_size), ("-ngl", a.gpu_layers)):
+    for flag, value in (
+        ("-t", a.threads),
+        ("-b", a.batch_size),
+        ("-ub", a.ubatch_size),
+        ("-ngl", a.gpu_layers),
+    ):
         if value is not None:
             out += [flag, str(value)]
     return out + list(a.extra)
@@ -118,5 +145,7 @@ def canary_tokens(answer: Mapping[str, Any]) -> list[int]:
     """The generated token ids of a ``/completion`` answer; ValueError when it has none."""
     tokens = answer.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-        raise ValueError(f"llama-server /completion answer has no token id list under 'tokens': {dict(answer)!r:.200}")
+        raise ValueError(
+            f"llama-server /completion answer has no token id list under 'tokens': {dict(answer)!r:.200}"
+        )
     return list(tokens)

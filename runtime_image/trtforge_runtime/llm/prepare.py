@@ -39,7 +39,9 @@ def parse_golden(text: str) -> tuple[int, ...]:
 def _binary(args: argparse.Namespace, default: str) -> str:
     found = args.server_binary or shutil.which(default)
     if not found or not Path(found).exists():
-        raise ValueError(f"--server-binary: {args.server_binary or default!r} not found (give the server's path)")
+        raise ValueError(
+            f"--server-binary: {args.server_binary or default!r} not found (give the server's path)"
+        )
     return str(found)
 
 
@@ -95,7 +97,11 @@ def llama_plan(
 
 
 def trtllm_plan(
-    args: argparse.Namespace, checkpoint_dir: Path, name: str, canary: CanarySpec | None, tuning_cache: Path | None
+    args: argparse.Namespace,
+    checkpoint_dir: Path,
+    name: str,
+    canary: CanarySpec | None,
+    tuning_cache: Path | None,
 ) -> ServerPlan:
     """trtllm-serve on a verified HF checkpoint folder, with its verified autotuner cache."""
     a = trtllm_serve.TrtllmServeArgs(model_dir=checkpoint_dir, port=args.port, host=args.host)

@@ -105,7 +105,8 @@ def decide(obs: Observation, policy: Policy) -> Verdict:
                 False,
                 Action.ABORT,
                 Cause.START_TIMEOUT,
-                f"no healthy answer {waited:.0f} s after start (limit {policy.start_limit_s:.0f} s); last: {obs.health.value}",
+                f"no healthy answer {waited:.0f} s after start (limit {policy.start_limit_s:.0f} s); "
+                f"last: {obs.health.value}",
             )
         return Verdict(is_ready, True, Action.WAIT)
     if obs.unhealthy_since is not None:
@@ -117,6 +118,7 @@ def decide(obs: Observation, policy: Policy) -> Verdict:
                 False,
                 Action.ABORT,
                 cause,
-                f"health has been {obs.health.value} for {stuck:.0f} s (grace {policy.unavailable_grace_s:.0f} s)",
+                f"health has been {obs.health.value} for {stuck:.0f} s "
+                f"(grace {policy.unavailable_grace_s:.0f} s)",
             )
     return Verdict(is_ready, True, Action.WAIT)

@@ -74,5 +74,9 @@ def exposition(kind: ServerKind, model: str, server_text: str) -> str:
     label = model.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     for name, value in runtime_gauges(kind, server_text).items():
         shown = "NaN" if math.isnan(value) else repr(float(value))
-        lines += [f"# HELP {name} {_HELP[name]}", f"# TYPE {name} gauge", f'{name}{{model="{label}"}} {shown}']
+        lines += [
+            f"# HELP {name} {_HELP[name]}",
+            f"# TYPE {name} gauge",
+            f'{name}{{model="{label}"}} {shown}',
+        ]
     return "\n".join(lines) + "\n"

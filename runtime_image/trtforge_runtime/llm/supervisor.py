@@ -133,7 +133,9 @@ class Supervisor:
         v = self.state.verdict
         if v.live:
             return web.json_response({"live": True})
-        return web.json_response({"live": False, "cause": v.cause.value if v.cause else "", "detail": v.detail}, status=503)
+        return web.json_response(
+            {"live": False, "cause": v.cause.value if v.cause else "", "detail": v.detail}, status=503
+        )
 
     async def _ready(self, _: web.Request) -> web.Response:
         v = self.state.verdict
@@ -202,7 +204,9 @@ class Supervisor:
                 log.info("canary", extra=fields(passed=st.canary.passed, detail=st.canary.message))
                 if not st.canary.passed:
                     # Stay up, not ready; the message tells a later kill why (termination.py).
-                    write_termination_message(TerminationMessage(reason="CanaryFailed", message=st.canary.message))
+                    write_termination_message(
+                        TerminationMessage(reason="CanaryFailed", message=st.canary.message)
+                    )
             now = time.monotonic()
             st.ever_up = st.ever_up or health is probes.Health.UP
             st.unhealthy_since = probes.next_unhealthy_since(st.unhealthy_since, health, st.ever_up, now)
@@ -220,7 +224,9 @@ class Supervisor:
             if verdict != st.verdict:
                 log.info(
                     "LLM server state",
-                    extra=fields(ready=verdict.ready, live=verdict.live, health=health.value, detail=verdict.detail),
+                    extra=fields(
+                        ready=verdict.ready, live=verdict.live, health=health.value, detail=verdict.detail
+                    ),
                 )
             st.verdict = verdict
             if verdict.action is probes.Action.ABORT:

@@ -88,7 +88,8 @@ def argv(a: TrtllmServeArgs) -> list[str]:
     """The command line (serve.py's options, by their upstream names); ValueError on a bad value."""
     if a.tensor_parallel < 1 or a.pipeline_parallel < 1:
         raise ValueError(
-            f"parallelism: tensor {a.tensor_parallel} x pipeline {a.pipeline_parallel}; both must be at least 1"
+            f"parallelism: tensor {a.tensor_parallel} x pipeline {a.pipeline_parallel}; "
+            "both must be at least 1"
         )
     if a.log_level not in LOG_LEVELS:
         raise ValueError(f"log level {a.log_level!r}: expected one of {sorted(LOG_LEVELS)}")

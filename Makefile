@@ -14,7 +14,7 @@ BENCH_APT_PACKAGES := libb64-0d
 APT_COMMANDS := npm
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help deps venv binaries helm lint typecheck unit integration e2e test demo crds bench clean cluster-up cluster-down
+.PHONY: help deps venv binaries helm llama lint typecheck unit integration e2e test demo crds bench clean cluster-up cluster-down
 
 help:
 	@echo "make demo   - set up everything and run the whole story on the local test bed"
@@ -56,6 +56,11 @@ binaries: deps venv
 helm: deps venv
 	$(BIN)/python -m trtforge_dev.testbed.helm
 
+# llama.cpp (llama-server, llama-quantize, llama-bench, llama-perplexity, ggml-rpc-server), built once
+# from the pinned llama-cpp-python sdist into ~/.cache/trtforge/llama.cpp-<version>/bin (docs/llm.md).
+llama: venv
+	$(BIN)/python -m trtforge_dev.testbed.llama
+
 TYPECHECK := $(BIN)/mypy
 lint: venv
 	$(BIN)/ruff check .
@@ -81,7 +86,7 @@ TESTBED_LOG := .cache/test-testbed.log
 
 unit: venv
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope tests/unit
-integration: binaries helm
+integration: binaries helm llama
 	$(PYTEST_TESTBED) tests/integration
 	$(PYTEST_PARALLEL) tests/integration
 e2e: binaries
@@ -91,7 +96,7 @@ e2e: binaries
 # plane more than it computes. ruff, mypy and the parallel tier run meanwhile at a lower CPU priority
 # (nice), so they fill the cores it leaves idle instead of slowing it down. Its output follows theirs,
 # and stays in $(TESTBED_LOG). Interrupted, the recipe stops it too (a background job ignores ^C).
-test: deps venv binaries helm
+test: deps venv binaries helm llama
 	@mkdir -p .cache
 	@echo ">> the test-bed tier, in the background: $(TESTBED_LOG)"
 	@$(PYTEST_TESTBED) tests > $(TESTBED_LOG) 2>&1 & bed=$$!; \
@@ -106,7 +111,7 @@ test: deps venv binaries helm
 	cat $(TESTBED_LOG); \
 	exit $$rc
 
-demo: deps venv binaries
+demo: deps venv binaries llama
 	$(BIN)/trtforge demo
 
 crds: venv

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtforge.contract.llm import golden_request
 from trtforge_runtime.llm.probes import Health
 
 COMMAND = "llama-server"
@@ -83,9 +84,9 @@ OWNED_FLAGS = frozenset(
 
 def argv(a: LlamaServerArgs, binary: str = COMMAND) -> list[str]:
     """The command line; ValueError naming the argument when a value or an extra flag is wrong."""
-    for name, value in (("ctx_size", a.ctx_size), ("parallel", a.parallel)):
-        if value < 1:
-            raise ValueError(f"llama-server {name} {value}: must be at least 1")
+    for name, size in (("ctx_size", a.ctx_size), ("parallel", a.parallel)):
+        if size < 1:
+            raise ValueError(f"llama-server {name} {size}: must be at least 1")
     for name, opt in (("threads", a.threads), ("batch_size", a.batch_size), ("ubatch_size", a.ubatch_size)):
         if opt is not None and opt < 1:
             raise ValueError(f"llama-server {name} {opt}: must be at least 1")
@@ -125,20 +126,10 @@ def classify_health(status: int | None, body: Mapping[str, Any] | None = None) -
     return Health.ERROR
 
 
-def canary_request(prompt: str, n_tokens: int, seed: int = 0) -> dict[str, Any]:
-    """The body of a greedy, fixed-length ``POST /completion`` that answers its token ids (the
-    same request the quantize step makes for the golden tokens)."""
-    return {
-        "prompt": prompt,
-        "n_predict": n_tokens,
-        "temperature": 0.0,
-        "top_k": 1,
-        "seed": seed,
-        "return_tokens": True,
-        "cache_prompt": False,
-        "ignore_eos": True,
-        "stream": False,
-    }
+def canary_request(prompt: str, n_tokens: int) -> dict[str, Any]:
+    """The body of the greedy, fixed-length ``POST /completion`` that answers its token ids: the
+    contract's, the same request the quantize step makes for the golden tokens."""
+    return golden_request(prompt, n_tokens)
 
 
 def canary_tokens(answer: Mapping[str, Any]) -> list[int]:

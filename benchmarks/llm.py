@@ -46,6 +46,7 @@ from benchmarks.common import (
     write_result,
 )
 from benchmarks.servers.venvs import Venv
+from trtforge.contract.llm import golden_request
 
 AIPERF = Venv("aiperf", ("aiperf==0.13.0", "gguf==0.19.0"), onnxruntime=False)
 LLAMA_CPP_BIN = Path(os.environ.get("LLAMA_CPP_BIN", Path.home() / ".cache/trtforge/llama.cpp-0.3.36/bin"))
@@ -79,15 +80,7 @@ def golden_tokens(port: int) -> list[int]:
     """The direct server's greedy tokens for the canary prompt (what the quantize step records)."""
     import urllib.request
 
-    body = json.dumps(
-        {
-            "prompt": CANARY_PROMPT,
-            "n_predict": CANARY_TOKENS,
-            "temperature": 0.0,
-            "top_k": 1,
-            "return_tokens": True,
-        }
-    ).encode()
+    body = json.dumps(golden_request(CANARY_PROMPT, CANARY_TOKENS)).encode()
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/completion", data=body, headers={"Content-Type": "application/json"}
     )

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from trtforge_dev.testbed.procs import free_ports
 
+from trtforge.contract.llm import golden_request
+
 LLAMA_CPP_BIN = Path(os.environ.get("LLAMA_CPP_BIN", Path.home() / ".cache/trtforge/llama.cpp-0.3.36/bin"))
 CANARY_PROMPT = "The capital of France is"
 CANARY_TOKENS = 6
@@ -88,13 +90,7 @@ def golden_tokens(server: Path, gguf: Path, tmp: Path) -> list[int]:
             assert p.poll() is None, (tmp / "golden-server.log").read_text()[-2000:]
             assert time.monotonic() < deadline, "llama-server did not become healthy"
             time.sleep(0.2)
-        body = {
-            "prompt": CANARY_PROMPT,
-            "n_predict": CANARY_TOKENS,
-            "temperature": 0.0,
-            "top_k": 1,
-            "return_tokens": True,
-        }
+        body = golden_request(CANARY_PROMPT, CANARY_TOKENS)
         status, answer = http("POST", f"http://127.0.0.1:{port}/completion", body, timeout=120)
         assert status == 200, answer
         tokens: list[int] = answer["tokens"]

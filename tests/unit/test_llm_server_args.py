@@ -67,3 +67,11 @@ def test_canary_compare_names_the_first_different_token() -> None:
     assert not out.passed and "token 1 of 3 is 9, the golden token is 6" in out.message
     short = compare([5, 6, 7], [5, 6])
     assert not short.passed and "2 tokens" in short.message
+
+
+def test_canary_text_compare_names_where_it_differs() -> None:
+    from trtforge_runtime.llm.canary import compare_text
+
+    assert compare_text(" Paris.", " Paris.").passed
+    out = compare_text(" Paris.", " Lyon.")
+    assert not out.passed and "character 1" in out.message

@@ -80,3 +80,16 @@ def test_contract_metric_names_for_autoscaling() -> None:
     assert t.NUM_REQUESTS_WAITING == "trtllm_num_requests_waiting"
     assert t.NUM_REQUESTS_RUNNING == "trtllm_num_requests_running"
     assert t.KV_CACHE_UTILIZATION == "trtllm_kv_cache_utilization"
+
+
+def test_contract_canary_is_a_greedy_completion_compared_as_text() -> None:
+    body = t.canary_request("m", "The capital of France is", 8)
+    assert (body["max_tokens"], body["temperature"], body["ignore_eos"], body["stream"]) == (
+        8,
+        0.0,
+        True,
+        False,
+    )
+    assert t.canary_text({"choices": [{"index": 0, "text": " Paris"}]}) == " Paris"
+    with pytest.raises(ValueError, match=r"choices\[0\].text"):
+        t.canary_text({"choices": []})

@@ -15,15 +15,14 @@ import re
 import subprocess
 from pathlib import Path
 
+from trtforge.contract.gpu_probe import GPUProbe, probe_identity
 from trtforge.contract.llm.artefact import ArtefactKind, ArtefactManifest
 from trtforge.contract.llm.recipe import Backend
 from trtforge.contract.llm.tuning import MismatchReason, TuningRecord, tuning_mismatch
-from trtforge.store.artefacts import fetch, verify_folder
-
-from trtforge.contract.gpu_probe import GPUProbe, probe_identity
 from trtforge.contract.termination import Reason
 from trtforge.logs import fields
 from trtforge.store import open_store
+from trtforge.store.artefacts import fetch, verify_folder
 from trtforge.store.base import EngineStore, IntegrityError, ObjectNotFound, StoreError
 from trtforge_runtime.errors import Refusal
 from trtforge_runtime.llm.canary import CanarySpec
@@ -117,7 +116,9 @@ def plan_from_store(args: argparse.Namespace, extra: list[str], probe: GPUProbe)
     manifest, folder = fetch_verified(store, ArtefactKind.CHECKPOINT, args.checkpoint, cache)
     info = manifest.checkpoint
     assert info is not None  # a checkpoint manifest has its record (contract)
-    canary = CanarySpec(info.golden.prompt, tuple(info.golden.tokens)) if info.golden else None
+    canary = (
+        CanarySpec(info.golden.prompt, tuple(info.golden.tokens), info.golden.text) if info.golden else None
+    )
     name = args.model_name or manifest.key[:12]
     backend = Backend.LLAMA_CPP if args.server == "llama.cpp" else Backend.TENSORRT_LLM
     if manifest.backend is not backend:

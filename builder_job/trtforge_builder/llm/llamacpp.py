@@ -149,7 +149,7 @@ class LlamaCppTools:
         return out + err
 
     def version(self) -> str:
-        return llama_cpp_version(self._run("llama-quantize", ["--version"]))
+        return llama_cpp_version(self._run("llama-server", ["--version"]))
 
     def quantize(self, source: Path, dest: Path, gguf_type: str, threads: int) -> None:
         self._run("llama-quantize", ["--allow-requantize", str(source), str(dest), gguf_type, str(threads)])

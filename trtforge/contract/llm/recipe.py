@@ -17,7 +17,7 @@ from trtforge.contract.gpu import GPUIdentity
 
 
 class Recipe(enum.StrEnum):
-    """A quantization recipe, named as ModelOpt's export names them (docs/llm.md §"Recipes")."""
+    """A quantization recipe, named as ModelOpt's export names them (docs/llm.md §"Recipes by GPU")."""
 
     BF16 = "bf16"
     FP8 = "fp8"

@@ -1,5 +1,5 @@
 """The tuning-cache record and the check a runtime makes before it applies one (docs/llm.md
-§"Tuning caches").
+§"Tuning caches and their checks").
 
 TensorRT-LLM's autotuner cache (``TLLM_AUTOTUNER_CACHE_PATH``) holds kernel choices for one GPU,
 mapping and version, and upstream loads it without checking any of them; trtforge records them beside

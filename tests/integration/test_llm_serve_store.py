@@ -5,11 +5,10 @@ refusal in the termination message."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from trtforge_runtime.llm.artefacts import parse_llama_version
+from trtforge_runtime.llm.artefacts import server_version
 
 from tests.integration.llm_bed import CANARY_PROMPT, Supervised, golden_tokens, llama_server, smollm2_gguf
 from trtforge.contract.llm import (
@@ -39,8 +38,7 @@ TUNING = "b" * 64
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[int], str]:
     server, gguf = llama_server(), smollm2_gguf()
-    out = subprocess.run([str(server), "--version"], capture_output=True, text=True, timeout=60, check=False)
-    version = parse_llama_version(out.stdout + out.stderr)
+    version = server_version(str(server))
     return server, gguf, golden_tokens(server, gguf, tmp_path_factory.mktemp("golden")), version
 
 

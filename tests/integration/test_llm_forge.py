@@ -18,7 +18,14 @@ import pytest
 from trtforge_builder.llm.llamacpp import LlamaCppTools
 
 from trtforge.contract.gpu import GPUTarget, known_identity
-from trtforge.contract.llm import ArtefactKind, ArtefactManifest, MismatchReason, tuning_mismatch
+from trtforge.contract.llm import (
+    ArtefactKind,
+    ArtefactManifest,
+    MismatchReason,
+    golden_mismatch,
+    llama_server_args,
+    tuning_mismatch,
+)
 from trtforge.store import artefacts as art
 from trtforge.store import open_store
 from trtforge.store.s3 import make_client, s3_settings
@@ -192,3 +199,28 @@ def test_a_checkpoint_goes_to_s3_and_comes_back_verified(
     manifest = art.fetch(store, ArtefactKind.CHECKPOINT, str(out["checkpointKey"]), tmp_path / "c")
     assert (tmp_path / "c" / "model.gguf").stat().st_size == manifest.file("model.gguf").size > 50 << 20
     assert store.exists(f"checkpoints/{manifest.key}/manifest.json")
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_the_canary_holds_under_the_tuned_settings(
+    fp8: tuple[str, dict[str, object]], llama_bin: Path, tmp_path: Path, threads: str
+) -> None:
+    """A runtime applies a tuning record's flags and must still reproduce the golden tokens: greedy
+    output does not depend on the thread count or batch sizes the tuner picks."""
+    store_uri, q = fp8
+    store = open_store(store_uri)
+    rc, out = _run(
+        ["tune", "--checkpoint", str(q["checkpointKey"]), "--gpu", "cpu", "--store", store_uri,
+         "--llama-bin-dir", str(llama_bin), "--threads", threads]
+    )  # fmt: skip
+    assert rc == 0, out
+    tuning = art.read_manifest(store, ArtefactKind.TUNING_CACHE, str(out["tuningKey"]))
+    assert tuning is not None and tuning.tuning is not None
+    ckpt = art.fetch(store, ArtefactKind.CHECKPOINT, str(q["checkpointKey"]), tmp_path / "c")
+    assert ckpt.checkpoint is not None and ckpt.checkpoint.golden is not None
+    golden = ckpt.checkpoint.golden
+    got = LlamaCppTools(llama_bin).golden(
+        tmp_path / "c" / "model.gguf", golden.prompt, golden.n_predict, 2,
+        server_args=llama_server_args(tuning.tuning),
+    )  # fmt: skip
+    assert golden_mismatch(golden, got.tokens) is None

@@ -18,7 +18,14 @@ import pytest
 from trtforge_builder.llm.llamacpp import LlamaCppTools
 
 from trtforge.contract.gpu import GPUTarget, known_identity
-from trtforge.contract.llm import ArtefactKind, ArtefactManifest, MismatchReason, tuning_mismatch
+from trtforge.contract.llm import (
+    ArtefactKind,
+    ArtefactManifest,
+    MismatchReason,
+    golden_mismatch,
+    llama_server_args,
+    tuning_mismatch,
+)
 from trtforge.store import artefacts as art
 from trtforge.store import open_store
 from trtforge.store.s3 import make_client, s3_settings
@@ -82,9 +89,12 @@ def _quantize(
 def fp8(
     gguf: Path, llama_bin: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[str, dict[str, object]]:
-    """An fp8 (test bed: Q8_0) checkpoint quantized into a fresh local store: (store, result)."""
+    """An fp8 (test bed: Q8_0) checkpoint quantized into a fresh local store: (store, result).
+
+    Requantizing the 4-bit source to Q8_0 measured +1.5% perplexity here (docs/llm.md), so this
+    request declares a 5% bound, as a TRTEngine may."""
     store = str(tmp_path_factory.mktemp("store"))
-    rc, out = _quantize(gguf, store, llama_bin, "--recipe", "fp8")
+    rc, out = _quantize(gguf, store, llama_bin, "--recipe", "fp8", "--max-perplexity-increase", "0.05")
     assert rc == 0, out
     return store, out
 
@@ -93,11 +103,12 @@ def test_fp8_is_quantized_gated_and_published_with_its_golden_tokens(
     fp8: tuple[str, dict[str, object]], gguf: Path, tmp_path: Path
 ) -> None:
     store_uri, out = fp8
+    assert out["schema"] == "trtforge.io/quantize-result/v1"
     assert out["backend"] == "llama.cpp" and out["quantizedType"] == "Q8_0" and out["cacheHit"] is False
     ppl = out["perplexity"]
-    assert isinstance(ppl, dict) and ppl["source"] > 1 and ppl["increase"] <= ppl["maxIncrease"] == 0.01
+    assert isinstance(ppl, dict) and ppl["source"] > 1 and ppl["increase"] <= ppl["maxIncrease"] == 0.05
     golden = out["golden"]
-    assert isinstance(golden, dict) and len(golden["tokens"]) == golden["nPredict"] == 16
+    assert isinstance(golden, dict) and len(golden["tokens"]) == golden["n_predict"] == 16
     store = open_store(store_uri)
     key = str(out["checkpointKey"])
     manifest = art.read_manifest(store, ArtefactKind.CHECKPOINT, key)
@@ -113,7 +124,7 @@ def test_a_second_quantize_of_the_same_request_is_a_cache_hit(
     fp8: tuple[str, dict[str, object]], gguf: Path, llama_bin: Path
 ) -> None:
     store_uri, first = fp8
-    rc, again = _quantize(gguf, store_uri, llama_bin, "--recipe", "fp8")
+    rc, again = _quantize(gguf, store_uri, llama_bin, "--recipe", "fp8", "--max-perplexity-increase", "0.05")
     assert rc == 0 and again["cacheHit"] is True and again["checkpointKey"] == first["checkpointKey"]
     assert again["golden"] == first["golden"]
 
@@ -188,3 +199,28 @@ def test_a_checkpoint_goes_to_s3_and_comes_back_verified(
     manifest = art.fetch(store, ArtefactKind.CHECKPOINT, str(out["checkpointKey"]), tmp_path / "c")
     assert (tmp_path / "c" / "model.gguf").stat().st_size == manifest.file("model.gguf").size > 50 << 20
     assert store.exists(f"checkpoints/{manifest.key}/manifest.json")
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_the_canary_holds_under_the_tuned_settings(
+    fp8: tuple[str, dict[str, object]], llama_bin: Path, tmp_path: Path, threads: str
+) -> None:
+    """A runtime applies a tuning record's flags and must still reproduce the golden tokens: greedy
+    output does not depend on the thread count or batch sizes the tuner picks."""
+    store_uri, q = fp8
+    store = open_store(store_uri)
+    rc, out = _run(
+        ["tune", "--checkpoint", str(q["checkpointKey"]), "--gpu", "cpu", "--store", store_uri,
+         "--llama-bin-dir", str(llama_bin), "--threads", threads]
+    )  # fmt: skip
+    assert rc == 0, out
+    tuning = art.read_manifest(store, ArtefactKind.TUNING_CACHE, str(out["tuningKey"]))
+    assert tuning is not None and tuning.tuning is not None
+    ckpt = art.fetch(store, ArtefactKind.CHECKPOINT, str(q["checkpointKey"]), tmp_path / "c")
+    assert ckpt.checkpoint is not None and ckpt.checkpoint.golden is not None
+    golden = ckpt.checkpoint.golden
+    got = LlamaCppTools(llama_bin).golden(
+        tmp_path / "c" / "model.gguf", golden.prompt, golden.n_predict, 2,
+        server_args=llama_server_args(tuning.tuning),
+    )  # fmt: skip
+    assert golden_mismatch(golden, got.tokens) is None

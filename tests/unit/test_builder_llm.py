@@ -174,3 +174,26 @@ def test_contract_an_export_needs_config_weights_and_the_recipes_quant_algo(tmp_
     assert modelopt.tuning_env(tmp_path / "a.cache") == {
         "TLLM_AUTOTUNER_CACHE_PATH": str(tmp_path / "a.cache")
     }
+
+
+def test_results_and_failures_round_trip_through_the_termination_message() -> None:
+    from trtforge.contract.llm.result import QuantizeResult, TuneResult, parse_llm_message
+
+    q = QuantizeResult(
+        checkpoint_key="a" * 64, manifest_uri="s3://b/checkpoints/x/manifest.json", backend="llama.cpp",
+        backend_version="0.5.0-dev-b0-unknown", recipe=Recipe.FP8, quantized_type="Q8_0", size_bytes=1,
+        cache_hit=False, seconds=1.5,
+    )  # fmt: skip
+    assert '"schema":"trtforge.io/quantize-result/v1"' in q.to_line() and '"checkpointKey"' in q.to_line()
+    assert parse_llm_message("log line\n" + q.to_line()) == q
+    t = TuneResult(
+        tuning_key="b" * 64, manifest_uri="m", checkpoint_key="a" * 64, backend="llama.cpp",
+        backend_version="v", gpu="cpu", mapping="tp1pp1", settings={"threads": 2}, cache_hit=True,
+        seconds=0.1,
+    )  # fmt: skip
+    assert parse_llm_message(t.to_line()) == t
+    f = QuantizeFailure(error="gate", reason="ValidationFailed", exit_code=96)
+    got = parse_llm_message(f.to_line())
+    assert isinstance(got, QuantizeFailure) and got.reason == "ValidationFailed"
+    assert parse_llm_message("") is None and parse_llm_message("not json") is None
+    assert parse_llm_message('{"schema": "other"}') is None

@@ -339,3 +339,26 @@ def test_a_tuning_record_for_another_backend_or_mapping_is_refused() -> None:
     assert got is not None and got.reason is MismatchReason.BACKEND
     got = tuning_mismatch(_record(), H100, "1.2.1", pod_parallelism=Parallelism(tensor=2))
     assert got is not None and got.reason is MismatchReason.MAPPING and "tp2pp1" in got.message
+
+
+def test_a_llama_cpp_tuning_record_becomes_llama_server_flags() -> None:
+    from trtforge.contract.llm import llama_server_args
+
+    rec = _record(backend=Backend.LLAMA_CPP, settings={"ubatch_size": 64, "threads": 2, "batch_size": 256})
+    assert llama_server_args(rec) == ["--threads", "2", "--batch-size", "256", "--ubatch-size", "64"]
+    with pytest.raises(ValueError, match="flash_attn are not known"):
+        llama_server_args(_record(backend=Backend.LLAMA_CPP, settings={"flash_attn": "on"}))
+    with pytest.raises(ValueError, match="no llama-server flags"):
+        llama_server_args(_record())
+
+
+def test_golden_mismatch_says_where_the_canary_parts_from_the_record() -> None:
+    from trtforge.contract.llm import GoldenTokens, golden_mismatch
+
+    g = GoldenTokens(prompt="Paris is", n_predict=3, tokens=[5, 6, 7], text=" a city")
+    assert golden_mismatch(g, [5, 6, 7]) is None
+    assert golden_mismatch(g, [5, 9, 7]) == (
+        "the canary's token 1 is 9; the checkpoint recorded 6 (greedy, 3 tokens of 'Paris is')"
+    )
+    got = golden_mismatch(g, [5, 6])
+    assert got is not None and "gave 2 tokens" in got

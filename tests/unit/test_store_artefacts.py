@@ -221,3 +221,16 @@ def test_a_large_artefact_is_streamed_not_held_in_memory(tmp_path: Path) -> None
         tracemalloc.stop()
     assert manifest.total_bytes == 128 << 20
     assert peak < 16 << 20, f"peak {peak} bytes traced"
+
+
+def test_a_pvc_artefact_is_verified_in_place(store: EngineStore, checkpoint: Path) -> None:
+    manifest, _ = art.publish(store, KIND, KEY, checkpoint, _describe)
+    folder = art.in_place(store, manifest)
+    if not isinstance(store, LocalStore):
+        assert folder is None
+        return
+    assert folder is not None
+    art.verify_folder(folder, manifest)
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(IntegrityError, match=r"config\.json"):
+        art.verify_folder(folder, manifest)

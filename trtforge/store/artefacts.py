@@ -23,6 +23,7 @@ from trtforge.contract.llm.artefact import (
     ArtefactFile,
     ArtefactKind,
     ArtefactManifest,
+    artefact_dir,
     check_relative_path,
     file_path,
     manifest_path,
@@ -150,6 +151,16 @@ def fetch(store: EngineStore, kind: ArtefactKind, key: str, dest: Path) -> Artef
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+def in_place(store: EngineStore, manifest: ArtefactManifest) -> Path | None:
+    """The folder holding a committed artefact's files when the store is a mounted directory (a PVC),
+    so a reader can verify it there (`verify_folder`) instead of copying several GiB; else None."""
+    from trtforge.store.local import LocalStore
+
+    if not isinstance(store, LocalStore):
+        return None
+    return store.file(f"{artefact_dir(manifest.kind, manifest.key)}/{manifest.upload}")
 
 
 def verify_folder(folder: Path, manifest: ArtefactManifest) -> None:

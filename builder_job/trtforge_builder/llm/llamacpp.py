@@ -13,9 +13,11 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,47 +177,55 @@ class LlamaCppTools:
         return bench_rows(pp) + bench_rows(tg)
 
     def golden(
-        self, model: Path, prompt: str, n_predict: int, threads: int, timeout: float = 300.0
+        self,
+        model: Path,
+        prompt: str,
+        n_predict: int,
+        threads: int,
+        timeout: float = 300.0,
+        server_args: Sequence[str] = (),
     ) -> GoldenTokens:
-        """Start ``llama-server`` on a loopback port, ask for the canary's greedy tokens, stop it."""
+        """Start ``llama-server`` on a loopback port (with `server_args`, e.g. a tuning record's
+        flags, after its own), ask for the canary's greedy tokens, stop it."""
         port = _free_port()
         cmd = [
             self.tool("llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-            "-c", "512", "-t", str(threads), "-np", "1", "--no-webui",
+            "-c", "512", "-t", str(threads), "-np", "1", "--no-webui", *server_args,
         ]  # fmt: skip
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                if proc.poll() is not None:
-                    err = proc.stderr.read() if proc.stderr else ""
-                    raise LlamaCppError(
-                        f"llama-server exited {proc.returncode} before it was ready: {err[-600:]}"
-                    )
-                try:
-                    with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
-                        if r.status == 200:
-                            break
-                except (urllib.error.URLError, OSError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise LlamaCppError(f"llama-server was not healthy within {timeout:.0f}s")
-                time.sleep(0.2)
-            req = urllib.request.Request(
-                f"{base}/completion",
-                data=json.dumps(golden_request(prompt, n_predict)).encode(),
-                headers={"Content-Type": "application/json"},
-            )
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                body = json.loads(r.read())
-        finally:
-            proc.terminate()
+        with tempfile.TemporaryFile(mode="w+") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+            base = f"http://127.0.0.1:{port}"
             try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                deadline = time.monotonic() + timeout
+                while True:
+                    if proc.poll() is not None:
+                        log.seek(0)
+                        raise LlamaCppError(
+                            f"llama-server exited {proc.returncode} before it was ready: {log.read()[-600:]}"
+                        )
+                    try:
+                        with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
+                            if r.status == 200:
+                                break
+                    except (urllib.error.URLError, OSError):
+                        pass
+                    if time.monotonic() > deadline:
+                        raise LlamaCppError(f"llama-server was not healthy within {timeout:.0f}s")
+                    time.sleep(0.2)
+                req = urllib.request.Request(
+                    f"{base}/completion",
+                    data=json.dumps(golden_request(prompt, n_predict)).encode(),
+                    headers={"Content-Type": "application/json"},
+                )
+                with urllib.request.urlopen(req, timeout=timeout) as r:
+                    body = json.loads(r.read())
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         tokens = [int(t) for t in body.get("tokens") or []]
         if len(tokens) != n_predict:
             raise LlamaCppError(

@@ -15,6 +15,7 @@ from trtforge.contract.llm.artefact import (
     checkpoint_key,
     file_path,
     folder_digest,
+    golden_mismatch,
     golden_request,
     manifest_path,
     tuning_key,
@@ -36,6 +37,7 @@ from trtforge.contract.llm.tuning import (
     MismatchReason,
     TuningMismatch,
     TuningRecord,
+    llama_server_args,
     tuning_mismatch,
 )
 
@@ -64,7 +66,9 @@ __all__ = [
     "checkpoint_key",
     "file_path",
     "folder_digest",
+    "golden_mismatch",
     "golden_request",
+    "llama_server_args",
     "manifest_path",
     "recipe_refusal",
     "target_refusal",

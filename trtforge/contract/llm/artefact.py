@@ -178,6 +178,19 @@ def golden_request(prompt: str, n_predict: int) -> dict[str, object]:
     }
 
 
+def golden_mismatch(golden: GoldenTokens, tokens: list[int]) -> str | None:
+    """None when a server's greedy tokens for the canary are the recorded ones; else where they part."""
+    if tokens == golden.tokens:
+        return None
+    at = next((i for i, (a, b) in enumerate(zip(tokens, golden.tokens, strict=False)) if a != b), None)
+    if at is None:
+        return f"the canary gave {len(tokens)} tokens; the checkpoint recorded {len(golden.tokens)}"
+    return (
+        f"the canary's token {at} is {tokens[at]}; the checkpoint recorded {golden.tokens[at]} "
+        f"(greedy, {golden.n_predict} tokens of {golden.prompt!r})"
+    )
+
+
 class CheckpointInfo(BaseModel):
     """What a checkpoint manifest records beyond its files."""
 

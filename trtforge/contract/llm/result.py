@@ -6,9 +6,10 @@ an accuracy-gate refusal is ``ValidationFailed`` (96) with both perplexities in 
 
 from __future__ import annotations
 
+import json
 import re
 
-from pydantic import AliasGenerator, BaseModel, ConfigDict
+from pydantic import AliasGenerator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from trtforge.contract.build_result import BuildFailure
@@ -39,7 +40,7 @@ class QuantizeResult(BaseModel):
     """The checkpoint is in the store: quantized now, or found there."""
 
     model_config = _CAMEL
-    schema_: str = QUANTIZE_RESULT_SCHEMA
+    schema_: str = Field(default=QUANTIZE_RESULT_SCHEMA, alias="schema")
     checkpoint_key: str
     manifest_uri: str
     backend: Backend
@@ -49,7 +50,7 @@ class QuantizeResult(BaseModel):
     size_bytes: int
     cache_hit: bool
     perplexity: PerplexityFigures | None = None
-    golden: GoldenTokens | None = None
+    golden: GoldenTokens | None = None  # the manifest's own record, field names as there
     seconds: float
 
     def to_line(self) -> str:
@@ -66,7 +67,7 @@ class TuneResult(BaseModel):
     """The tuning cache for one target is in the store."""
 
     model_config = _CAMEL
-    schema_: str = TUNE_RESULT_SCHEMA
+    schema_: str = Field(default=TUNE_RESULT_SCHEMA, alias="schema")
     tuning_key: str
     manifest_uri: str
     checkpoint_key: str
@@ -100,3 +101,26 @@ def llama_cpp_version(version_output: str) -> str:
     if m is None:
         raise ValueError(f"no 'version: ...' line in llama.cpp's output: {version_output[:200]!r}")
     return f"b{m.group(1)}-{m.group(2)}"
+
+
+def parse_llm_message(text: str) -> QuantizeResult | TuneResult | QuantizeFailure | None:
+    """Read a quantize or tune Job's termination message (its last line); None when not one of ours."""
+    lines = text.strip().splitlines()
+    if not lines:
+        return None
+    try:
+        data = json.loads(lines[-1])
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    try:
+        if "error" in data:
+            return QuantizeFailure.model_validate(data)
+        if data.get("schema") == QUANTIZE_RESULT_SCHEMA:
+            return QuantizeResult.model_validate(data)
+        if data.get("schema") == TUNE_RESULT_SCHEMA:
+            return TuneResult.model_validate(data)
+    except ValueError:
+        return None
+    return None

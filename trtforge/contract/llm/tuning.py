@@ -95,3 +95,26 @@ def tuning_mismatch(
             ),
         )
     return None
+
+
+# How each llama.cpp tuning setting is passed to llama-server.
+LLAMA_SERVER_FLAGS: dict[str, str] = {
+    "threads": "--threads",
+    "batch_size": "--batch-size",
+    "ubatch_size": "--ubatch-size",
+}
+
+
+def llama_server_args(record: TuningRecord) -> list[str]:
+    """The llama-server flags that apply a llama.cpp tuning record, in a stable order (unknown
+    settings are an error: a record from a newer tuner is not half-applied)."""
+    if record.backend is not Backend.LLAMA_CPP:
+        raise ValueError(f"a {record.backend} tuning record has no llama-server flags")
+    unknown = sorted(set(record.settings) - set(LLAMA_SERVER_FLAGS))
+    if unknown:
+        raise ValueError(f"tuning settings {', '.join(unknown)} are not known to this runtime")
+    args: list[str] = []
+    for name, flag in LLAMA_SERVER_FLAGS.items():
+        if name in record.settings:
+            args += [flag, str(record.settings[name])]
+    return args

@@ -123,8 +123,11 @@ def test_a_checkpoint_from_the_store_serves_with_its_tuning_applied(
         ready = s.wait_probe("/v2/health/ready", 200)
         assert "equal the golden tokens" in ready["canary"]
         argv = Path(f"/proc/{s.server_pid()}/cmdline").read_bytes().split(b"\0")
-        assert argv[argv.index(b"-t") + 1] == b"1" and argv[argv.index(b"-b") + 1] == b"256"
-        assert (tmp_path / "cache" / "checkpoint" / CKPT / gguf.name).is_file()
+        assert argv[argv.index(b"--threads") + 1] == b"1" and argv[argv.index(b"--batch-size") + 1] == b"256"
+        # A mounted store's files are verified and served where they lie, not copied.
+        served = Path(argv[argv.index(b"-m") + 1].decode())
+        assert served.name == gguf.name and root in served.parents
+        assert not (tmp_path / "cache" / "checkpoint").exists()
     finally:
         s.stop()
 

@@ -10,20 +10,29 @@ from trtforge_runtime.llm import llama_server as ls
 from trtforge_runtime.llm.canary import compare
 from trtforge_runtime.llm.probes import Health
 
+from trtforge.contract.llm import GoldenTokens
+
 
 def test_argv_sets_metrics_and_the_tuned_settings() -> None:
     argv = ls.argv(
         ls.LlamaServerArgs(
-            model=Path("/m.gguf"), port=9000, alias="smol", threads=1, batch_size=256, extra=("--seed", "1")
+            model=Path("/m.gguf"),
+            port=9000,
+            alias="smol",
+            threads=4,
+            tuning=("--threads", "1", "--batch-size", "256"),
+            extra=("--seed", "1"),
         )
     )
     assert argv[0] == "llama-server" and "--metrics" in argv
     pairs = dict(zip(argv[1::2], argv[2::2], strict=False))
     assert pairs["-m"] == "/m.gguf" and pairs["--port"] == "9000"
-    assert argv[argv.index("-t") + 1] == "1" and argv[argv.index("-b") + 1] == "256"
+    assert argv[argv.index("--threads") + 1] == "1" and argv[argv.index("--batch-size") + 1] == "256"
+    assert "-t" not in argv  # the record's threads win over the deployment's
     assert argv[argv.index("-a") + 1] == "smol"
     assert argv[-2:] == ["--seed", "1"]
-    assert "-ub" not in argv
+    no_record = ls.argv(ls.LlamaServerArgs(model=Path("/m.gguf"), port=1, threads=4))
+    assert no_record[no_record.index("-t") + 1] == "4"
 
 
 def test_argv_refuses_an_extra_flag_the_supervisor_owns() -> None:
@@ -62,10 +71,11 @@ def test_canary_request_is_greedy_and_asks_for_token_ids() -> None:
 
 
 def test_canary_compare_names_the_first_different_token() -> None:
-    assert compare([5, 6, 7], [5, 6, 7]).passed
-    out = compare([5, 6, 7], [5, 9, 7])
-    assert not out.passed and "token 1 of 3 is 9, the golden token is 6" in out.message
-    short = compare([5, 6, 7], [5, 6])
+    golden = GoldenTokens(prompt="Hi", n_predict=3, tokens=[5, 6, 7], text="")
+    assert compare(golden, [5, 6, 7]).passed
+    out = compare(golden, [5, 9, 7])
+    assert not out.passed and "token 1 is 9; the checkpoint recorded 6" in out.message
+    short = compare(golden, [5, 6])
     assert not short.passed and "2 tokens" in short.message
 
 

@@ -18,14 +18,13 @@ from trtforge.contract.gpu_probe import GPUProbe, probe_identity
 from trtforge.contract.llm.artefact import ArtefactKind, ArtefactManifest
 from trtforge.contract.llm.recipe import Backend
 from trtforge.contract.llm.result import llama_cpp_version
-from trtforge.contract.llm.tuning import MismatchReason, TuningRecord, tuning_mismatch
+from trtforge.contract.llm.tuning import MismatchReason, TuningRecord, llama_server_args, tuning_mismatch
 from trtforge.contract.termination import Reason
 from trtforge.logs import fields
 from trtforge.store import open_store
-from trtforge.store.artefacts import fetch, verify_folder
+from trtforge.store.artefacts import fetch, in_place, read_manifest, verify_folder
 from trtforge.store.base import EngineStore, IntegrityError, ObjectNotFound, StoreError
 from trtforge_runtime.errors import Refusal
-from trtforge_runtime.llm.canary import CanarySpec
 from trtforge_runtime.llm.supervisor import ServerPlan
 
 log = logging.getLogger(__name__)
@@ -71,14 +70,18 @@ def tuning_refusal(
 def fetch_verified(
     store: EngineStore, kind: ArtefactKind, key: str, cache_dir: Path
 ) -> tuple[ArtefactManifest, Path]:
-    """The artefact's folder under `cache_dir`, every file verified against the store's manifest."""
-    from trtforge.store.artefacts import read_manifest
-
+    """The artefact's folder, every file verified against the store's manifest: on a mounted store
+    (a PVC) the store's own folder, checked where it lies; else a copy under `cache_dir`."""
     dest = cache_dir / str(kind) / key
     try:
         manifest = read_manifest(store, kind, key)
         if manifest is None:
             raise Refusal("EngineIntegrity", f"{kind} {key} is not in store {store.uri} (no manifest)")
+        there = in_place(store, manifest)
+        if there is not None:
+            verify_folder(there, manifest)
+            log.info("verified in place", extra=fields(kind=str(kind), key=key, folder=str(there)))
+            return manifest, there
         if dest.exists():
             verify_folder(dest, manifest)
             log.info("verified kept copy", extra=fields(kind=str(kind), key=key))
@@ -109,9 +112,7 @@ def plan_from_store(args: argparse.Namespace, extra: list[str], probe: GPUProbe)
     manifest, folder = fetch_verified(store, ArtefactKind.CHECKPOINT, args.checkpoint, cache)
     info = manifest.checkpoint
     assert info is not None  # a checkpoint manifest has its record (contract)
-    canary = (
-        CanarySpec(info.golden.prompt, tuple(info.golden.tokens), info.golden.text) if info.golden else None
-    )
+    canary = info.golden
     name = args.model_name or manifest.key[:12]
     backend = Backend.LLAMA_CPP if args.server == "llama.cpp" else Backend.TENSORRT_LLM
     if manifest.backend is not backend:
@@ -120,7 +121,7 @@ def plan_from_store(args: argparse.Namespace, extra: list[str], probe: GPUProbe)
             f"checkpoint {manifest.key} is a {manifest.backend} artefact; "
             f"--server {args.server} serves {backend}",
         )
-    settings: dict[str, int | float | str] = {}
+    flags: list[str] = []
     tuning_cache: Path | None = None
     if args.tuning:
         tmanifest, tfolder = fetch_verified(store, ArtefactKind.TUNING_CACHE, args.tuning, cache)
@@ -131,27 +132,18 @@ def plan_from_store(args: argparse.Namespace, extra: list[str], probe: GPUProbe)
         refusal = tuning_refusal(record, manifest.key, probe, version, backend)
         if refusal is not None:
             raise refusal
-        settings = dict(record.settings)
+        if backend is Backend.LLAMA_CPP:
+            try:
+                flags = llama_server_args(record)
+            except ValueError as e:
+                raise Refusal("EngineLoadFailed", f"tuning record {args.tuning}: {e}") from e
         tuning_cache = tfolder / record.cache_file if record.cache_file else None
-        log.info("tuning record applies", extra=fields(key=args.tuning, settings=settings))
+        log.info("tuning record applies", extra=fields(key=args.tuning, settings=record.settings))
     if backend is Backend.TENSORRT_LLM:
         if not probe.devices():
             raise Refusal("GPUMismatch", "trtllm-serve needs a GPU and this pod's probe sees none")
         return prepare.trtllm_plan(args, folder, name, canary, tuning_cache)
-    return prepare.llama_plan(
-        args,
-        extra,
-        folder / info.model_file,
-        name,
-        canary,
-        threads=_int(settings.get("threads"), args.threads),
-        batch_size=_int(settings.get("batch_size"), None),
-        ubatch_size=_int(settings.get("ubatch_size"), None),
-    )
-
-
-def _int(v: object, default: int | None) -> int | None:
-    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else default
+    return prepare.llama_plan(args, extra, folder / info.model_file, name, canary, tuple(flags))
 
 
 def _trtllm_version() -> str:

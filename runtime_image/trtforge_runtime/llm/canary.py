@@ -6,21 +6,9 @@ not ready and says which token differed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class CanarySpec:
-    """The canary prompt and its golden greedy token ids."""
-
-    prompt: str
-    golden: tuple[int, ...]
-    text: str = ""  # the golden tokens' text: what a server that answers text only is compared with
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.golden)
+from trtforge.contract.llm import GoldenTokens, golden_mismatch
 
 
 @dataclass(frozen=True)
@@ -29,22 +17,12 @@ class CanaryOutcome:
     message: str
 
 
-def compare(golden: Sequence[int], got: Sequence[int]) -> CanaryOutcome:
-    """Equal token for token, and as many; the message names the first difference."""
-    for i, (want, have) in enumerate(zip(golden, got, strict=False)):
-        if want != have:
-            return CanaryOutcome(
-                False,
-                f"canary token {i} of {len(golden)} is {have}, the golden token is {want} "
-                f"(golden {list(golden)[: i + 1]}..., got {list(got)[: i + 1]}...)",
-            )
-    if len(got) != len(golden):
-        return CanaryOutcome(
-            False,
-            f"canary gave {len(got)} tokens, the golden record has {len(golden)} "
-            f"(the first {min(len(got), len(golden))} match)",
-        )
-    return CanaryOutcome(True, f"{len(golden)} greedy tokens equal the golden tokens")
+def compare(golden: GoldenTokens, got: list[int]) -> CanaryOutcome:
+    """Equal token for token, and as many (the contract's :func:`golden_mismatch` says where not)."""
+    wrong = golden_mismatch(golden, got)
+    if wrong is not None:
+        return CanaryOutcome(False, wrong)
+    return CanaryOutcome(True, f"{len(golden.tokens)} greedy tokens equal the golden tokens")
 
 
 def compare_text(golden: str, got: str) -> CanaryOutcome:

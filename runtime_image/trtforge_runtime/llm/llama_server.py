@@ -46,9 +46,8 @@ class LlamaServerArgs:
     alias: str | None = None  # the model name the OpenAI API answers with
     ctx_size: int = 2048
     parallel: int = 4  # slots: requests decoded together
-    threads: int | None = None  # from the tuning record (llama-bench's best), else llama.cpp's default
-    batch_size: int | None = None
-    ubatch_size: int | None = None
+    threads: int | None = None  # the deployment's, when no tuning record sets them
+    tuning: tuple[str, ...] = ()  # the tuning record's flags (trtforge.contract.llm.llama_server_args)
     gpu_layers: int | None = None  # a CUDA build: layers offloaded to the GPU
     extra: tuple[str, ...] = ()  # the deployment's own further arguments, passed as they are
 
@@ -87,9 +86,8 @@ def argv(a: LlamaServerArgs, binary: str = COMMAND) -> list[str]:
     for name, size in (("ctx_size", a.ctx_size), ("parallel", a.parallel)):
         if size < 1:
             raise ValueError(f"llama-server {name} {size}: must be at least 1")
-    for name, opt in (("threads", a.threads), ("batch_size", a.batch_size), ("ubatch_size", a.ubatch_size)):
-        if opt is not None and opt < 1:
-            raise ValueError(f"llama-server {name} {opt}: must be at least 1")
+    if a.threads is not None and a.threads < 1:
+        raise ValueError(f"llama-server threads {a.threads}: must be at least 1")
     clash = sorted(f for f in a.extra if f.split("=", 1)[0] in OWNED_FLAGS)
     if clash:
         raise ValueError(
@@ -100,14 +98,12 @@ def argv(a: LlamaServerArgs, binary: str = COMMAND) -> list[str]:
     out += ["-c", str(a.ctx_size), "-np", str(a.parallel), "--no-webui"]
     if a.alias:
         out += ["-a", a.alias]
-    for flag, value in (
-        ("-t", a.threads),
-        ("-b", a.batch_size),
-        ("-ub", a.ubatch_size),
-        ("-ngl", a.gpu_layers),
-    ):
-        if value is not None:
-            out += [flag, str(value)]
+    if a.gpu_layers is not None:
+        out += ["-ngl", str(a.gpu_layers)]
+    if a.tuning:
+        out += list(a.tuning)  # the record's threads override the deployment's
+    elif a.threads is not None:
+        out += ["-t", str(a.threads)]
     return out + list(a.extra)
 
 

@@ -14,11 +14,11 @@ import shutil
 from pathlib import Path
 
 from trtforge.contract.gpu_probe import GPUProbe, GPUProbeError, probe_from_env
+from trtforge.contract.llm import GoldenTokens
 from trtforge.logs import fields
 from trtforge_runtime.errors import Refusal
 from trtforge_runtime.faults import FaultMonitor, exit_now, gpu_fault_message
 from trtforge_runtime.llm import llama_server, trtllm_serve
-from trtforge_runtime.llm.canary import CanarySpec
 from trtforge_runtime.llm.server_metrics import ServerKind
 from trtforge_runtime.llm.supervisor import ServerPlan, Supervisor
 
@@ -62,9 +62,10 @@ def plan_from_args(args: argparse.Namespace, extra: list[str]) -> tuple[ServerPl
     if args.canary_prompt is not None or args.golden_tokens is not None:
         if args.canary_prompt is None or args.golden_tokens is None:
             raise ValueError("--canary-prompt and --golden-tokens go together")
-        canary = CanarySpec(args.canary_prompt, parse_golden(args.golden_tokens))
+        tokens = parse_golden(args.golden_tokens)
+        canary = GoldenTokens(prompt=args.canary_prompt, n_predict=len(tokens), tokens=list(tokens), text="")
     name = args.model_name or model.stem
-    return llama_plan(args, extra, model, name, canary, threads=args.threads, batch_size=None), probe
+    return llama_plan(args, extra, model, name, canary), probe
 
 
 def llama_plan(
@@ -72,10 +73,8 @@ def llama_plan(
     extra: list[str],
     model: Path,
     name: str,
-    canary: CanarySpec | None,
-    threads: int | None,
-    batch_size: int | None,
-    ubatch_size: int | None = None,
+    canary: GoldenTokens | None,
+    tuning: tuple[str, ...] = (),
 ) -> ServerPlan:
     if args.server != "llama.cpp":
         raise ValueError(f"--server {args.server}: a GGUF is served by llama.cpp")
@@ -86,9 +85,8 @@ def llama_plan(
         alias=name,
         ctx_size=args.ctx_size,
         parallel=args.parallel,
-        threads=threads,
-        batch_size=batch_size,
-        ubatch_size=ubatch_size,
+        threads=args.threads,
+        tuning=tuning,
         gpu_layers=args.gpu_layers,
         extra=tuple(extra),
     )
@@ -100,7 +98,7 @@ def trtllm_plan(
     args: argparse.Namespace,
     checkpoint_dir: Path,
     name: str,
-    canary: CanarySpec | None,
+    canary: GoldenTokens | None,
     tuning_cache: Path | None,
 ) -> ServerPlan:
     """trtllm-serve on a verified HF checkpoint folder, with its verified autotuner cache."""

@@ -21,10 +21,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from trtforge.contract.llm import GoldenTokens
 from trtforge.contract.termination import TerminationMessage, write_termination_message
 from trtforge.logs import fields
 from trtforge_runtime.llm import llama_server, probes, trtllm_serve
-from trtforge_runtime.llm.canary import CanaryOutcome, CanarySpec, compare, compare_text
+from trtforge_runtime.llm.canary import CanaryOutcome, compare, compare_text
 from trtforge_runtime.llm.server_metrics import ServerKind, exposition
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class ServerPlan:
     argv: list[str]
     port: int  # the server's own (OpenAI) port
     model: str  # the model name in the metrics labels
-    canary: CanarySpec | None
+    canary: GoldenTokens | None
     env: dict[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"  # where the supervisor reaches the server
 
@@ -90,10 +91,10 @@ async def run_canary(session: aiohttp.ClientSession, plan: ServerPlan) -> Canary
         return CanaryOutcome(True, "no canary configured")
     if plan.kind is ServerKind.TRTLLM:
         url = f"http://{plan.host}:{plan.port}{trtllm_serve.COMPLETIONS}"
-        body = trtllm_serve.canary_request(plan.model, spec.prompt, spec.n_tokens)
+        body = trtllm_serve.canary_request(plan.model, spec.prompt, spec.n_predict)
     else:
         url = f"http://{plan.host}:{plan.port}{llama_server.COMPLETION}"
-        body = llama_server.canary_request(spec.prompt, spec.n_tokens)
+        body = llama_server.canary_request(spec.prompt, spec.n_predict)
     try:
         async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=CANARY_TIMEOUT_S)) as r:
             if r.status != 200:
@@ -101,7 +102,7 @@ async def run_canary(session: aiohttp.ClientSession, plan: ServerPlan) -> Canary
             answer = await r.json(content_type=None)
         if plan.kind is ServerKind.TRTLLM:
             return compare_text(spec.text, trtllm_serve.canary_text(answer))
-        return compare(spec.golden, llama_server.canary_tokens(answer))
+        return compare(spec, llama_server.canary_tokens(answer))
     except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
         return CanaryOutcome(False, f"canary request failed: {e}")
 

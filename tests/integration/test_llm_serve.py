@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from trtforge_dev.testbed.metrics_adapter import parse_pod_metrics
 
 from tests.integration.llm_bed import CANARY_PROMPT, Supervised, golden_tokens, llama_server, smollm2_gguf
 
@@ -62,6 +63,9 @@ def test_openai_client_chats_with_the_supervised_server(
         assert "llamacpp:requests_deferred" in text and "llamacpp:requests_processing" in text
         assert 'trtforge_runtime_queue_depth{model="smollm2"}' in text
         assert 'trtforge_runtime_requests_in_flight{model="smollm2"}' in text
+        # What the test bed's metrics adapter (the HPA's custom metrics) reads from a runtime pod.
+        seen = parse_pod_metrics(text)
+        assert {"trtforge_runtime_queue_depth", "trtforge_runtime_requests_in_flight"} <= set(seen)
     finally:
         s.stop()
     assert s.proc.returncode == 0

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import CACHE, log, table, write_result
-from benchmarks.controlplane import (
+from benchmarks.testbed import (
     TestbedUnavailable,
     cluster,
     ensure_testbed,

@@ -29,7 +29,8 @@ def machine(res: dict[str, Any]) -> str:
         ["aiohttp, grpcio (trtforge serve)", f"{m['aiohttp']}, {m.get('grpcio')}"],
         ["load generator", f"perf_analyzer of tritonclient {res['load_generator']['tritonclient']}"],
     ]
-    for name, versions in (m.get("peers") or {}).items():
+    # the peers' venvs: the serving result's own record (older files kept them under "machine")
+    for name, versions in (res.get("peer_versions") or m.get("peers") or {}).items():
         rows.append([f"{name} venv", ", ".join(f"{d} {v}" for d, v in versions.items())])
     served = {
         s["versions"].get("trtforge")
@@ -168,7 +169,7 @@ def _wrap(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks import coldstart, controlplane, ha, hostile, manycore, recovery, serving
+    from benchmarks import coldstart, controlplane_summary, ha, hostile, manycore, recovery, serving
 
     if not DOC.exists():
         log(f"{DOC} does not exist; nothing to fill")
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         "hostile_families": ("hostile_families", hostile.render_families),
         "coldstart": ("coldstart", coldstart.render),
         "coldstart-h200": ("coldstart-h200", coldstart.render),
-        "controlplane": ("controlplane", controlplane.render),
+        "controlplane": ("controlplane", controlplane_summary.render),
         "recovery": ("recovery", recovery.render),
         "ha": ("ha", ha.render),
     }

@@ -41,9 +41,18 @@ from benchmarks.common import (
     write_result,
 )
 from benchmarks.models import model_info, sample_input
-from benchmarks.servers import Kind, Launch, Model, Setting, kinds
+from benchmarks.servers import Kind, Launch, Model, Setting, venvs
 
 KINDS = ("trtforge", "triton", "mlserver", "kserve")
+
+
+def kinds() -> dict[str, Kind]:
+    """The servers by name: trtforge serve and its peers (benchmarks/servers/)."""
+    from benchmarks.servers import kserve, mlserver, triton, trtforge
+
+    return {k.name: k for k in (trtforge.KIND, triton.KIND, mlserver.KIND, kserve.KIND)}
+
+
 PEERS_TO_BEAT = ("triton", "mlserver")
 PROTOCOL_TITLES = {"http": "HTTP binary", "grpc": "gRPC", "json": "HTTP JSON"}
 SHARED_MACHINE_NOTE = (
@@ -281,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_trials": a.max_trials,
         },
         "config": vars(a),
+        "peer_versions": venvs.peer_versions(),
         "loadavg_before": os.getloadavg(),
         "models": {},
     }

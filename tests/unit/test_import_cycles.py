@@ -147,3 +147,26 @@ def test_the_walk_finds_a_type_only_cycle(tmp_path: Path) -> None:
 @pytest.mark.parametrize("top", sorted(PACKAGES))
 def test_every_package_is_walked(top: str) -> None:
     assert any(name == top or name.startswith(top + ".") for name in import_graph({top: PACKAGES[top]}))
+
+
+@pytest.mark.parametrize("top", ["benchmarks", "trtforge_dev"])
+def test_benchmarks_and_dev_import_nothing_from_tests(top: str) -> None:
+    """The test suite sits on top: what benchmarks and the dev tools share with it lives in trtforge_dev."""
+    found = []
+    for path in sorted(PACKAGES[top].rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            found += [
+                f"{path.relative_to(REPO)}:{node.lineno} imports {n}"
+                for n in names
+                if n.split(".")[0] == "tests"
+            ]
+        if "sys.path" in path.read_text() and '"tests"' in path.read_text():
+            found.append(f"{path.relative_to(REPO)}: puts tests/ on sys.path")
+    assert found == []

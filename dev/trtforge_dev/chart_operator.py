@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from chart import apply, delete, for_testbed, kube_version, render
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
 from trtforge_dev import localdev
 from trtforge_dev.localdev import deployment_manifest, engine_manifest, is_true, tiny_model
+from trtforge_dev.testbed.chart import apply, delete, for_testbed, kube_version, render
 from trtforge_dev.testbed.handle import TestBed
 from trtforge_dev.testbed.kubelet.context import POD_UID_ENV
 from trtforge_dev.testbed.wait import wait_for

@@ -93,17 +93,37 @@ def _settled(settle: dict[str, Any] | None) -> str:
     return cell if settle["reason"] == "settled" else f"{cell}, timed out"
 
 
+def median_run(cases: list[dict[str, Any]], scenario: str, n: int) -> dict[str, Any]:
+    """The run whose done_s is the median (the upper middle of an even count): the row a table shows."""
+    runs = sorted(runs_of(cases, scenario, n), key=lambda c: math.inf if c["done_s"] is None else c["done_s"])
+    return runs[len(runs) // 2]
+
+
+def _quiet(q: dict[str, Any] | None) -> str:
+    """The quiet window after a cache case as one cell: what the operator did while nothing changed."""
+    if not q:
+        return ""
+    return (
+        f"{q['seconds']} s, {q['engines']} engines: {q['status_writes']} writes,"
+        f" {q['reconciles']} reconciles, {q['resource_version_changes']} RV changes,"
+        f" {q.get('api_requests')} API req"
+        f" (idle {q.get('api_requests_idle_baseline')}), CPU {q.get('operator_cpu_util')}"
+    )
+
+
 def render(results: dict[str, Any]) -> str:
+    """One row per scenario and N: every run's done s, their median, and the median run's figures."""
     cases = results["cases"]
     rows = []
-    quiet_rows = []
-    for c in cases:
+    for m in medians(cases):
+        c = median_run(cases, m["scenario"], m["n"])
         rows.append(
             [
                 c["scenario"],
                 c["n"],
-                c.get("run", 0) + 1,
-                c["done_s"],
+                c["targets"],
+                _shown(m["median_s"]),
+                ", ".join(str(r) for r in m["runs"]),
                 c.get("status_done_s") if c["scenario"] == "jobs" else "",
                 c["apply_s"],
                 c["jobs_created"],
@@ -115,90 +135,43 @@ def render(results: dict[str, Any]) -> str:
                 c.get("reconcile_s_per_engine"),
                 f"{c.get('loadavg_1m_before', '-')} / {c.get('loadavg_1m_after', '-')}",
                 _settled(c.get("load_settle")),
+                _quiet(c.get("quiet")),
             ]
         )
-        q = c.get("quiet")
-        if q:
-            quiet_rows.append(
-                [
-                    c["n"],
-                    c.get("run", 0) + 1,
-                    q["engines"],
-                    q["seconds"],
-                    q["status_writes"],
-                    q["reconciles"],
-                    q.get("writes_per_reconcile"),
-                    q["resource_version_changes"],
-                    q.get("api_requests"),
-                    q.get("api_requests_idle_baseline"),
-                    q.get("operator_cpu_util"),
-                ]
-            )
     cpus = results.get("machine", {}).get("cpus", "?")
-    out = [
-        "Control plane: N TRTEngines x 3 targets created by 16 concurrent clients"
-        " (cache: all from the store; jobs: all build); 'done s' counts from the last create",
-        table(
-            ["scenario", "N", "runs: done s", "median done s"],
-            [
-                [m["scenario"], m["n"], ", ".join(str(r) for r in m["runs"]), _shown(m["median_s"])]
-                for m in medians(cases)
-            ],
-        ),
-        "",
-        "Every run:",
-        table(
-            [
-                "scenario",
-                "N",
-                "run",
-                "done s",
-                "jobs: status written s",
-                "create s",
-                "Jobs created",
-                "cache hits",
-                "operator peak RSS MB",
-                "API req/engine",
-                "status writes",
-                "reconciles",
-                "reconcile s/engine",
-                f"load 1m before / after ({cpus} CPUs)",
-                "waited for load ≤ max (s)",
-            ],
-            rows,
-        ),
-    ]
     v = verdicts(cases)
-    out += [
-        "",
-        "Targets:",
-        table(
-            ["target", "measured", "verdict"],
-            [
-                [k, x["value"], "-" if x["met"] is None else "met" if x["met"] else "missed"]
-                for k, x in v.items()
-            ],
-        ),
-    ]
-    if quiet_rows:
-        out += [
-            "",
-            "Quiet window after the cache case (nothing changes):",
+    return "\n".join(
+        [
+            "Control plane: N TRTEngines x 3 targets created by 16 concurrent clients"
+            " (cache: all from the store; jobs: all build); 'done s' counts from the last create; each row"
+            " shows the median run of its N",
             table(
                 [
+                    "scenario",
                     "N",
-                    "run",
-                    "engines",
-                    "seconds",
+                    "targets",
+                    "done s (median)",
+                    "every run's done s",
+                    "jobs: status written s",
+                    "create s",
+                    "Jobs created",
+                    "cache hits",
+                    "operator peak RSS MB",
+                    "API req/engine",
                     "status writes",
                     "reconciles",
-                    "writes/reconcile",
-                    "RV changes",
-                    "API requests",
-                    "idle baseline",
-                    "operator CPU (cores)",
+                    "reconcile s/engine",
+                    f"load 1m before / after ({cpus} CPUs)",
+                    "waited for load ≤ max (s)",
+                    "quiet window after it (nothing changes)",
                 ],
-                quiet_rows,
+                rows,
+            ),
+            "",
+            "Targets:",
+            table(
+                ["target", "measured", "verdict"],
+                [[k, x["value"], {None: "-", True: "met", False: "missed"}[x["met"]]] for k, x in v.items()],
             ),
         ]
-    return "\n".join(out)
+    )

@@ -458,9 +458,9 @@ def render(results: dict[str, Any]) -> str:
                 if m.get("ceiling_after")
                 else ""
             )
-            + f"; perf_analyzer windows of {m['interval_ms'] / 1000:g} s."
+            + f"; perf_analyzer windows of {m['interval_ms'] / 1000:g} s. Inferences/s (p99 ms) and"
+            " trtforge's share of the ceiling:"
         )
-        parts.append(f"Inferences/s (p99 ms), **{model}**, and trtforge's share of the ceiling.")
         measured = [q for s in servers.values() for q in [*s["points"], *s["failed_points"]]]
         # one column per server and protocol it was driven over, one row per concurrency
         columns = [
@@ -487,43 +487,7 @@ def render(results: dict[str, Any]) -> str:
             rows.append([c, *cells, " / ".join(shares) or "-"])
         heads = [f"{k} {PROTOCOL_TITLES[pr]}" for k, pr in columns]
         parts.append(table(["conc", *heads, "trtforge of the ceiling"], rows))
-        summ = results["summary"].get(model, {})
-        if summ.get("points"):
-            parts.append("")
-            parts.append(
-                f"trtforge against the best of Triton and MLServer, **{model}** (each at its best protocol):"
-            )
-            parts.append(
-                table(
-                    [
-                        "conc",
-                        "trtforge infer/s",
-                        "p99 ms",
-                        "protocol",
-                        "best peer",
-                        "infer/s",
-                        "p99 ms",
-                        "protocol",
-                        "ratio",
-                        "verdict",
-                    ],
-                    [
-                        [
-                            pt["concurrency"],
-                            pt["trtforge"]["throughput"],
-                            pt["trtforge"]["p99_ms"],
-                            pt["trtforge"]["protocol"],
-                            pt["best_peer"]["server"],
-                            pt["best_peer"]["throughput"],
-                            pt["best_peer"]["p99_ms"],
-                            pt["best_peer"]["protocol"],
-                            pt["ratio"],
-                            pt["verdict"],
-                        ]
-                        for pt in summ["points"]
-                    ],
-                )
-            )
+        # each point's verdict against the best peer is a row of the targets table (benchmarks.report)
     return "\n".join(parts)
 
 

@@ -6,7 +6,7 @@ import math
 import re
 from typing import Any
 
-from benchmarks.controlplane_summary import RATIO_GOAL, median_done_s, medians, render, verdicts
+from benchmarks.controlplane_summary import RATIO_GOAL, median_done_s, median_run, medians, render, verdicts
 
 RATIO = f"time(2000)/time(500) <= {RATIO_GOAL} (medians)"
 
@@ -95,5 +95,28 @@ def test_medians_list_every_run_per_n_in_order() -> None:
 def test_render_shows_the_medians_and_the_verdict() -> None:
     rendered = render({"cases": grid([10.0, 30.0, 11.5], [40.0, 41.0, 60.0]), "machine": {"cpus": 2}})
     text = re.sub(r" +", " ", rendered)
-    assert "| cache | 2000 | 40.0, 41.0, 60.0 | 41.0 |" in text
+    assert "| cache | 2000 | 6000 | 41.0 | 40.0, 41.0, 60.0 |" in text
+    assert text.count("| cache | 2000 |") == 1  # one row per N: its median run
     assert f"| {RATIO} | 3.57 | met |" in text
+
+
+def test_the_row_shown_is_the_median_run() -> None:
+    cases = [case(500, 12.0, 0, rss=1.0), case(500, None, 1, rss=2.0), case(500, 10.0, 2, rss=3.0)]
+    assert median_run(cases, "cache", 500)["run"] == 0  # 10, 12, not finished: 12 is the middle
+
+
+def test_render_folds_the_quiet_window_into_its_row() -> None:
+    quiet = {
+        "seconds": 60,
+        "engines": 2001,
+        "status_writes": 0,
+        "reconciles": 0,
+        "resource_version_changes": 0,
+        "api_requests": 120,
+        "api_requests_idle_baseline": 118,
+        "operator_cpu_util": 0.003,
+    }
+    text = render({"cases": [case(2000, 17.6, 0, quiet=quiet)]})
+    assert (
+        "60 s, 2001 engines: 0 writes, 0 reconciles, 0 RV changes, 120 API req (idle 118), CPU 0.003" in text
+    )

@@ -248,7 +248,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
 def run_families(a: argparse.Namespace) -> dict[str, Any]:
     """Every attack family for ``--family-seconds`` against one quiet server (gRPC on)."""
-    from tests.integration.serve_engines import env_for, make_mlp_bed, run_ort
+    from trtforge_dev.serve_engines import env_for, make_mlp_bed, run_ort
 
     CACHE.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="hostile-families-", dir=CACHE))

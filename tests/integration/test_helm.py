@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 import yaml
-from chart import CHART, helm, render
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from trtforge_dev.testbed.chart import CHART, helm, render
 
 pytestmark = [pytest.mark.integration]
 

@@ -1,7 +1,7 @@
 """`trtforge serve` as a real subprocess on a loopback port, driven by `tritonclient` (no Kubernetes).
 
 Engines are what the real builder (`trtforge_builder`) publishes into a local store, built once per
-module from `tests.modelzoo` models (ResNet-50 from the onnx package's test data with its weights
+module from `trtforge_dev.modelzoo` models (ResNet-50 from the onnx package's test data with its weights
 materialised, and a dynamic-batch MLP) for the emulated H100 that the serve processes probe too;
 outputs are compared with ONNX Runtime run directly on the source models. One test serves a copy of
 the MLP's from S3 (moto's server on loopback). The negative scenarios copy a built engine and break
@@ -26,9 +26,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
-from trtforge_dev.testbed.procs import free_port
-
-from tests.integration.serve_engines import (
+from trtforge_dev.serve_engines import (
     H100_UUID,
     RESNET_IN,
     RESNET_OUT,
@@ -42,6 +40,8 @@ from tests.integration.serve_engines import (
     termination,
     write_gpu_file,
 )
+from trtforge_dev.testbed.procs import free_port
+
 from tests.integration.serve_process import Server, metric_in, metric_value, serve_once
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.termination import EXIT_ENGINE_INTEGRITY, EXIT_GPU_FAULT, EXIT_GPU_MISMATCH

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from trtforge_dev.hostile import MB, LiveProbe, binary_body, hostile_requests, json_body, post, rss_kb
+from trtforge_dev.serve_engines import MlpBed, make_mlp_bed, run_ort
 from trtforge_dev.testbed.wait import wait_for
 
-from tests.integration.serve_engines import MlpBed, make_mlp_bed, run_ort
 from tests.integration.serve_process import Server
 
 pytestmark = pytest.mark.integration

@@ -27,8 +27,8 @@ import pytest
 from trtforge_dev.hostile import Target, rss_kb
 from trtforge_dev.hostile_h2 import GZIP_BOMB_MIB
 from trtforge_dev.hostile_run import GRPC_FAMILIES, Outcome, under_attack
+from trtforge_dev.serve_engines import MlpBed, make_mlp_bed, run_ort
 
-from tests.integration.serve_engines import MlpBed, make_mlp_bed, run_ort
 from tests.integration.serve_process import Server
 
 pytestmark = pytest.mark.integration

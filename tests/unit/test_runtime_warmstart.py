@@ -11,11 +11,11 @@ from typing import BinaryIO
 
 import numpy as np
 import pytest
+from trtforge_dev.modelzoo import dynamic_mlp
 from trtforge_runtime import warmstart
 from trtforge_runtime.errors import Refusal
 from trtforge_runtime.model import model_spec
 
-from tests.modelzoo import dynamic_mlp
 from trtforge.contract import layout
 from trtforge.contract.engine_key import BuildConfig, ShapeRange
 from trtforge.contract.gpu import GPUTarget, known_identity

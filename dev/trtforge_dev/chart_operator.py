@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from chart import apply, delete, for_testbed, kube_version, render
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
 from trtforge_dev import localdev
 from trtforge_dev.localdev import deployment_manifest, engine_manifest, is_true, tiny_model
+from trtforge_dev.testbed.chart import apply, delete, for_testbed, kube_version, render
 from trtforge_dev.testbed.handle import TestBed
 from trtforge_dev.testbed.kubelet.context import POD_UID_ENV
 from trtforge_dev.testbed.wait import wait_for
@@ -352,7 +353,7 @@ class ChartOperator:
     def jobs_for(self, engine: str) -> list[Any]:
         jobs = client.BatchV1Api(self.api).list_namespaced_job(self.ns).items
         me = f"{self.tenant}/{engine}"
-        return [j for j in jobs if me in (j.metadata.annotations or {}).values()]
+        return [j for j in jobs if j.metadata and me in (j.metadata.annotations or {}).values()]
 
 
 def pod_of_identity(identity: str) -> str:
@@ -438,6 +439,7 @@ def leader_killed_mid_build(ha: ChartOperator, seed: int) -> dict[str, Any]:
         timeout=300,
         desc=f"{name} Ready",
     )
+    assert ready is not None  # wait_for returns only a truthy value
     ready_at = time.time()
     jobs = ha.jobs_for(name)
     keys = [(j.metadata.annotations or {}).get("trtforge.io/request-digest", "") for j in jobs]
@@ -484,6 +486,7 @@ def apiserver_killed_mid_rollout(
         desc=f"{name} Ready after the apiserver came back",
         ignore=(Exception,),
     )
+    assert infd is not None  # wait_for returns only a truthy value
     ready_s = time.monotonic() - back_at
     exits_80 = [
         p.metadata.name

@@ -1,7 +1,7 @@
 """Engines for the `trtforge serve` tests, made by the real builder.
 
 :func:`build_engine` runs `trtforge_builder`'s pipeline (``run_build``, what ``trtforge build`` runs)
-on a :mod:`tests.modelzoo` model for the emulated H100 of the serve tests' GPU file, so the
+on a :mod:`trtforge_dev.modelzoo` model for the emulated H100 of the serve tests' GPU file, so the
 manifest's GPU identity is the one the serve process probes. The negative scenarios start from such
 a build and then break one thing: :func:`copy_engine` (optionally re-keyed for another GPU, as a
 build for that GPU would publish it), :func:`tamper_engine` (one artifact byte flipped) and
@@ -23,13 +23,13 @@ import onnxruntime as ort
 from trtforge_builder.pipeline import run_build
 from trtforge_builder.request import BuildRequest, make_build_config, parse_profiles
 
-from tests.modelzoo import dynamic_mlp, light_model
 from trtforge.contract import layout
 from trtforge.contract.canary import Canary
 from trtforge.contract.engine_key import EngineKeyRecord, engine_key
 from trtforge.contract.gpu import GPUTarget, known_identity
 from trtforge.contract.gpu_probe import EmulatedGPUFile, EmulatedGPUProbe, GPUDevice, XidEvent
 from trtforge.contract.manifest import CanaryRef, Manifest
+from trtforge_dev.modelzoo import dynamic_mlp, light_model
 
 H100_TARGET = GPUTarget(gpu="NVIDIA-H100-80GB-HBM3")
 H100_UUID = "GPU-11111111-2222-3333-4444-555555555555"

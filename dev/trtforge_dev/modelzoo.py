@@ -12,7 +12,7 @@
 Everything is cached under ``$TRTFORGE_MODEL_CACHE`` (default ``~/.cache/trtforge/models``), keyed by
 name, seed and this module's version, written atomically so parallel test processes can share it.
 
-    from tests.modelzoo import light_model
+    from trtforge_dev.modelzoo import light_model
     path = light_model("resnet50")   # ~100 MB, materialised once
 """
 

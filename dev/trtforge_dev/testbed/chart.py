@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from trtforge_dev.testbed.handle import TestBed
 from trtforge_dev.testbed.helm import helm_path
+from trtforge_dev.testbed.paths import project_root
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "trtforge"
+CHART = project_root() / "charts" / "trtforge"
 # Kinds that exist only with the Prometheus Operator's CRDs, and kinds newer than the test bed's
 # 1.20 apiserver (policy/v1 PodDisruptionBudget is 1.21+; the chart renders policy/v1beta1 when told
 # the cluster's version): applied only where the apiserver serves them; `apply` returns what it left

@@ -1,9 +1,10 @@
--- Argo CD health check for trtforge.io/InferenceDeployment (Lua 5.1, as Argo CD runs it).
--- kstatus-style: nothing is Healthy before the operator has observed the current generation;
--- Stalled or Degraded is Degraded; Ready is Healthy; anything else, Progressing included, is Progressing.
--- A condition computed for an older generation (its own observedGeneration) is ignored.
--- The message ends with the pods ready, there now (current) and wanted (desired: spec.replicas, or
--- what the autoscalers set), as the status has them.
+-- Argo CD health check for every trtforge.io kind, TRTEngine and InferenceDeployment (Lua 5.1, as
+-- Argo CD runs it; the folder `_` is Argo CD's wildcard kind). Both kinds' status is kstatus-style:
+-- nothing is Healthy before the operator has observed the current generation; Stalled or Degraded is
+-- Degraded; Ready is Healthy; anything else (a TRTEngine Building, an InferenceDeployment
+-- Progressing) is Progressing. A condition computed for an older generation (its own
+-- observedGeneration) is ignored. An InferenceDeployment's message ends with the pods ready, there now
+-- (current) and wanted (desired: spec.replicas, or what the autoscalers set), as the status has them.
 local hs = { status = "Progressing", message = "Waiting for the trtforge operator" }
 if obj.status == nil then
   return hs
@@ -55,8 +56,10 @@ end
 if is_true("Ready") then
   return { status = "Healthy", message = describe(conditions["Ready"]) .. replicas_text() }
 end
-if is_true("Progressing") then
-  return { status = "Progressing", message = describe(conditions["Progressing"]) .. replicas_text() }
+for _, name in ipairs({ "Progressing", "Building" }) do
+  if is_true(name) then
+    return { status = "Progressing", message = describe(conditions[name]) .. replicas_text() }
+  end
 end
 if conditions["Ready"] ~= nil then
   hs.message = describe(conditions["Ready"])

@@ -92,9 +92,13 @@ def test_the_cycle_finder_finds_a_cycle_through_three_modules() -> None:
 
 def test_the_graph_sees_lazy_and_type_checking_imports() -> None:
     graph = import_graph()
-    assert "trtforge_runtime.grpc_service" in graph["trtforge_runtime.server"]  # inside a method
-    assert "trtforge_runtime.fetch" in graph["trtforge_runtime.warmstart"]  # TYPE_CHECKING and lazy
-    assert "trtforge_runtime.service" in graph["trtforge_runtime.grpc_calls"]
+    assert (
+        "trtforge_runtime.protocol.grpc_service" in graph["trtforge_runtime.lifecycle.runtime"]
+    )  # inside a method
+    assert (
+        "trtforge_runtime.lifecycle.fetch" in graph["trtforge_runtime.lifecycle.warmstart"]
+    )  # TYPE_CHECKING and lazy
+    assert "trtforge_runtime.serving.service" in graph["trtforge_runtime.protocol.grpc_calls"]
 
 
 def test_the_runtime_has_no_import_cycles() -> None:

@@ -11,7 +11,10 @@ import zlib
 
 import numpy as np
 import pytest
-from trtforge_runtime.body import (
+from trtforge_runtime.errors import RequestError
+from trtforge_runtime.protocol.connections import http_response, overflow_answer
+from trtforge_runtime.protocol.v2 import JSON_SLACK, decode_request, json_limit
+from trtforge_runtime.serving.body import (
     BODY_GRACE_S,
     BODY_MIN_RATE,
     BodyMemoryFull,
@@ -22,10 +25,7 @@ from trtforge_runtime.body import (
     decompress,
     read_body,
 )
-from trtforge_runtime.connections import http_response, overflow_answer
-from trtforge_runtime.errors import RequestError
-from trtforge_runtime.model import model_spec
-from trtforge_runtime.v2 import JSON_SLACK, decode_request, json_limit
+from trtforge_runtime.serving.model import model_spec
 
 from tests.unit.test_runtime import _manifest
 from trtforge.contract.manifest import TensorSpec

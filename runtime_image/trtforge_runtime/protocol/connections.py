@@ -21,7 +21,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
-from trtforge_runtime.metrics import Metrics
+from trtforge_runtime.serving.metrics import Metrics
 
 HealthAnswer = Callable[[str], tuple[int, dict[str, object]] | None]
 

@@ -25,11 +25,11 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from trtforge_runtime.body import Coding, body_deadline, content_coding, read_body
 from trtforge_runtime.errors import RequestError
-from trtforge_runtime.metrics import exposition
-from trtforge_runtime.service import Call, Service
-from trtforge_runtime.v2 import HEADER_LENGTH, encode_response
+from trtforge_runtime.protocol.v2 import HEADER_LENGTH, encode_response
+from trtforge_runtime.serving.body import Coding, body_deadline, content_coding, read_body
+from trtforge_runtime.serving.metrics import exposition
+from trtforge_runtime.serving.service import Call, Service
 
 log = logging.getLogger(__name__)
 JSON = "application/json"

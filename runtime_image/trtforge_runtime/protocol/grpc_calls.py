@@ -22,18 +22,18 @@ import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from trtforge_runtime import grpc_health as health
 from trtforge_runtime.errors import Code, RequestError, grpc_code
-from trtforge_runtime.grpc_v2 import inference_pb2 as pb
-from trtforge_runtime.model import V2_TO_NUMPY, ModelSpec
-from trtforge_runtime.service import EXTENSIONS, Service
-from trtforge_runtime.v2 import (
+from trtforge_runtime.protocol import grpc_health as health
+from trtforge_runtime.protocol.grpc_v2 import inference_pb2 as pb
+from trtforge_runtime.protocol.v2 import (
     HEADER_CACHE_MAX_ID,
     InferRequest,
     decode_bytes_blob,
     encode_bytes_blob,
     output_datatype,
 )
+from trtforge_runtime.serving.model import V2_TO_NUMPY, ModelSpec
+from trtforge_runtime.serving.service import EXTENSIONS, Service
 
 Buffer = bytes | bytearray | memoryview  # a serialised message
 
@@ -380,7 +380,7 @@ READINESS_NAMES = ("", SERVICE)
 
 
 def health_check(rt: Service, data: Buffer) -> bytes:
-    """``grpc.health.v1.Health/Check`` (:mod:`~trtforge_runtime.grpc_health`), serialised both ways:
+    """``grpc.health.v1.Health/Check`` (:mod:`~trtforge_runtime.protocol.grpc_health`), serialised both ways:
     NOT_FOUND for a service this server does not know."""
     try:
         service = health.parse_request(data)

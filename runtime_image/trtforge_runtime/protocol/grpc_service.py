@@ -14,12 +14,12 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from trtforge_runtime import grpc_calls as calls
-from trtforge_runtime import grpc_health as health
 from trtforge_runtime.errors import Code, RequestError, grpc_code
-from trtforge_runtime.grpc_calls import CallError
-from trtforge_runtime.grpc_v2 import inference_pb2_grpc as pb_grpc
-from trtforge_runtime.service import Service
+from trtforge_runtime.protocol import grpc_calls as calls
+from trtforge_runtime.protocol import grpc_health as health
+from trtforge_runtime.protocol.grpc_calls import CallError
+from trtforge_runtime.protocol.grpc_v2 import inference_pb2_grpc as pb_grpc
+from trtforge_runtime.serving.service import Service
 
 log = logging.getLogger(__name__)
 

@@ -26,14 +26,14 @@ import numpy as np
 from trtforge import __version__
 from trtforge.contract.manifest import Manifest
 from trtforge_runtime.backends import Instance
-from trtforge_runtime.batcher import Batcher
-from trtforge_runtime.body import Coding, MemoryBudget, decompress
 from trtforge_runtime.errors import RequestError, outcome_for
-from trtforge_runtime.metrics import Metrics, Outcome
-from trtforge_runtime.model import ModelSpec, Serving, model_config
+from trtforge_runtime.lifecycle.workers import Pod
+from trtforge_runtime.protocol.v2 import InferRequest, RequestPlans
+from trtforge_runtime.serving.batcher import Batcher
+from trtforge_runtime.serving.body import Coding, MemoryBudget, decompress
+from trtforge_runtime.serving.metrics import Metrics, Outcome
+from trtforge_runtime.serving.model import ModelSpec, Serving, model_config
 from trtforge_runtime.settings import Settings
-from trtforge_runtime.v2 import InferRequest, RequestPlans
-from trtforge_runtime.workers import Pod
 
 # Requests whose JSON part is at most this big (and identity-coded) are decoded on the event loop:
 # binary tensors are views of the body, so their decode costs microseconds. Anything larger, or

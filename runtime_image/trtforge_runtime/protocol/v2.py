@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from trtforge_runtime.errors import RequestError
-from trtforge_runtime.model import NUMPY_TO_V2, V2_TO_NUMPY, ModelSpec
+from trtforge_runtime.serving.model import NUMPY_TO_V2, V2_TO_NUMPY, ModelSpec
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 

@@ -2,9 +2,9 @@
 faults and drain.
 
 :class:`Runtime` owns the process's life; what requests may do is the inference service's
-(``service.Service``), which both front ends call (``http_api`` over aiohttp, ``grpc_service`` over
-grpc.aio). Connections idle (or stuck before a complete request) for ``--idle-timeout`` are closed,
-and at most ``--max-connections`` are open (``connections``).
+(``serving.service.Service``), which both protocol adapters call (``protocol.http_api`` over aiohttp,
+``protocol.grpc_service`` over grpc.aio). Connections idle (or stuck before a complete request) for
+``--idle-timeout`` are closed, and at most ``--max-connections`` are open (``protocol.connections``).
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def _time(fn: Callable[[], object], number: int, repeats: int) -> float:
 
 def measure(name: str, out_shape: tuple[int, ...], number: int, repeats: int) -> dict[str, Any]:
     from trtforge_runtime.protocol import grpc_codec as codec
-    from trtforge_runtime.protocol.grpc_calls import decode_infer_request
+    from trtforge_runtime.protocol.grpc_tensors import decode_infer_request
     from trtforge_runtime.protocol.grpc_v2 import inference_pb2 as pb
     from trtforge_runtime.protocol.v2 import output_datatype
 

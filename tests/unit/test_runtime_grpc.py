@@ -12,13 +12,13 @@ import tritonclient.grpc.service_pb2 as triton_pb
 from google.protobuf.descriptor import Descriptor
 from trtforge_runtime.errors import Code, RequestError, outcome_for
 from trtforge_runtime.errors import grpc_code as code_for
-from trtforge_runtime.protocol.grpc_calls import decode_infer_request
 from trtforge_runtime.protocol.grpc_codec import (
     RAW_INPUT_CONTENTS,
     encode_infer_response,
     parse_infer_request,
 )
 from trtforge_runtime.protocol.grpc_service import status_for
+from trtforge_runtime.protocol.grpc_tensors import decode_infer_request
 from trtforge_runtime.protocol.grpc_v2 import inference_pb2 as pb
 from trtforge_runtime.protocol.grpc_v2.generate import HERE, OUTPUTS, generate
 from trtforge_runtime.protocol.v2 import encode_bytes_blob

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from trtforge_runtime.errors import RequestError
-from trtforge_runtime.protocol.grpc_calls import decode_infer_request
 from trtforge_runtime.protocol.grpc_codec import encode_infer_response, parse_infer_request
+from trtforge_runtime.protocol.grpc_tensors import decode_infer_request
 from trtforge_runtime.protocol.grpc_v2 import inference_pb2 as pb
 from trtforge_runtime.protocol.v2 import encode_bytes_blob, output_datatype
 from trtforge_runtime.serving.model import V2_TO_NUMPY, InferRequest, ModelSpec, TensorInfo

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtforge_runtime.v2 import DEFAULT_MAX_JSON_BYTES
+from trtforge_runtime.protocol.v2 import DEFAULT_MAX_JSON_BYTES
 
 
 @dataclass

@@ -186,7 +186,7 @@ def _exported() -> dict[str, set[frozenset[tuple[str, str]]]]:
     from trtforge_operator.api import InferenceDeploymentStatus, TRTEngineStatus
     from trtforge_operator.metrics import BrokerMetrics
     from trtforge_operator.metrics import Metrics as OperatorMetrics
-    from trtforge_runtime.metrics import Metrics as RuntimeMetrics
+    from trtforge_runtime.serving.metrics import Metrics as RuntimeMetrics
 
     from trtforge.contract.build_result import BuildFailure
 

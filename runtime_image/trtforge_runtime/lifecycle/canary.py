@@ -21,7 +21,7 @@ import numpy as np
 from trtforge.contract.canary import Canary, compare
 from trtforge_runtime.backends import Instance
 from trtforge_runtime.errors import DeviceFault
-from trtforge_runtime.model import ModelSpec
+from trtforge_runtime.serving.model import ModelSpec
 
 
 @dataclass

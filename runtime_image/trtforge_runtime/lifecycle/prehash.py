@@ -7,7 +7,7 @@ the canary data) and hashes each through its open descriptor. Hashing releases t
 while the main thread imports pydantic and the contract models, ONNX Runtime and the server
 (docs/design.md, "Runtime cold start").
 
-Nothing here is trusted or decided. :func:`trtforge_runtime.fetch.fetch_engine` reads and validates
+Nothing here is trusted or decided. :func:`trtforge_runtime.lifecycle.fetch.fetch_engine` reads and validates
 the manifest as always, runs the GPU identity check, and only then, for the very path it verifies
 in place, takes (:func:`take`) the descriptor and the digest instead of opening and hashing the file
 itself; it compares that digest with the validated manifest's sha256 exactly as it compares its
@@ -17,7 +17,7 @@ for another path, is simply not used: the usual path does the work and reports w
 A file whose verified-in-place marker vouches for it as it is (a container restart) is not hashed:
 its descriptor is kept with the digest the marker records, marked :attr:`Hashed.vouched`, and the
 verification hashes the file itself unless it trusts that marker too. :func:`claim` and :func:`peek`
-give :mod:`~trtforge_runtime.preload` what the raw manifest says of its artifact and a duplicate of
+give :mod:`~trtforge_runtime.lifecycle.preload` what the raw manifest says of its artifact and a duplicate of
 the artifact's descriptor with its digest.
 
 What it changes: the artifact is *read* (in place, from the volume; nothing is copied) before the
@@ -64,7 +64,7 @@ class Hashed:
 @dataclass(frozen=True)
 class Claim:
     """What the raw, unvalidated manifest says of its artifact: the file's path, its sha256 and the
-    backend that loads it (for :mod:`trtforge_runtime.preload`; nothing here is checked)."""
+    backend that loads it (for :mod:`trtforge_runtime.lifecycle.preload`; nothing here is checked)."""
 
     path: Path
     sha256: str
@@ -131,7 +131,7 @@ def stat_key(st: os.stat_result) -> dict[str, int]:
 
 
 def marker_vouches(marker: object, st: os.stat_result) -> bool:
-    """True when a verified-in-place marker (``trtforge_runtime.fetch``) was written for this very
+    """True when a verified-in-place marker (``trtforge_runtime.lifecycle.fetch``) was written for this very
     file as it is now: then the usual path will not hash it, and neither does the pre-hash."""
     if not isinstance(marker, dict):
         return False

@@ -1,6 +1,6 @@
 """Pre-load: open an engine's ONNX Runtime session from its pre-hashed file while the contract imports.
 
-For an engine on a mounted store whose raw manifest (as :mod:`~trtforge_runtime.prehash` read it)
+For an engine on a mounted store whose raw manifest (as :mod:`~trtforge_runtime.lifecycle.prehash` read it)
 names the ``onnxruntime`` backend, ``trtforge serve`` calls :func:`begin` right after the pre-hash
 began. It imports numpy and ONNX Runtime on the calling thread (the session needs them) and starts a
 thread that waits for the artifact's pre-hash and, only when that digest equals the sha256 the raw
@@ -10,7 +10,7 @@ of the build, so the session builds while the main thread imports pydantic, the 
 server (docs/design.md, "Runtime cold start").
 
 Nothing here is trusted. The backend takes (:func:`take`) the session only for the sha256 of the
-validated manifest, whose artifact :func:`~trtforge_runtime.fetch.fetch_engine` verified against it
+validated manifest, whose artifact :func:`~trtforge_runtime.lifecycle.fetch.fetch_engine` verified against it
 after the GPU identity check, and only for the thread count it computes itself; otherwise it opens
 its own. So the session still serves nothing before the manifest is validated, the identity checked,
 the sha256 verified and the canary passed. What changes is when ONNX Runtime first parses the file:
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtforge.logs import fields
-from trtforge_runtime import prehash
-from trtforge_runtime.threads import on_thread
+from trtforge_runtime.lifecycle import prehash
+from trtforge_runtime.lifecycle.threads import on_thread
 
 log = logging.getLogger(__name__)
 THREAD_NAME = "pre-load"

@@ -1,15 +1,18 @@
-"""The one inference service that both protocols call.
+"""The one inference service that both protocols call, and its one request pipeline.
 
-The front ends (``http_api`` for HTTP/1.1 through aiohttp, ``grpc_service`` for gRPC through
-grpc.aio) only decode requests and encode answers; what a request is allowed to do is decided here,
-once: health and readiness, metadata and the model configuration, admission (the model is known and
-ready, its body fits the body-memory budget, the queue takes it), decoding within the limits,
-inference through the batcher, and the request metrics. Refusals are :class:`RequestError`\\ s,
-which ``errors`` maps to HTTP statuses, gRPC codes and metrics outcomes.
+The protocol adapters (``protocol.http_api`` on aiohttp, ``protocol.grpc_service`` on grpc.aio) hand
+each inference request over as a :class:`Wire`: how that protocol reads its body, decodes it and
+encodes the answer. :meth:`Service.infer` runs every request through the same steps, written once:
+admit (the model is known and ready), receive (the body within the body-memory budget), decode (on
+the event loop when cheap, else in a worker thread), batch and run (the batcher; a full queue
+refuses at once), encode; counted in the request metrics however it ends. Health and readiness,
+metadata and the model configuration are answered here too. Refusals are :class:`RequestError`\\ s,
+which ``errors`` maps to HTTP statuses, gRPC codes and metrics outcomes (docs/design.md, "Runtime
+protocols").
 
-The lifecycle (``server.Runtime``: fetch, verify, load, canary, faults, drain) moves the service
-from loading to ready (:meth:`Service.serve`) and out of it (:meth:`Service.stop_serving`); the
-service never calls back into it.
+The lifecycle (``lifecycle.runtime.Runtime``: fetch, verify, load, canary, faults, drain) moves the
+service from loading to ready (:meth:`Service.serve`) and out of it (:meth:`Service.stop_serving`);
+the service never calls back into it.
 """
 
 from __future__ import annotations
@@ -20,27 +23,25 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import numpy as np
 
 from trtforge import __version__
 from trtforge.contract.manifest import Manifest
 from trtforge_runtime.backends import Instance
-from trtforge_runtime.batcher import Batcher
-from trtforge_runtime.body import Coding, MemoryBudget, decompress
 from trtforge_runtime.errors import RequestError, outcome_for
-from trtforge_runtime.metrics import Metrics, Outcome
-from trtforge_runtime.model import ModelSpec, Serving, model_config
+from trtforge_runtime.lifecycle.workers import Pod
+from trtforge_runtime.serving.batcher import Batcher
+from trtforge_runtime.serving.body import Coding, MemoryBudget, Source, body_deadline, read_body
+from trtforge_runtime.serving.metrics import Metrics, Outcome, exposition
+from trtforge_runtime.serving.model import InferRequest, ModelSpec, Serving, model_config
 from trtforge_runtime.settings import Settings
-from trtforge_runtime.v2 import InferRequest, RequestPlans
-from trtforge_runtime.workers import Pod
-
-# Requests whose JSON part is at most this big (and identity-coded) are decoded on the event loop:
-# binary tensors are views of the body, so their decode costs microseconds. Anything larger, or
-# compressed, is decoded in a worker thread.
-INLINE_DECODE_BYTES = 64 << 10
 
 EXTENSIONS = ("binary_tensor_data", "model_configuration")
+
+
+Answer = TypeVar("Answer", covariant=True)
 
 
 @dataclass
@@ -50,6 +51,32 @@ class Call:
 
     outcome: Outcome = Outcome.SUCCESS
     reserved: int = 0
+
+
+class Wire(Protocol[Answer]):
+    """One inference request as a protocol adapter hands it to :meth:`Service.infer`."""
+
+    def model(self) -> tuple[str, str | None]:
+        """The model's name and version (None: any) the request names."""
+        ...
+
+    async def receive(self, call: Call) -> None:
+        """Have the whole body, its bytes held in the body-memory budget (added to
+        ``call.reserved``, which the pipeline releases); RequestError if it cannot."""
+        ...
+
+    def decodes_inline(self, spec: ModelSpec) -> bool:
+        """Whether decoding is cheap enough for the event loop (else a worker thread decodes)."""
+        ...
+
+    def decode(self, spec: ModelSpec) -> tuple[InferRequest, int]:
+        """The request's tensors, checked against `spec`, and its batch rows; RequestError if it is
+        not valid."""
+        ...
+
+    def encode(self, spec: ModelSpec, req: InferRequest, results: dict[str, np.ndarray]) -> Answer:
+        """The answer, in this protocol's form."""
+        ...
 
 
 class Service:
@@ -66,7 +93,6 @@ class Service:
         self.active = 0  # inference requests in flight
         self.bodies = MemoryBudget(settings.body_memory)
         self.decode_pool = ThreadPoolExecutor(2, thread_name_prefix="decode")
-        self._plans: RequestPlans | None = None  # the served model's decoded request headers
 
     @property
     def worker(self) -> int | None:
@@ -108,6 +134,14 @@ class Service:
             why = self.not_ready_reason()
             return (200, {"ready": True}) if why is None else (503, {"ready": False, "error": why})
         return None
+
+    def exposition(self, open_connections: int) -> bytes:
+        """The metrics page (/metrics), with the queue's depth and the open connections as of now."""
+        m = self.metrics
+        if self.batcher is not None:
+            m.queue_depth_m.set(self.batcher.depth)
+        m.open_connections.set(open_connections)
+        return exposition(m)
 
     def server_metadata(self) -> dict[str, object]:
         return {"name": "trtforge", "version": __version__, "extensions": list(EXTENSIONS)}
@@ -175,34 +209,48 @@ class Service:
             raise RequestError(503, f"model {spec.name!r} is not ready: {self.reason}", {"Retry-After": "1"})
         return spec
 
-    def decode(
-        self, body: bytes | bytearray | memoryview, header_length: int | None, spec: ModelSpec
-    ) -> tuple[InferRequest, int]:
-        """An identity-coded v2 body's request and its batch rows (RequestError if it is not valid)."""
-        plans = self._plans
-        if plans is None or plans.spec is not spec:
-            plans = self._plans = RequestPlans(spec, self.s.max_json_bytes)
-        return plans.decode(body, header_length)
+    async def receive(
+        self, source: Source, length: int | None, coding: Coding, call: Call
+    ) -> bytes | bytearray:
+        """A streamed body as sent (`length`: its claimed size, None when chunked), its bytes held in
+        the budget as they arrive (`call` releases them), within a deadline that fits its claimed size
+        (body.body_deadline); with room for it decompressed when it is coded."""
+        limit = self.s.max_request_bytes
+        if length is not None and length > limit:
+            raise RequestError(413, f"request body of {length} bytes exceeds the limit of {limit} bytes")
+        deadline = body_deadline(length, self.s.body_timeout_s)
+        reader = self.bodies.reader()
+        try:
+            async with asyncio.timeout(deadline):
+                raw = await read_body(source, length, limit, reader.take)
+        except TimeoutError as e:
+            raise RequestError(
+                408,
+                f"the request body did not arrive within {deadline:g} s (--body-timeout, or less for a"
+                f" body of {length} bytes)",
+            ) from e
+        finally:
+            call.reserved += reader.keep()
+            reader.close()
+        if coding is not Coding.IDENTITY:
+            call.reserved += self.bodies.hold(limit)
+        return raw
 
-    def _decode_coded(
-        self, raw: bytes | bytearray, coding: Coding, header_length: int | None, spec: ModelSpec
-    ) -> tuple[InferRequest, int]:
-        return self.decode(decompress(raw, coding, self.s.max_request_bytes), header_length, spec)
+    async def infer(self, wire: Wire[Answer]) -> Answer:
+        """The request pipeline: admit → receive → decode → batch and run → encode, for any protocol
+        (:class:`Wire`). Raises RequestError for a refusal, anything else for a failed execution."""
+        with self.call() as call:
+            spec = self.admit(*wire.model())
+            await wire.receive(call)
+            if wire.decodes_inline(spec):
+                req, rows = wire.decode(spec)
+            else:
+                loop = asyncio.get_running_loop()
+                req, rows = await loop.run_in_executor(self.decode_pool, wire.decode, spec)
+            results = await self.enqueue(req.inputs, rows)
+            return wire.encode(spec, req, results)
 
-    async def decode_body(
-        self, raw: bytes | bytearray, coding: Coding, header_length: int | None, spec: ModelSpec
-    ) -> tuple[InferRequest, int]:
-        """A v2 HTTP body's request and rows: small identity-coded ones on the event loop, the rest
-        (compressed, large JSON, BYTES inputs) in a worker thread, so the loop keeps answering."""
-        json_part = len(raw) if header_length is None else header_length
-        if coding is Coding.IDENTITY and json_part <= INLINE_DECODE_BYTES and not spec.has_bytes_inputs:
-            return self._decode_coded(raw, coding, header_length, spec)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self.decode_pool, self._decode_coded, raw, coding, header_length, spec
-        )
-
-    def infer(self, inputs: dict[str, np.ndarray], rows: int) -> asyncio.Future[dict[str, np.ndarray]]:
+    def enqueue(self, inputs: dict[str, np.ndarray], rows: int) -> asyncio.Future[dict[str, np.ndarray]]:
         """Queue a decoded request (QueueFull at once when the queue is full); its outputs' future."""
         batcher = self.batcher
         if batcher is None:

@@ -1,95 +1,72 @@
 """The v2 protocol over gRPC on grpcio's grpc.aio server.
 
-It runs the calls of ``grpc_calls`` in the runtime's event loop, behind the same model checks,
-batcher, limits, metrics and readiness as HTTP. The stubs are generated from
-grpc_v2/inference.proto and shipped (see grpc_v2/generate.py).
+A thin adapter: grpcio's handlers run the calls of ``grpc_calls`` in the runtime's event loop, and
+ModelInfer goes through the service's one request pipeline, as HTTP's inference does. The stubs are
+generated from grpc_v2/inference.proto and shipped (see grpc_v2/generate.py).
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
+import inspect
 import logging
 from typing import Any
 
 import grpc
 from grpc import aio
 
-from trtforge_runtime import grpc_calls as calls
-from trtforge_runtime import grpc_health as health
 from trtforge_runtime.errors import Code, RequestError, grpc_code
-from trtforge_runtime.grpc_calls import CallError
-from trtforge_runtime.grpc_v2 import inference_pb2_grpc as pb_grpc
-from trtforge_runtime.service import Service
+from trtforge_runtime.protocol import grpc_calls as calls
+from trtforge_runtime.protocol import grpc_health as health
+from trtforge_runtime.protocol.grpc_calls import CallError
+from trtforge_runtime.protocol.grpc_v2 import inference_pb2_grpc as pb_grpc
+from trtforge_runtime.serving.service import Service
 
 log = logging.getLogger(__name__)
 
 
+_STATUS = {s.value[0]: s for s in grpc.StatusCode}
+
+
 def status_for(code: Code) -> grpc.StatusCode:
     """grpcio's StatusCode for `code`."""
-    for s in grpc.StatusCode:
-        if s.value[0] == int(code):
-            return s
-    return grpc.StatusCode.UNKNOWN
+    return _STATUS.get(int(code), grpc.StatusCode.UNKNOWN)
+
+
+def _unary(fn: Any) -> Any:
+    """A servicer method that answers with `fn(service, request)`, a CallError aborted with its code."""
+
+    async def method(self: InferenceService, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        return await self._call(fn, request, context)
+
+    return method
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
-    """The servicer: grpcio's handlers over ``grpc_calls``."""
+    """The servicer: grpcio's handlers over ``grpc_calls``, and ModelInfer over the pipeline."""
 
     def __init__(self, service: Service) -> None:
         self._rt = service
 
     async def _call(self, fn: Any, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
         try:
-            return fn(self._rt, request)
+            answer = fn(self._rt, request)
+            return await answer if inspect.isawaitable(answer) else answer
         except CallError as e:
             await context.abort(status_for(e.code), e.message)
-
-    async def ServerLive(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-        return await self._call(calls.server_live, request, context)
-
-    async def ServerReady(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-        return await self._call(calls.server_ready, request, context)
-
-    async def ModelReady(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-        return await self._call(calls.model_ready, request, context)
-
-    async def ServerMetadata(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-        return await self._call(calls.server_metadata, request, context)
-
-    async def ModelMetadata(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-        return await self._call(calls.model_metadata, request, context)
-
-    async def ModelConfig(self, request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-        return await self._call(calls.model_config, request, context)
-
-    async def ModelInfer(self, request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
-        """`request` arrives serialised and the answer leaves serialised (no deserialiser or
-        serialiser is registered, see _handlers): raw contents are read in place and written once.
-        The message counts against the body-memory budget HTTP bodies share until it is answered;
-        grpc.aio has already read it, so waiting would not save memory: with the budget taken it is
-        refused at once (RESOURCE_EXHAUSTED) and freed."""
-        svc = self._rt
-        try:
-            with svc.call() as call:
-                call.reserved = svc.bodies.hold(len(request))
-                msg, raw = calls.parse_infer_request(request)
-                spec = svc.admit(msg.model_name, msg.model_version or None)
-                if spec.has_bytes_inputs:  # BYTES elements are Python objects: decoded off the loop
-                    loop = asyncio.get_running_loop()
-                    req = await loop.run_in_executor(
-                        svc.decode_pool, calls.decode_infer_request, msg, spec, raw
-                    )
-                else:
-                    req = calls.decode_infer_request(msg, spec, raw)
-                rows = spec.validate(req.inputs)
-                results = await svc.infer(req.inputs, rows)
-                return calls.encode_infer_response(spec, req, results)
         except RequestError as e:
             await context.abort(status_for(grpc_code(e)), e.message)
         except Exception as e:
-            log.exception("inference failed")
+            log.exception("inference failed" if fn is calls.model_infer else "call failed")
             await context.abort(grpc.StatusCode.INTERNAL, f"inference failed: {e}")
-        raise AssertionError("unreachable: context.abort raises")
+
+    ServerLive = _unary(calls.server_live)
+    ServerReady = _unary(calls.server_ready)
+    ModelReady = _unary(calls.model_ready)
+    ServerMetadata = _unary(calls.server_metadata)
+    ModelMetadata = _unary(calls.model_metadata)
+    ModelConfig = _unary(calls.model_config)
+    ModelInfer = _unary(calls.model_infer)  # serialised both ways (see _handlers)
 
 
 class _Registrations:
@@ -108,7 +85,7 @@ class _Registrations:
 
 def _handlers(servicer: InferenceService) -> tuple[str, dict[str, Any]]:
     """The generated stubs' handlers for `servicer`, except that ModelInfer takes its request and
-    returns its response serialised (parse_infer_request, encode_infer_response)."""
+    returns its response serialised (grpc_calls.GrpcInfer)."""
     reg = _Registrations()
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, reg)
     infer = reg.handlers["ModelInfer"]  # a grpc.RpcMethodHandler: its documented attributes only
@@ -122,19 +99,13 @@ def _health(servicer: InferenceService) -> grpc.GenericRpcHandler:
     """``grpc.health.v1.Health/Check``, serialised both ways as grpc_calls runs it, its refusals
     aborted as the servicer's are (grpcio answers UNIMPLEMENTED for Watch, which is not served)."""
 
-    async def check(request: bytes, context: aio.ServicerContext[Any, Any]) -> bytes:
-        return bytes(await servicer._call(calls.health_check, request, context))
-
+    check = functools.partial(servicer._call, calls.health_check)
     return grpc.method_handlers_generic_handler(
         health.SERVICE, {"Check": grpc.unary_unary_rpc_method_handler(check)}
     )
 
 
 MAX_CONCURRENT_STREAMS = 100  # per HTTP/2 connection: see start_grpc
-
-
-def grpc_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 async def start_grpc(service: Service, host: str, port: int) -> tuple[aio.Server, int]:
@@ -165,7 +136,7 @@ async def start_grpc(service: Service, host: str, port: int) -> tuple[aio.Server
     name, handlers = _handlers(servicer)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers), _health(servicer)))
     server.add_registered_method_handlers(name, handlers)
-    address = grpc_address(host, port)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)
     except RuntimeError as e:

@@ -183,6 +183,16 @@ class ModelSpec:
         return rows if self.max_batch else 1
 
 
+@dataclass
+class InferRequest:
+    """A decoded inference request, whichever protocol it came by: its tensors, checked against the
+    model, and the outputs it asks for (name, whether binary: HTTP's choice; gRPC's are all raw)."""
+
+    id: str | None
+    inputs: dict[str, np.ndarray]
+    outputs: list[tuple[str, bool]]
+
+
 def config_datatype(datatype: str) -> str:
     """Triton's model-configuration name of a v2 datatype (``FP32`` -> ``TYPE_FP32``; ``BYTES`` is
     ``TYPE_STRING``)."""

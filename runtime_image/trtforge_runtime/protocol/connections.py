@@ -1,11 +1,11 @@
 """A cap on open HTTP connections that keeps the health probes answering.
 
 :class:`ConnectionLimiter` is the listening socket's protocol factory. Up to ``limit`` connections go
-to the HTTP server. Past it, a new connection gets one short answer and is closed: a health probe
-(``GET /v2/health/live`` or ``/ready``) its real answer, so the kubelet does not restart a pod that
-is only busy, and anything else a 503 naming the limit. Those answers are themselves bounded: at most
-``limit`` of them at once (more are closed at once), each waits at most ``answer_timeout_s`` for
-its request line and reads at most 4 KiB.
+to the HTTP server. Past it, a new connection gets one short answer from aiohttp's low-level server
+and is closed: a health probe (``GET /v2/health/live`` or ``/ready``) its real answer, so the kubelet
+does not restart a pod that is only busy, and anything else a 503 naming the limit. Those answers are
+themselves bounded: at most ``limit`` of them at once (more are closed at once), each connection
+closed after ``answer_timeout_s``, its request line and header lines at most 4 KiB each.
 
 Counted connections also get an idle guard of our own (``idle_timeout_s``): a connection that has no
 complete request head (``\r\n\r\n``) within that time of opening, or of its last answer, is closed.
@@ -17,39 +17,27 @@ pod's safety must not depend on which one the image resolved.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
-from trtforge_runtime.metrics import Metrics
+from aiohttp import web
+
+from trtforge_runtime.serving.metrics import Metrics
 
 HealthAnswer = Callable[[str], tuple[int, dict[str, object]] | None]
 
-_REASONS = {200: "OK", 503: "Service Unavailable"}
 _MAX_LINE = 4096
 
 
-def overflow_answer(request_line: bytes, health: HealthAnswer, limit: int) -> tuple[int, dict[str, object]]:
-    """What a connection past the cap is told, from its request line (pure)."""
-    parts = request_line.split(b" ")
-    if len(parts) >= 2 and parts[0] == b"GET":
-        answer = health(parts[1].decode("latin-1"))
+def overflow_answer(
+    method: str, path: str, health: HealthAnswer, limit: int
+) -> tuple[int, dict[str, object]]:
+    """What a connection past the cap is told, from its request's method and path (pure)."""
+    if method == "GET":
+        answer = health(path)
         if answer is not None:
             return answer
     return 503, {"error": f"the server has {limit} open connections, its limit; retry later"}
-
-
-def http_response(status: int, body: dict[str, object]) -> bytes:
-    data = json.dumps(body).encode()
-    lines = [
-        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}",
-        "Content-Type: application/json",
-        f"Content-Length: {len(data)}",
-        "Connection: close",
-    ]
-    if status == 503:
-        lines.append("Retry-After: 1")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + data
 
 
 def _stream(transport: asyncio.BaseTransport) -> asyncio.Transport:
@@ -59,42 +47,38 @@ def _stream(transport: asyncio.BaseTransport) -> asyncio.Transport:
 
 
 class _Overflow(asyncio.Protocol):
-    def __init__(self, limiter: ConnectionLimiter) -> None:
+    """A connection past the cap: aiohttp's low-level server (``inner``) answers its request and
+    closes it (:meth:`ConnectionLimiter.answer_overflow`); a timer closes it after the answer timeout
+    whatever it has sent."""
+
+    def __init__(self, inner: asyncio.Protocol, limiter: ConnectionLimiter) -> None:
+        self._inner = inner
         self._limiter = limiter
-        self._buf = b""
-        self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = _stream(transport)
         self._limiter.answering += 1
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self._limiter.answer_timeout_s, self._answer, b"")
+        self._timer = loop.call_later(self._limiter.answer_timeout_s, _stream(transport).close)
+        self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        self._buf += data[: _MAX_LINE - len(self._buf)]
-        end = self._buf.find(b"\r\n")
-        if end >= 0:
-            self._answer(self._buf[:end])
-        elif len(self._buf) >= _MAX_LINE:
-            self._answer(b"")
+        self._inner.data_received(data)
 
-    def _answer(self, line: bytes) -> None:
-        t = self._transport
-        if t is None or t.is_closing():
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        lim = self._limiter
-        status, body = overflow_answer(line, lim.health, lim.limit)
-        t.write(http_response(status, body))
-        t.close()
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._transport = None
         self._limiter.answering -= 1
+        self._inner.connection_lost(exc)
 
 
 class _Abort(asyncio.Protocol):
@@ -278,6 +262,15 @@ class ConnectionLimiter:
         self.answering = 0
         self.idle_timeout_s = idle_timeout_s
         self.idle_closed = 0  # connections the idle guard closed
+        self._overflow: web.Server | None = None  # made on first use, in the running loop
+
+    async def answer_overflow(self, request: web.BaseRequest) -> web.StreamResponse:
+        status, body = overflow_answer(request.method, request.path, self.health, self.limit)
+        answer = web.json_response(
+            body, status=status, headers={"Retry-After": "1"} if status == 503 else None
+        )
+        answer.force_close()
+        return answer
 
     def __call__(self) -> asyncio.BaseProtocol:
         if self.open < self.limit:
@@ -285,4 +278,12 @@ class ConnectionLimiter:
         self._metrics().connections_refused.inc()
         if self.answering >= self.limit:
             return _Abort()
-        return _Overflow(self)
+        if self._overflow is None:
+            self._overflow = web.Server(
+                self.answer_overflow,
+                access_log=None,
+                max_line_size=_MAX_LINE,
+                max_field_size=_MAX_LINE,
+                lingering_time=0,  # a body sent with the request is not waited for
+            )
+        return _Overflow(self._overflow(), self)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtforge.logs import fields
-from trtforge_runtime import cpus as cpus_mod
+from trtforge_runtime.lifecycle import cpus as cpus_mod
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ everything queued, no other instance is free and the batch is not full, it waits
 ``max_queue_delay`` (counted from the oldest request's arrival) for more, up to the batch cap. The
 cap is learned: it starts at 2 and climbs, up to the max batch size, while the pool's own timings
 say bigger batches compute each row faster; it is lower still for the few batches that probe
-smaller sizes (:mod:`trtforge_runtime.batchcap`); with the learning off, it is the max batch size.
+smaller sizes (:mod:`trtforge_runtime.serving.batchcap`); with the learning off, it is the max batch size.
 With a zero delay, batches still form whenever requests arrive while the instances are busy. The
 queue is bounded: a request that finds it full is refused at once (503 with Retry-After), never
 parked.
@@ -39,9 +39,9 @@ import numpy as np
 
 from trtforge.logs import fields
 from trtforge_runtime.backends import Instance
-from trtforge_runtime.batchcap import BatchCap
 from trtforge_runtime.errors import DeviceFault, RequestError
-from trtforge_runtime.metrics import Metrics
+from trtforge_runtime.serving.batchcap import BatchCap
+from trtforge_runtime.serving.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from trtforge.logs import fields
-from trtforge_runtime.workers import WORKERS_ENV  # imported by the CLI before anything else
+from trtforge_runtime.lifecycle.workers import WORKERS_ENV  # imported by the CLI before anything else
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 CPUS_ENV = "TRTFORGE_CPUS"
-# the CPUs a worker of ``--workers`` is pinned to, comma-separated (trtforge_runtime.workers sets it)
+# the CPUs a worker of ``--workers`` is pinned to, comma-separated (lifecycle.workers sets it)
 WORKER_CPUS_ENV = "TRTFORGE_WORKER_CPUS"
 CPUS_PER_WORKER = 4
 CGROUP_ROOT = Path("/sys/fs/cgroup")

@@ -9,7 +9,7 @@ into the warm start. What the warm start could not do, or did for
 other arguments, those calls do again themselves and report as usual, so a warm start changes when
 the work happens, never what is checked or in which order: the GPU identity check before anything
 touches the GPU (and, from a store that downloads, before anything large is fetched), the sha256
-before the backend sees the file, the canary before Ready. (:mod:`~trtforge_runtime.preload` may
+before the backend sees the file, the canary before Ready. (:mod:`~trtforge_runtime.lifecycle.preload` may
 have opened the session earlier, from bytes that matched the raw manifest; the backend takes it
 only for the verified one.)
 
@@ -36,16 +36,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from trtforge.logs import fields
-from trtforge_runtime.threads import on_thread
+from trtforge_runtime.lifecycle.threads import on_thread
 
 if TYPE_CHECKING:
     from trtforge.contract.canary import Canary
     from trtforge.contract.manifest import Manifest
     from trtforge.store.base import EngineStore
     from trtforge_runtime.backends import Backend, Instance
-    from trtforge_runtime.canary import CanaryResult
-    from trtforge_runtime.fetch import LocalEngine
-    from trtforge_runtime.model import ModelSpec
+    from trtforge_runtime.lifecycle.canary import CanaryResult
+    from trtforge_runtime.lifecycle.fetch import LocalEngine
+    from trtforge_runtime.serving.model import ModelSpec
 
 log = logging.getLogger(__name__)
 THREAD_NAME = "warm-start"
@@ -98,7 +98,7 @@ def begin(
 
     def work() -> None:
         t0 = time.monotonic()
-        from trtforge_runtime.fetch import fetch_engine
+        from trtforge_runtime.lifecycle.fetch import fetch_engine
 
         try:
             local = fetch_engine(store, key, cache_dir, checked)
@@ -193,7 +193,7 @@ def _decode_canary(path: Path) -> Future[Canary]:
     the GIL) is done while the session builds (which mostly does not), not after it."""
 
     def work() -> Canary:
-        from trtforge_runtime.canary import read_canary
+        from trtforge_runtime.lifecycle.canary import read_canary
 
         return read_canary(path)
 
@@ -208,8 +208,8 @@ def _canary(
     max_batch_size: int | None,
     decoded: Future[Canary] | None = None,
 ) -> None:
-    from trtforge_runtime.canary import run_canary
-    from trtforge_runtime.model import default_model_name, model_spec
+    from trtforge_runtime.lifecycle.canary import run_canary
+    from trtforge_runtime.serving.model import default_model_name, model_spec
 
     try:
         m = local.manifest
@@ -244,13 +244,13 @@ def fetch(
     store: EngineStore, key: str, cache_dir: Path, check: Callable[[Manifest], None] | None = None
 ) -> LocalEngine:
     """The start-up's fetch step: what the warm start fetched for (`key`, `cache_dir`), after `check`
-    sees its manifest again; else :func:`~trtforge_runtime.fetch.fetch_engine` runs here."""
+    sees its manifest again; else :func:`~trtforge_runtime.lifecycle.fetch.fetch_engine` runs here."""
     warm = collect_fetch(key, cache_dir)
     if warm is not None:
         if check is not None:
             check(warm.manifest)
         return warm
-    from trtforge_runtime.fetch import fetch_engine
+    from trtforge_runtime.lifecycle.fetch import fetch_engine
 
     return fetch_engine(store, key, cache_dir, check)
 

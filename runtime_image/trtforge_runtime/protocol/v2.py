@@ -13,22 +13,14 @@ import functools
 import json
 import struct
 import threading
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from trtforge_runtime.errors import RequestError
-from trtforge_runtime.model import NUMPY_TO_V2, V2_TO_NUMPY, ModelSpec
+from trtforge_runtime.serving.model import NUMPY_TO_V2, V2_TO_NUMPY, InferRequest, ModelSpec
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-
-
-@dataclass
-class InferRequest:
-    id: str | None
-    inputs: dict[str, np.ndarray]
-    outputs: list[tuple[str, bool]]  # (name, binary)
 
 
 def _shape(raw: Any, name: str) -> tuple[int, ...]:

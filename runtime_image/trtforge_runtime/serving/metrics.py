@@ -1,6 +1,6 @@
 """Prometheus metrics of one runtime process (served on /metrics).
 
-Under ``--workers N`` (trtforge_runtime.workers) each worker writes its values into the directory
+Under ``--workers N`` (trtforge_runtime.lifecycle.workers) each worker writes its values into the directory
 named by ``PROMETHEUS_MULTIPROC_DIR`` and :func:`exposition` aggregates all of them, so any worker's
 ``/metrics`` shows the pod: counters and histograms summed, gauges as their mode says.
 """

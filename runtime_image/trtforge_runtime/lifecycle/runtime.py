@@ -2,9 +2,9 @@
 faults and drain.
 
 :class:`Runtime` owns the process's life; what requests may do is the inference service's
-(``service.Service``), which both front ends call (``http_api`` over aiohttp, ``grpc_service`` over
-grpc.aio). Connections idle (or stuck before a complete request) for ``--idle-timeout`` are closed,
-and at most ``--max-connections`` are open (``connections``).
+(``serving.service.Service``), which both protocol adapters call (``protocol.http_api`` over aiohttp,
+``protocol.grpc_service`` over grpc.aio). Connections idle (or stuck before a complete request) for
+``--idle-timeout`` are closed, and at most ``--max-connections`` are open (``protocol.connections``).
 """
 
 from __future__ import annotations
@@ -23,20 +23,20 @@ from trtforge.contract.manifest import Manifest
 from trtforge.contract.termination import EXIT_OK, TerminationMessage, write_termination_message
 from trtforge.logs import fields
 from trtforge.store.base import EngineStore
-from trtforge_runtime import preload, startup_gc, warmstart
 from trtforge_runtime.backends import Backend, Instance, default_instances
-from trtforge_runtime.batcher import Batcher
-from trtforge_runtime.canary import run_canary
-from trtforge_runtime.connections import ConnectionLimiter
 from trtforge_runtime.errors import DeviceFault, Refusal
-from trtforge_runtime.faults import FaultMonitor, exit_now, gpu_fault_message
-from trtforge_runtime.http_api import HttpApi
-from trtforge_runtime.identity import check_identity
-from trtforge_runtime.model import default_model_name, model_spec
-from trtforge_runtime.retry import budget_from_env, with_retries
-from trtforge_runtime.service import Service
+from trtforge_runtime.lifecycle import preload, startup_gc, warmstart
+from trtforge_runtime.lifecycle.canary import run_canary
+from trtforge_runtime.lifecycle.faults import FaultMonitor, exit_now, gpu_fault_message
+from trtforge_runtime.lifecycle.identity import check_identity
+from trtforge_runtime.lifecycle.retry import budget_from_env, with_retries
+from trtforge_runtime.lifecycle.workers import Pod
+from trtforge_runtime.protocol.connections import ConnectionLimiter
+from trtforge_runtime.protocol.http_api import HttpApi
+from trtforge_runtime.serving.batcher import Batcher
+from trtforge_runtime.serving.model import default_model_name, model_spec
+from trtforge_runtime.serving.service import Service
 from trtforge_runtime.settings import Settings
-from trtforge_runtime.workers import Pod
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Runtime:
     async def _start_grpc(self) -> tuple[Any, int]:
         """grpc.aio's server, listening; it and its port. After HTTP listens and the engine starts
         loading: importing grpc takes a while."""
-        from trtforge_runtime.grpc_service import start_grpc
+        from trtforge_runtime.protocol.grpc_service import start_grpc
 
         return await start_grpc(self.svc, self.s.host, self.s.grpc_port or 0)
 
@@ -170,7 +170,7 @@ class Runtime:
 
     async def _startup(self) -> None:
         """Load, then serve; the garbage collector, paused by the CLI for start-up, comes back on
-        when this ends, however it ends (trtforge_runtime.startup_gc)."""
+        when this ends, however it ends (trtforge_runtime.lifecycle.startup_gc)."""
         try:
             await self._load_and_serve()
         finally:

@@ -5,7 +5,7 @@ Cache layout: ``<cache-dir>/<key>/{<engine file>, canary.npz, manifest.json}`` p
 file, ``.<file>.verified`` holding ``{"sha256", "size", "mtime_ns", "ino"}``.
 
 Downloaded (any other store): the engine file is verified in memory or on disk
-(:mod:`trtforge_runtime.staging` says which and why). In memory, the backend is handed
+(:mod:`trtforge_runtime.lifecycle.staging` says which and why). In memory, the backend is handed
 ``/proc/self/fd/<n>`` of a sealed memfd holding the verified bytes, and the cache copy with its
 marker is written behind it (:attr:`LocalEngine.cache_written`); on disk, the cache file is written,
 verified and renamed into place before the load.
@@ -54,9 +54,9 @@ from trtforge.contract.manifest import Manifest
 from trtforge.logs import fields
 from trtforge.store.base import EngineStore, ObjectNotFound, StoreError
 from trtforge.store.local import LocalStore
-from trtforge_runtime import prehash, staging
 from trtforge_runtime.errors import Refusal
-from trtforge_runtime.threads import on_thread
+from trtforge_runtime.lifecycle import prehash, staging
+from trtforge_runtime.lifecycle.threads import on_thread
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
@@ -313,7 +313,7 @@ def _ensure(
 
 def _in_place(store: LocalStore, src: str, marker: Path, sha256: str, size: int | None) -> tuple[Path, int]:
     """Verify the store's own file for `src` without copying it: a path to the verified open file,
-    and the bytes read to verify it. A :mod:`~trtforge_runtime.prehash` of the same path, if one
+    and the bytes read to verify it. A :mod:`~trtforge_runtime.lifecycle.prehash` of the same path, if one
     began, gives the open file and its digest; they are checked here as if made here."""
     pre = prehash.take(store.file(src))
     try:
@@ -444,7 +444,7 @@ def fetch_engine(
 
     `check` sees the manifest before anything large is fetched (the GPU identity check). `where`
     forces the staging of a downloaded engine file (None: :func:`staging.choose` decides; the canary
-    is always fetched to disk). The runtime asks :func:`trtforge_runtime.warmstart.fetch`, which
+    is always fetched to disk). The runtime asks :func:`trtforge_runtime.lifecycle.warmstart.fetch`, which
     calls this only when the warm start fetched nothing for the same key and cache dir.
     """
     layout.engine_dir(key)  # validates the key

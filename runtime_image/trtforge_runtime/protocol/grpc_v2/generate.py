@@ -1,4 +1,5 @@
-"""Regenerate the shipped stubs from inference.proto: ``python -m trtforge_runtime.grpc_v2.generate``.
+"""Regenerate the shipped stubs from inference.proto:
+``python -m trtforge_runtime.protocol.grpc_v2.generate``.
 
 Needs ``grpcio-tools`` (a dev dependency, pinned so that the output is reproducible); the runtime
 itself needs only ``grpcio`` and ``protobuf``. :func:`generate` writes into any directory, which is
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PROTO = "trtforge_runtime/grpc_v2/inference.proto"
+PROTO = "trtforge_runtime/protocol/grpc_v2/inference.proto"
 OUTPUTS = ("inference_pb2.py", "inference_pb2.pyi", "inference_pb2_grpc.py")
 
 
@@ -24,7 +25,7 @@ def generate(out_root: Path) -> list[Path]:
     """Run protoc on inference.proto with `out_root` as the package root; the files written."""
     from grpc_tools import protoc
 
-    root = HERE.parent.parent  # runtime_image/
+    root = HERE.parents[2]  # runtime_image/
     out_root.mkdir(parents=True, exist_ok=True)
     args = [
         "grpc_tools.protoc",
@@ -36,7 +37,7 @@ def generate(out_root: Path) -> list[Path]:
     ]
     if protoc.main(args) != 0:
         raise RuntimeError(f"protoc failed on {root / PROTO}")
-    files = [out_root / "trtforge_runtime" / "grpc_v2" / name for name in OUTPUTS]
+    files = [out_root / "trtforge_runtime" / "protocol" / "grpc_v2" / name for name in OUTPUTS]
     messages = files[0]
     text = messages.read_text()
     if text.count(_DEFAULT_POOL) != 1:

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from trtforge_runtime.grpc_v2 import inference_pb2 as trtforge__runtime_dot_grpc__v2_dot_inference__pb2
+from trtforge_runtime.protocol.grpc_v2 import inference_pb2 as trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in trtforge_runtime/grpc_v2/inference_pb2_grpc.py depends on'
+        + ' but the generated code in trtforge_runtime/protocol/grpc_v2/inference_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,38 +36,38 @@ class GRPCInferenceServiceStub:
         """
         self.ServerLive = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerLive',
-                request_serializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerLiveRequest.SerializeToString,
-                response_deserializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerLiveResponse.FromString,
+                request_serializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerLiveRequest.SerializeToString,
+                response_deserializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerLiveResponse.FromString,
                 _registered_method=True)
         self.ServerReady = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerReady',
-                request_serializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerReadyRequest.SerializeToString,
-                response_deserializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerReadyResponse.FromString,
+                request_serializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerReadyRequest.SerializeToString,
+                response_deserializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerReadyResponse.FromString,
                 _registered_method=True)
         self.ModelReady = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelReady',
-                request_serializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelReadyRequest.SerializeToString,
-                response_deserializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelReadyResponse.FromString,
+                request_serializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelReadyRequest.SerializeToString,
+                response_deserializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelReadyResponse.FromString,
                 _registered_method=True)
         self.ServerMetadata = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerMetadata',
-                request_serializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerMetadataRequest.SerializeToString,
-                response_deserializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerMetadataResponse.FromString,
+                request_serializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerMetadataRequest.SerializeToString,
+                response_deserializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerMetadataResponse.FromString,
                 _registered_method=True)
         self.ModelMetadata = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelMetadata',
-                request_serializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelMetadataRequest.SerializeToString,
-                response_deserializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelMetadataResponse.FromString,
+                request_serializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelMetadataRequest.SerializeToString,
+                response_deserializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelMetadataResponse.FromString,
                 _registered_method=True)
         self.ModelInfer = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelInfer',
-                request_serializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelInferRequest.SerializeToString,
-                response_deserializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelInferResponse.FromString,
+                request_serializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
         self.ModelConfig = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelConfig',
-                request_serializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelConfigRequest.SerializeToString,
-                response_deserializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelConfigResponse.FromString,
+                request_serializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelConfigRequest.SerializeToString,
+                response_deserializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelConfigResponse.FromString,
                 _registered_method=True)
 
 
@@ -121,38 +121,38 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ServerLive': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerLive,
-                    request_deserializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerLiveRequest.FromString,
-                    response_serializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerLiveResponse.SerializeToString,
+                    request_deserializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerLiveRequest.FromString,
+                    response_serializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerLiveResponse.SerializeToString,
             ),
             'ServerReady': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerReady,
-                    request_deserializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerReadyRequest.FromString,
-                    response_serializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerReadyResponse.SerializeToString,
+                    request_deserializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerReadyRequest.FromString,
+                    response_serializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerReadyResponse.SerializeToString,
             ),
             'ModelReady': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelReady,
-                    request_deserializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelReadyRequest.FromString,
-                    response_serializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelReadyResponse.SerializeToString,
+                    request_deserializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelReadyRequest.FromString,
+                    response_serializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelReadyResponse.SerializeToString,
             ),
             'ServerMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerMetadata,
-                    request_deserializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerMetadataRequest.FromString,
-                    response_serializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerMetadataResponse.SerializeToString,
+                    request_deserializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerMetadataRequest.FromString,
+                    response_serializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerMetadataResponse.SerializeToString,
             ),
             'ModelMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelMetadata,
-                    request_deserializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelMetadataRequest.FromString,
-                    response_serializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelMetadataResponse.SerializeToString,
+                    request_deserializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelMetadataRequest.FromString,
+                    response_serializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelMetadataResponse.SerializeToString,
             ),
             'ModelInfer': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelInfer,
-                    request_deserializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelInferRequest.FromString,
-                    response_serializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelInferResponse.SerializeToString,
+                    request_deserializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelInferRequest.FromString,
+                    response_serializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelInferResponse.SerializeToString,
             ),
             'ModelConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelConfig,
-                    request_deserializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelConfigRequest.FromString,
-                    response_serializer=trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelConfigResponse.SerializeToString,
+                    request_deserializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelConfigRequest.FromString,
+                    response_serializer=trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -180,8 +180,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ServerLive',
-            trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerLiveRequest.SerializeToString,
-            trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerLiveResponse.FromString,
+            trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerLiveRequest.SerializeToString,
+            trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerLiveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -207,8 +207,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ServerReady',
-            trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerReadyRequest.SerializeToString,
-            trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerReadyResponse.FromString,
+            trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerReadyRequest.SerializeToString,
+            trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerReadyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -234,8 +234,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelReady',
-            trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelReadyRequest.SerializeToString,
-            trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelReadyResponse.FromString,
+            trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelReadyRequest.SerializeToString,
+            trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelReadyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -261,8 +261,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ServerMetadata',
-            trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerMetadataRequest.SerializeToString,
-            trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ServerMetadataResponse.FromString,
+            trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerMetadataRequest.SerializeToString,
+            trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ServerMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -288,8 +288,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelMetadata',
-            trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelMetadataRequest.SerializeToString,
-            trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelMetadataResponse.FromString,
+            trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelMetadataRequest.SerializeToString,
+            trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -315,8 +315,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelInfer',
-            trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelInferRequest.SerializeToString,
-            trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelInferResponse.FromString,
+            trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelInferRequest.SerializeToString,
+            trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelInferResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -342,8 +342,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelConfig',
-            trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelConfigRequest.SerializeToString,
-            trtforge__runtime_dot_grpc__v2_dot_inference__pb2.ModelConfigResponse.FromString,
+            trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelConfigRequest.SerializeToString,
+            trtforge__runtime_dot_protocol_dot_grpc__v2_dot_inference__pb2.ModelConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

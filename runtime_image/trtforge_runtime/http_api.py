@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from trtforge_runtime.body import Coding, body_deadline, content_coding, read_body
 from trtforge_runtime.errors import RequestError
+from trtforge_runtime.inflate import inflate
 from trtforge_runtime.metrics import exposition
 from trtforge_runtime.service import Call, Service
 from trtforge_runtime.v2 import HEADER_LENGTH, encode_response
@@ -97,8 +98,9 @@ class HttpApi:
         return web.Response(body=exposition(m), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _receive(self, request: web.Request, coding: Coding, call: Call) -> bytes | bytearray:
-        """The body as sent, its bytes held in the shared budget as they arrive (`call` releases
-        them), within a deadline that fits its claimed size (body.body_deadline)."""
+        """The body, identity-coded: its bytes as sent, and as inflated (inflate.inflate), held in the
+        shared budget as they arrive (`call` releases them), within a deadline that fits its claimed
+        size (body.body_deadline)."""
         s, bodies = self.svc.s, self.svc.bodies
         limit = s.max_request_bytes
         cl = request.content_length
@@ -121,9 +123,14 @@ class HttpApi:
         finally:
             call.reserved += reader.keep()
             reader.close()
-        if coding is not Coding.IDENTITY:  # room for it decompressed, up to the limit
-            call.reserved += bodies.hold(limit)
-        return raw
+        if coding is Coding.IDENTITY:
+            return raw
+        reader = bodies.reader()  # inflated step by step, each step's bytes held as they are made
+        try:
+            return await inflate(raw, coding, limit, reader.take, self.svc.decode_pool)
+        finally:
+            call.reserved += reader.keep()
+            reader.close()
 
     async def infer(self, request: web.Request) -> web.Response:
         svc = self.svc
@@ -137,7 +144,7 @@ class HttpApi:
                 except ValueError as e:
                     raise RequestError(400, f"{HEADER_LENGTH} {hl!r} is not an integer") from e
                 raw = await self._receive(request, coding, call)
-                req, rows = await svc.decode_body(raw, coding, header_length, spec)
+                req, rows = await svc.decode_body(raw, Coding.IDENTITY, header_length, spec)
                 del raw
                 results = await svc.infer(req.inputs, rows)
                 out, out_hl = encode_response(spec, req, results)

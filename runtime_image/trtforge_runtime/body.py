@@ -1,9 +1,9 @@
 """Request bodies within limits: size, content coding, arrival time and the memory all bodies share.
 
 The HTTP server hands bodies over undecoded (``auto_decompress=False``): a gzip or deflate body is
-read as sent, counted against ``--max-request-bytes`` as it arrives, and inflated in counted steps in
-a worker thread, never past the same limit (``inflate``). Every refusal is a :class:`RequestError` that names the
-limit (docs/design.md, "Runtime request limits").
+read as sent, counted against ``--max-request-bytes`` as it arrives, and inflated in counted steps
+in a worker thread, never past the same limit (``inflate``). Every refusal is a
+:class:`RequestError` that names the limit (docs/design.md, "Runtime request limits").
 """
 
 from __future__ import annotations

@@ -26,6 +26,21 @@ CONNECTION_SHARE = 16
 MAX_STREAMS = 100
 
 
+# Every connection is sent GOAWAY after CONNECTION_AGE_S, and closed, with whatever calls it still has,
+# CONNECTION_GRACE_S later: the backstop for calls that make no progress after their message arrived
+# (an answer a zero-window client never reads holds its slot until then). Clients reconnect at once.
+CONNECTION_AGE_S = 600
+CONNECTION_GRACE_S = 60
+
+
+def connection_options() -> list[tuple[str, int]]:
+    """grpc.aio's options for a connection's age (pure)."""
+    return [
+        ("grpc.max_connection_age_ms", CONNECTION_AGE_S * 1000),
+        ("grpc.max_connection_age_grace_ms", CONNECTION_GRACE_S * 1000),
+    ]
+
+
 def streams_per_connection(call_slots: int) -> int:
     """The streams one HTTP/2 connection may have open at once, for a server of `call_slots` (pure)."""
     return max(1, min(MAX_STREAMS, call_slots // CONNECTION_SHARE))

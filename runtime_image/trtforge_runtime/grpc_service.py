@@ -155,6 +155,7 @@ async def start_grpc(service: Service, host: str, port: int) -> tuple[aio.Server
             # opens its receive window holds them all) and a rapid reset cancels legitimate calls;
             # docs/security.md ("Hostile clients") has the measurements.
             ("grpc.max_concurrent_streams", grpc_call_guard.streams_per_connection(s.max_connections)),
+            *grpc_call_guard.connection_options(),
         ],
         maximum_concurrent_rpcs=s.max_connections,
     )

@@ -452,7 +452,7 @@ def run_front_door(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def render_front_door(res: dict[str, Any]) -> str:
-    """Per case of issue 63: health p99 against quiet, legitimate success, RSS growth, gRPC p50."""
+    """Per front-door case: health p99 against quiet, legitimate success, RSS growth, gRPC p50."""
     q = res["quiet"]
 
     def mark(ok: bool) -> str:
@@ -475,7 +475,7 @@ def render_front_door(res: dict[str, Any]) -> str:
     t = res["targets"]
     cpus = res["cpus"]
     return (
-        f"Issue 63's cases, {res['family_seconds']:.0f} s each: server on CPUs {cpus['server'] or 'any'}, "
+        f"Front-door cases, {res['family_seconds']:.0f} s each: server on CPUs {cpus['server'] or 'any'}, "
         f"prober on {cpus['probe'] or 'any'}, attackers and legitimate clients on {cpus['attack'] or 'any'}; "
         f"extra serve flags: {' '.join(res['serve_flags']) or 'none'}. Quiet: health p99 "
         f"{q['health_p99_ms']} ms, gRPC p50 {q['grpc_p50_ms']} ms. ✗: a target missed.\n"

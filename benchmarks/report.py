@@ -2,7 +2,7 @@
 
 The page keeps its prose; only the text between ``<!-- results:NAME -->`` and
 ``<!-- /results:NAME -->`` is replaced (NAME: machine, serving, manycore, hostile, hostile_families,
-coldstart, coldstart-h200, controlplane, recovery, ha, and targets).
+hostile_front_door, coldstart, coldstart-h200, controlplane, recovery, ha, and targets).
 """
 
 from __future__ import annotations
@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         "manycore": ("manycore", manycore.render),
         "hostile": ("hostile", hostile.render),
         "hostile_families": ("hostile_families", hostile.render_families),
+        "hostile_front_door": ("hostile_front_door", hostile.render_front_door),
         "coldstart": ("coldstart", coldstart.render),
         "coldstart-h200": ("coldstart-h200", coldstart.render),
         "controlplane": ("controlplane", controlplane_summary.render),

@@ -147,6 +147,13 @@ def register(subparsers: Any) -> None:
         "--body-timeout", type=float, default=60.0, help="seconds a request body may take to arrive (408)"
     )
     p.add_argument(
+        "--grpc-message-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a gRPC call's request message may take to arrive whole (DEADLINE_EXCEEDED, and"
+        " the call's slot is freed)",
+    )
+    p.add_argument(
         "--max-connections",
         type=_positive,
         default=1024,
@@ -290,6 +297,7 @@ def handle(args: argparse.Namespace) -> int:
         max_body_memory=args.max_body_memory,
         idle_timeout_s=args.idle_timeout,
         body_timeout_s=args.body_timeout,
+        grpc_message_timeout_s=args.grpc_message_timeout,
         max_connections=args.max_connections,
         grpc_port=None if args.no_grpc else args.grpc_port,
         reuse_port=os.environ.get("TRTFORGE_REUSE_PORT") == "1",

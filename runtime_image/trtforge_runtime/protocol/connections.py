@@ -12,6 +12,11 @@ complete request head (``\r\n\r\n``) within that time of opening, or of its last
 aiohttp's keep-alive timer is meant to do this, but whether it runs before the first request differs
 between aiohttp releases (3.14.3 leaves a silent connection open for ever; 3.14.5 closes it), and a
 pod's safety must not depend on which one the image resolved.
+
+At the cap, a new connection first closes the counted connection that has waited longest for a
+complete request head (a slowloris, or a keep-alive connection idle longest), if any, and takes its
+place: connections that never finish a head cannot keep new clients out until their idle guard
+fires (docs/design.md §"Runtime request limits").
 """
 
 from __future__ import annotations
@@ -93,7 +98,17 @@ class _Counted(asyncio.Protocol):
     """The HTTP server's protocol, counted from its creation to its connection's end, with the idle
     guard: while no request head is complete, a timer runs; it closes the connection when it fires."""
 
-    __slots__ = ("_awaiting", "_deadline", "_guard", "_inner", "_limiter", "_tail", "_timer", "_transport")
+    __slots__ = (
+        "_awaiting",
+        "_counted",
+        "_deadline",
+        "_guard",
+        "_inner",
+        "_limiter",
+        "_tail",
+        "_timer",
+        "_transport",
+    )
 
     def __init__(self, inner: asyncio.Protocol, limiter: ConnectionLimiter) -> None:
         self._inner = inner
@@ -104,12 +119,14 @@ class _Counted(asyncio.Protocol):
         self._deadline = 0.0  # the loop time by which a head is due (while awaiting one)
         self._tail = b""  # the last bytes seen while awaiting a head (an end may span two reads)
         self._awaiting = True
+        self._counted = True  # in limiter.open (until its connection ends, or it is evicted)
         limiter.open += 1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = self._transport = _stream(transport)
         if self._guard:
             self._arm()
+            self._limiter.awaiting[self] = None
             transport = _AnswerWatch(transport, self._answered)
         self._inner.connection_made(transport)
 
@@ -143,6 +160,7 @@ class _Counted(asyncio.Protocol):
         if not self._awaiting:
             self._awaiting, self._tail = True, b""
             self._arm()
+            self._limiter.awaiting[self] = None
 
     def data_received(self, data: bytes) -> None:
         self._scan(data, len(data))
@@ -154,8 +172,19 @@ class _Counted(asyncio.Protocol):
             # No copy of the read: only its first and last bytes meet the previous read's.
             if data.find(_HEAD_END, 0, size) >= 0 or _HEAD_END in self._tail + data[: min(3, size)]:
                 self._awaiting, self._tail = False, b""
+                self._limiter.awaiting.pop(self, None)
             else:
                 self._tail = bytes((self._tail + data[max(0, size - 3) : size])[-3:])
+
+    def evict(self) -> None:
+        """Close this connection to make room for a new one: it stops counting at once."""
+        self._limiter.awaiting.pop(self, None)
+        if self._counted:
+            self._counted = False
+            self._limiter.open -= 1
+            self._limiter.evicted += 1
+        if self._transport is not None:
+            self._transport.close()
 
     def eof_received(self) -> bool | None:
         return self._inner.eof_received()
@@ -170,7 +199,10 @@ class _Counted(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         self._transport = None
-        self._limiter.open -= 1
+        self._limiter.awaiting.pop(self, None)
+        if self._counted:
+            self._counted = False
+            self._limiter.open -= 1
         self._inner.connection_lost(exc)
 
 
@@ -262,6 +294,9 @@ class ConnectionLimiter:
         self.answering = 0
         self.idle_timeout_s = idle_timeout_s
         self.idle_closed = 0  # connections the idle guard closed
+        # Counted connections awaiting a complete request head, the longest waiting first.
+        self.awaiting: dict[_Counted, None] = {}
+        self.evicted = 0  # connections closed at the cap to make room for a new one
         self._overflow: web.Server | None = None  # made on first use, in the running loop
 
     async def answer_overflow(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -273,6 +308,8 @@ class ConnectionLimiter:
         return answer
 
     def __call__(self) -> asyncio.BaseProtocol:
+        if self.open >= self.limit and self.awaiting:
+            next(iter(self.awaiting)).evict()
         if self.open < self.limit:
             return _Counted(self._server(), self)
         self._metrics().connections_refused.inc()

@@ -16,6 +16,7 @@ import grpc
 from grpc import aio
 
 from trtforge_runtime.errors import Code, RequestError, grpc_code
+from trtforge_runtime.protocol import grpc_call_guard
 from trtforge_runtime.protocol import grpc_calls as calls
 from trtforge_runtime.protocol import grpc_health as health
 from trtforge_runtime.protocol.grpc_calls import CallError
@@ -83,15 +84,14 @@ class _Registrations:
         self.service, self.handlers = service, dict(handlers)
 
 
-def _handlers(servicer: InferenceService) -> tuple[str, dict[str, Any]]:
+def _handlers(servicer: InferenceService, message_timeout_s: float) -> tuple[str, dict[str, Any]]:
     """The generated stubs' handlers for `servicer`, except that ModelInfer takes its request and
-    returns its response serialised (grpc_calls.GrpcInfer)."""
+    returns its response serialised (grpc_calls.GrpcInfer), its message read within
+    `message_timeout_s` (grpc_call_guard)."""
     reg = _Registrations()
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, reg)
     infer = reg.handlers["ModelInfer"]  # a grpc.RpcMethodHandler: its documented attributes only
-    reg.handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        infer.unary_unary, request_deserializer=None, response_serializer=None
-    )
+    reg.handlers["ModelInfer"] = grpc_call_guard.handler(infer.unary_unary, message_timeout_s)
     return reg.service, reg.handlers
 
 
@@ -105,9 +105,6 @@ def _health(servicer: InferenceService) -> grpc.GenericRpcHandler:
     )
 
 
-MAX_CONCURRENT_STREAMS = 100  # per HTTP/2 connection: see start_grpc
-
-
 async def start_grpc(service: Service, host: str, port: int) -> tuple[aio.Server, int]:
     """Serve the runtime over gRPC on host:port (0: any free port); the server and its port.
 
@@ -115,7 +112,7 @@ async def start_grpc(service: Service, host: str, port: int) -> tuple[aio.Server
     purpose), so a port in use is an error rather than silently shared; messages are
     limited to ``--max-request-bytes`` (gRPC answers RESOURCE_EXHAUSTED past it, after its own
     decompression); connections idle for ``--idle-timeout`` are closed; a connection carries at most
-    ``MAX_CONCURRENT_STREAMS`` calls at once.
+    its share of the call slots at once (grpc_call_guard.streams_per_connection).
     """
     s = service.s
     server = aio.server(
@@ -124,16 +121,17 @@ async def start_grpc(service: Service, host: str, port: int) -> tuple[aio.Server
             ("grpc.max_receive_message_length", s.max_request_bytes),
             ("grpc.max_send_message_length", -1),
             ("grpc.max_connection_idle_ms", int(s.idle_timeout_s * 1000)),
-            # At most this many calls open at once on one connection (RFC 9113 §6.5.2 recommends no
-            # fewer than 100). Without it one connection can open calls until `maximum_concurrent_rpcs`
-            # is spent (a client that never opens its receive window holds them all) and a rapid
-            # reset cancels legitimate calls; docs/security.md ("Hostile clients") has the measurements.
-            ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+            # At most its share of the call slots open at once on one connection. Without it one
+            # connection can open calls until `maximum_concurrent_rpcs` is spent (a client that never
+            # opens its receive window holds them all) and a rapid reset cancels legitimate calls;
+            # docs/security.md ("Hostile clients") has the measurements.
+            ("grpc.max_concurrent_streams", grpc_call_guard.streams_per_connection(s.max_connections)),
+            *grpc_call_guard.connection_options(),
         ],
         maximum_concurrent_rpcs=s.max_connections,
     )
     servicer = InferenceService(service)
-    name, handlers = _handlers(servicer)
+    name, handlers = _handlers(servicer, s.grpc_message_timeout_s)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers), _health(servicer)))
     server.add_registered_method_handlers(name, handlers)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from trtforge_runtime.errors import RequestError
 from trtforge_runtime.protocol.v2 import HEADER_LENGTH, RequestPlans, encode_response
-from trtforge_runtime.serving.body import Coding, content_coding, decompress
+from trtforge_runtime.serving.body import Coding, content_coding
 from trtforge_runtime.serving.model import InferRequest, ModelSpec
 from trtforge_runtime.serving.service import Call, Service
 
@@ -71,8 +71,7 @@ class HttpInfer:
         )
 
     def decode(self, spec: ModelSpec) -> tuple[InferRequest, int]:
-        raw, self.raw = self.raw, b""  # the coded body is not kept while the request waits
-        body = decompress(raw, self.coding, self.svc.s.max_request_bytes)
+        body, self.raw = self.raw, b""  # inflated by the service; not kept while the request waits
         return self._plans(spec).decode(body, self.header_length)
 
     def encode(self, spec: ModelSpec, req: InferRequest, results: dict[str, np.ndarray]) -> web.Response:

@@ -1,16 +1,15 @@
 """Request bodies within limits: size, content coding, arrival time and the memory all bodies share.
 
 The HTTP server hands bodies over undecoded (``auto_decompress=False``): a gzip or deflate body is
-read as sent, counted against ``--max-request-bytes`` as it arrives, and decompressed once, in a
-worker thread, never past the same limit. Every refusal is a :class:`RequestError` that names the
-limit (docs/design.md, "Runtime request limits").
+read as sent, counted against ``--max-request-bytes`` as it arrives, and inflated in counted steps
+in a worker thread, never past the same limit (``inflate``). Every refusal is a
+:class:`RequestError` that names the limit (docs/design.md, "Runtime request limits").
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import zlib
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -40,35 +39,6 @@ def content_coding(header: str | None) -> Coding:
 def _is_zlib_stream(data: bytes | bytearray) -> bool:
     # RFC 1950 header: compression method 8, and the first two bytes are a multiple of 31.
     return len(data) >= 2 and data[0] & 0x0F == 8 and ((data[0] << 8) | data[1]) % 31 == 0
-
-
-def decompress(data: bytes | bytearray, coding: Coding, limit: int) -> bytes | bytearray:
-    """`data` decoded from `coding`, never more than `limit` bytes (413 past it, 400 if corrupt).
-
-    HTTP's ``deflate`` is a zlib stream, but some clients send raw deflate: both are accepted.
-    """
-    if coding is Coding.IDENTITY:
-        return data
-    if coding is Coding.GZIP:
-        wbits = 16 + zlib.MAX_WBITS
-    else:
-        wbits = zlib.MAX_WBITS if _is_zlib_stream(data) else -zlib.MAX_WBITS
-    d = zlib.decompressobj(wbits)
-    try:
-        out = d.decompress(data, limit + 1)
-    except zlib.error as e:
-        raise RequestError(400, f"request body is not valid {coding.value}: {e}") from e
-    if len(out) > limit or d.unconsumed_tail:
-        raise RequestError(
-            413, f"request body decompressed from {coding.value} exceeds the limit of {limit} bytes"
-        )
-    if not d.eof:
-        raise RequestError(400, f"request body is not valid {coding.value}: the stream is truncated")
-    if d.unused_data:
-        raise RequestError(
-            400, f"request body has {len(d.unused_data)} bytes after the end of its {coding.value} stream"
-        )
-    return out
 
 
 class Source(Protocol):

@@ -34,6 +34,7 @@ from trtforge_runtime.errors import RequestError, outcome_for
 from trtforge_runtime.lifecycle.workers import Pod
 from trtforge_runtime.serving.batcher import Batcher
 from trtforge_runtime.serving.body import Coding, MemoryBudget, Source, body_deadline, read_body
+from trtforge_runtime.serving.inflate import inflate
 from trtforge_runtime.serving.metrics import Metrics, Outcome, exposition
 from trtforge_runtime.serving.model import InferRequest, ModelSpec, Serving, model_config
 from trtforge_runtime.settings import Settings
@@ -214,7 +215,8 @@ class Service:
     ) -> bytes | bytearray:
         """A streamed body as sent (`length`: its claimed size, None when chunked), its bytes held in
         the budget as they arrive (`call` releases them), within a deadline that fits its claimed size
-        (body.body_deadline); with room for it decompressed when it is coded."""
+        (body.body_deadline); a coded body comes back inflated (serving.inflate), each step's bytes
+        held in the budget as they are made."""
         limit = self.s.max_request_bytes
         if length is not None and length > limit:
             raise RequestError(413, f"request body of {length} bytes exceeds the limit of {limit} bytes")
@@ -232,9 +234,14 @@ class Service:
         finally:
             call.reserved += reader.keep()
             reader.close()
-        if coding is not Coding.IDENTITY:
-            call.reserved += self.bodies.hold(limit)
-        return raw
+        if coding is Coding.IDENTITY:
+            return raw
+        reader = self.bodies.reader()  # inflated step by step, each step's bytes held as they are made
+        try:
+            return await inflate(raw, coding, limit, reader.take, self.decode_pool)
+        finally:
+            call.reserved += reader.keep()
+            reader.close()
 
     async def infer(self, wire: Wire[Answer]) -> Answer:
         """The request pipeline: admit → receive → decode → batch and run → encode, for any protocol

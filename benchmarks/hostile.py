@@ -387,9 +387,9 @@ def front_door_verdicts(case: dict[str, Any], quiet: dict[str, Any]) -> dict[str
 
 
 def run_front_door(a: argparse.Namespace) -> dict[str, Any]:
-    """The quiet baseline, then each of issue 63's cases for ``--family-seconds``, against one server
+    """The quiet baseline, then each of the front-door cases for ``--family-seconds``, against one server
     of the suite's MLP with the runtime's default limits (gRPC on)."""
-    from tests.integration.serve_engines import env_for, make_mlp_bed, run_ort
+    from trtforge_dev.serve_engines import env_for, make_mlp_bed, run_ort
 
     CACHE.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="hostile-front-door-", dir=CACHE))

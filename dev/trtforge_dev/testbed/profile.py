@@ -4,6 +4,7 @@ sees (GFD labels, capacity/allocatable, the Node object) and to the node's emula
 
 from __future__ import annotations
 
+import json
 import uuid
 from importlib import resources
 from pathlib import Path
@@ -120,6 +121,18 @@ class Profile(BaseModel):
             if n.name == name:
                 return n
         raise ProfileError(f"no emulated node {name!r}; nodes: {', '.join(n.name for n in self.nodes)}")
+
+
+# What `set_mig` (the emulated MIG manager) left on a node: its MigSpec as JSON, in the node's directory.
+MIG_OVERRIDE_FILE = "mig.json"
+
+
+def effective_node(p: NodeProfile, node_dir: Path) -> NodeProfile:
+    """The node as its MIG manager left it: `p`, or `p` with the MIG layout set on the running test bed."""
+    f = node_dir / MIG_OVERRIDE_FILE
+    if not f.is_file():
+        return p
+    return NodeProfile.model_validate({**p.model_dump(), "mig": json.loads(f.read_text())})
 
 
 def load_profile(path: Path | None = None) -> Profile:

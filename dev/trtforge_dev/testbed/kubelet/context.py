@@ -57,6 +57,14 @@ class IPAllocator:
             self._by_uid.pop(uid, None)
 
 
+def _mig_override_single(paths: StatePaths, node: str) -> bool:
+    """Whether the MIG layout set on the running test bed (faults.set_mig) uses the single strategy."""
+    from trtforge_dev.testbed.profile import MIG_OVERRIDE_FILE, MigSpec
+
+    f = paths.node_dir(node) / MIG_OVERRIDE_FILE
+    return f.is_file() and MigSpec.model_validate_json(f.read_text()).single
+
+
 class GPUAllocator:
     """Device uuid -> pod uid, per node; devices come from the node's emulated GPU file."""
 
@@ -78,7 +86,8 @@ class GPUAllocator:
             if not path.is_file():
                 raise gpus.AllocationError(f"node {node} has no GPUs, the pod asks for {wanted}")
             f = EmulatedGPUFile.read(path)
-            chosen = gpus.allocate(f, wanted, set(self._taken), node in self.single_mig_nodes)
+            single = node in self.single_mig_nodes or _mig_override_single(self.paths, node)
+            chosen = gpus.allocate(f, wanted, set(self._taken), single)
             for d in chosen:
                 self._taken[d.uuid] = pod_uid
             return chosen

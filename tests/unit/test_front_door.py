@@ -78,11 +78,12 @@ def test_docs_name_only_the_contracts_images_and_store(page: Path) -> None:
         assert claim == images.STORE_CLAIM, f"{page.name}: pvc://{claim}/ is not the store's claim"
 
 
-def test_install_pushes_and_installs_under_one_prefix() -> None:
-    """The install page pushes the images under a prefix and gives the chart that same prefix."""
-    text = (REPO / "docs" / "install.md").read_text()
-    pushed = re.findall(r"make images PUSH=(\S+)", text)
-    given = re.findall(r"--set global\.imageRegistry=(\S+)", text)
+@pytest.mark.parametrize("page", ["docs/install.md", "docs/quickstart.md"])
+def test_install_pushes_and_installs_under_one_prefix(page: str) -> None:
+    """The page pushes the images under a prefix and gives the chart that same prefix."""
+    text = (REPO / page).read_text()
+    pushed = re.findall(r"make images PUSH=([\w./:-]+)", text)
+    given = re.findall(r"--set global\.imageRegistry=([\w./:-]+)", text)
     assert pushed and given and set(pushed) == set(given), (pushed, given)
 
 

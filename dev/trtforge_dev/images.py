@@ -62,7 +62,7 @@ def daemon_problem(tool: str, run: Callable[[list[str]], subprocess.CompletedPro
     if done.returncode == 0:
         return None
     lines = [ln.strip() for ln in (done.stderr or done.stdout or "").splitlines() if ln.strip()]
-    why = lines[-1] if lines else f"exit status {done.returncode}"
+    why = lines[-1].rstrip(".") if lines else f"exit status {done.returncode}"
     return f"`{shlex.join(probe)}` failed: {why}"
 
 
@@ -115,9 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     a = ap.parse_args(argv)
     trt = os.environ.get("TENSORRT_VERSION") or None
-    names = os.environ.get(TOOLS_ENV, " ".join(TOOLS)).split()
+    names = os.environ.get(TOOLS_ENV, "").split() or list(TOOLS)
     try:
-        tool = names[0] if a.dry_run and names else find_tool(names)
+        tool = names[0] if a.dry_run else find_tool(names)
         steps = plan(tool, a.push, trt)
         if a.dry_run:
             print("\n".join(str(s) for s in steps))

@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if problem:
             raise ImagesError(
-                f"make images: {tool} is installed but cannot build: {problem}. Start its daemon "
+                f"make images: {tool} is installed but cannot build: {problem}; start its daemon "
                 f"(e.g. `sudo systemctl start {tool}`) or use a daemonless tool ({TOOLS_ENV}=buildah)"
             )
         run_plan(steps)

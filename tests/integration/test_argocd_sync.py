@@ -87,4 +87,5 @@ def test_the_applications_manifests_sync_on_the_test_bed(testbed: Any) -> None:
             assert got.stdout.strip(), d["kind"]
     finally:
         delete(testbed, docs)
-        testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        # Gone before another module (the quick start's) makes the namespace again.
+        testbed.kubectl("delete", "namespace", ns, "--timeout=180s", check=False, timeout=240)

@@ -185,7 +185,7 @@ class Walk:
         if argv[:2] == ["helm", "install"]:
             self.helm_install(argv)
             return
-        if argv[0] == "kubectl" and argv[-1].endswith("model-copy.yaml"):
+        if argv[0] == "kubectl" and argv[-1].endswith("copy-squeezenet.yaml"):
             self.copy_job(argv)
             return
         if argv[0] == "kubectl":
@@ -235,7 +235,7 @@ def test_the_page_has_the_steps_a_platform_engineer_needs() -> None:
         "make images PUSH=",
         "helm install trtforge charts/trtforge -n trtforge-system --set global.imageRegistry=",
         "kubectl label namespace team-a pod-security.kubernetes.io/enforce=restricted",
-        "kubectl -n team-a apply -f examples/model-copy.yaml",
+        "kubectl -n team-a apply -f examples/model/copy-squeezenet.yaml",
         "kubectl -n team-a apply -f examples/trtengine-squeezenet.yaml",
         "kubectl -n team-a apply -f examples/inferencedeployment-squeezenet.yaml",
         "curl -s http://squeezenet.team-a.svc:8000/v2/models/squeezenet",

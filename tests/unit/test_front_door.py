@@ -17,7 +17,11 @@ from trtforge.contract import images
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "trtforge"
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "examples").glob("*"))]
+DOCS = [
+    REPO / "README.md",
+    *sorted((REPO / "docs").glob("*.md")),
+    *sorted((REPO / "examples").rglob("*.yaml")),
+]
 DOCS += [REPO / "deploy" / "argocd" / "application.yaml"]
 REPOSITORIES = {s.repository for s in images.IMAGES}
 # An image reference in a page: <registry>/trtforge-<name>[:<tag>], where the registry is a host name

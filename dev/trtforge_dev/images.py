@@ -82,6 +82,7 @@ def plan(tool: str, push: str | None, tensorrt_version: str | None) -> list[Step
         steps.append(Step((*argv, ".")))
         if spec is images.BUILDER and tensorrt_version is None:
             ref = spec.reference(registry)
+            read: tuple[str, ...]
             if tool == "buildah":
                 read = (tool, "run", "--", ref, "cat", TRT_VERSION_FILE)
             else:

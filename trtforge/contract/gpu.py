@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Literal
 
@@ -60,7 +61,7 @@ def single_strategy_product(label: str) -> tuple[str, str] | None:
     return (m.group("product"), mig_profile_of_resource(m.group("profile"))) if m else None
 
 
-def node_mig_strategy(labels: dict[str, str]) -> MigStrategy:
+def node_mig_strategy(labels: Mapping[str, str]) -> MigStrategy:
     """The MIG strategy a node's GFD labels show: single only where the product label names a slice."""
     if labels.get(LABEL_MIG_STRATEGY) == MigStrategy.SINGLE and single_strategy_product(
         labels.get(LABEL_PRODUCT, "")

@@ -274,7 +274,10 @@ class RuntimeSettings(ApiModel):
     """The runtime pods."""
 
     image: str | None = Field(
-        default=None, max_length=1024, description="Runtime image; unset: the operator's configured image."
+        default=None,
+        max_length=1024,
+        description="Runtime image; unset: the operator's slim runtime image for a versionCompatible "
+        "engine, its full runtime image otherwise.",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="Always, IfNotPresent or Never."

@@ -128,6 +128,14 @@ def _measured_rows(rows: list[tuple[str, int, int]]) -> dict[str, MigFacts]:
 
 # Keyed by the GFD `nvidia.com/gpu.product` value (spaces of the NVML name become dashes).
 KNOWN_GPUS: dict[str, KnownGPU] = {
+    "NVIDIA-A100-SXM4-80GB": KnownGPU(
+        compute_capability=(8, 0),
+        sm_count=108,
+        memory_mib=81920,
+        arch="amd64",
+        mig=_guide_rows(["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]),
+        source=MIG_GUIDE,
+    ),
     "NVIDIA-H100-80GB-HBM3": KnownGPU(
         compute_capability=(9, 0),
         sm_count=132,

@@ -14,13 +14,14 @@ BENCH_APT_PACKAGES := libb64-0d
 APT_COMMANDS := npm
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help deps venv binaries helm llama lint typecheck unit integration e2e test demo crds bench clean cluster-up cluster-down
+.PHONY: help deps venv binaries helm llama lint typecheck unit integration e2e test demo crds bench clean cluster-up cluster-down images
 
 help:
 	@echo "make demo   - set up everything and run the whole story on the local test bed"
 	@echo "make test   - lint, type-check and run the whole test suite"
 	@echo "make crds   - regenerate crds/ (and its copies in the chart and the operator package) and docs/api.md from the API models"
 	@echo "make bench  - run the benchmarks (not part of make test)"
+	@echo "make images [PUSH=registry/prefix] [DRY_RUN=1] - build (and push) every trtforge image"
 
 # Debian packages: Go and rsync to build the control plane from Debian's source, etcd to run it.
 .cache/apt.stamp:
@@ -119,6 +120,12 @@ demo: deps venv binaries llama
 
 crds: venv
 	$(BIN)/trtforge crds
+
+# Every image (operator, which also runs the broker; builder; runtime slim and full), named as
+# trtforge.contract.images says; PUSH=<registry/prefix> pushes them there (the chart's
+# global.imageRegistry). TENSORRT_VERSION=<x> skips reading it from the built builder image.
+images: venv
+	$(BIN)/python -m trtforge_dev.images $(if $(PUSH),--push $(PUSH)) $(if $(DRY_RUN),--dry-run)
 
 # Benchmarks (docs/benchmarks.md): results in benchmarks/results/, plots in docs/img/bench-*.png.
 # The serving peers (Triton, MLServer, KServe) and perf_analyzer (the tritonclient==2.40.0 wheel with

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtforge.contract.engine_key import BuildConfig
-from trtforge.contract.gpu import GPUTarget
+from trtforge.contract.gpu import GPUTarget, MigStrategy
 from trtforge.contract.layout import ENGINES, REQUESTS, TIMING_CACHES
 from trtforge.contract.possession import MODELS, VerifyGrant
 from trtforge.contract.termination import TERMINATION_LOG_ENV
@@ -166,8 +166,8 @@ def _avoid_affinity(avoid_nodes: Iterable[str]) -> dict[str, Any] | None:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
-def _gpu_limits(target: GPUTarget) -> dict[str, str]:
-    res = target.resource_name()
+def _gpu_limits(target: GPUTarget, strategy: MigStrategy = MigStrategy.MIXED) -> dict[str, str]:
+    res = target.resource_name(strategy)
     return {res: "1"} if res else {}
 
 
@@ -201,6 +201,7 @@ class BuildRequest:
     # after the tenant's verify step; the build then needs neither the tenant's claim nor its Secret.
     staged_model: bool = False
     cache_scope: str = ""  # the requesting namespace's cache scope (part of the store key)
+    mig_strategy: MigStrategy = MigStrategy.MIXED  # how the node offers a MIG slice (its resource)
 
     @property
     def build_id(self) -> str:
@@ -296,7 +297,7 @@ def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
     env += [{"name": k, "value": v} for k, v in sorted(cfg.build.env.items())]
     resources: dict[str, Any] = {
         "requests": {"cpu": cfg.build.cpu, "memory": cfg.build.memory},
-        "limits": {"memory": cfg.build.memory, **_gpu_limits(req.target)},
+        "limits": {"memory": cfg.build.memory, **_gpu_limits(req.target, req.mig_strategy)},
     }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -317,6 +318,7 @@ def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
         ],
         "volumes": volumes,
     }
+    pod_spec.update(cfg.pod_defaults())  # tolerations (the GPU taint), image pull secrets
     affinity = _avoid_affinity(req.avoid_nodes)
     if affinity:
         pod_spec["affinity"] = affinity
@@ -483,6 +485,7 @@ def verify_job(req: VerifyRequest, cfg: OperatorConfig) -> dict[str, Any]:
             )
         ],
         "volumes": volumes,
+        **cfg.pod_defaults(),  # the builder image, in the tenant's namespace: pull secrets, tolerations
     }
     return {
         "apiVersion": "batch/v1",
@@ -550,6 +553,7 @@ class RuntimeRequest:
     resources: Mapping[str, Any] | None = None
     env: tuple[Mapping[str, Any], ...] = ()
     tolerations: tuple[Mapping[str, Any], ...] = ()
+    mig_strategy: MigStrategy = MigStrategy.MIXED
     max_surge: int | str = "25%"
     max_unavailable: int | str = 0
     progress_deadline_seconds: int = 600
@@ -627,7 +631,7 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
         mounts.append(token_mount)
     env += [dict(e) for e in req.env]
     resources = {k: dict(v) for k, v in (req.resources or {}).items() if v}
-    limits = {**resources.get("limits", {}), **_gpu_limits(req.target)}
+    limits = {**resources.get("limits", {}), **_gpu_limits(req.target, req.mig_strategy)}
     if limits:
         resources["limits"] = limits
     probe_base = {"httpGet": {"path": "/v2/health/ready", "port": req.port}}
@@ -661,8 +665,12 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
         ],
         "volumes": volumes,
     }
-    if req.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in req.tolerations]
+    pod_spec.update(cfg.pod_defaults())
+    tolerations = pod_spec.get("tolerations", []) + [
+        dict(t) for t in req.tolerations if dict(t) not in pod_spec.get("tolerations", [])
+    ]
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
     affinity = _avoid_affinity(req.avoid_nodes)
     if affinity:
         pod_spec["affinity"] = affinity

@@ -26,7 +26,10 @@ from trtforge.contract.gpu import (
     LABEL_PRODUCT,
     RESOURCE_GPU,
     GPUTarget,
+    MigStrategy,
     mig_profile_of_resource,
+    node_mig_strategy,
+    single_strategy_product,
 )
 from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import PossessionRecord, source_fingerprint
@@ -129,8 +132,17 @@ class NodeView:
         )
 
     @property
+    def mig_strategy(self) -> MigStrategy:
+        return node_mig_strategy(self.labels)
+
+    @property
     def product(self) -> str | None:
-        return self.labels.get(LABEL_PRODUCT)
+        """The GPU product, without the `-MIG-<profile>` the single MIG strategy adds to its label."""
+        label = self.labels.get(LABEL_PRODUCT)
+        if label and self.mig_strategy == MigStrategy.SINGLE:
+            parsed = single_strategy_product(label)
+            return parsed[0] if parsed else label
+        return label
 
     @property
     def arch(self) -> str | None:
@@ -152,10 +164,19 @@ class NodeView:
         )
 
     def targets(self) -> list[GPUTarget]:
-        """GPU targets this node can host (mixed MIG strategy; MIG only when the config succeeded)."""
+        """GPU targets this node can host: under the single MIG strategy its one slice profile; else
+        whole GPUs and (mixed strategy) the slices of a MIG config that succeeded."""
         product = self.product
         if not product:
             return []
+        if self.mig_strategy == MigStrategy.SINGLE:
+            parsed = single_strategy_product(self.labels.get(LABEL_PRODUCT, ""))
+            if parsed is None or self.capacity.get(RESOURCE_GPU, 0) <= 0:
+                return []
+            try:
+                return [GPUTarget(gpu=product, mig=parsed[1])]
+            except ValueError:
+                return []
         out = []
         if self.capacity.get(RESOURCE_GPU, 0) > 0:
             out.append(GPUTarget(gpu=product))
@@ -173,6 +194,8 @@ class NodeView:
             return not self.product
         if self.product != target.gpu:
             return False
+        if self.mig_strategy == MigStrategy.SINGLE:
+            return target in self.targets()
         res = target.resource_name()
         if target.mig and not self.mig_ready():
             return False

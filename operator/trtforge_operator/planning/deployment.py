@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtforge.contract.gpu import GPUTarget
+from trtforge.contract.gpu import GPUTarget, MigStrategy
 from trtforge_operator import children
 from trtforge_operator.api import (
     CUSTOM_METRIC_NAMES,
@@ -278,7 +278,10 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     rollout_done: dict[str, bool] = {}
     engine_not_ready: set[str] = set()  # targets whose engine is not Ready (typed, not read from text)
     runtime = spec.runtime
-    image = runtime.image or cfg.runtime_image
+    # The image that loads this engine: slim only for version-compatible ones (docs/design.md
+    # §"Runtime image per engine").
+    version_compatible = bool(obs.engine and obs.engine.spec.builder.version_compatible)
+    image = runtime.image or cfg.runtime_image_for(version_compatible)
     for target, split in wanted.items():
         ts = engine_targets[target.name]
         dname = children.deployment_name(obs.name, target)
@@ -318,6 +321,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 resources=runtime.resources.to_wire(),
                 env=tuple(e.to_wire() for e in runtime.env),
                 tolerations=tuple(t.to_wire() for t in runtime.tolerations),
+                mig_strategy=ki.mig_strategy if ki else MigStrategy.MIXED,
                 max_surge=spec.rollout.max_surge,
                 max_unavailable=spec.rollout.max_unavailable,
                 progress_deadline_seconds=spec.rollout.progress_deadline_seconds,

@@ -16,7 +16,7 @@ from trtforge.contract.engine_key import (
     request_key,
     target_binding,
 )
-from trtforge.contract.gpu import KNOWN_GPUS, GPUTarget
+from trtforge.contract.gpu import KNOWN_GPUS, GPUTarget, MigStrategy
 from trtforge.contract.possession import scoped_key
 from trtforge_operator import children
 from trtforge_operator.api import (
@@ -33,6 +33,7 @@ class KeyInputs:
     request_key: str
     node_selector: dict[str, str]
     hosting_nodes: tuple[str, ...]
+    mig_strategy: MigStrategy = MigStrategy.MIXED  # how the hosting nodes offer a MIG target
 
     @property
     def request_digest(self) -> str:
@@ -71,6 +72,11 @@ def key_inputs(
     namespace's cache scope (docs/security.md).
     """
     hosting = sorted((n for n in nodes if n.hosts(target)), key=lambda n: n.name)
+    strategy = placement_strategy(target, hosting)
+    if target.mig:  # pods land on nodes of one strategy: its labels and resource differ
+        hosting = [
+            n for n in hosting if (n.mig_strategy == MigStrategy.SINGLE) == (strategy == MigStrategy.SINGLE)
+        ]
     first = hosting[0] if hosting else None
     build = spec.build_config()
     backend = cfg.backend_for(target.gpu)
@@ -99,9 +105,20 @@ def key_inputs(
         target=target,
         backend=backend,
         request_key=rk,
-        node_selector=target.node_selector(first.arch if first and first.arch else None),
+        node_selector=target.node_selector(first.arch if first and first.arch else None, strategy),
         hosting_nodes=tuple(n.name for n in hosting),
+        mig_strategy=strategy,
     )
+
+
+def placement_strategy(target: GPUTarget, hosting: Sequence[NodeView]) -> MigStrategy:
+    """How a MIG target's pods ask for their slice: the strategy most of its hosting nodes use (mixed
+    on a tie, and where none hosts it yet); whole GPUs and CPU are asked for alike under every one
+    (docs/design.md §"GPU labels")."""
+    if not target.mig:
+        return MigStrategy.MIXED
+    single = sum(1 for n in hosting if n.mig_strategy == MigStrategy.SINGLE)
+    return MigStrategy.SINGLE if single * 2 > len(hosting) else MigStrategy.MIXED
 
 
 def build_request(
@@ -132,6 +149,7 @@ def build_request(
         engine_key=engine_key,
         request_digest=ki.request_key,
         node_selector=ki.node_selector,
+        mig_strategy=ki.mig_strategy,
         requester=requester,
         timing_cache=spec.builder.timing_cache,
         timeout_seconds=spec.builder.timeout_seconds,

@@ -17,7 +17,7 @@ from trtforge.contract.gpu_probe import GPUProbe, GPUProbeError, probe_from_env
 from trtforge.contract.llm import GoldenTokens
 from trtforge.logs import fields
 from trtforge_runtime.errors import Refusal
-from trtforge_runtime.faults import FaultMonitor, exit_now, gpu_fault_message
+from trtforge_runtime.lifecycle.faults import FaultMonitor, exit_now, gpu_fault_message
 from trtforge_runtime.llm import llama_server, trtllm_serve
 from trtforge_runtime.llm.server_metrics import ServerKind
 from trtforge_runtime.llm.supervisor import ServerPlan, Supervisor

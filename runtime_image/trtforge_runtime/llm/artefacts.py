@@ -25,6 +25,7 @@ from trtforge.store import open_store
 from trtforge.store.artefacts import fetch, in_place, read_manifest, verify_folder
 from trtforge.store.base import EngineStore, IntegrityError, ObjectNotFound, StoreError
 from trtforge_runtime.errors import Refusal
+from trtforge_runtime.llm import plans
 from trtforge_runtime.llm.supervisor import ServerPlan
 
 log = logging.getLogger(__name__)
@@ -100,8 +101,6 @@ def fetch_verified(
 
 
 def plan_from_store(args: argparse.Namespace, extra: list[str], probe: GPUProbe) -> ServerPlan:
-    from trtforge_runtime.llm import prepare
-
     if args.store is None:
         raise ValueError("--checkpoint needs --store")
     try:
@@ -142,8 +141,8 @@ def plan_from_store(args: argparse.Namespace, extra: list[str], probe: GPUProbe)
     if backend is Backend.TENSORRT_LLM:
         if not probe.devices():
             raise Refusal("GPUMismatch", "trtllm-serve needs a GPU and this pod's probe sees none")
-        return prepare.trtllm_plan(args, folder, name, canary, tuning_cache)
-    return prepare.llama_plan(args, extra, folder / info.model_file, name, canary, tuple(flags))
+        return plans.trtllm_plan(args, folder, name, canary, tuning_cache)
+    return plans.llama_plan(args, extra, folder / info.model_file, name, canary, tuple(flags))
 
 
 def _trtllm_version() -> str:

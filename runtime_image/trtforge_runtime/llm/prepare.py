@@ -1,5 +1,6 @@
 """Before the server starts: the GPU probe, the artefacts fetched and verified, the tuning record
-checked against this pod, and the server's command line (a :class:`ServerPlan`).
+checked against this pod (:mod:`trtforge_runtime.llm.artefacts`), and the server's command line
+(:mod:`trtforge_runtime.llm.plans`); and the GPU fault monitor while it runs.
 
 A refusal (a tampered file, a tuning record for another GPU or server version) raises
 :class:`trtforge_runtime.errors.Refusal` with a message that names the file or field, what was found
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
 from pathlib import Path
 
 from trtforge.contract.gpu_probe import GPUProbe, GPUProbeError, probe_from_env
@@ -18,8 +18,7 @@ from trtforge.contract.llm import GoldenTokens
 from trtforge.logs import fields
 from trtforge_runtime.errors import Refusal
 from trtforge_runtime.lifecycle.faults import FaultMonitor, exit_now, gpu_fault_message
-from trtforge_runtime.llm import llama_server, trtllm_serve
-from trtforge_runtime.llm.server_metrics import ServerKind
+from trtforge_runtime.llm import plans
 from trtforge_runtime.llm.supervisor import ServerPlan, Supervisor
 
 log = logging.getLogger(__name__)
@@ -34,15 +33,6 @@ def parse_golden(text: str) -> tuple[int, ...]:
     if not out:
         raise ValueError("--golden-tokens is empty: expected at least one token id")
     return out
-
-
-def _binary(args: argparse.Namespace, default: str) -> str:
-    found = args.server_binary or shutil.which(default)
-    if not found or not Path(found).exists():
-        raise ValueError(
-            f"--server-binary: {args.server_binary or default!r} not found (give the server's path)"
-        )
-    return str(found)
 
 
 def plan_from_args(args: argparse.Namespace, extra: list[str]) -> tuple[ServerPlan, GPUProbe]:
@@ -65,53 +55,7 @@ def plan_from_args(args: argparse.Namespace, extra: list[str]) -> tuple[ServerPl
         tokens = parse_golden(args.golden_tokens)
         canary = GoldenTokens(prompt=args.canary_prompt, n_predict=len(tokens), tokens=list(tokens), text="")
     name = args.model_name or model.stem
-    return llama_plan(args, extra, model, name, canary), probe
-
-
-def llama_plan(
-    args: argparse.Namespace,
-    extra: list[str],
-    model: Path,
-    name: str,
-    canary: GoldenTokens | None,
-    tuning: tuple[str, ...] = (),
-) -> ServerPlan:
-    if args.server != "llama.cpp":
-        raise ValueError(f"--server {args.server}: a GGUF is served by llama.cpp")
-    a = llama_server.LlamaServerArgs(
-        model=model,
-        port=args.port,
-        host=args.host,
-        alias=name,
-        ctx_size=args.ctx_size,
-        parallel=args.parallel,
-        threads=args.threads,
-        tuning=tuning,
-        gpu_layers=args.gpu_layers,
-        extra=tuple(extra),
-    )
-    argv = llama_server.argv(a, _binary(args, llama_server.COMMAND))
-    return ServerPlan(ServerKind.LLAMA_CPP, argv, args.port, name, canary, host=_reach(args.host))
-
-
-def trtllm_plan(
-    args: argparse.Namespace,
-    checkpoint_dir: Path,
-    name: str,
-    canary: GoldenTokens | None,
-    tuning_cache: Path | None,
-) -> ServerPlan:
-    """trtllm-serve on a verified HF checkpoint folder, with its verified autotuner cache."""
-    a = trtllm_serve.TrtllmServeArgs(model_dir=checkpoint_dir, port=args.port, host=args.host)
-    argv = trtllm_serve.argv(a)
-    argv[0] = _binary(args, trtllm_serve.COMMAND)
-    env = trtllm_serve.environment(tuning_cache)
-    return ServerPlan(ServerKind.TRTLLM, argv, args.port, name, canary, env=env, host=_reach(args.host))
-
-
-def _reach(host: str) -> str:
-    """Where the supervisor reaches a server listening on `host`."""
-    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    return plans.llama_plan(args, extra, model, name, canary), probe
 
 
 def start_fault_monitor(probe: GPUProbe, sup: Supervisor, key: str) -> FaultMonitor | None:

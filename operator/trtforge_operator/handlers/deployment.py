@@ -9,14 +9,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trtforge_operator import children
 from trtforge_operator.api import (
     InferenceDeployment,
     InferenceDeploymentStatus,
     TRTEngine,
 )
 from trtforge_operator.api.common import field_error
-from trtforge_operator.deployment_applier import apply_deployment_actions
+from trtforge_operator.apply import children
+from trtforge_operator.apply.deployment import apply_deployment_actions
+from trtforge_operator.apply.writes import post_events, write_status
 from trtforge_operator.kinds import Kind
 from trtforge_operator.labels import (
     APP_MANAGED_BY,
@@ -24,7 +25,7 @@ from trtforge_operator.labels import (
     LABEL_INFERENCEDEPLOYMENT,
     MANAGED_BY,
 )
-from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, PodView
+from trtforge_operator.observe.views import AutoscalerView, DeploymentView, JobView, PodView
 from trtforge_operator.planning.autoscaling import AutoscalingApis
 from trtforge_operator.planning.deployment import (
     DeploymentObserved,
@@ -33,7 +34,6 @@ from trtforge_operator.planning.deployment import (
 )
 from trtforge_operator.planning.deployment_actions import cleanup_actions
 from trtforge_operator.state import State, forget, parsed_status, plain
-from trtforge_operator.writes import post_events, write_status
 
 log = logging.getLogger(__name__)
 _plain = plain

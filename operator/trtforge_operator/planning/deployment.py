@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtforge.contract.gpu import GPUTarget
-from trtforge_operator import children
 from trtforge_operator.api import (
     CUSTOM_METRIC_NAMES,
     Autoscaling,
@@ -36,6 +35,7 @@ from trtforge_operator.api import (
     ready_text,
     set_condition,
 )
+from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import (
     ANNOTATION_ENGINE_KEY,
@@ -43,7 +43,7 @@ from trtforge_operator.labels import (
     ANNOTATION_SPEC_HASH,
     LABEL_TARGET,
 )
-from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, NodeView, PodView, utc
+from trtforge_operator.observe.views import AutoscalerView, DeploymentView, JobView, NodeView, PodView, utc
 from trtforge_operator.planning import faults, rebuild
 from trtforge_operator.planning.autoscaling import (
     AutoscalerKind,
@@ -106,7 +106,7 @@ class AutoscalerRef:
 @dataclass(frozen=True)
 class DeploymentPlan:
     """One pass's decisions: the new status, the actions that carry them out (in order, by the one
-    applier, deployment_applier.py), and the rebuilds asked of the TRTEngine."""
+    applier, apply/deployment.py), and the rebuilds asked of the TRTEngine."""
 
     status: InferenceDeploymentStatus
     actions: tuple[Action, ...] = ()

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from trtforge_operator import children
 from trtforge_operator.api import (
     TRTEngineStatus,
     VerifiedModel,
     ready_text,
 )
+from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import LABEL_BUILD_ID
-from trtforge_operator.observed import (
+from trtforge_operator.observe.views import (
     EngineObserved,
     JobView,
     UnreadableEngine,

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from trtforge_operator import children
 from trtforge_operator.api import TargetStatus
-from trtforge_operator.observed import JobView
+from trtforge_operator.apply import children
+from trtforge_operator.observe.views import JobView
 from trtforge_operator.planning.build_results import result_key
 from trtforge_operator.planning.engine_actions import DeleteJob, DeleteReason
 from trtforge_operator.planning.target_state import TargetState

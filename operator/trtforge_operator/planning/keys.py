@@ -18,12 +18,12 @@ from trtforge.contract.engine_key import (
 )
 from trtforge.contract.gpu import KNOWN_GPUS, GPUTarget
 from trtforge.contract.possession import scoped_key
-from trtforge_operator import children
 from trtforge_operator.api import (
     TRTEngineSpec,
 )
+from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
-from trtforge_operator.observed import NodeView
+from trtforge_operator.observe.views import NodeView
 
 
 @dataclass(frozen=True)

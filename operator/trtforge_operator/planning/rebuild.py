@@ -28,7 +28,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from trtforge_operator import children
 from trtforge_operator.api import (
     FaultRecord,
     InferenceDeploymentStatus,
@@ -36,8 +35,9 @@ from trtforge_operator.api import (
     TRTEngineSpec,
     TRTEngineStatus,
 )
+from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
-from trtforge_operator.observed import NodeView
+from trtforge_operator.observe.views import NodeView
 from trtforge_operator.planning import faults
 from trtforge_operator.planning.keys import build_request, key_inputs
 from trtforge_operator.planning.text import one_line

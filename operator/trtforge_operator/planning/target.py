@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.layout import engine_path
 from trtforge.contract.manifest import Manifest
-from trtforge_operator import children
 from trtforge_operator.api import (
     Accuracy,
     TargetStatus,
 )
+from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
-from trtforge_operator.observed import (
+from trtforge_operator.observe.views import (
     EngineObserved,
     JobView,
     obs_requester,

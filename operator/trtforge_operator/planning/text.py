@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from trtforge_operator.observed import utc
+from trtforge_operator.observe.views import utc
 
 
 def one_line(text: str, limit: int = 300) -> str:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trtforge_operator import children
+from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import (
     ANNOTATION_ATTEMPT,
     ANNOTATION_RECHECK_ROUND,
     ANNOTATION_SOURCE_FINGERPRINT,
 )
-from trtforge_operator.observed import (
+from trtforge_operator.observe.views import (
     EngineObserved,
 )
 from trtforge_operator.planning.build_results import (

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from kubernetes.client.rest import ApiException
 
 from trtforge.logs import fields
+from trtforge_operator.apply.writes import post_event
 from trtforge_operator.autoscaling_discovery import AutoscalingDiscovery
 from trtforge_operator.kube import Kube
 from trtforge_operator.planning.deployment_actions import (
@@ -31,7 +32,6 @@ from trtforge_operator.planning.deployment_actions import (
     PatchEngineAnnotations,
     WriteStatus,
 )
-from trtforge_operator.writes import post_event
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from trtforge.contract.possession import (
 )
 from trtforge.store import ObjectNotFound
 from trtforge_operator.labels import ANNOTATION_ENGINE_KEY, APP_MANAGED_BY, MANAGED_BY, TRTENGINES
-from trtforge_operator.observed import JobView
+from trtforge_operator.observe.views import JobView
 from trtforge_operator.planning.gc import (
     ModelGCPlan,
     StoredEngine,

@@ -4,7 +4,7 @@ The only place an engine pass reads: the TRTEngine (its status as last written),
 build id and what their pods reported, the verify Jobs of its namespace and their pods, Nodes, the
 namespace's cache scope, the InferenceDeployments' recorded faults (all from kopf's indices, looked up
 by key, never listed), the store's possession record, request records and manifests (read once per
-pass, in a worker thread), and the build slots. The planners get this as data (observed.py) and do no
+pass, in a worker thread), and the build slots. The planners get this as data (observe/views.py) and do no
 I/O (docs/design.md §"Observe, plan, apply").
 
 The build capacity is read last, after the final await, so the caller plans and admits in the same
@@ -27,10 +27,10 @@ from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import source_fingerprint
 from trtforge_operator.api import TRTEngine, TRTEngineSpec, TRTEngineStatus
 from trtforge_operator.api.common import field_error
-from trtforge_operator.children import JOB_PREFIX
+from trtforge_operator.apply.children import JOB_PREFIX
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kinds import Kind
-from trtforge_operator.observed import EngineObserved, JobView, NodeView, PodView, UnreadableEngine
+from trtforge_operator.observe.views import EngineObserved, JobView, NodeView, PodView, UnreadableEngine
 from trtforge_operator.planning.finished_jobs import Requester
 from trtforge_operator.planning.keys import key_inputs, resolve_targets
 from trtforge_operator.planning.rebuild import ObservedFaults, plan_rebuilds

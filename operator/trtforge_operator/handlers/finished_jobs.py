@@ -1,7 +1,7 @@
 """Deletes finished build Jobs once their TTL has run and every requester has recorded them.
 
 A timer over the operator's own indices (no list calls): observe the Jobs of the build namespace and
-what their requesters recorded (observe.py), plan the deletions (planning/finished_jobs.py), apply
+what their requesters recorded (observe/engine.py), plan the deletions (planning/finished_jobs.py), apply
 them through the engine applier, the one writer of build Jobs (docs/design.md §"Finished build Jobs").
 """
 
@@ -13,8 +13,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from trtforge_operator.engine_apply import apply_job_actions
-from trtforge_operator.observe import INFD_FAULTS_IDX, observe_finished_jobs
+from trtforge_operator.apply.engine import apply_job_actions
+from trtforge_operator.observe.engine import INFD_FAULTS_IDX, observe_finished_jobs
 from trtforge_operator.planning.finished_jobs import plan_finished_jobs
 from trtforge_operator.state import State
 

@@ -4,7 +4,7 @@ TRTEngine pass's whole observation (:class:`EngineObserved`).
 Built from raw API dicts (kopf bodies or client responses) with ``*.from_k8s``; the pure planners take
 only these, so unit tests build them from small literal dicts. What a finished build or verify pod
 reported is parsed here, once per pod event, from its typed termination message (a fact of the
-view, never re-read from text by a planner). The gathering itself is observe.py's.
+view, never re-read from text by a planner). The gathering itself is observe/engine.py's.
 """
 
 from __future__ import annotations
@@ -419,7 +419,7 @@ class JobView:
     started: float | None = None
     finished: float | None = None
     deleting: bool = False
-    # What its pod reported, while the Job does not carry it yet (observe.py fills it in; the
+    # What its pod reported, while the Job does not carry it yet (observe/engine.py fills it in; the
     # engine pass then records it on the Job: planning/engine.py, RecordResult).
     reported: BuildResult | BuildFailure | None = None
 
@@ -636,7 +636,7 @@ class UnreadableEngine:
 
 @dataclass(frozen=True)
 class EngineObserved:
-    """Everything one TRTEngine pass plans from, gathered once (observe.py): data only."""
+    """Everything one TRTEngine pass plans from, gathered once (observe/engine.py): data only."""
 
     namespace: str
     name: str

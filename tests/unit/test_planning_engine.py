@@ -16,9 +16,9 @@ from trtforge_operator.labels import (
     LABEL_TARGET,
     requester_annotation,
 )
+from trtforge_operator.observe.keys import key_inputs
 from trtforge_operator.observe.views import Capacity, EngineObserved, JobView, NodeView
 from trtforge_operator.planning.engine import model_source_problem, plan_engine
-from trtforge_operator.planning.keys import key_inputs
 
 from tests.fakes import default_nodes, gpu_node, job
 from trtforge.contract.build_result import BuildFailure

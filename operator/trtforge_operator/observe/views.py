@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtforge.contract.build_result import BuildFailure, BuildResult, parse_build_message
 from trtforge.contract.engine_key import RequestRecord
@@ -31,8 +31,8 @@ from trtforge.contract.gpu import (
 from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import PossessionRecord, source_fingerprint
 from trtforge.contract.termination import REASON_BY_EXIT_CODE, TerminationMessage
-from trtforge_operator.api.inferencedeployment import NodeProblem
-from trtforge_operator.api.trtengine import TRTEngineSpec, TRTEngineStatus
+from trtforge_operator.api.inferencedeployment import FaultRecord, NodeProblem
+from trtforge_operator.api.trtengine import TargetStatus, TRTEngineSpec, TRTEngineStatus
 from trtforge_operator.labels import (
     ANNOTATION_ATTEMPT,
     ANNOTATION_CREATED_FOR,
@@ -44,9 +44,6 @@ from trtforge_operator.labels import (
     LABEL_BUILD_KIND,
     REQUESTER_PREFIX,
 )
-
-if TYPE_CHECKING:  # planning.rebuild reads these views: a type-only import, no cycle
-    from trtforge_operator.planning.rebuild import ObservedFaults
 
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 # Taints and Node conditions that say a node's GPUs are not healthy (GPU health checkers, NPD).
@@ -356,7 +353,8 @@ class PodView:
         return out
 
 
-def _one_line(text: str, limit: int = 300) -> str:
+def one_line(text: str, limit: int = 300) -> str:
+    """`text` on one line, cut to `limit` characters."""
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
@@ -365,7 +363,7 @@ def _exit_failure(t: Terminated) -> BuildFailure:
     """A failure from a container that left no message of ours: its last line, or the kubelet's reason."""
     tail = t.message.strip().splitlines()[-1] if t.message.strip() else t.reason
     return BuildFailure(
-        error=_one_line(tail or f"exit code {t.exit_code}"), reason="Error", exit_code=t.exit_code
+        error=one_line(tail or f"exit code {t.exit_code}"), reason="Error", exit_code=t.exit_code
     )
 
 
@@ -459,6 +457,16 @@ class JobView:
     @property
     def done(self) -> bool:
         return self.complete or self.failed_final
+
+    def built_key(self) -> str | None:
+        """The engine key the builder's result names, when the Job completed with one."""
+        r = self.result()
+        if not self.complete or not r or "error" in r:
+            return None
+        try:
+            return BuildResult.model_validate(r).key
+        except ValueError:
+            return None
 
     @property
     def running(self) -> bool:
@@ -606,6 +614,25 @@ class AutoscalerView:
 
 
 @dataclass(frozen=True)
+class ObservedFaults:
+    """What one InferenceDeployment's status records (the operator's writing), by the engine it serves."""
+
+    requester: str  # the InferenceDeployment, `namespace/name`
+    records: tuple[FaultRecord, ...]
+
+
+@dataclass(frozen=True)
+class RequesterView:
+    """What one TRTEngine that requested build Jobs holds: its status's targets, whether that status
+    is of its current generation, its annotations and the faults its InferenceDeployments recorded."""
+
+    targets: Sequence[TargetStatus]
+    current: bool
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    observed_faults: Sequence[ObservedFaults] = ()
+
+
+@dataclass(frozen=True)
 class Capacity:
     """Build Jobs running now, cluster-wide and requested from this namespace, and the limits."""
 
@@ -701,3 +728,15 @@ def jobs_by_build_id(jobs: Sequence[JobView] | Mapping[str, Sequence[JobView]]) 
 
 def obs_requester(obs: EngineObserved) -> str:
     return obs.requester
+
+
+def request_builds(jobs_by_id: Mapping[str, list[JobView]], request_key: str) -> list[JobView]:
+    """The build Jobs (first builds and retries, not rebuilds) of a request key, by attempt."""
+    return sorted(
+        (j for j in jobs_by_id.get(request_key[:20], []) if j.kind == "build"), key=lambda j: j.attempt
+    )
+
+
+def built_key(builds: list[JobView]) -> str | None:
+    """The engine key the latest successful build of a request reported, if any."""
+    return next((k for j in reversed(builds) if (k := j.built_key())), None)

@@ -43,6 +43,7 @@ from trtforge_operator.labels import (
     ANNOTATION_SPEC_HASH,
     LABEL_TARGET,
 )
+from trtforge_operator.observe.keys import key_inputs
 from trtforge_operator.observe.views import AutoscalerView, DeploymentView, JobView, NodeView, PodView, utc
 from trtforge_operator.planning import faults, rebuild
 from trtforge_operator.planning.autoscaling import (
@@ -68,7 +69,6 @@ from trtforge_operator.planning.deployment_actions import (
     owned_autoscalers,
 )
 from trtforge_operator.planning.events import Event
-from trtforge_operator.planning.keys import key_inputs
 from trtforge_operator.planning.rebuild import RebuildRequest, legacy_cleanup_patch
 from trtforge_operator.planning.text import one_line
 

@@ -18,6 +18,7 @@ from trtforge_operator.api import (
 from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import LABEL_BUILD_ID
+from trtforge_operator.observe.keys import resolve_targets
 from trtforge_operator.observe.views import (
     EngineObserved,
     JobView,
@@ -47,9 +48,6 @@ from trtforge_operator.planning.engine_conditions import (
     transition_events,
 )
 from trtforge_operator.planning.events import Event, merged
-from trtforge_operator.planning.keys import (
-    resolve_targets,
-)
 from trtforge_operator.planning.rebuild import RebuildCause, RebuildRequest, plan_rebuilds, rebuild_job
 from trtforge_operator.planning.target import TargetOutcome, keep_times, plan_target
 from trtforge_operator.planning.target_state import TargetState

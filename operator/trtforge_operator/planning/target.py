@@ -21,10 +21,13 @@ from trtforge_operator.api import (
 )
 from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
+from trtforge_operator.observe.keys import key_inputs
 from trtforge_operator.observe.views import (
     EngineObserved,
     JobView,
+    built_key,
     obs_requester,
+    request_builds,
 )
 from trtforge_operator.planning.build_results import (
     backoff_seconds,
@@ -34,11 +37,7 @@ from trtforge_operator.planning.build_results import (
     result_error,
     result_key,
 )
-from trtforge_operator.planning.keys import (
-    build_request,
-    key_inputs,
-    no_node_message,
-)
+from trtforge_operator.planning.keys import build_request, no_node_message
 from trtforge_operator.planning.target_state import ALWAYS_STALLED, TargetState
 from trtforge_operator.planning.text import iso_time, one_line, timestamp
 from trtforge_operator.planning.verify import VerifyOutcome
@@ -163,18 +162,6 @@ def _keep_recorded_build(out: TargetOutcome, prev: TargetStatus | None) -> None:
     st.job_name, st.attempts, st.last_attempt_time = prev.job_name, prev.attempts, prev.last_attempt_time
     st.cache_hit = prev.cache_hit
     out.enter(before, prev.message or "")
-
-
-def request_builds(jobs_by_id: Mapping[str, list[JobView]], request_key: str) -> list[JobView]:
-    """The build Jobs (first builds and retries, not rebuilds) of a request key, by attempt."""
-    bid = children.build_id(None, request_key)
-    return sorted((j for j in jobs_by_id.get(bid, []) if j.kind == "build"), key=lambda j: j.attempt)
-
-
-def built_key(builds: list[JobView]) -> str | None:
-    """The engine key the latest successful build of a request reported, if any."""
-    succeeded = [j for j in builds if j.complete]
-    return next((k for j in reversed(succeeded) if (k := result_key(j.result()))), None)
 
 
 def _plan_request(

@@ -10,6 +10,7 @@ view, never re-read from text by a planner). The gathering itself is observe/eng
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,8 +32,13 @@ from trtforge.contract.gpu import (
 from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import PossessionRecord, source_fingerprint
 from trtforge.contract.termination import REASON_BY_EXIT_CODE, TerminationMessage
-from trtforge_operator.api.inferencedeployment import FaultRecord, NodeProblem
-from trtforge_operator.api.trtengine import TargetStatus, TRTEngineSpec, TRTEngineStatus
+from trtforge_operator.api.inferencedeployment import (
+    FaultRecord,
+    InferenceDeploymentSpec,
+    InferenceDeploymentStatus,
+    NodeProblem,
+)
+from trtforge_operator.api.trtengine import TargetStatus, TRTEngine, TRTEngineSpec, TRTEngineStatus
 from trtforge_operator.labels import (
     ANNOTATION_ATTEMPT,
     ANNOTATION_CREATED_FOR,
@@ -740,3 +746,68 @@ def request_builds(jobs_by_id: Mapping[str, list[JobView]], request_key: str) ->
 def built_key(builds: list[JobView]) -> str | None:
     """The engine key the latest successful build of a request reported, if any."""
     return next((k for j in reversed(builds) if (k := j.built_key())), None)
+
+
+# ------------------------------------------------------------------------ one InferenceDeployment pass
+
+
+class HpaApi(enum.StrEnum):
+    """The HorizontalPodAutoscaler API versions that can scale on a custom (Pods) metric."""
+
+    V2 = "autoscaling/v2"
+    V2BETA2 = "autoscaling/v2beta2"
+
+
+@dataclass(frozen=True)
+class AutoscalingApis:
+    """What the apiserver serves for the operator's autoscalers (discovery)."""
+
+    hpa: HpaApi | None = None
+    keda: bool = False
+
+
+@dataclass(frozen=True)
+class UnreadableDeployment:
+    """An InferenceDeployment whose spec the models refuse (the CRD of an old cluster lets it in)."""
+
+    namespace: str
+    name: str
+    generation: int
+    status: InferenceDeploymentStatus  # what its status holds, parsed (empty when it does not parse)
+    status_wire: Mapping[str, Any]  # what its status holds, as read
+    error: str  # which field is wrong and why
+    now: float
+
+
+@dataclass(frozen=True)
+class DeploymentObserved:
+    """Everything one InferenceDeployment pass plans from, gathered once (observe/deployment.py)."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    spec: InferenceDeploymentSpec
+    status: InferenceDeploymentStatus
+    engine: TRTEngine | None  # the referenced TRTEngine (same namespace), None when absent or invalid
+    deployments: Sequence[DeploymentView]  # ours (label trtforge.io/inferencedeployment)
+    pods: Sequence[PodView]  # our runtime pods
+    nodes: Sequence[NodeView]
+    jobs: Sequence[JobView]  # build Jobs (for rebuilds of our keys)
+    now: float
+    engine_problem: str | None = None  # why `engine` is None
+    # HPAs and ScaledObjects with our label (trtforge.io/inferencedeployment); only those an
+    # InferenceDeployment owns are the operator's (KEDA's own HPA carries its ScaledObject's labels)
+    autoscalers: Sequence[AutoscalerView] = ()
+    # what the apiserver serves for autoscalers (discovery)
+    apis: AutoscalingApis = field(default_factory=AutoscalingApis)
+    status_wire: Mapping[str, Any] = field(default_factory=dict)  # the status as read (patch base)
+
+
+@dataclass(frozen=True)
+class DeploymentChildren:
+    """A deleted InferenceDeployment's children: its runtime Deployments and autoscalers."""
+
+    name: str
+    deployments: Sequence[str]
+    autoscalers: Sequence[AutoscalerView]

@@ -28,10 +28,8 @@ from trtforge_operator.api import (
     Condition,
     DeploymentTargetStatus,
     FaultRecord,
-    InferenceDeploymentSpec,
     InferenceDeploymentStatus,
     TargetStatus,
-    TRTEngine,
     ready_text,
     set_condition,
 )
@@ -44,11 +42,17 @@ from trtforge_operator.labels import (
     LABEL_TARGET,
 )
 from trtforge_operator.observe.keys import key_inputs
-from trtforge_operator.observe.views import AutoscalerView, DeploymentView, JobView, NodeView, PodView, utc
+from trtforge_operator.observe.views import (
+    DeploymentChildren,
+    DeploymentObserved,
+    DeploymentView,
+    PodView,
+    UnreadableDeployment,
+    utc,
+)
 from trtforge_operator.planning import faults, rebuild
 from trtforge_operator.planning.autoscaling import (
     AutoscalerKind,
-    AutoscalingApis,
     AutoscalingProblem,
     autoscaler_choice,
     keda_query,
@@ -66,33 +70,12 @@ from trtforge_operator.planning.deployment_actions import (
     Emit,
     PatchEngineAnnotations,
     WriteStatus,
+    cleanup_actions,
     owned_autoscalers,
 )
 from trtforge_operator.planning.events import Event
 from trtforge_operator.planning.rebuild import RebuildRequest, legacy_cleanup_patch
 from trtforge_operator.planning.text import one_line
-
-
-@dataclass(frozen=True)
-class DeploymentObserved:
-    namespace: str
-    name: str
-    uid: str
-    generation: int
-    spec: InferenceDeploymentSpec
-    status: InferenceDeploymentStatus
-    engine: TRTEngine | None  # the referenced TRTEngine (same namespace), None when absent or invalid
-    deployments: Sequence[DeploymentView]  # ours (label trtforge.io/inferencedeployment)
-    pods: Sequence[PodView]  # our runtime pods
-    nodes: Sequence[NodeView]
-    jobs: Sequence[JobView]  # build Jobs (for rebuilds of our keys)
-    now: float
-    engine_problem: str | None = None  # why `engine` is None
-    # HPAs and ScaledObjects with our label (trtforge.io/inferencedeployment); only those an
-    # InferenceDeployment owns are the operator's (KEDA's own HPA carries its ScaledObject's labels)
-    autoscalers: Sequence[AutoscalerView] = ()
-    # what the apiserver serves for autoscalers (discovery)
-    apis: AutoscalingApis = field(default_factory=AutoscalingApis)
 
 
 @dataclass(frozen=True, order=True)
@@ -168,6 +151,7 @@ class _Draft:
     def plan(
         self,
         status: InferenceDeploymentStatus,
+        old_status: Mapping[str, Any],
         events: Sequence[Event],
         engine_patch: PatchEngineAnnotations | None,
     ) -> DeploymentPlan:
@@ -175,7 +159,7 @@ class _Draft:
         on), the autoscalers that go before the ones that come (KEDA refuses a Deployment an HPA
         already scales), Deployments and the Service before their autoscalers, then deletions,
         the TRTEngine's old annotations, and Events last."""
-        actions: list[Action] = [WriteStatus(status.to_wire())]
+        actions: list[Action] = [WriteStatus(status.to_wire(), old_status)]
         actions += [DeleteChild(ChildKind(r.kind.value), r.name) for r in self.delete_autoscalers]
         actions += self.deployments
         if self.service is not None:
@@ -194,6 +178,26 @@ def _gpu_faulted(pod: PodView) -> bool:
     return any(
         t.exit_code == faults.EXIT_GPU_FAULT or t.trtforge_reason() == faults.GPU_FAULT
         for t in pod.terminations()
+    )
+
+
+def plan_deployment_pass(
+    obs: DeploymentObserved | UnreadableDeployment, cfg: OperatorConfig
+) -> DeploymentPlan:
+    """The whole pass: a spec the models refuse stalls the InferenceDeployment and says why (its
+    targets kept); anything else is planned by :func:`plan_deployment`."""
+    if isinstance(obs, UnreadableDeployment):
+        message = f"invalid spec: {obs.error}"
+        status = invalid_deployment_status(obs.status, obs.generation, message, obs.now)
+        return DeploymentPlan(status, (WriteStatus(status.to_wire(), obs.status_wire),))
+    return plan_deployment(obs, cfg)
+
+
+def plan_deployment_release(children_: DeploymentChildren) -> list[DeleteChild]:
+    """On deletion: the autoscalers, runtime Deployments and the Service go (ownerRefs would too,
+    eventually): :func:`cleanup_actions`."""
+    return cleanup_actions(
+        children_.deployments, children_.autoscalers, children.service_name(children_.name)
     )
 
 
@@ -435,7 +439,8 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         patch = legacy_cleanup_patch(f"{obs.namespace}/{obs.name}", obs.engine.metadata.annotations)
         if patch:
             engine_patch = PatchEngineAnnotations(obs.spec.engine_ref.name, patch)
-    return plan.plan(status, events, engine_patch)
+    old_status = obs.status.to_wire() if obs.status_wire else {}  # the patch base, normalised
+    return plan.plan(status, old_status, events, engine_patch)
 
 
 def _autoscaler(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from trtforge_operator.observe.views import AutoscalerView
@@ -35,6 +35,7 @@ class WriteStatus:
     repeats the actions rather than losing them."""
 
     status: Mapping[str, Any]  # the whole new status, in its wire form
+    old: Mapping[str, Any] = field(default_factory=dict)  # the status as read: the patch's base
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,16 @@ from trtforge_operator.planning.deployment_actions import (
     cleanup_actions,
     owned_autoscalers,
 )
+from trtforge_operator.planning.deployment_policies import (
+    FaultRecovery,
+    Health,
+    Serving,
+    TargetRollout,
+    degradation,
+    readiness,
+    recovery_wait,
+    target_message,
+)
 from trtforge_operator.planning.events import Event
 from trtforge_operator.planning.rebuild import RebuildRequest, legacy_cleanup_patch
 from trtforge_operator.planning.text import one_line
@@ -372,13 +382,15 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         rollout_done[target.name] = done
         if ts.phase != "Ready":
             engine_not_ready.add(target.name)
-            st.message = f"engine {ts.phase.lower()}: {ts.message or ts.reason or ''}".strip()
-        elif cur is not None and cur.progress_deadline_exceeded:
-            st.message = "rollout stuck: new pods are not becoming ready (the previous engine keeps serving)"
-        elif not done:
-            st.message = f"rolling out engine {ts.engine_key[:12] if ts.engine_key else ''}"
-        else:
-            st.message = "serving"
+        st.message = target_message(
+            TargetRollout(
+                engine_phase=ts.phase,
+                engine_detail=ts.message or ts.reason or "",
+                engine_key=ts.engine_key,
+                rollout_stuck=cur is not None and cur.progress_deadline_exceeded,
+                rolled_out=done,
+            )
+        )
         if choice.problem is not None:
             st.message += "; " + problem_message(choice.problem)
         target_statuses.append(st)
@@ -391,19 +403,16 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
 
     # --- recovery of recorded faults
     for i, rec in enumerate(records):
-        if rec.recovered_seconds is not None:
-            continue
         tname = rec.target or ""
-        if not rollout_done.get(tname, False):
+        serving = existing.get(dep_names.get(tname, ""))
+        recovery = FaultRecovery(
+            record=rec,
+            rolled_out=rollout_done.get(tname, False),
+            rebuild=jobs_by_name.get(pending_rebuild.get(tname, "")),
+            served_sha256=serving.template_annotations.get(ANNOTATION_ENGINE_SHA256) if serving else None,
+        )
+        if recovery_wait(recovery) is not None:
             continue
-        if rec.action in faults.REBUILD_ACTIONS:
-            job = jobs_by_name.get(pending_rebuild.get(tname, ""))
-            if job is None or job.running:
-                continue
-            sha = (job.result() or {}).get("sha256") if job.complete else None
-            cur = existing.get(dep_names.get(tname, ""))
-            if sha and (cur is None or cur.template_annotations.get(ANNOTATION_ENGINE_SHA256) != sha):
-                continue
         secs = round(max(0.0, now - rec.time.timestamp()), 1)
         records[i] = rec.model_copy(update={"recovered_seconds": secs})
         events.append(
@@ -521,91 +530,34 @@ def _conditions(
     existing: dict[str, DeploymentView],
     engine_not_ready: set[str],
 ) -> list[Condition]:
+    """Ready, Progressing and Degraded, from their policies (planning/deployment_policies.py)."""
     gen, at = obs.generation, utc(obs.now)
-    conds = list(obs.status.conditions)
-    engine = obs.engine
     not_done = [t for t in targets if not done.get(t.name)]
-    if engine is None:
-        msg = obs.engine_problem or f"TRTEngine {obs.spec.engine_ref.name} not found in {obs.namespace}"
-        conds = set_condition(conds, "Ready", "False", "EngineNotFound", msg, observed_generation=gen, at=at)
-        conds = set_condition(
-            conds, "Progressing", "False", "WaitingForEngine", msg, observed_generation=gen, at=at
+    r = readiness(
+        Serving(
+            engine_found=obs.engine is not None,
+            engine_problem=obs.engine_problem
+            or f"TRTEngine {obs.spec.engine_ref.name} not found in {obs.namespace}",
+            engine_has_targets=bool(obs.engine.status.targets) if obs.engine is not None else False,
+            replicas=sum(wanted.values()),
+            targets=len(wanted),
+            not_done=[(t.name, t.message or "") for t in not_done],
+            waiting_for_engine=any(t.name in engine_not_ready for t in not_done),
         )
-    elif not wanted:
-        msg = (
-            "the engine has no targets yet"
-            if not engine.status.targets
-            else "no engine target matches spec.targets"
+    )
+    d = degradation(
+        Health(
+            open_faults=[f for f in records if f.recovered_seconds is None],
+            stuck=[dep.name for dep in existing.values() if dep.progress_deadline_exceeded],
         )
-        conds = set_condition(conds, "Ready", "False", "NoTargets", msg, observed_generation=gen, at=at)
-        conds = set_condition(
-            conds, "Progressing", "False", "WaitingForEngine", msg, observed_generation=gen, at=at
-        )
-    elif not_done:
-        msg = one_line("; ".join(f"{t.name}: {t.message}" for t in not_done), 1000)
-        waiting_engine = any(t.name in engine_not_ready for t in not_done)
-        conds = set_condition(
-            conds,
-            "Ready",
-            "False",
-            "EngineNotReady" if waiting_engine else "RolloutInProgress",
-            msg,
-            observed_generation=gen,
-            at=at,
-        )
-        conds = set_condition(
-            conds,
-            "Progressing",
-            "True",
-            "WaitingForEngine" if waiting_engine else "RollingOut",
-            msg,
-            observed_generation=gen,
-            at=at,
-        )
-    else:
-        n = sum(wanted.values())
-        conds = set_condition(
-            conds,
-            "Ready",
-            "True",
-            "AllReplicasReady",
-            f"{n}/{n} replicas ready on {len(wanted)} target(s)",
-            observed_generation=gen,
-            at=at,
-        )
-        conds = set_condition(
-            conds, "Progressing", "False", "RolloutComplete", "", observed_generation=gen, at=at
-        )
-    open_faults = [r for r in records if r.recovered_seconds is None]
-    stuck = [d.name for d in existing.values() if d.progress_deadline_exceeded]
-    if open_faults:
-        r = open_faults[-1]
-        what = f"Xid {r.xid}" if r.xid is not None else (r.reason or "fault")
-        conds = set_condition(
-            conds,
-            "Degraded",
-            "True",
-            "GPUFault",
-            one_line(
-                f"{len(open_faults)} fault(s) being handled; last: {what} on {r.node} ({r.action})", 1000
-            ),
-            observed_generation=gen,
-            at=at,
-        )
-    elif stuck:
-        conds = set_condition(
-            conds,
-            "Degraded",
-            "True",
-            "RolloutStuck",
-            f"rollout of {', '.join(sorted(stuck))} passed its progress deadline; the previous "
-            "engine keeps serving",
-            observed_generation=gen,
-            at=at,
-        )
-    else:
-        conds = set_condition(conds, "Degraded", "False", "AsExpected", "", observed_generation=gen, at=at)
-    return conds
+    )
+    progressing = r.message if r.progressing_message is None else r.progressing_message
+    conds = list(obs.status.conditions)
+    conds = set_condition(conds, "Ready", r.ready, r.ready_reason, r.message, observed_generation=gen, at=at)
+    conds = set_condition(
+        conds, "Progressing", r.progressing, r.progressing_reason, progressing, observed_generation=gen, at=at
+    )
+    return set_condition(conds, "Degraded", d.status, d.reason, d.message, observed_generation=gen, at=at)
 
 
 def invalid_deployment_status(

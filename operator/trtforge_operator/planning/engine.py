@@ -56,7 +56,7 @@ from trtforge_operator.planning.rebuild import RebuildCause, RebuildRequest, pla
 from trtforge_operator.planning.target import TargetOutcome, keep_times, plan_target
 from trtforge_operator.planning.target_state import TargetState
 from trtforge_operator.planning.text import one_line
-from trtforge_operator.planning.verify import VerifyOutcome, plan_recheck, plan_verify
+from trtforge_operator.planning.verify import RecheckOutcome, VerifyOutcome, plan_recheck, plan_verify
 
 
 def plan_engine_pass(obs: EngineObserved | UnreadableEngine, cfg: OperatorConfig) -> EnginePlan:
@@ -156,7 +156,10 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
 
 
 def _verification(
-    obs: EngineObserved, cfg: OperatorConfig, admission: _Admission, step: VerifyOutcome | None
+    obs: EngineObserved,
+    cfg: OperatorConfig,
+    admission: _Admission,
+    step: VerifyOutcome | RecheckOutcome | None,
 ) -> None:
     """The verify Job proof of possession needs next (not a build slot), and when to look again."""
     if step is None:
@@ -219,7 +222,7 @@ def _engine_status(
     obs: EngineObserved,
     outcomes: list[TargetOutcome],
     prev: Mapping[str, TargetStatus],
-    recheck: VerifyOutcome | None,
+    recheck: RecheckOutcome | None,
 ) -> TRTEngineStatus:
     """The TRTEngine's status from its targets' outcomes (the rebuild-requests condition aside)."""
     statuses = [keep_times(o.status, prev.get(o.status.name)) for o in outcomes]

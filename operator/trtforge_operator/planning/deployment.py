@@ -46,6 +46,7 @@ from trtforge_operator.observe.views import (
     DeploymentChildren,
     DeploymentObserved,
     DeploymentView,
+    JobView,
     PodView,
     UnreadableDeployment,
     utc,
@@ -402,22 +403,10 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         )
 
     # --- recovery of recorded faults
-    for i, rec in enumerate(records):
-        tname = rec.target or ""
-        serving = existing.get(dep_names.get(tname, ""))
-        recovery = FaultRecovery(
-            record=rec,
-            rolled_out=rollout_done.get(tname, False),
-            rebuild=jobs_by_name.get(pending_rebuild.get(tname, "")),
-            served_sha256=serving.template_annotations.get(ANNOTATION_ENGINE_SHA256) if serving else None,
-        )
-        if recovery_wait(recovery) is not None:
-            continue
-        secs = round(max(0.0, now - rec.time.timestamp()), 1)
-        records[i] = rec.model_copy(update={"recovered_seconds": secs})
-        events.append(
-            Event("Normal", "Recovered", f"{tname}: serving again {secs}s after the fault on {rec.node}")
-        )
+    served = {name: existing.get(dname) for name, dname in dep_names.items()}
+    rebuilds = {name: jobs_by_name.get(job) for name, job in pending_rebuild.items()}
+    records, recovered = _recover(records, served, rollout_done, rebuilds, now)
+    events += recovered
 
     # --- status
     total = sum(counts.values())
@@ -450,6 +439,36 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             engine_patch = PatchEngineAnnotations(obs.spec.engine_ref.name, patch)
     old_status = obs.status.to_wire() if obs.status_wire else {}  # the patch base, normalised
     return plan.plan(status, old_status, events, engine_patch)
+
+
+def _recover(
+    records: list[FaultRecord],
+    served: Mapping[str, DeploymentView | None],
+    rollout_done: Mapping[str, bool],
+    rebuilds: Mapping[str, JobView | None],
+    now: float,
+) -> tuple[list[FaultRecord], list[Event]]:
+    """The recorded faults, those that recover now (:func:`recovery_wait` says none is left to wait
+    for) with their recovery time, and an Event for each. `served`: target -> its Deployment;
+    `rebuilds`: target -> the rebuild Job it still asks for."""
+    out, events = list(records), []
+    for i, rec in enumerate(records):
+        tname = rec.target or ""
+        serving = served.get(tname)
+        recovery = FaultRecovery(
+            record=rec,
+            rolled_out=rollout_done.get(tname, False),
+            rebuild=rebuilds.get(tname),
+            served_sha256=serving.template_annotations.get(ANNOTATION_ENGINE_SHA256) if serving else None,
+        )
+        if recovery_wait(recovery) is not None:
+            continue
+        secs = round(max(0.0, now - rec.time.timestamp()), 1)
+        out[i] = rec.model_copy(update={"recovered_seconds": secs})
+        events.append(
+            Event("Normal", "Recovered", f"{tname}: serving again {secs}s after the fault on {rec.node}")
+        )
+    return out, events
 
 
 def _autoscaler(

@@ -1,5 +1,5 @@
-"""The TRTEngine target's policy chain (planning/engine_policies.py): each policy by name, on typed
-facts, answers or passes; the chain's order decides."""
+"""The TRTEngine's policy chains: a target's (planning/engine_policies.py) and proof of possession's
+(planning/verify.py), each policy by name, on typed facts, answers or passes; the order decides."""
 
 from __future__ import annotations
 
@@ -7,15 +7,18 @@ import dataclasses
 from typing import Any
 
 import pytest
+from trtforge_operator.apply.children import VerifyRequest
 from trtforge_operator.labels import ANNOTATION_ATTEMPT, LABEL_BUILD_ID, LABEL_BUILD_KIND
 from trtforge_operator.observe.keys import KeyInputs
 from trtforge_operator.observe.views import JobView
 from trtforge_operator.planning import engine_policies as p
+from trtforge_operator.planning import verify as v
 from trtforge_operator.planning.target_state import TargetState as S
 from trtforge_operator.planning.verify import VerifyOutcome
 
 from tests.fakes import job
 from tests.unit.test_planning_engine import H100, manifest_for
+from trtforge.contract.build_result import BuildFailure
 from trtforge.contract.gpu import GPUTarget
 
 NOW = 1_800_000_000.0
@@ -125,3 +128,70 @@ def test_the_chain_takes_the_first_answer() -> None:
 def test_facts_have_no_key_for_an_unhosted_target_of_an_unknown_gpu() -> None:
     f = facts(ki=None, key_error="no GPU", target=GPUTarget(gpu="NVIDIA-Nothing"))
     assert p.no_request_key(f) is not None and p.no_request_key(f).message.startswith("no GPU")  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------ proof of possession (verify.py)
+
+
+def verify_job(attempt: int = 1, state: str = "running", at: float = NOW - 100, **kw: Any) -> JobView:
+    manifest = {
+        "metadata": {
+            "name": f"trtforge-verify-x-a{attempt}",
+            "namespace": "team-a",
+            "labels": {},
+            "annotations": {ANNOTATION_ATTEMPT: str(attempt)},
+        }
+    }
+    return JobView.from_k8s(job(manifest, state=state, at=at, **kw))
+
+
+REQ = VerifyRequest("team-a", "resnet", "u1", "pvc://models/m.onnx", None, None, "fp")
+
+
+def vfacts(latest: JobView | None = None, **kw: Any) -> v.VerifyFacts:
+    attempt = latest.attempt if latest is not None else 0
+    base = v.VerifyFacts("pvc://models/m.onnx", NOW, REQ, latest, attempt, max_attempts=3, limit=2)
+    return dataclasses.replace(base, **kw)
+
+
+REFUSED = BuildFailure(error="sha256 mismatch", reason="ModelIntegrity")
+OOM = BuildFailure(error="read timed out", reason="ModelFetchFailed")
+VERIFY_CASES: list[tuple[Any, v.VerifyFacts, S | None]] = [
+    (v.verify_running, vfacts(verify_job()), S.VERIFYING_MODEL),
+    (v.verify_running, vfacts(verify_job(), stuck="ImagePullBackOff"), S.VERIFYING_MODEL),
+    (v.verify_running, vfacts(verify_job(state="failed")), None),
+    (v.record_pending, vfacts(verify_job(state="complete", at=NOW - 20)), S.VERIFYING_MODEL),
+    (v.record_pending, vfacts(verify_job(state="complete", at=NOW - 20), now=NOW + 60), None),
+    (v.source_refused, vfacts(verify_job(state="failed"), result=REFUSED), S.MODEL_VERIFY_FAILED),
+    (v.source_refused, vfacts(verify_job(state="failed"), result=OOM), None),
+    (v.verify_retries_exhausted, vfacts(verify_job(3, state="failed")), S.MODEL_VERIFY_FAILED),
+    (v.verify_retries_exhausted, vfacts(verify_job(2, state="failed")), None),
+    (v.verify_retries_exhausted, vfacts(), None),
+    (v.verify_backing_off, vfacts(verify_job(state="failed"), retry_at=NOW + 30), S.MODEL_VERIFY_FAILED),
+    (v.verify_backing_off, vfacts(verify_job(state="failed"), retry_at=NOW - 1), None),
+    (v.verify_slot_full, vfacts(running=2), S.VERIFYING_MODEL),
+    (v.verify_slot_full, vfacts(running=1), None),
+]
+
+
+@pytest.mark.parametrize(
+    ("policy", "f", "expected"),
+    VERIFY_CASES,
+    ids=[f"{c[0].__name__}-{i}" for i, c in enumerate(VERIFY_CASES)],
+)
+def test_each_verify_policy_answers_or_passes(policy: Any, f: v.VerifyFacts, expected: S | None) -> None:
+    outcome = policy(f)
+    assert (outcome.state if outcome is not None else None) == expected
+
+
+def test_the_verify_chain_is_named_by_tests_and_ends_in_a_new_job() -> None:
+    assert {f.__name__ for f in v.VERIFY_POLICIES} <= {c[0].__name__ for c in VERIFY_CASES}
+    first = v.start_verify(vfacts())
+    assert first.create == REQ and first.message.endswith(f"(Job {REQ.job_name})")
+    retry = v.start_verify(vfacts(verify_job(state="failed"), result=OOM))
+    assert (
+        retry.message == f"verify attempt 1 failed: ModelFetchFailed: read timed out; starting {REQ.job_name}"
+    )
+    assert v.source_refused(vfacts(verify_job(state="failed"), result=REFUSED)).stalled  # type: ignore[union-attr]
+    pending = v.record_pending(vfacts(verify_job(state="complete", at=NOW - 20)))
+    assert pending is not None and pending.wake_at == NOW - 10 + v.VERIFY_RESULT_GRACE_S

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trtforge_operator.api import FaultRecord
+from trtforge_operator.api.common import ConditionStatus
 from trtforge_operator.observe.views import JobView
 from trtforge_operator.planning import faults
 from trtforge_operator.planning.text import one_line
@@ -143,9 +144,9 @@ class Serving:
 class Readiness:
     """The Ready and Progressing conditions: status, reason and message of each."""
 
-    ready: str
+    ready: ConditionStatus
     ready_reason: str
-    progressing: str
+    progressing: ConditionStatus
     progressing_reason: str
     message: str
     progressing_message: str | None = None  # None: the same message
@@ -199,7 +200,7 @@ class Health:
 
 @dataclass(frozen=True)
 class Degradation:
-    status: str
+    status: ConditionStatus
     reason: str
     message: str
 

@@ -1,7 +1,8 @@
 """TRTEngine planning: observed state in, desired build Jobs, status and Events out. No I/O.
 
-The parts, one job each: keys.py (request keys), target.py (one target's typed state, status and
-build), target_state.py (the states and their transition table), verify.py (proof of possession),
+The parts, one job each: observe/keys.py (request keys), engine_policies.py (the policy chain that
+puts one target in its state), target.py (that target's status and build), target_state.py (the
+states and their transition table), verify.py (proof of possession, a policy chain too),
 engine_conditions.py (conditions and Events from the typed states). This module puts them together
 for every target and admits new builds against the capacity.
 """

@@ -1,4 +1,5 @@
-"""The plan of one TRTEngine target: its typed state, status and the build it needs. Pure.
+"""The plan of one TRTEngine target: its typed state (the first verdict of its policy chain,
+engine_policies.py), status and the build it needs. Pure.
 
 The engine is found by what was asked for: the Job's result, or the store's request index that the
 builder writes, so a stored engine means Ready with no Job at all, from any namespace. Otherwise one

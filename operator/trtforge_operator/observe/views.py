@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -811,3 +811,62 @@ class DeploymentChildren:
     name: str
     deployments: Sequence[str]
     autoscalers: Sequence[AutoscalerView]
+
+
+# ------------------------------------------------------------------------------- one engine GC pass
+
+
+@dataclass(frozen=True)
+class StoredEngine:
+    key: str
+    created_at: float  # the manifest's created_at
+
+
+@dataclass(frozen=True)
+class StoredProof:
+    """A possession record in the store: ``possession/<namespace>/<fingerprint>.json``."""
+
+    namespace: str
+    fingerprint: str
+    sha256: str
+    verified_at: float
+
+
+@dataclass(frozen=True)
+class StoredGrant:
+    """The operator's record of a verify Job: ``verify-grants/<namespace>/<job>.json``."""
+
+    namespace: str
+    job: str
+    expires_at: float
+
+
+def unrecorded_requests(engine_statuses: Iterable[Mapping[str, object]]) -> set[str]:
+    """The request keys of targets that record no engine key yet (built, perhaps, but not recorded):
+    the ones to look up in the store's request index for :func:`referenced_keys`."""
+    out: set[str] = set()
+    for st in engine_statuses:
+        for t in st.get("targets") or []:  # type: ignore[attr-defined]
+            if isinstance(t, Mapping) and not t.get("engineKey") and (rk := t.get("requestKey")):
+                out.add(str(rk))
+    return out
+
+
+@dataclass(frozen=True)
+class StoreGCObserved:
+    """What one GC pass plans from (observe/gc.py): the store, listed first, then what in the cluster
+    references it."""
+
+    stored: Sequence[StoredEngine]  # the store's engines, listed before the references were read
+    listed_at: float  # when the TRTEngines were listed
+    engine_statuses: Sequence[Mapping[str, Any]]  # every TRTEngine's status, as read
+    engine_sources: frozenset[tuple[str, str]]  # (namespace, source fingerprint) of every TRTEngine
+    template_keys: Sequence[str]  # the engine key of every runtime Deployment's pod template
+    jobs: Sequence[JobView]  # the build namespace's Jobs
+    filed: Mapping[str, str | None]  # a live Job's request key -> the engine the request index names
+    recorded_filed: Mapping[str, str]  # a status's unrecorded request key -> the engine filed for it
+    build_models: frozenset[str]  # models a build Job that is not done reads
+    models: Sequence[str]  # staged model digests
+    proofs: Sequence[StoredProof]
+    grants: Sequence[StoredGrant]
+    namespaces: frozenset[str] | None = None  # the watched namespaces (None: all)

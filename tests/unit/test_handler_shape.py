@@ -1,8 +1,8 @@
 """Both reconciles have one shape: each kind's handler reads as observe → plan → apply
 (docs/design.md §"Observe, plan, apply").
 
-Read from the source (AST): every function of the kinds' handler modules has a body of at most 15
-steps (statements, nested ones counted, the docstring not) and at most 6 returns, and each kind's
+Read from the source (AST): every function of the kinds' handler modules (and of the timers' that
+delete finished build Jobs and unreferenced engines) has a body of at most 15 steps (statements, nested ones counted, the docstring not) and at most 6 returns, and each kind's
 pass (`reconcile_*`) is exactly three calls, in order: an `observe_*`, a `plan_*`, an `apply_*`.
 """
 
@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 HANDLERS = ROOT / "operator" / "trtforge_operator" / "handlers"
 KIND_HANDLERS = [HANDLERS / "engine.py", HANDLERS / "deployment.py"]
+TIMERS = [HANDLERS / "finished_jobs.py", HANDLERS / "gc.py"]  # passes of no kind: bodies walked too
 MAX_STEPS = 15
 MAX_RETURNS = 6
 SHAPE = ("observe_", "plan_", "apply_")
@@ -77,6 +78,11 @@ def test_each_kinds_handler_reads_as_observe_plan_apply(path: Path) -> None:
     source = path.read_text()
     assert any(fn.name.startswith("reconcile_") for fn in functions(source)), f"{path.name}: no reconcile_*"
     assert not problems(source), f"{path.relative_to(ROOT)}: {problems(source)}"
+
+
+@pytest.mark.parametrize("path", TIMERS, ids=lambda p: p.name)
+def test_the_timers_passes_are_short(path: Path) -> None:
+    assert not problems(path.read_text()), f"{path.relative_to(ROOT)}: {problems(path.read_text())}"
 
 
 def test_the_walk_finds_long_handlers_and_other_shapes() -> None:

@@ -2,8 +2,9 @@
 (docs/design.md §"Observe, plan, apply").
 
 Read from the source (AST): every function of the kinds' handler modules (and of the timers' that
-delete finished build Jobs and unreferenced engines) has a body of at most 15 steps (statements, nested ones counted, the docstring not) and at most 6 returns, and each kind's
-pass (`reconcile_*`) is exactly three calls, in order: an `observe_*`, a `plan_*`, an `apply_*`.
+delete finished build Jobs and unreferenced engines) has a body of at most 15 steps (statements,
+nested ones counted, the docstring not) and at most 6 returns, and each kind's pass (`reconcile_*`)
+is exactly three calls, in order: an `observe_*`, a `plan_*`, an `apply_*`.
 """
 
 from __future__ import annotations

@@ -115,8 +115,8 @@ async def _act(
 
     import kopf
 
-    from trtforge_operator.engine_gc import gc_loop
     from trtforge_operator.handlers import register
+    from trtforge_operator.handlers.gc import gc_loop
     from trtforge_operator.state import State
 
     state = State(cfg=cfg, kube=kube, store=store, metrics=metrics, watch=watch)

@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
-from trtforge_dev import localdev
-
 from tests.integration.chart import apply, delete, helm, kube_version, render
+from trtforge_dev import localdev
 
 pytestmark = pytest.mark.integration
 

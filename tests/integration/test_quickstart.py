@@ -34,12 +34,11 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from trtforge_dev import localdev
-from trtforge_dev.testbed.wait import wait_for
-
 from tests.integration.chart import apply, delete, for_testbed, kube_version, render
 from tests.integration.ha import TCPProxy
 from tests.modelzoo import light_model
+from trtforge_dev import localdev
+from trtforge_dev.testbed.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

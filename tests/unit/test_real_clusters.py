@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from trtforge_operator import children
+from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import LABEL_TARGET
-from trtforge_operator.observed import NodeView
+from trtforge_operator.observe.views import NodeView
 from trtforge_operator.planning.deployment import plan_deployment
 from trtforge_operator.planning.engine import plan_engine
 

@@ -4,17 +4,18 @@ TRTEngine pass's whole observation (:class:`EngineObserved`).
 Built from raw API dicts (kopf bodies or client responses) with ``*.from_k8s``; the pure planners take
 only these, so unit tests build them from small literal dicts. What a finished build or verify pod
 reported is parsed here, once per pod event, from its typed termination message (a fact of the
-view, never re-read from text by a planner). The gathering itself is observe.py's.
+view, never re-read from text by a planner). The gathering itself is observe/engine.py's.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtforge.contract.build_result import BuildFailure, BuildResult, parse_build_message
 from trtforge.contract.engine_key import RequestRecord
@@ -34,8 +35,13 @@ from trtforge.contract.gpu import (
 from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import PossessionRecord, source_fingerprint
 from trtforge.contract.termination import REASON_BY_EXIT_CODE, TerminationMessage
-from trtforge_operator.api.inferencedeployment import NodeProblem
-from trtforge_operator.api.trtengine import TRTEngineSpec, TRTEngineStatus
+from trtforge_operator.api.inferencedeployment import (
+    FaultRecord,
+    InferenceDeploymentSpec,
+    InferenceDeploymentStatus,
+    NodeProblem,
+)
+from trtforge_operator.api.trtengine import TargetStatus, TRTEngine, TRTEngineSpec, TRTEngineStatus
 from trtforge_operator.labels import (
     ANNOTATION_ATTEMPT,
     ANNOTATION_CREATED_FOR,
@@ -47,9 +53,6 @@ from trtforge_operator.labels import (
     LABEL_BUILD_KIND,
     REQUESTER_PREFIX,
 )
-
-if TYPE_CHECKING:  # planning.rebuild reads these views: a type-only import, no cycle
-    from trtforge_operator.planning.rebuild import ObservedFaults
 
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 # Taints and Node conditions that say a node's GPUs are not healthy (GPU health checkers, NPD).
@@ -379,7 +382,8 @@ class PodView:
         return out
 
 
-def _one_line(text: str, limit: int = 300) -> str:
+def one_line(text: str, limit: int = 300) -> str:
+    """`text` on one line, cut to `limit` characters."""
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
@@ -388,7 +392,7 @@ def _exit_failure(t: Terminated) -> BuildFailure:
     """A failure from a container that left no message of ours: its last line, or the kubelet's reason."""
     tail = t.message.strip().splitlines()[-1] if t.message.strip() else t.reason
     return BuildFailure(
-        error=_one_line(tail or f"exit code {t.exit_code}"), reason="Error", exit_code=t.exit_code
+        error=one_line(tail or f"exit code {t.exit_code}"), reason="Error", exit_code=t.exit_code
     )
 
 
@@ -442,7 +446,7 @@ class JobView:
     started: float | None = None
     finished: float | None = None
     deleting: bool = False
-    # What its pod reported, while the Job does not carry it yet (observe.py fills it in; the
+    # What its pod reported, while the Job does not carry it yet (observe/engine.py fills it in; the
     # engine pass then records it on the Job: planning/engine.py, RecordResult).
     reported: BuildResult | BuildFailure | None = None
 
@@ -482,6 +486,16 @@ class JobView:
     @property
     def done(self) -> bool:
         return self.complete or self.failed_final
+
+    def built_key(self) -> str | None:
+        """The engine key the builder's result names, when the Job completed with one."""
+        r = self.result()
+        if not self.complete or not r or "error" in r:
+            return None
+        try:
+            return BuildResult.model_validate(r).key
+        except ValueError:
+            return None
 
     @property
     def running(self) -> bool:
@@ -629,6 +643,25 @@ class AutoscalerView:
 
 
 @dataclass(frozen=True)
+class ObservedFaults:
+    """What one InferenceDeployment's status records (the operator's writing), by the engine it serves."""
+
+    requester: str  # the InferenceDeployment, `namespace/name`
+    records: tuple[FaultRecord, ...]
+
+
+@dataclass(frozen=True)
+class RequesterView:
+    """What one TRTEngine that requested build Jobs holds: its status's targets, whether that status
+    is of its current generation, its annotations and the faults its InferenceDeployments recorded."""
+
+    targets: Sequence[TargetStatus]
+    current: bool
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    observed_faults: Sequence[ObservedFaults] = ()
+
+
+@dataclass(frozen=True)
 class Capacity:
     """Build Jobs running now, cluster-wide and requested from this namespace, and the limits."""
 
@@ -659,7 +692,7 @@ class UnreadableEngine:
 
 @dataclass(frozen=True)
 class EngineObserved:
-    """Everything one TRTEngine pass plans from, gathered once (observe.py): data only."""
+    """Everything one TRTEngine pass plans from, gathered once (observe/engine.py): data only."""
 
     namespace: str
     name: str
@@ -724,3 +757,139 @@ def jobs_by_build_id(jobs: Sequence[JobView] | Mapping[str, Sequence[JobView]]) 
 
 def obs_requester(obs: EngineObserved) -> str:
     return obs.requester
+
+
+def request_builds(jobs_by_id: Mapping[str, list[JobView]], request_key: str) -> list[JobView]:
+    """The build Jobs (first builds and retries, not rebuilds) of a request key, by attempt."""
+    return sorted(
+        (j for j in jobs_by_id.get(request_key[:20], []) if j.kind == "build"), key=lambda j: j.attempt
+    )
+
+
+def built_key(builds: list[JobView]) -> str | None:
+    """The engine key the latest successful build of a request reported, if any."""
+    return next((k for j in reversed(builds) if (k := j.built_key())), None)
+
+
+# ------------------------------------------------------------------------ one InferenceDeployment pass
+
+
+class HpaApi(enum.StrEnum):
+    """The HorizontalPodAutoscaler API versions that can scale on a custom (Pods) metric."""
+
+    V2 = "autoscaling/v2"
+    V2BETA2 = "autoscaling/v2beta2"
+
+
+@dataclass(frozen=True)
+class AutoscalingApis:
+    """What the apiserver serves for the operator's autoscalers (discovery)."""
+
+    hpa: HpaApi | None = None
+    keda: bool = False
+
+
+@dataclass(frozen=True)
+class UnreadableDeployment:
+    """An InferenceDeployment whose spec the models refuse (the CRD of an old cluster lets it in)."""
+
+    namespace: str
+    name: str
+    generation: int
+    status: InferenceDeploymentStatus  # what its status holds, parsed (empty when it does not parse)
+    status_wire: Mapping[str, Any]  # what its status holds, as read
+    error: str  # which field is wrong and why
+    now: float
+
+
+@dataclass(frozen=True)
+class DeploymentObserved:
+    """Everything one InferenceDeployment pass plans from, gathered once (observe/deployment.py)."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    spec: InferenceDeploymentSpec
+    status: InferenceDeploymentStatus
+    engine: TRTEngine | None  # the referenced TRTEngine (same namespace), None when absent or invalid
+    deployments: Sequence[DeploymentView]  # ours (label trtforge.io/inferencedeployment)
+    pods: Sequence[PodView]  # our runtime pods
+    nodes: Sequence[NodeView]
+    jobs: Sequence[JobView]  # build Jobs (for rebuilds of our keys)
+    now: float
+    engine_problem: str | None = None  # why `engine` is None
+    # HPAs and ScaledObjects with our label (trtforge.io/inferencedeployment); only those an
+    # InferenceDeployment owns are the operator's (KEDA's own HPA carries its ScaledObject's labels)
+    autoscalers: Sequence[AutoscalerView] = ()
+    # what the apiserver serves for autoscalers (discovery)
+    apis: AutoscalingApis = field(default_factory=AutoscalingApis)
+    status_wire: Mapping[str, Any] = field(default_factory=dict)  # the status as read (patch base)
+
+
+@dataclass(frozen=True)
+class DeploymentChildren:
+    """A deleted InferenceDeployment's children: its runtime Deployments and autoscalers."""
+
+    name: str
+    deployments: Sequence[str]
+    autoscalers: Sequence[AutoscalerView]
+
+
+# ------------------------------------------------------------------------------- one engine GC pass
+
+
+@dataclass(frozen=True)
+class StoredEngine:
+    key: str
+    created_at: float  # the manifest's created_at
+
+
+@dataclass(frozen=True)
+class StoredProof:
+    """A possession record in the store: ``possession/<namespace>/<fingerprint>.json``."""
+
+    namespace: str
+    fingerprint: str
+    sha256: str
+    verified_at: float
+
+
+@dataclass(frozen=True)
+class StoredGrant:
+    """The operator's record of a verify Job: ``verify-grants/<namespace>/<job>.json``."""
+
+    namespace: str
+    job: str
+    expires_at: float
+
+
+def unrecorded_requests(engine_statuses: Iterable[Mapping[str, object]]) -> set[str]:
+    """The request keys of targets that record no engine key yet (built, perhaps, but not recorded):
+    the ones to look up in the store's request index for :func:`referenced_keys`."""
+    out: set[str] = set()
+    for st in engine_statuses:
+        for t in st.get("targets") or []:  # type: ignore[attr-defined]
+            if isinstance(t, Mapping) and not t.get("engineKey") and (rk := t.get("requestKey")):
+                out.add(str(rk))
+    return out
+
+
+@dataclass(frozen=True)
+class StoreGCObserved:
+    """What one GC pass plans from (observe/gc.py): the store, listed first, then what in the cluster
+    references it."""
+
+    stored: Sequence[StoredEngine]  # the store's engines, listed before the references were read
+    listed_at: float  # when the TRTEngines were listed
+    engine_statuses: Sequence[Mapping[str, Any]]  # every TRTEngine's status, as read
+    engine_sources: frozenset[tuple[str, str]]  # (namespace, source fingerprint) of every TRTEngine
+    template_keys: Sequence[str]  # the engine key of every runtime Deployment's pod template
+    jobs: Sequence[JobView]  # the build namespace's Jobs
+    filed: Mapping[str, str | None]  # a live Job's request key -> the engine the request index names
+    recorded_filed: Mapping[str, str]  # a status's unrecorded request key -> the engine filed for it
+    build_models: frozenset[str]  # models a build Job that is not done reads
+    models: Sequence[str]  # staged model digests
+    proofs: Sequence[StoredProof]
+    grants: Sequence[StoredGrant]
+    namespaces: frozenset[str] | None = None  # the watched namespaces (None: all)

@@ -1,7 +1,7 @@
 """Deletes finished build Jobs once their TTL has run and every requester has recorded them.
 
 A timer over the operator's own indices (no list calls): observe the Jobs of the build namespace and
-what their requesters recorded (observe.py), plan the deletions (planning/finished_jobs.py), apply
+what their requesters recorded (observe/engine.py), plan the deletions (planning/finished_jobs.py), apply
 them through the engine applier, the one writer of build Jobs (docs/design.md §"Finished build Jobs").
 """
 
@@ -13,9 +13,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from trtforge_operator.engine_apply import apply_job_actions
-from trtforge_operator.observe import INFD_FAULTS_IDX, observe_finished_jobs
-from trtforge_operator.planning.finished_jobs import plan_finished_jobs
+from trtforge_operator.apply.engine import apply_job_actions
+from trtforge_operator.observe.engine import INFD_FAULTS_IDX, observe_finished_jobs
+from trtforge_operator.planning.finished_jobs import plan_job_cleanup
 from trtforge_operator.state import State
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ INDICES = ("jobs_idx", "trte_idx", INFD_FAULTS_IDX)  # the kopf indices a pass r
 async def clean_once(state: State, indices: Mapping[str, Any], ttl_seconds: float, now: float) -> int:
     """One pass: delete the expired Jobs; returns how many went."""
     jobs, requesters = observe_finished_jobs(indices)
-    return await apply_job_actions(state, plan_finished_jobs(jobs, requesters, now, ttl_seconds))
+    return await apply_job_actions(state, plan_job_cleanup(jobs, requesters, now, ttl_seconds))
 
 
 def interval_for(ttl_seconds: float) -> float:

@@ -4,7 +4,7 @@ The only place an engine pass reads: the TRTEngine (its status as last written),
 build id and what their pods reported, the verify Jobs of its namespace and their pods, Nodes, the
 namespace's cache scope, the InferenceDeployments' recorded faults (all from kopf's indices, looked up
 by key, never listed), the store's possession record, request records and manifests (read once per
-pass, in a worker thread), and the build slots. The planners get this as data (observed.py) and do no
+pass, in a worker thread), and the build slots. The planners get this as data (observe/views.py) and do no
 I/O (docs/design.md §"Observe, plan, apply").
 
 The build capacity is read last, after the final await, so the caller plans and admits in the same
@@ -27,15 +27,22 @@ from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import source_fingerprint
 from trtforge_operator.api import TRTEngine, TRTEngineSpec, TRTEngineStatus
 from trtforge_operator.api.common import field_error
-from trtforge_operator.children import JOB_PREFIX
+from trtforge_operator.apply.children import JOB_PREFIX
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kinds import Kind
-from trtforge_operator.observed import EngineObserved, JobView, NodeView, PodView, UnreadableEngine
-from trtforge_operator.planning.finished_jobs import Requester
-from trtforge_operator.planning.keys import key_inputs, resolve_targets
-from trtforge_operator.planning.rebuild import ObservedFaults, plan_rebuilds
-from trtforge_operator.planning.target import built_key, request_builds
-from trtforge_operator.planning.text import one_line
+from trtforge_operator.observe.keys import key_inputs, resolve_targets
+from trtforge_operator.observe.views import (
+    EngineObserved,
+    JobView,
+    NodeView,
+    ObservedFaults,
+    PodView,
+    RequesterView,
+    UnreadableEngine,
+    built_key,
+    one_line,
+    request_builds,
+)
 from trtforge_operator.state import State, parsed_status, plain
 from trtforge_operator.store_reader import StoreReader
 
@@ -111,7 +118,7 @@ async def observe_engine(
 def _request_keys(
     spec: TRTEngineSpec, nodes: Sequence[NodeView], cfg: OperatorConfig, verified: str | None, scope: str
 ) -> list[str]:
-    """The request key of every resolvable target (the planner computes the same; planning/keys.py)."""
+    """The request key of every resolvable target: the addresses this pass reads by (observe/keys.py)."""
     out: list[str] = []
     for target in resolve_targets(spec, nodes):
         try:
@@ -206,31 +213,27 @@ def _verify_stuck(vpods: Mapping[Any, Any], namespace: str, jobs: list[JobView])
     return out
 
 
-def observe_finished_jobs(indices: Mapping[str, Any]) -> tuple[list[JobView], dict[str, Requester]]:
-    """Every build Job of the build namespace, and what each TRTEngine that a finished one names has
-    recorded (from the index; an engine that is gone is missing). Its rebuild Jobs are those it still
-    wants: its InferenceDeployments' unrecovered faults and its own accepted rebuild annotations
-    (planning/rebuild.py)."""
+def observe_finished_jobs(indices: Mapping[str, Any]) -> tuple[list[JobView], dict[str, RequesterView]]:
+    """Every build Job of the build namespace, and what each TRTEngine that a finished one names holds
+    (from the index; an engine that is gone is missing): its status's targets, its annotations and its
+    InferenceDeployments' recorded faults (planning/finished_jobs.py derives the rebuilds it wants)."""
     jobs = [j for store in list(indices["jobs_idx"].values()) for j in list(store) if isinstance(j, JobView)]
     names = {r for j in jobs if j.done for r in j.requesters()}
-    out: dict[str, Requester] = {}
+    out: dict[str, RequesterView] = {}
     for name in sorted(names):
         ns, _, n = name.partition("/")
         for e in list(indices["trte_idx"].get((ns, n), ())):
             if isinstance(e, TRTEngine):
                 gen = e.metadata.generation or 1
-                observed = [
-                    o
-                    for o in list(indices.get(INFD_FAULTS_IDX, {}).get((ns, n), ()))
-                    if isinstance(o, ObservedFaults)
-                ]
-                wanted = plan_rebuilds(
-                    name, e.status.targets, e.metadata.annotations or {}, observed, (), 0.0, 0.0
-                )
-                out[name] = Requester(
+                out[name] = RequesterView(
                     targets=e.status.targets,
                     current=e.status.observed_generation == gen,
-                    rebuild_jobs=frozenset(r.job_name for r in wanted.requests),
+                    annotations=dict(e.metadata.annotations or {}),
+                    observed_faults=[
+                        o
+                        for o in list(indices.get(INFD_FAULTS_IDX, {}).get((ns, n), ()))
+                        if isinstance(o, ObservedFaults)
+                    ],
                 )
     return jobs, out
 

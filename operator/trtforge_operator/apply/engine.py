@@ -1,10 +1,10 @@
 """Apply: carry out a TRTEngine plan through kube.py, the one writer of build and verify Jobs
-(docs/design.md §"One writer per child"); its status and Events go through writes.py.
+(docs/design.md §"One writer per child"); its status and Events go through apply/writes.py.
 
 Every write of a build Job goes through here: the engine pass's creates, requester claims and
 recorded results, the deletion handler's releases and the finished-Job cleanup's deletions
 (planning/engine_actions.py). Builds are admitted to their slots first, in the synchronous step that
-follows planning (observe.py reads the capacity after its last await), so the limits always hold.
+follows planning (observe/engine.py reads the capacity after its last await), so the limits always hold.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from kubernetes.client.rest import ApiException
 
 from trtforge.contract.possession import VerifyGrant, verify_grant_path
 from trtforge.logs import fields
+from trtforge_operator.apply.writes import post_events, write_status
 from trtforge_operator.kinds import Kind
 from trtforge_operator.labels import ANNOTATION_RESULT, TRTENGINES, requester_annotation
-from trtforge_operator.observed import EngineObserved, UnreadableEngine
+from trtforge_operator.observe.views import EngineObserved, UnreadableEngine
 from trtforge_operator.planning.engine_actions import (
     AddRequester,
     CreateJob,
@@ -35,7 +36,6 @@ from trtforge_operator.planning.engine_actions import (
     WriteStatus,
 )
 from trtforge_operator.state import State
-from trtforge_operator.writes import post_events, write_status
 
 log = logging.getLogger(__name__)
 

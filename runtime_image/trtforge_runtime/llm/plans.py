@@ -4,6 +4,7 @@ trtllm-serve on a checkpoint folder."""
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
@@ -55,8 +56,14 @@ def trtllm_plan(
     canary: GoldenTokens | None,
     tuning_cache: Path | None,
 ) -> ServerPlan:
-    """trtllm-serve on a verified HF checkpoint folder, with its verified autotuner cache."""
-    a = trtllm_serve.TrtllmServeArgs(model_dir=checkpoint_dir, port=args.port, host=args.host)
+    """trtllm-serve on a verified HF checkpoint folder, with its verified autotuner cache and its
+    ``--config`` file (JSON, which is YAML) turning on the Prometheus route autoscaling reads."""
+    config = Path(args.cache_dir) / "trtllm-serve-config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps(trtllm_serve.llm_api_options()))
+    a = trtllm_serve.TrtllmServeArgs(
+        model_dir=checkpoint_dir, port=args.port, host=args.host, config_path=config
+    )
     argv = trtllm_serve.argv(a)
     argv[0] = _binary(args, trtllm_serve.COMMAND)
     env = trtllm_serve.environment(tuning_cache)

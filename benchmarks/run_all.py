@@ -25,7 +25,9 @@ from benchmarks.common import CACHE, log
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="serving,coldstart,hostile,controlplane,recovery", help="also: manycore")
+    p.add_argument(
+        "--only", default="serving,coldstart,hostile,controlplane,recovery", help="also: manycore, llm"
+    )
     p.add_argument("--quick", action="store_true", help="short runs to check the harness")
     a = p.parse_args(argv)
     only = a.only.split(",")
@@ -34,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         coldstart,
         controlplane,
         hostile,
+        llm,
         manycore,
         perf,
         plots,
@@ -66,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         ("recovery", recovery.main, ["--root", root, "--keep-cluster", *(["--reps", "1"] if q else [])]),
         ("manycore", manycore.main, ["--cores", "2,4", "--seconds", "2"] if q else []),
+        ("llm", llm.main, ["--quick"] if q else []),
     ]
     failed = []
     cluster_used = False

@@ -1,0 +1,75 @@
+"""The server's command line and environment as a :class:`ServerPlan`: llama-server on a GGUF, or
+trtllm-serve on a checkpoint folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from trtforge.contract.llm import GoldenTokens
+from trtforge_runtime.llm import llama_server, trtllm_serve
+from trtforge_runtime.llm.server_metrics import ServerKind
+from trtforge_runtime.llm.supervisor import ServerPlan
+
+
+def _binary(args: argparse.Namespace, default: str) -> str:
+    found = args.server_binary or shutil.which(default)
+    if not found or not Path(found).exists():
+        raise ValueError(
+            f"--server-binary: {args.server_binary or default!r} not found (give the server's path)"
+        )
+    return str(found)
+
+
+def llama_plan(
+    args: argparse.Namespace,
+    extra: list[str],
+    model: Path,
+    name: str,
+    canary: GoldenTokens | None,
+    tuning: tuple[str, ...] = (),
+) -> ServerPlan:
+    if args.server != "llama.cpp":
+        raise ValueError(f"--server {args.server}: a GGUF is served by llama.cpp")
+    a = llama_server.LlamaServerArgs(
+        model=model,
+        port=args.port,
+        host=args.host,
+        alias=name,
+        ctx_size=args.ctx_size,
+        parallel=args.parallel,
+        threads=args.threads,
+        tuning=tuning,
+        gpu_layers=args.gpu_layers,
+        extra=tuple(extra),
+    )
+    argv = llama_server.argv(a, _binary(args, llama_server.COMMAND))
+    return ServerPlan(ServerKind.LLAMA_CPP, argv, args.port, name, canary, host=_reach(args.host))
+
+
+def trtllm_plan(
+    args: argparse.Namespace,
+    checkpoint_dir: Path,
+    name: str,
+    canary: GoldenTokens | None,
+    tuning_cache: Path | None,
+) -> ServerPlan:
+    """trtllm-serve on a verified HF checkpoint folder, with its verified autotuner cache and its
+    ``--config`` file (JSON, which is YAML) turning on the Prometheus route autoscaling reads."""
+    config = Path(args.cache_dir) / "trtllm-serve-config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps(trtllm_serve.llm_api_options()))
+    a = trtllm_serve.TrtllmServeArgs(
+        model_dir=checkpoint_dir, port=args.port, host=args.host, config_path=config
+    )
+    argv = trtllm_serve.argv(a)
+    argv[0] = _binary(args, trtllm_serve.COMMAND)
+    env = trtllm_serve.environment(tuning_cache)
+    return ServerPlan(ServerKind.TRTLLM, argv, args.port, name, canary, env=env, host=_reach(args.host))
+
+
+def _reach(host: str) -> str:
+    """Where the supervisor reaches a server listening on `host`."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host

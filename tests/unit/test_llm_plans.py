@@ -1,0 +1,50 @@
+"""The server plans of trtforge_runtime.llm.plans: what the supervisor would start."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from trtforge_runtime.llm import plans
+from trtforge_runtime.llm.server_metrics import ServerKind
+
+
+def _args(tmp_path: Path, binary: Path, **kw: object) -> argparse.Namespace:
+    base: dict[str, object] = {
+        "server": "trtllm-serve", "port": 8080, "host": "0.0.0.0", "server_binary": str(binary),
+        "cache_dir": str(tmp_path / "cache"), "ctx_size": 2048, "parallel": 4, "threads": None,
+        "gpu_layers": None,
+    }  # fmt: skip
+    return argparse.Namespace(**{**base, **kw})
+
+
+@pytest.fixture
+def binary(tmp_path: Path) -> Path:
+    b = tmp_path / "bin" / "server"
+    b.parent.mkdir()
+    b.write_text("#!/bin/sh\n")
+    b.chmod(0o755)
+    return b
+
+
+def test_trtllm_plan_turns_on_the_prometheus_route_and_the_tuning_cache(tmp_path: Path, binary: Path) -> None:
+    plan = plans.trtllm_plan(
+        _args(tmp_path, binary), tmp_path / "ckpt", "m", None, tmp_path / "autotuner.cache"
+    )
+    assert plan.kind is ServerKind.TRTLLM and plan.host == "127.0.0.1"
+    assert plan.argv[:2] == [str(binary), str(tmp_path / "ckpt")]
+    config = Path(plan.argv[plan.argv.index("--config") + 1])
+    assert yaml.safe_load(config.read_text()) == {"return_perf_metrics": True}
+    assert json.loads(config.read_text()) == {"return_perf_metrics": True}
+    assert plan.env == {"TLLM_AUTOTUNER_CACHE_PATH": str(tmp_path / "autotuner.cache")}
+
+
+def test_llama_plan_refuses_another_server_and_a_missing_binary(tmp_path: Path, binary: Path) -> None:
+    with pytest.raises(ValueError, match=r"served by llama\.cpp"):
+        plans.llama_plan(_args(tmp_path, binary), [], tmp_path / "m.gguf", "m", None)
+    missing = _args(tmp_path, tmp_path / "nope", server="llama.cpp")
+    with pytest.raises(ValueError, match="--server-binary"):
+        plans.llama_plan(missing, [], tmp_path / "m.gguf", "m", None)

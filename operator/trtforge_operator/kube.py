@@ -134,6 +134,21 @@ class Kube:
                 return None
             raise
 
+    async def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Job as plain JSON; None when it is gone (404)."""
+
+        def call() -> dict[str, Any]:
+            read: Any = self.batch.read_namespaced_job  # typed for models; this answer is raw
+            out: dict[str, Any] = json.loads(read(name, namespace, _preload_content=False).data)
+            return out
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
     async def job_annotations(self, namespace: str, name: str) -> dict[str, str] | None:
         """A Job's annotations; None when the Job is gone (404)."""
         try:

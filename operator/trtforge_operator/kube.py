@@ -134,6 +134,16 @@ class Kube:
                 return None
             raise
 
+    async def replica_set_owners(self, namespace: str, label_selector: str) -> dict[str, str]:
+        """ReplicaSet uid -> the uid of its controlling Deployment ("" without one), of the
+        ReplicaSets matching `label_selector` in `namespace`."""
+        rs = await self._call(self.apps.list_namespaced_replica_set, namespace, label_selector=label_selector)
+        out: dict[str, str] = {}
+        for r in rs.items or []:
+            owners = [o for o in (r.metadata.owner_references or []) if o.controller]
+            out[str(r.metadata.uid)] = str(owners[0].uid) if owners and owners[0].kind == "Deployment" else ""
+        return out
+
     async def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A Job as plain JSON; None when it is gone (404)."""
 

@@ -292,6 +292,7 @@ class PodView:
     # What a finished build or verify pod reported (its termination message, parsed once): the
     # builder's result or why it failed. None for other pods and for pods that have not finished.
     reported: BuildResult | BuildFailure | None = None
+    controller: tuple[str, str] = ("", "")  # (kind, uid) of its controller ownerReference
 
     @classmethod
     def from_build_pod(cls, obj: Mapping[str, Any]) -> PodView:
@@ -340,6 +341,7 @@ class PodView:
                 ),
                 None,
             ),
+            controller=_controller(meta),
         )
 
     def cannot_start(self) -> Waiting | None:
@@ -354,6 +356,14 @@ class PodView:
         for c in self.containers:
             out.extend(t for t in (c.terminated, c.last_terminated) if t is not None)
         return out
+
+
+def _controller(meta: Mapping[str, Any]) -> tuple[str, str]:
+    """(kind, uid) of an object's controller ownerReference; ("", "") without one."""
+    for o in meta.get("ownerReferences") or []:
+        if o.get("controller"):
+            return str(o.get("kind") or ""), str(o.get("uid") or "")
+    return "", ""
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -532,6 +542,8 @@ class DeploymentView:
     updated_replicas: int = 0
     available_replicas: int = 0
     progress_deadline_exceeded: bool = False
+    uid: str = ""
+    controller: tuple[str, str] = ("", "")  # (kind, uid) of its controller ownerReference
 
     @classmethod
     def from_k8s(cls, obj: Mapping[str, Any]) -> DeploymentView:
@@ -555,6 +567,8 @@ class DeploymentView:
             updated_replicas=int(status.get("updatedReplicas") or 0),
             available_replicas=int(status.get("availableReplicas") or 0),
             progress_deadline_exceeded=stalled,
+            uid=str(meta.get("uid") or ""),
+            controller=_controller(meta),
         )
 
     def rolled_out(self) -> bool:

@@ -91,6 +91,17 @@ def observed(
     hpa_api: HpaApi | None = None,
     keda: bool = False,
 ) -> DeploymentObserved:
+    if pods and not deployments and e is not None:  # pods come from the operator's Deployments
+        deployments = [
+            live(o)
+            for o in plan_deployment(observed(d, e, nodes=nodes), CFG).apply
+            if o["kind"] == "Deployment"
+        ]
+    deployments = [
+        {**x, "metadata": {**x["metadata"], "uid": f"dep-{x['metadata']['name']}"}} for x in deployments
+    ]
+    # Each pod's ReplicaSet (rs-<target>) is one of its target's Deployment (planning/fault_trust.py).
+    owners = {f"rs-{t.name}": f"dep-{children.deployment_name('resnet', t)}" for t in (H100, MIG)}
     return DeploymentObserved(
         namespace="team-a",
         name="resnet",
@@ -106,6 +117,7 @@ def observed(
         now=now,
         autoscalers=autoscalers,
         apis=AutoscalingApis(hpa=hpa_api, keda=keda),
+        replica_sets=owners,
     )
 
 
@@ -146,6 +158,15 @@ def pod(
             "namespace": "team-a",
             "uid": f"u-{name}",
             "labels": {**children.selector_labels("resnet", target), APP_MANAGED_BY: MANAGED_BY},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": "rs",
+                    "uid": f"rs-{target.name}",
+                    "controller": True,
+                }
+            ],
         },
         "spec": {"nodeName": node},
         "status": {
@@ -157,7 +178,16 @@ def pod(
 
 
 def gpu_fault(xid: int = 79, at: float = NOW - 2) -> dict[str, Any]:
-    msg = json.dumps({"reason": "GPUFault", "message": "Xid", "xid": xid, "gpu": "GPU-1234", "time": at})
+    msg = json.dumps(
+        {
+            "reason": "GPUFault",
+            "message": "Xid",
+            "xid": xid,
+            "gpu": "GPU-1234",
+            "gpus": ["GPU-1234"],
+            "time": at,
+        }
+    )
     return {"exitCode": 86, "reason": "Error", "message": msg, "finishedAt": iso(at)}
 
 

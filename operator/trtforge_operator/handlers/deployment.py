@@ -25,6 +25,7 @@ from trtforge_operator.labels import (
     MANAGED_BY,
 )
 from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, PodView
+from trtforge_operator.planning import fault_trust
 from trtforge_operator.planning.autoscaling import AutoscalingApis
 from trtforge_operator.planning.deployment import (
     DeploymentObserved,
@@ -85,6 +86,9 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     apis = await state.discovery.current(autos)
     autoscalers = await _autoscalers(state, indices, ns, label, apis)
     nodes = state.nodes(indices)
+    owners: dict[str, str] = {}
+    if fault_trust.needs_owners(pods, nodes):  # whose fault reports count (planning/fault_trust.py)
+        owners = await state.kube.replica_set_owners(ns, f"{LABEL_INFERENCEDEPLOYMENT}={label}")
     # The engine's own build and rebuild Jobs, by build id (rebuilds share the engine key's id).
     ids = {t.engine_key[:20] for t in (engine.status.targets if engine is not None else []) if t.engine_key}
     jobs = [j for bid in ids for j in list(indices["jobs_idx"].get(bid, ())) if isinstance(j, JobView)]
@@ -104,6 +108,7 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
         engine_problem=problem,
         autoscalers=autoscalers,
         apis=apis,
+        replica_sets=owners,
     )
     plan = plan_deployment(obs, state.cfg)
     state.metrics.observe_deployment(ns, name, plan.status)

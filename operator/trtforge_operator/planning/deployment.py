@@ -44,7 +44,7 @@ from trtforge_operator.labels import (
     LABEL_TARGET,
 )
 from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, NodeView, PodView, utc
-from trtforge_operator.planning import faults, rebuild
+from trtforge_operator.planning import fault_trust, faults, rebuild
 from trtforge_operator.planning.autoscaling import (
     AutoscalerKind,
     AutoscalingApis,
@@ -93,6 +93,8 @@ class DeploymentObserved:
     autoscalers: Sequence[AutoscalerView] = ()
     # what the apiserver serves for autoscalers (discovery)
     apis: AutoscalingApis = field(default_factory=AutoscalingApis)
+    # ReplicaSet uid -> the uid of its controlling Deployment (read only when a pod reports a fault)
+    replica_sets: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, order=True)
@@ -213,10 +215,15 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     events: list[Event] = []
     plan = _Draft()
 
+    # --- faults: only the operator's own pods' reports, about their own GPUs (planning/fault_trust.py)
+    names = {children.deployment_name(obs.name, t.target()) for t in engine_targets.values()}
+    dep_uids = fault_trust.operator_deployment_uids(obs.deployments, obs.uid, names | set(dep_names.values()))
+    believed, ignored = fault_trust.split_pods(our_pods, dep_uids, obs.replica_sets)
+    events += [Event("Warning", "FaultIgnored", i.message) for i in ignored]
     # --- faults: detect, record once, decide the action
-    records = faults.enrich_from_pods(list(obs.status.faults), our_pods)
-    new = faults.detect_pod_faults(our_pods, records, now)
-    new += faults.detect_node_faults(our_pods, obs.nodes, [*records, *(d.record for d in new)], now, ttl)
+    records = faults.enrich_from_pods(list(obs.status.faults), believed)
+    new = faults.detect_pod_faults(believed, records, now)
+    new += faults.detect_node_faults(believed, obs.nodes, [*records, *(d.record for d in new)], now, ttl)
     for d in new:
         rec = d.record
         t = engine_targets.get(rec.target or "")

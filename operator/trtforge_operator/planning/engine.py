@@ -181,7 +181,7 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     status.conditions, refusal = rebuild_requests_condition(
         status.conditions, obs.status.conditions, obs.generation, obs.now, rebuilds.refused
     )
-    status.conditions = pruned_condition(  # docs/design.md §"Pruned fields"
+    status.conditions = pruned_condition(  # docs/design.md §"What a tenant can forge"
         status.conditions,
         pruned_fields(obs.annotations, spec_schema(TRTEngine)),
         obs.generation,

@@ -11,7 +11,9 @@ server-side apply, a client library) carry no such annotation, and nothing is re
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 from collections.abc import Mapping
 from functools import cache
 from typing import Any
@@ -26,6 +28,7 @@ PRUNED = "FieldsPruned"
 NONE_PRUNED = "NoUnknownFields"
 TOP_LEVEL = frozenset({"apiVersion", "kind", "metadata", "status"})
 MAX_LISTED = 10
+LIKELY_RATIO = 0.8  # difflib's ratio of a name to a known one, to be named as likely meant
 
 
 @cache
@@ -69,10 +72,21 @@ def _known_paths(schema: Mapping[str, Any], path: str) -> list[str]:
 
 
 def likely_field(path: str, schema: Mapping[str, Any]) -> str | None:
-    """The known field `path` most likely meant: one of the same name (any case), nearest first."""
-    leaf = path.rsplit(".", 1)[-1].split("[", 1)[0].lower()
-    same = [p for p in _known_paths(schema, "spec") if p.rsplit(".", 1)[-1].lower() == leaf]
-    return min(same, key=lambda p: (p.count("."), p)) if same else None
+    """The known field `path` most likely meant: one of the same name in any case (a misplaced field),
+    else of a close name (a typo); under the same parent first, then the shallowest."""
+    parent, _, name = path.rpartition(".")
+    leaf = name.split("[", 1)[0].lower()
+    parent = re.sub(r"\[\d+\]", "[]", parent)
+
+    def score(p: str) -> float:
+        known = p.rsplit(".", 1)[-1].lower()
+        return 1.0 if known == leaf else difflib.SequenceMatcher(None, leaf, known).ratio()
+
+    close = [(score(p), p) for p in _known_paths(schema, "spec")]
+    close = [(r, p) for r, p in close if r >= LIKELY_RATIO]
+    if not close:
+        return None
+    return min(close, key=lambda rp: (-rp[0], rp[1].rpartition(".")[0] != parent, rp[1].count("."), rp[1]))[1]
 
 
 def pruned_fields(annotations: Mapping[str, str], schema: Mapping[str, Any]) -> list[tuple[str, str | None]]:

@@ -6,6 +6,9 @@ and the broker each under the chart's ServiceAccount and RBAC.
 - An upload larger than the TRTEngine's declared limit is refused before it is stored.
 - A verify pod that cannot start (a Secret that does not exist) shows why in the TRTEngine's status.
 - The operator's own verify Job still uploads, and the record's source is the one its Job read.
+- A pod a tenant makes with the operator's verify Job as its controller uploads nothing once that Job
+  has failed, nothing with its own env (a `PYTHONPATH`), and no bytes that are not ONNX even with the
+  Job's own spec (issue 63).
 """
 
 from __future__ import annotations
@@ -240,3 +243,116 @@ def test_a_verify_pod_stuck_on_a_missing_secret_shows_the_reason(bed: Bed) -> No
     t = bed.wait("the missing Secret shows in the status", shown, timeout=60)
     assert "cannot start its pod" in t["message"] and "CreateContainerConfigError" in t["message"], t
     assert json.dumps(t).count("no-such-secret") >= 1
+
+
+# --- issue 63: a verify pod is matched whole, a grant ends with its Job, and only the declared format
+# is stored.
+
+
+def verify_job_of(bed: Bed, ns: str, uri: str, state: str) -> dict[str, Any]:
+    """The operator's verify Job for `uri` in `ns`, once it is `state` ("active" or "failed")."""
+    fp = source_fingerprint(uri, None, None)
+
+    def found() -> dict[str, Any] | None:
+        for j in bed.batch.list_namespaced_job(ns).items:
+            if (j.metadata.annotations or {}).get("trtforge.io/source-fingerprint") == fp and getattr(
+                j.status, state
+            ):
+                return dict(bed.api.sanitize_for_serialization(j))
+        return None
+
+    got: dict[str, Any] = bed.wait(f"a {state} verify Job for {uri} in {ns}", found, timeout=180)
+    return got
+
+
+def hand_made_pod(bed: Bed, job: dict[str, Any], name: str, **container: Any) -> tuple[dict[str, Any], str]:
+    """A pod the tenant creates with `job` as its controller and the Job's own pod spec (changed by
+    `container`), kept off every node; and a broker token bound to it."""
+    spec = json.loads(json.dumps(job["spec"]["template"]["spec"]))
+    c = spec["containers"][0]
+    for k, v in container.items():
+        c[k] = v
+    spec["nodeSelector"] = {"no-such-node": "true"}
+    meta = job["metadata"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": meta["namespace"],
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": spec,
+    }
+    made = bed.api.sanitize_for_serialization(bed.core.create_namespaced_pod(meta["namespace"], pod))
+    sa = spec.get("serviceAccountName") or "default"
+    req = {
+        "spec": {
+            "audiences": [AUDIENCE],
+            "expirationSeconds": 600,
+            "boundObjectRef": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": name,
+                "uid": made["metadata"]["uid"],
+            },
+        }
+    }
+    token = bed.core.create_namespaced_service_account_token(sa, meta["namespace"], req).status.token
+    return made, str(token)
+
+
+NOT_ONNX = os.urandom(1 << 16)
+
+
+def stored(bed: Bed) -> set[str]:
+    """The staged models and possession records in the store (what an upload writes)."""
+    return {f for f in bed.store_files() if f.startswith(("models/", "possession/"))}
+
+
+def test_a_hand_made_pod_of_a_failed_verify_job_uploads_nothing(bed: Bed) -> None:
+    uri = "pvc://models/no-such-model.onnx"
+    bed.apply(engine("failed", bed.a, uri, None))
+    job = verify_job_of(bed, bed.a, uri, "failed")  # the model is not there: the verify pod failed
+    grant = bed.store_dir / "verify-grants" / bed.a / f"{job['metadata']['name']}.json"
+    assert grant.exists(), "the operator's record of the Job is still in the store"
+    _, token = hand_made_pod(bed, job, "after-the-failure")
+    before = stored(bed)
+    status, answer = bed.put(token, NOT_ONNX, hashlib.sha256(NOT_ONNX).hexdigest())
+    assert status == 403 and "has finished" in answer, (status, answer)
+    status, answer = bed.put(token, bed.model_bytes, bed.sha)
+    assert status == 403, (status, answer)
+    assert stored(bed) == before
+
+
+def test_a_verify_pod_with_its_own_env_or_bytes_that_are_not_onnx_stores_nothing(bed: Bed) -> None:
+    uri = "pvc://no-such-claim/model.onnx"  # its verify pod waits for the claim: the Job stays active
+    bed.apply(engine("waiting", bed.a, uri, None))
+    job = verify_job_of(bed, bed.a, uri, "active")
+    grant = bed.store_dir / "verify-grants" / bed.a / f"{job['metadata']['name']}.json"
+    bed.wait(
+        "the Job's grant is bound to its uid",
+        lambda: grant.exists() and job["metadata"]["uid"] in grant.read_text(),
+    )
+    before = stored(bed)
+    # The Job's own pod spec, but the bytes are not ONNX: refused while they stream.
+    _, token = hand_made_pod(bed, job, "same-spec")
+    status, answer = bed.put(token, NOT_ONNX, hashlib.sha256(NOT_ONNX).hexdigest())
+    assert status == 422 and "not an ONNX model" in answer, (status, answer)
+    # Its own PYTHONPATH and a mounted hook: refused whatever it sends.
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    _, token = hand_made_pod(
+        bed, job, "own-env", env=[*c.get("env", []), {"name": "PYTHONPATH", "value": "/tmp/hook"}]
+    )
+    status, answer = bed.put(token, bed.model_bytes, bed.sha)
+    assert status == 403 and "env is not what the operator rendered" in answer, (status, answer)
+    assert stored(bed) == before
+    assert grant.exists(), "the grant is not used up by refused uploads"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, 
 from trtforge_operator.planning import faults
 from trtforge_operator.planning.autoscaling import AutoscalingApis, HpaApi
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
+from trtforge_operator.planning.pruned import LAST_APPLIED, UNKNOWN_FIELDS
 from trtforge_operator.planning.rebuild import rebuild_job
 
 from tests.fakes import default_nodes, gpu_node, iso, job
@@ -554,3 +556,14 @@ def test_a_node_level_fault_learns_its_xid_from_the_pod_by_its_typed_cause_not_i
     assert (node_level.xid, node_level.gpu, node_level.reason) == (48, "GPU-1234", None)
     assert node_level.node_problem == NodeProblem.ALLOCATABLE_DROPPED
     assert not_ready.xid is None and pod_level.xid is None
+
+
+def test_a_field_the_apiserver_pruned_is_named_in_a_condition() -> None:
+    applied = {"spec": {"engineRef": {"name": "resnet"}, "replica": 3}}
+    obs = replace(observed(infd(), engine()), annotations={LAST_APPLIED: json.dumps(applied)})
+    c = get_condition(plan_deployment(obs, CFG).status.conditions, UNKNOWN_FIELDS)
+    assert c is not None and c.status == "True" and "spec.replica (did you mean spec.replicas?)" in c.message
+    assert (
+        get_condition(plan_deployment(observed(infd(), engine()), CFG).status.conditions, UNKNOWN_FIELDS)
+        is None
+    )

@@ -109,6 +109,7 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
         autoscalers=autoscalers,
         apis=apis,
         replica_sets=owners,
+        annotations=dict(meta.get("annotations") or {}),
     )
     plan = plan_deployment(obs, state.cfg)
     state.metrics.observe_deployment(ns, name, plan.status)

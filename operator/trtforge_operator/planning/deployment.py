@@ -29,6 +29,7 @@ from trtforge_operator.api import (
     Condition,
     DeploymentTargetStatus,
     FaultRecord,
+    InferenceDeployment,
     InferenceDeploymentSpec,
     InferenceDeploymentStatus,
     TargetStatus,
@@ -69,8 +70,9 @@ from trtforge_operator.planning.deployment_actions import (
 )
 from trtforge_operator.planning.events import Event
 from trtforge_operator.planning.keys import key_inputs
+from trtforge_operator.planning.pruned import pruned_condition, pruned_fields, spec_schema
 from trtforge_operator.planning.rebuild import RebuildRequest, legacy_cleanup_patch
-from trtforge_operator.planning.text import one_line
+from trtforge_operator.planning.text import one_line, timestamp
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ class DeploymentObserved:
     apis: AutoscalingApis = field(default_factory=AutoscalingApis)
     # ReplicaSet uid -> the uid of its controlling Deployment (read only when a pod reports a fault)
     replica_sets: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)  # the InferenceDeployment's own
 
 
 @dataclass(frozen=True, order=True)
@@ -434,6 +437,12 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         ready=ready_text(ready_total, total),
         endpoint=f"http://{svc}.{obs.namespace}.svc:{runtime.port}" if wanted else None,
         faults=records[-cfg.faults.history :],
+    )
+    status.conditions = pruned_condition(  # docs/design.md §"What a tenant can forge"
+        status.conditions,
+        pruned_fields(obs.annotations, spec_schema(InferenceDeployment)),
+        obs.generation,
+        timestamp(now),
     )
     engine_patch = None
     if obs.engine is not None:

@@ -98,7 +98,9 @@ def pruned_fields(annotations: Mapping[str, str], schema: Mapping[str, Any]) -> 
         return []
     if not isinstance(applied, Mapping):
         return []
-    out = [(k, None) for k in applied if k not in TOP_LEVEL and k != "spec"]
+    out: list[tuple[str, str | None]] = [
+        (str(k), None) for k in applied if k not in TOP_LEVEL and k != "spec"
+    ]
     spec = applied.get("spec")
     out += [(p, likely_field(p, schema)) for p in _unknown(spec, schema, "spec")] if spec is not None else []
     return sorted(out)

@@ -21,6 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from trtforge.logs import fields
+from trtforge_operator import pod_spec
 from trtforge_operator.labels import ANNOTATION_SPEC_HASH, GROUP, TRTENGINES, VERSION
 
 log = logging.getLogger(__name__)
@@ -134,14 +135,16 @@ class Kube:
                 return None
             raise
 
-    async def replica_set_owners(self, namespace: str, label_selector: str) -> dict[str, str]:
-        """ReplicaSet uid -> the uid of its controlling Deployment ("" without one), of the
-        ReplicaSets matching `label_selector` in `namespace`."""
+    async def replica_set_owners(self, namespace: str, label_selector: str) -> dict[str, tuple[str, str]]:
+        """ReplicaSet uid -> (the uid of its controlling Deployment, "" without one; the fingerprint
+        of its pod template, pod_spec.fingerprint) of the ReplicaSets matching `label_selector`."""
         rs = await self._call(self.apps.list_namespaced_replica_set, namespace, label_selector=label_selector)
-        out: dict[str, str] = {}
+        out: dict[str, tuple[str, str]] = {}
         for r in rs.items or []:
             owners = [o for o in (r.metadata.owner_references or []) if o.controller]
-            out[str(r.metadata.uid)] = str(owners[0].uid) if owners and owners[0].kind == "Deployment" else ""
+            dep = str(owners[0].uid) if owners and owners[0].kind == "Deployment" else ""
+            template = self.api.sanitize_for_serialization(r.spec.template.spec) if r.spec.template else {}
+            out[str(r.metadata.uid)] = (dep, pod_spec.fingerprint(template or {}))
         return out
 
     async def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:

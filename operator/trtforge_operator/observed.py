@@ -31,6 +31,7 @@ from trtforge.contract.gpu import (
 from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import PossessionRecord, source_fingerprint
 from trtforge.contract.termination import REASON_BY_EXIT_CODE, TerminationMessage
+from trtforge_operator import pod_spec
 from trtforge_operator.api.inferencedeployment import NodeProblem
 from trtforge_operator.api.trtengine import TRTEngineSpec, TRTEngineStatus
 from trtforge_operator.labels import (
@@ -293,6 +294,7 @@ class PodView:
     # builder's result or why it failed. None for other pods and for pods that have not finished.
     reported: BuildResult | BuildFailure | None = None
     controller: tuple[str, str] = ("", "")  # (kind, uid) of its controller ownerReference
+    spec_fingerprint: str = ""  # what it runs (pod_spec.fingerprint)
 
     @classmethod
     def from_build_pod(cls, obj: Mapping[str, Any]) -> PodView:
@@ -342,6 +344,7 @@ class PodView:
                 None,
             ),
             controller=_controller(meta),
+            spec_fingerprint=pod_spec.fingerprint(spec),
         )
 
     def cannot_start(self) -> Waiting | None:

@@ -55,11 +55,15 @@ def test_a_forged_gpu_fault_from_a_tenant_made_pod_is_ignored_with_an_event(env:
     core: Any = client.CoreV1Api(env.api)
     batch: Any = client.BatchV1Api(env.api)
     builds_before = {j.metadata.name for j in env.jobs()}
+    labels = {k: v for k, v in pod_a.metadata.labels.items() if k != "pod-template-hash"}
     message = json.dumps({"reason": "GPUFault", "message": "Xid 79", "xid": 79, "gpu": "GPU-made-up-0000"})
     forged = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "forged-fault", "namespace": a, "labels": dict(pod_a.metadata.labels)},
+        # A's runtime labels, but not its ReplicaSet's pod-template-hash: that ReplicaSet would adopt
+        # the pod and, one pod over its count, delete one (tests/unit/test_fault_trust.py has the
+        # adopted pod that does not run the template).
+        "metadata": {"name": "forged-fault", "namespace": a, "labels": labels},
         "spec": {
             "nodeName": node_b,  # straight onto the node under B's runtime pod
             "restartPolicy": "Never",

@@ -14,6 +14,7 @@ from trtforge_operator.planning.fault_trust import (
     operator_deployment_uids,
     split_pods,
 )
+from trtforge_operator.pod_spec import fingerprint
 
 INFD_UID = "infd-uid"
 DEP = DeploymentView.from_k8s(
@@ -26,11 +27,16 @@ DEP = DeploymentView.from_k8s(
         }
     }
 )
-RS_OWNERS = {"rs-uid": "dep-uid", "tenant-rs": "tenant-dep"}
+TEMPLATE = {"containers": [{"name": "serve", "image": "runtime:1", "command": ["trtforge", "serve"]}]}
+RS_OWNERS = {"rs-uid": ("dep-uid", fingerprint(TEMPLATE)), "tenant-rs": ("tenant-dep", fingerprint(TEMPLATE))}
 
 
 def pod(
-    name: str, owner: tuple[str, str] | None, gpu: str | None = "GPU-a", gpus: list[str] | None = None
+    name: str,
+    owner: tuple[str, str] | None,
+    gpu: str | None = "GPU-a",
+    gpus: list[str] | None = None,
+    command: tuple[str, ...] = ("trtforge", "serve"),
 ) -> PodView:
     msg: dict[str, Any] = {
         "reason": "GPUFault",
@@ -47,7 +53,10 @@ def pod(
                 "ownerReferences": refs,
                 "labels": {"any": "labels"},
             },
-            "spec": {"nodeName": "n1"},
+            "spec": {
+                "nodeName": "n1",
+                "containers": [{"name": "serve", "image": "runtime:1", "command": list(command), "args": []}],
+            },
             "status": {
                 "containerStatuses": [
                     {"name": "serve", "state": {"terminated": {"exitCode": 86, "message": json.dumps(msg)}}}
@@ -71,6 +80,8 @@ def test_a_fault_counts_only_from_the_operators_pod_about_its_own_gpu() -> None:
         pod("tenant-rs", ("ReplicaSet", "tenant-rs")),
         pod("unknown-rs", ("ReplicaSet", "not-listed")),
         pod("a-job", ("Job", "rs-uid")),
+        # Adopted by the operator's ReplicaSet (its labels match the selector), but not its template.
+        pod("adopted", ("ReplicaSet", "rs-uid"), command=("sh", "-c", "exit 86")),
     ]
     not_its_gpu = pod("other-gpu", ("ReplicaSet", "rs-uid"), gpu="GPU-made-up")
     no_list = pod("no-list", ("ReplicaSet", "rs-uid"), gpus=[])

@@ -24,6 +24,7 @@ from trtforge_operator.planning.autoscaling import AutoscalingApis, HpaApi
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
 from trtforge_operator.planning.pruned import LAST_APPLIED, UNKNOWN_FIELDS
 from trtforge_operator.planning.rebuild import rebuild_job
+from trtforge_operator.pod_spec import fingerprint
 
 from tests.fakes import default_nodes, gpu_node, iso, job
 from trtforge.contract.gpu import GPUTarget
@@ -103,7 +104,9 @@ def observed(
         {**x, "metadata": {**x["metadata"], "uid": f"dep-{x['metadata']['name']}"}} for x in deployments
     ]
     # Each pod's ReplicaSet (rs-<target>) is one of its target's Deployment (planning/fault_trust.py).
-    owners = {f"rs-{t.name}": f"dep-{children.deployment_name('resnet', t)}" for t in (H100, MIG)}
+    owners = {
+        f"rs-{t.name}": (f"dep-{children.deployment_name('resnet', t)}", fingerprint({})) for t in (H100, MIG)
+    }
     return DeploymentObserved(
         namespace="team-a",
         name="resnet",

@@ -15,30 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trtforge.contract.possession import VerifyGrant
-from trtforge.contract.quantity import QuantityError, parse_quantity
-
-DEFAULT_MODE = 420  # what the apiserver sets on secret, configMap and projected volumes
-QUANTITY_KEYS = frozenset({"sizeLimit"})
-
-
-def _norm(value: Any, key: str = "") -> Any:
-    """A field as compared: empty and false values and apiserver defaults dropped, quantities parsed."""
-    if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            n = _norm(v, str(k))
-            if n in (None, "", [], {}, False) or (k == "defaultMode" and n == DEFAULT_MODE):
-                continue
-            out[str(k)] = n
-        return out
-    if isinstance(value, list | tuple):
-        return [_norm(v) for v in value]
-    if key in QUANTITY_KEYS and isinstance(value, str | int | float):
-        try:
-            return str(parse_quantity(value).normalize())
-        except QuantityError:
-            return value
-    return value
+from trtforge_operator.pod_spec import normalized as _norm
 
 
 def _by_name(items: Sequence[Mapping[str, Any]] | None) -> list[Any]:

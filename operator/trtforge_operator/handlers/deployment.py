@@ -86,7 +86,7 @@ async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: M
     apis = await state.discovery.current(autos)
     autoscalers = await _autoscalers(state, indices, ns, label, apis)
     nodes = state.nodes(indices)
-    owners: dict[str, str] = {}
+    owners: dict[str, tuple[str, str]] = {}
     if fault_trust.needs_owners(pods, nodes):  # whose fault reports count (planning/fault_trust.py)
         owners = await state.kube.replica_set_owners(ns, f"{LABEL_INFERENCEDEPLOYMENT}={label}")
     # The engine's own build and rebuild Jobs, by build id (rebuilds share the engine key's id).

@@ -95,8 +95,9 @@ class DeploymentObserved:
     autoscalers: Sequence[AutoscalerView] = ()
     # what the apiserver serves for autoscalers (discovery)
     apis: AutoscalingApis = field(default_factory=AutoscalingApis)
-    # ReplicaSet uid -> the uid of its controlling Deployment (read only when a pod reports a fault)
-    replica_sets: Mapping[str, str] = field(default_factory=dict)
+    # ReplicaSet uid -> (its controlling Deployment's uid, its template's pod_spec.fingerprint); read
+    # only when a pod reports a fault
+    replica_sets: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)  # the InferenceDeployment's own
 
 

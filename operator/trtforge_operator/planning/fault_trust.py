@@ -5,10 +5,12 @@ A tenant with ``edit`` in its namespace can create a pod with any labels, on any
 names, that exits with a ``GPUFault`` termination message. Labels prove nothing; ownership does: a
 report counts only from a pod whose controller is a ReplicaSet whose controller is one of the
 operator's runtime Deployments (its name, controlled by this InferenceDeployment's uid), matched by
-uid at every step. A GPU fault must also name a GPU the pod was given: one of the uuids its runtime
-lists as its own devices (``TerminationMessage.gpus``, the device plugin's ``NVIDIA_VISIBLE_DEVICES``
-as the probe resolves it). The apiserver does not show a pod's devices; the kubelet's pod-resources
-API on the node does, so a node agent could check this claim independently (not shipped).
+uid at every step, and that runs the ReplicaSet's own template (a ReplicaSet adopts any orphan pod
+its selector matches, a tenant's included: pod_spec.fingerprint). A GPU fault must also name a GPU
+the pod was given: one of the uuids its runtime lists as its own devices (``TerminationMessage.gpus``,
+the device plugin's ``NVIDIA_VISIBLE_DEVICES`` as the probe resolves it). The apiserver does not show
+a pod's devices; the kubelet's pod-resources API on the node does, so a node agent could check this
+claim independently (not shipped).
 """
 
 from __future__ import annotations
@@ -48,11 +50,15 @@ def operator_deployment_uids(
     )
 
 
-def from_operator(pod: PodView, deployment_uids: frozenset[str], rs_owner: Mapping[str, str]) -> bool:
-    """`pod`'s controller is a ReplicaSet (uid) whose controller is one of `deployment_uids`.
-    `rs_owner`: ReplicaSet uid -> the uid of its controlling Deployment."""
+def from_operator(
+    pod: PodView, deployment_uids: frozenset[str], rs_owner: Mapping[str, tuple[str, str]]
+) -> bool:
+    """`pod`'s controller is a ReplicaSet (uid) whose controller is one of `deployment_uids`, and the
+    pod runs that ReplicaSet's template (a ReplicaSet adopts any orphan its selector matches).
+    `rs_owner`: ReplicaSet uid -> (its controlling Deployment's uid, its template's fingerprint)."""
     kind, uid = pod.controller
-    return kind == "ReplicaSet" and bool(uid) and rs_owner.get(uid, "") in deployment_uids
+    dep, template = rs_owner.get(uid, ("", "")) if kind == "ReplicaSet" and uid else ("", "")
+    return bool(dep) and dep in deployment_uids and template == pod.spec_fingerprint
 
 
 def reports_fault(pod: PodView) -> bool:
@@ -63,7 +69,9 @@ def reports_fault(pod: PodView) -> bool:
     )
 
 
-def distrust(pod: PodView, deployment_uids: frozenset[str], rs_owner: Mapping[str, str]) -> Ignored | None:
+def distrust(
+    pod: PodView, deployment_uids: frozenset[str], rs_owner: Mapping[str, tuple[str, str]]
+) -> Ignored | None:
     """Why the operator ignores what `pod` reports (None: it believes it)."""
     if not from_operator(pod, deployment_uids, rs_owner):
         kind, uid = pod.controller
@@ -72,7 +80,7 @@ def distrust(pod: PodView, deployment_uids: frozenset[str], rs_owner: Mapping[st
             pod.name,
             Distrust.NOT_OPERATOR_POD,
             f"pod {pod.name} carries the runtime labels but is no pod of the operator's runtime "
-            f"Deployments ({owner}); its fault report is ignored",
+            f"Deployments ({owner}), or does not run its ReplicaSet's template; its fault report is ignored",
         )
     for t in pod.terminations():
         msg = t.termination()
@@ -98,7 +106,7 @@ def needs_owners(pods: Sequence[PodView], nodes: Sequence[NodeView]) -> bool:
 
 
 def split_pods(
-    pods: Sequence[PodView], deployment_uids: frozenset[str], rs_owner: Mapping[str, str]
+    pods: Sequence[PodView], deployment_uids: frozenset[str], rs_owner: Mapping[str, tuple[str, str]]
 ) -> tuple[list[PodView], list[Ignored]]:
     """(the pods whose reports count, the fault reports ignored and why). A pod that reports nothing
     counts only when it is the operator's (node problems are attributed through it)."""

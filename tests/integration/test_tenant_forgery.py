@@ -4,8 +4,8 @@
   that exits with a GPUFault termination message (Xid 79, a made-up GPU uuid): the operator records
   no fault, deletes nothing, starts no rebuild, and says why in a FaultIgnored Event.
 - A field put in the wrong place (`spec.maxSizeBytes` instead of `spec.model.maxSizeBytes`), which
-  Kubernetes 1.20 prunes without a word: the TRTEngine's UnknownFields condition names it and the
-  field meant.
+  `kubectl apply` (1.20) sends and Kubernetes 1.20 prunes without a word: the TRTEngine's
+  UnknownFields condition names it and the field meant.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from trtforge_dev.localdev import OperatorEnv, condition, deployment_manifest, engine_manifest, tiny_model
 from trtforge_dev.testbed.wait import wait_for
@@ -102,12 +103,17 @@ def test_a_forged_gpu_fault_from_a_tenant_made_pod_is_ignored_with_an_event(env:
     assert not [j for j in batch.list_namespaced_job(a).items if "rebuild" in j.metadata.name]
 
 
+def kubectl_apply(env: OperatorEnv, ns: str, obj: dict[str, Any]) -> None:
+    r = env.tb.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(obj), check=False)
+    assert r.returncode == 0, r.stderr
+
+
 def test_a_misplaced_field_is_named_in_a_condition(env: OperatorEnv, tmp_path: Any) -> None:
     ns = env.tenants[2]
     sha = tiny_model(env.models_dir / f"{ns}.onnx", seed=7)
     e = engine_manifest("limits", sha, [{"gpu": H100}], model=f"pvc://models/{ns}.onnx")
     e["spec"]["maxSizeBytes"] = 1000  # meant as spec.model.maxSizeBytes
-    env.apply(e, ns)  # kubectl apply: the test bed's real kubectl, client-side (last-applied annotation)
+    kubectl_apply(env, ns, e)  # the test bed's kubectl 1.20: client-side apply, last-applied annotation
 
     def named() -> dict[str, Any] | None:
         return condition(env.get("trtengines", ns, "limits"), "UnknownFields")
@@ -119,7 +125,7 @@ def test_a_misplaced_field_is_named_in_a_condition(env: OperatorEnv, tmp_path: A
     # Put where it belongs, the condition clears.
     del e["spec"]["maxSizeBytes"]
     e["spec"]["model"]["maxSizeBytes"] = 1 << 30
-    env.apply(e, ns)
+    kubectl_apply(env, ns, e)
 
     def cleared() -> dict[str, Any] | None:
         got = condition(env.get("trtengines", ns, "limits"), "UnknownFields")

@@ -7,8 +7,8 @@ and the broker each under the chart's ServiceAccount and RBAC.
 - A verify pod that cannot start (a Secret that does not exist) shows why in the TRTEngine's status.
 - The operator's own verify Job still uploads, and the record's source is the one its Job read.
 - A pod a tenant makes with the operator's verify Job as its controller uploads nothing once that Job
-  has failed, nothing with its own env (a `PYTHONPATH`), and no bytes that are not ONNX even with the
-  Job's own spec (issue 63).
+  has failed, and nothing with its own env (a `PYTHONPATH`); a model framed as a ModelProto with one
+  huge field is not stored even from the operator's own verify pod (issue 63).
 """
 
 from __future__ import annotations
@@ -255,7 +255,7 @@ def verify_job_of(bed: Bed, ns: str, uri: str, state: str) -> dict[str, Any]:
 
     def found() -> dict[str, Any] | None:
         for j in bed.batch.list_namespaced_job(ns).items:
-            if (j.metadata.annotations or {}).get("trtforge.io/source-fingerprint") == fp and getattr(
+            if (j.metadata.annotations or {}).get("trtforge.io/model-source-fingerprint") == fp and getattr(
                 j.status, state
             ):
                 return dict(bed.api.sanitize_for_serialization(j))
@@ -324,35 +324,44 @@ def test_a_hand_made_pod_of_a_failed_verify_job_uploads_nothing(bed: Bed) -> Non
     job = verify_job_of(bed, bed.a, uri, "failed")  # the model is not there: the verify pod failed
     grant = bed.store_dir / "verify-grants" / bed.a / f"{job['metadata']['name']}.json"
     assert grant.exists(), "the operator's record of the Job is still in the store"
+    before = stored(bed)
+    # The Job's own pod spec: the grant ended with the Job.
     _, token = hand_made_pod(bed, job, "after-the-failure")
-    before = stored(bed)
-    status, answer = bed.put(token, NOT_ONNX, hashlib.sha256(NOT_ONNX).hexdigest())
-    assert status == 403 and "has finished" in answer, (status, answer)
-    status, answer = bed.put(token, bed.model_bytes, bed.sha)
-    assert status == 403, (status, answer)
-    assert stored(bed) == before
-
-
-def test_a_verify_pod_with_its_own_env_or_bytes_that_are_not_onnx_stores_nothing(bed: Bed) -> None:
-    uri = "pvc://no-such-claim/model.onnx"  # its verify pod waits for the claim: the Job stays active
-    bed.apply(engine("waiting", bed.a, uri, None))
-    job = verify_job_of(bed, bed.a, uri, "active")
-    grant = bed.store_dir / "verify-grants" / bed.a / f"{job['metadata']['name']}.json"
-    bed.wait(
-        "the Job's grant is bound to its uid",
-        lambda: grant.exists() and job["metadata"]["uid"] in grant.read_text(),
-    )
-    before = stored(bed)
-    # The Job's own pod spec, but the bytes are not ONNX: refused while they stream.
-    _, token = hand_made_pod(bed, job, "same-spec")
-    status, answer = bed.put(token, NOT_ONNX, hashlib.sha256(NOT_ONNX).hexdigest())
-    assert status == 422 and "not an ONNX model" in answer, (status, answer)
-    # Its own PYTHONPATH and a mounted hook: refused whatever it sends.
+    for body, sha in ((NOT_ONNX, hashlib.sha256(NOT_ONNX).hexdigest()), (bed.model_bytes, bed.sha)):
+        status, answer = bed.put(token, body, sha)
+        assert status == 403 and "has finished" in answer, (status, answer)
+    # Its own PYTHONPATH (a mounted sitecustomize.py): not the pod the operator rendered.
     c = job["spec"]["template"]["spec"]["containers"][0]
-    _, token = hand_made_pod(
-        bed, job, "own-env", env=[*c.get("env", []), {"name": "PYTHONPATH", "value": "/tmp/hook"}]
-    )
-    status, answer = bed.put(token, bed.model_bytes, bed.sha)
+    hook = [*c.get("env", []), {"name": "PYTHONPATH", "value": "/tmp/hook"}]
+    _, token = hand_made_pod(bed, job, "own-env", env=hook)
+    status, answer = bed.put(token, NOT_ONNX, hashlib.sha256(NOT_ONNX).hexdigest())
     assert status == 403 and "env is not what the operator rendered" in answer, (status, answer)
     assert stored(bed) == before
-    assert grant.exists(), "the grant is not used up by refused uploads"
+
+
+def test_a_model_framed_with_one_huge_field_is_not_stored(bed: Bed) -> None:
+    # A real ModelProto with a 3.9 MB doc_string appended: its top-level framing is ONNX's, so the
+    # operator's own verify pod uploads it, and only the broker's check of every field refuses it.
+    huge = b"\0" * 3_900_000
+    n, size = 6 << 3 | 2, bytearray()
+    length = len(huge)
+    while True:
+        size.append((length & 0x7F) | (0x80 if length >> 7 else 0))
+        length >>= 7
+        if not length:
+            break
+    framed = bed.model_bytes + bytes([n]) + bytes(size) + huge
+    (bed.models / bed.b / "framed.onnx").write_bytes(framed)
+    sha = hashlib.sha256(framed).hexdigest()
+    uri = "pvc://models/framed.onnx"
+    bed.apply(engine("framed", bed.b, uri, None))
+    record = bed.store_dir / "possession" / bed.b / f"{source_fingerprint(uri, None, None)}.json"
+
+    def outcome() -> str:
+        if record.exists():
+            return "stored"
+        return "refused" if "not an ONNX model" in (bed.target(bed.b, "framed").get("message") or "") else ""
+
+    assert bed.wait("the broker's answer to the framed model", outcome, timeout=180) == "refused"
+    assert "doc_string is 3900000 bytes" in bed.target(bed.b, "framed")["message"]
+    assert not record.exists() and not (bed.store_dir / "models" / sha).exists()

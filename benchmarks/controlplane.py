@@ -26,9 +26,11 @@ docs/img/bench-controlplane.png and the tables of docs/benchmarks.md:
 
     python -m benchmarks.controlplane --n 100,500,1000,2000 --scenarios cache,jobs
 
-(about 20-30 min on 2 cores). While developing, a small run that leaves docs/ alone:
+(3 runs of each N, verdicts on the medians: about 1-1.5 h on 2 cores). While developing, a small
+run that leaves docs/ alone:
 
-    python -m benchmarks.controlplane --n 50 --scenarios cache --quiet 10 --no-docs --result controlplane-dev
+    python -m benchmarks.controlplane --n 50 --runs 1 --scenarios cache --quiet 10 --no-docs \
+        --result controlplane-dev
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -46,14 +47,14 @@ from typing import Any
 
 from benchmarks.common import (
     CACHE,
-    TRTFORGE,
     http_get,
     log,
     peak_rss_bytes,
-    table,
     tree_cpu_seconds,
     write_result,
 )
+from benchmarks.controlplane_summary import RUNS, render, verdicts
+from benchmarks.testbed import TestbedUnavailable, cluster, ensure_testbed, not_measured, operator_counters
 
 GROUP, VERSION = "trtforge.io", "v1alpha1"
 TARGETS = [
@@ -70,33 +71,6 @@ class Counted:
 
     def __init__(self) -> None:
         self.n = 0
-
-
-def cluster(root: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    cmd = [*TRTFORGE, "cluster", "--root", str(root), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-
-
-class TestbedUnavailable(RuntimeError):
-    """The benchmark's test bed could not be started."""
-
-
-def ensure_testbed(root: Path) -> bool:
-    """Start the test bed at `root` unless it is up; True when this call started it (stop it after)."""
-    if cluster(root, "status").returncode == 0:
-        return False
-    up = cluster(root, "up")
-    if up.returncode != 0:
-        raise TestbedUnavailable(f"trtforge cluster up failed: {(up.stdout + up.stderr)[-1500:]}")
-    return True
-
-
-def not_measured(name: str, results: dict[str, Any], why: str, rc: int) -> int:
-    """Record, write and print why benchmark `name` measured nothing; returns the exit code."""
-    results["not_measured"]["all"] = why
-    write_result(name, results)
-    print(why)
-    return rc
 
 
 def apiserver_requests(tb: Any) -> tuple[float, dict[str, float]]:
@@ -124,19 +98,6 @@ def apiserver_requests(tb: Any) -> tuple[float, dict[str, float]]:
             k = f"seconds {k}"
         by[k] = by.get(k, 0.0) + v
     return total, by
-
-
-def operator_counters(port: int) -> dict[str, float]:
-    status, body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=5)
-    out: dict[str, float] = {}
-    if status != 200:
-        return out
-    for line in body.decode().splitlines():
-        m = re.match(r"(trtforge_[a-zA-Z0-9_]+)(\{[^}]*\})? ([0-9.e+-]+)$", line)
-        if not m or m.group(1).endswith(("_created", "_bucket")):  # creation timestamps, histograms
-            continue
-        out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return out
 
 
 def _sum(counters: dict[str, float], prefix: str, contains: str = "") -> float:
@@ -475,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", default="100,500,1000,2000", help="engine counts, each x 3 targets")
     p.add_argument("--scenarios", default="cache,jobs")
+    p.add_argument("--runs", type=int, default=RUNS, help="runs of each N (verdicts use the median)")
     p.add_argument("--quiet", type=float, default=60.0, help="seconds of the quiet window (cache scenario)")
     p.add_argument("--timeout", type=float, default=900.0, help="per case")
     p.add_argument("--root", default=str(CACHE / "cluster"), help="the benchmark's own test-bed state dir")
@@ -536,11 +498,14 @@ def main(argv: list[str] | None = None) -> int:
         scenarios = a.scenarios.split(",")
         settle = (a.settle_load if a.settle_load > 0 else float("inf"), a.settle_timeout)
         ns_list = [int(x) for x in a.n.split(",")]
+        # Rounds of every N rather than one N's runs back to back: a busy spell of the machine then
+        # lands on every N alike, not on one.
         if "cache" in scenarios:
-            for n in ns_list:
-                r = run_case(env, "cache", n, sha, uri, a.quiet, a.timeout, settle)
-                log(f"cache N={n}: {r}")
-                results["cases"].append(r)
+            for run in range(a.runs):
+                for n in ns_list:
+                    r = {**run_case(env, "cache", n, sha, uri, a.quiet, a.timeout, settle), "run": run}
+                    log(f"cache N={n} run {run + 1}: {r}")
+                    results["cases"].append(r)
         if "jobs" in scenarios:
             quota = {
                 "apiVersion": "v1",
@@ -549,10 +514,11 @@ def main(argv: list[str] | None = None) -> int:
                 "spec": {"hard": {"pods": "0"}},
             }
             env.apply(quota, env.build_ns)
-            for n in ns_list:
-                r = run_case(env, "jobs", n, None, uri, 0, a.timeout, settle)
-                log(f"jobs N={n}: {r}")
-                results["cases"].append(r)
+            for run in range(a.runs):
+                for n in ns_list:
+                    r = {**run_case(env, "jobs", n, None, uri, 0, a.timeout, settle), "run": run}
+                    log(f"jobs N={n} run {run + 1}: {r}")
+                    results["cases"].append(r)
     finally:
         if env is not None:
             env.close()
@@ -567,140 +533,6 @@ def main(argv: list[str] | None = None) -> int:
         plots.controlplane(json.loads(path.read_text()))
         report.main([])
     return 0
-
-
-def _case(cases: list[dict[str, Any]], scenario: str, n: int) -> dict[str, Any] | None:
-    return next((c for c in cases if c["scenario"] == scenario and c["n"] == n), None)
-
-
-def verdicts(cases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The control plane's targets against what was measured (None: not measured)."""
-    c500, c2000, j2000 = _case(cases, "cache", 500), _case(cases, "cache", 2000), _case(cases, "jobs", 2000)
-    out: dict[str, dict[str, Any]] = {}
-
-    def put(name: str, value: Any, ok: bool | None) -> None:
-        out[name] = {"value": value, "met": ok}
-
-    t2000 = c2000["done_s"] if c2000 else None
-    put("cache N=2000 all Ready within 60 s", t2000, None if t2000 is None else t2000 <= 60)
-    t500 = c500["done_s"] if c500 else None
-    ratio = round(t2000 / t500, 2) if t2000 and t500 else None
-    put("time(2000)/time(500) <= 4.4", ratio, None if ratio is None else ratio <= 4.4)
-    rss = c2000["operator_peak_rss_mb"] if c2000 else None
-    put("operator peak RSS <= 600 MB at N=2000", rss, None if rss is None else rss <= 600)
-    quiet = (c2000 or {}).get("quiet") or {}
-    wr = quiet.get("status_writes")
-    put("zero status writes in the quiet window (N=2000)", wr, None if wr is None else wr == 0)
-    tj = j2000["done_s"] if j2000 else None
-    put("jobs N=2000: all 6000 Jobs within 90 s", tj, None if tj is None else tj <= 90)
-    return out
-
-
-def _settled(settle: dict[str, Any] | None) -> str:
-    """The settle wait before a case, as a table cell ('-' for results from before it existed)."""
-    if not settle:
-        return "-"
-    cell = f"{settle['waited_s']} ({settle['load_at_start']} -> {settle['load_at_end']})"
-    return cell if settle["reason"] == "settled" else f"{cell}, timed out"
-
-
-def render(results: dict[str, Any]) -> str:
-    rows = []
-    quiet_rows = []
-    for c in results["cases"]:
-        rows.append(
-            [
-                c["scenario"],
-                c["n"],
-                c["targets"],
-                c["done_s"],
-                c.get("status_done_s") if c["scenario"] == "jobs" else "",
-                c["apply_s"],
-                c["jobs_created"],
-                c["cache_hits"],
-                c["operator_peak_rss_mb"],
-                c["api_requests_per_engine"],
-                c["status_writes"],
-                c["reconciles"],
-                c.get("reconcile_s_per_engine"),
-                f"{c.get('loadavg_1m_before', '-')} / {c.get('loadavg_1m_after', '-')}",
-                _settled(c.get("load_settle")),
-            ]
-        )
-        q = c.get("quiet")
-        if q:
-            quiet_rows.append(
-                [
-                    c["n"],
-                    q["engines"],
-                    q["seconds"],
-                    q["status_writes"],
-                    q["reconciles"],
-                    q.get("writes_per_reconcile"),
-                    q["resource_version_changes"],
-                    q.get("api_requests"),
-                    q.get("api_requests_idle_baseline"),
-                    q.get("operator_cpu_util"),
-                ]
-            )
-    out = [
-        "Control plane: N TRTEngines x 3 targets created by 16 concurrent clients"
-        " (cache: all from the store; jobs: all build); 'done s' counts from the last create",
-        table(
-            [
-                "scenario",
-                "N",
-                "targets",
-                "done s",
-                "jobs: status written s",
-                "create s",
-                "Jobs created",
-                "cache hits",
-                "operator peak RSS MB",
-                "API req/engine",
-                "status writes",
-                "reconciles",
-                "reconcile s/engine",
-                f"load 1m before / after ({results.get('machine', {}).get('cpus', '?')} CPUs)",
-                "waited for load ≤ max (s)",
-            ],
-            rows,
-        ),
-    ]
-    v = results.get("verdicts") or {}
-    if v:
-        out += [
-            "",
-            "Targets:",
-            table(
-                ["target", "measured", "verdict"],
-                [
-                    [k, x["value"], "-" if x["met"] is None else "met" if x["met"] else "missed"]
-                    for k, x in v.items()
-                ],
-            ),
-        ]
-    if quiet_rows:
-        out += [
-            "",
-            "Quiet window after the cache case (nothing changes):",
-            table(
-                [
-                    "N",
-                    "engines",
-                    "seconds",
-                    "status writes",
-                    "reconciles",
-                    "writes/reconcile",
-                    "RV changes",
-                    "API requests",
-                    "idle baseline",
-                    "operator CPU (cores)",
-                ],
-                quiet_rows,
-            ),
-        ]
-    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 - the apiserver SIGKILLed for ~25 s in the middle of a 2-replica rollout: the time from its return
   to the InferenceDeployment Ready (target: 30 s).
 
-Scenarios are the ones tests/integration/test_ha.py asserts on (tests/integration/ha.py). The
+Scenarios are the ones tests/integration/test_ha.py asserts on (trtforge_dev.chart_operator). The
 machine is shared with other work unless said otherwise: times include that noise.
 """
 
@@ -31,8 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--no-apiserver", action="store_true", help="skip the apiserver restart")
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
-    from ha import ChartOperator, apiserver_killed_mid_rollout, leader_killed_mid_build
+    from trtforge_dev.chart_operator import (
+        ChartOperator,
+        apiserver_killed_mid_rollout,
+        leader_killed_mid_build,
+    )
     from trtforge_dev.testbed import handle
     from trtforge_dev.testbed.paths import StatePaths, default_root
 

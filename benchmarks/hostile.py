@@ -1,6 +1,6 @@
 """Liveness under hostile load: does ``/v2/health/live`` answer within 100 ms while tenants attack?
 
-Two parts (``--part``). ``catalogue``: the hostile bodies below, against SqueezeNet over HTTP.
+Three parts (``--part``). ``catalogue``: the hostile bodies below, against SqueezeNet over HTTP.
 ``families``: every attack family of the hostile-client suite
 (tests/integration/test_serve_hostile_families.py: the HTTP/2 ones of :mod:`trtforge_dev.hostile_h2`
 on the gRPC port, the HTTP/1.1 ones of :mod:`trtforge_dev.hostile`) for ``--family-seconds`` each,
@@ -8,7 +8,10 @@ one after another against one server of the suite's MLP (built by the real build
 so the attackers' frames and not the tensors' bytes make the load), each beside the liveness prober
 and legitimate HTTP and gRPC infers checked against ONNX Runtime
 (:func:`trtforge_dev.hostile_run.under_attack`); per family the probes' latency, the legitimate
-success rate and the server's peak RSS above idle.
+success rate and the server's peak RSS above idle. ``front-door``: issue 63's cases 1-5 (calls that
+cannot finish, a gzip bomb over HTTP, slowloris heads past the connection cap, frame floods, and the
+floods that cost latency) the same way, each against the same run's quiet baseline
+(:data:`FRONT_DOOR`, :func:`front_door_verdicts`).
 
 ``trtforge serve`` (SqueezeNet, the benchmark engine) is pinned to ``--server-cpus``; a prober on
 ``--probe-cpus`` polls ``/v2/health/live`` on a fresh connection every 20 ms, as a kubelet would;
@@ -27,6 +30,7 @@ the answers; this measures the timing, which belongs on a quiet machine.
 
     python -m benchmarks.hostile --server-cpus 0-1 --probe-cpus 2 --attack-cpus 3-5
     python -m benchmarks.hostile --part families --server-cpus 0 --probe-cpus 1 --attack-cpus 1
+    python -m benchmarks.hostile --part front-door --server-cpus 0 --probe-cpus 1 --attack-cpus 1
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from typing import Any
 
 import numpy as np
 from trtforge_dev.hostile import MB, LiveProbe, Target, binary_body, hostile_requests, post, rss_kb
-from trtforge_dev.hostile_run import FAMILIES, under_attack
+from trtforge_dev.hostile_run import FAMILIES, QUIET, under_attack
 
 from benchmarks.common import (
     CACHE,
@@ -248,7 +252,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
 def run_families(a: argparse.Namespace) -> dict[str, Any]:
     """Every attack family for ``--family-seconds`` against one quiet server (gRPC on)."""
-    from tests.integration.serve_engines import env_for, make_mlp_bed, run_ort
+    from trtforge_dev.serve_engines import env_for, make_mlp_bed, run_ort
 
     CACHE.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="hostile-families-", dir=CACHE))
@@ -349,6 +353,140 @@ def render_families(res: dict[str, Any]) -> str:
     )
 
 
+# Issue 63's cases: (its item, what the attack does) -> the attack family.
+FRONT_DOOR: dict[tuple[int, str], str] = {
+    (1, "short messages, 12 conns x 100 calls"): "short_messages",
+    (1, "stalled calls, 12 conns x 100 calls"): "slow_streams",
+    (2, "gzip bomb over HTTP (128 MiB in 130 KB)"): "http_gzip_bomb",
+    (3, "slowloris, 1,100 heads past the cap"): "slowloris_1100",
+    (4, "zero window, 12 conns"): "zero_window_12",
+    (4, "HEADERS on closed streams"): "headers_on_closed_streams",
+    (4, "odd stream ids"): "odd_stream_ids",
+    (4, "CONTINUATION flood"): "continuation_flood",
+    (4, "SETTINGS flood"): "settings_flood",
+    (5, "HPACK bomb"): "hpack_amplification",
+    (5, "PING flood"): "ping_flood",
+    (5, "rapid reset"): "rapid_reset",
+}
+# Issue 63's targets, per case against the same run's quiet baseline.
+HEALTH_P99_SLACK_MS = 50.0
+LEGIT_SUCCESS = 0.95
+RSS_GROWTH_MB = 64.0
+GRPC_P50_RATIO = 2.0
+
+
+def front_door_verdicts(case: dict[str, Any], quiet: dict[str, Any]) -> dict[str, bool]:
+    """Which of issue 63's targets `case` (an Outcome summary) met against `quiet` (pure)."""
+    return {
+        "health": case["health_p99_ms"] <= quiet["health_p99_ms"] + HEALTH_P99_SLACK_MS,
+        "legit": min(case["http_success_rate"], case["grpc_success_rate"]) >= LEGIT_SUCCESS,
+        "rss": case["rss_peak_above_idle_mb"] - case["rss_start_above_idle_mb"] <= RSS_GROWTH_MB,
+        "grpc_p50": case["grpc_p50_ms"] <= GRPC_P50_RATIO * quiet["grpc_p50_ms"],
+        "alive": bool(case["alive"]),
+    }
+
+
+def run_front_door(a: argparse.Namespace) -> dict[str, Any]:
+    """The quiet baseline, then each of the front-door cases for ``--family-seconds``, against one server
+    of the suite's MLP with the runtime's default limits (gRPC on)."""
+    from trtforge_dev.serve_engines import env_for, make_mlp_bed, run_ort
+
+    CACHE.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="hostile-front-door-", dir=CACHE))
+    bed = make_mlp_bed(work, mlp_seed=63)
+    port, grpc_port = free_ports(2)
+    flags = ("--grpc-port", str(grpc_port), *a.serve_flag)
+    cmd = taskset(a.server_cpus, serve_cmd(str(bed.store), bed.key, "mlp", port, work / "cache", *flags))
+    proc = start(cmd, work / "serve.log", env_for(bed.gpu_file, work / "termination"))
+    x = np.random.default_rng(63).standard_normal((2, 64)).astype(np.float32)
+    reference = run_ort(bed.mlp, {"x": x})["y"]
+    target = Target("127.0.0.1", grpc_port, port, "mlp", "x", x)
+    cases: list[dict[str, Any]] = []
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/v2/health/ready", 300, proc)
+        os.sched_setaffinity(0, _cpus(a.attack_cpus))
+        time.sleep(1.0)
+        idle_kb = rss_kb(proc.pid, "VmRSS")
+
+        def one(family: str) -> dict[str, Any]:
+            out = under_attack(
+                family,
+                target,
+                pid=proc.pid,
+                idle_rss_kb=idle_kb,
+                output="y",
+                reference=reference,
+                probe_out=work / f"probe-{family}.log",
+                seconds=a.family_seconds,
+                probe_cpus=a.probe_cpus,
+            )
+            log(f"{family}: {out.summary()}")
+            time.sleep(1.0)  # the server settles before the next case
+            return out.summary()
+
+        quiet = one(QUIET)
+        for (item, what), family in FRONT_DOOR.items():
+            r = one(family)
+            met = front_door_verdicts(r, quiet)
+            cases.append({"item": item, "case": what, "family": family, **r, "met": met})
+            if not r["alive"]:
+                break
+        alive = proc.poll() is None
+    finally:
+        stop(proc)
+    return {
+        "cpus": {"server": a.server_cpus, "probe": a.probe_cpus, "attack": a.attack_cpus},
+        "model": "the suite's MLP (x: 2 x 64 FP32 -> y: 2 x 10), ONNX Runtime backend",
+        "family_seconds": a.family_seconds,
+        "serve_flags": a.serve_flag,
+        "quiet": quiet,
+        "cases": cases,
+        "server_alive": alive,
+        "targets": {
+            "health_p99_slack_ms": HEALTH_P99_SLACK_MS,
+            "legit_success": LEGIT_SUCCESS,
+            "rss_growth_mb": RSS_GROWTH_MB,
+            "grpc_p50_ratio": GRPC_P50_RATIO,
+        },
+    }
+
+
+def render_front_door(res: dict[str, Any]) -> str:
+    """Per front-door case: health p99 against quiet, legitimate success, RSS growth, gRPC p50."""
+    q = res["quiet"]
+
+    def mark(ok: bool) -> str:
+        return "" if ok else " ✗"
+
+    rows = []
+    for c in res["cases"]:
+        m = c["met"]
+        rows.append(
+            [
+                c["item"],
+                c["case"],
+                f"{c['health_p99_ms']}{mark(m['health'])}",
+                f"{c['http_success_rate']:.1%} / {c['grpc_success_rate']:.1%}{mark(m['legit'])}",
+                f"{c['rss_peak_above_idle_mb'] - c['rss_start_above_idle_mb']:.0f}{mark(m['rss'])}",
+                f"{c['grpc_p50_ms'] / q['grpc_p50_ms']:.1f}x{mark(m['grpc_p50'])}",
+                "yes" if c["alive"] else "no ✗",
+            ]
+        )
+    t = res["targets"]
+    cpus = res["cpus"]
+    return (
+        f"Front-door cases, {res['family_seconds']:.0f} s each: server on CPUs {cpus['server'] or 'any'}, "
+        f"prober on {cpus['probe'] or 'any'}, attackers and legitimate clients on {cpus['attack'] or 'any'}; "
+        f"extra serve flags: {' '.join(res['serve_flags']) or 'none'}. Quiet: health p99 "
+        f"{q['health_p99_ms']} ms, gRPC p50 {q['grpc_p50_ms']} ms. ✗: a target missed.\n"
+        + table(["item", "case", "health p99 ms", "legit HTTP / gRPC", "RSS MB", "gRPC p50", "alive"], rows)
+        + f"\nTargets: health p99 within {t['health_p99_slack_ms']:.0f} ms of quiet, at least "
+        f"{t['legit_success']:.0%} of legitimate infers right over each protocol, RSS growth at most "
+        f"{t['rss_growth_mb']:.0f} MB, gRPC p50 at most {t['grpc_p50_ratio']:.0f}x quiet. Server alive at "
+        f"the end: {res['server_alive']}."
+    )
+
+
 def _cpus(spec: str | None) -> set[int]:
     if not spec:
         return set(os.sched_getaffinity(0))
@@ -388,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--half-open", type=int, default=500)
     p.add_argument("--idle-timeout", type=float, default=2.0, help="the server's --idle-timeout")
     p.add_argument("--request-timeout", type=float, default=30.0, help="client socket timeout per attack")
-    p.add_argument("--part", choices=("all", "catalogue", "families"), default="all")
+    p.add_argument("--part", choices=("all", "catalogue", "families", "front-door"), default="all")
     p.add_argument("--families", default="all", help=f"comma-separated, of: {', '.join(FAMILIES)}")
     p.add_argument("--family-seconds", type=float, default=20.0, help="how long each family attacks")
     p.add_argument(
@@ -409,6 +547,11 @@ def main(argv: list[str] | None = None) -> int:
         write_result("hostile_families", fam)
         print(render_families(fam))
         ok = ok and fam["server_alive"]
+    if a.part in ("all", "front-door"):
+        door = run_front_door(a)
+        write_result("hostile_front_door", door)
+        print(render_front_door(door))
+        ok = ok and door["server_alive"]
     return 0 if ok else 1
 
 

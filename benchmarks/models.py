@@ -1,6 +1,6 @@
 """The benchmark models: SqueezeNet and ResNet-50 from the ``onnx`` package's own test data.
 
-``tests/modelzoo.py`` materialises their weights (ResNet-50 becomes a ~100 MB file); here the batch
+``dev/trtforge_dev/modelzoo.py`` materialises their weights (ResNet-50 becomes a ~100 MB file); here the batch
 dimension is made symbolic so that a server can batch requests (the exported models fix it at 1).
 """
 
@@ -54,9 +54,9 @@ def model_file(name: str) -> Path:
     dst = CACHE / "models" / f"{name}.onnx"
     if dst.exists():
         return dst
-    from tests.modelzoo import light_model
+    from trtforge_dev.modelzoo import light_model
 
-    log(f"materialising {name} (tests/modelzoo.py) with a dynamic batch dimension")
+    log(f"materialising {name} (dev/trtforge_dev/modelzoo.py) with a dynamic batch dimension")
     return _dynamic_batch(light_model(name), dst)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import CACHE, log, table, write_result
-from benchmarks.controlplane import (
+from benchmarks.testbed import (
     TestbedUnavailable,
     cluster,
     ensure_testbed,
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         tb = TestBed(StatePaths(root))
         env = OperatorEnv(tb, CACHE / "recovery", [TENANT], build_ns=f"bench-build-rec-{SUFFIX}")
         env.start()
-        from tests.modelzoo import light_model, sha256_of
+        from trtforge_dev.modelzoo import light_model, sha256_of
 
         src = light_model("squeezenet")  # 5 MB, batch fixed at 1: a rebuild really builds and validates
         shutil.copyfile(src, env.models_dir / "squeezenet.onnx")

@@ -2,7 +2,7 @@
 
 The page keeps its prose; only the text between ``<!-- results:NAME -->`` and
 ``<!-- /results:NAME -->`` is replaced (NAME: machine, serving, manycore, hostile, hostile_families,
-coldstart, coldstart-h200, controlplane, recovery, ha, and targets).
+hostile_front_door, coldstart, coldstart-h200, controlplane, recovery, ha, and targets).
 """
 
 from __future__ import annotations
@@ -19,35 +19,29 @@ DOC = ROOT / "docs" / "benchmarks.md"
 
 
 def machine(res: dict[str, Any]) -> str:
+    """The serving run's machine and versions, one paragraph."""
     m = res["machine"]
-    rows = [
-        ["CPU", f"{m['cpu_model']}, {m['cpus']} vCPUs ({m['hypervisor']} guest)"],
-        ["memory", f"{m['memory_gib']} GiB"],
-        ["kernel", m["kernel"]],
-        ["Python", m["python"]],
-        ["ONNX Runtime (trtforge, ceiling)", m["onnxruntime"]],
-        ["aiohttp, grpcio (trtforge serve)", f"{m['aiohttp']}, {m.get('grpcio')}"],
-        ["load generator", f"perf_analyzer of tritonclient {res['load_generator']['tritonclient']}"],
-    ]
-    for name, versions in (m.get("peers") or {}).items():
-        rows.append([f"{name} venv", ", ".join(f"{d} {v}" for d, v in versions.items())])
     served = {
         s["versions"].get("trtforge")
         for mod in res["models"].values()
         for k, s in mod["servers"].items()
         if k == "trtforge" and "versions" in s
     }
-    rows += [
-        ["benchmark harness commit", m["trtforge_commit"]],
-        ["trtforge serve measured", ", ".join(sorted(v for v in served if v)) or m["trtforge_commit"]],
-        ["run finished (UTC)", res["finished_utc"]],
-        [
-            "1-min load average before / after the serving run",
-            " / ".join(f"{x[0]:.2f}" for x in (res.get("loadavg_before"), res.get("loadavg_after")) if x)
-            or m["loadavg_at_start"],
-        ],
-    ]
-    return table(["", ""], rows)
+    # the peers' venvs: the serving result's own record (older files kept them under "machine")
+    peers = res.get("peer_versions") or m.get("peers") or {}
+    venvs = "; ".join(f"{n}: " + ", ".join(f"{d} {v}" for d, v in vs.items()) for n, vs in peers.items())
+    load = " / ".join(f"{x[0]:.2f}" for x in (res.get("loadavg_before"), res.get("loadavg_after")) if x)
+    return (
+        f"**Machine:** {m['cpu_model']}, {m['cpus']} vCPUs ({m['hypervisor']} guest), {m['memory_gib']} GiB,"
+        f" kernel {m['kernel']}, Python {m['python']}. **trtforge serve and the ceiling:** ONNX Runtime"
+        f" {m['onnxruntime']}, aiohttp {m['aiohttp']}, grpcio {m.get('grpcio')}. **Load generator:**"
+        f" perf_analyzer of tritonclient {res['load_generator']['tritonclient']}."
+        + (f" **Peers' venvs:** {venvs}." if venvs else "")
+        + f" **Harness commit / trtforge serve measured:** {m['trtforge_commit']} /"
+        f" {', '.join(sorted(v for v in served if v)) or m['trtforge_commit']}. **Finished (UTC):**"
+        f" {res['finished_utc']}; 1-min load average before / after the serving run"
+        f" {load or m['loadavg_at_start']}."
+    )
 
 
 def _met(ok: bool | None) -> str:
@@ -168,7 +162,7 @@ def _wrap(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks import coldstart, controlplane, ha, hostile, manycore, recovery, serving
+    from benchmarks import coldstart, controlplane_summary, ha, hostile, manycore, recovery, serving
 
     if not DOC.exists():
         log(f"{DOC} does not exist; nothing to fill")
@@ -180,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         "manycore": ("manycore", manycore.render),
         "hostile": ("hostile", hostile.render),
         "hostile_families": ("hostile_families", hostile.render_families),
+        "hostile_front_door": ("hostile_front_door", hostile.render_front_door),
         "coldstart": ("coldstart", coldstart.render),
         "coldstart-h200": ("coldstart-h200", coldstart.render),
-        "controlplane": ("controlplane", controlplane.render),
+        "controlplane": ("controlplane", controlplane_summary.render),
         "recovery": ("recovery", recovery.render),
         "ha": ("ha", ha.render),
     }
@@ -201,7 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         if res is None:
             continue
         try:
-            body = _wrap(fn(res) if marker in ("machine", "serving") else f"{provenance(res)}\n{fn(res)}")
+            text = fn(res)
+            if marker not in ("machine", "serving"):  # the provenance opens the first paragraph
+                text = f"{provenance(res)}{chr(10) if text.startswith('|') else ' '}{text}"
+            body = _wrap(text)
         except KeyError as e:
             log(f"results/{name}.json is from an older harness (no {e}); its table is left as it was")
             continue

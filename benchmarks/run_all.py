@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         recovery,
         report,
         serving,
+        testbed,
     )
     from benchmarks.servers import venvs
 
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         (
             "controlplane",
             controlplane.main,
-            ["--root", root, "--keep-cluster", *(["--n", "10", "--quiet", "20"] if q else [])],
+            ["--root", root, "--keep-cluster", *(["--n", "10", "--runs", "1", "--quiet", "20"] if q else [])],
         ),
         ("recovery", recovery.main, ["--root", root, "--keep-cluster", *(["--reps", "1"] if q else [])]),
         ("manycore", manycore.main, ["--cores", "2,4", "--seconds", "2"] if q else []),
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         if rc:
             failed.append(name)
     if cluster_used:
-        controlplane.cluster(CACHE / "cluster", "down")
+        testbed.cluster(CACHE / "cluster", "down")
     plots.main([])
     report.main([])
     if failed:

@@ -41,9 +41,18 @@ from benchmarks.common import (
     write_result,
 )
 from benchmarks.models import model_info, sample_input
-from benchmarks.servers import Kind, Launch, Model, Setting, kinds
+from benchmarks.servers import Kind, Launch, Model, Setting, venvs
 
 KINDS = ("trtforge", "triton", "mlserver", "kserve")
+
+
+def kinds() -> dict[str, Kind]:
+    """The servers by name: trtforge serve and its peers (benchmarks/servers/)."""
+    from benchmarks.servers import kserve, mlserver, triton, trtforge
+
+    return {k.name: k for k in (trtforge.KIND, triton.KIND, mlserver.KIND, kserve.KIND)}
+
+
 PEERS_TO_BEAT = ("triton", "mlserver")
 PROTOCOL_TITLES = {"http": "HTTP binary", "grpc": "gRPC", "json": "HTTP JSON"}
 SHARED_MACHINE_NOTE = (
@@ -281,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_trials": a.max_trials,
         },
         "config": vars(a),
+        "peer_versions": venvs.peer_versions(),
         "loadavg_before": os.getloadavg(),
         "models": {},
     }
@@ -448,9 +458,9 @@ def render(results: dict[str, Any]) -> str:
                 if m.get("ceiling_after")
                 else ""
             )
-            + f"; perf_analyzer windows of {m['interval_ms'] / 1000:g} s."
+            + f"; perf_analyzer windows of {m['interval_ms'] / 1000:g} s. Inferences/s (p99 ms) and"
+            " trtforge's share of the ceiling:"
         )
-        parts.append(f"Inferences/s (p99 ms), **{model}**, and trtforge's share of the ceiling.")
         measured = [q for s in servers.values() for q in [*s["points"], *s["failed_points"]]]
         # one column per server and protocol it was driven over, one row per concurrency
         columns = [
@@ -477,43 +487,7 @@ def render(results: dict[str, Any]) -> str:
             rows.append([c, *cells, " / ".join(shares) or "-"])
         heads = [f"{k} {PROTOCOL_TITLES[pr]}" for k, pr in columns]
         parts.append(table(["conc", *heads, "trtforge of the ceiling"], rows))
-        summ = results["summary"].get(model, {})
-        if summ.get("points"):
-            parts.append("")
-            parts.append(
-                f"trtforge against the best of Triton and MLServer, **{model}** (each at its best protocol):"
-            )
-            parts.append(
-                table(
-                    [
-                        "conc",
-                        "trtforge infer/s",
-                        "p99 ms",
-                        "protocol",
-                        "best peer",
-                        "infer/s",
-                        "p99 ms",
-                        "protocol",
-                        "ratio",
-                        "verdict",
-                    ],
-                    [
-                        [
-                            pt["concurrency"],
-                            pt["trtforge"]["throughput"],
-                            pt["trtforge"]["p99_ms"],
-                            pt["trtforge"]["protocol"],
-                            pt["best_peer"]["server"],
-                            pt["best_peer"]["throughput"],
-                            pt["best_peer"]["p99_ms"],
-                            pt["best_peer"]["protocol"],
-                            pt["ratio"],
-                            pt["verdict"],
-                        ]
-                        for pt in summ["points"]
-                    ],
-                )
-            )
+        # each point's verdict against the best peer is a row of the targets table (benchmarks.report)
     return "\n".join(parts)
 
 

@@ -5,37 +5,45 @@
 An entry point names a `register(subparsers)` function that adds its parser and sets `func` on it.
 Subcommand modules keep their top-level imports light; heavy work is imported inside handlers. When
 the command line names a subcommand, only that subcommand's module is imported (`trtforge serve`'s
-cold start pays for no other component's parser). A product subcommand (:data:`PRODUCT_COMMANDS`)
-is found without reading any distribution's metadata when its package is installed.
+cold start pays for no other component's parser). A product subcommand (:func:`product_commands`)
+is found in the product distributions' own metadata, without a scan of every installed distribution.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trtforge import __version__
 from trtforge.logs import configure_logging
 
 ENTRY_POINT_GROUP = "trtforge.commands"
-# The product's own subcommands, as its packages declare them in ENTRY_POINT_GROUP (a unit test keeps
-# them equal). A command line naming one imports it straight from here when its package is
-# installed: finding it through the entry points reads every installed distribution's metadata first
-# (30-40 ms, before `trtforge serve` could begin its cold start; docs/design.md, "Runtime cold
-# start"). The entry points stay the registry: anything else, and a package not installed, is
-# looked up there, so an image still has exactly the subcommands of what it installs.
-PRODUCT_COMMANDS = {
-    "gpu": "trtforge.contract.probe_cli:register",
-    "operator": "trtforge_operator.cli:register",
-    "broker": "trtforge_operator.broker.cli:register",
-    "crds": "trtforge_operator.crdgen:register",
-    "serve": "trtforge_runtime.cli:register",
-    "build": "trtforge_builder.cli:register",
-    "stage-model": "trtforge_builder.stage:register",
-}
+# The product's distributions, the runtime first (its cold start is the one that counts). A command
+# line naming one of their subcommands finds it in these distributions' own entry points: scanning
+# every installed distribution (`entry_points(group=...)`) takes 30-40 ms before `trtforge serve` could
+# begin its cold start (docs/design.md, "Runtime cold start"). Anything else is looked up in all of
+# them, so an image still has exactly the subcommands of what it installs.
+PRODUCT_DISTRIBUTIONS = ("trtforge-runtime", "trtforge", "trtforge-builder", "trtforge-operator")
+
+
+@functools.cache
+def product_commands() -> dict[str, str]:
+    """Subcommand -> `module:register`, as the installed product distributions declare them in
+    ENTRY_POINT_GROUP (read from each one's own metadata; a distribution not installed has none)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    out: dict[str, str] = {}
+    for name in PRODUCT_DISTRIBUTIONS:
+        try:
+            entries = distribution(name).entry_points
+        except PackageNotFoundError:
+            continue
+        out.update({e.name: e.value for e in entries if e.group == ENTRY_POINT_GROUP})
+    return out
 
 
 def command_of(argv: Sequence[str]) -> str | None:
@@ -52,20 +60,16 @@ def command_of(argv: Sequence[str]) -> str | None:
     return None
 
 
-def product_registrar(command: str | None) -> Callable[[Any], None] | None:
-    """The `register` function of product subcommand `command`, imported; None when `command` is not
-    one of :data:`PRODUCT_COMMANDS` or its package is not installed (an error inside it is raised)."""
-    target = PRODUCT_COMMANDS.get(command or "")
+def product_registrar(
+    command: str | None, commands: Mapping[str, str] | None = None
+) -> Callable[[Any], None] | None:
+    """The `register` function of product subcommand `command` (of `commands`, default the installed
+    product's), imported; None when it is not one (an error inside its module is raised)."""
+    target = (product_commands() if commands is None else commands).get(command or "")
     if target is None:
         return None
     module, _, attr = target.partition(":")
-    try:
-        found = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name is not None and (module == e.name or module.startswith(e.name + ".")):
-            return None  # not installed in this image
-        raise
-    register: Callable[[Any], None] = getattr(found, attr)
+    register: Callable[[Any], None] = getattr(importlib.import_module(module), attr)
     return register
 
 

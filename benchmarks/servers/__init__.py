@@ -88,9 +88,3 @@ class Kind:
     setting: Callable[[int], Setting]  # the server's setting for a host of this many cores
     launch: Callable[[Model, Setting, int, int, Path], Launch]  # model, setting, http, grpc port, work dir
     version: Callable[[], dict[str, str]]
-
-
-def kinds() -> dict[str, Kind]:
-    from benchmarks.servers import kserve, mlserver, triton, trtforge
-
-    return {k.name: k for k in (trtforge.KIND, triton.KIND, mlserver.KIND, kserve.KIND)}

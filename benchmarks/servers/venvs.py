@@ -76,6 +76,14 @@ MLSERVER = Venv("mlserver", ("mlserver==1.7.1", "uvloop==0.21.0"))
 VENVS = {"kserve": KSERVE, "triton": TRITON, "mlserver": MLSERVER}
 
 
+def peer_versions() -> dict[str, dict[str, str]]:
+    """Each peer venv's pinned distributions and its ONNX Runtime, as installed ("absent" if not)."""
+    return {
+        name: {d: v.version(d) for d in (*(p.split("==")[0] for p in v.packages), "onnxruntime")}
+        for name, v in VENVS.items()
+    }
+
+
 def site_packages(v: Venv) -> Path:
     out = subprocess.run(
         [str(v.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

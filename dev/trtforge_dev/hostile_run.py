@@ -22,6 +22,15 @@ from trtforge_dev.hostile_h2 import H2_ATTACKS, Attack
 
 FAMILIES: dict[str, Attack] = {**H2_ATTACKS, **H1_ATTACKS}
 GRPC_FAMILIES = frozenset(H2_ATTACKS)
+QUIET = "quiet"  # no attack: the baseline
+
+
+def quiet(target: Target, stop: threading.Event, counters: Counter[str]) -> None:
+    stop.wait()
+
+
+# Families whose legitimate clients are new ones: a fresh client (connection) for every infer.
+FRESH_CLIENT_FAMILIES = frozenset({"no_preface", "slowloris_1100"})
 
 
 @dataclass
@@ -32,6 +41,7 @@ class Legit:
     ok: int = 0
     wrong: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    latencies: list[float] = field(default_factory=list)  # seconds, of the infers answered right
 
     @property
     def attempts(self) -> int:
@@ -40,6 +50,11 @@ class Legit:
     @property
     def success_rate(self) -> float:
         return self.ok / self.attempts if self.attempts else 0.0
+
+    @property
+    def p50_ms(self) -> float:
+        lat = sorted(self.latencies)
+        return lat[(len(lat) - 1) // 2] * 1e3 if lat else float("nan")
 
 
 class LegitLoad:
@@ -81,13 +96,16 @@ class LegitLoad:
             try:
                 if client is None:
                     client = self._client()
+                t0 = time.perf_counter()
                 got = client[0]()
+                took = time.perf_counter() - t0
             except Exception as e:  # every failure is counted, by kind
                 self.result.errors[_error_kind(e)] += 1
                 failed = True
             else:
                 if got is not None and np.allclose(got, self.reference, rtol=1e-4, atol=1e-5):
                     self.result.ok += 1
+                    self.result.latencies.append(took)
                 else:
                     self.result.wrong += 1
             if client is not None and (failed or self.fresh):
@@ -143,6 +161,7 @@ class Outcome:
                 for p, r in self.legit.items()
             },
             **{f"{p}_success_rate": round(r.success_rate, 3) for p, r in self.legit.items()},
+            **{f"{p}_p50_ms": round(r.p50_ms, 2) for p, r in self.legit.items()},
             "rss_start_above_idle_mb": round(self.rss_start_above_idle_mb, 1),
             "rss_peak_above_idle_mb": round(self.rss_peak_above_idle_mb, 1),
             "alive": self.alive,
@@ -167,11 +186,13 @@ def under_attack(
 ) -> Outcome:
     """Run the attack `family` for at least `seconds`, and on until each protocol's legitimate load
     has made `min_infers` infers and `until` (if given) holds of the attack's counters, or
-    `max_seconds` have passed; meanwhile the probe, the legitimate load (HTTP always, gRPC too for
-    the HTTP/2 families; fresh gRPC clients against connections that never send the preface) and
-    the server's RSS (sampled every 50 ms) are watched."""
-    attack = FAMILIES[family]
-    protocols = ["http", "grpc"] if family in GRPC_FAMILIES else ["http"]
+    `max_seconds` have passed; meanwhile the probe, the legitimate load (HTTP and gRPC; a fresh client
+    for every infer in FRESH_CLIENT_FAMILIES) and the server's RSS (sampled every 50 ms) are watched.
+    The family :data:`QUIET` attacks nothing: the same run's baseline."""
+    attack = FAMILIES.get(family, quiet)
+    if family != QUIET and family not in FAMILIES:
+        raise KeyError(f"unknown attack family {family!r}")
+    protocols = ["http", "grpc"]
     counters: Counter[str] = Counter()
     stop = threading.Event()
     thread = threading.Thread(target=attack, args=(target, stop, counters), daemon=True)
@@ -179,7 +200,8 @@ def under_attack(
     alive = True
     with LiveProbe(f"{target.host}:{target.http_port}", probe_out, cpus=probe_cpus) as probe:
         loads = [
-            LegitLoad(target, p, output, reference, fresh_clients=family == "no_preface") for p in protocols
+            LegitLoad(target, p, output, reference, fresh_clients=family in FRESH_CLIENT_FAMILIES)
+            for p in protocols
         ]
         t0 = time.monotonic()
         thread.start()

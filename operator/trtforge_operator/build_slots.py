@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from trtforge_operator.observed import Capacity, JobView
+from trtforge_operator.observe.views import Capacity, JobView
 
 JobRef = tuple[str, str]  # (namespace, name): a Job's name is unique only within its namespace
 

@@ -10,12 +10,14 @@ import argparse
 import logging
 from typing import Any
 
+from trtforge_operator.cli_config import add_config_argument, load_or_report
+
 log = logging.getLogger(__name__)
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("operator", help="run the trtforge operator (kopf)", description=__doc__)
-    p.add_argument("--config", default=None, help="YAML config file (else $TRTFORGE_OPERATOR_CONFIG)")
+    add_config_argument(p)
     p.add_argument(
         "--namespace",
         action="append",
@@ -28,12 +30,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from trtforge_operator.config import ConfigError, load_config
-
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        print(f"trtforge operator: {e}")
+    cfg = load_or_report(args, "operator")
+    if cfg is None:
         return 2
     if args.namespace:
         cfg = cfg.model_copy(update={"namespaces": list(args.namespace)})
@@ -117,8 +115,8 @@ async def _act(
 
     import kopf
 
-    from trtforge_operator.engine_gc import gc_loop
     from trtforge_operator.handlers import register
+    from trtforge_operator.handlers.gc import gc_loop
     from trtforge_operator.state import State
 
     state = State(cfg=cfg, kube=kube, store=store, metrics=metrics, watch=watch)

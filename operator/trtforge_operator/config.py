@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trtforge.contract import images
 from trtforge.contract.engine_key import Backend
 from trtforge_operator.leader.lease import timing_problem
 
@@ -26,6 +27,14 @@ class ConfigError(ValueError):
 
 def _default_backends() -> dict[str, Backend]:
     return {"gpu": "tensorrt", "cpu": "onnxruntime"}
+
+
+# The taint GPU node pools carry on most clusters (the GPU Operator's docs, managed node pools).
+GPU_TOLERATION: dict[str, Any] = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def _default_tolerations() -> list[dict[str, Any]]:
+    return [dict(GPU_TOLERATION)]
 
 
 class BuildSettings(BaseModel):
@@ -173,15 +182,24 @@ class OperatorConfig(BaseModel):
     operator_namespace: str = "trtforge-system"
     build_namespace: str = "trtforge-system"
     # The store as build Jobs see it (pvc://claim/prefix or s3://bucket/prefix) ...
-    store_uri: str = "pvc://trtforge-store/"
+    store_uri: str = images.DEFAULT_STORE_URI
     # ... and as the operator process sees it (a mounted path, the same S3 prefix); default: store_uri.
     operator_store_uri: str | None = None
     store_credentials_secret: str | None = None  # in the build namespace; mounted into build Jobs (S3)
     # What runtime pods get as --store: the broker URL (default) or a store URI they can read themselves.
     runtime_store_uri: str | None = None
-    builder_image: str = "ghcr.io/trtforge/builder:0.1.0"
-    runtime_image: str = "ghcr.io/trtforge/runtime:0.1.0"
+    builder_image: str = images.BUILDER.reference()
+    # Runtime pods get the slim image for a version-compatible engine and the full one otherwise
+    # (docs/design.md §"Runtime image per engine"); an InferenceDeployment's spec.runtime.image wins.
+    runtime_image: str = images.RUNTIME.reference()
+    runtime_image_full: str = images.RUNTIME_FULL.reference()
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    # Secrets (names) every pod the operator makes pulls its image with: build and verify Jobs and
+    # runtime pods. A verify Job and runtime pods run in the tenant's namespace: the Secret must exist
+    # there too (docs/install.md, Private registries).
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    # Tolerations of every pod the operator makes (build, verify, runtime); default: NVIDIA's GPU taint.
+    tolerations: list[dict[str, Any]] = Field(default_factory=_default_tolerations)
     build_service_account: str = "trtforge-builder"
     # The backend builds use per kind of target: "gpu", "cpu", or a GPU product label (most specific
     # wins). Only its name: versions are what the builder image really has, which the builder reports
@@ -250,6 +268,20 @@ class OperatorConfig(BaseModel):
         empty for every namespace. The chart binds the operator's rights in exactly these."""
         return sorted({*self.namespaces, self.build_namespace}) if self.namespaces else []
 
+    def runtime_image_for(self, version_compatible: bool) -> str:
+        """The default runtime image for an engine: slim (lean TensorRT) loads only version-compatible
+        engines, so any other engine gets the full image."""
+        return self.runtime_image if version_compatible else self.runtime_image_full
+
+    def pod_defaults(self) -> dict[str, Any]:
+        """What every pod the operator makes carries: its tolerations and image pull secrets."""
+        out: dict[str, Any] = {}
+        if self.tolerations:
+            out["tolerations"] = [dict(t) for t in self.tolerations]
+        if self.image_pull_secrets:
+            out["imagePullSecrets"] = [{"name": n} for n in self.image_pull_secrets]
+        return out
+
     def engine_source(self) -> str:
         """The --store runtime pods get."""
         return self.runtime_store_uri or self.broker_url()
@@ -264,6 +296,7 @@ def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
         "store_credentials_secret",
         "builder_image",
         "runtime_image",
+        "runtime_image_full",
         "build_namespace",
         "operator_namespace",
         "resync_seconds",

@@ -17,7 +17,7 @@ from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kinds import Kind
 from trtforge_operator.kube import Kube
 from trtforge_operator.metrics import Metrics
-from trtforge_operator.observed import NodeView
+from trtforge_operator.observe.views import NodeView
 from trtforge_operator.status_cache import StatusCache
 from trtforge_operator.store_reader import StoreReader
 from trtforge_operator.workqueue import LoopWatch, WorkQueue

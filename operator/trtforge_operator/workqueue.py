@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trtforge_operator.children import dns_name
+from trtforge_operator.apply.children import dns_name
 from trtforge_operator.kinds import Kind
 from trtforge_operator.labels import ANNOTATION_CREATED_FOR, ANNOTATION_RESULT
-from trtforge_operator.observed import JobView, NodeView
+from trtforge_operator.observe.views import JobView, NodeView
 
 Key = tuple[Kind, str, str]
 

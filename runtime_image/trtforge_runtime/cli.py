@@ -8,11 +8,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trtforge_runtime import event_loop
+from trtforge_runtime.lifecycle import event_loop
 
 # How long the CLI waits for the warm start to check the manifest (and, from a store that downloads,
 # for the download) before it imports the server anyway (a slow store must not keep the ports
-# closed): trtforge_runtime.warmstart.import_backend_library.
+# closed): trtforge_runtime.lifecycle.warmstart.import_backend_library.
 MANIFEST_WAIT_S = 2.0
 # An instance thread back from a batch waits at most this long for the GIL held by a busy event
 # loop (docs/design.md, "Adapting to load": the GIL between batches).
@@ -34,7 +34,7 @@ def _non_negative(v: str) -> int:
 
 
 def _workers(v: str) -> int | None:
-    """`--workers`: a number, or auto (None: one per 4 usable CPUs, trtforge_runtime.cpus)."""
+    """`--workers`: a number, or auto (None: one per 4 usable CPUs, trtforge_runtime.lifecycle.cpus)."""
     if v == "auto":
         return None
     try:
@@ -147,6 +147,13 @@ def register(subparsers: Any) -> None:
         "--body-timeout", type=float, default=60.0, help="seconds a request body may take to arrive (408)"
     )
     p.add_argument(
+        "--grpc-message-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a gRPC call's request message may take to arrive whole (DEADLINE_EXCEEDED, and"
+        " the call's slot is freed)",
+    )
+    p.add_argument(
         "--max-connections",
         type=_positive,
         default=1024,
@@ -190,7 +197,7 @@ def handle(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from trtforge_runtime import cpus
+    from trtforge_runtime.lifecycle import cpus
 
     try:
         event_loop.check(args.event_loop)
@@ -203,7 +210,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.workers > 1:
         # Only the supervisor imports it (subprocess, tempfile): a worker, or a runtime on its own,
         # begins the pre-hash without them (docs/design.md, "Runtime cold start").
-        from trtforge_runtime import workers
+        from trtforge_runtime.lifecycle import workers
 
         log = logging.getLogger("trtforge_runtime")
         if any_port:
@@ -219,20 +226,21 @@ def handle(args: argparse.Namespace) -> int:
     cpus.pin_worker()
     sys.setswitchinterval(args.gil_switch_interval_us / 1e6)
     # No garbage collection while start-up imports and loads; the runtime turns it back on once it
-    # serves (trtforge_runtime.startup_gc).
-    from trtforge_runtime import startup_gc
+    # serves (trtforge_runtime.lifecycle.startup_gc).
+    from trtforge_runtime.lifecycle import startup_gc
 
     startup_gc.pause()
 
     # Before anything heavy: a store on a mounted volume starts hashing the engine in place on a
-    # thread of its own while the imports below hold the GIL (trtforge_runtime.prehash).
-    from trtforge_runtime import prehash
+    # thread of its own while the imports below hold the GIL (trtforge_runtime.lifecycle.prehash).
+    from trtforge_runtime.lifecycle import prehash
 
     prehash.begin(args.store, args.engine, Path(args.cache_dir))
     # Then, for an ONNX Runtime engine there, its library, and its session opened on a thread from
     # the pre-hashed file once it matches the raw manifest's sha256, while pydantic, the contract and
-    # the server import; the backend takes it only for the verified manifest (trtforge_runtime.preload).
-    from trtforge_runtime import preload
+    # the server import; the backend takes it only for the verified manifest
+    # (trtforge_runtime.lifecycle.preload).
+    from trtforge_runtime.lifecycle import preload
 
     preload.begin(args.instances)
 
@@ -249,12 +257,12 @@ def handle(args: argparse.Namespace) -> int:
         return _refuse(args.engine, str(e))
 
     # The engine is fetched, verified, loaded and canary-checked on a thread while the modules below
-    # import; the runtime collects the results (trtforge_runtime.warmstart says what is kept checked,
-    # and the order: what the hash needs before it, the engine's library while it hashes, the server
+    # import; the runtime collects the results (trtforge_runtime.lifecycle.warmstart says what is kept
+    # checked, and the order: what the hash needs before it, the engine's library while it hashes, the server
     # while the session builds; docs/design.md, "Runtime cold start").
-    import trtforge_runtime.fetch  # noqa: F401 (what the thread needs first: imported here, not there)
-    from trtforge_runtime import warmstart
-    from trtforge_runtime.identity import check_identity
+    import trtforge_runtime.lifecycle.fetch  # noqa: F401 (what the thread needs first: imported here, not there)
+    from trtforge_runtime.lifecycle import warmstart
+    from trtforge_runtime.lifecycle.identity import check_identity
 
     warmstart.begin(
         store,
@@ -266,9 +274,9 @@ def handle(args: argparse.Namespace) -> int:
     )
     warmstart.import_backend_library(MANIFEST_WAIT_S)
 
-    from trtforge_runtime.server import Runtime
+    from trtforge_runtime.lifecycle.runtime import Runtime
+    from trtforge_runtime.lifecycle.workers import WORKER_INDEX_ENV
     from trtforge_runtime.settings import Settings
-    from trtforge_runtime.workers import WORKER_INDEX_ENV
 
     settings = Settings(
         store_uri=args.store,
@@ -289,6 +297,7 @@ def handle(args: argparse.Namespace) -> int:
         max_body_memory=args.max_body_memory,
         idle_timeout_s=args.idle_timeout,
         body_timeout_s=args.body_timeout,
+        grpc_message_timeout_s=args.grpc_message_timeout,
         max_connections=args.max_connections,
         grpc_port=None if args.no_grpc else args.grpc_port,
         reuse_port=os.environ.get("TRTFORGE_REUSE_PORT") == "1",

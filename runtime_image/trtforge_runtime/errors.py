@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 
 from trtforge.contract.termination import Reason
-from trtforge_runtime.metrics import Outcome
+from trtforge_runtime.serving.metrics import Outcome
 
 
 class Refusal(Exception):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtforge_runtime.v2 import DEFAULT_MAX_JSON_BYTES
+from trtforge_runtime.protocol.v2 import DEFAULT_MAX_JSON_BYTES
 
 
 @dataclass
@@ -28,6 +28,7 @@ class Settings:
     max_body_memory: int | None = None  # bytes of bodies held at once; default 2 x max_request_bytes
     idle_timeout_s: float = 30.0  # no complete request head for this long: the connection is closed
     body_timeout_s: float = 60.0
+    grpc_message_timeout_s: float = 60.0  # a gRPC call's request message must arrive whole within it
     max_connections: int = 1024
     grpc_port: int | None = 8001  # None: no gRPC endpoint; 0: any free port
     reuse_port: bool = False  # a worker of `serve --workers N`: share the ports (SO_REUSEPORT)

@@ -87,7 +87,7 @@ for name, f in known.items():
 # ------------------------------------------------------------------ (b) the real identity check
 section("identity check against the real probe")
 from trtforge_runtime.errors import Refusal  # noqa: E402
-from trtforge_runtime.identity import check_identity  # noqa: E402
+from trtforge_runtime.lifecycle.identity import check_identity  # noqa: E402
 
 from trtforge.contract.engine_key import BuildConfig  # noqa: E402
 from trtforge.contract.manifest import Accuracy, CanaryRef, Manifest, TensorSpec  # noqa: E402

@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 from trtforge_dev.localdev import OperatorEnv
+from trtforge_dev.modelzoo import light_model
 from trtforge_dev.testbed.wait import wait_for
-
-from tests.modelzoo import light_model
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

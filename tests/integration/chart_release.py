@@ -14,10 +14,9 @@ import pytest
 import yaml
 from kubernetes import client
 from trtforge_dev import localdev
+from trtforge_dev.testbed.chart import render
 from trtforge_dev.testbed.handle import TestBed
 from trtforge_dev.testbed.wait import wait_for
-
-from tests.integration.chart import render
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}

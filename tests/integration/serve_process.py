@@ -15,9 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtforge_dev.serve_engines import MlpBed, env_for, make_mlp_bed
 from trtforge_dev.testbed.procs import free_ports
-
-from tests.integration.serve_engines import MlpBed, env_for, make_mlp_bed
 
 TALL_OUTPUTS = 8192  # outputs per row of the tall MLP: 32 rows make a 1 MiB answer
 

@@ -1,5 +1,5 @@
 """The engine broker as its own component (issue 14), installed from the chart's rendered manifests
-(tests/integration/ha.py): the broker Deployment's two replicas, the operator's two apart. Serving never
+(trtforge_dev.chart_operator): the broker Deployment's two replicas, the operator's two apart. Serving never
 waits for the operator, a broker replica killed mid-download costs a retry (never a corrupt engine),
 and tenant isolation holds through each broker replica.
 
@@ -19,14 +19,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from ha import BROKER, FULLNAME, RELEASE, ChartOperator
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from trtforge_dev import localdev
+from trtforge_dev.chart_operator import BROKER, FULLNAME, RELEASE, ChartOperator
 from trtforge_dev.localdev import deployment_manifest, engine_manifest, is_true
+from trtforge_dev.modelzoo import light_model, sha256_of
 from trtforge_dev.testbed.wait import wait_for
-
-from tests.modelzoo import light_model, sha256_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 H100 = "NVIDIA-H100-80GB-HBM3"

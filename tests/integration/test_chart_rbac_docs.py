@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from tests.integration.chart import render
+from trtforge_dev.testbed.chart import render
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """High availability on the test bed, with the operator and the engine broker installed from the chart's
-rendered manifests (tests/integration/ha.py): two operator replicas, one Lease; two broker replicas.
+rendered manifests (trtforge_dev.chart_operator): two operator replicas, one Lease; two broker replicas.
 (The broker's own must-shows are in test_broker_ha.py.)
 
 - the chart applies server-side (PodDisruptionBudgets as policy/v1beta1, what the chart renders for
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from ha import (
+from trtforge_dev.chart_operator import (
     BROKER,
     FULLNAME,
     ChartOperator,

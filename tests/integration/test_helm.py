@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 import yaml
-from chart import CHART, helm, render
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from trtforge_dev.testbed.chart import CHART, helm, render
 
 pytestmark = [pytest.mark.integration]
 
@@ -186,7 +186,7 @@ def _exported() -> dict[str, set[frozenset[tuple[str, str]]]]:
     from trtforge_operator.api import InferenceDeploymentStatus, TRTEngineStatus
     from trtforge_operator.metrics import BrokerMetrics
     from trtforge_operator.metrics import Metrics as OperatorMetrics
-    from trtforge_runtime.metrics import Metrics as RuntimeMetrics
+    from trtforge_runtime.serving.metrics import Metrics as RuntimeMetrics
 
     from trtforge.contract.build_result import BuildFailure
 
@@ -482,3 +482,37 @@ def test_promtool_catches_a_broken_rule(tmp_path: Path) -> None:
     f.write_text(yaml.safe_dump(spec))
     r = subprocess.run([_promtool(), "test", "rules", str(f)], capture_output=True, text=True)
     assert r.returncode != 0
+
+
+def test_default_install_names_the_operators_default_images_store_and_tolerations() -> None:
+    """`helm install trtforge charts/trtforge -n trtforge-system` configures the operator with exactly
+    its own defaults (trtforge/contract/images.py): the same images, store claim and tolerations."""
+    from trtforge_operator.config import OperatorConfig
+
+    docs, _ = render("trtforge", "trtforge-system")
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "trtforge-config"]
+    chart = OperatorConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))
+    default = OperatorConfig()
+    assert (chart.builder_image, chart.runtime_image, chart.runtime_image_full) == (
+        default.builder_image,
+        default.runtime_image,
+        default.runtime_image_full,
+    )
+    assert chart.store_uri.rstrip("/") == default.store_uri.rstrip("/") == "pvc://trtforge-engines"
+    assert chart.tolerations == default.tolerations and chart.image_pull_secrets == []
+    pushed, _ = render(
+        "trtforge",
+        "trtforge-system",
+        {"global": {"imageRegistry": "registry.example.com/team", "imagePullSecrets": [{"name": "regcred"}]}},
+    )
+    (cm,) = [d for d in pushed if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "trtforge-config"]
+    cfg = OperatorConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))
+    assert cfg.runtime_image_full == "registry.example.com/team/trtforge-runtime:0.1.0-full"
+    assert cfg.image_pull_secrets == ["regcred"]
+    images = {
+        c["image"]
+        for d in pushed
+        if d["kind"] == "Deployment"
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {"registry.example.com/team/trtforge-operator:0.1.0"}

@@ -1,7 +1,7 @@
 """`trtforge serve` as a real subprocess on a loopback port, driven by `tritonclient` (no Kubernetes).
 
 Engines are what the real builder (`trtforge_builder`) publishes into a local store, built once per
-module from `tests.modelzoo` models (ResNet-50 from the onnx package's test data with its weights
+module from `trtforge_dev.modelzoo` models (ResNet-50 from the onnx package's test data with its weights
 materialised, and a dynamic-batch MLP) for the emulated H100 that the serve processes probe too;
 outputs are compared with ONNX Runtime run directly on the source models. One test serves a copy of
 the MLP's from S3 (moto's server on loopback). The negative scenarios copy a built engine and break
@@ -26,9 +26,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
-from trtforge_dev.testbed.procs import free_port
-
-from tests.integration.serve_engines import (
+from trtforge_dev.serve_engines import (
     H100_UUID,
     RESNET_IN,
     RESNET_OUT,
@@ -42,6 +40,8 @@ from tests.integration.serve_engines import (
     termination,
     write_gpu_file,
 )
+from trtforge_dev.testbed.procs import free_port
+
 from tests.integration.serve_process import Server, metric_in, metric_value, serve_once
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.termination import EXIT_ENGINE_INTEGRITY, EXIT_GPU_FAULT, EXIT_GPU_MISMATCH
@@ -102,7 +102,8 @@ def test_an_engine_on_a_mounted_store_serves_from_the_session_pre_loaded_at_star
     bed: Bed, resnet_server: Server
 ) -> None:
     # the store is a local directory, as a mounted PVC is to the pod: the session was opened from the
-    # pre-hashed file while the contract imported, and the backend took it (trtforge_runtime.preload)
+    # pre-hashed file while the contract imported, and the backend took it
+    # (trtforge_runtime.lifecycle.preload)
     events = _wait_for_log(resnet_server, "ready")
     assert [e["msg"] for e in events if e.get("msg") == "engine session pre-loaded"]
     (ready,) = [e for e in events if e.get("msg") == "onnxruntime session ready"]
@@ -180,7 +181,7 @@ def _wait_for_log(s: Server, msg: str, timeout: float = 60.0) -> list[dict[str, 
 
 def _collector_resumed(events: list[dict[str, object]]) -> dict[str, object]:
     """The start-up's last word: the garbage collector, paused for start-up, is on again, with the
-    objects start-up made frozen (trtforge_runtime.startup_gc)."""
+    objects start-up made frozen (trtforge_runtime.lifecycle.startup_gc)."""
     done = [e for e in events if e.get("msg") == "start-up done; garbage collection on"]
     assert len(done) == 1, events
     frozen = done[0]["frozen_objects"]
@@ -328,7 +329,7 @@ def test_from_s3_the_engine_loads_from_memory_and_a_restart_uses_its_cache_copy(
 ) -> None:
     """From a store that downloads (S3: moto's server on loopback), the engine file is verified and
     loaded in memory, its cache copy lands whole behind it, and a container restart with the same
-    cache volume serves without downloading (trtforge_runtime.staging)."""
+    cache volume serves without downloading (trtforge_runtime.lifecycle.staging)."""
     import boto3
     from moto.server import ThreadedMotoServer
 

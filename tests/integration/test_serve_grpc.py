@@ -23,8 +23,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
-
-from tests.integration.serve_engines import (
+from trtforge_dev.serve_engines import (
     RESNET_IN,
     RESNET_OUT,
     Bed,
@@ -34,6 +33,7 @@ from tests.integration.serve_engines import (
     run_ort,
     termination,
 )
+
 from tests.integration.serve_process import Server, metric_in
 
 pytestmark = pytest.mark.integration

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from trtforge_dev.hostile import MB, LiveProbe, binary_body, hostile_requests, json_body, post, rss_kb
+from trtforge_dev.serve_engines import MlpBed, make_mlp_bed, run_ort
 from trtforge_dev.testbed.wait import wait_for
 
-from tests.integration.serve_engines import MlpBed, make_mlp_bed, run_ort
 from tests.integration.serve_process import Server
 
 pytestmark = pytest.mark.integration
@@ -172,7 +172,10 @@ def test_connections_past_the_cap_get_health_answers_and_503(bed: Bed) -> None:
     socks: list[socket.socket] = []
     try:
         s.wait()
-        socks = [_open(s, b"") for _ in range(20)]
+        # 20 requests whose heads are whole and whose 64 MiB bodies have not begun to arrive: none of
+        # them may be closed to make room (a connection still awaiting its head would be).
+        head = f"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {64 * MB}\r\n\r\n"
+        socks = [_open(s, head.encode()) for _ in range(20)]
 
         # The cap counts connections the server has accepted: until it has taken all 20, a request
         # gets through (and is refused for its empty body); from then on each one is turned away.

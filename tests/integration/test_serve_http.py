@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from trtforge_dev.hostile import binary_body
+from trtforge_dev.serve_engines import MlpBed, copy_engine, make_mlp_bed, perturb_canary, run_ort
 
-from tests.integration.serve_engines import MlpBed, copy_engine, make_mlp_bed, perturb_canary, run_ort
 from tests.integration.serve_process import TALL_RCVBUF, Server, stall_and_send_more, tall_server
 
 pytestmark = pytest.mark.integration

@@ -15,10 +15,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
+from trtforge_dev.modelzoo import dynamic_mlp
+from trtforge_dev.serve_engines import build_engine, run_ort, write_gpu_file
 
-from tests.integration.serve_engines import build_engine, run_ort, write_gpu_file
 from tests.integration.serve_process import Server, metric_value, serve_once
-from tests.modelzoo import dynamic_mlp
 
 pytestmark = [
     pytest.mark.integration,

@@ -1,4 +1,5 @@
-"""The Argo CD health checks, run by a real Lua interpreter (lupa, Lua 5.1 like Argo CD's gopher-lua)."""
+"""The Argo CD health check, one script for both kinds (Argo CD's wildcard `trtforge.io/*`), run by a
+real Lua interpreter (lupa, Lua 5.1 like Argo CD's gopher-lua)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ lupa = pytest.importorskip("lupa")
 
 REPO = Path(__file__).resolve().parents[2]
 ARGOCD = REPO / "deploy" / "argocd"
-CUSTOM = ARGOCD / "resource_customizations" / "trtforge.io"
+CHECK = ARGOCD / "resource_customizations" / "trtforge.io" / "_"  # `_`: Argo CD's wildcard kind
+SCRIPT = CHECK / "health.lua"
 KINDS = ["TRTEngine", "InferenceDeployment"]
 CRD_FILES = {
     "TRTEngine": "trtengines.trtforge.io.yaml",
@@ -39,22 +41,29 @@ def run_health(script: str, obj: dict[str, Any]) -> dict[str, str]:
     return {k: result[k] for k in ("status", "message") if result[k] is not None}
 
 
+def _kind_of(input_path: str) -> str:
+    """`testdata/<kind in lower case>-<case>.yaml` -> the kind."""
+    prefix = input_path.removeprefix("testdata/").split("-", 1)[0]
+    (kind,) = [k for k in KINDS if k.lower() == prefix]
+    return kind
+
+
 def _cases() -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for kind in KINDS:
-        for case in yaml.safe_load((CUSTOM / kind / "health_test.yaml").read_text())["tests"]:
-            out.append((kind, case))
-    return out
+    tests = yaml.safe_load((CHECK / "health_test.yaml").read_text())["tests"]
+    return [(_kind_of(case["inputPath"]), case) for case in tests]
+
+
+def _fixture(kind: str, name: str) -> Any:
+    return yaml.safe_load((CHECK / "testdata" / f"{kind.lower()}-{name}.yaml").read_text())
 
 
 @pytest.mark.parametrize(
     ("kind", "case"), _cases(), ids=lambda x: x if isinstance(x, str) else x["inputPath"]
 )
 def test_health_fixture(kind: str, case: dict[str, Any]) -> None:
-    script = (CUSTOM / kind / "health.lua").read_text()
-    obj = yaml.safe_load((CUSTOM / kind / case["inputPath"]).read_text())
+    obj = yaml.safe_load((CHECK / case["inputPath"]).read_text())
     assert obj["kind"] == kind
-    assert run_health(script, obj) == case["healthStatus"]
+    assert run_health(SCRIPT.read_text(), obj) == case["healthStatus"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -62,20 +71,20 @@ def test_fixtures_cover_each_outcome(kind: str) -> None:
     statuses = {c["healthStatus"]["status"] for k, c in _cases() if k == kind}
     assert statuses == {"Healthy", "Progressing", "Degraded"}
     names = {c["inputPath"] for k, c in _cases() if k == kind}
-    assert "testdata/stale-generation.yaml" in names and "testdata/no-status.yaml" in names
+    low = kind.lower()
+    assert f"testdata/{low}-stale-generation.yaml" in names and f"testdata/{low}-no-status.yaml" in names
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_every_testdata_file_is_a_case(kind: str) -> None:
-    files = {f"testdata/{p.name}" for p in (CUSTOM / kind / "testdata").glob("*.yaml")}
-    assert files == {c["inputPath"] for k, c in _cases() if k == kind}
+def test_every_testdata_file_is_a_case() -> None:
+    files = {f"testdata/{p.name}" for p in (CHECK / "testdata").glob("*.yaml")}
+    assert files == {c["inputPath"] for _, c in _cases()}
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_ready_with_a_stale_generation_is_never_healthy(kind: str) -> None:
     """Whatever the conditions say, status from an older generation is Progressing (no flapping)."""
-    script = (CUSTOM / kind / "health.lua").read_text()
-    obj = yaml.safe_load((CUSTOM / kind / "testdata" / "ready.yaml").read_text())
+    script = SCRIPT.read_text()
+    obj = _fixture(kind, "ready")
     assert run_health(script, obj)["status"] == "Healthy"
     obj["metadata"]["generation"] += 1
     assert run_health(script, obj)["status"] == "Progressing"
@@ -85,8 +94,8 @@ def test_ready_with_a_stale_generation_is_never_healthy(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_stalled_or_degraded_wins_over_ready(kind: str) -> None:
-    script = (CUSTOM / kind / "health.lua").read_text()
-    obj = yaml.safe_load((CUSTOM / kind / "testdata" / "ready.yaml").read_text())
+    script = SCRIPT.read_text()
+    obj = _fixture(kind, "ready")
     gen = obj["metadata"]["generation"]
     for bad in ("Stalled", "Degraded"):
         conds = [c for c in obj["status"]["conditions"] if c["type"] != bad]
@@ -104,12 +113,12 @@ def test_stalled_or_degraded_wins_over_ready(kind: str) -> None:
         assert got["status"] == "Degraded" and got["message"].startswith("Broken: it broke")
 
 
-def test_argocd_cm_embeds_the_same_scripts() -> None:
+def test_argocd_cm_embeds_the_same_script_for_every_kind_of_the_group() -> None:
     cm = yaml.safe_load((ARGOCD / "argocd-cm.yaml").read_text())
     assert cm["kind"] == "ConfigMap" and cm["metadata"]["name"] == "argocd-cm"
-    for kind in KINDS:
-        key = f"resource.customizations.health.trtforge.io_{kind}"
-        assert cm["data"][key] == (CUSTOM / kind / "health.lua").read_text(), f"{key} differs from health.lua"
+    assert list(cm["data"]) == ["resource.customizations"]
+    customizations = yaml.safe_load(cm["data"]["resource.customizations"])
+    assert customizations == {"trtforge.io/*": {"health.lua": SCRIPT.read_text()}}
 
 
 def _crd_schema(kind: str) -> dict[str, Any] | None:
@@ -130,7 +139,7 @@ def test_fixture_matches_the_crd_schema(kind: str, case: dict[str, Any]) -> None
     schema = _crd_schema(kind)
     if schema is None:
         pytest.skip("CRDs not generated yet")
-    obj = yaml.safe_load((CUSTOM / kind / case["inputPath"]).read_text())
+    obj = yaml.safe_load((CHECK / case["inputPath"]).read_text())
     body = {k: v for k, v in obj.items() if k in ("spec", "status")}
     sub = {"type": "object", "properties": {k: schema["properties"][k] for k in body}}
     errors = [
@@ -178,8 +187,8 @@ def test_applications_parse() -> None:
 def test_inferencedeployment_health_shows_current_and_desired_replicas() -> None:
     """Whatever the health, the message ends with the pods ready, current and desired (an
     autoscaler's count included); a status without the counts (an older operator) adds nothing."""
-    script = (CUSTOM / "InferenceDeployment" / "health.lua").read_text()
-    obj = yaml.safe_load((CUSTOM / "InferenceDeployment" / "testdata" / "ready.yaml").read_text())
+    script = SCRIPT.read_text()
+    obj = _fixture("InferenceDeployment", "ready")
     obj["status"].update(replicas=5, desiredReplicas=4, readyReplicas=3)
     assert run_health(script, obj)["message"].endswith("(replicas: 3 ready, 5 current, 4 desired)")
     obj["metadata"]["generation"] += 1  # Progressing, waiting for the operator: no counts

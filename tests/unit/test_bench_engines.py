@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, save
-from trtforge_runtime.canary import read_canary
+from trtforge_runtime.lifecycle.canary import read_canary
 
 from benchmarks.engines import _publish_from_contract
 from benchmarks.models import INPUT_SHAPE

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
+from trtforge_operator.apply.children import VerifyRequest, verify_grant, verify_job
 from trtforge_operator.broker import Denied, Identity, UploaderPod, make_app, upload_denial
-from trtforge_operator.children import VerifyRequest, verify_grant, verify_job
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.store_reader import StoreReader
 

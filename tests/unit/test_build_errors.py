@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from trtforge_dev.modelzoo import dynamic_cnn, light_model, sha256_of
 
-from tests.modelzoo import dynamic_cnn, light_model, sha256_of
 from trtforge.contract.build_result import BUILD_EXIT_CODES, BuildFailure, parse_build_message
 from trtforge.contract.gpu_probe import EmulatedGPUFile, GPUDevice
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from trtforge_builder.errors import BuildError
 from trtforge_builder.fetch import TOKEN_ENV, fetch_model
+from trtforge_dev.modelzoo import dynamic_cnn, sha256_of
 
-from tests.modelzoo import dynamic_cnn, sha256_of
 from tests.unit.test_build_errors import PROFILE, build, nothing_published
 
 TOKEN = "s3cret-token"

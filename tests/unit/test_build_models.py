@@ -20,8 +20,7 @@ from trtforge_builder.backends.ort import OnnxRuntimeBackend
 from trtforge_builder.errors import BuildError
 from trtforge_builder.pipeline import probe_target, run_build
 from trtforge_builder.request import BuildRequest, make_build_config, parse_profiles
-
-from tests.modelzoo import (
+from trtforge_dev.modelzoo import (
     dynamic_cnn,
     dynamic_mlp,
     light_input_name,
@@ -30,6 +29,7 @@ from tests.modelzoo import (
     sha256_of,
     two_input_model,
 )
+
 from trtforge.contract import layout
 from trtforge.contract.canary import Canary
 from trtforge.contract.engine_key import EngineKeyRecord, RequestRecord, engine_key

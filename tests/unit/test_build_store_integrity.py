@@ -14,8 +14,8 @@ import pytest
 from trtforge_builder.errors import BuildError
 from trtforge_builder.pipeline import run_build
 from trtforge_builder.request import BuildRequest, make_build_config, parse_profiles
+from trtforge_dev.modelzoo import dynamic_cnn, sha256_of
 
-from tests.modelzoo import dynamic_cnn, sha256_of
 from trtforge.contract import layout
 from trtforge.contract.build_result import BUILD_EXIT_CODES
 from trtforge.contract.gpu import GPUTarget

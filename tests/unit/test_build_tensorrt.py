@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 from trtforge_builder.backends import select_backend, tensorrt_available
 from trtforge_builder.errors import BuildError
-
-from tests.modelzoo import dynamic_cnn, dynamic_mlp
+from trtforge_dev.modelzoo import dynamic_cnn, dynamic_mlp
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_TRT = (
@@ -241,7 +240,7 @@ def test_every_precision_builds_validates_and_records_its_flags(
 @pytest.mark.gpu
 @pytest.mark.skipif(not tensorrt_available(), reason=NO_TRT)
 def test_int8_on_a_quantized_model(tmp_path: Path) -> None:  # pragma: no cover - needs TensorRT
-    from tests.modelzoo import qdq_mlp
+    from trtforge_dev.modelzoo import qdq_mlp
 
     _, m, _ = _real_build(tmp_path, qdq_mlp(), "int8", ["x:1x32:4x32:8x32"])
     assert m.accuracy.passed
@@ -253,8 +252,8 @@ def test_int8_on_a_quantized_model(tmp_path: Path) -> None:  # pragma: no cover 
 def test_two_profiles_each_serve_their_batches(tmp_path: Path) -> None:  # pragma: no cover
     import numpy as np
     import onnxruntime as ort
+    from trtforge_dev.modelzoo import two_input_model
 
-    from tests.modelzoo import two_input_model
     from trtforge.tensorrt.cuda import CudaRuntime
     from trtforge.tensorrt.engine import Execution, LoadedEngine
 

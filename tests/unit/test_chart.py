@@ -263,7 +263,8 @@ def test_images_never_default_to_a_mutable_tag() -> None:
     for name, img in images.items():
         assert img["tag"] in ("",) or img["tag"] not in ("latest", "main", "master"), name
     helpers = (TEMPLATES / "_helpers.tpl").read_text()
-    assert "default $root.Chart.AppVersion $img.tag" in helpers
+    assert '$appTag := printf "%s%s" $root.Chart.AppVersion (default "" $img.tagSuffix)' in helpers
+    assert "default $appTag $img.tag" in helpers
 
 
 def test_servicemonitor_is_optional() -> None:

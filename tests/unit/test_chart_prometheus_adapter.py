@@ -8,7 +8,7 @@ import re
 import yaml
 from test_chart_helpers import TEMPLATES, skeleton
 from trtforge_operator.api import CUSTOM_METRIC_NAMES
-from trtforge_runtime.metrics import Metrics, exposition
+from trtforge_runtime.serving.metrics import Metrics, exposition
 
 TEMPLATE = TEMPLATES / "prometheus-adapter-rules.yaml"
 
@@ -43,7 +43,7 @@ def test_rules_serve_the_metrics_the_hpas_ask_for_from_the_runtimes_series() -> 
 
 
 def _metrics() -> Metrics:
-    from trtforge_runtime.metrics import Outcome
+    from trtforge_runtime.serving.metrics import Outcome
 
     m = Metrics("m")
     m.in_flight_m.set(1)

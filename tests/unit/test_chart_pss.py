@@ -122,12 +122,12 @@ def test_no_template_makes_a_privileged_pod() -> None:
             assert bad not in text, f"{path.name}: {bad}"
 
 
-# --- The operator's pods: build Jobs and runtime Deployments (operator/trtforge_operator/children.py)
+# --- The operator's pods: build Jobs and runtime Deployments (operator/trtforge_operator/apply/children.py)
 
 
 def _children() -> Any:
     return pytest.importorskip(
-        "trtforge_operator.children", reason="the operator's pod builders are not here yet"
+        "trtforge_operator.apply.children", reason="the operator's pod builders are not here yet"
     )
 
 

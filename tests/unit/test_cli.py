@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from trtforge.cli import ENTRY_POINT_GROUP, PRODUCT_COMMANDS, build_parser, command_of, product_registrar
+from trtforge.cli import (
+    ENTRY_POINT_GROUP,
+    build_parser,
+    command_of,
+    product_commands,
+    product_registrar,
+)
 
 
 def _commands(parser: argparse.ArgumentParser) -> set[str]:
@@ -50,34 +56,52 @@ def test_the_product_commands_are_what_the_product_packages_declare() -> None:
     for where in PRODUCT_PYPROJECTS:
         path = root / where if where.endswith(".toml") else root / where / "pyproject.toml"
         declared.update(_declared(path))
-    assert declared == PRODUCT_COMMANDS
-    assert not set(_declared(root / "dev" / "pyproject.toml")) & set(PRODUCT_COMMANDS)
+    assert declared == product_commands()
+    assert {"serve", "gpu", "operator", "build"} <= set(declared)
+    assert not set(_declared(root / "dev" / "pyproject.toml")) & set(product_commands())
 
 
-def test_a_product_command_is_found_without_reading_distribution_metadata() -> None:
+# `entry_points()` and `distributions()` read every installed distribution's metadata.
+NO_SCAN = (
+    "import importlib.metadata as md, sys\n"
+    "def refuse(*a, **k): raise AssertionError('scanned every distribution')\n"
+    "md.entry_points = md.distributions = refuse\n"
+    "from trtforge.cli import build_parser\n"
+    "p = build_parser({command!r})\n"
+    "print(sorted(p._subparsers._group_actions[0].choices))\n"
+)
+
+
+def test_a_product_command_is_found_without_scanning_every_distribution() -> None:
+    for command in ("serve", "build", "gpu"):
+        code = NO_SCAN.format(command=command)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == repr([command])
+    # a command that is not the product's is found through the entry points, which scan them all
+    code = NO_SCAN.format(command="cluster")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0 and "scanned every distribution" in out.stderr
+
+
+def test_a_named_product_command_imports_no_other_component() -> None:
     code = (
-        "import sys; from trtforge.cli import build_parser; p = build_parser('serve'); "
-        "print('importlib.metadata' in sys.modules)"
+        "import sys; from trtforge.cli import build_parser; build_parser('serve'); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('trtforge_operator', 'trtforge_builder', 'trtforge_dev')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
-    # and a command that is not the product's is still found through the entry points
-    code = code.replace("'serve'", "'cluster'")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "True"
+    assert out.stdout.strip() == "[]"
 
 
-def test_a_product_command_whose_package_is_not_installed_is_left_to_the_entry_points(
+def test_a_command_that_is_not_the_products_is_left_to_the_entry_points(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(PRODUCT_COMMANDS, "serve", "trtforge_not_installed.cli:register")
-    assert product_registrar("serve") is None
-    assert _commands(build_parser("serve")) == {"serve"}  # the installed entry point's
-    # an import error inside an installed command's module is not taken for "not installed"
+    assert product_registrar("cluster") is None
+    assert _commands(build_parser("cluster")) == {"cluster"}  # the installed entry point's
+    # an import error inside a product command's module is raised, not taken for "not a command"
     (tmp_path / "trtforge_broken_cmd.py").write_text("import trtforge_no_such_dependency\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(PRODUCT_COMMANDS, "serve", "trtforge_broken_cmd:register")
     with pytest.raises(ModuleNotFoundError, match="trtforge_no_such_dependency"):
-        product_registrar("serve")
+        product_registrar("serve", {"serve": "trtforge_broken_cmd:register"})
     assert product_registrar("no-such-command") is None
     assert product_registrar(None) is None

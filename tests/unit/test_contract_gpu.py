@@ -121,7 +121,7 @@ def test_hint_rejects_a_profile_the_product_does_not_have() -> None:
 
 def test_a_node_advertising_a_media_extension_slice_hosts_that_profile() -> None:
     """What the device plugin advertises (`nvidia.com/mig-1g.18gb.me`) is read back as NVML's profile."""
-    from trtforge_operator.observed import NodeView
+    from trtforge_operator.observe.views import NodeView
 
     from tests.fakes import gpu_node
 

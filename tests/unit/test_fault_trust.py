@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trtforge_operator.observed import DeploymentView, NodeView, PodView
+from trtforge_operator.observe.views import DeploymentView, NodeView, PodView
 from trtforge_operator.planning.fault_trust import (
     Distrust,
     needs_owners,

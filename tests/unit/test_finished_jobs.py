@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from trtforge_operator import children
 from trtforge_operator.api import TRTEngine
+from trtforge_operator.apply import children
 from trtforge_operator.labels import LABEL_BUILD_KIND, requester_annotation
-from trtforge_operator.observed import JobView
+from trtforge_operator.observe.views import JobView
 from trtforge_operator.planning.engine import plan_engine
 from trtforge_operator.planning.finished_jobs import Requester, expired_jobs
 

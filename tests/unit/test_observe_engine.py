@@ -1,4 +1,4 @@
-"""The observer reads, once per pass, everything the planner then looks up (observe.py).
+"""The observer reads, once per pass, everything the planner then looks up (observe/engine.py).
 
 A real store on disk (the operator's StoreReader over a local path) and kopf-shaped indices (key ->
 the objects under it); the observation goes through the pure planner, whose verdict shows whether
@@ -18,8 +18,8 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 from trtforge_operator.kube import Kube
 from trtforge_operator.metrics import Metrics
-from trtforge_operator.observe import observe_engine
-from trtforge_operator.observed import EngineObserved, JobView, NodeView, PodView
+from trtforge_operator.observe.engine import observe_engine
+from trtforge_operator.observe.views import EngineObserved, JobView, NodeView, PodView
 from trtforge_operator.planning.engine import plan_engine_pass
 from trtforge_operator.planning.engine_actions import CreateJob, RecordResult
 from trtforge_operator.state import State

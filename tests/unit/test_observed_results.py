@@ -1,4 +1,4 @@
-"""What finished build and verify pods reported is parsed once, into the pod's view (observed.py)."""
+"""What finished build and verify pods reported is parsed once, into the pod's view (observe/views.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from trtforge_operator.observed import JobView, PodView
+from trtforge_operator.observe.views import JobView, PodView
 
 from trtforge.contract.build_result import BuildFailure, BuildResult
 

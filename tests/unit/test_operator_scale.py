@@ -21,7 +21,7 @@ from trtforge_operator.labels import (
     LABEL_REQUESTER_NAMESPACE,
     requester_annotation,
 )
-from trtforge_operator.observed import JobView
+from trtforge_operator.observe.views import JobView
 from trtforge_operator.planning.cleanup import release_jobs
 from trtforge_operator.planning.deployment import invalid_deployment_status
 from trtforge_operator.workqueue import (
@@ -223,7 +223,7 @@ async def test_a_child_event_wakes_its_owner_by_label() -> None:
     q = WorkQueue()
     owner = q.get(Kind.INFERENCEDEPLOYMENT, "team-a", "My.Model")
     bystander = q.get(Kind.INFERENCEDEPLOYMENT, "team-a", "other")
-    from trtforge_operator.children import dns_name
+    from trtforge_operator.apply.children import dns_name
 
     q.fire_label(Kind.INFERENCEDEPLOYMENT, "team-a", dns_name("My.Model"))
     await asyncio.wait_for(owner.wait(), 5)

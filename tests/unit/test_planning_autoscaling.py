@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from trtforge_operator import children
 from trtforge_operator.api import (
     SCALE_TO_ZERO_MESSAGE,
     Autoscaling,
@@ -17,9 +16,10 @@ from trtforge_operator.api import (
     InferenceDeploymentSpec,
     get_condition,
 )
+from trtforge_operator.apply import children
 from trtforge_operator.config import AutoscalingSettings
 from trtforge_operator.labels import ANNOTATION_ENGINE_SHA256, ANNOTATION_SPEC_HASH, LABEL_TARGET
-from trtforge_operator.observed import AutoscalerView
+from trtforge_operator.observe.views import AutoscalerView
 from trtforge_operator.planning.autoscaling import (
     AutoscalerChoice,
     AutoscalerKind,

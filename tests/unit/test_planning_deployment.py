@@ -8,8 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from trtforge_operator import children
 from trtforge_operator.api import FaultRecord, InferenceDeployment, TRTEngine, VerifiedModel, get_condition
+from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import (
     ANNOTATION_ENGINE_SHA256,
@@ -18,7 +18,7 @@ from trtforge_operator.labels import (
     LABEL_TARGET,
     MANAGED_BY,
 )
-from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, NodeView, PodView
+from trtforge_operator.observe.views import AutoscalerView, DeploymentView, JobView, NodeView, PodView
 from trtforge_operator.planning import faults
 from trtforge_operator.planning.autoscaling import AutoscalingApis, HpaApi
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
@@ -467,7 +467,7 @@ def test_several_suspect_nodes_each_get_their_own_field_selector() -> None:
 def test_a_fault_recorded_by_an_inferencedeployment_becomes_its_trtengines_rebuild_job() -> None:
     """The deployment records the fault in its status; the engine's planner plans the rebuild from that
     record (its own status's engine key, the faulty node avoided) and creates the Job, once."""
-    from trtforge_operator.observed import Capacity, EngineObserved
+    from trtforge_operator.observe.views import Capacity, EngineObserved
     from trtforge_operator.planning.engine import plan_engine
     from trtforge_operator.planning.rebuild import ObservedFaults
 
@@ -534,7 +534,7 @@ def test_fault_actions_come_from_one_table(
 
 def test_a_node_level_fault_learns_its_xid_from_the_pod_by_its_typed_cause_not_its_text() -> None:
     from trtforge_operator.api.inferencedeployment import NodeProblem
-    from trtforge_operator.observed import PodView
+    from trtforge_operator.observe.views import PodView
 
     terminated = PodView.from_k8s(pod("p", "gpu-h100-0", terminated=gpu_fault(xid=48)))
 

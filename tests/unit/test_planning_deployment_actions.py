@@ -1,5 +1,5 @@
 """The InferenceDeployment's plan as typed actions: their order, no callables, the deletion's actions,
-and one writer (deployment_applier.py) of the children they name."""
+and one writer (apply/deployment.py) of the children they name."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trtforge_operator.observed import AutoscalerView
+from trtforge_operator.observe.views import AutoscalerView
 from trtforge_operator.planning.autoscaling import HpaApi
 from trtforge_operator.planning.deployment import plan_deployment
 from trtforge_operator.planning.deployment_actions import (
@@ -167,10 +167,10 @@ def test_the_deployment_applier_is_the_one_writer_of_deployments_services_and_au
             )
             if attr in WRITES or (attr == "delete" and (literal in CHILD_KINDS or literal is None)):
                 writers.setdefault(path.relative_to(OPERATOR).as_posix(), set()).add(attr)
-    others = {p: w for p, w in writers.items() if p != "deployment_applier.py"}
+    others = {p: w for p, w in writers.items() if p != "apply/deployment.py"}
     # Kube.delete with a literal Job elsewhere is the engine's; a non-literal kind only in the applier
-    assert others == {}, f"children of an InferenceDeployment written outside deployment_applier.py: {others}"
-    assert writers["deployment_applier.py"] == {
+    assert others == {}, f"children of an InferenceDeployment written outside apply/deployment.py: {others}"
+    assert writers["apply/deployment.py"] == {
         "apply_owned",
         "apply_autoscaler",
         "delete_autoscaler",

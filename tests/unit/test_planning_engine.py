@@ -8,17 +8,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
-from trtforge_operator import children
 from trtforge_operator.api import TRTEngine, get_condition
+from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import (
     ANNOTATION_REQUEST_DIGEST,
     LABEL_TARGET,
     requester_annotation,
 )
-from trtforge_operator.observed import Capacity, EngineObserved, JobView, NodeView
+from trtforge_operator.observe.keys import key_inputs
+from trtforge_operator.observe.views import Capacity, EngineObserved, JobView, NodeView
 from trtforge_operator.planning.engine import model_source_problem, plan_engine
-from trtforge_operator.planning.keys import key_inputs
 
 from tests.fakes import default_nodes, gpu_node, job
 from trtforge.contract.build_result import BuildFailure

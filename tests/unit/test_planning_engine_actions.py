@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from trtforge_operator.api import get_condition
 from trtforge_operator.labels import ANNOTATION_RESULT, requester_annotation
-from trtforge_operator.observed import EngineObserved, JobView, UnreadableEngine
+from trtforge_operator.observe.views import EngineObserved, JobView, UnreadableEngine
 from trtforge_operator.planning.cleanup import plan_release
 from trtforge_operator.planning.engine import plan_engine_pass
 from trtforge_operator.planning.engine_actions import (

@@ -2,7 +2,7 @@
 §"Observe, plan, apply").
 
 Read from the source (AST), not by importing: every function of `trtforge_operator.planning` (and
-the views they take, `observed.py`) is checked for parameters or fields annotated as callables
+the views they take, `observe/views.py`) is checked for parameters or fields annotated as callables
 (`Callable`, `Awaitable`, `Coroutine`) and for `async def`, and every module those reach inside the
 operator package, directly or through other operator modules, for imports of `kube`, the store
 (`store_reader`, `trtforge.store`), `kubernetes` or `kopf`.
@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "operator" / "trtforge_operator"
 PLANNING = sorted((PKG / "planning").glob("*.py"))
-INPUTS = [PKG / "observed.py"]  # the planners' inputs: views only
+INPUTS = [PKG / "observe" / "views.py"]  # the planners' inputs: views only
 CALLABLE_NAMES = ("Callable", "Awaitable", "Coroutine")
 FORBIDDEN = (
     "kopf",
@@ -123,7 +123,7 @@ def test_no_planner_takes_a_callable(path: Path) -> None:
 def test_no_planner_reaches_io(path: Path) -> None:
     bad = {name: chain for name, chain in reached(path).items() if forbidden(name)}
     assert not bad, (
-        f"{path.relative_to(ROOT)} reaches I/O modules (planners read views, observe.py reads the "
+        f"{path.relative_to(ROOT)} reaches I/O modules (planners read views, observe/ reads the "
         f"cluster and the store): {[' -> '.join(c) for c in bad.values()]}"
     )
 

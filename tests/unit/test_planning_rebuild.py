@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from trtforge_operator.api import FaultRecord, TargetStatus
-from trtforge_operator.observed import JobView, NodeView
+from trtforge_operator.observe.views import JobView, NodeView
 from trtforge_operator.planning import faults
 from trtforge_operator.planning.engine import _holds_back
 from trtforge_operator.planning.rebuild import (

@@ -8,10 +8,10 @@ import dataclasses
 from typing import Any
 
 import pytest
-from trtforge_operator import children
 from trtforge_operator.api import get_condition
+from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
-from trtforge_operator.observed import JobView, PodView
+from trtforge_operator.observe.views import JobView, PodView
 from trtforge_operator.planning.engine import plan_engine
 from trtforge_operator.planning.target_state import TargetState
 from trtforge_operator.planning.verify import plan_verify

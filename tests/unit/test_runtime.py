@@ -14,13 +14,13 @@ from typing import BinaryIO, cast
 
 import numpy as np
 import pytest
-from trtforge_runtime import fetch
 from trtforge_runtime.errors import Refusal, RequestError
-from trtforge_runtime.fetch import fetch_engine
-from trtforge_runtime.identity import check_identity
-from trtforge_runtime.model import ModelSpec, model_spec
-from trtforge_runtime.staging import Staging
-from trtforge_runtime.v2 import HEADER_LENGTH, decode_request, encode_response
+from trtforge_runtime.lifecycle import fetch
+from trtforge_runtime.lifecycle.fetch import fetch_engine
+from trtforge_runtime.lifecycle.identity import check_identity
+from trtforge_runtime.lifecycle.staging import Staging
+from trtforge_runtime.protocol.v2 import HEADER_LENGTH, decode_request, encode_response
+from trtforge_runtime.serving.model import ModelSpec, model_spec
 
 from trtforge.contract import layout
 from trtforge.contract.engine_key import BuildConfig, ShapeRange

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from trtforge_runtime import batcher
-from trtforge_runtime.batchcap import (
+from trtforge_runtime.serving import batcher
+from trtforge_runtime.serving.batchcap import (
     MAX_REFRESH_EVERY,
     MIN_SAMPLES,
     REFRESH_EVERY,
@@ -28,8 +28,8 @@ from trtforge_runtime.batchcap import (
     probe_limit,
     refresh_interval,
 )
-from trtforge_runtime.batcher import Batcher
-from trtforge_runtime.metrics import Metrics
+from trtforge_runtime.serving.batcher import Batcher
+from trtforge_runtime.serving.metrics import Metrics
 
 from tests.unit.test_runtime_batcher_events import until
 
@@ -264,7 +264,7 @@ class _Sleeps:
 async def test_the_batcher_climbs_from_small_batches_until_its_own_timings_stop_improving(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    caplog.set_level(logging.INFO, logger="trtforge_runtime.batcher")
+    caplog.set_level(logging.INFO, logger="trtforge_runtime.serving.batcher")
     # One log line per interval: an interval longer than any run keeps the count off the clock.
     monkeypatch.setattr(batcher, "CAP_LOG_INTERVAL_S", 1e9)
     sizes: list[int] = []

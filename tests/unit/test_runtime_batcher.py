@@ -10,9 +10,9 @@ import threading
 import numpy as np
 import pytest
 from trtforge_runtime.backends.ort_session import thread_plan
-from trtforge_runtime.batcher import Batcher, share
-from trtforge_runtime.metrics import Metrics
-from trtforge_runtime.workers import split_cpus
+from trtforge_runtime.lifecycle.workers import split_cpus
+from trtforge_runtime.serving.batcher import Batcher, share
+from trtforge_runtime.serving.metrics import Metrics
 
 from tests.unit.test_runtime_batcher_events import until
 

@@ -12,9 +12,9 @@ import threading
 
 import numpy as np
 import pytest
-from trtforge_runtime.batcher import Batcher, QueueFull
 from trtforge_runtime.errors import DeviceFault, RequestError
-from trtforge_runtime.metrics import Metrics
+from trtforge_runtime.serving.batcher import Batcher, QueueFull
+from trtforge_runtime.serving.metrics import Metrics
 
 pytestmark = pytest.mark.asyncio
 
@@ -193,7 +193,7 @@ async def test_a_probe_batch_takes_fewer_rows_than_its_share_and_leaves_the_rest
 ) -> None:
     """With the cap at 16 (as if learned), 24 requests queued behind a busy instance: the first batch
     takes its share (16); the next, about to take 8 (bucket 8, nothing below it timed yet), probes
-    bucket 2 (trtforge_runtime.batchcap's every other batch), and the 6 it left go in the batch
+    bucket 2 (trtforge_runtime.serving.batchcap's every other batch), and the 6 it left go in the batch
     after. With the cap not learned, nothing probes."""
     inst = GatedInstance()
     b = Batcher([inst], 16, 0.0, 64, Metrics("m"), print, learn_cap=learn)

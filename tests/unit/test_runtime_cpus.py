@@ -9,8 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from trtforge_runtime.cpus import auto_workers, cgroup_cpu_limit, effective_cpus, quota_cpus, usable_cpus
-from trtforge_runtime.workers import WorkerCpus, plan_cpus
+from trtforge_runtime.lifecycle.cpus import (
+    auto_workers,
+    cgroup_cpu_limit,
+    effective_cpus,
+    quota_cpus,
+    usable_cpus,
+)
+from trtforge_runtime.lifecycle.workers import WorkerCpus, plan_cpus
 
 
 def test_quota_from_cgroup_v2_and_v1() -> None:
@@ -67,7 +73,7 @@ def test_workers_are_pinned_unless_a_cpu_limit_is_below_the_affinity() -> None:
 def test_a_worker_keeps_to_the_cpus_its_supervisor_gave_it() -> None:
     """In a subprocess: pinning changes the affinity of the process that calls it."""
     code = (
-        "import os; from trtforge_runtime import cpus\n"
+        "import os; from trtforge_runtime.lifecycle import cpus\n"
         "before = os.sched_getaffinity(0); cpus.pin_worker(); assert os.sched_getaffinity(0) == before\n"
         "one = min(before); os.environ[cpus.WORKER_CPUS_ENV] = str(one); cpus.pin_worker()\n"
         "print(os.sched_getaffinity(0) == {one})\n"

@@ -1,4 +1,5 @@
-"""trtforge_runtime.event_loop: the loop `--event-loop` names, and a clear refusal when it can't run."""
+"""trtforge_runtime.lifecycle.event_loop: the loop `--event-loop` names, and a clear refusal when it
+can't run."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 import importlib.util
 
 import pytest
-from trtforge_runtime import event_loop
+from trtforge_runtime.lifecycle import event_loop
 
 
 async def _loop_module() -> str:

@@ -1,5 +1,5 @@
 """Fetching from a store that streams (s3://, the broker): received on one thread, hashed and
-written on another (trtforge_runtime.fetch.hash_and_write)."""
+written on another (trtforge_runtime.lifecycle.fetch.hash_and_write)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from trtforge_runtime.fetch import hash_and_write
+from trtforge_runtime.lifecycle.fetch import hash_and_write
 
 
 def test_a_fetched_stream_is_hashed_and_written_whole_on_two_threads(tmp_path: Path) -> None:

@@ -10,22 +10,22 @@ import numpy as np
 import pytest
 import tritonclient.grpc.service_pb2 as triton_pb
 from google.protobuf.descriptor import Descriptor
-from trtforge_runtime.batcher import QueueFull
-from trtforge_runtime.body import BodyMemoryFull
 from trtforge_runtime.errors import Code, RequestError, outcome_for
 from trtforge_runtime.errors import grpc_code as code_for
-from trtforge_runtime.grpc_calls import (
+from trtforge_runtime.protocol.grpc_codec import (
     RAW_INPUT_CONTENTS,
-    decode_infer_request,
     encode_infer_response,
     parse_infer_request,
 )
-from trtforge_runtime.grpc_service import status_for
-from trtforge_runtime.grpc_v2 import inference_pb2 as pb
-from trtforge_runtime.grpc_v2.generate import HERE, OUTPUTS, generate
-from trtforge_runtime.metrics import Outcome
-from trtforge_runtime.model import model_spec
-from trtforge_runtime.v2 import InferRequest, encode_bytes_blob
+from trtforge_runtime.protocol.grpc_service import status_for
+from trtforge_runtime.protocol.grpc_tensors import decode_infer_request
+from trtforge_runtime.protocol.grpc_v2 import inference_pb2 as pb
+from trtforge_runtime.protocol.grpc_v2.generate import HERE, OUTPUTS, generate
+from trtforge_runtime.protocol.v2 import encode_bytes_blob
+from trtforge_runtime.serving.batcher import QueueFull
+from trtforge_runtime.serving.body import BodyMemoryFull
+from trtforge_runtime.serving.metrics import Outcome
+from trtforge_runtime.serving.model import InferRequest, model_spec
 
 from tests.unit.test_runtime import _manifest
 from trtforge.contract.manifest import TensorSpec
@@ -84,7 +84,7 @@ def test_shipped_stubs_are_what_the_proto_generates(tmp_path: Path) -> None:
         shipped = HERE / fresh.name
         assert fresh.name in OUTPUTS
         assert shipped.read_text() == fresh.read_text(), (
-            f"{shipped} is stale: run `python -m trtforge_runtime.grpc_v2.generate`"
+            f"{shipped} is stale: run `python -m trtforge_runtime.protocol.grpc_v2.generate`"
         )
 
 

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
-from trtforge_runtime import grpc_health as health
 from trtforge_runtime.errors import Code
-from trtforge_runtime.grpc_calls import READINESS_NAMES, SERVICE, CallError, health_check
-from trtforge_runtime.grpc_health import ServingStatus, status_for
+from trtforge_runtime.protocol import grpc_health as health
+from trtforge_runtime.protocol.grpc_calls import READINESS_NAMES, SERVICE, CallError, health_check
+from trtforge_runtime.protocol.grpc_health import ServingStatus, status_for
 
 
 def test_readiness_follows_the_runtime_and_liveness_never_does() -> None:

@@ -1,4 +1,4 @@
-"""The idle guard of counted connections (trtforge_runtime.connections), on real sockets.
+"""The idle guard of counted connections (trtforge_runtime.protocol.connections), on real sockets.
 
 The HTTP server behind it here never closes anything, so whatever closes a connection is the guard:
 a silent or half-sent request head is closed after the timeout; a complete head is not, until its
@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from trtforge_runtime.connections import ConnectionLimiter
-from trtforge_runtime.metrics import Metrics
+from trtforge_runtime.protocol.connections import ConnectionLimiter
+from trtforge_runtime.serving.metrics import Metrics
 
 pytestmark = pytest.mark.asyncio
 

@@ -4,14 +4,15 @@ the shared body-memory budget and the answers given past the connection cap."""
 from __future__ import annotations
 
 import asyncio
-import gzip
 import json
 import struct
-import zlib
 
 import numpy as np
 import pytest
-from trtforge_runtime.body import (
+from trtforge_runtime.errors import RequestError
+from trtforge_runtime.protocol.connections import ConnectionLimiter, overflow_answer
+from trtforge_runtime.protocol.v2 import JSON_SLACK, decode_request, json_limit
+from trtforge_runtime.serving.body import (
     BODY_GRACE_S,
     BODY_MIN_RATE,
     BodyMemoryFull,
@@ -19,13 +20,10 @@ from trtforge_runtime.body import (
     MemoryBudget,
     body_deadline,
     content_coding,
-    decompress,
     read_body,
 )
-from trtforge_runtime.connections import http_response, overflow_answer
-from trtforge_runtime.errors import RequestError
-from trtforge_runtime.model import model_spec
-from trtforge_runtime.v2 import JSON_SLACK, decode_request, json_limit
+from trtforge_runtime.serving.metrics import Metrics
+from trtforge_runtime.serving.model import model_spec
 
 from tests.unit.test_runtime import _manifest
 from trtforge.contract.manifest import TensorSpec
@@ -114,27 +112,6 @@ def test_content_codings() -> None:
         assert e.value.status == 415
 
 
-def test_decompress_once_within_the_limit() -> None:
-    data = b"tensor bytes " * 1000
-    assert decompress(gzip.compress(data), Coding.GZIP, len(data)) == data
-    assert decompress(zlib.compress(data), Coding.DEFLATE, len(data)) == data
-    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
-    assert decompress(raw.compress(data) + raw.flush(), Coding.DEFLATE, len(data)) == data
-    bomb = gzip.compress(b"\0" * (64 << 20))  # 64 MiB of zeros in ~64 kB
-    assert len(bomb) < 100_000
-    with pytest.raises(RequestError, match="decompressed from gzip exceeds the limit of 1048576") as e:
-        decompress(bomb, Coding.GZIP, 1 << 20)
-    assert e.value.status == 413
-    for body, msg in [
-        (b"not gzip at all", "not valid gzip"),
-        (gzip.compress(data)[:-20], "truncated"),
-        (gzip.compress(data) + b"junk", "4 bytes after the end"),
-    ]:
-        with pytest.raises(RequestError, match=msg) as e:
-            decompress(body, Coding.GZIP, 1 << 20)
-        assert e.value.status == 400
-
-
 class _Chunks:
     def __init__(self, *chunks: bytes) -> None:
         self._chunks = list(chunks)
@@ -217,14 +194,45 @@ def test_the_body_deadline_fits_the_claimed_size() -> None:
     assert body_deadline(1000, 1) == 1
 
 
-def test_connections_past_the_cap_get_health_answers_or_503() -> None:
-    def health(path: str) -> tuple[int, dict[str, object]] | None:
-        return (200, {"live": True}) if path == "/v2/health/live" else None
+def _live(path: str) -> tuple[int, dict[str, object]] | None:
+    return (200, {"live": True}) if path == "/v2/health/live" else None
 
-    assert overflow_answer(b"GET /v2/health/live HTTP/1.1", health, 8) == (200, {"live": True})
-    status, body = overflow_answer(b"POST /v2/models/m/infer HTTP/1.1", health, 8)
+
+def test_connections_past_the_cap_get_health_answers_or_503() -> None:
+    assert overflow_answer("GET", "/v2/health/live", _live, 8) == (200, {"live": True})
+    status, body = overflow_answer("POST", "/v2/models/m/infer", _live, 8)
     assert status == 503 and "8 open connections, its limit" in str(body["error"])
-    assert overflow_answer(b"", health, 8)[0] == 503
-    raw = http_response(503, {"error": "x"})
-    assert raw.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") and b"Retry-After: 1\r\n" in raw
-    assert b"Connection: close" in raw and raw.endswith(b'\r\n\r\n{"error": "x"}')
+    assert overflow_answer("POST", "/v2/health/live", _live, 8)[0] == 503
+
+
+@pytest.mark.asyncio
+async def test_aiohttp_answers_past_the_cap_and_closes() -> None:
+    """One connection fills a cap of one; the next ones get aiohttp's answers on real sockets: the
+    health probe's, a 503 with Retry-After, and a silent one is closed after the answer timeout."""
+    loop = asyncio.get_running_loop()
+    metrics = Metrics("m", None)
+    limiter = ConnectionLimiter(asyncio.Protocol, 1, _live, lambda: metrics, answer_timeout_s=0.2)
+    srv = await loop.create_server(limiter, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+
+    async def ask(request: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request)
+        answer = await asyncio.wait_for(reader.read(), timeout=10)  # to EOF: the server closes
+        writer.close()
+        return answer
+
+    try:
+        held = await asyncio.open_connection("127.0.0.1", port)
+        while limiter.open < 1:
+            await asyncio.sleep(0.01)
+        live = await ask(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert live.startswith(b"HTTP/1.1 200 OK\r\n") and live.endswith(b'{"live": true}')
+        busy = await ask(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        assert busy.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1\r\n" in busy
+        assert b"Connection: close\r\n" in busy and b"1 open connections, its limit" in busy
+        assert await ask(b"") == b""  # nothing sent: closed after the answer timeout
+        held[1].close()
+    finally:
+        srv.close()
+        await srv.wait_closed()

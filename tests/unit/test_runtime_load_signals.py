@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from trtforge_runtime.batcher import Batcher
-from trtforge_runtime.metrics import Metrics, exposition
+from trtforge_runtime.serving.batcher import Batcher
+from trtforge_runtime.serving.metrics import Metrics, exposition
 
 from tests.unit.test_runtime_batcher import _Held
 from tests.unit.test_runtime_batcher_events import until

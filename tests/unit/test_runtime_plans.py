@@ -1,5 +1,5 @@
-"""Requests decoded once per distinct JSON header (trtforge_runtime.v2.RequestPlans) and answers whose
-JSON header is built once (v2.encode_response): the same results as decoding and encoding anew."""
+"""Requests decoded once per distinct JSON header (trtforge_runtime.protocol.v2.RequestPlans) and answers
+whose JSON header is built once (v2.encode_response): the same results as decoding and encoding anew."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 from trtforge_runtime.errors import RequestError
-from trtforge_runtime.model import model_spec
-from trtforge_runtime.v2 import (
+from trtforge_runtime.protocol.v2 import (
     HEADER_CACHE_MAX_ID,
     PLAN_MAX_HEADER_BYTES,
     PLANS,
@@ -19,6 +18,7 @@ from trtforge_runtime.v2 import (
     decode_request,
     encode_response,
 )
+from trtforge_runtime.serving.model import model_spec
 
 from tests.unit.test_runtime import _manifest, bytes_request
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from trtforge_runtime import prehash
 from trtforge_runtime.errors import Refusal
-from trtforge_runtime.fetch import fetch_engine
+from trtforge_runtime.lifecycle import prehash
+from trtforge_runtime.lifecycle.fetch import fetch_engine
 
 from tests.unit.test_runtime import KEY, _manifest, _RemoteStore, _store
 from trtforge.contract import layout

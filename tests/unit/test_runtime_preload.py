@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from trtforge_runtime import prehash, preload
 from trtforge_runtime.backends import load_backend, ort_session
 from trtforge_runtime.backends.onnxruntime_backend import OnnxRuntimeBackend
 from trtforge_runtime.errors import Refusal
-from trtforge_runtime.fetch import fetch_engine
+from trtforge_runtime.lifecycle import prehash, preload
+from trtforge_runtime.lifecycle.fetch import fetch_engine
 
 from tests.unit.test_runtime_warmstart import KEY, _store
 from trtforge.contract import layout
@@ -173,7 +173,7 @@ def test_the_pre_load_and_the_session_opener_import_no_pydantic() -> None:
     """They run before the contract is imported: importing pydantic there would serialise them
     behind the main thread's imports (the GIL), which is what the pre-load is for."""
     code = (
-        "import sys; import trtforge_runtime.preload, trtforge_runtime.backends.ort_session; "
+        "import sys; import trtforge_runtime.lifecycle.preload, trtforge_runtime.backends.ort_session; "
         "heavy = ('pydantic', 'numpy', 'onnxruntime', 'trtforge.contract'); "
         "print(sorted(m for m in heavy if m in sys.modules))"
     )
@@ -185,11 +185,12 @@ def test_serve_begins_the_pre_hash_before_the_supervisors_and_the_contracts_impo
     tmp_path: Path,
 ) -> None:
     """`trtforge serve` as one runtime (a worker, or a pod without --workers) reaches the pre-hash
-    before what only the --workers supervisor needs (subprocess, tempfile) and what the pre-hash
-    exists to run beside (pydantic, the contract, numpy) is imported."""
+    before what only the --workers supervisor needs (subprocess, its module) and what the pre-hash
+    exists to run beside (pydantic, the contract, numpy) is imported. (tempfile is not in the list:
+    the subcommand's lookup in the runtime distribution's entry points imports it.)"""
     code = (
-        "import sys; import trtforge_runtime.prehash as p\n"
-        "late = ('subprocess', 'tempfile', 'trtforge_runtime.workers', 'pydantic',"
+        "import sys; import trtforge_runtime.lifecycle.prehash as p\n"
+        "late = ('subprocess', 'trtforge_runtime.lifecycle.workers', 'pydantic',"
         " 'trtforge.contract', 'numpy')\n"
         "def begin(*args):\n"
         "    print(sorted(m for m in late if m in sys.modules)); raise SystemExit(0)\n"

@@ -1,10 +1,10 @@
-"""The runtime retries a store that is temporarily unavailable (trtforge_runtime.retry)."""
+"""The runtime retries a store that is temporarily unavailable (trtforge_runtime.lifecycle.retry)."""
 
 from __future__ import annotations
 
 import pytest
 from trtforge_runtime.errors import Refusal
-from trtforge_runtime.retry import budget_from_env, retry_delay, retryable, with_retries
+from trtforge_runtime.lifecycle.retry import budget_from_env, retry_delay, retryable, with_retries
 
 from trtforge.store.base import StoreError
 from trtforge.store.http import BrokerDenied

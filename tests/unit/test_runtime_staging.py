@@ -1,4 +1,4 @@
-"""Where a downloaded engine file is verified before it loads (trtforge_runtime.staging): the choice
+"""Where a downloaded engine file is verified before it loads (trtforge_runtime.lifecycle.staging): the choice
 as a pure function of the facts, and the sealed memfd and its cache copy on this Linux kernel."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from trtforge_runtime.staging import (
+from trtforge_runtime.lifecycle.staging import (
     Staging,
     copy_to_cache,
     open_memfd,

@@ -1,4 +1,4 @@
-"""trtforge_runtime.startup_gc: the collector is off for start-up, then on, with start-up's objects
+"""trtforge_runtime.lifecycle.startup_gc: the collector is off for start-up, then on, with start-up's objects
 frozen out of every later collection."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import gc
 from collections.abc import Iterator
 
 import pytest
-from trtforge_runtime import startup_gc
+from trtforge_runtime.lifecycle import startup_gc
 
 
 @pytest.fixture(autouse=True)

@@ -1,12 +1,12 @@
-"""trtforge_runtime.threads.on_thread: work on a named daemon thread, its outcome in a future. (That
-the module imports nothing heavy is checked through trtforge_runtime.preload, which imports it.)"""
+"""trtforge_runtime.lifecycle.threads.on_thread: work on a named daemon thread, its outcome in a future. (That
+the module imports nothing heavy is checked through trtforge_runtime.lifecycle.preload, which imports it.)"""
 
 from __future__ import annotations
 
 import threading
 
 import pytest
-from trtforge_runtime.threads import on_thread
+from trtforge_runtime.lifecycle.threads import on_thread
 
 
 def test_the_future_gets_what_the_work_returns_on_its_own_named_daemon_thread() -> None:

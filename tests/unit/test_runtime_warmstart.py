@@ -11,11 +11,11 @@ from typing import BinaryIO
 
 import numpy as np
 import pytest
-from trtforge_runtime import warmstart
+from trtforge_dev.modelzoo import dynamic_mlp
 from trtforge_runtime.errors import Refusal
-from trtforge_runtime.model import model_spec
+from trtforge_runtime.lifecycle import warmstart
+from trtforge_runtime.serving.model import model_spec
 
-from tests.modelzoo import dynamic_mlp
 from trtforge.contract import layout
 from trtforge.contract.engine_key import BuildConfig, ShapeRange
 from trtforge.contract.gpu import GPUTarget, known_identity
@@ -205,7 +205,7 @@ def test_a_download_holds_the_caller_no_longer_than_the_wait(tmp_path: Path) -> 
 def test_a_canary_decoded_ahead_is_replayed_and_its_errors_reported_as_if_read_there(tmp_path: Path) -> None:
     from concurrent.futures import Future
 
-    from trtforge_runtime.canary import read_canary, run_canary
+    from trtforge_runtime.lifecycle.canary import read_canary, run_canary
 
     from trtforge.contract.canary import Canary
 

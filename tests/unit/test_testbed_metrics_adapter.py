@@ -12,7 +12,7 @@ from trtforge_dev.testbed.metrics_adapter import (
     quantity,
 )
 from trtforge_operator.api import CUSTOM_METRIC_NAMES
-from trtforge_runtime.metrics import Metrics, Outcome, exposition
+from trtforge_runtime.serving.metrics import Metrics, Outcome, exposition
 
 
 def test_reads_the_runtimes_own_exposition() -> None:

@@ -13,12 +13,26 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from trtforge_dev.testbed import binaries, gpus, procs, reflect2_patch
 from trtforge_dev.testbed.build import BinariesError, check_debian_packages, deb_src_entry
+from trtforge_dev.testbed.gpus import allocate
 from trtforge_dev.testbed.kubelet import podspec
 from trtforge_dev.testbed.kubelet.process import ContainerProcess, exit_code_of, mount_script
 from trtforge_dev.testbed.kubelet.volumes import Mount
-from trtforge_dev.testbed.profile import ProfileError, gpu_file, load_profile, node_labels, node_status
+from trtforge_dev.testbed.profile import (
+    MIG_OVERRIDE_FILE,
+    MigSpec,
+    NodeProfile,
+    ProfileError,
+    capacity,
+    effective_node,
+    gpu_file,
+    load_profile,
+    node_labels,
+    node_object,
+    node_status,
+)
 from trtforge_dev.testbed.wait import WaitTimeout, wait_for
 
 from trtforge.contract.gpu import KNOWN_GPUS, product_label
@@ -446,3 +460,36 @@ def test_the_pod_block_comes_from_the_environment_where_set_and_is_checked() -> 
     for bad in ("0", "255", "x", "-3"):
         with pytest.raises(ValueError, match=r"TRTFORGE_POD_BLOCK=.*1 to 254"):
             podspec.pod_block("/work/a/.cluster", {podspec.POD_BLOCK_ENV: bad})
+
+
+def test_single_strategy_mig_node_labels_resources_and_taints() -> None:
+    """A node under mig.strategy=single: GFD's slice product label, every instance a nvidia.com/gpu."""
+    p = NodeProfile.model_validate(
+        {
+            "name": "gh200-single",
+            "product": "NVIDIA-GH200-480GB",
+            "gpus": 1,
+            "mig": {"strategy": "single", "config": "all-3g.48gb", "layout": [{"3g.48gb": 2}]},
+            "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}],
+        }
+    )
+    labels = node_labels(p)
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-GH200-480GB-MIG-3g.48gb"
+    assert labels["nvidia.com/mig.strategy"] == "single" and labels["nvidia.com/gpu.count"] == "2"
+    assert not any(k.startswith("nvidia.com/mig-") for k in labels)
+    f = gpu_file(p)
+    assert capacity(p, f, healthy_only=True)["nvidia.com/gpu"] == "2"
+    assert [d.mig_profile for d in allocate(f, {"nvidia.com/gpu": 2}, set(), single=True)] == ["3g.48gb"] * 2
+    assert node_object(p)["spec"]["taints"] == [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]
+    with pytest.raises(ValidationError, match="slices every GPU alike"):
+        MigSpec.model_validate({"strategy": "single", "layout": [{"3g.48gb": 1, "1g.12gb": 1}]})
+
+
+def test_a_mig_layout_set_on_the_running_node_overrides_the_profile(tmp_path: Path) -> None:
+    base = load_profile().node("gpu-gh200-0")
+    assert effective_node(base, tmp_path) == base
+    (tmp_path / MIG_OVERRIDE_FILE).write_text(
+        MigSpec(strategy="single", config="all-3g.48gb", layout=[{"3g.48gb": 2}]).model_dump_json()
+    )
+    eff = effective_node(base, tmp_path)
+    assert eff.mig_single and node_labels(eff)["nvidia.com/gpu.product"] == "NVIDIA-GH200-480GB-MIG-3g.48gb"

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from trtforge_builder.fetch import MAX_REDIRECTS, redirect_refusal
 from trtforge_builder.model_format import onnx_problem
+from trtforge_dev.modelzoo import dynamic_cnn, sha256_of
 
 from tests.certs import self_signed
-from tests.modelzoo import dynamic_cnn, sha256_of
 from trtforge.contract.build_result import BUILD_EXIT_CODES, BuildFailure, parse_build_message
 
 TOKEN = "tenant-token"

@@ -23,7 +23,7 @@ DESIGN = ROOT / "docs" / "design.md"
 SECTION = "## One writer per child"
 DEPLOYMENT_APPLIER = "the deployment applier"
 # Where the InferenceDeployment's applier may live.
-DEPLOYMENT_APPLIER_MODULES = frozenset({"handlers/deployment.py", "deployment_applier.py"})
+DEPLOYMENT_APPLIER_MODULES = frozenset({"apply/deployment.py"})
 KUBE_READS = frozenset(
     {
         "read_pod",
@@ -163,7 +163,7 @@ def test_the_table_names_every_child_kind_and_the_scan_finds_them() -> None:
     assert rows["ScaledObject"][0] == DEPLOYMENT_APPLIER
     for kind in ("Job", "Deployment", "Service", "HorizontalPodAutoscaler", "status", "Event", "Lease"):
         assert found.get(kind), f"no write of {kind} found: the scan misses calls"
-    assert rows["Job"][1] == "engine_apply.py"
+    assert rows["Job"][1] == "apply/engine.py"
     for kind, (_, module) in rows.items():
         assert not module or (PKG / module).is_file(), f"{kind}: {module} is not a module of the operator"
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -37,6 +39,35 @@ MIG_PROFILE_RE = re.compile(r"^[1-7]g\.[0-9]+gb(\+me|\+gfx|-me)?$")
 # NVIDIA's device plugin advertises a profile as `nvidia.com/mig-<profile>` with `+` turned into `.`
 # (resource names allow no `+`): 1g.18gb+me is `nvidia.com/mig-1g.18gb.me`.
 _MIG_RESOURCE_VARIANT_RE = re.compile(r"^([1-7]g\.[0-9]+gb)\.(me|gfx)$")
+
+
+class MigStrategy(StrEnum):
+    """How NVIDIA's device plugin and GFD expose MIG on a node (the GPU Operator's `mig.strategy`;
+    docs/design.md §"GPU labels")."""
+
+    NONE = "none"  # whole GPUs: nvidia.com/gpu, product label as is
+    SINGLE = "single"  # every GPU sliced alike: nvidia.com/gpu, product label <product>-MIG-<profile>
+    MIXED = "mixed"  # slices as nvidia.com/mig-<profile>, product label as is
+
+
+# GFD's product label under the single strategy: `<product>-MIG-<profile>`, e.g.
+# NVIDIA-A100-SXM4-40GB-MIG-1g.5gb (a label value has no `+`: a variant is spelt as in the resource name).
+_SINGLE_PRODUCT_RE = re.compile(r"^(?P<product>.+)-MIG-(?P<profile>[1-7]g\.[0-9]+gb(?:\.me|\.gfx|-me)?)$")
+
+
+def single_strategy_product(label: str) -> tuple[str, str] | None:
+    """(product, MIG profile) named by a single-strategy `nvidia.com/gpu.product` value, else None."""
+    m = _SINGLE_PRODUCT_RE.match(label)
+    return (m.group("product"), mig_profile_of_resource(m.group("profile"))) if m else None
+
+
+def node_mig_strategy(labels: Mapping[str, str]) -> MigStrategy:
+    """The MIG strategy a node's GFD labels show: single only where the product label names a slice."""
+    if labels.get(LABEL_MIG_STRATEGY) == MigStrategy.SINGLE and single_strategy_product(
+        labels.get(LABEL_PRODUCT, "")
+    ):
+        return MigStrategy.SINGLE
+    return MigStrategy.MIXED if labels.get(LABEL_MIG_STRATEGY) == MigStrategy.MIXED else MigStrategy.NONE
 
 
 def mig_resource_suffix(profile: str) -> str:
@@ -97,6 +128,14 @@ def _measured_rows(rows: list[tuple[str, int, int]]) -> dict[str, MigFacts]:
 
 # Keyed by the GFD `nvidia.com/gpu.product` value (spaces of the NVML name become dashes).
 KNOWN_GPUS: dict[str, KnownGPU] = {
+    "NVIDIA-A100-SXM4-80GB": KnownGPU(
+        compute_capability=(8, 0),
+        sm_count=108,
+        memory_mib=81920,
+        arch="amd64",
+        mig=_guide_rows(["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]),
+        source=MIG_GUIDE,
+    ),
     "NVIDIA-H100-80GB-HBM3": KnownGPU(
         compute_capability=(9, 0),
         sm_count=132,
@@ -183,16 +222,31 @@ class GPUTarget(BaseModel):
             slug = f"{slug[:31].rstrip('-')}-{digest}"
         return slug
 
-    def resource_name(self) -> str | None:
-        """The extended resource a pod requests for one unit of this target (None for CPU)."""
+    def resource_name(self, strategy: MigStrategy = MigStrategy.MIXED) -> str | None:
+        """The extended resource a pod requests for one unit of this target (None for CPU): a MIG
+        slice is `nvidia.com/mig-<profile>` under the mixed strategy, `nvidia.com/gpu` under single."""
         if self.is_cpu:
             return None
-        return f"nvidia.com/mig-{mig_resource_suffix(self.mig)}" if self.mig else RESOURCE_GPU
+        if self.mig and strategy != MigStrategy.SINGLE:
+            return f"nvidia.com/mig-{mig_resource_suffix(self.mig)}"
+        return RESOURCE_GPU
 
-    def node_selector(self, arch: str | None = None) -> dict[str, str]:
-        """Labels a node must carry to host this target (mixed MIG strategy: the resource does the rest)."""
+    def single_strategy_product(self) -> str:
+        """The product label a single-strategy node hosting this MIG target carries."""
+        return f"{self.gpu}-MIG-{mig_resource_suffix(self.mig or '')}"
+
+    def node_selector(
+        self, arch: str | None = None, strategy: MigStrategy = MigStrategy.MIXED
+    ) -> dict[str, str]:
+        """Labels a node must carry to host this target: under the mixed strategy the product and a
+        finished MIG config (the resource does the rest); under single the slice's product label."""
         if self.is_cpu:
             sel: dict[str, str] = {}
+        elif self.mig and strategy == MigStrategy.SINGLE:
+            sel = {
+                LABEL_PRODUCT: self.single_strategy_product(),
+                LABEL_MIG_STRATEGY: MigStrategy.SINGLE.value,
+            }
         else:
             sel = {LABEL_PRODUCT: self.gpu}
             if self.mig:

@@ -42,6 +42,7 @@ from trtforge.tensorrt.engine import (
     ExecutionError,
     LoadedEngine,
     TensorRTUnavailable,
+    capturing_logger,
     numpy_dtype,
 )
 from trtforge_builder.backends.base import BuildInputs, BuildOutput, Runner
@@ -106,34 +107,6 @@ def parser_errors(parser: trt.OnnxParser, limit: int = 10) -> str:
     return "; ".join(out)
 
 
-class _Logger:
-    """Collects TensorRT's errors so a failed build can say why."""
-
-    def __init__(self) -> None:
-        trt_mod = _trt()
-        outer = self
-
-        class L(trt_mod.ILogger):  # type: ignore[misc,name-defined,unused-ignore]
-            def __init__(self) -> None:
-                trt_mod.ILogger.__init__(self)
-
-            def log(self, severity: Any, msg: str) -> None:
-                outer.on_log(severity, msg)
-
-        self.errors: list[str] = []
-        self.logger = L()
-
-    def on_log(self, severity: Any, msg: str) -> None:
-        sev = _trt().ILogger.Severity
-        if severity in (sev.ERROR, sev.INTERNAL_ERROR):
-            self.errors.append(msg)
-            log.error("tensorrt: %s", msg)
-        elif severity == sev.WARNING:
-            log.warning("tensorrt: %s", msg)
-        else:
-            log.debug("tensorrt: %s", msg)
-
-
 def layer_summary(engine: trt.ICudaEngine) -> dict[str, int]:
     """Layer type -> count, from the engine inspector (JSON; type names as TensorRT gives them)."""
     trt_mod = _trt()
@@ -185,10 +158,11 @@ class TensorRTBackend:
     def build(self, inp: BuildInputs) -> BuildOutput:
         trt_mod = _trt()
         cfg = inp.config
-        tlog = _Logger()
-        builder: trt.Builder = trt_mod.Builder(tlog.logger)
+        tlog = capturing_logger(trt_mod)  # the process's one logger (TensorRT keeps the first)
+        seen = len(tlog.errors)
+        builder: trt.Builder = trt_mod.Builder(tlog)
         network: trt.INetworkDefinition = builder.create_network(0)
-        parser: trt.OnnxParser = trt_mod.OnnxParser(network, tlog.logger)
+        parser: trt.OnnxParser = trt_mod.OnnxParser(network, tlog)
         model_path = inp.model_path
         import onnx
 
@@ -259,7 +233,7 @@ class TensorRTBackend:
 
         serialized: trt.IHostMemory | None = builder.build_serialized_network(network, config)
         if serialized is None:
-            why = "; ".join(tlog.errors[-3:]) or "no error was logged"
+            why = "; ".join(tlog.errors[seen:][-3:]) or "no error was logged"
             raise BuildError(
                 f"TensorRT failed to build model {inp.source}: {why}", "BuildFailed", step="build"
             )
@@ -267,14 +241,14 @@ class TensorRTBackend:
         with open(artifact, "wb") as f:
             f.write(memoryview(serialized))
 
-        runtime: trt.Runtime = trt_mod.Runtime(tlog.logger)
+        runtime: trt.Runtime = trt_mod.Runtime(tlog)
         # A version-compatible plan is only checked here for its IO; validation loads it as the
         # runtime will (the lean runtime), see load().
         runtime.engine_host_code_allowed = cfg.version_compatible
         engine: trt.ICudaEngine | None = runtime.deserialize_cuda_engine(memoryview(serialized))
         if engine is None:  # returns None, does not raise
             raise BuildError(
-                f"TensorRT built an engine it cannot load: {'; '.join(tlog.errors[-3:])}",
+                f"TensorRT built an engine it cannot load: {'; '.join(tlog.errors[seen:][-3:])}",
                 "BuildFailed",
                 step="build",
             )
@@ -292,8 +266,7 @@ class TensorRTBackend:
 
     def merge_timing_caches(self, ours: bytes, theirs: bytes) -> bytes:
         trt_mod = _trt()
-        tlog = _Logger()
-        config: trt.IBuilderConfig = trt_mod.Builder(tlog.logger).create_builder_config()
+        config: trt.IBuilderConfig = trt_mod.Builder(capturing_logger(trt_mod)).create_builder_config()
         mine: trt.ITimingCache = config.create_timing_cache(ours)
         other: trt.ITimingCache = config.create_timing_cache(theirs)
         if not mine.combine(other, False):

@@ -51,7 +51,8 @@ app.kubernetes.io/component: operator
 {{- default .Release.Namespace .Values.build.namespace -}}
 {{- end -}}
 
-{{/* registry/repository:tag or registry/repository@digest; the tag defaults to the chart's appVersion. */}}
+{{/* registry/repository:tag or registry/repository@digest; the tag defaults to the chart's appVersion
+(and the image's tagSuffix: -full for the full runtime). */}}
 {{- define "trtforge.image" -}}
 {{- $root := index . 0 -}}
 {{- $img := index . 1 -}}
@@ -60,7 +61,8 @@ app.kubernetes.io/component: operator
 {{- if $img.digest -}}
 {{- printf "%s@%s" $repo $img.digest -}}
 {{- else -}}
-{{- printf "%s:%s" $repo (default $root.Chart.AppVersion $img.tag) -}}
+{{- $appTag := printf "%s%s" $root.Chart.AppVersion (default "" $img.tagSuffix) -}}
+{{- printf "%s:%s" $repo (default $appTag $img.tag) -}}
 {{- end -}}
 {{- end -}}
 

@@ -43,6 +43,8 @@ def _run(fn: Any, args: argparse.Namespace) -> int:
 def cmd_install(args: argparse.Namespace) -> int:
     from trtforge_dev.testbed import binaries as b
     from trtforge_dev.testbed.build import build_from_debian_source
+    from trtforge_dev.testbed.build_lock import LOCK_NAME, build_once
+    from trtforge_dev.testbed.paths import cache_dir
 
     if args.from_dir:
         b.seed_cache(Path(args.from_dir))
@@ -50,11 +52,14 @@ def cmd_install(args: argparse.Namespace) -> int:
         print("using the control-plane binaries from $KUBEBUILDER_ASSETS / PATH")
     else:
         cache = b.cache_bin_dir()
-        problems = b.cache_problems(cache)
-        if problems and cache.exists():
-            print(f"binary cache {cache} is corrupt ({'; '.join(problems)}); rebuilding it")
-        if problems or args.force:
-            build_from_debian_source()
+
+        def missing() -> list[str]:  # asked under the lock: another install may have built it
+            problems = b.cache_problems(cache)
+            if problems and cache.exists():
+                print(f"binary cache {cache} is corrupt ({'; '.join(problems)}); rebuilding it")
+            return [*problems, "a rebuild is asked for (--force)"] if args.force else problems
+
+        build_once(cache_dir() / LOCK_NAME, missing, build_from_debian_source, "the control-plane build")
     found = b.resolve()
     for name, path in found.as_dict().items():
         print(f"{name:<24} {path}")

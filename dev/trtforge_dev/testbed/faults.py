@@ -1,4 +1,4 @@
-"""Fault injection on the running test bed: GPU Xids, heal, node down/up.
+"""Fault injection on the running test bed: GPU Xids, heal, node down/up; MIG reconfiguration.
 
 A fault rewrites the node's GPU file (the probe sees the Xid; the device turns unhealthy on a
 critical Xid) and updates the Node's allocatable right away, as the device plugin would.
@@ -13,7 +13,15 @@ from trtforge.contract.gpu_probe import EmulatedGPUFile, GPUDevice
 from trtforge_dev.testbed import gpus
 from trtforge_dev.testbed.controlplane import ClusterError, ClusterState, is_up
 from trtforge_dev.testbed.paths import StatePaths
-from trtforge_dev.testbed.profile import Profile
+from trtforge_dev.testbed.profile import (
+    MIG_OVERRIDE_FILE,
+    MigSpec,
+    NodeProfile,
+    Profile,
+    effective_node,
+    gpu_file,
+    node_labels,
+)
 
 
 def _profile(paths: StatePaths) -> Profile:
@@ -31,7 +39,37 @@ def _sync(paths: StatePaths, profile: Profile, node: str, f: EmulatedGPUFile | N
 
     with api_client(paths.kubeconfig) as api:
         st = ClusterState.load(paths)
-        sync_node_status(api, profile.node(node), f, st.kubelet_port if st else 0)
+        p = effective_node(profile.node(node), paths.node_dir(node))
+        sync_node_status(api, p, f, st.kubelet_port if st else 0)
+
+
+def set_mig(paths: StatePaths, node: str, mig: MigSpec | None) -> None:
+    """What the GPU Operator's MIG manager and GFD do when a node's MIG config changes: new MIG
+    instances in the node's GPU file, its GFD labels for `mig.strategy` (None: back to the profile's
+    own layout), and its resources. The node must have no GPU pods."""
+    from kubernetes import client
+
+    from trtforge_dev.testbed.kube import api_client
+
+    profile = _profile(paths)
+    base = profile.node(node)
+    if base.product is None:
+        raise gpus.GPUError(f"node {node} has no GPUs")
+    override = paths.node_dir(node) / MIG_OVERRIDE_FILE
+    before = node_labels(effective_node(base, paths.node_dir(node)))
+    if mig is None:
+        override.unlink(missing_ok=True)
+    else:
+        NodeProfile.model_validate({**base.model_dump(), "mig": mig.model_dump()})  # refused here if bad
+        override.write_text(mig.model_dump_json())
+    p = effective_node(base, paths.node_dir(node))
+    new = gpu_file(p)
+    new.write(paths.gpu_file(node))
+    labels: dict[str, str | None] = {k: None for k in before}
+    labels.update(node_labels(p))
+    with api_client(paths.kubeconfig) as api:
+        client.CoreV1Api(api).patch_node(node, {"metadata": {"labels": labels}})
+    _sync(paths, profile, node, new)
 
 
 def fault(paths: StatePaths, node: str, gpu: int | None = None, xid: int = 79) -> GPUDevice:

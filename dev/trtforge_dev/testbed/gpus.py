@@ -31,11 +31,14 @@ def gpu_requests(resources: dict[str, str] | None) -> dict[str, int]:
     return out
 
 
-def allocate(f: EmulatedGPUFile, wanted: dict[str, int], taken: set[str]) -> list[GPUDevice]:
-    """Pick healthy, free devices for `wanted` (resource -> count), as the device plugin would."""
+def allocate(
+    f: EmulatedGPUFile, wanted: dict[str, int], taken: set[str], single: bool = False
+) -> list[GPUDevice]:
+    """Pick healthy, free devices for `wanted` (resource -> count), as the device plugin would
+    (`single`: the node's MIG instances are offered as nvidia.com/gpu)."""
     chosen: list[GPUDevice] = []
     for res, n in sorted(wanted.items()):
-        free = [d for d in f.devices if resource_of(d) == res and d.healthy and d.uuid not in taken]
+        free = [d for d in f.devices if resource_of(d, single) == res and d.healthy and d.uuid not in taken]
         if len(free) < n:
             raise AllocationError(f"node {f.node} has {len(free)} free healthy {res}, the pod asks for {n}")
         chosen.extend(free[:n])

@@ -20,6 +20,7 @@ from trtforge_dev.testbed import controlplane, faults, procs
 from trtforge_dev.testbed.binaries import resolve
 from trtforge_dev.testbed.paths import StatePaths
 from trtforge_dev.testbed.podlogs import read_pod_log
+from trtforge_dev.testbed.profile import MigSpec
 
 
 class TestBed:
@@ -72,6 +73,10 @@ class TestBed:
 
     def heal(self, node: str) -> None:
         faults.heal(self.paths, node)
+
+    def set_mig(self, node: str, mig: MigSpec | None) -> None:
+        """Reconfigure `node`'s MIG as the GPU Operator's MIG manager would (None: the profile's own)."""
+        faults.set_mig(self.paths, node, mig)
 
     def node_down(self, node: str) -> None:
         faults.node_down(self.paths, node)

@@ -4,10 +4,11 @@ sees (GFD labels, capacity/allocatable, the Node object) and to the node's emula
 
 from __future__ import annotations
 
+import json
 import uuid
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -27,11 +28,25 @@ class ProfileError(ValueError):
 
 
 class MigSpec(BaseModel):
-    """Mixed-strategy MIG: instances per physical GPU, e.g. ``[{"3g.90gb": 2, "1g.23gb": 1}]``."""
+    """MIG instances per physical GPU, e.g. ``[{"3g.90gb": 2, "1g.23gb": 1}]``, exposed as the GPU
+    Operator's `strategy` does: `mixed` (a resource per profile) or `single` (one profile on every
+    GPU, each instance a `nvidia.com/gpu`, the product label `<product>-MIG-<profile>`)."""
 
     model_config = ConfigDict(extra="forbid")
+    strategy: Literal["mixed", "single"] = "mixed"
     config: str = "all-balanced"
     layout: list[dict[str, int]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _single_is_one_profile(self) -> MigSpec:
+        profiles = {p for per_gpu in self.layout for p in per_gpu}
+        if self.strategy == "single" and len(profiles) != 1:
+            raise ValueError(f"mig.strategy single slices every GPU alike; the layout has {sorted(profiles)}")
+        return self
+
+    @property
+    def single(self) -> bool:
+        return self.strategy == "single"
 
 
 class NodeProfile(BaseModel):
@@ -47,6 +62,12 @@ class NodeProfile(BaseModel):
     pods: int = 110
     arch: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    # Node taints, e.g. [{key: nvidia.com/gpu, effect: NoSchedule}] as GPU node pools carry.
+    taints: list[dict[str, str]] = Field(default_factory=list)
+
+    @property
+    def mig_single(self) -> bool:
+        return self.mig is not None and self.mig.single
 
     @field_validator("product")
     @classmethod
@@ -100,6 +121,18 @@ class Profile(BaseModel):
             if n.name == name:
                 return n
         raise ProfileError(f"no emulated node {name!r}; nodes: {', '.join(n.name for n in self.nodes)}")
+
+
+# What `set_mig` (the emulated MIG manager) left on a node: its MigSpec as JSON, in the node's directory.
+MIG_OVERRIDE_FILE = "mig.json"
+
+
+def effective_node(p: NodeProfile, node_dir: Path) -> NodeProfile:
+    """The node as its MIG manager left it: `p`, or `p` with the MIG layout set on the running test bed."""
+    f = node_dir / MIG_OVERRIDE_FILE
+    if not f.is_file():
+        return p
+    return NodeProfile.model_validate({**p.model_dump(), "mig": json.loads(f.read_text())})
 
 
 def load_profile(path: Path | None = None) -> Profile:
@@ -186,17 +219,20 @@ def gpu_file(p: NodeProfile) -> EmulatedGPUFile:
     return EmulatedGPUFile(node=p.name, arch=p.node_arch, devices=devices)
 
 
-def resource_of(d: GPUDevice) -> str:
-    """The extended resource a device is advertised as (mixed MIG strategy)."""
-    return f"nvidia.com/mig-{g.mig_resource_suffix(d.mig_profile)}" if d.mig_profile else g.RESOURCE_GPU
+def resource_of(d: GPUDevice, single: bool = False) -> str:
+    """The extended resource a device is advertised as: a MIG instance is `nvidia.com/mig-<profile>`
+    under the mixed strategy and `nvidia.com/gpu` under single."""
+    if d.mig_profile and not single:
+        return f"nvidia.com/mig-{g.mig_resource_suffix(d.mig_profile)}"
+    return g.RESOURCE_GPU
 
 
-def gpu_resources(f: EmulatedGPUFile, healthy_only: bool) -> dict[str, int]:
+def gpu_resources(f: EmulatedGPUFile, healthy_only: bool, single: bool = False) -> dict[str, int]:
     out: dict[str, int] = {}
     for d in f.devices:
-        out.setdefault(resource_of(d), 0)
+        out.setdefault(resource_of(d, single), 0)
         if d.healthy or not healthy_only:
-            out[resource_of(d)] += 1
+            out[resource_of(d, single)] += 1
     return out
 
 
@@ -226,11 +262,18 @@ def node_labels(p: NodeProfile) -> dict[str, str]:
                 "nvidia.com/cuda.driver.minor": CUDA_DRIVER[1],
                 "nvidia.com/cuda.driver.rev": CUDA_DRIVER[2],
                 g.LABEL_MIG_CAPABLE: "true" if known.mig_profiles else "false",
-                g.LABEL_MIG_STRATEGY: "mixed" if p.mig else "none",
+                g.LABEL_MIG_STRATEGY: p.mig.strategy if p.mig else "none",
                 g.LABEL_MIG_CONFIG: p.mig.config if p.mig else "all-disabled",
             }
         )
-        if p.mig is not None:
+        if p.mig is not None and p.mig.single:
+            # GFD under the single strategy: the slice is the product, counted as GPUs.
+            (prof,) = {q for per_gpu in p.mig.layout for q in per_gpu}
+            labels[g.LABEL_MIG_CONFIG_STATE] = "success"
+            labels[g.LABEL_PRODUCT] = g.GPUTarget(gpu=p.product, mig=prof).single_strategy_product()
+            labels[g.LABEL_COUNT] = str(sum(n for per_gpu in p.mig.layout for n in per_gpu.values()))
+            labels[g.LABEL_MEMORY] = str(mig_memory_mib(p.product, prof))
+        elif p.mig is not None:
             labels[g.LABEL_MIG_CONFIG_STATE] = "success"
             totals: dict[str, int] = {}
             for per_gpu in p.mig.layout:
@@ -249,7 +292,7 @@ def node_labels(p: NodeProfile) -> dict[str, str]:
 
 def capacity(p: NodeProfile, f: EmulatedGPUFile, healthy_only: bool) -> dict[str, str]:
     out = {"cpu": p.cpu, "memory": p.memory, "pods": str(p.pods), "ephemeral-storage": "100Gi"}
-    out.update({k: str(v) for k, v in gpu_resources(f, healthy_only).items()})
+    out.update({k: str(v) for k, v in gpu_resources(f, healthy_only, p.mig_single).items()})
     return out
 
 
@@ -318,5 +361,5 @@ def node_object(p: NodeProfile) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": p.name, "labels": node_labels(p)},
-        "spec": {},
+        "spec": {"taints": [dict(t) for t in p.taints]} if p.taints else {},
     }

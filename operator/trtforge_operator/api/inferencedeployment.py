@@ -32,7 +32,7 @@ from trtforge_operator.api.common import (
     ObjectMeta,
     Time,
 )
-from trtforge_operator.api.trtengine import GPU_PRODUCT_PATTERN, MAX_TARGETS, MIG_PROFILE_PATTERN
+from trtforge_operator.api.trtengine import MAX_TARGETS, GPUSelection
 
 MAX_FAULTS = 20
 INT_OR_PERCENT_PATTERN = r"^[0-9]+%?$"
@@ -205,21 +205,9 @@ class EngineReference(LocalObjectReference):
     """A TRTEngine in the same namespace."""
 
 
-class DeploymentTarget(ApiModel):
+class DeploymentTarget(GPUSelection):
     """One engine target to serve, optionally with its share of the replicas and its autoscaling."""
 
-    gpu: str = Field(
-        min_length=1,
-        max_length=63,
-        pattern=GPU_PRODUCT_PATTERN,
-        description="nvidia.com/gpu.product value (or cpu) of an engine target.",
-    )
-    mig: str | None = Field(
-        default=None,
-        max_length=32,
-        pattern=MIG_PROFILE_PATTERN,
-        description="MIG profile of that engine target; unset for the full GPU.",
-    )
     replicas: int | None = Field(
         default=None,
         ge=0,
@@ -234,9 +222,6 @@ class DeploymentTarget(ApiModel):
         description="Autoscaling of this target; unset: spec.autoscaling.",
         json_schema_extra={"x-kubernetes-validations": _AUTOSCALING_RULES},
     )
-
-    def to_contract(self) -> GPUTarget:
-        return GPUTarget(gpu=self.gpu, mig=self.mig)
 
 
 class ResourceRequirements(ApiModel):
@@ -338,7 +323,10 @@ class RuntimeSettings(ApiModel):
     """The runtime pods."""
 
     image: str | None = Field(
-        default=None, max_length=1024, description="Runtime image; unset: the operator's configured image."
+        default=None,
+        max_length=1024,
+        description="Runtime image; unset: the operator's slim runtime image for a versionCompatible "
+        "engine, its full runtime image otherwise.",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="Always, IfNotPresent or Never."

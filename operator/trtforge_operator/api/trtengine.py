@@ -312,16 +312,8 @@ class BuilderSettings(ApiModel):
     timeout_seconds: int = Field(default=3600, ge=60, le=86400, description="Deadline of one build Job.")
 
 
-class EngineTarget(ApiModel):
-    """A GPU type to build for: a nvidia.com/gpu.product value (or cpu) and optionally a MIG profile."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel("self.gpu != 'cpu' || !has(self.mig)", "a cpu target has no MIG profile"),
-            ]
-        }
-    )
+class GPUSelection(ApiModel):
+    """A GPU type: a nvidia.com/gpu.product value (or cpu) and optionally a MIG profile."""
 
     gpu: str = Field(
         min_length=1,
@@ -338,6 +330,18 @@ class EngineTarget(ApiModel):
 
     def to_contract(self) -> GPUTarget:
         return GPUTarget(gpu=self.gpu, mig=self.mig)
+
+
+class EngineTarget(GPUSelection):
+    """A GPU type to build for: a nvidia.com/gpu.product value (or cpu) and optionally a MIG profile."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("self.gpu != 'cpu' || !has(self.mig)", "a cpu target has no MIG profile"),
+            ]
+        }
+    )
 
     @model_validator(mode="after")
     def _cpu_no_mig(self) -> EngineTarget:

@@ -13,6 +13,8 @@ import argparse
 import logging
 from typing import Any
 
+from trtforge_operator.cli_config import add_config_argument, load_or_report
+
 log = logging.getLogger(__name__)
 
 
@@ -20,7 +22,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "broker", help="run the engine broker alone (stateless; run several)", description=__doc__
     )
-    p.add_argument("--config", default=None, help="operator config YAML (else $TRTFORGE_OPERATOR_CONFIG)")
+    add_config_argument(p)
     p.add_argument("--port", type=int, default=None, help="listen port (default: broker.port of the config)")
     p.set_defaults(func=run)
 
@@ -28,12 +30,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from trtforge_operator.config import ConfigError, load_config
-
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        print(f"trtforge broker: {e}")
+    cfg = load_or_report(args, "broker")
+    if cfg is None:
         return 2
     if args.port is not None:
         cfg = cfg.model_copy(update={"broker": cfg.broker.model_copy(update={"port": args.port})})

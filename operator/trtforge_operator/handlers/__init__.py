@@ -9,9 +9,10 @@ capacity is admitted in one synchronous step (build_slots.py); no lock is held a
 Status is patched only when it differs from what is there (status_cache.py). Deletion handlers (with
 our finalizer) clean up children.
 
-One module per concern: engine.py and deployment.py (a pass of each kind, and its deletion),
-wakeups.py (which loops an event wakes), loop.py (the per-resource loop), registration.py (kopf's
-settings, indices, daemons and deletion handlers).
+One module per concern: engine.py and deployment.py (a pass of each kind, and its deletion: observe/,
+planning/, apply/), finished_jobs.py and gc.py (the timers that delete finished build Jobs and
+unreferenced engines), wakeups.py (which loops an event wakes), loop.py (the per-resource loop),
+registration.py (kopf's settings, indices, daemons and deletion handlers).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""The TRTEngine's handlers: a pass is observe (observe.py) -> plan (planning/engine.py) -> apply
-(engine_apply.py), and nothing else (docs/design.md §"Observe, plan, apply")."""
+"""The TRTEngine's handlers: a pass is observe (observe/engine.py) -> plan (planning/engine.py) -> apply
+(apply/engine.py), and nothing else (docs/design.md §"Observe, plan, apply")."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from trtforge_operator.engine_apply import apply_engine, apply_job_actions
+from trtforge_operator.apply.engine import apply_engine, apply_job_actions
 from trtforge_operator.kinds import Kind
-from trtforge_operator.observe import observe_engine, observe_release
+from trtforge_operator.observe.engine import observe_engine, observe_release
 from trtforge_operator.planning.cleanup import plan_release
 from trtforge_operator.planning.engine import plan_engine_pass
 from trtforge_operator.state import State, forget

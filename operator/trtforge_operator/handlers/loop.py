@@ -13,9 +13,9 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from trtforge.logs import fields
-from trtforge_operator import job_cleanup
 from trtforge_operator.handlers.deployment import reconcile_deployment
 from trtforge_operator.handlers.engine import reconcile_engine
+from trtforge_operator.handlers.finished_jobs import INDICES as CLEANUP_INDICES
 from trtforge_operator.kinds import Kind
 from trtforge_operator.planning.text import one_line
 from trtforge_operator.state import State
@@ -32,7 +32,7 @@ async def loop(state: State, kind: Kind, body: Any, stopped: Any, kwargs: Mappin
     ns, name = meta["namespace"], meta["name"]
     trigger = state.queue.get(kind, ns, name)
     if state.indices is None:  # the same index objects every handler gets (finished-Job cleanup reads them)
-        state.indices = {k: kwargs[k] for k in job_cleanup.INDICES}
+        state.indices = {k: kwargs[k] for k in CLEANUP_INDICES}
     fn = reconcile_engine if kind == Kind.TRTENGINE else reconcile_deployment
     key = (kind, ns, name)
     resync = state.cfg.engine_resync_seconds if kind == Kind.TRTENGINE else state.cfg.resync_seconds

@@ -11,12 +11,12 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from trtforge_operator import job_cleanup
 from trtforge_operator.api import (
     TRTEngine,
 )
 from trtforge_operator.handlers.deployment import cleanup_deployment
 from trtforge_operator.handlers.engine import cleanup_engine
+from trtforge_operator.handlers.finished_jobs import run as run_job_cleanup
 from trtforge_operator.handlers.loop import loop
 from trtforge_operator.handlers.wakeups import build_pod_job, register_wakeups
 from trtforge_operator.kinds import Kind
@@ -34,8 +34,8 @@ from trtforge_operator.labels import (
     TRTENGINES,
     VERSION,
 )
-from trtforge_operator.observe import INFD_FAULTS_IDX
-from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, NodeView, PodView
+from trtforge_operator.observe.engine import INFD_FAULTS_IDX
+from trtforge_operator.observe.views import AutoscalerView, DeploymentView, JobView, NodeView, PodView
 from trtforge_operator.planning.rebuild import parse_observed
 from trtforge_operator.state import State, plain
 
@@ -83,7 +83,7 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     @kopf.on.startup(registry=registry)
     async def _start_job_cleanup(**_: Any) -> None:
         if cfg.build.finished_job_ttl_seconds > 0:
-            state.tasks.append(asyncio.create_task(job_cleanup.run(state)))
+            state.tasks.append(asyncio.create_task(run_job_cleanup(state)))
 
     @kopf.on.cleanup(registry=registry)
     async def _stop_job_cleanup(**_: Any) -> None:

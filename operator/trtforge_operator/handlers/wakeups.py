@@ -9,7 +9,7 @@ from typing import Any
 import kopf
 
 from trtforge.contract.build_result import BuildResult
-from trtforge_operator import children
+from trtforge_operator.apply import children
 from trtforge_operator.kinds import Kind
 from trtforge_operator.labels import (
     ANNOTATION_SOURCE_FINGERPRINT,
@@ -25,7 +25,7 @@ from trtforge_operator.labels import (
     TRTENGINES,
     VERSION,
 )
-from trtforge_operator.observed import JobView, NodeView, PodView
+from trtforge_operator.observe.views import JobView, NodeView, PodView
 from trtforge_operator.state import State
 from trtforge_operator.workqueue import (
     engine_projection,
@@ -99,7 +99,7 @@ def register_wakeups(state: State, registry: kopf.OperatorRegistry) -> None:
     @kopf.on.event("v1", "pods", labels={**MANAGED, APP_COMPONENT: COMPONENT_BUILDER}, registry=registry)
     def _build_pod_event(**kw: Any) -> None:
         """A build pod that reports its result wakes the engines that use its Job: their pass reads the
-        result from the pod (the index has it) and records it on the Job (engine_apply.py)."""
+        result from the pod (the index has it) and records it on the Job (apply/engine.py)."""
         job_name = _build_pod_job(kw["namespace"], kw["labels"])
         if not job_name:
             return

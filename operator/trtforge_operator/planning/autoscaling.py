@@ -26,16 +26,10 @@ from dataclasses import dataclass
 
 from trtforge.contract.quantity import parse_quantity
 from trtforge_operator.api import Autoscaling, AutoscalingMetric, AutoscalingProvider
+from trtforge_operator.observe.views import AutoscalingApis, HpaApi
 
 KEDA_API = "keda.sh/v1alpha1"
 SCALED_OBJECTS = "scaledobjects"
-
-
-class HpaApi(enum.StrEnum):
-    """The HorizontalPodAutoscaler API versions that can scale on a custom (Pods) metric."""
-
-    V2 = "autoscaling/v2"
-    V2BETA2 = "autoscaling/v2beta2"
 
 
 class AutoscalerKind(enum.StrEnum):
@@ -67,14 +61,6 @@ def keda_served(resources: Iterable[str]) -> bool:
     """Whether KEDA's ScaledObject is served, from the resources of ``keda.sh/v1alpha1`` (discovery;
     empty when the group version is not served at all)."""
     return SCALED_OBJECTS in set(resources)
-
-
-@dataclass(frozen=True)
-class AutoscalingApis:
-    """What the apiserver serves for the operator's autoscalers (discovery)."""
-
-    hpa: HpaApi | None = None
-    keda: bool = False
 
 
 class Rediscover(enum.StrEnum):

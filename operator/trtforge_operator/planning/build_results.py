@@ -7,7 +7,7 @@ from typing import Any
 
 from trtforge.contract.build_result import BuildFailure, BuildResult
 from trtforge_operator.config import OperatorConfig
-from trtforge_operator.observed import JobView
+from trtforge_operator.observe.views import JobView
 from trtforge_operator.planning.text import one_line
 
 NO_RETRY = frozenset({"InvalidArgument", "ModelIntegrity", "InvalidModel", "InvalidProfile"})

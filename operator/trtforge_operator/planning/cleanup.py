@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from trtforge_operator.observed import JobView
+from trtforge_operator.observe.views import JobView
 from trtforge_operator.planning.engine_actions import DeleteJob, DeleteReason, DropRequester
 
 

@@ -21,8 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtforge.contract.gpu import GPUTarget
-from trtforge_operator import children
+from trtforge.contract.gpu import GPUTarget, MigStrategy
 from trtforge_operator.api import (
     CUSTOM_METRIC_NAMES,
     Autoscaling,
@@ -30,13 +29,12 @@ from trtforge_operator.api import (
     DeploymentTargetStatus,
     FaultRecord,
     InferenceDeployment,
-    InferenceDeploymentSpec,
     InferenceDeploymentStatus,
     TargetStatus,
-    TRTEngine,
     ready_text,
     set_condition,
 )
+from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import (
     ANNOTATION_ENGINE_KEY,
@@ -44,11 +42,19 @@ from trtforge_operator.labels import (
     ANNOTATION_SPEC_HASH,
     LABEL_TARGET,
 )
-from trtforge_operator.observed import AutoscalerView, DeploymentView, JobView, NodeView, PodView, utc
+from trtforge_operator.observe.keys import key_inputs
+from trtforge_operator.observe.views import (
+    DeploymentChildren,
+    DeploymentObserved,
+    DeploymentView,
+    JobView,
+    PodView,
+    UnreadableDeployment,
+    utc,
+)
 from trtforge_operator.planning import fault_trust, faults, rebuild
 from trtforge_operator.planning.autoscaling import (
     AutoscalerKind,
-    AutoscalingApis,
     AutoscalingProblem,
     autoscaler_choice,
     keda_query,
@@ -66,39 +72,23 @@ from trtforge_operator.planning.deployment_actions import (
     Emit,
     PatchEngineAnnotations,
     WriteStatus,
+    cleanup_actions,
     owned_autoscalers,
 )
+from trtforge_operator.planning.deployment_policies import (
+    FaultRecovery,
+    Health,
+    Serving,
+    TargetRollout,
+    degradation,
+    readiness,
+    recovery_wait,
+    target_message,
+)
 from trtforge_operator.planning.events import Event
-from trtforge_operator.planning.keys import key_inputs
 from trtforge_operator.planning.pruned import pruned_condition, pruned_fields, spec_schema
 from trtforge_operator.planning.rebuild import RebuildRequest, legacy_cleanup_patch
 from trtforge_operator.planning.text import one_line, timestamp
-
-
-@dataclass(frozen=True)
-class DeploymentObserved:
-    namespace: str
-    name: str
-    uid: str
-    generation: int
-    spec: InferenceDeploymentSpec
-    status: InferenceDeploymentStatus
-    engine: TRTEngine | None  # the referenced TRTEngine (same namespace), None when absent or invalid
-    deployments: Sequence[DeploymentView]  # ours (label trtforge.io/inferencedeployment)
-    pods: Sequence[PodView]  # our runtime pods
-    nodes: Sequence[NodeView]
-    jobs: Sequence[JobView]  # build Jobs (for rebuilds of our keys)
-    now: float
-    engine_problem: str | None = None  # why `engine` is None
-    # HPAs and ScaledObjects with our label (trtforge.io/inferencedeployment); only those an
-    # InferenceDeployment owns are the operator's (KEDA's own HPA carries its ScaledObject's labels)
-    autoscalers: Sequence[AutoscalerView] = ()
-    # what the apiserver serves for autoscalers (discovery)
-    apis: AutoscalingApis = field(default_factory=AutoscalingApis)
-    # ReplicaSet uid -> (its controlling Deployment's uid, its template's pod_spec.fingerprint); read
-    # only when a pod reports a fault
-    replica_sets: Mapping[str, tuple[str, str]] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)  # the InferenceDeployment's own
 
 
 @dataclass(frozen=True, order=True)
@@ -112,7 +102,7 @@ class AutoscalerRef:
 @dataclass(frozen=True)
 class DeploymentPlan:
     """One pass's decisions: the new status, the actions that carry them out (in order, by the one
-    applier, deployment_applier.py), and the rebuilds asked of the TRTEngine."""
+    applier, apply/deployment.py), and the rebuilds asked of the TRTEngine."""
 
     status: InferenceDeploymentStatus
     actions: tuple[Action, ...] = ()
@@ -174,6 +164,7 @@ class _Draft:
     def plan(
         self,
         status: InferenceDeploymentStatus,
+        old_status: Mapping[str, Any],
         events: Sequence[Event],
         engine_patch: PatchEngineAnnotations | None,
     ) -> DeploymentPlan:
@@ -181,7 +172,7 @@ class _Draft:
         on), the autoscalers that go before the ones that come (KEDA refuses a Deployment an HPA
         already scales), Deployments and the Service before their autoscalers, then deletions,
         the TRTEngine's old annotations, and Events last."""
-        actions: list[Action] = [WriteStatus(status.to_wire())]
+        actions: list[Action] = [WriteStatus(status.to_wire(), old_status)]
         actions += [DeleteChild(ChildKind(r.kind.value), r.name) for r in self.delete_autoscalers]
         actions += self.deployments
         if self.service is not None:
@@ -200,6 +191,26 @@ def _gpu_faulted(pod: PodView) -> bool:
     return any(
         t.exit_code == faults.EXIT_GPU_FAULT or t.trtforge_reason() == faults.GPU_FAULT
         for t in pod.terminations()
+    )
+
+
+def plan_deployment_pass(
+    obs: DeploymentObserved | UnreadableDeployment, cfg: OperatorConfig
+) -> DeploymentPlan:
+    """The whole pass: a spec the models refuse stalls the InferenceDeployment and says why (its
+    targets kept); anything else is planned by :func:`plan_deployment`."""
+    if isinstance(obs, UnreadableDeployment):
+        message = f"invalid spec: {obs.error}"
+        status = invalid_deployment_status(obs.status, obs.generation, message, obs.now)
+        return DeploymentPlan(status, (WriteStatus(status.to_wire(), obs.status_wire),))
+    return plan_deployment(obs, cfg)
+
+
+def plan_deployment_release(children_: DeploymentChildren) -> list[DeleteChild]:
+    """On deletion: the autoscalers, runtime Deployments and the Service go (ownerRefs would too,
+    eventually): :func:`cleanup_actions`."""
+    return cleanup_actions(
+        children_.deployments, children_.autoscalers, children.service_name(children_.name)
     )
 
 
@@ -289,7 +300,10 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     rollout_done: dict[str, bool] = {}
     engine_not_ready: set[str] = set()  # targets whose engine is not Ready (typed, not read from text)
     runtime = spec.runtime
-    image = runtime.image or cfg.runtime_image
+    # The image that loads this engine: slim only for version-compatible ones (docs/design.md
+    # §"Runtime image per engine").
+    version_compatible = bool(obs.engine and obs.engine.spec.builder.version_compatible)
+    image = runtime.image or cfg.runtime_image_for(version_compatible)
     for target, split in wanted.items():
         ts = engine_targets[target.name]
         dname = children.deployment_name(obs.name, target)
@@ -329,6 +343,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 resources=runtime.resources.to_wire(),
                 env=tuple(e.to_wire() for e in runtime.env),
                 tolerations=tuple(t.to_wire() for t in runtime.tolerations),
+                mig_strategy=ki.mig_strategy if ki else MigStrategy.MIXED,
                 max_surge=spec.rollout.max_surge,
                 max_unavailable=spec.rollout.max_unavailable,
                 progress_deadline_seconds=spec.rollout.progress_deadline_seconds,
@@ -379,13 +394,15 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         rollout_done[target.name] = done
         if ts.phase != "Ready":
             engine_not_ready.add(target.name)
-            st.message = f"engine {ts.phase.lower()}: {ts.message or ts.reason or ''}".strip()
-        elif cur is not None and cur.progress_deadline_exceeded:
-            st.message = "rollout stuck: new pods are not becoming ready (the previous engine keeps serving)"
-        elif not done:
-            st.message = f"rolling out engine {ts.engine_key[:12] if ts.engine_key else ''}"
-        else:
-            st.message = "serving"
+        st.message = target_message(
+            TargetRollout(
+                engine_phase=ts.phase,
+                engine_detail=ts.message or ts.reason or "",
+                engine_key=ts.engine_key,
+                rollout_stuck=cur is not None and cur.progress_deadline_exceeded,
+                rolled_out=done,
+            )
+        )
         if choice.problem is not None:
             st.message += "; " + problem_message(choice.problem)
         target_statuses.append(st)
@@ -397,25 +414,10 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         )
 
     # --- recovery of recorded faults
-    for i, rec in enumerate(records):
-        if rec.recovered_seconds is not None:
-            continue
-        tname = rec.target or ""
-        if not rollout_done.get(tname, False):
-            continue
-        if rec.action in faults.REBUILD_ACTIONS:
-            job = jobs_by_name.get(pending_rebuild.get(tname, ""))
-            if job is None or job.running:
-                continue
-            sha = (job.result() or {}).get("sha256") if job.complete else None
-            cur = existing.get(dep_names.get(tname, ""))
-            if sha and (cur is None or cur.template_annotations.get(ANNOTATION_ENGINE_SHA256) != sha):
-                continue
-        secs = round(max(0.0, now - rec.time.timestamp()), 1)
-        records[i] = rec.model_copy(update={"recovered_seconds": secs})
-        events.append(
-            Event("Normal", "Recovered", f"{tname}: serving again {secs}s after the fault on {rec.node}")
-        )
+    served = {name: existing.get(dname) for name, dname in dep_names.items()}
+    rebuilds = {name: jobs_by_name.get(job) for name, job in pending_rebuild.items()}
+    records, recovered = _recover(records, served, rollout_done, rebuilds, now)
+    events += recovered
 
     # --- status
     total = sum(counts.values())
@@ -452,7 +454,38 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         patch = legacy_cleanup_patch(f"{obs.namespace}/{obs.name}", obs.engine.metadata.annotations)
         if patch:
             engine_patch = PatchEngineAnnotations(obs.spec.engine_ref.name, patch)
-    return plan.plan(status, events, engine_patch)
+    old_status = obs.status.to_wire() if obs.status_wire else {}  # the patch base, normalised
+    return plan.plan(status, old_status, events, engine_patch)
+
+
+def _recover(
+    records: list[FaultRecord],
+    served: Mapping[str, DeploymentView | None],
+    rollout_done: Mapping[str, bool],
+    rebuilds: Mapping[str, JobView | None],
+    now: float,
+) -> tuple[list[FaultRecord], list[Event]]:
+    """The recorded faults, those that recover now (:func:`recovery_wait` says none is left to wait
+    for) with their recovery time, and an Event for each. `served`: target -> its Deployment;
+    `rebuilds`: target -> the rebuild Job it still asks for."""
+    out, events = list(records), []
+    for i, rec in enumerate(records):
+        tname = rec.target or ""
+        serving = served.get(tname)
+        recovery = FaultRecovery(
+            record=rec,
+            rolled_out=rollout_done.get(tname, False),
+            rebuild=rebuilds.get(tname),
+            served_sha256=serving.template_annotations.get(ANNOTATION_ENGINE_SHA256) if serving else None,
+        )
+        if recovery_wait(recovery) is not None:
+            continue
+        secs = round(max(0.0, now - rec.time.timestamp()), 1)
+        out[i] = rec.model_copy(update={"recovered_seconds": secs})
+        events.append(
+            Event("Normal", "Recovered", f"{tname}: serving again {secs}s after the fault on {rec.node}")
+        )
+    return out, events
 
 
 def _autoscaler(
@@ -533,91 +566,34 @@ def _conditions(
     existing: dict[str, DeploymentView],
     engine_not_ready: set[str],
 ) -> list[Condition]:
+    """Ready, Progressing and Degraded, from their policies (planning/deployment_policies.py)."""
     gen, at = obs.generation, utc(obs.now)
-    conds = list(obs.status.conditions)
-    engine = obs.engine
     not_done = [t for t in targets if not done.get(t.name)]
-    if engine is None:
-        msg = obs.engine_problem or f"TRTEngine {obs.spec.engine_ref.name} not found in {obs.namespace}"
-        conds = set_condition(conds, "Ready", "False", "EngineNotFound", msg, observed_generation=gen, at=at)
-        conds = set_condition(
-            conds, "Progressing", "False", "WaitingForEngine", msg, observed_generation=gen, at=at
+    r = readiness(
+        Serving(
+            engine_found=obs.engine is not None,
+            engine_problem=obs.engine_problem
+            or f"TRTEngine {obs.spec.engine_ref.name} not found in {obs.namespace}",
+            engine_has_targets=bool(obs.engine.status.targets) if obs.engine is not None else False,
+            replicas=sum(wanted.values()),
+            targets=len(wanted),
+            not_done=[(t.name, t.message or "") for t in not_done],
+            waiting_for_engine=any(t.name in engine_not_ready for t in not_done),
         )
-    elif not wanted:
-        msg = (
-            "the engine has no targets yet"
-            if not engine.status.targets
-            else "no engine target matches spec.targets"
+    )
+    d = degradation(
+        Health(
+            open_faults=[f for f in records if f.recovered_seconds is None],
+            stuck=[dep.name for dep in existing.values() if dep.progress_deadline_exceeded],
         )
-        conds = set_condition(conds, "Ready", "False", "NoTargets", msg, observed_generation=gen, at=at)
-        conds = set_condition(
-            conds, "Progressing", "False", "WaitingForEngine", msg, observed_generation=gen, at=at
-        )
-    elif not_done:
-        msg = one_line("; ".join(f"{t.name}: {t.message}" for t in not_done), 1000)
-        waiting_engine = any(t.name in engine_not_ready for t in not_done)
-        conds = set_condition(
-            conds,
-            "Ready",
-            "False",
-            "EngineNotReady" if waiting_engine else "RolloutInProgress",
-            msg,
-            observed_generation=gen,
-            at=at,
-        )
-        conds = set_condition(
-            conds,
-            "Progressing",
-            "True",
-            "WaitingForEngine" if waiting_engine else "RollingOut",
-            msg,
-            observed_generation=gen,
-            at=at,
-        )
-    else:
-        n = sum(wanted.values())
-        conds = set_condition(
-            conds,
-            "Ready",
-            "True",
-            "AllReplicasReady",
-            f"{n}/{n} replicas ready on {len(wanted)} target(s)",
-            observed_generation=gen,
-            at=at,
-        )
-        conds = set_condition(
-            conds, "Progressing", "False", "RolloutComplete", "", observed_generation=gen, at=at
-        )
-    open_faults = [r for r in records if r.recovered_seconds is None]
-    stuck = [d.name for d in existing.values() if d.progress_deadline_exceeded]
-    if open_faults:
-        r = open_faults[-1]
-        what = f"Xid {r.xid}" if r.xid is not None else (r.reason or "fault")
-        conds = set_condition(
-            conds,
-            "Degraded",
-            "True",
-            "GPUFault",
-            one_line(
-                f"{len(open_faults)} fault(s) being handled; last: {what} on {r.node} ({r.action})", 1000
-            ),
-            observed_generation=gen,
-            at=at,
-        )
-    elif stuck:
-        conds = set_condition(
-            conds,
-            "Degraded",
-            "True",
-            "RolloutStuck",
-            f"rollout of {', '.join(sorted(stuck))} passed its progress deadline; the previous "
-            "engine keeps serving",
-            observed_generation=gen,
-            at=at,
-        )
-    else:
-        conds = set_condition(conds, "Degraded", "False", "AsExpected", "", observed_generation=gen, at=at)
-    return conds
+    )
+    progressing = r.message if r.progressing_message is None else r.progressing_message
+    conds = list(obs.status.conditions)
+    conds = set_condition(conds, "Ready", r.ready, r.ready_reason, r.message, observed_generation=gen, at=at)
+    conds = set_condition(
+        conds, "Progressing", r.progressing, r.progressing_reason, progressing, observed_generation=gen, at=at
+    )
+    return set_condition(conds, "Degraded", d.status, d.reason, d.message, observed_generation=gen, at=at)
 
 
 def invalid_deployment_status(

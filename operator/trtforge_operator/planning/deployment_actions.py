@@ -1,7 +1,7 @@
 """What an InferenceDeployment pass (or its deletion) does, as typed actions. No I/O, no callables.
 
 The planner (planning/deployment.py) and the deletion planner (:func:`cleanup_actions`) return these;
-one applier (deployment_applier.py) carries them out, in order, through kube.py. That applier is the
+one applier (apply/deployment.py) carries them out, in order, through kube.py. That applier is the
 one writer of an InferenceDeployment's children: its runtime Deployments, its Service, its
 HorizontalPodAutoscalers and KEDA ScaledObjects, and the runtime pods it moves off a faulty GPU.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from trtforge_operator.observed import AutoscalerView
+from trtforge_operator.observe.views import AutoscalerView
 from trtforge_operator.planning.autoscaling import AutoscalerKind
 from trtforge_operator.planning.events import Event
 
@@ -35,6 +35,7 @@ class WriteStatus:
     repeats the actions rather than losing them."""
 
     status: Mapping[str, Any]  # the whole new status, in its wire form
+    old: Mapping[str, Any] = field(default_factory=dict)  # the status as read: the patch's base
 
 
 @dataclass(frozen=True)

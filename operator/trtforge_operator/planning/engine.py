@@ -1,7 +1,8 @@
 """TRTEngine planning: observed state in, desired build Jobs, status and Events out. No I/O.
 
-The parts, one job each: keys.py (request keys), target.py (one target's typed state, status and
-build), target_state.py (the states and their transition table), verify.py (proof of possession),
+The parts, one job each: observe/keys.py (request keys), engine_policies.py (the policy chain that
+puts one target in its state), target.py (that target's status and build), target_state.py (the
+states and their transition table), verify.py (proof of possession, a policy chain too),
 engine_conditions.py (conditions and Events from the typed states). This module puts them together
 for every target and admits new builds against the capacity.
 """
@@ -9,17 +10,22 @@ for every target and admits new builds against the capacity.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from trtforge_operator import children
 from trtforge_operator.api import (
+    TargetStatus,
     TRTEngineStatus,
     VerifiedModel,
     ready_text,
 )
 from trtforge_operator.api.trtengine import TRTEngine
+from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import LABEL_BUILD_ID
-from trtforge_operator.observed import (
+from trtforge_operator.observe.keys import resolve_targets
+from trtforge_operator.observe.views import (
+    Capacity,
     EngineObserved,
     JobView,
     UnreadableEngine,
@@ -48,34 +54,65 @@ from trtforge_operator.planning.engine_conditions import (
     transition_events,
 )
 from trtforge_operator.planning.events import Event, merged
-from trtforge_operator.planning.keys import (
-    resolve_targets,
-)
 from trtforge_operator.planning.pruned import pruned_condition, pruned_fields, spec_schema
 from trtforge_operator.planning.rebuild import RebuildCause, RebuildRequest, plan_rebuilds, rebuild_job
 from trtforge_operator.planning.target import TargetOutcome, keep_times, plan_target
 from trtforge_operator.planning.target_state import TargetState
 from trtforge_operator.planning.text import one_line, timestamp
-from trtforge_operator.planning.verify import plan_recheck, plan_verify
+from trtforge_operator.planning.verify import RecheckOutcome, VerifyOutcome, plan_recheck, plan_verify
 
 
 def plan_engine_pass(obs: EngineObserved | UnreadableEngine, cfg: OperatorConfig) -> EnginePlan:
     """The whole pass: a spec the models refuse or a model source it may not use stalls the engine
     (and says why once); anything else is planned by :func:`plan_engine`."""
     if isinstance(obs, UnreadableEngine):
-        status = invalid_spec_status(obs.status, obs.generation, f"invalid spec: {obs.error}", obs.now)
-        return EnginePlan(actions=(WriteStatus(obs.status_wire, status),))
+        return spec_refused(obs)
+    return model_source_refused(obs, cfg) or plan_engine(obs, cfg)
+
+
+def spec_refused(obs: UnreadableEngine) -> EnginePlan:
+    """A spec the models refuse: the status names the field; nothing else happens."""
+    status = invalid_spec_status(obs.status, obs.generation, f"invalid spec: {obs.error}", obs.now)
+    return EnginePlan(actions=(WriteStatus(obs.status_wire, status),))
+
+
+def model_source_refused(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan | None:
+    """A model source this TRTEngine may not use (:func:`model_source_problem`) stalls it, with an
+    Event once; None when the source is fine."""
     problem = model_source_problem(obs.spec.model.uri, cfg.store_uri)
-    if problem is not None:
-        reason = EngineReason.INVALID_MODEL_SOURCE
-        status = invalid_spec_status(obs.status, obs.generation, problem, obs.now, reason=reason)
-        return EnginePlan(
-            actions=(
-                WriteStatus(obs.status_wire, status),
-                Emit(Event("Warning", reason, problem), on_status_change=True),
-            )
+    if problem is None:
+        return None
+    reason = EngineReason.INVALID_MODEL_SOURCE
+    status = invalid_spec_status(obs.status, obs.generation, problem, obs.now, reason=reason)
+    return EnginePlan(
+        actions=(
+            WriteStatus(obs.status_wire, status),
+            Emit(Event("Warning", reason, problem), on_status_change=True),
         )
-    return plan_engine(obs, cfg)
+    )
+
+
+@dataclass
+class _Admission:
+    """The Jobs a pass creates, in order, with its builds admitted against the observed capacity."""
+
+    capacity: Capacity
+    creates: list[EngineAction] = field(default_factory=list)
+    planned: set[str] = field(default_factory=set)  # the build Jobs admitted by this pass
+    waiting_for_slot: bool = False
+    requeue: float | None = None
+
+    def admit(self, job: Mapping[str, Any], purpose: JobPurpose) -> bool:
+        """Create `job` when a build slot is free (every admitted build counts against both limits)."""
+        if not self.capacity.allows(len(self.planned), len(self.planned)):
+            self.waiting_for_slot = True
+            return False
+        self.planned.add(job["metadata"]["name"])
+        self.creates.append(CreateJob(job, purpose))
+        return True
+
+    def wake_in(self, seconds: float) -> None:
+        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
 
 
 def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
@@ -84,55 +121,15 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     targets = resolve_targets(obs.spec, obs.nodes)
     jobs_by_id = jobs_by_build_id(obs.jobs)
     prev = {t.name: t for t in obs.status.targets}
-    creates: list[EngineAction] = []
-    claims: list[EngineAction] = []
-    requeue: float | None = None
-    waiting_for_slot = False
-    outcomes: list[TargetOutcome] = []
-    extra_total = extra_ns = 0
-    planned: set[str] = set()
+    admission = _Admission(obs.capacity)
     verify = plan_verify(obs, cfg) if obs.verified_sha256 is None and targets else None
     recheck = plan_recheck(obs, cfg) if obs.verified_sha256 is not None and targets else None
-    for step in (verify, recheck):
-        if step is None:
-            continue
-        if step.create is not None:
-            creates.append(
-                CreateVerifyJob(
-                    children.verify_job(step.create, cfg), children.verify_grant(step.create, cfg, obs.now)
-                )
-            )
-        if step.wake_at is not None:
-            requeue = max(0.5, step.wake_at - obs.now)
-    for target in targets:
-        o = plan_target(obs, target, cfg, jobs_by_id, prev.get(target.name), verify)
-        if o.create is not None and o.create.job_name in planned:
-            o.create = None  # targets that ask for the same engine (hardware-compatible) share a Job
-        elif o.create is not None:
-            if obs.capacity.allows(extra_total, extra_ns):
-                planned.add(o.create.job_name)
-                extra_total += 1
-                extra_ns += 1
-                creates.append(CreateJob(children.build_job(o.create, cfg), JobPurpose.BUILD))
-            else:
-                queued = (
-                    f"waiting for a build slot ({obs.capacity.running_total} running, "
-                    f"limits {obs.capacity.max_total} total, "
-                    f"{obs.capacity.max_per_namespace} per namespace)"
-                )
-                if o.updating:  # the previous engine keeps serving meanwhile
-                    o.status.message = one_line(f"{o.status.message}; {queued}")
-                else:
-                    o.enter(TargetState.QUEUED, queued)
-                o.status.job_name = None
-                o.create = None
-                waiting_for_slot = True
-        if o.use_job:
-            claims.append(AddRequester(o.use_job, obs_requester(obs)))
-        if o.wake_at is not None:
-            wait = max(0.5, o.wake_at - obs.now)
-            requeue = wait if requeue is None else min(requeue, wait)
-        outcomes.append(o)
+    _verification(obs, cfg, admission, verify or recheck)
+    outcomes = [
+        _admit_target(obs, cfg, admission, plan_target(obs, t, cfg, jobs_by_id, prev.get(t.name), verify))
+        for t in targets
+    ]
+    claims = [AddRequester(o.use_job, obs_requester(obs)) for o in outcomes if o.use_job]
     rebuilds = plan_rebuilds(
         obs_requester(obs),
         obs.status.targets,
@@ -143,28 +140,103 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
         cfg.faults.suspect_node_ttl_seconds,
     )
     for req in rebuilds.requests:
-        job = rebuild_job(
-            obs.spec, obs.status, obs_requester(obs), obs.nodes, cfg, req, cache_scope=obs.cache_scope
+        _admit_rebuild(obs, cfg, admission, jobs_by_id, req)
+    status = _engine_status(obs, outcomes, prev, recheck)
+    status.conditions, refusal = rebuild_requests_condition(
+        status.conditions, obs.status.conditions, obs.generation, obs.now, rebuilds.refused
+    )
+    status.conditions = pruned_condition(  # docs/design.md §"What a tenant can forge"
+        status.conditions,
+        pruned_fields(obs.annotations, spec_schema(TRTEngine)),
+        obs.generation,
+        timestamp(obs.now),
+    )
+    events, refused = transition_events(obs.status.targets, outcomes)
+    if refusal is not None:
+        events.append(refusal)
+    actions: list[EngineAction] = [*admission.creates, *claims, *_record_results(jobs_by_id)]
+    actions.append(WriteStatus(obs.status.to_wire() if obs.status_wire else {}, status))
+    actions.extend(Emit(e) for e in merged(events))
+    if admission.requeue is not None:
+        actions.append(RequeueAfter(admission.requeue))
+    if admission.waiting_for_slot:
+        actions.append(WaitForSlot())
+    return EnginePlan(actions=tuple(actions), refused=tuple(refused))
+
+
+def _verification(
+    obs: EngineObserved,
+    cfg: OperatorConfig,
+    admission: _Admission,
+    step: VerifyOutcome | RecheckOutcome | None,
+) -> None:
+    """The verify Job proof of possession needs next (not a build slot), and when to look again."""
+    if step is None:
+        return
+    if step.create is not None:
+        grant = children.verify_grant(step.create, cfg, obs.now)
+        admission.creates.append(CreateVerifyJob(children.verify_job(step.create, cfg), grant))
+    if step.wake_at is not None:
+        admission.wake_in(max(0.5, step.wake_at - obs.now))
+
+
+def _admit_target(
+    obs: EngineObserved, cfg: OperatorConfig, admission: _Admission, o: TargetOutcome
+) -> TargetOutcome:
+    """A target's build admitted, shared or queued for a slot; and when the target wakes."""
+    if o.create is not None and o.create.job_name in admission.planned:
+        o.create = None  # targets that ask for the same engine (hardware-compatible) share a Job
+    elif o.create is not None and not admission.admit(children.build_job(o.create, cfg), JobPurpose.BUILD):
+        c = obs.capacity
+        queued = (
+            f"waiting for a build slot ({c.running_total} running, "
+            f"limits {c.max_total} total, {c.max_per_namespace} per namespace)"
         )
-        if job is None:
-            continue
-        name = job["metadata"]["name"]
-        existing = jobs_by_id.get(job["metadata"]["labels"][LABEL_BUILD_ID], [])
-        if name in planned or any(j.name == name for j in existing):
-            continue  # asked for already: create-if-absent
-        if any(j.running and _holds_back(req, j) for j in existing):
-            continue  # one rebuild of that engine at a time (a fault's is never held back by an ask)
-        if obs.capacity.allows(extra_total, extra_ns):
-            planned.add(name)
-            extra_total += 1
-            extra_ns += 1
-            creates.append(CreateJob(job, JobPurpose.REBUILD))
+        if o.updating:  # the previous engine keeps serving meanwhile
+            o.status.message = one_line(f"{o.status.message}; {queued}")
         else:
-            requeue = min(requeue or 5.0, 5.0)
-            waiting_for_slot = True
+            o.enter(TargetState.QUEUED, queued)
+        o.status.job_name = None
+        o.create = None
+    if o.wake_at is not None:
+        admission.wake_in(max(0.5, o.wake_at - obs.now))
+    return o
+
+
+def _admit_rebuild(
+    obs: EngineObserved,
+    cfg: OperatorConfig,
+    admission: _Admission,
+    jobs_by_id: Mapping[str, list[JobView]],
+    req: RebuildRequest,
+) -> None:
+    """A rebuild's Job, unless it exists, another rebuild of that engine holds it back, or no slot is
+    free (then the engine looks again within 5 s)."""
+    job = rebuild_job(
+        obs.spec, obs.status, obs_requester(obs), obs.nodes, cfg, req, cache_scope=obs.cache_scope
+    )
+    if job is None:
+        return
+    name = job["metadata"]["name"]
+    existing = jobs_by_id.get(job["metadata"]["labels"][LABEL_BUILD_ID], [])
+    if name in admission.planned or any(j.name == name for j in existing):
+        return  # asked for already: create-if-absent
+    if any(j.running and _holds_back(req, j) for j in existing):
+        return  # one rebuild of that engine at a time (a fault's is never held back by an ask)
+    if not admission.admit(job, JobPurpose.REBUILD):
+        admission.requeue = min(admission.requeue or 5.0, 5.0)
+
+
+def _engine_status(
+    obs: EngineObserved,
+    outcomes: list[TargetOutcome],
+    prev: Mapping[str, TargetStatus],
+    recheck: RecheckOutcome | None,
+) -> TRTEngineStatus:
+    """The TRTEngine's status from its targets' outcomes (the rebuild-requests condition aside)."""
     statuses = [keep_times(o.status, prev.get(o.status.name)) for o in outcomes]
     p = obs.possession
-    status = TRTEngineStatus(
+    return TRTEngineStatus(
         observed_generation=obs.generation,
         conditions=engine_conditions(obs.status.conditions, obs.generation, obs.now, outcomes),
         targets=statuses,
@@ -178,26 +250,6 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
         if p is not None and obs.verified_sha256 is not None
         else None,
     )
-    status.conditions, refusal = rebuild_requests_condition(
-        status.conditions, obs.status.conditions, obs.generation, obs.now, rebuilds.refused
-    )
-    status.conditions = pruned_condition(  # docs/design.md §"What a tenant can forge"
-        status.conditions,
-        pruned_fields(obs.annotations, spec_schema(TRTEngine)),
-        obs.generation,
-        timestamp(obs.now),
-    )
-    events, refused = transition_events(obs.status.targets, outcomes)
-    if refusal is not None:
-        events.append(refusal)
-    actions: list[EngineAction] = [*creates, *claims, *_record_results(jobs_by_id)]
-    actions.append(WriteStatus(obs.status.to_wire() if obs.status_wire else {}, status))
-    actions.extend(Emit(e) for e in merged(events))
-    if requeue is not None:
-        actions.append(RequeueAfter(requeue))
-    if waiting_for_slot:
-        actions.append(WaitForSlot())
-    return EnginePlan(actions=tuple(actions), refused=tuple(refused))
 
 
 def _record_results(jobs_by_id: Mapping[str, list[JobView]]) -> list[RecordResult]:

@@ -1,4 +1,4 @@
-"""What a TRTEngine plan asks for: typed, immutable actions, carried out by one applier (engine_apply.py).
+"""What a TRTEngine plan asks for: typed, immutable actions, carried out by one applier (apply/engine.py).
 
 A plan is data: no callables, no API objects. Each action names one write of one child kind, so the
 applier is the only writer of build and verify Jobs and of the TRTEngine's status and Events

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from trtforge.contract.termination import EXIT_GPU_FAULT
-from trtforge_operator.observed import DeploymentView, NodeView, PodView
+from trtforge_operator.observe.views import DeploymentView, NodeView, PodView
 from trtforge_operator.planning.faults import GPU_FAULT, LOAD_FAILURES
 
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from trtforge.contract.termination import EXIT_GPU_FAULT
-from trtforge_operator import children
 from trtforge_operator.api import FaultRecord
 from trtforge_operator.api.inferencedeployment import NodeProblem
+from trtforge_operator.apply import children
 from trtforge_operator.labels import LABEL_TARGET
-from trtforge_operator.observed import NodeView, PodView, utc
+from trtforge_operator.observe.views import NodeView, PodView, utc
 
 GPU_FAULT = "GPUFault"
 LOAD_FAILURES = frozenset({"EngineLoadFailed", "GPUMismatch", "EngineIntegrity"})

@@ -16,11 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from trtforge_operator import children
 from trtforge_operator.api import TargetStatus
-from trtforge_operator.observed import JobView
+from trtforge_operator.apply import children
+from trtforge_operator.observe.views import JobView, RequesterView
 from trtforge_operator.planning.build_results import result_key
 from trtforge_operator.planning.engine_actions import DeleteJob, DeleteReason
+from trtforge_operator.planning.rebuild import plan_rebuilds
 from trtforge_operator.planning.target_state import TargetState
 
 
@@ -32,6 +33,18 @@ class Requester:
     targets: Sequence[TargetStatus]
     current: bool
     rebuild_jobs: frozenset[str] = frozenset()
+
+
+def requester(name: str, view: RequesterView) -> Requester:
+    """What requester `name` has recorded, with the rebuild Jobs it still wants: its
+    InferenceDeployments' unrecovered faults and its own accepted rebuild annotations
+    (planning/rebuild.py)."""
+    wanted = plan_rebuilds(name, view.targets, view.annotations, view.observed_faults, (), 0.0, 0.0)
+    return Requester(
+        targets=view.targets,
+        current=view.current,
+        rebuild_jobs=frozenset(r.job_name for r in wanted.requests),
+    )
 
 
 def _build_id(job_name: str | None) -> str:
@@ -84,3 +97,11 @@ def plan_finished_jobs(
     return tuple(
         DeleteJob(j.name, DeleteReason.EXPIRED) for j in expired_jobs(jobs, requesters, now, ttl_seconds)
     )
+
+
+def plan_job_cleanup(
+    jobs: Iterable[JobView], requesters: Mapping[str, RequesterView], now: float, ttl_seconds: float
+) -> tuple[DeleteJob, ...]:
+    """The finished-Job cleanup's plan from its observation (observe/engine.py observe_finished_jobs)."""
+    recorded = {name: requester(name, view) for name, view in requesters.items()}
+    return plan_finished_jobs(jobs, recorded, now, ttl_seconds)

@@ -22,13 +22,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from trtforge_operator.config import GCSettings
-
-
-@dataclass(frozen=True)
-class StoredEngine:
-    key: str
-    created_at: float  # the manifest's created_at
-
+from trtforge_operator.observe.views import (
+    StoredEngine,
+    StoredGrant,
+    StoredProof,
+    StoreGCObserved,
+    unrecorded_requests,
+)
 
 # Clock skew allowed between the apiserver (a Job's start time) and a builder pod (a manifest's time).
 CLOCK_SKEW_S = 60.0
@@ -58,17 +58,6 @@ def plan_gc(
     return [e.key for e in sorted(out, key=lambda e: e.created_at)]
 
 
-def unrecorded_requests(engine_statuses: Iterable[Mapping[str, object]]) -> set[str]:
-    """The request keys of targets that record no engine key yet (built, perhaps, but not recorded):
-    the ones to look up in the store's request index for :func:`referenced_keys`."""
-    out: set[str] = set()
-    for st in engine_statuses:
-        for t in st.get("targets") or []:  # type: ignore[attr-defined]
-            if isinstance(t, Mapping) and not t.get("engineKey") and (rk := t.get("requestKey")):
-                out.add(str(rk))
-    return out
-
-
 def referenced_keys(
     engine_statuses: Iterable[Mapping[str, object]],
     template_keys: Iterable[str],
@@ -92,25 +81,6 @@ def referenced_keys(
 
 
 # ------------------------------------------------------------------------------------ models/ and proofs
-
-
-@dataclass(frozen=True)
-class StoredProof:
-    """A possession record in the store: ``possession/<namespace>/<fingerprint>.json``."""
-
-    namespace: str
-    fingerprint: str
-    sha256: str
-    verified_at: float
-
-
-@dataclass(frozen=True)
-class StoredGrant:
-    """The operator's record of a verify Job: ``verify-grants/<namespace>/<job>.json``."""
-
-    namespace: str
-    job: str
-    expires_at: float
 
 
 @dataclass(frozen=True)
@@ -170,3 +140,41 @@ def plan_model_gc(
         models=dead_models,
         grants=sorted((g.namespace, g.job) for g in all_grants if g.expires_at < now),
     )
+
+
+@dataclass(frozen=True)
+class StoreGCPlan:
+    """One GC pass: the engines to delete, oldest first, and the verify side's deletions."""
+
+    engines: list[str]
+    models: ModelGCPlan
+
+
+def plan_store_gc(obs: StoreGCObserved, policy: GCSettings, now: float) -> StoreGCPlan:
+    """What one GC pass deletes (:func:`plan_gc`, :func:`plan_model_gc`)."""
+    running = [v for v in obs.jobs if v.running]
+    refs = referenced_keys(
+        obs.engine_statuses,
+        obs.template_keys,
+        # a rebuild still running may publish; a finished build may not be recorded by any status yet
+        [v.engine_key for v in running] + [k for k in obs.filed.values() if k],
+        obs.recorded_filed,
+    )
+    starts = [
+        v.started or v.created or 0.0
+        for v in running
+        if not (v.request_digest and obs.filed.get(v.request_digest))
+    ]
+    engines = plan_gc(obs.stored, refs, now, policy, min(starts) if starts else None)
+    models = plan_model_gc(
+        obs.models,
+        obs.proofs,
+        obs.grants,
+        obs.engine_sources,
+        obs.build_models,
+        now,
+        policy,
+        obs.listed_at,
+        namespaces=obs.namespaces,
+    )
+    return StoreGCPlan(engines, models)

@@ -1,107 +1,11 @@
-"""Request keys of TRTEngine targets and the build each asks for (docs/design.md §"Engine keys"). Pure.
-
-Per resolved target: its *request key* is the model (sha256 when pinned or proven), the build config,
-the GPU binding the target and GFD labels state, the builder image and the recipe version. Never a
-TensorRT, CUDA or backend version: the builder reports those.
-"""
+"""The build each TRTEngine target asks for, from its request key (observe/keys.py). Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
-from trtforge.contract.engine_key import (
-    Backend,
-    RequestKeyRecord,
-    request_key,
-    target_binding,
-)
 from trtforge.contract.gpu import KNOWN_GPUS, GPUTarget
-from trtforge.contract.possession import scoped_key
-from trtforge_operator import children
-from trtforge_operator.api import (
-    TRTEngineSpec,
-)
-from trtforge_operator.config import OperatorConfig
-from trtforge_operator.observed import NodeView
-
-
-@dataclass(frozen=True)
-class KeyInputs:
-    target: GPUTarget
-    backend: Backend
-    request_key: str
-    node_selector: dict[str, str]
-    hosting_nodes: tuple[str, ...]
-
-    @property
-    def request_digest(self) -> str:
-        return self.request_key
-
-
-def discovered_targets(spec: TRTEngineSpec, nodes: Sequence[NodeView]) -> list[GPUTarget]:
-    """GPU targets found on Nodes that autoTargets selects (MIG only where the MIG config succeeded)."""
-    auto = spec.auto_targets
-    found: list[GPUTarget] = []
-    for n in nodes:
-        if auto is not None and not auto.selects(n.labels):
-            continue
-        found.extend(n.targets())
-    return found
-
-
-def resolve_targets(spec: TRTEngineSpec, nodes: Sequence[NodeView]) -> list[GPUTarget]:
-    return spec.resolved_targets(discovered_targets(spec, nodes))
-
-
-def key_inputs(
-    spec: TRTEngineSpec,
-    target: GPUTarget,
-    nodes: Sequence[NodeView],
-    cfg: OperatorConfig,
-    *,
-    model_sha256: str | None = None,
-    cache_scope: str = "",
-) -> KeyInputs:
-    """Request key and node selector of one target (docs/design.md §"Engine keys").
-
-    The GPU part comes from the target and, for hardware-compatible builds, the GFD labels of the
-    first hosting node. Raises ValueError when a label such a build needs is missing. The model is
-    its pin, or `model_sha256`, the digest the namespace proved it holds; the key is scoped to the
-    namespace's cache scope (docs/security.md).
-    """
-    hosting = sorted((n for n in nodes if n.hosts(target)), key=lambda n: n.name)
-    first = hosting[0] if hosting else None
-    build = spec.build_config()
-    backend = cfg.backend_for(target.gpu)
-    binding = target_binding(
-        target.gpu,
-        target.mig,
-        build.hardware_compatibility,
-        compute_capability=first.compute_capability if first else None,
-        arch=first.arch if first else None,
-    )
-    digest = model_sha256 or spec.model.sha256
-    rk = scoped_key(
-        request_key(
-            RequestKeyRecord(
-                model_sha256=digest,
-                model_uri=None if digest else spec.model.uri,
-                build=build,
-                gpu=binding,
-                backend=backend,
-                builder_image=cfg.builder_image,
-            )
-        ),
-        cache_scope,
-    )
-    return KeyInputs(
-        target=target,
-        backend=backend,
-        request_key=rk,
-        node_selector=target.node_selector(first.arch if first and first.arch else None),
-        hosting_nodes=tuple(n.name for n in hosting),
-    )
+from trtforge_operator.api import TRTEngineSpec
+from trtforge_operator.apply import children
+from trtforge_operator.observe.keys import KeyInputs
 
 
 def build_request(
@@ -132,6 +36,7 @@ def build_request(
         engine_key=engine_key,
         request_digest=ki.request_key,
         node_selector=ki.node_selector,
+        mig_strategy=ki.mig_strategy,
         requester=requester,
         timing_cache=spec.builder.timing_cache,
         timeout_seconds=spec.builder.timeout_seconds,

@@ -28,7 +28,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from trtforge_operator import children
 from trtforge_operator.api import (
     FaultRecord,
     InferenceDeploymentStatus,
@@ -36,10 +35,12 @@ from trtforge_operator.api import (
     TRTEngineSpec,
     TRTEngineStatus,
 )
+from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
-from trtforge_operator.observed import NodeView
+from trtforge_operator.observe.keys import key_inputs
+from trtforge_operator.observe.views import NodeView, ObservedFaults
 from trtforge_operator.planning import faults
-from trtforge_operator.planning.keys import build_request, key_inputs
+from trtforge_operator.planning.keys import build_request
 from trtforge_operator.planning.text import one_line
 
 REBUILD_PREFIX = "rebuild.trtforge.io/"
@@ -66,14 +67,6 @@ class RebuildRequest(BaseModel):
         return children.job_name(
             self.engine_key[:20], rebuild_of=self.fault, asked=self.cause is RebuildCause.ASKED
         )
-
-
-@dataclass(frozen=True)
-class ObservedFaults:
-    """What one InferenceDeployment's status records (the operator's writing), by the engine it serves."""
-
-    requester: str  # the InferenceDeployment, `namespace/name`
-    records: tuple[FaultRecord, ...]
 
 
 class RefusedReason(StrEnum):

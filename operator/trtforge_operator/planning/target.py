@@ -1,4 +1,5 @@
-"""The plan of one TRTEngine target: its typed state, status and the build it needs. Pure.
+"""The plan of one TRTEngine target: its typed state (the first verdict of its policy chain,
+engine_policies.py), status and the build it needs. Pure.
 
 The engine is found by what was asked for: the Job's result, or the store's request index that the
 builder writes, so a stored engine means Ready with no Job at all, from any namespace. Otherwise one
@@ -15,32 +16,21 @@ from dataclasses import dataclass
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.layout import engine_path
 from trtforge.contract.manifest import Manifest
-from trtforge_operator import children
 from trtforge_operator.api import (
     Accuracy,
     TargetStatus,
 )
+from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
-from trtforge_operator.observed import (
+from trtforge_operator.observe.views import (
     EngineObserved,
     JobView,
     obs_requester,
 )
-from trtforge_operator.planning.build_results import (
-    backoff_seconds,
-    failure_message,
-    no_retry,
-    result_cache_hit,
-    result_error,
-    result_key,
-)
-from trtforge_operator.planning.keys import (
-    build_request,
-    key_inputs,
-    no_node_message,
-)
+from trtforge_operator.planning.engine_policies import TargetFacts, evaluate, target_facts
+from trtforge_operator.planning.keys import build_request
 from trtforge_operator.planning.target_state import ALWAYS_STALLED, TargetState
-from trtforge_operator.planning.text import iso_time, one_line, timestamp
+from trtforge_operator.planning.text import one_line, timestamp
 from trtforge_operator.planning.verify import VerifyOutcome
 
 
@@ -165,18 +155,6 @@ def _keep_recorded_build(out: TargetOutcome, prev: TargetStatus | None) -> None:
     out.enter(before, prev.message or "")
 
 
-def request_builds(jobs_by_id: Mapping[str, list[JobView]], request_key: str) -> list[JobView]:
-    """The build Jobs (first builds and retries, not rebuilds) of a request key, by attempt."""
-    bid = children.build_id(None, request_key)
-    return sorted((j for j in jobs_by_id.get(bid, []) if j.kind == "build"), key=lambda j: j.attempt)
-
-
-def built_key(builds: list[JobView]) -> str | None:
-    """The engine key the latest successful build of a request reported, if any."""
-    succeeded = [j for j in builds if j.complete]
-    return next((k for j in reversed(succeeded) if (k := result_key(j.result()))), None)
-
-
 def _plan_request(
     obs: EngineObserved,
     target: GPUTarget,
@@ -184,151 +162,61 @@ def _plan_request(
     jobs_by_id: Mapping[str, list[JobView]],
     verify: VerifyOutcome | None = None,
 ) -> TargetOutcome:
-    st = TargetStatus(name=target.name, gpu=target.gpu, mig=target.mig, phase="Pending")
-    out = TargetOutcome(st)
-    if verify is not None:  # no build and no cache hit before the namespace proves it holds the model
-        out.stalled = verify.stalled
-        out.enter(verify.state, verify.message)
-        return out
-    try:
-        ki = key_inputs(
-            obs.spec, target, obs.nodes, cfg, model_sha256=obs.verified_sha256, cache_scope=obs.cache_scope
-        )
-    except ValueError as e:
-        if not any(n.hosts(target) for n in obs.nodes):
-            out.enter(TargetState.NO_MATCHING_NODE, no_node_message(target))
-        else:
-            out.enter(TargetState.INVALID_TARGET, one_line(str(e)))
-        return out
-    st.request_key = ki.request_key
-    builds = request_builds(jobs_by_id, ki.request_key)
-    key = built_key(builds)
-    if key is None and (obs.verified_sha256 or obs.spec.model.sha256):
-        # a known digest: the store's index answers across the namespaces of the cache scope
-        filed = obs.requests.get(ki.request_key)
-        key = filed.engine_key if filed is not None else None
-    manifest = obs.manifests.get(key) if key else None
-    latest = builds[-1] if builds else None
+    """The target's facts, the first verdict of its policy chain (planning/engine_policies.py), and the
+    status and build that verdict makes."""
+    f = target_facts(obs, target, cfg, jobs_by_id, verify)
+    verdict = evaluate(f)
+    out = TargetOutcome(TargetStatus(name=target.name, gpu=target.gpu, mig=target.mig, phase="Pending"))
+    if f.ki is not None:
+        _fill_request(out, f, cfg.store_uri)
+        if verdict.build:
+            _start_build(out, f, obs)
+    out.stalled = verdict.stalled
+    out.job_has_pod = verdict.job_has_pod
+    out.wake_at = verdict.wake_at
+    out.enter(verdict.state, verdict.message)
+    return out
+
+
+def _fill_request(out: TargetOutcome, f: TargetFacts, store_uri: str) -> None:
+    """What the status says of the request: its key, its latest build Job and the engine it names."""
+    st, latest = out.status, f.latest
+    st.request_key = f.ki.request_key if f.ki is not None else None
     if latest is not None:
         st.job_name = latest.name
         st.attempts = latest.attempt
         st.last_attempt_time = timestamp(latest.started or latest.created)
-        if manifest is None and obs_requester(obs) not in latest.requesters():
+        if f.manifest is None and f.requester not in latest.requesters():
             # claim only a Job this target waits on: a served engine needs no Job (at scale, every
             # claim on a shared Job is a patch whose whole Job every watcher reads again)
             out.use_job = latest.name
-    if key:
-        st.engine_key = key
-        # Only rebuilds made for this engine (the requester the operator wrote on the Job): another
-        # engine's rebuild of a key they share never changes this engine's status.
-        me = obs_requester(obs)
-        rebuilds = sorted(
-            (j for j in jobs_by_id.get(key[:20], []) if j.kind == "rebuild" and j.created_for in ("", me)),
-            key=lambda j: j.created or 0,
-        )
-        if rebuilds:
-            last_rb = rebuilds[-1]
-            out.rebuilding = last_rb.running
-            if last_rb.failed_final:
-                out.rebuild_failed = f"rebuild {last_rb.name} failed: {failure_message(last_rb)}"
-    if manifest is not None:
-        _fill_from_manifest(st, manifest, cfg.store_uri)
-        # A cache hit for *this* resource: no build of this key ran on its behalf (another namespace's
-        # build, or one from before, is a hit here).
-        me = obs_requester(obs)
-        built_here = any(
-            j.created_for in ("", me) and not j.failed_final and result_cache_hit(j.result()) is not True
-            for j in builds
-        )
-        st.cache_hit = not built_here
-        if out.rebuilding:
-            out.enter(
-                TargetState.REBUILDING, "rebuilding after a GPU fault (the current engine keeps serving)"
-            )
-        elif st.cache_hit:
-            out.enter(TargetState.CACHE_HIT, "engine found in the store, no build needed")
-        else:
-            out.enter(TargetState.BUILT, f"built in {st.build_seconds}s")
-        return out
-    if latest is not None and latest.running:
-        waiting = obs.unschedulable.get(latest.name)
-        if waiting:
-            out.enter(
-                TargetState.WAITING_FOR_GPU,
-                one_line(f"build Job {latest.name} waits for a {target} node: {waiting}"),
-            )
-        else:
-            out.enter(
-                TargetState.BUILD_RUNNING, f"build Job {latest.name} (attempt {latest.attempt}) is running"
-            )
-        out.job_has_pod = latest.active > 0
-        return out
-    if latest is not None and latest.complete:
-        rk = result_key(latest.result())
-        if latest.result() is None:
-            out.enter(TargetState.COLLECTING_RESULT, "reading the build result")
-            return out
-        if rk:
-            st.engine_key = rk
-        failed_msg = result_error(latest.result()) or (
-            f"build Job {latest.name} finished but the store has no engine {rk or key}"
-        )
-    elif latest is not None and latest.failed_final:
-        failed_msg = failure_message(latest)
-    else:
-        failed_msg = None
-    attempt = latest.attempt if latest is not None else 0
-    if failed_msg is not None and latest is not None:
-        if no_retry(latest):
-            out.enter(
-                TargetState.INVALID_BUILD_INPUT,
-                one_line(f"{failed_msg}; not retrying (fix the spec or the model)"),
-            )
-            return out
-        if attempt >= cfg.build.max_attempts:
-            out.enter(
-                TargetState.BUILD_RETRIES_EXHAUSTED,
-                one_line(
-                    f"attempt {attempt}/{cfg.build.max_attempts} failed: {failed_msg}; giving up "
-                    "(change the spec to try again)"
-                ),
-            )
-            return out
-        retry_at = (latest.finished or obs.now) + backoff_seconds(attempt, cfg)
-        if obs.now < retry_at:
-            out.enter(
-                TargetState.BUILD_FAILED,
-                one_line(
-                    f"attempt {attempt}/{cfg.build.max_attempts} failed: {failed_msg}; "
-                    f"retrying at {iso_time(retry_at)}"
-                ),
-            )
-            out.wake_at = retry_at
-            return out
-    if not ki.hosting_nodes:
-        failed = TargetState.BUILD_FAILED  # a failed attempt to retry, but no node to retry on
-        out.enter(TargetState.NO_MATCHING_NODE if failed_msg is None else failed, no_node_message(target))
-        return out
+    if f.engine_key:
+        st.engine_key = f.engine_key
+        out.rebuilding = f.rebuilding
+        out.rebuild_failed = f.rebuild_failed
+    if f.manifest is not None:
+        _fill_from_manifest(st, f.manifest, store_uri)
+        st.cache_hit = f.cache_hit
+    elif f.reported_key and f.latest is not None and f.latest.result() is not None:
+        st.engine_key = f.reported_key
+
+
+def _start_build(out: TargetOutcome, f: TargetFacts, obs: EngineObserved) -> None:
+    """The next attempt's build Job, made now."""
+    assert f.ki is not None
     out.create = build_request(
         obs.spec,
-        ki,
+        f.ki,
         obs_requester(obs),
         engine_key=None,
-        attempt=attempt + 1,
+        attempt=f.attempt + 1,
         verified_sha256=obs.verified_sha256,
         cache_scope=obs.cache_scope,
     )
+    st = out.status
     st.job_name = out.create.job_name
-    st.attempts = attempt + 1
+    st.attempts = f.attempt + 1
     st.last_attempt_time = timestamp(obs.now)  # the attempt is made now
-    if failed_msg is None:
-        out.enter(TargetState.BUILD_STARTING, f"starting build Job {st.job_name}")
-    else:
-        out.enter(
-            TargetState.BUILD_RETRYING,
-            one_line(f"attempt {attempt} failed: {failed_msg}; starting attempt {attempt + 1}"),
-        )
-    return out
 
 
 def keep_times(st: TargetStatus, prev: TargetStatus | None) -> TargetStatus:

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from trtforge_operator.observed import utc
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    """`text` on one line, cut to `limit` characters."""
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+from trtforge_operator.observe.views import one_line as one_line  # the one copy, beside the views
+from trtforge_operator.observe.views import utc
 
 
 def iso_time(epoch: float) -> str:

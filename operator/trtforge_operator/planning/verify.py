@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trtforge_operator import children
+from trtforge.contract.build_result import BuildFailure
+from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import (
     ANNOTATION_ATTEMPT,
     ANNOTATION_RECHECK_ROUND,
     ANNOTATION_SOURCE_FINGERPRINT,
 )
-from trtforge_operator.observed import (
-    EngineObserved,
-)
+from trtforge_operator.observe.views import EngineObserved, JobView
 from trtforge_operator.planning.build_results import (
     backoff_seconds,
     failure_message,
@@ -40,13 +39,38 @@ class VerifyOutcome:
     stalled: bool = False
 
 
-def plan_verify(obs: EngineObserved, cfg: OperatorConfig, round_: str = "") -> VerifyOutcome:
-    """The next step of proving that obs.namespace holds the model through its current source.
+@dataclass(frozen=True)
+class VerifyFacts:
+    """What the verification's policies look at: the latest verify Job of this source and round, and
+    what its pod reported."""
 
-    One verify Job per source fingerprint and attempt (create-if-absent); a failed attempt is retried
-    with the build backoff up to build.maxAttempts, except when retrying cannot help (a pin the model
-    does not match, a path out of the claim). `round_`: a re-read of a verified model (plan_recheck),
-    whose Jobs are told apart from the first verification's and each other round's."""
+    uri: str  # spec.model.uri
+    now: float
+    next_request: children.VerifyRequest  # the verify Job of the next attempt
+    latest: JobView | None = None
+    attempt: int = 0  # the latest's attempt (0: none yet)
+    running: int = 0  # verify Jobs running in the namespace
+    limit: int = 1  # verify.maxConcurrentPerNamespace
+    stuck: str | None = None  # why the latest's pod cannot start
+    result: BuildFailure | None = None  # why the latest failed, as its pod reported it
+    max_attempts: int = 1
+    deadline_seconds: int = 0
+    retry_at: float | None = None  # when a failed latest attempt may be retried (its backoff)
+
+    @property
+    def failure(self) -> str:
+        """Why the latest (finished) attempt failed."""
+        latest = self.latest
+        if self.result is not None:
+            return one_line(f"{self.result.reason}: {self.result.error}")
+        if latest is not None and latest.complete:
+            return "the verify Job finished, but the broker holds no record of it"
+        return failure_message(latest) if latest is not None else ""
+
+
+def verify_facts(obs: EngineObserved, cfg: OperatorConfig, round_: str = "") -> VerifyFacts:
+    """The facts of proving that obs.namespace holds the model through its current source (`round_`:
+    a re-read of a verified model, whose Jobs are told apart from the first verification's)."""
     fp = obs.source_fingerprint
     mine = sorted(
         (
@@ -60,11 +84,11 @@ def plan_verify(obs: EngineObserved, cfg: OperatorConfig, round_: str = "") -> V
     )
     latest = mine[-1] if mine else None
     attempt = int(latest.annotations.get(ANNOTATION_ATTEMPT) or 1) if latest is not None else 0
-    uri = obs.spec.model.uri
-
-    def request(n: int) -> children.VerifyRequest:
-        m = obs.spec.model
-        return children.VerifyRequest(
+    m = obs.spec.model
+    return VerifyFacts(
+        uri=m.uri,
+        now=obs.now,
+        next_request=children.VerifyRequest(
             namespace=obs.namespace,
             engine=obs.name,
             engine_uid=obs.uid,
@@ -72,89 +96,128 @@ def plan_verify(obs: EngineObserved, cfg: OperatorConfig, round_: str = "") -> V
             model_sha256=m.sha256,
             secret=m.secret_ref.name if m.secret_ref else None,
             fingerprint=fp,
-            attempt=n,
+            attempt=attempt + 1,
             max_bytes=m.max_size_bytes,
             allowed_redirect_hosts=tuple(m.allowed_redirect_hosts),
             round_=round_,
-        )
+        ),
+        latest=latest,
+        attempt=attempt,
+        running=sum(1 for j in obs.verify_jobs if j.running and not j.deleting),
+        limit=cfg.verify.max_concurrent_per_namespace,
+        stuck=obs.verify_stuck.get(latest.name) if latest is not None else None,
+        result=obs.verify_failures.get(latest.name) if latest is not None else None,
+        max_attempts=cfg.build.max_attempts,
+        deadline_seconds=cfg.verify.deadline_seconds,
+        retry_at=(latest.finished or obs.now) + backoff_seconds(attempt, cfg) if latest is not None else None,
+    )
 
-    def no_slot(n: int) -> VerifyOutcome | None:
-        """Waiting when this namespace already runs as many verify Jobs as it may."""
-        running = sum(1 for j in obs.verify_jobs if j.running and not j.deleting)
-        limit = cfg.verify.max_concurrent_per_namespace
-        if running < limit:
-            return None
-        return VerifyOutcome(
-            TargetState.VERIFYING_MODEL,
-            f"waiting for a verify slot to verify {uri} (attempt {n}): {running} verify Jobs running in "
-            f"this namespace, limit {limit}",
-            wake_at=obs.now + VERIFY_SLOT_RECHECK_S,
-        )
 
-    if latest is None:
-        if (wait := no_slot(1)) is not None:
-            return wait
-        req = request(1)
+# ------------------------------------------------------------------------------------- the policies
+
+
+def verify_running(f: VerifyFacts) -> VerifyOutcome | None:
+    """The latest verify Job runs, or its pod cannot start (it waits for the cause or its deadline)."""
+    latest = f.latest
+    if latest is None or not latest.running:
+        return None
+    if f.stuck:
         return VerifyOutcome(
             TargetState.VERIFYING_MODEL,
-            f"verifying that this namespace holds {uri} (Job {req.job_name})",
-            req,
+            one_line(
+                f"verify Job {latest.name} (attempt {f.attempt}) cannot start its pod: {f.stuck}; it "
+                f"waits until the cause is fixed or its deadline ({f.deadline_seconds} s)"
+            ),
         )
-    if latest.running:
-        stuck = obs.verify_stuck.get(latest.name)
-        if stuck:
-            return VerifyOutcome(
-                TargetState.VERIFYING_MODEL,
-                one_line(
-                    f"verify Job {latest.name} (attempt {attempt}) cannot start its pod: {stuck}; it "
-                    f"waits until the cause is fixed or its deadline ({cfg.verify.deadline_seconds} s)"
-                ),
-            )
-        return VerifyOutcome(
-            TargetState.VERIFYING_MODEL,
-            f"verifying that this namespace holds {uri} (Job {latest.name}, attempt {attempt})",
-        )
-    result = obs.verify_failures.get(latest.name)
-    if latest.complete and result is None:
-        done_at = latest.finished or obs.now
-        if obs.now - done_at < VERIFY_RESULT_GRACE_S:
-            return VerifyOutcome(
-                TargetState.VERIFYING_MODEL,
-                f"verify Job {latest.name} finished; reading the broker's record",
-                wake_at=done_at + VERIFY_RESULT_GRACE_S,
-            )
-        failure = "the verify Job finished, but the broker holds no record of it"
-    elif result is not None:
-        failure = one_line(f"{result.reason}: {result.error}")
-    else:
-        failure = failure_message(latest)
-    if result is not None and result.reason in VERIFY_NO_RETRY:
-        return VerifyOutcome(
-            TargetState.MODEL_VERIFY_FAILED,
-            one_line(f"{failure}; not retrying (fix spec.model or the model)"),
-            stalled=True,
-        )
-    if attempt >= cfg.build.max_attempts:
-        return VerifyOutcome(
-            TargetState.MODEL_VERIFY_FAILED,
-            one_line(f"verify attempt {attempt}/{cfg.build.max_attempts} failed: {failure}; giving up"),
-            stalled=True,
-        )
-    retry_at = (latest.finished or obs.now) + backoff_seconds(attempt, cfg)
-    if obs.now < retry_at:
-        return VerifyOutcome(
-            TargetState.MODEL_VERIFY_FAILED,
-            one_line(f"verify attempt {attempt} failed: {failure}; retrying at {iso_time(retry_at)}"),
-            wake_at=retry_at,
-        )
-    if (wait := no_slot(attempt + 1)) is not None:
-        return wait
-    req = request(attempt + 1)
+    message = f"verifying that this namespace holds {f.uri} (Job {latest.name}, attempt {f.attempt})"
+    return VerifyOutcome(TargetState.VERIFYING_MODEL, message)
+
+
+def record_pending(f: VerifyFacts) -> VerifyOutcome | None:
+    """The latest verify Job succeeded a moment ago; the broker's record may not show yet."""
+    latest = f.latest
+    if latest is None or not latest.complete or f.result is not None:
+        return None
+    done_at = latest.finished or f.now
+    if f.now - done_at >= VERIFY_RESULT_GRACE_S:
+        return None
     return VerifyOutcome(
         TargetState.VERIFYING_MODEL,
-        one_line(f"verify attempt {attempt} failed: {failure}; starting {req.job_name}"),
-        req,
+        f"verify Job {latest.name} finished; reading the broker's record",
+        wake_at=done_at + VERIFY_RESULT_GRACE_S,
     )
+
+
+def source_refused(f: VerifyFacts) -> VerifyOutcome | None:
+    """The latest attempt failed for a reason no retry of the same source fixes."""
+    if f.latest is None or f.result is None or f.result.reason not in VERIFY_NO_RETRY:
+        return None
+    message = one_line(f"{f.failure}; not retrying (fix spec.model or the model)")
+    return VerifyOutcome(TargetState.MODEL_VERIFY_FAILED, message, stalled=True)
+
+
+def verify_retries_exhausted(f: VerifyFacts) -> VerifyOutcome | None:
+    """The latest attempt failed and it was the last one allowed."""
+    if f.latest is None or f.attempt < f.max_attempts:
+        return None
+    message = one_line(f"verify attempt {f.attempt}/{f.max_attempts} failed: {f.failure}; giving up")
+    return VerifyOutcome(TargetState.MODEL_VERIFY_FAILED, message, stalled=True)
+
+
+def verify_backing_off(f: VerifyFacts) -> VerifyOutcome | None:
+    """The latest attempt failed and the next waits for its backoff."""
+    if f.latest is None or f.retry_at is None or f.now >= f.retry_at:
+        return None
+    message = one_line(f"verify attempt {f.attempt} failed: {f.failure}; retrying at {iso_time(f.retry_at)}")
+    return VerifyOutcome(TargetState.MODEL_VERIFY_FAILED, message, wake_at=f.retry_at)
+
+
+def verify_slot_full(f: VerifyFacts) -> VerifyOutcome | None:
+    """This namespace already runs as many verify Jobs as it may: the next attempt waits."""
+    if f.running < f.limit:
+        return None
+    return VerifyOutcome(
+        TargetState.VERIFYING_MODEL,
+        f"waiting for a verify slot to verify {f.uri} (attempt {f.attempt + 1}): {f.running} verify Jobs "
+        f"running in this namespace, limit {f.limit}",
+        wake_at=f.now + VERIFY_SLOT_RECHECK_S,
+    )
+
+
+def start_verify(f: VerifyFacts) -> VerifyOutcome:
+    """Nothing else holds: the next verify Job starts now (the first, or a retry)."""
+    req = f.next_request
+    if f.latest is None:
+        message = f"verifying that this namespace holds {f.uri} (Job {req.job_name})"
+    else:
+        message = one_line(f"verify attempt {f.attempt} failed: {f.failure}; starting {req.job_name}")
+    return VerifyOutcome(TargetState.VERIFYING_MODEL, message, req)
+
+
+VERIFY_POLICIES = (
+    verify_running,
+    record_pending,
+    source_refused,
+    verify_retries_exhausted,
+    verify_backing_off,
+    verify_slot_full,
+)
+
+
+def plan_verify(obs: EngineObserved, cfg: OperatorConfig, round_: str = "") -> VerifyOutcome:
+    """The next step of proving that obs.namespace holds the model through its current source: the
+    first answer of :data:`VERIFY_POLICIES`, else the next verify Job.
+
+    One verify Job per source fingerprint and attempt (create-if-absent); a failed attempt is retried
+    with the build backoff up to build.maxAttempts, except when retrying cannot help (a pin the model
+    does not match, a path out of the claim). `round_`: a re-read of a verified model (plan_recheck),
+    whose Jobs are told apart from the first verification's and each other round's."""
+    f = verify_facts(obs, cfg, round_)
+    for policy in VERIFY_POLICIES:
+        outcome = policy(f)
+        if outcome is not None:
+            return outcome
+    return start_verify(f)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ def default_instances(backend: str) -> int:
 
 def load_backend(manifest: Manifest, artifact: Path, instances: int) -> Backend:
     """Load the artifact with the backend the manifest names; Refusal(EngineLoadFailed) if it cannot.
-    (The runtime asks :func:`trtforge_runtime.warmstart.load`, which calls this only when the warm
+    (The runtime asks :func:`trtforge_runtime.lifecycle.warmstart.load`, which calls this only when the warm
     start loaded no backend for the same arguments.)"""
     from trtforge_runtime.errors import Refusal
 

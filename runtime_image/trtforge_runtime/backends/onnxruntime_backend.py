@@ -3,8 +3,8 @@
 One session is shared by all instances (``InferenceSession.run`` is thread-safe); the intra-op threads
 are the CPUs this process may use divided by the instances, so instances do not oversubscribe the
 cores the HTTP loop also needs (:mod:`~trtforge_runtime.backends.ort_session` sizes and opens the
-sessions). The pool's session is the one :mod:`trtforge_runtime.preload` built, when it built one for
-this very artifact digest and thread count.
+sessions). The pool's session is the one :mod:`trtforge_runtime.lifecycle.preload` built, when it
+built one for this very artifact digest and thread count.
 
 :meth:`OnnxRuntimeBackend.new_solo_instance` is a second session with every CPU's thread, for a request
 that arrives alone (docs/design.md, "Adapting to load").
@@ -40,7 +40,7 @@ class OnnxRuntimeBackend:
     name = "onnxruntime"
 
     def __init__(self, manifest: Manifest, artifact: Path, instances: int) -> None:
-        from trtforge_runtime import preload
+        from trtforge_runtime.lifecycle import preload
 
         threads, self._solo_threads = ort_session.pool_threads(instances)
         self._artifact = artifact

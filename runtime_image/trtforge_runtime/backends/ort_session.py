@@ -1,7 +1,7 @@
 """How the ONNX Runtime backend sizes and opens its sessions, importing neither pydantic nor the contract.
 
 :class:`~trtforge_runtime.backends.onnxruntime_backend.OnnxRuntimeBackend` opens its sessions here, and
-so does :mod:`trtforge_runtime.preload`, which must open the same session before the contract is
+so does :mod:`trtforge_runtime.lifecycle.preload`, which must open the same session before the contract is
 imported; one function for both keeps their settings equal. ``TRTFORGE_ORT_THREADS`` overrides the
 per-instance thread count and ``TRTFORGE_ORT_SPIN=1`` lets the threads spin (faster on idle machines,
 worse on shared ones).
@@ -19,7 +19,7 @@ SPIN_ENV = "TRTFORGE_ORT_SPIN"
 
 def cpu_count() -> int:
     """The CPUs the sessions' threads are sized for (the affinity capped by the CPU limit)."""
-    from trtforge_runtime.cpus import usable_cpus
+    from trtforge_runtime.lifecycle.cpus import usable_cpus
 
     return usable_cpus()
 

@@ -57,11 +57,20 @@ class IPAllocator:
             self._by_uid.pop(uid, None)
 
 
+def _mig_override_single(paths: StatePaths, node: str) -> bool:
+    """Whether the MIG layout set on the running test bed (faults.set_mig) uses the single strategy."""
+    from trtforge_dev.testbed.profile import MIG_OVERRIDE_FILE, MigSpec
+
+    f = paths.node_dir(node) / MIG_OVERRIDE_FILE
+    return f.is_file() and MigSpec.model_validate_json(f.read_text()).single
+
+
 class GPUAllocator:
     """Device uuid -> pod uid, per node; devices come from the node's emulated GPU file."""
 
-    def __init__(self, paths: StatePaths) -> None:
+    def __init__(self, paths: StatePaths, single_mig_nodes: frozenset[str] = frozenset()) -> None:
         self.paths = paths
+        self.single_mig_nodes = single_mig_nodes  # nodes whose MIG instances are nvidia.com/gpu
         self._lock = threading.Lock()
         self._taken: dict[str, str] = {}
 
@@ -77,7 +86,8 @@ class GPUAllocator:
             if not path.is_file():
                 raise gpus.AllocationError(f"node {node} has no GPUs, the pod asks for {wanted}")
             f = EmulatedGPUFile.read(path)
-            chosen = gpus.allocate(f, wanted, set(self._taken))
+            single = node in self.single_mig_nodes or _mig_override_single(self.paths, node)
+            chosen = gpus.allocate(f, wanted, set(self._taken), single)
             for d in chosen:
                 self._taken[d.uuid] = pod_uid
             return chosen
@@ -102,7 +112,9 @@ class KubeletContext:
     def __post_init__(self) -> None:
         self.ips = IPAllocator(pod_block(str(self.paths.root.resolve())))
         if self.gpus is None:
-            self.gpus = GPUAllocator(self.paths)
+            self.gpus = GPUAllocator(
+                self.paths, frozenset(n.name for n in self.profile.nodes if n.mig_single)
+            )
 
     def host_paths(self) -> tuple[Path, ...]:
         """Host paths every container needs to see, whatever it mounts over them: the project (its

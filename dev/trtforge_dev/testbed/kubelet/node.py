@@ -95,6 +95,10 @@ class NodeAgent(threading.Thread):
         self.gpu_path = ctx.paths.gpu_file(p.name)
         self.gpu_mtime = 0.0
 
+    def effective(self) -> prof.NodeProfile:
+        """The node's profile with the MIG layout a test may have set since (faults.set_mig)."""
+        return prof.effective_node(self.p, self.ctx.paths.node_dir(self.p.name))
+
     def gpu_file(self) -> EmulatedGPUFile | None:
         return EmulatedGPUFile.read(self.gpu_path) if self.gpu_path.is_file() else None
 
@@ -102,9 +106,10 @@ class NodeAgent(threading.Thread):
         """Create (or take over) the Node, post Ready status, drop the not-ready taint, write the GPU file."""
         node_dir = self.ctx.paths.node_dir(self.p.name)
         node_dir.mkdir(parents=True, exist_ok=True)
-        if not self.gpu_path.is_file() and self.p.product is not None:
-            prof.gpu_file(self.p).write(self.gpu_path)
-        body = prof.node_object(self.p)
+        p = self.effective()
+        if not self.gpu_path.is_file() and p.product is not None:
+            prof.gpu_file(p).write(self.gpu_path)
+        body = prof.node_object(p)
         try:
             self.core.create_node(body)
         except ApiException as e:
@@ -129,7 +134,7 @@ class NodeAgent(threading.Thread):
         f = self.gpu_file()
         if self.gpu_path.is_file():
             self.gpu_mtime = self.gpu_path.stat().st_mtime
-        sync_node_status(self.ctx.api, self.p, f, self.ctx.kubelet_port)
+        sync_node_status(self.ctx.api, self.effective(), f, self.ctx.kubelet_port)
 
     def _renew_lease(self) -> None:
         body: dict[str, Any] = {

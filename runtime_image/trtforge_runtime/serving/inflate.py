@@ -1,0 +1,79 @@
+"""A gzip or deflate request body inflated in steps, each counted against the body budget.
+
+:class:`Inflater` makes at most ``INFLATE_STEP`` bytes per :meth:`~Inflater.step` and stops with 413
+as soon as the body passes its limit; :func:`inflate` runs the steps in a worker thread (zlib lets go
+of the GIL while it inflates) and has each step's bytes counted (``take``) before it keeps them, so a
+bomb holds at most the limit, counted in the budget all bodies share, never a claimed or unbounded
+size. docs/design.md §"Runtime request limits".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+
+from trtforge_runtime.errors import RequestError
+from trtforge_runtime.serving.body import Coding, _is_zlib_stream
+
+INFLATE_STEP = 1 << 20  # bytes made by one step
+
+
+class Inflater:
+    """`data` decoded from `coding` step by step, never past `limit` bytes in all."""
+
+    def __init__(self, data: bytes | bytearray, coding: Coding, limit: int, step: int = INFLATE_STEP) -> None:
+        if coding is Coding.GZIP:
+            wbits = 16 + zlib.MAX_WBITS
+        else:  # HTTP's deflate is a zlib stream, but some clients send raw deflate: both are accepted
+            wbits = zlib.MAX_WBITS if _is_zlib_stream(data) else -zlib.MAX_WBITS
+        self._z = zlib.decompressobj(wbits)
+        self._pending: bytes | bytearray = data
+        self.coding, self.limit, self.size = coding, limit, step
+        self.total = 0
+        self.done = False
+
+    def step(self) -> bytes:
+        """The next at most `size` bytes; b"" once the stream has ended. 413 past the limit, 400 for a
+        corrupt or truncated stream or bytes after its end."""
+        if self.done:
+            return b""
+        name = self.coding.value
+        try:
+            out = self._z.decompress(self._pending, min(self.size, self.limit - self.total + 1))
+        except zlib.error as e:
+            raise RequestError(400, f"request body is not valid {name}: {e}") from e
+        self._pending = self._z.unconsumed_tail
+        self.total += len(out)
+        if self.total > self.limit:
+            raise RequestError(
+                413, f"request body decompressed from {name} exceeds the limit of {self.limit} bytes"
+            )
+        if self._z.eof:
+            self.done = True
+            extra = len(self._z.unused_data)
+            if extra:
+                raise RequestError(400, f"request body has {extra} bytes after the end of its {name} stream")
+        elif not out:  # zlib stops short of max_length only when its input runs out
+            raise RequestError(400, f"request body is not valid {name}: the stream is truncated")
+        return out
+
+
+async def inflate(
+    data: bytes | bytearray,
+    coding: Coding,
+    limit: int,
+    take: Callable[[int], Awaitable[None]],
+    pool: Executor | None = None,
+) -> bytearray:
+    """The whole body inflated, each step run in `pool` (the loop's default: None) and its bytes
+    counted with `take` before they are kept."""
+    loop = asyncio.get_running_loop()
+    inflater = Inflater(data, coding, limit)
+    out = bytearray()
+    while not inflater.done:
+        piece = await loop.run_in_executor(pool, inflater.step)
+        await take(len(piece))
+        out += piece
+    return out

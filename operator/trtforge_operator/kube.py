@@ -21,6 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from trtforge.logs import fields
+from trtforge_operator import pod_spec
 from trtforge_operator.labels import ANNOTATION_SPEC_HASH, GROUP, TRTENGINES, VERSION
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,33 @@ class Kube:
             read: Any = self.core.read_namespaced_pod  # typed for models; this answer is raw
             raw = read(name, namespace, _preload_content=False).data
             out: dict[str, Any] = json.loads(raw)
+            return out
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def replica_set_owners(self, namespace: str, label_selector: str) -> dict[str, tuple[str, str]]:
+        """ReplicaSet uid -> (the uid of its controlling Deployment, "" without one; the fingerprint
+        of its pod template, pod_spec.fingerprint) of the ReplicaSets matching `label_selector`."""
+        rs = await self._call(self.apps.list_namespaced_replica_set, namespace, label_selector=label_selector)
+        out: dict[str, tuple[str, str]] = {}
+        for r in rs.items or []:
+            owners = [o for o in (r.metadata.owner_references or []) if o.controller]
+            dep = str(owners[0].uid) if owners and owners[0].kind == "Deployment" else ""
+            template = self.api.sanitize_for_serialization(r.spec.template.spec) if r.spec.template else {}
+            out[str(r.metadata.uid)] = (dep, pod_spec.fingerprint(template or {}))
+        return out
+
+    async def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Job as plain JSON; None when it is gone (404)."""
+
+        def call() -> dict[str, Any]:
+            read: Any = self.batch.read_namespaced_job  # typed for models; this answer is raw
+            out: dict[str, Any] = json.loads(read(name, namespace, _preload_content=False).data)
             return out
 
         try:

@@ -191,6 +191,7 @@ def test_broker_role_is_token_reviews_and_listing_references_only() -> None:
         ("trtforge.io", "trtengines", "list"),
         ("trtforge.io", "inferencedeployments", "list"),
         ("", "pods", "get"),
+        ("batch", "jobs", "get"),
     }
     (sa,) = [d for d in _docs("rbac-broker.yaml") if d["kind"] == "ServiceAccount"]
     assert sa["metadata"] == {

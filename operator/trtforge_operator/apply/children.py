@@ -390,6 +390,8 @@ def verify_grant(req: VerifyRequest, cfg: OperatorConfig, now: float, job_uid: s
     """The operator's record of the verify Job it creates for `req` (docs/security.md): the broker
     takes an upload only from that Job's pod, for this source, at most `max_bytes`, once."""
     cap = cfg.broker.max_model_bytes
+    pod = verify_job(req, cfg)["spec"]["template"]["spec"]
+    c = pod["containers"][0]
     return VerifyGrant(
         namespace=req.namespace,
         job=req.job_name,
@@ -401,7 +403,11 @@ def verify_grant(req: VerifyRequest, cfg: OperatorConfig, now: float, job_uid: s
         pin=req.model_sha256 or "",
         max_bytes=min(req.max_bytes, cap) if req.max_bytes else cap,
         image=cfg.builder_image,
-        command=verify_command(req, cfg),
+        command=c["command"],
+        env=c["env"],
+        env_from=c.get("envFrom") or [],
+        volume_mounts=c["volumeMounts"],
+        volumes=pod["volumes"],
         issued_at=now,
         expires_at=now + cfg.verify.deadline_seconds + VERIFY_GRANT_SLACK_S,
     )

@@ -28,6 +28,7 @@ from trtforge_operator.api import (
     Condition,
     DeploymentTargetStatus,
     FaultRecord,
+    InferenceDeployment,
     InferenceDeploymentStatus,
     TargetStatus,
     ready_text,
@@ -51,7 +52,7 @@ from trtforge_operator.observe.views import (
     UnreadableDeployment,
     utc,
 )
-from trtforge_operator.planning import faults, rebuild
+from trtforge_operator.planning import fault_trust, faults, rebuild
 from trtforge_operator.planning.autoscaling import (
     AutoscalerKind,
     AutoscalingProblem,
@@ -85,8 +86,9 @@ from trtforge_operator.planning.deployment_policies import (
     target_message,
 )
 from trtforge_operator.planning.events import Event
+from trtforge_operator.planning.pruned import pruned_condition, pruned_fields, spec_schema
 from trtforge_operator.planning.rebuild import RebuildRequest, legacy_cleanup_patch
-from trtforge_operator.planning.text import one_line
+from trtforge_operator.planning.text import one_line, timestamp
 
 
 @dataclass(frozen=True, order=True)
@@ -228,10 +230,15 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     events: list[Event] = []
     plan = _Draft()
 
+    # --- faults: only the operator's own pods' reports, about their own GPUs (planning/fault_trust.py)
+    names = {children.deployment_name(obs.name, t.target()) for t in engine_targets.values()}
+    dep_uids = fault_trust.operator_deployment_uids(obs.deployments, obs.uid, names | set(dep_names.values()))
+    believed, ignored = fault_trust.split_pods(our_pods, dep_uids, obs.replica_sets)
+    events += [Event("Warning", "FaultIgnored", i.message) for i in ignored]
     # --- faults: detect, record once, decide the action
-    records = faults.enrich_from_pods(list(obs.status.faults), our_pods)
-    new = faults.detect_pod_faults(our_pods, records, now)
-    new += faults.detect_node_faults(our_pods, obs.nodes, [*records, *(d.record for d in new)], now, ttl)
+    records = faults.enrich_from_pods(list(obs.status.faults), believed)
+    new = faults.detect_pod_faults(believed, records, now)
+    new += faults.detect_node_faults(believed, obs.nodes, [*records, *(d.record for d in new)], now, ttl)
     for d in new:
         rec = d.record
         t = engine_targets.get(rec.target or "")
@@ -433,6 +440,12 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         ready=ready_text(ready_total, total),
         endpoint=f"http://{svc}.{obs.namespace}.svc:{runtime.port}" if wanted else None,
         faults=records[-cfg.faults.history :],
+    )
+    status.conditions = pruned_condition(  # docs/design.md §"What a tenant can forge"
+        status.conditions,
+        pruned_fields(obs.annotations, spec_schema(InferenceDeployment)),
+        obs.generation,
+        timestamp(now),
     )
     engine_patch = None
     if obs.engine is not None:

@@ -92,3 +92,17 @@ def test_listening_ports_come_from_the_kernel_table() -> None:
         "   1: 0100007F:1F40 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  0 0 2\n"
     )
     assert ranks.listening_ports(table) == {0xC3D4}
+
+
+def test_a_leaderworkersets_variables_place_the_rank_and_name_the_workers() -> None:
+    env = {"LWS_LEADER_ADDRESS": "m-mn-0.m-mn.ns", "LWS_GROUP_SIZE": "3", "LWS_WORKER_INDEX": "0"}
+    p = ranks.from_lws(env, 50052, 8000)
+    assert (p.rank, p.world_size) == (0, 3)
+    assert [w.rpc_endpoint for w in p.workers] == ["m-mn-0-1.m-mn.ns:50052", "m-mn-0-2.m-mn.ns:50052"]
+    assert [w.supervisor for w in p.workers] == ["m-mn-0-1.m-mn.ns:8000", "m-mn-0-2.m-mn.ns:8000"]
+    worker = ranks.from_lws({**env, "LWS_WORKER_INDEX": "2"}, 50052, 8000)
+    assert (worker.rank, worker.workers) == (2, ())
+    with pytest.raises(ValueError, match="LWS_GROUP_SIZE is not set"):
+        ranks.from_lws({**env, "LWS_GROUP_SIZE": ""}, 1, 2)
+    with pytest.raises(ValueError, match="LWS_WORKER_INDEX 3 is outside the group of 3"):
+        ranks.from_lws({**env, "LWS_WORKER_INDEX": "3"}, 1, 2)

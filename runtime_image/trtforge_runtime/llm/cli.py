@@ -71,6 +71,12 @@ def register(subparsers: Any) -> None:
         metavar="HOST:RANK_PORT:PROBE_PORT",
         help="rank 0: a worker rank (ranks 1.. in order), its rank port and its supervisor's probe port",
     )
+    g.add_argument(
+        "--lws",
+        action="store_true",
+        help="take --rank, --world-size and the workers from a LeaderWorkerSet's LWS_* variables "
+        "(workers' rank and probe ports: --rank-port and --probe-port)",
+    )
     g.add_argument("--rank-port", type=_port, default=50052, help="a worker: the rank port (ggml-rpc-server)")
     g.add_argument(
         "--rank-unreachable-grace",
@@ -100,6 +106,16 @@ def handle(args: argparse.Namespace) -> int:
 
     log = logging.getLogger("trtforge_runtime.llm")
     extra = [a for a in args.server_args if a != "--"]
+    if args.lws:
+        import os
+
+        try:
+            placed = ranks.from_lws(os.environ, args.rank_port, args.probe_port)
+        except ValueError as e:
+            log.error(str(e))
+            return 2
+        args.rank, args.world_size = placed.rank, placed.world_size
+        args.worker = [f"{w.host}:{w.rank_port}:{w.probe_port}" for w in placed.workers]
     if args.rank != 0:
         return _handle_worker(args)
     try:

@@ -198,3 +198,45 @@ def listening_ports(proc_net_tcp: str) -> set[int]:
         if len(cols) > 3 and cols[3] == "0A":
             out.add(int(cols[1].rsplit(":", 1)[1], 16))
     return out
+
+
+# What a LeaderWorkerSet injects into every container of its pods (sigs.k8s.io/lws
+# api/leaderworkerset/v1 and pkg/utils/pod: LWS_LEADER_ADDRESS is <lws>-<group>.<subdomain>.<namespace>;
+# worker i of the group is the pod <lws>-<group>-<i> under the same subdomain).
+LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
+LWS_GROUP_SIZE = "LWS_GROUP_SIZE"
+LWS_WORKER_INDEX = "LWS_WORKER_INDEX"
+
+
+@dataclass(frozen=True)
+class Placement:
+    rank: int
+    world_size: int
+    workers: tuple[Worker, ...]  # the leader's workers (empty on a worker)
+
+
+def from_lws(env: Mapping[str, str], rank_port: int, probe_port: int) -> Placement:
+    """This pod's rank, the group's size and (on the leader) its workers, from a LeaderWorkerSet's
+    variables; ValueError naming the variable when one is missing or wrong."""
+    for name in (LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX):
+        if not env.get(name):
+            raise ValueError(
+                f"--lws: environment variable {name} is not set (is this pod in a LeaderWorkerSet?)"
+            )
+    try:
+        size, rank = int(env[LWS_GROUP_SIZE]), int(env[LWS_WORKER_INDEX])
+    except ValueError as e:
+        raise ValueError(f"--lws: {LWS_GROUP_SIZE} and {LWS_WORKER_INDEX} must be numbers ({e})") from e
+    if not 0 <= rank < size:
+        raise ValueError(f"--lws: {LWS_WORKER_INDEX} {rank} is outside the group of {size}")
+    leader, _, domain = env[LWS_LEADER_ADDRESS].partition(".")
+    if not domain:
+        raise ValueError(
+            f"--lws: {LWS_LEADER_ADDRESS} {env[LWS_LEADER_ADDRESS]!r}: expected pod.subdomain.namespace"
+        )
+    workers = (
+        ()
+        if rank
+        else tuple(Worker(i, f"{leader}-{i}.{domain}", rank_port, probe_port) for i in range(1, size))
+    )
+    return Placement(rank, size, workers)

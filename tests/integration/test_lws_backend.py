@@ -170,3 +170,16 @@ def test_the_crds_schema_refuses_a_bad_restart_policy(
         with pytest.raises(ApiException) as e:
             co.create_namespaced_custom_object(lws.GROUP, lws.VERSION, namespace, lws.PLURAL, bad)
     assert e.value.status == 422 and "restartPolicy" in str(e.value.body), e.value.body
+
+
+def test_the_apiserver_accepts_the_rank_port_policy(testbed: TestBed, namespace: str) -> None:
+    """Accepted as rendered (the test bed has no CNI that enforces NetworkPolicy: that another pod is
+    refused is not shown here)."""
+    from trtforge_operator.apply.group_network import rank_port_policy
+
+    body = rank_port_policy("llama-g0", namespace, [8000, 8080])
+    with testbed.api_client() as api:
+        net: Any = client.NetworkingV1Api(api)
+        net.create_namespaced_network_policy(namespace, body)
+        live = api.sanitize_for_serialization(net.read_namespaced_network_policy("llama-g0-ranks", namespace))
+    assert lws.derivative(body["spec"], live["spec"]), live["spec"]

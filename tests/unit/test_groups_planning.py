@@ -66,34 +66,37 @@ SHAPE = GroupShape(2, 1)
 
 
 def test_a_group_serves_only_when_every_rank_is_ready() -> None:
-    whole = groups.assess_group(SHAPE, [_pod(0), _pod(1)], [], 200)
+    whole = groups.assess_group("m-g0", SHAPE, [_pod(0), _pod(1)], [], 200)
     assert whole.state is GroupState.WHOLE and whole.serves
     assert groups.leader_whole_label(whole) == {groups.LABEL_GROUP_WHOLE: "true"}
-    forming = groups.assess_group(SHAPE, [_pod(0), _pod(1, ready=False)], [], 200)
+    forming = groups.assess_group("m-g0", SHAPE, [_pod(0), _pod(1, ready=False)], [], 200)
     assert (forming.state, forming.missing, forming.serves) == (GroupState.FORMING, (1,), False)
     assert groups.leader_whole_label(forming) == {groups.LABEL_GROUP_WHOLE: None}
-    assert groups.assess_group(SHAPE, [_pod(0)], [], 200).missing == (1,)
+    assert groups.assess_group("m-g0", SHAPE, [_pod(0)], [], 200).missing == (1,)
 
 
 def test_no_rank_runs_alone_for_long() -> None:
-    a = groups.assess_group(SHAPE, [_pod(0)], [], 100 + 901)
+    a = groups.assess_group("m-g0", SHAPE, [_pod(0)], [], 100 + 901)
     assert a.state is GroupState.BROKEN and "ranks [1] not ready" in a.reason
 
 
 def test_a_ranks_death_breaks_the_whole_group_and_every_pod_goes() -> None:
-    a = groups.assess_group(SHAPE, [_pod(0), _pod(1, ready=False, restarts=1)], [], 200)
+    a = groups.assess_group("m-g0", SHAPE, [_pod(0), _pod(1, ready=False, restarts=1)], [], 200)
     assert a.state is GroupState.BROKEN and "rank 1 (m-g0-1)" in a.reason
     r = groups.plan_recovery(a, [_pod(0), _pod(1)])
     assert r is not None and r.delete_pods == ("m-g0-0", "m-g0-1") and not r.avoid_nodes
-    assert groups.assess_group(SHAPE, [_pod(0), _pod(1, deleting=True)], [], 200).state is GroupState.BROKEN
-    assert groups.plan_recovery(groups.assess_group(SHAPE, [_pod(0), _pod(1)], [], 200), []) is None
+    assert (
+        groups.assess_group("m-g0", SHAPE, [_pod(0), _pod(1, deleting=True)], [], 200).state
+        is GroupState.BROKEN
+    )
+    assert groups.plan_recovery(groups.assess_group("m-g0", SHAPE, [_pod(0), _pod(1)], [], 200), []) is None
 
 
 def test_an_xid_under_any_rank_recreates_the_group_away_from_that_gpu_and_node() -> None:
     msg = TerminationMessage(reason="GPUFault", message="Xid 79", xid=79, gpu="GPU-abc")
     term = Terminated(86, "Error", msg.model_dump_json(), 150.0)
     pods = [_pod(0), _pod(1, ready=False, restarts=1, term=term)]
-    a = groups.assess_group(SHAPE, pods, [], 200)
+    a = groups.assess_group("m-g0", SHAPE, pods, [], 200)
     assert (
         a.state is GroupState.BROKEN and "Xid 79 on GPU GPU-abc under pod m-g0-1 on node node-1" in a.reason
     )
@@ -117,3 +120,13 @@ def test_ranks_share_one_gpu_clique_where_nodes_have_one() -> None:
     }
     sel = aff["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert sel == [{"matchExpressions": [{"key": groups.CLIQUE_LABEL, "operator": "Exists"}]}]
+
+
+def test_a_fault_is_believed_only_from_the_groups_own_pods() -> None:
+    msg = TerminationMessage(reason="GPUFault", message="Xid 79", xid=79, gpu="GPU-abc")
+    stranger = _pod(1, ready=False, restarts=1, term=Terminated(86, "Error", msg.model_dump_json(), 150.0))
+    stranger = PodView(
+        **{**stranger.__dict__, "labels": {groups.LABEL_GROUP: "other-g0", groups.LABEL_RANK: "1"}}
+    )
+    a = groups.assess_group("m-g0", SHAPE, [_pod(0), stranger], [], 200)
+    assert (a.state, a.missing, a.faulted) == (GroupState.FORMING, (1,), ())

@@ -126,18 +126,21 @@ def _restarted(p: PodView) -> bool:
 
 
 def assess_group(
+    group: str,
     shape: GroupShape,
     pods: Sequence[PodView],
     known_faults: Sequence[FaultRecord],
     now: float,
     form_limit_s: float = 900.0,
 ) -> GroupAssessment:
-    """Whole, forming or broken. A group never serves with fewer ranks than its mapping: a rank pod
-    that restarted, failed, is being deleted or reported a GPU fault breaks the group, and so does
-    a group that has not become whole within `form_limit_s` of its oldest pod (no rank runs alone
-    for long)."""
+    """Whole, forming or broken, from the pods labelled as `group`'s. A group never serves with fewer
+    ranks than its mapping: a rank pod that restarted, failed, is being deleted or reported a GPU
+    fault breaks the group, and so does a group that has not become whole within `form_limit_s` of
+    its oldest pod (no rank runs alone for long)."""
     by_rank: dict[int, PodView] = {}
     for p in pods:
+        if p.labels.get(LABEL_GROUP) != group:
+            continue  # a termination message is believed only from the group's own pods
         try:
             by_rank[int(p.labels.get(LABEL_RANK, ""))] = p
         except ValueError:

@@ -130,3 +130,12 @@ def test_a_fault_is_believed_only_from_the_groups_own_pods() -> None:
     )
     a = groups.assess_group("m-g0", SHAPE, [_pod(0), stranger], [], 200)
     assert (a.state, a.missing, a.faulted) == (GroupState.FORMING, (1,), ())
+
+
+def test_autoscaling_counts_groups_by_their_leaders_and_waits_for_a_rollout() -> None:
+    sel = groups.scale_selector({"trtforge.io/inferencedeployment": "m"})
+    assert sel == "trtforge.io/inferencedeployment=m,trtforge.io/rank=0"
+    assert groups.groups_to_run(3, 2, rolling_out=False) == 3
+    assert groups.groups_to_run(3, 2, rolling_out=True) == 2
+    with pytest.raises(ValueError, match="replicas -1"):
+        groups.groups_to_run(-1, 2, rolling_out=False)

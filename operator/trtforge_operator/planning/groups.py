@@ -229,3 +229,17 @@ def avoid_affinity(avoid_nodes: Iterable[str]) -> dict[str, Any] | None:
     if not nodes:
         return None
     return {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": nodes}
+
+
+def scale_selector(deployment_labels: Mapping[str, str]) -> str:
+    """The scale subresource's ``status.selector`` for a grouped deployment: its leaders only, so the
+    HPA and KEDA average the server's queue over groups (one leader each) and their replica count is
+    a count of groups, as LeaderWorkerSet's ``hpaPodSelector`` does."""
+    return ",".join(f"{k}={v}" for k, v in sorted({**deployment_labels, LABEL_RANK: "0"}.items()))
+
+
+def groups_to_run(desired: int, current: int, rolling_out: bool) -> int:
+    """Groups are added or removed whole, and not during a rollout (the count waits for it)."""
+    if desired < 0:
+        raise ValueError(f"replicas {desired}: must not be negative")
+    return current if rolling_out else desired

@@ -140,7 +140,7 @@ def assess_group(
     by_rank: dict[int, PodView] = {}
     for p in pods:
         if p.labels.get(LABEL_GROUP) != group:
-            continue  # a termination message is believed only from the group's own pods
+            continue  # only the group's pods; the caller passes pods it owns (labels prove nothing)
         try:
             by_rank[int(p.labels.get(LABEL_RANK, ""))] = p
         except ValueError:

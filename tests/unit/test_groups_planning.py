@@ -122,7 +122,7 @@ def test_ranks_share_one_gpu_clique_where_nodes_have_one() -> None:
     assert sel == [{"matchExpressions": [{"key": groups.CLIQUE_LABEL, "operator": "Exists"}]}]
 
 
-def test_a_fault_is_believed_only_from_the_groups_own_pods() -> None:
+def test_pods_labelled_for_another_group_are_not_read() -> None:
     msg = TerminationMessage(reason="GPUFault", message="Xid 79", xid=79, gpu="GPU-abc")
     stranger = _pod(1, ready=False, restarts=1, term=Terminated(86, "Error", msg.model_dump_json(), 150.0))
     stranger = PodView(

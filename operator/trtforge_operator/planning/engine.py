@@ -165,7 +165,8 @@ def plan_llm_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     targets = resolve_targets(obs.spec, obs.nodes)
     jobs_by_id = jobs_by_build_id(obs.jobs)
     admission = _Admission(obs.capacity)
-    forge = any(target_refusal(obs, cfg, t) is None for t in targets)  # else refused before any Job
+    forge = obs.spec.llm is not None and obs.spec.llm.source.format == "gguf"
+    forge = forge and any(target_refusal(obs, cfg, t) is None for t in targets)  # else no Job at all
     verify = plan_verify(obs, cfg) if obs.verified_sha256 is None and forge else None
     recheck = plan_recheck(obs, cfg) if obs.verified_sha256 is not None and forge else None
     _verification(obs, cfg, admission, verify or recheck)

@@ -36,13 +36,14 @@ from trtforge_operator.observe.llm_keys import (
     quantize_id,
     tune_id,
 )
-from trtforge_operator.observe.views import EngineObserved, JobView, obs_requester, utc
+from trtforge_operator.observe.views import EngineObserved, JobView, jobs_by_build_id, obs_requester, utc
 from trtforge_operator.planning.llm_policies import LLMTargetFacts, llm_target_refusal, target_identity
 from trtforge_operator.planning.text import one_line
 from trtforge_operator.planning.verify import VerifyOutcome
 
 # Reasons of an LLM engine's checkpoint and targets (status reasons, typed here, never parsed).
 VERIFYING = "VerifyingModel"
+SOURCE_UNSUPPORTED = "SourceFormatUnsupported"
 QUANTIZING = "Quantizing"
 QUANTIZED = "Quantized"
 CACHE_HIT = "CacheHit"
@@ -147,6 +148,17 @@ def plan_llm(
             forgeable.append(t)
         statuses[t.name] = st
     plan.targets = [statuses[t.name] for t in targets]
+    if forgeable and llm.source.format != "gguf":
+        msg = (
+            f"spec.llm.source.format {llm.source.format}: a Hugging Face checkpoint folder is not staged "
+            "by the verify step yet; give a GGUF file"
+        )
+        for t in forgeable:
+            s = statuses[t.name]
+            s.phase, s.reason, s.message = "Failed", SOURCE_UNSUPPORTED, msg
+        plan.warnings.append((SOURCE_UNSUPPORTED, msg))
+        plan.stalled.append(msg)
+        return plan
     if not forgeable:
         return plan  # refused before any Job
     digest = obs.verified_sha256
@@ -182,7 +194,7 @@ def _plan_checkpoint(
     llm = obs.spec.llm
     assert llm is not None
     ck = CheckpointStatus(recipe=llm.recipe, checkpoint_key=ckey, backend=backend.value)
-    job = _latest(obs.jobs if isinstance(obs.jobs, Mapping) else {}, qid)
+    job = _latest(jobs_by_build_id(obs.jobs), qid)
     result = _reported(job) if job is not None else None
     if job is not None:
         ck.job_name = job.name
@@ -273,7 +285,7 @@ def _plan_tune(
         st.message = f"no Ready node hosts {t}"
         return
     tid = tune_id(qid, t, par, backend, cfg.builder_image)
-    job = _latest(obs.jobs if isinstance(obs.jobs, Mapping) else {}, tid)
+    job = _latest(jobs_by_build_id(obs.jobs), tid)
     result = _reported(job) if job is not None else None
     if job is not None:
         st.job_name, st.attempts = job.name, job.attempt

@@ -33,7 +33,7 @@ from trtforge.contract.gpu import (
     single_strategy_product,
 )
 from trtforge.contract.llm.artefact import ArtefactManifest
-from trtforge.contract.llm.result import QuantizeResult, TuneResult, parse_llm_message
+from trtforge.contract.llm.result import QuantizeFailure, QuantizeResult, TuneResult, parse_llm_message
 from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import PossessionRecord, source_fingerprint
 from trtforge.contract.termination import REASON_BY_EXIT_CODE, TerminationMessage
@@ -69,10 +69,13 @@ Reported = BuildResult | BuildFailure | QuantizeResult | TuneResult
 """What a build, quantize or tune pod reported (its termination message)."""
 
 
-def llm_result(message: str) -> QuantizeResult | TuneResult | None:
-    """A quantize or tune pod's result (its failures parse as build failures)."""
+def llm_result(message: str) -> QuantizeResult | TuneResult | QuantizeFailure | None:
+    """A quantize or tune pod's result, or an accuracy-gate refusal with its figures (other
+    failures parse as build failures)."""
     r = parse_llm_message(message)
-    return r if isinstance(r, QuantizeResult | TuneResult) else None
+    if isinstance(r, QuantizeFailure):
+        return r if r.perplexity is not None else None
+    return r
 
 
 def parse_time(value: Any) -> float | None:
@@ -414,7 +417,7 @@ def build_pod_result(pod: PodView) -> Reported | None:
         t = c.terminated
         if t is None:
             continue
-        parsed: Reported | None = parse_build_message(t.message) or llm_result(t.message)
+        parsed: Reported | None = llm_result(t.message) or parse_build_message(t.message)
         if parsed is not None:
             return parsed
         if t.exit_code != 0:

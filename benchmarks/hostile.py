@@ -43,7 +43,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -497,6 +497,67 @@ def _front_door_once(a: argparse.Namespace, proxy: str | None) -> dict[str, Any]
 
 
 def render_front_door(res: dict[str, Any]) -> str:
+    """The front-door run: one table, or, with a proxy run, the server alone beside the proxy."""
+    runs = res.get("runs", {})
+    if len(runs) > 1:
+        return render_front_door_compared(runs)
+    return render_front_door_run(res)
+
+
+def render_front_door_compared(runs: dict[str, dict[str, Any]]) -> str:
+    """Per case, each figure of the server alone and then behind the proxy (``alone / proxy``)."""
+    alone, (proxy, behind) = runs["server"], next((k, v) for k, v in runs.items() if k != "server")
+    by_family = {c["family"]: c for c in behind["cases"]}
+
+    def cell(
+        a: dict[str, Any],
+        b: dict[str, Any] | None,
+        fmt: Callable[[dict[str, Any], dict[str, Any]], str],
+        key: str,
+    ) -> str:
+        def one(c: dict[str, Any] | None, q: dict[str, Any]) -> str:
+            return "-" if c is None else fmt(c, q) + ("" if c["met"][key] else " ✗")
+
+        return f"{one(a, alone['quiet'])} / {one(b, behind['quiet'])}"
+
+    rows = []
+    for c in alone["cases"]:
+        b = by_family.get(c["family"])
+        rows.append(
+            [
+                c["item"],
+                c["case"],
+                cell(c, b, lambda x, q: f"{x['health_p99_ms']:.0f}", "health"),
+                cell(
+                    c, b, lambda x, q: f"{min(x['http_success_rate'], x['grpc_success_rate']):.0%}", "legit"
+                ),
+                cell(
+                    c,
+                    b,
+                    lambda x, q: f"{x['rss_peak_above_idle_mb'] - x['rss_start_above_idle_mb']:.0f}",
+                    "rss",
+                ),
+                cell(c, b, lambda x, q: f"{x['grpc_p50_ms'] / q['grpc_p50_ms']:.1f}x", "grpc_p50"),
+            ]
+        )
+    qa, qb, cpus = alone["quiet"], behind["quiet"], alone["cpus"]
+    return (
+        f"Front-door cases, {alone['family_seconds']:.0f} s each, each cell the server alone / behind "
+        f"{proxy} (a fresh server; HAProxy pinned with it): server on CPUs {cpus['server'] or 'any'}, "
+        f"prober on {cpus['probe'] or 'any'}, attackers (from {alone.get('attacker_source', '127.0.0.1')}) "
+        f"and legitimate clients (127.0.0.1) on {cpus['attack'] or 'any'}. Quiet: health p99 "
+        f"{qa['health_p99_ms']} / {qb['health_p99_ms']} ms, gRPC p50 {qa['grpc_p50_ms']} / "
+        f"{qb['grpc_p50_ms']} ms; {proxy} peak RSS {behind.get('proxy_peak_rss_mb')} MB. "
+        "✗: a target missed.\n"
+        + table(
+            ["item", "case", "health p99 ms", "legit (lower of HTTP, gRPC)", "RSS MB", "gRPC p50 / quiet"],
+            rows,
+        )
+        + f"\nAlive at the end: {alone['server_alive']} / {behind['server_alive']}."
+    )
+
+
+def render_front_door_run(res: dict[str, Any]) -> str:
     """Per front-door case: health p99 against quiet, legitimate success, RSS growth, gRPC p50."""
     q = res["quiet"]
 
@@ -604,8 +665,10 @@ def main(argv: list[str] | None = None) -> int:
         door = run_front_door(a)
         write_result("hostile_front_door", door)
         for run_ in door["runs"].values():
-            print(render_front_door(run_))
+            print(render_front_door_run(run_))
             ok = ok and run_["server_alive"]
+        if len(door["runs"]) > 1:
+            print(render_front_door(door))
     return 0 if ok else 1
 
 

@@ -182,7 +182,7 @@ class FrontProxySettings(BaseModel):
     image: str = "haproxy:2.6"
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     # Calls a second one client address may start on each port; past it, 429.
-    calls_per_client_per_second: int = Field(default=1000, ge=1)
+    calls_per_client_per_second: int = Field(default=200, ge=1)
     resources: dict[str, Any] = Field(default_factory=dict)  # the sidecar's requests and limits
 
 

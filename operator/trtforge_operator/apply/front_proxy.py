@@ -1,5 +1,5 @@
 """The runtime's front proxy: HAProxy in a sidecar on the pod's public HTTP and gRPC ports, the runtime
-behind it on loopback (docs/design.md §"Front proxy"; docs/security.md, "Hostile clients").
+behind it on loopback (docs/security.md, "Hostile clients").
 
 :func:`haproxy_config` is the one template (pure); its limits come from the runtime's own settings
 (:class:`FrontProxyLimits`), which :func:`add_front_proxy` also passes to the runtime, so the two
@@ -35,7 +35,7 @@ class FrontProxyLimits:
     max_request_bytes: int = 64 << 20  # --max-request-bytes
     grpc_message_timeout_s: float = 60.0  # --grpc-message-timeout
     # Not a runtime setting: calls a second one client address may start on each port.
-    calls_per_client_per_second: int = 1000
+    calls_per_client_per_second: int = 200
 
     def __post_init__(self) -> None:
         for name in ("max_connections", "max_request_bytes", "calls_per_client_per_second"):

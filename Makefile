@@ -25,7 +25,8 @@ help:
 	@echo "make images [PUSH=registry/prefix] [DRY_RUN=1] - build (and push) every trtforge image"
 
 # Debian packages: Go and rsync to build the control plane from Debian's source, etcd to run it.
-.cache/apt.stamp:
+# Redone when the Makefile changes (a package added to APT_PACKAGES); it installs only what is missing.
+.cache/apt.stamp: Makefile
 	@mkdir -p .cache
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	for c in $(APT_COMMANDS); do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \

@@ -39,7 +39,7 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(
         shutil.which("haproxy") is None,
-        reason="no haproxy binary: `make venv` installs Debian's haproxy package (APT_PACKAGES)",
+        reason="no haproxy binary: `make deps` (and so `make test`) installs Debian's haproxy (APT_PACKAGES)",
     ),
 ]
 

@@ -56,7 +56,7 @@ def test_the_config_carries_each_limit() -> None:
     assert "tune.h2.max-concurrent-streams 16" in cfg
     assert "timeout client 12500ms" in cfg and "timeout http-request 10000ms" in cfg
     grpc, http = _frontend(cfg, "grpc"), _frontend(cfg, "http")
-    assert "bind 0.0.0.0:8001 proto h2" in grpc and "bind 0.0.0.0:8000\n" in http
+    assert 'bind "${POD_IP}:8001" proto h2' in grpc and 'bind "${POD_IP}:8000"\n' in http
     assert "sc0_conn_cur gt 4 }" in grpc and "sc0_conn_cur gt 64 }" in http
     for fe in (grpc, http):
         assert "maxconn 256" in fe and "tcp-request connection track-sc0 src" in fe
@@ -117,6 +117,7 @@ def test_the_sidecar_takes_the_public_ports_and_the_runtime_moves_to_loopback() 
     assert cmd[cmd.index("--max-connections") + 1] == "1024"
     assert cmd.count("--host") == 1 and "ports" not in serve
     assert proxy["name"] == SIDECAR and proxy["image"] == "haproxy:test"
+    assert proxy["env"] == [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     assert [(p["name"], p["containerPort"]) for p in proxy["ports"]] == [("http", 8000), ("grpc", 8001)]
     # The probes stay the runtime's and reach its health through the proxy's port.
     assert serve["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8000}

@@ -89,12 +89,14 @@ def haproxy_config(
     grpc_port: int,
     runtime_http_port: int,
     runtime_grpc_port: int,
-    bind: str = "0.0.0.0",
+    bind: str = "${POD_IP}",
     runtime_host: str = "127.0.0.1",
 ) -> str:
     """HAProxy's configuration for one runtime pod (HAProxy 2.6): per client address a connection cap
     and a call rate on each port, the runtime's per-connection stream share, a deadline for request
-    heads, body size and idle limits; every HTTP/2 protocol violation is a connection error (GOAWAY)."""
+    heads, body size and idle limits; every HTTP/2 protocol violation is a connection error (GOAWAY).
+    `bind` defaults to the pod's own address, as the runtime's `--host $(POD_IP)` (HAProxy expands
+    the environment variable; unset, it listens on every address)."""
     lim = limits
     rate = lim.calls_per_client_per_second
     head_s = min(10.0, lim.idle_timeout_s)
@@ -121,7 +123,7 @@ def haproxy_config(
         h2 = name == "grpc"
         lines += [
             f"frontend {name}",
-            f"  bind {bind}:{port}" + (" proto h2" if h2 else ""),
+            f'  bind "{bind}:{port}"' + (" proto h2" if h2 else ""),
             f"  maxconn {lim.max_connections}",
             "  stick-table type ip size 100k expire 30s store conn_cur,conn_rate(1s),http_req_rate(1s)",
             "  tcp-request connection track-sc0 src",
@@ -198,6 +200,7 @@ def add_front_proxy(
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["haproxy", "-db", "-f", f"{CONFIG_DIR}/{CONFIG_KEY}"],
         "ports": serve.pop("ports", []),
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
         "volumeMounts": [{"name": SIDECAR, "mountPath": CONFIG_DIR, "readOnly": True}],
         "securityContext": copy.deepcopy(serve.get("securityContext", {})),
     }

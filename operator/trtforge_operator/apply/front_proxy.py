@@ -21,7 +21,7 @@ from trtforge_operator.config import FrontProxySettings
 CONFIG_KEY = "haproxy.cfg"
 CONFIG_DIR = "/usr/local/etc/haproxy"
 SIDECAR = "front-proxy"
-ANNOTATION_CONFIG_HASH = "trtforge.dev/front-proxy-config"
+ANNOTATION_CONFIG_HASH = "trtforge.io/front-proxy-config"
 # The runtime's ports behind the proxy, on loopback; the pod's public ports stay the proxy's.
 INTERNAL_PORT_OFFSET = 10000
 

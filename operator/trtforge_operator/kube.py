@@ -303,6 +303,7 @@ class Kube:
             "Deployment": self.apps.delete_namespaced_deployment,
             "Service": self.core.delete_namespaced_service,
             "Pod": self.core.delete_namespaced_pod,
+            "ConfigMap": self.core.delete_namespaced_config_map,
         }[kind]
         try:
             await self._call_unparsed(fn, name, namespace, propagation_policy="Background")

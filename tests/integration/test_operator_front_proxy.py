@@ -14,7 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 from kubernetes import client
-from trtforge_dev.localdev import OperatorEnv, deployment_manifest, engine_manifest, tiny_model
+from trtforge_dev.localdev import (
+    OperatorEnv,
+    delete_with_cleanup,
+    deployment_manifest,
+    engine_manifest,
+    tiny_model,
+)
+from trtforge_dev.testbed.wait import wait_for
 from trtforge_operator.apply.front_proxy import CONFIG_KEY, INTERNAL_PORT_OFFSET, SIDECAR, configmap_name
 
 pytestmark = [
@@ -67,6 +74,17 @@ def test_a_runtime_pod_serves_through_its_front_proxy(env: OperatorEnv) -> None:
     # Served on the pod's address through HAProxy, over both protocols.
     _infer_http(pod.status.pod_ip, path)
     _infer_grpc(pod.status.pod_ip, path)
+
+    # The ConfigMap is owned by the InferenceDeployment: it goes with it.
+    delete_with_cleanup(env.api, ns, "inferencedeployments", "tiny")
+    core: Any = client.CoreV1Api(env.api)
+    wait_for(
+        lambda: (
+            not core.list_namespaced_config_map(ns, field_selector=f"metadata.name={cm.metadata.name}").items
+        ),
+        timeout=120,
+        desc="the front proxy's ConfigMap gone with its InferenceDeployment",
+    )
 
 
 def _input() -> np.ndarray:

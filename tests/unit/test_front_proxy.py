@@ -19,7 +19,12 @@ from trtforge_operator.apply.front_proxy import (
 )
 from trtforge_operator.config import FrontProxySettings, OperatorConfig
 from trtforge_operator.planning.deployment import plan_deployment
-from trtforge_operator.planning.deployment_actions import ApplyConfigMap, ApplyDeployment
+from trtforge_operator.planning.deployment_actions import (
+    ApplyConfigMap,
+    ApplyDeployment,
+    ChildKind,
+    DeleteChild,
+)
 
 from tests.unit.test_planning_deployment import CFG, engine, infd, observed
 
@@ -159,3 +164,18 @@ def test_the_plan_writes_each_configmap_before_its_deployment_every_pass() -> No
     again = plan_deployment(observed(infd(), engine(), deployments=[live(d) for d in deps.values()]), ON)
     assert not [a for a in again.actions if isinstance(a, ApplyDeployment)]
     assert len([a for a in again.actions if isinstance(a, ApplyConfigMap)]) == 2
+
+
+def test_a_removed_targets_configmap_goes_with_its_deployment() -> None:
+    from tests.unit.test_planning_deployment import MIG, live
+
+    both = plan_deployment(observed(infd(), engine()), ON)
+    deps = [a.manifest for a in both.actions if isinstance(a, ApplyDeployment)]
+    one = infd(targets=[{"gpu": MIG.gpu, "mig": MIG.mig, "replicas": 1}])
+    for cfg, expected in ((ON, True), (CFG, False)):
+        plan = plan_deployment(observed(one, engine(), deployments=[live(d) for d in deps]), cfg)
+        gone = [a.name for a in plan.actions if isinstance(a, DeleteChild) and a.kind == ChildKind.DEPLOYMENT]
+        (name,) = gone
+        maps = [a.name for a in plan.actions if isinstance(a, DeleteChild) and a.kind == ChildKind.CONFIG_MAP]
+        # Off, the operator has no ConfigMap rights (the chart grants them with the option): none deleted.
+        assert maps == ([configmap_name(name)] if expected else [])

@@ -95,6 +95,8 @@ async def apply_deployment_actions(state: State, body: Mapping[str, Any], action
                 await kube.delete("Deployment", ns, name)
             case DeleteChild(kind=ChildKind.SERVICE, name=name):
                 await kube.delete("Service", ns, name)
+            case DeleteChild(kind=ChildKind.CONFIG_MAP, name=name):
+                await kube.delete("ConfigMap", ns, name)
             case DeleteChild(kind=ChildKind.POD, name=name):
                 await kube.delete("Pod", ns, name)
             case PatchEngineAnnotations():

@@ -156,6 +156,7 @@ class _Draft:
     config_maps: list[ApplyConfigMap] = field(default_factory=list)  # before the Deployments that mount them
     service: ApplyService | None = None
     delete_deployments: list[str] = field(default_factory=list)
+    delete_config_maps: list[str] = field(default_factory=list)  # the front proxy's, with their Deployments
     apply_autoscalers: list[dict[str, Any]] = field(default_factory=list)
     delete_autoscalers: list[AutoscalerRef] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
@@ -180,6 +181,7 @@ class _Draft:
             actions.append(self.service)
         actions += [ApplyAutoscaler(a) for a in self.apply_autoscalers]
         actions += [DeleteChild(ChildKind.DEPLOYMENT, d) for d in self.delete_deployments]
+        actions += [DeleteChild(ChildKind.CONFIG_MAP, c) for c in self.delete_config_maps]
         actions += [DeleteChild(ChildKind.POD, p) for p in self.delete_pods]
         if engine_patch is not None:
             actions.append(engine_patch)
@@ -408,6 +410,8 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             st.message += "; " + problem_message(choice.problem)
         target_statuses.append(st)
     plan.delete_deployments = sorted(n for n in existing if n not in keep)
+    if cfg.front_proxy.enabled:
+        plan.delete_config_maps = [front_proxy.configmap_name(n) for n in plan.delete_deployments]
     plan.delete_autoscalers = sorted(r for r in autoscalers if r not in keep_autoscalers)
     if wanted:
         plan.service = ApplyService(

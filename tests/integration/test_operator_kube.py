@@ -44,7 +44,7 @@ async def test_a_configmap_is_created_left_alone_and_replaced_on_a_new_config(
     testbed: TestBed, namespace: str
 ) -> None:
     """The front proxy's ConfigMap (apply/front_proxy.py), written every pass: created once, left as
-    it is while its data is the same, replaced when the config changes."""
+    it is while its data is the same, replaced when the config changes; deleted with its Deployment."""
     with testbed.api_client() as api:
         kube = Kube(api, threads=1)
         cm: dict[str, Any] = {
@@ -64,3 +64,5 @@ async def test_a_configmap_is_created_left_alone_and_replaced_on_a_new_config(
         )
         now = await kube._call(kube.core.read_namespaced_config_map, "runtime-front-proxy", namespace)
         assert now.data == {"haproxy.cfg": "global\n  maxconn 8\n"}
+        assert await kube.delete("ConfigMap", namespace, "runtime-front-proxy")
+        assert not await kube.delete("ConfigMap", namespace, "runtime-front-proxy")  # 404: gone

@@ -208,6 +208,28 @@ class Kube:
         log.info("updated %s %s/%s", kind, ns, name, extra=fields(kind=kind, namespace=ns, name=name))
         return "replaced"
 
+    async def apply_config_map(self, obj: Mapping[str, Any]) -> str:
+        """Create a ConfigMap, or replace it when its data differs. Returns created|replaced|unchanged."""
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        try:
+            cur = self.api.sanitize_for_serialization(
+                await self._call(self.core.read_namespaced_config_map, name, ns)
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            await self._call_unparsed(self.core.create_namespaced_config_map, ns, dict(obj))
+            log.info(
+                "created ConfigMap %s/%s", ns, name, extra=fields(kind="ConfigMap", namespace=ns, name=name)
+            )
+            return "created"
+        if cur.get("data") == obj.get("data"):
+            return "unchanged"
+        new = {**obj, "metadata": {**obj["metadata"], "resourceVersion": cur["metadata"]["resourceVersion"]}}
+        await self._call(self.core.replace_namespaced_config_map, name, ns, new)
+        log.info("updated ConfigMap %s/%s", ns, name, extra=fields(kind="ConfigMap", namespace=ns, name=name))
+        return "replaced"
+
     async def served_versions(self, group: str) -> list[str]:
         """The ``group/version`` strings the apiserver serves for an API group (discovery)."""
         groups = await self._call(client.ApisApi(self.api).get_api_versions)
@@ -309,6 +331,7 @@ class Kube:
             "Deployment": self.apps.delete_namespaced_deployment,
             "Service": self.core.delete_namespaced_service,
             "Pod": self.core.delete_namespaced_pod,
+            "ConfigMap": self.core.delete_namespaced_config_map,
         }[kind]
         try:
             await self._call_unparsed(fn, name, namespace, propagation_policy="Background")

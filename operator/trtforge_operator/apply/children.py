@@ -19,6 +19,7 @@ from trtforge.contract.gpu import GPUTarget, MigStrategy
 from trtforge.contract.layout import ENGINES, REQUESTS, TIMING_CACHES
 from trtforge.contract.possession import MODELS, VerifyGrant
 from trtforge.contract.termination import TERMINATION_LOG_ENV
+from trtforge_operator.apply import front_proxy
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import (
     ANNOTATION_ATTEMPT,
@@ -674,6 +675,15 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
         ],
         "volumes": volumes,
     }
+    if cfg.front_proxy.enabled:
+        front_proxy.add_front_proxy(
+            pod_spec,
+            template_annotations,
+            cfg.front_proxy,
+            http_port=req.port,
+            grpc_port=req.grpc_port,
+            configmap=front_proxy.configmap_name(deployment_name(req.infd, req.target)),
+        )
     pod_spec.update(cfg.pod_defaults())
     tolerations = pod_spec.get("tolerations", []) + [
         dict(t) for t in req.tolerations if dict(t) not in pod_spec.get("tolerations", [])

@@ -34,7 +34,7 @@ from trtforge_operator.api import (
     ready_text,
     set_condition,
 )
-from trtforge_operator.apply import children
+from trtforge_operator.apply import children, front_proxy
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import (
     ANNOTATION_ENGINE_KEY,
@@ -65,6 +65,7 @@ from trtforge_operator.planning.autoscaling import (
 from trtforge_operator.planning.deployment_actions import (
     Action,
     ApplyAutoscaler,
+    ApplyConfigMap,
     ApplyDeployment,
     ApplyService,
     ChildKind,
@@ -154,8 +155,10 @@ class _Draft:
     """What a pass decides, gathered while planning; :meth:`plan` orders it into actions."""
 
     deployments: list[ApplyDeployment] = field(default_factory=list)
+    config_maps: list[ApplyConfigMap] = field(default_factory=list)  # before the Deployments that mount them
     service: ApplyService | None = None
     delete_deployments: list[str] = field(default_factory=list)
+    delete_config_maps: list[str] = field(default_factory=list)  # the front proxy's, with their Deployments
     apply_autoscalers: list[dict[str, Any]] = field(default_factory=list)
     delete_autoscalers: list[AutoscalerRef] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
@@ -174,11 +177,13 @@ class _Draft:
         the TRTEngine's old annotations, and Events last."""
         actions: list[Action] = [WriteStatus(status.to_wire(), old_status)]
         actions += [DeleteChild(ChildKind(r.kind.value), r.name) for r in self.delete_autoscalers]
+        actions += self.config_maps
         actions += self.deployments
         if self.service is not None:
             actions.append(self.service)
         actions += [ApplyAutoscaler(a) for a in self.apply_autoscalers]
         actions += [DeleteChild(ChildKind.DEPLOYMENT, d) for d in self.delete_deployments]
+        actions += [DeleteChild(ChildKind.CONFIG_MAP, c) for c in self.delete_config_maps]
         actions += [DeleteChild(ChildKind.POD, p) for p in self.delete_pods]
         if engine_patch is not None:
             actions.append(engine_patch)
@@ -351,6 +356,11 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 hpa_owned=decision.hpa_owned,
             )
             dep = children.runtime_deployment(rreq, cfg)
+            if cfg.front_proxy.enabled:  # every pass: its applier writes only a difference
+                cm = front_proxy.front_proxy_configmap(
+                    dep, cfg.front_proxy, http_port=runtime.port, grpc_port=runtime.grpc_port
+                )
+                plan.config_maps.append(ApplyConfigMap(cm))
             desired_hash = dep["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
             if cur is None or cur.annotations.get(ANNOTATION_SPEC_HASH) != desired_hash:
                 plan.deployments.append(ApplyDeployment(dep, keep_replicas=decision.hpa_owned))
@@ -407,6 +417,8 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             st.message += "; " + problem_message(choice.problem)
         target_statuses.append(st)
     plan.delete_deployments = sorted(n for n in existing if n not in keep)
+    if cfg.front_proxy.enabled:
+        plan.delete_config_maps = [front_proxy.configmap_name(n) for n in plan.delete_deployments]
     plan.delete_autoscalers = sorted(r for r in autoscalers if r not in keep_autoscalers)
     if wanted:
         plan.service = ApplyService(

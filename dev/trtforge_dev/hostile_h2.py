@@ -16,10 +16,8 @@ import select
 import socket
 import struct
 import threading
-import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
-from functools import cache
 
 import h2.config
 import h2.connection
@@ -39,7 +37,7 @@ from hyperframe.frame import (
     SettingsFrame,
 )
 
-from trtforge_dev.hostile import Target
+from trtforge_dev.hostile import Target, gzip_bomb
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
@@ -73,23 +71,6 @@ def request_headers(target: Target, *extra: tuple[str, str]) -> list[tuple[str, 
         ("te", "trailers"),
         *extra,
     ]
-
-
-@cache
-def gzip_bomb(mebibytes: int) -> bytes:
-    """A valid gzip stream of `mebibytes` MiB of zeros, about a thousandth of that on the wire. One
-    MiB is deflated once and ended with a full flush (no reference reaches back past it), so the
-    stream is that segment repeated: made in well under a second, unlike deflating 1 GiB."""
-    zeros = bytes(1 << 20)
-    c = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
-    segment = c.compress(zeros) + c.flush(zlib.Z_FULL_FLUSH)
-    end = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS).flush()  # an empty final block
-    crc = 0
-    for _ in range(mebibytes):
-        crc = zlib.crc32(zeros, crc)
-    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
-    trailer = struct.pack("<II", crc, (mebibytes << 20) & 0xFFFFFFFF)
-    return header + segment * mebibytes + end + trailer
 
 
 class FrameReader:

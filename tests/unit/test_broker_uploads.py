@@ -87,6 +87,9 @@ def test_the_grant_matches_the_job_the_operator_creates() -> None:
     assert GRANT.max_bytes == CFG.broker.max_model_bytes
     assert verify_grant(replace(REQ, max_bytes=10), CFG, NOW).max_bytes == 10
     assert verify_grant(replace(REQ, max_bytes=1 << 50), CFG, NOW).max_bytes == CFG.broker.max_model_bytes
+    # the broker checks the bytes as what the source declares: an LLM's GGUF is not refused as ONNX
+    assert GRANT.format == "onnx"
+    assert verify_grant(replace(REQ, model_format="gguf"), CFG, NOW).format == "gguf"
 
 
 @pytest.mark.parametrize(

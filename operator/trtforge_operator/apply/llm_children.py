@@ -28,7 +28,7 @@ ANNOTATION_TUNING_KEY = "trtforge.io/tuning-key"
 
 def default_server(target: GPUTarget) -> LLMServer:
     """llama.cpp on a cpu target, trtllm-serve on a GPU."""
-    return LLMServer.LLAMA_CPP if target.gpu == "cpu" else LLMServer.TRTLLM_SERVE
+    return LLMServer.LLAMA_CPP if target.is_cpu else LLMServer.TRTLLM_SERVE
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ def llm_runtime(
         return None if serving is None else LLMProblem.NOT_AN_LLM_ENGINE
     serving = serving or LLMServing()
     server = serving.server or default_server(target)
-    if server == LLMServer.TRTLLM_SERVE and target.gpu == "cpu":
+    if server == LLMServer.TRTLLM_SERVE and target.is_cpu:
         return LLMProblem.SERVER_NEEDS_GPU
     if serving.canary_prompt is not None and serving.canary_prompt != facts.canary_prompt:
         return LLMProblem.CANARY_PROMPT_MISMATCH

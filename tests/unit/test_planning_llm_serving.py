@@ -1,0 +1,142 @@
+"""Serving an LLM engine: the server and its command per target, the typed reasons a target waits,
+the Deployment (probes on `http`, the server's own OpenAI port) and the Service (no hop on the token
+path), and the API's refusals."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from trtforge_operator.api import InferenceDeploymentSpec, LLMServer, LLMServing
+from trtforge_operator.apply import children, llm_children
+from trtforge_operator.apply.llm_children import LLMRuntime
+from trtforge_operator.config import OperatorConfig
+from trtforge_operator.labels import ANNOTATION_ENGINE_KEY, ANNOTATION_SPEC_HASH
+from trtforge_operator.planning.llm_serving import LLMEngineFacts, LLMProblem, llm_runtime
+
+from trtforge.contract.gpu import GPUTarget
+
+CPU = GPUTarget(gpu="cpu")
+H100 = GPUTarget(gpu="NVIDIA-H100-80GB-HBM3")
+CKPT, TUNE = "c" * 64, "t" * 64
+FACTS = LLMEngineFacts(
+    checkpoint_key=CKPT, canary_prompt="The capital of France is", tuning_keys={CPU.name: TUNE}
+)
+CFG = OperatorConfig(backends={"gpu": "onnxruntime"}, broker={"url": "http://broker:8081"})
+
+
+def _request(target: GPUTarget = CPU, **kw: Any) -> children.RuntimeRequest:
+    return children.RuntimeRequest(
+        namespace="team-a",
+        infd="chat",
+        infd_uid="uid-1",
+        target=target,
+        engine_key=CKPT,
+        engine_sha256="",
+        replicas=1,
+        node_selector={},
+        image="trtforge-runtime",
+        image_pull_policy="IfNotPresent",
+        **kw,
+    )
+
+
+def test_an_onnx_engine_is_served_as_before_and_llm_settings_on_it_are_refused() -> None:
+    assert llm_runtime(None, None, H100) is None
+    assert llm_runtime(LLMServing(), None, H100) == LLMProblem.NOT_AN_LLM_ENGINE
+
+
+def test_the_server_defaults_by_target_and_takes_the_engines_keys() -> None:
+    cpu = llm_runtime(None, FACTS, CPU)
+    assert cpu == LLMRuntime(LLMServer.LLAMA_CPP, CKPT, TUNE, 8080, ())
+    gpu = llm_runtime(LLMServing(args=["--kv_cache_free_gpu_memory_fraction", "0.8"], port=9000), FACTS, H100)
+    assert isinstance(gpu, LLMRuntime)
+    assert gpu.server == LLMServer.TRTLLM_SERVE and gpu.tuning_key is None and gpu.openai_port == 9000
+    assert gpu.server_args == ("--kv_cache_free_gpu_memory_fraction", "0.8")
+    explicit = llm_runtime(LLMServing(server=LLMServer.LLAMA_CPP), FACTS, H100)
+    assert isinstance(explicit, LLMRuntime) and explicit.server == LLMServer.LLAMA_CPP
+
+
+def test_a_target_waits_with_a_typed_reason() -> None:
+    unpublished = LLMEngineFacts(checkpoint_key=None, canary_prompt="p")
+    assert llm_runtime(None, unpublished, CPU) == LLMProblem.NO_CHECKPOINT
+    on_cpu = LLMServing(server=LLMServer.TRTLLM_SERVE)
+    assert llm_runtime(on_cpu, FACTS, CPU) == LLMProblem.SERVER_NEEDS_GPU
+    assert llm_runtime(LLMServing(canary_prompt="Other"), FACTS, CPU) == LLMProblem.CANARY_PROMPT_MISMATCH
+    same = LLMServing(canary_prompt=FACTS.canary_prompt)
+    assert isinstance(llm_runtime(same, FACTS, CPU), LLMRuntime)
+
+
+def test_the_deployment_runs_serve_llm_with_probes_and_metrics_on_http() -> None:
+    llm = LLMRuntime(LLMServer.LLAMA_CPP, CKPT, TUNE, 8080, ("--ctx-size", "1024"))
+    dep = llm_children.llm_runtime_deployment(_request(port=8000), llm, CFG)
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    cmd = c["command"]
+    assert cmd[:2] == ["trtforge", "serve-llm"]
+    flags = dict(itertools.pairwise(cmd))
+    assert flags["--server"] == "llama.cpp" and flags["--checkpoint"] == CKPT and flags["--tuning"] == TUNE
+    assert flags["--store"] == "http://broker:8081" and flags["--probe-port"] == "8000"
+    assert flags["--port"] == "8080" and flags["--host"] == "$(POD_IP)"
+    assert cmd[cmd.index("--") + 1 :] == ["--ctx-size", "1024"]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "openai": 8080}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8000}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": 8000}
+    annotations = dep["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[ANNOTATION_ENGINE_KEY] == CKPT
+    assert annotations[llm_children.ANNOTATION_TUNING_KEY] == TUNE
+    assert "resources" not in c or "nvidia.com/gpu" not in c["resources"].get("limits", {})
+
+
+def test_a_new_checkpoint_tuning_record_or_server_rolls_the_pods() -> None:
+    base = LLMRuntime(LLMServer.LLAMA_CPP, CKPT, TUNE)
+
+    def hashed(llm: LLMRuntime) -> str:
+        dep = llm_children.llm_runtime_deployment(_request(), llm, CFG)
+        return str(dep["metadata"]["annotations"][ANNOTATION_SPEC_HASH])
+
+    variants = [
+        LLMRuntime(LLMServer.LLAMA_CPP, "d" * 64, TUNE),
+        LLMRuntime(LLMServer.LLAMA_CPP, CKPT, "u" * 64),
+        LLMRuntime(LLMServer.LLAMA_CPP, CKPT, None),
+        LLMRuntime(LLMServer.TRTLLM_SERVE, CKPT, TUNE),
+        LLMRuntime(LLMServer.LLAMA_CPP, CKPT, TUNE, server_args=("--ctx-size", "4096")),
+    ]
+    assert len({hashed(base), *(hashed(v) for v in variants)}) == 1 + len(variants)
+    assert hashed(base) == hashed(LLMRuntime(LLMServer.LLAMA_CPP, CKPT, TUNE))
+
+
+def test_a_gpu_target_asks_for_its_gpu() -> None:
+    dep = llm_children.llm_runtime_deployment(
+        _request(H100), LLMRuntime(LLMServer.TRTLLM_SERVE, CKPT, None), CFG
+    )
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "--tuning" not in c["command"]
+
+
+def test_the_onnx_runtime_deployment_is_unchanged_by_the_llm_branch() -> None:
+    (c,) = children.runtime_deployment(_request(), CFG)["spec"]["template"]["spec"]["containers"]
+    assert c["command"][:2] == ["trtforge", "serve"]
+    assert [p["name"] for p in c["ports"]] == ["http", "grpc"]
+
+
+def test_the_service_sends_openai_straight_to_the_server() -> None:
+    svc = llm_children.llm_service("team-a", "chat", "uid-1", 8000, 8080)
+    ports = {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]}
+    assert ports == {"openai": (8080, 8080), "http": (8000, 8000)}
+    assert svc["spec"]["selector"] == children.selector_labels("chat")
+    assert llm_children.openai_endpoint("chat", "team-a", 8080) == "http://chat.team-a.svc:8080/v1"
+
+
+@pytest.mark.parametrize("arg", ["--port", "--host=0.0.0.0", "-m", "--metrics", "--tp_size"])
+def test_flags_the_supervisor_sets_are_refused_naming_the_field(arg: str) -> None:
+    with pytest.raises(ValidationError, match=r"llm.args: .* is set by trtforge serve-llm itself"):
+        LLMServing(args=[arg, "1"])
+
+
+def test_the_openai_port_must_differ_from_the_probe_port() -> None:
+    with pytest.raises(ValidationError, match=r"llm\.port must differ from runtime\.port"):
+        InferenceDeploymentSpec.model_validate({"engineRef": {"name": "e"}, "llm": {"port": 8000}})

@@ -81,7 +81,15 @@ def _engine(**over: Any) -> dict[str, Any]:
         "targets": [{"gpu": "NVIDIA-H100-80GB-HBM3"}],
     }
     spec.update(over)
-    return spec
+    return {k: v for k, v in spec.items() if v is not None}  # None: leave the field out
+
+
+LLM: dict[str, Any] = {
+    "source": {"uri": "https://models.example/smollm2.gguf", "sha256": "a" * 64, "format": "gguf"},
+    "recipe": "bf16",
+    "calibration": {"dataset": "cnn_dailymail", "samples": 64, "sequenceLength": 256},
+    "canary": {"prompt": "The capital of France is", "maxTokens": 8},
+}
 
 
 def _range(mn: list[int], opt: list[int], mx: list[int]) -> dict[str, Any]:
@@ -125,6 +133,8 @@ VALID_ENGINES = [
     _engine(profiles=[_range([1, 1, 1, 1, 1, 1, 1, 1], [1, 2, 3, 4, 5, 6, 7, 8], [8, 8, 8, 8, 8, 8, 8, 8])]),
     _engine(model={"uri": "s3://bucket/m.onnx", "secretRef": {"name": "creds"}}),
     _engine(targets=[{"gpu": "cpu"}]),
+    _engine(model=None, llm=LLM),
+    _engine(model=None, llm=LLM, targets=[{"gpu": "NVIDIA-H100-80GB-HBM3", "parallelism": {"tensor": 4}}]),
 ]
 
 INVALID_ENGINES = [
@@ -148,6 +158,16 @@ INVALID_ENGINES = [
     (_engine(targets=[{"gpu": "cpu", "mig": "1g.10gb"}]), "a cpu target has no MIG profile"),
     (_engine(model={"uri": "pvc://models/m.onnx", "secretRef": {"name": "creds"}}), "secretRef applies to"),
     (_engine(builder={"stripWeights": True}), "stripWeights is not supported yet"),
+    (_engine(llm=LLM), "set either model (an ONNX model) or llm"),
+    (_engine(model=None), "set either model (an ONNX model) or llm"),
+    (
+        _engine(targets=[{"gpu": "NVIDIA-H100-80GB-HBM3", "parallelism": {"tensor": 2}}]),
+        "targets[].parallelism applies to llm engines only",
+    ),
+    (
+        _engine(model=None, llm={**LLM, "source": {"uri": "pvc://m/x.gguf", "secretRef": {"name": "c"}}}),
+        "secretRef applies to",
+    ),
 ]
 
 

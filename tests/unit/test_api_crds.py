@@ -16,6 +16,7 @@ from trtforge_operator.api import InferenceDeployment, TRTEngine
 ROOT = Path(__file__).resolve().parents[2]
 RESOURCES = [TRTEngine, InferenceDeployment]
 ALLOWED_KEYS = {
+    "oneOf",  # only of `required` branches (exactly one of some fields), checked below
     "description",
     "type",
     "format",
@@ -159,6 +160,7 @@ def test_schema_is_structural(resource: Any) -> None:
     assert root["required"] == ["spec"]
     for path, node in _nodes(root):
         assert set(node) <= ALLOWED_KEYS, f"{path}: {set(node) - ALLOWED_KEYS}"
+        assert all(set(b) == {"required"} for b in node.get("oneOf", [])), path
         if node.get("x-kubernetes-int-or-string"):
             assert "type" not in node
             assert node.get("anyOf", [{"type": "integer"}, {"type": "string"}]) == [
@@ -217,7 +219,18 @@ def test_examples_validate_against_the_crd(path: Path) -> None:
         (TRTEngine, {"spec": {"model": {"uri": "pvc://m/x.onnx"}, "targets": [{"mig": "1g.10gb"}]}}, "gpu"),
         (TRTEngine, {"spec": {"model": {"uri": "ftp://h/x.onnx"}}}, "uri"),
         (TRTEngine, {"spec": {"model": {"uri": "pvc://m/x.onnx", "sha256": "xyz"}}}, "sha256"),
-        (TRTEngine, {"spec": {"precision": "fp16"}}, "model"),
+        (TRTEngine, {"spec": {"precision": "fp16"}}, "spec"),  # neither model nor llm
+        (
+            TRTEngine,
+            {
+                "spec": {
+                    "model": {"uri": "pvc://m/x.onnx"},
+                    "llm": {"source": {"uri": "pvc://m/x.gguf"}, "recipe": "bf16"},
+                }
+            },
+            "spec",
+        ),
+        (TRTEngine, {"spec": {"llm": {"source": {"uri": "pvc://m/x.gguf"}, "recipe": "fp4"}}}, "recipe"),
         (
             TRTEngine,
             {"spec": {"model": {"uri": "pvc://m/x.onnx"}, "builder": {"workspace": "4GB"}}},

@@ -10,6 +10,8 @@ Helpers the operator uses:
 - :meth:`TRTEngineSpec.resolved_targets` -> ``list[GPUTarget]``: the explicit targets, or, with
   ``autoTargets.enabled``, the discovered ones you pass in (MIG dropped unless ``includeMIG``).
 - :meth:`AutoTargets.selects` -> whether a Node's labels match ``autoTargets.nodeSelector``.
+- :attr:`TRTEngineSpec.source` -> the :class:`ModelSource` to fetch and verify: ``spec.model`` (ONNX) or
+  ``spec.llm.source`` (an LLM, docs/llm.md); exactly one of the two is set.
 - :meth:`TRTEngineSpec.validation_settings` -> :class:`ValidationSettings` (samples, rtol, atol), the
   tolerances defaulted per precision from :data:`DEFAULT_TOLERANCES` when the spec leaves them out.
 - :class:`TRTEngineStatus` / :class:`TargetStatus` / :class:`Accuracy`: what the operator writes
@@ -29,6 +31,13 @@ from pydantic.json_schema import JsonDict
 
 from trtforge.contract.engine_key import BuildConfig, HardwareCompatibility, Precision, ShapeRange
 from trtforge.contract.gpu import CPU, MIG_PROFILE_RE, GPUTarget
+from trtforge.contract.llm.recipe import (
+    Calibration,
+    Parallelism,
+    QuantizationSpec,
+    Recipe,
+    parse_parameters,
+)
 from trtforge.contract.quantity import NONNEGATIVE_QUANTITY_PATTERN, quantity_to_bytes
 from trtforge_operator.api.common import (
     API_VERSION,
@@ -71,7 +80,10 @@ MAX_PROFILES = 8
 MAX_TARGETS = 32
 
 TargetPhase = Literal["Pending", "Building", "Ready", "Failed"]
-Backend = Literal["tensorrt", "onnxruntime"]
+Backend = Literal["tensorrt", "onnxruntime", "llama.cpp", "tensorrt-llm"]
+RecipeName = Literal["bf16", "fp8", "nvfp4", "int4_awq", "w4a8_awq"]
+LLMFormat = Literal["gguf", "hf-safetensors"]
+PARAMETERS_PATTERN = r"^[0-9]{1,15}(\.[0-9]{1,3})?[KMBT]?$"
 
 # Condition types of a TRTEngine.
 READY = "Ready"
@@ -332,6 +344,16 @@ class GPUSelection(ApiModel):
         return GPUTarget(gpu=self.gpu, mig=self.mig)
 
 
+class ParallelismSpec(ApiModel):
+    """tensor x pipeline ranks of one LLM replica (1 x 1 runs on one GPU)."""
+
+    tensor: int = Field(default=1, ge=1, le=64, description="Tensor-parallel ranks.")
+    pipeline: int = Field(default=1, ge=1, le=64, description="Pipeline-parallel ranks.")
+
+    def to_contract(self) -> Parallelism:
+        return Parallelism(tensor=self.tensor, pipeline=self.pipeline)
+
+
 class EngineTarget(GPUSelection):
     """A GPU type to build for: a nvidia.com/gpu.product value (or cpu) and optionally a MIG profile."""
 
@@ -341,6 +363,11 @@ class EngineTarget(GPUSelection):
                 _cel("self.gpu != 'cpu' || !has(self.mig)", "a cpu target has no MIG profile"),
             ]
         }
+    )
+
+    parallelism: ParallelismSpec | None = Field(
+        default=None,
+        description="LLM engines only: tensor x pipeline ranks per replica; unset is 1 x 1.",
     )
 
     @model_validator(mode="after")
@@ -391,6 +418,81 @@ class ValidationSettings(BaseModel):
     atol: float
 
 
+class LLMSource(ModelSource):
+    """Where an LLM's weights come from: one GGUF file, or a Hugging Face checkpoint (safetensors)."""
+
+    format: LLMFormat = Field(
+        default="gguf", description="gguf (one llama.cpp file) or hf-safetensors (a Hugging Face checkpoint)."
+    )
+
+
+class CalibrationSpec(ApiModel):
+    """Post-training-quantization calibration (ModelOpt on TensorRT-LLM; llama.cpp calibrates nothing)."""
+
+    dataset: str = Field(
+        default="cnn_dailymail", min_length=1, max_length=2048, description="A data set name or URI."
+    )
+    samples: int = Field(default=512, ge=1, le=65536, description="Calibration samples.")
+    sequence_length: int = Field(default=512, ge=16, le=131072, description="Tokens per sample.")
+
+    def to_contract(self) -> Calibration:
+        return Calibration(dataset=self.dataset, samples=self.samples, sequence_length=self.sequence_length)
+
+
+class CanarySpec(ApiModel):
+    """The prompt whose greedy tokens the quantize step records and every serving pod must repeat."""
+
+    prompt: str = Field(
+        default="The capital of France is", min_length=1, max_length=4096, description="Canary prompt."
+    )
+    max_tokens: int = Field(default=16, ge=1, le=256, description="Greedy tokens recorded and compared.")
+
+
+class LLMSpec(ApiModel):
+    """An LLM to quantize (one checkpoint per source digest and recipe) and tune per target."""
+
+    source: LLMSource = Field(description="The source weights (GGUF or Hugging Face safetensors).")
+    recipe: RecipeName = Field(description="bf16, fp8, nvfp4, int4_awq or w4a8_awq (docs/llm.md).")
+    calibration: CalibrationSpec = Field(
+        default_factory=CalibrationSpec,
+        description="Calibration settings.",
+        json_schema_extra={"default": {}},
+    )
+    max_perplexity_increase: float = Field(
+        default=0.01,
+        ge=0,
+        le=10,
+        description="The accuracy gate: the largest perplexity rise over the source (0.01 is 1%).",
+    )
+    canary: CanarySpec = Field(
+        default_factory=CanarySpec, description="The canary prompt.", json_schema_extra={"default": {}}
+    )
+    parameters: str | None = Field(
+        default=None,
+        max_length=24,
+        pattern=PARAMETERS_PATTERN,
+        description=(
+            "The parameter count (135M, 8B, 70.6B or a plain number), for the weights-fit check "
+            "before any Job; unset: the fit is checked once the quantize step has read the count "
+            "from the checkpoint's header."
+        ),
+    )
+
+    def recipe_enum(self) -> Recipe:
+        return Recipe(self.recipe)
+
+    def parameter_count(self) -> int | None:
+        return None if self.parameters is None else parse_parameters(self.parameters)
+
+    def quantization(self) -> QuantizationSpec:
+        """The contract's quantization settings (hashed into the checkpoint key)."""
+        return QuantizationSpec(
+            recipe=self.recipe_enum(),
+            calibration=self.calibration.to_contract(),
+            max_perplexity_increase=self.max_perplexity_increase,
+        )
+
+
 _TARGETS_XOR_AUTO = (
     "(has(self.targets) && size(self.targets) > 0) != "
     "(has(self.autoTargets) && has(self.autoTargets.enabled) && self.autoTargets.enabled)"
@@ -399,6 +501,8 @@ _UNIQUE_TARGETS = (
     "self.all(t, self.exists_one(u, u.gpu == t.gpu && "
     "(has(u.mig) ? u.mig : '') == (has(t.mig) ? t.mig : '')))"
 )
+_MODEL_XOR_LLM = "has(self.model) != has(self.llm)"
+_PARALLELISM_NEEDS_LLM = "has(self.llm) || !has(self.targets) || self.targets.all(t, !has(t.parallelism))"
 _SAME_INPUTS = "self.all(p, size(p.inputs) == size(self[0].inputs) && p.inputs.all(k, k in self[0].inputs))"
 
 
@@ -409,11 +513,18 @@ class TRTEngineSpec(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 _cel(_TARGETS_XOR_AUTO, "set either targets or autoTargets.enabled: true, not both"),
-            ]
+                _cel(_MODEL_XOR_LLM, "set either model (an ONNX model) or llm (an LLM), not both"),
+                _cel(_PARALLELISM_NEEDS_LLM, "targets[].parallelism applies to llm engines only"),
+            ],
+            # structural: an apiserver without CEL (the test bed's) still refuses neither and both
+            "oneOf": [{"required": ["model"]}, {"required": ["llm"]}],
         }
     )
 
-    model: ModelSource = Field(description="The ONNX model.")
+    model: ModelSource | None = Field(default=None, description="The ONNX model. Set this or llm.")
+    llm: LLMSpec | None = Field(
+        default=None, description="An LLM to quantize and tune instead of an ONNX model (docs/llm.md)."
+    )
     precision: Precision = Field(default="fp16", description="fp32, fp16, bf16, int8, fp8 or auto.")
     profiles: list[OptimizationProfile] = Field(
         default_factory=list,
@@ -448,6 +559,10 @@ class TRTEngineSpec(ApiModel):
 
     @model_validator(mode="after")
     def _rules(self) -> TRTEngineSpec:
+        if (self.model is None) == (self.llm is None):
+            raise ValueError("set either model (an ONNX model) or llm (an LLM), not both")
+        if self.llm is None and any(t.parallelism is not None for t in self.targets):
+            raise ValueError("targets[].parallelism applies to llm engines only")
         auto = self.auto_targets is not None and self.auto_targets.enabled
         if bool(self.targets) == auto:
             raise ValueError("set either targets or autoTargets.enabled: true, not both")
@@ -465,6 +580,21 @@ class TRTEngineSpec(ApiModel):
                         " (every profile must list the same inputs)"
                     )
         return self
+
+    @property
+    def source(self) -> ModelSource:
+        """What the verify step fetches: ``model``, or ``llm.source``."""
+        if self.llm is not None:
+            return self.llm.source
+        assert self.model is not None  # the validator keeps exactly one
+        return self.model
+
+    def parallelism_of(self, target: GPUTarget) -> Parallelism:
+        """The target's tensor x pipeline mapping (1 x 1 unless listed, and for discovered targets)."""
+        for t in self.targets:
+            if (t.gpu, t.mig) == (target.gpu, target.mig) and t.parallelism is not None:
+                return t.parallelism.to_contract()
+        return Parallelism()
 
     def workspace_bytes(self) -> int | None:
         """``builder.workspace`` in bytes, or None when unset."""
@@ -547,6 +677,14 @@ class TargetStatus(ApiModel):
     compute_capability: str | None = Field(
         default=None, max_length=16, description="Compute capability, e.g. 9.0."
     )
+    tuning_key: str | None = Field(
+        default=None,
+        max_length=64,
+        description="LLM engines: the tuning cache's key (sha256 hex) in the store (tuning/<key>/).",
+    )
+    mapping: str | None = Field(
+        default=None, max_length=16, description="LLM engines: the tensor x pipeline mapping, tp1pp1."
+    )
     request_key: str | None = Field(
         default=None,
         max_length=64,
@@ -582,6 +720,39 @@ class VerifiedModel(ApiModel):
     )
 
 
+class PerplexityStatus(ApiModel):
+    """The accuracy gate's figures: perplexity of the source and of the quantized result."""
+
+    source: float = Field(ge=0, description="Perplexity of the source on the evaluation text.")
+    result: float = Field(ge=0, description="Perplexity of the quantized checkpoint.")
+    increase: float = Field(description="(result - source) / source: 0.012 is +1.2%.")
+    max_increase: float = Field(ge=0, description="The bound (spec.llm.maxPerplexityIncrease).")
+
+
+class CheckpointStatus(ApiModel):
+    """The quantized checkpoint of an LLM engine (one per source digest and recipe)."""
+
+    phase: TargetPhase = Field(default="Pending", description="Pending, Building, Ready or Failed.")
+    recipe: RecipeName | None = Field(default=None, description="The recipe it was quantized with.")
+    checkpoint_key: str | None = Field(
+        default=None, max_length=64, description="The checkpoint's key (sha256 hex): checkpoints/<key>/."
+    )
+    manifest_uri: str | None = Field(
+        default=None, alias="manifestURI", max_length=2048, description="The checkpoint's manifest."
+    )
+    backend: Backend | None = Field(default=None, description="llama.cpp or tensorrt-llm.")
+    backend_version: str | None = Field(default=None, max_length=64, description="Its exact version.")
+    quantized_type: str | None = Field(
+        default=None, max_length=32, description="What the backend wrote, e.g. BF16 or Q8_0 (llama.cpp)."
+    )
+    size_bytes: int | None = Field(default=None, ge=0, description="All the checkpoint's files.")
+    cache_hit: bool | None = Field(default=None, description="Found in the store, not quantized again.")
+    perplexity: PerplexityStatus | None = Field(default=None, description="The accuracy gate's figures.")
+    job_name: str | None = Field(default=None, max_length=63, description="The quantize Job.")
+    reason: str | None = Field(default=None, max_length=128, description="CamelCase reason of the phase.")
+    message: str | None = Field(default=None, max_length=4096, description="One line on the phase.")
+
+
 class TRTEngineStatus(ApiModel):
     """Observed state, written only by the operator."""
 
@@ -606,6 +777,9 @@ class TRTEngineStatus(ApiModel):
     model: VerifiedModel | None = Field(
         default=None, description="The model this namespace proved it holds, for the current source."
     )
+    checkpoint: CheckpointStatus | None = Field(
+        default=None, description="LLM engines: the quantized checkpoint the targets' tuning caches use."
+    )
 
 
 # ------------------------------------------------------------------------------------------ resource
@@ -626,6 +800,7 @@ class TRTEngine(ApiModel):
             "description": "Ready targets out of all",
         },
         {"name": "Precision", "type": "string", "jsonPath": ".spec.precision"},
+        {"name": "Recipe", "type": "string", "jsonPath": ".spec.llm.recipe", "description": "LLM recipe"},
         {
             "name": "Status",
             "type": "string",
@@ -633,6 +808,7 @@ class TRTEngine(ApiModel):
             "description": "Reason of the Ready condition",
         },
         {"name": "Model", "type": "string", "jsonPath": ".spec.model.uri", "priority": 1},
+        {"name": "Source", "type": "string", "jsonPath": ".spec.llm.source.uri", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

@@ -64,7 +64,7 @@ async def observe_engine(
         return UnreadableEngine(ns, name, gen, status, old, field_error(e), time.time())
     cfg, spec = state.cfg, obj.spec
     nodes = state.nodes(indices)
-    m = spec.model
+    m = spec.source
     fingerprint = source_fingerprint(m.uri, m.secret_ref.name if m.secret_ref else None, m.sha256)
     possession = await asyncio.to_thread(state.store.possession, ns, fingerprint)
     verified = (

@@ -86,12 +86,12 @@ def key_inputs(
         compute_capability=first.compute_capability if first else None,
         arch=first.arch if first else None,
     )
-    digest = model_sha256 or spec.model.sha256
+    digest = model_sha256 or spec.source.sha256
     rk = scoped_key(
         request_key(
             RequestKeyRecord(
                 model_sha256=digest,
-                model_uri=None if digest else spec.model.uri,
+                model_uri=None if digest else spec.source.uri,
                 build=build,
                 gpu=binding,
                 backend=backend,

@@ -728,14 +728,15 @@ class EngineObserved:
 
     @cached_property  # hashed once per pass, not once per target and call
     def source_fingerprint(self) -> str:
-        m = self.spec.model
+        m = self.spec.source
         return source_fingerprint(m.uri, m.secret_ref.name if m.secret_ref else None, m.sha256)
 
     @cached_property
     def verified_sha256(self) -> str | None:
         """The model digest this namespace proved it holds through the current source, else None."""
         p = self.possession
-        if p is None or not p.proves(self.namespace, self.source_fingerprint, self.spec.model.sha256 or None):
+        pin = self.spec.source.sha256 or None
+        if p is None or not p.proves(self.namespace, self.source_fingerprint, pin):
             return None
         return p.sha256
 

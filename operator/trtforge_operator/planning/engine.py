@@ -77,7 +77,7 @@ def spec_refused(obs: UnreadableEngine) -> EnginePlan:
 def model_source_refused(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan | None:
     """A model source this TRTEngine may not use (:func:`model_source_problem`) stalls it, with an
     Event once; None when the source is fine."""
-    problem = model_source_problem(obs.spec.model.uri, cfg.store_uri)
+    problem = model_source_problem(obs.spec.source.uri, cfg.store_uri)
     if problem is None:
         return None
     reason = EngineReason.INVALID_MODEL_SOURCE
@@ -276,12 +276,12 @@ def model_source_problem(uri: str, store_uri: str) -> str | None:
     )
     if store_claim and claim == store_claim:
         return (
-            f"spec.model.uri {uri}: pvc://{claim} is the engine store's claim; a model source is a claim "
+            f"spec.source.uri {uri}: pvc://{claim} is the engine store's claim; a model source is a claim "
             "of this TRTEngine's own namespace"
         )
     if not path or any(p in ("", ".", "..") for p in path.split("/")):
         return (
-            f"spec.model.uri {uri}: the path inside the claim must be plain names (no '..', '.', empty "
+            f"spec.source.uri {uri}: the path inside the claim must be plain names (no '..', '.', empty "
             "parts or leading '/')"
         )
     return None

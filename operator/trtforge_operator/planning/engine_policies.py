@@ -123,7 +123,7 @@ def target_facts(
         return dataclasses.replace(base, key_error=str(e), has_node=any(n.hosts(target) for n in obs.nodes))
     builds = request_builds(jobs_by_id, ki.request_key)
     key = built_key(builds)
-    if key is None and (obs.verified_sha256 or obs.spec.model.sha256):
+    if key is None and (obs.verified_sha256 or obs.spec.source.sha256):
         # a known digest: the store's index answers across the namespaces of the cache scope
         filed = obs.requests.get(ki.request_key)
         key = filed.engine_key if filed is not None else None

@@ -28,8 +28,8 @@ def build_request(
     val = spec.validation_settings()
     return children.BuildRequest(
         target=ki.target,
-        model_uri=spec.model.uri,
-        model_sha256=verified_sha256 or spec.model.sha256,
+        model_uri=spec.source.uri,
+        model_sha256=verified_sha256 or spec.source.sha256,
         staged_model=verified_sha256 is not None,
         cache_scope=cache_scope,
         build=spec.build_config(),

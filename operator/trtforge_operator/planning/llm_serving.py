@@ -45,9 +45,9 @@ def llm_engine_facts(engine: Any) -> LLMEngineFacts | None:
     canary = getattr(llm, "canary", None)
     prompt = getattr(canary, "prompt", None) if canary is not None else None
     status = engine.status
-    checkpoint = getattr(status, "checkpoint_key", None) or getattr(
-        getattr(status, "llm", None), "checkpoint_key", None
-    )
+    published = getattr(status, "checkpoint", None)
+    ready = published is not None and published.phase == "Ready"
+    checkpoint = published.checkpoint_key if ready else None
     tuning = {t.name: k for t in status.targets if (k := getattr(t, "tuning_key", None))}
     return LLMEngineFacts(checkpoint, prompt, tuning)
 

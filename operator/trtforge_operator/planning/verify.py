@@ -84,7 +84,7 @@ def verify_facts(obs: EngineObserved, cfg: OperatorConfig, round_: str = "") -> 
     )
     latest = mine[-1] if mine else None
     attempt = int(latest.annotations.get(ANNOTATION_ATTEMPT) or 1) if latest is not None else 0
-    m = obs.spec.model
+    m = obs.spec.source
     return VerifyFacts(
         uri=m.uri,
         now=obs.now,
@@ -232,7 +232,7 @@ class RecheckOutcome:
 
 def plan_recheck(obs: EngineObserved, cfg: OperatorConfig) -> RecheckOutcome:
     """Whether to read the model again now. Pure. Called once the namespace holds a verified record."""
-    m, p = obs.spec.model, obs.possession
+    m, p = obs.spec.source, obs.possession
     if m.sha256 or p is None:
         return RecheckOutcome(None)
     every = m.recheck_seconds

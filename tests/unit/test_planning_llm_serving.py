@@ -9,13 +9,23 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from trtforge_operator.api import InferenceDeploymentSpec, LLMServer, LLMServing
+from trtforge_operator.api import (
+    InferenceDeployment,
+    InferenceDeploymentSpec,
+    LLMServer,
+    LLMServing,
+    TRTEngine,
+)
 from trtforge_operator.apply import children, llm_children
 from trtforge_operator.apply.llm_children import LLMRuntime
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import ANNOTATION_ENGINE_KEY, ANNOTATION_SPEC_HASH
+from trtforge_operator.observe.views import NodeView
+from trtforge_operator.planning.autoscaling import AutoscalingApis, HpaApi
+from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
 from trtforge_operator.planning.llm_serving import LLMEngineFacts, LLMProblem, llm_runtime
 
+from tests.fakes import default_nodes
 from trtforge.contract.gpu import GPUTarget
 
 CPU = GPUTarget(gpu="cpu")
@@ -140,3 +150,99 @@ def test_flags_the_supervisor_sets_are_refused_naming_the_field(arg: str) -> Non
 def test_the_openai_port_must_differ_from_the_probe_port() -> None:
     with pytest.raises(ValidationError, match=r"llm\.port must differ from runtime\.port"):
         InferenceDeploymentSpec.model_validate({"engineRef": {"name": "e"}, "llm": {"port": 8000}})
+
+
+# ------------------------------------------------------------------ the whole pass, with an LLM engine
+
+
+def _llm_engine(checkpoint_phase: str = "Ready") -> TRTEngine:
+    return TRTEngine.model_validate(
+        {
+            "metadata": {"name": "smollm2", "namespace": "team-a"},
+            "spec": {
+                "llm": {"source": {"uri": "pvc://models/smollm2.gguf", "sha256": "f" * 64}, "recipe": "bf16"},
+                "targets": [{"gpu": "cpu"}],
+            },
+            "status": {
+                "checkpoint": {"phase": checkpoint_phase, "checkpointKey": CKPT},
+                "targets": [{"name": CPU.name, "gpu": "cpu", "phase": "Ready", "tuningKey": TUNE}],
+            },
+        }
+    )
+
+
+def _infd(**spec: Any) -> InferenceDeployment:
+    return InferenceDeployment.model_validate(
+        {
+            "metadata": {"name": "chat", "namespace": "team-a", "uid": "uid-1", "generation": 1},
+            "spec": {"engineRef": {"name": "smollm2"}, **spec},
+        }
+    )
+
+
+def _observed(d: InferenceDeployment, e: TRTEngine, hpa_api: HpaApi | None = None) -> DeploymentObserved:
+    return DeploymentObserved(
+        namespace="team-a",
+        name="chat",
+        uid="uid-1",
+        generation=1,
+        spec=d.spec,
+        status=d.status,
+        engine=e,
+        deployments=[],
+        pods=[],
+        nodes=[NodeView.from_k8s(n) for n in default_nodes()],
+        jobs=[],
+        now=1_800_000_000.0,
+        autoscalers=(),
+        apis=AutoscalingApis(hpa=hpa_api, keda=False),
+    )
+
+
+def test_an_llm_engine_gets_a_serve_llm_deployment_an_openai_service_and_its_endpoint() -> None:
+    plan = plan_deployment(_observed(_infd(llm={"args": ["--ctx-size", "1024"]}), _llm_engine()), CFG)
+    dep, svc = plan.apply
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["command"][:2] == ["trtforge", "serve-llm"]
+    assert c["command"][c["command"].index("--checkpoint") + 1] == CKPT
+    assert c["command"][c["command"].index("--tuning") + 1] == TUNE
+    assert c["command"][-3:] == ["--", "--ctx-size", "1024"]
+    assert [p["name"] for p in svc["spec"]["ports"]] == ["openai", "http"]
+    assert plan.status.endpoint == "http://chat.team-a.svc:8080/v1"
+    assert plan.status.server == LLMServer.LLAMA_CPP
+    assert plan.status.targets[0].engine_key is None  # no Deployment seen yet
+
+
+def test_an_unpublished_checkpoint_makes_no_deployment_and_says_why() -> None:
+    plan = plan_deployment(_observed(_infd(), _llm_engine(checkpoint_phase="Building")), CFG)
+    assert [m["kind"] for m in plan.apply] == ["Service"]
+    assert "publish its quantized checkpoint" in (plan.status.targets[0].message or "")
+
+
+def test_llm_settings_on_an_onnx_engine_make_no_deployment_and_say_why() -> None:
+    onnx = TRTEngine.model_validate(
+        {
+            "metadata": {"name": "smollm2", "namespace": "team-a"},
+            "spec": {
+                "model": {"uri": "pvc://models/r.onnx", "sha256": "f" * 64},
+                "targets": [{"gpu": "cpu"}],
+            },
+            "status": {
+                "targets": [
+                    {"name": CPU.name, "gpu": "cpu", "phase": "Ready", "engineKey": CKPT, "sha256": "a" * 64}
+                ]
+            },
+        }
+    )
+    plan = plan_deployment(_observed(_infd(llm={}), onnx), CFG)
+    assert [m["kind"] for m in plan.apply] == ["Service"]
+    assert "is not an LLM engine" in (plan.status.targets[0].message or "")
+    assert plan.status.server is None
+
+
+def test_an_llm_deployment_autoscales_on_waiting_requests() -> None:
+    auto = {"minReplicas": 1, "maxReplicas": 2, "metric": "QueueDepth", "targetValue": "500m"}
+    plan = plan_deployment(_observed(_infd(autoscaling=auto), _llm_engine(), HpaApi.V2), CFG)
+    (hpa,) = plan.apply_autoscalers
+    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "trtforge_runtime_queue_depth"
+    assert hpa["spec"]["scaleTargetRef"]["name"] == plan.apply[0]["metadata"]["name"]

@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 from trtforge.contract.gpu import GPUTarget
-from trtforge_operator.api import LLMServer, LLMServing
+from trtforge_operator.api import LLMServer, LLMServing, TRTEngine
 from trtforge_operator.apply.llm_children import LLMRuntime, default_server
 
 
@@ -37,19 +36,17 @@ class LLMEngineFacts:
     tuning_keys: Mapping[str, str] = field(default_factory=dict)  # target name -> tuning key
 
 
-def llm_engine_facts(engine: Any) -> LLMEngineFacts | None:
-    """The LLM facts of a TRTEngine, or None for an ONNX engine (no ``spec.llm``)."""
-    llm = getattr(engine.spec, "llm", None)
+def llm_engine_facts(engine: TRTEngine) -> LLMEngineFacts | None:
+    """The LLM facts of a TRTEngine, or None for an ONNX engine (no ``spec.llm``). The checkpoint
+    counts once its quantize Job published it (``status.checkpoint.phase`` Ready)."""
+    llm = engine.spec.llm
     if llm is None:
         return None
-    canary = getattr(llm, "canary", None)
-    prompt = getattr(canary, "prompt", None) if canary is not None else None
-    status = engine.status
-    published = getattr(status, "checkpoint", None)
+    published = engine.status.checkpoint
     ready = published is not None and published.phase == "Ready"
-    checkpoint = published.checkpoint_key if ready else None
-    tuning = {t.name: k for t in status.targets if (k := getattr(t, "tuning_key", None))}
-    return LLMEngineFacts(checkpoint, prompt, tuning)
+    checkpoint = published.checkpoint_key if published is not None and ready else None
+    tuning = {t.name: t.tuning_key for t in engine.status.targets if t.tuning_key}
+    return LLMEngineFacts(checkpoint, llm.canary.prompt, tuning)
 
 
 def llm_problem_message(problem: LLMProblem, target: GPUTarget, engine: str) -> str:

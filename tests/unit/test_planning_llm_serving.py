@@ -4,7 +4,9 @@ path), and the API's refusals."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 from typing import Any
 
 import pytest
@@ -19,8 +21,8 @@ from trtforge_operator.api import (
 from trtforge_operator.apply import children, llm_children
 from trtforge_operator.apply.llm_children import LLMRuntime
 from trtforge_operator.config import OperatorConfig
-from trtforge_operator.labels import ANNOTATION_ENGINE_KEY, ANNOTATION_SPEC_HASH
-from trtforge_operator.observe.views import NodeView
+from trtforge_operator.labels import ANNOTATION_ENGINE_KEY, ANNOTATION_SPEC_HASH, APP_MANAGED_BY, MANAGED_BY
+from trtforge_operator.observe.views import NodeView, PodView
 from trtforge_operator.planning.autoscaling import AutoscalingApis, HpaApi
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
 from trtforge_operator.planning.llm_serving import LLMEngineFacts, LLMProblem, llm_runtime
@@ -31,6 +33,7 @@ from trtforge.contract.gpu import GPUTarget
 CPU = GPUTarget(gpu="cpu")
 H100 = GPUTarget(gpu="NVIDIA-H100-80GB-HBM3")
 CKPT, TUNE = "c" * 64, "t" * 64
+NOW = 1_800_000_000.0
 FACTS = LLMEngineFacts(
     checkpoint_key=CKPT, canary_prompt="The capital of France is", tuning_keys={CPU.name: TUNE}
 )
@@ -193,7 +196,7 @@ def _observed(d: InferenceDeployment, e: TRTEngine, hpa_api: HpaApi | None = Non
         pods=[],
         nodes=[NodeView.from_k8s(n) for n in default_nodes()],
         jobs=[],
-        now=1_800_000_000.0,
+        now=NOW,
         autoscalers=(),
         apis=AutoscalingApis(hpa=hpa_api, keda=False),
     )
@@ -246,3 +249,53 @@ def test_an_llm_deployment_autoscales_on_waiting_requests() -> None:
     (hpa,) = plan.apply_autoscalers
     assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "trtforge_runtime_queue_depth"
     assert hpa["spec"]["scaleTargetRef"]["name"] == plan.apply[0]["metadata"]["name"]
+
+
+def test_an_xid_under_an_llm_pod_moves_it_off_the_node_as_for_engines() -> None:
+    e = TRTEngine.model_validate(
+        {
+            "metadata": {"name": "smollm2", "namespace": "team-a"},
+            "spec": {
+                "llm": {"source": {"uri": "pvc://models/m", "sha256": "f" * 64}, "recipe": "fp8"},
+                "targets": [{"gpu": H100.gpu}],
+            },
+            "status": {
+                "checkpoint": {"phase": "Ready", "checkpointKey": CKPT},
+                "targets": [{"name": H100.name, "gpu": H100.gpu, "phase": "Ready", "tuningKey": TUNE}],
+            },
+        }
+    )
+    first = plan_deployment(_observed(_infd(), e), CFG)
+    (dep,) = [o for o in first.apply if o["kind"] == "Deployment"]
+    assert "trtllm-serve" in dep["spec"]["template"]["spec"]["containers"][0]["command"]
+    msg = json.dumps({"reason": "GPUFault", "message": "Xid", "xid": 79, "gpu": "GPU-1", "time": NOW - 2})
+    faulted = {
+        "metadata": {
+            "name": "chat-h100-x",
+            "namespace": "team-a",
+            "uid": "u-1",
+            "labels": {**children.selector_labels("chat", H100), APP_MANAGED_BY: MANAGED_BY},
+        },
+        "spec": {"nodeName": "gpu-h100-0"},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [
+                {
+                    "name": "serve",
+                    "ready": False,
+                    "restartCount": 1,
+                    "state": {"running": {}},
+                    "lastState": {"terminated": {"exitCode": 86, "reason": "Error", "message": msg}},
+                }
+            ],
+        },
+    }
+    obs = _observed(_infd(), e)
+    obs = dataclasses.replace(obs, pods=[PodView.from_k8s(faulted)])
+    plan = plan_deployment(obs, CFG)
+    (f,) = plan.status.faults
+    assert (f.pod, f.xid, f.target) == ("chat-h100-x", 79, H100.name)
+    assert plan.delete_pods == ["chat-h100-x"]
+    (moved,) = [o for o in plan.apply if o["kind"] == "Deployment"]
+    assert "gpu-h100-0" in json.dumps(moved["spec"]["template"]["spec"]["affinity"])

@@ -36,6 +36,7 @@ def llm_story(tb: Any, story: Story, keep: bool) -> None:
     """Quantize, serve, chat; everything it made goes unless `keep`."""
     import yaml
     from kubernetes import client
+    from kubernetes.client.rest import ApiException
     from openai import OpenAI
 
     from trtforge_dev.localdev import OperatorEnv, deployment_manifest
@@ -99,7 +100,7 @@ def llm_story(tb: Any, story: Story, keep: bool) -> None:
                     return str(a.ip), int(port)
             return None
 
-        ip, port = wait_for(address, timeout=60, desc="the Service's endpoints")
+        ip, port = wait_for(address, timeout=120, desc="the Service's endpoints", ignore=(ApiException,))
         chat = OpenAI(base_url=f"http://{ip}:{port}/v1", api_key="none", max_retries=0, timeout=120)
         reply = chat.chat.completions.create(
             model="chat",

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 from trtforge_dev.localdev import OperatorEnv, delete_with_cleanup, deployment_manifest
 from trtforge_dev.testbed import llama, smollm2
 from trtforge_dev.testbed.wait import wait_for
@@ -158,7 +159,12 @@ def test_a_quantized_llm_is_served_chats_through_its_service_and_scales_on_waiti
         wide = env.tb.kubectl("get", "infd", "chat", "-n", ns, "-o", "wide").stdout
         assert "llama.cpp" in wide and "1/1" in wide, wide
 
-        addrs = wait_for(lambda: _openai_address(env, ns, "chat"), timeout=60, desc="the Service's endpoints")
+        addrs = wait_for(
+            lambda: _openai_address(env, ns, "chat"),
+            timeout=120,
+            desc="the Service's endpoints",
+            ignore=(ApiException,),
+        )
         ip, port = addrs[0]
         c = OpenAI(base_url=f"http://{ip}:{port}/v1", api_key="none", max_retries=0, timeout=120)
         reply = c.chat.completions.create(

@@ -327,7 +327,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             llm_problems[target.name] = llm
         # An ONNX target serves its engine key; an LLM target its checkpoint (and tuning record).
         serve_key = llm.checkpoint_key if isinstance(llm, LLMRuntime) else ts.engine_key
-        if ts.phase == "Ready" and serve_key and (ts.sha256 or isinstance(llm, LLMRuntime)) and llm_ok(llm):
+        if ts.phase == "Ready" and serve_key and (ts.sha256 or isinstance(llm, LLMRuntime)) and _llm_ok(llm):
             try:
                 ki = key_inputs(obs.engine.spec, target, obs.nodes, cfg) if obs.engine else None
             except ValueError:
@@ -478,7 +478,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     return plan.plan(status, old_status, events, engine_patch)
 
 
-def llm_ok(llm: LLMRuntime | LLMProblem | None) -> bool:
+def _llm_ok(llm: LLMRuntime | LLMProblem | None) -> bool:
     """An ONNX target (None) or an LLM target ready to serve; not one with a problem."""
     return not isinstance(llm, LLMProblem)
 

@@ -76,3 +76,15 @@ def onnx_problem(path: Path) -> str | None:
     if missing:
         return f"a protobuf message without {' and '.join(missing)}; not an ONNX ModelProto"
     return None
+
+
+GGUF_MAGIC = b"GGUF"
+
+
+def gguf_problem(path: Path) -> str | None:
+    """Why `path` is not a GGUF file (None: it starts with the GGUF magic)."""
+    with path.open("rb") as f:
+        head = f.read(4)
+    if head != GGUF_MAGIC:
+        return f"it does not start with the GGUF magic {GGUF_MAGIC!r} (found {head!r})"
+    return None

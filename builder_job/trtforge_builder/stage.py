@@ -59,6 +59,12 @@ def register(sub: Any) -> None:
         help="a host (port 443) or host:port an https redirect may lead to (spec.model.allowedRedirectHosts)",
     )
     p.add_argument("--workdir", default=None, help="scratch directory for s3/https downloads")
+    p.add_argument(
+        "--format",
+        default="onnx",
+        choices=["onnx", "gguf"],
+        help="what the bytes must be: an ONNX model (default) or a GGUF file (an LLM source)",
+    )
     p.set_defaults(func=handle)
 
 
@@ -122,7 +128,7 @@ def handle(args: argparse.Namespace) -> int:
     from trtforge_builder.cli import _emit
     from trtforge_builder.errors import BuildError
     from trtforge_builder.fetch import fetch_model
-    from trtforge_builder.model_format import onnx_problem
+    from trtforge_builder.model_format import gguf_problem, onnx_problem
 
     brokers = [b.strip() for b in args.broker.split(",") if b.strip()]
     pin = args.sha256.lower() if args.sha256 else None
@@ -137,11 +143,13 @@ def handle(args: argparse.Namespace) -> int:
             )
         with tempfile.TemporaryDirectory(prefix="trtforge-stage-", dir=args.workdir) as tmp:
             fetched = fetch_model(args.model, Path(tmp), pin, args.allow_redirect_host)
-            problem = onnx_problem(fetched.path)
+            gguf = args.format == "gguf"
+            problem = gguf_problem(fetched.path) if gguf else onnx_problem(fetched.path)
             if problem is not None:
+                what = "a GGUF file" if gguf else "an ONNX model"
                 raise BuildError(
                     f"model {args.model}: the bytes read ({fetched.size_bytes}, sha256 "
-                    f"{fetched.sha256[:12]}) are not an ONNX model: {problem}; nothing was uploaded",
+                    f"{fetched.sha256[:12]}) are not {what}: {problem}; nothing was uploaded",
                     "InvalidModel",
                     step="check-model",
                 )

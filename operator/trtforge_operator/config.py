@@ -53,6 +53,9 @@ class BuildSettings(BaseModel):
     memory: str = "8Gi"
     scratch_size: str = "20Gi"
     env: dict[str, str] = Field(default_factory=dict)  # extra env for build pods
+    # Where the builder image's llama.cpp tools are, for LLM quantize and tune Jobs on the llama.cpp
+    # backend (passed as --llama-bin-dir); unset: the image's PATH.
+    llama_bin_dir: str | None = None
 
 
 class GCSettings(BaseModel):

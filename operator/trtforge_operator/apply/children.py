@@ -368,6 +368,7 @@ class VerifyRequest:
     max_bytes: int | None = None  # spec.model.maxSizeBytes
     allowed_redirect_hosts: tuple[str, ...] = ()  # spec.model.allowedRedirectHosts
     round_: str = ""  # a re-read of a verified model (spec.model.recheckInterval): which one
+    model_format: str = "onnx"  # what the bytes must be: onnx, or gguf (spec.llm.source.format)
 
     @property
     def job_name(self) -> str:
@@ -383,6 +384,8 @@ def verify_command(req: VerifyRequest, cfg: OperatorConfig) -> list[str]:
         args += ["--secret-name", req.secret]
     for host in req.allowed_redirect_hosts:
         args += ["--allow-redirect-host", host]
+    if req.model_format != "onnx":
+        args += ["--format", req.model_format]
     return args
 
 

@@ -15,28 +15,40 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
-from trtforge.contract.build_result import BuildFailure, BuildResult
+from trtforge.contract.build_result import BuildFailure
 from trtforge.contract.engine_key import RequestRecord
+from trtforge.contract.llm import ArtefactKind, ArtefactManifest
 from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import source_fingerprint
+from trtforge.store import StoreError
+from trtforge.store.artefacts import read_manifest
 from trtforge_operator.api import TRTEngine, TRTEngineSpec, TRTEngineStatus
 from trtforge_operator.api.common import field_error
 from trtforge_operator.apply.children import JOB_PREFIX
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kinds import Kind
 from trtforge_operator.observe.keys import key_inputs, resolve_targets
+from trtforge_operator.observe.llm_keys import (
+    checkpoint_backend,
+    engine_checkpoint_key,
+    llm_backend,
+    quantize_id,
+    tune_id,
+)
 from trtforge_operator.observe.views import (
     EngineObserved,
     JobView,
     NodeView,
     ObservedFaults,
     PodView,
+    Reported,
     RequesterView,
     UnreadableEngine,
     built_key,
@@ -46,6 +58,7 @@ from trtforge_operator.observe.views import (
 from trtforge_operator.state import State, parsed_status, plain
 from trtforge_operator.store_reader import StoreReader
 
+log = logging.getLogger(__name__)
 INFD_FAULTS_IDX = "infd_faults_idx"  # (namespace, engine) -> the faults its InferenceDeployments recorded
 
 
@@ -76,7 +89,7 @@ async def observe_engine(
     verify_jobs = [j for j in list(indices["vjobs_idx"].get(ns, [])) if isinstance(j, JobView)]
     jobs_idx: Mapping[str, Any] = indices["jobs_idx"]  # by build id: looked up per key, never scanned
     bpods: Mapping[str, Any] = indices["bpods_idx"]
-    request_keys = _request_keys(spec, nodes, cfg, verified, cache_scope)
+    request_keys = [] if spec.llm is not None else _request_keys(spec, nodes, cfg, verified, cache_scope)
     jobs = _jobs(jobs_idx, bpods, {rk[:20] for rk in request_keys})
     by_id = {bid: list(js) for bid, js in jobs.items()}
     unresolved = [rk for rk in request_keys if built_key(request_builds(by_id, rk)) is None]
@@ -88,7 +101,13 @@ async def observe_engine(
     # Rebuilds are named by the engine key they rebuild: those Jobs too.
     more = {k[:20] for k in (*engine_keys, *(r.engine_key for r in requests.values()))} - set(jobs)
     jobs = {**jobs, **_jobs(jobs_idx, bpods, more)}
+    checkpoint = None
+    if spec.llm is not None and verified is not None:
+        ckey, llm_ids = _llm_ids(spec, nodes, cfg, verified, cache_scope)
+        jobs = {**jobs, **_jobs(jobs_idx, bpods, llm_ids)}
+        checkpoint = await asyncio.to_thread(_read_checkpoint, state.store, ckey)
     return EngineObserved(
+        checkpoint=checkpoint,
         namespace=ns,
         name=name,
         generation=gen,
@@ -130,6 +149,28 @@ def _request_keys(
     return out
 
 
+def _llm_ids(
+    spec: TRTEngineSpec, nodes: Sequence[NodeView], cfg: OperatorConfig, verified: str, scope: str
+) -> tuple[str, set[str]]:
+    """An LLM engine's checkpoint key, and the build ids of its quantize and tune Jobs."""
+    targets = resolve_targets(spec, nodes)
+    ckey = engine_checkpoint_key(spec, verified, checkpoint_backend(cfg, targets))
+    qid = quantize_id(ckey, scope)
+    ids = {qid}
+    for t in targets:
+        ids.add(tune_id(qid, t, spec.parallelism_of(t), llm_backend(cfg, t), cfg.builder_image))
+    return ckey, ids
+
+
+def _read_checkpoint(store: StoreReader, ckey: str) -> ArtefactManifest | None:
+    """The checkpoint's committed manifest (in a worker thread); None when absent or unreadable."""
+    try:
+        return read_manifest(store.store, ArtefactKind.CHECKPOINT, ckey)
+    except StoreError as e:
+        log.warning("cannot read checkpoint manifest %s: %s", ckey[:12], e)
+        return None
+
+
 def _read_store(
     store: StoreReader, request_keys: Iterable[str], engine_keys: Iterable[str]
 ) -> tuple[dict[str, RequestRecord], dict[str, Manifest]]:
@@ -157,12 +198,12 @@ def _jobs(
 def _with_result(job: JobView, bpods: Mapping[str, Any]) -> JobView:
     if job.recorded:
         return job
-    reported: list[BuildResult | BuildFailure] = [
+    reported: list[Reported] = [
         p.reported for p in list(bpods.get(job.name, ())) if isinstance(p, PodView) and p.reported is not None
     ]
     if not reported:
         return job
-    best = next((r for r in reported if isinstance(r, BuildResult)), reported[-1])
+    best = next((r for r in reported if not isinstance(r, BuildFailure)), reported[-1])
     return dataclasses.replace(job, reported=best)
 
 

@@ -32,6 +32,8 @@ from trtforge.contract.gpu import (
     node_mig_strategy,
     single_strategy_product,
 )
+from trtforge.contract.llm.artefact import ArtefactManifest
+from trtforge.contract.llm.result import QuantizeResult, TuneResult, parse_llm_message
 from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import PossessionRecord, source_fingerprint
 from trtforge.contract.termination import REASON_BY_EXIT_CODE, TerminationMessage
@@ -62,6 +64,15 @@ GPU_HEALTH_TAINTS = frozenset(
 GPU_UNHEALTHY_CONDITIONS = frozenset(
     {"GpuUnhealthy", "GPUUnhealthy", "NvidiaGPUUnhealthy", "XidCriticalError"}
 )
+
+Reported = BuildResult | BuildFailure | QuantizeResult | TuneResult
+"""What a build, quantize or tune pod reported (its termination message)."""
+
+
+def llm_result(message: str) -> QuantizeResult | TuneResult | None:
+    """A quantize or tune pod's result (its failures parse as build failures)."""
+    r = parse_llm_message(message)
+    return r if isinstance(r, QuantizeResult | TuneResult) else None
 
 
 def parse_time(value: Any) -> float | None:
@@ -317,7 +328,7 @@ class PodView:
     unschedulable: str | None = None  # the scheduler's message while it cannot place the pod
     # What a finished build or verify pod reported (its termination message, parsed once): the
     # builder's result or why it failed. None for other pods and for pods that have not finished.
-    reported: BuildResult | BuildFailure | None = None
+    reported: Reported | None = None
 
     @classmethod
     def from_build_pod(cls, obj: Mapping[str, Any]) -> PodView:
@@ -396,14 +407,14 @@ def _exit_failure(t: Terminated) -> BuildFailure:
     )
 
 
-def build_pod_result(pod: PodView) -> BuildResult | BuildFailure | None:
+def build_pod_result(pod: PodView) -> Reported | None:
     """What a finished build pod reported: the builder's typed termination message, or, for a
     container that failed without one, a failure made from its exit."""
     for c in pod.containers:
         t = c.terminated
         if t is None:
             continue
-        parsed = parse_build_message(t.message)
+        parsed: Reported | None = parse_build_message(t.message) or llm_result(t.message)
         if parsed is not None:
             return parsed
         if t.exit_code != 0:
@@ -423,7 +434,7 @@ def verify_pod_failure(pod: PodView) -> BuildFailure | None:
     return out
 
 
-def _replace_pod(pod: PodView, reported: BuildResult | BuildFailure | None) -> PodView:
+def _replace_pod(pod: PodView, reported: Reported | None) -> PodView:
     if reported is None:
         return pod
     return PodView(**{**pod.__dict__, "reported": reported})
@@ -448,7 +459,7 @@ class JobView:
     deleting: bool = False
     # What its pod reported, while the Job does not carry it yet (observe/engine.py fills it in; the
     # engine pass then records it on the Job: planning/engine.py, RecordResult).
-    reported: BuildResult | BuildFailure | None = None
+    reported: Reported | None = None
 
     @classmethod
     def from_k8s(cls, obj: Mapping[str, Any]) -> JobView:
@@ -725,6 +736,8 @@ class EngineObserved:
     observed_faults: Sequence[ObservedFaults] = ()
     annotations: Mapping[str, str] = field(default_factory=dict)
     status_wire: Mapping[str, Any] = field(default_factory=dict)  # the status as read (patch base)
+    # An LLM engine's checkpoint manifest in the store, when committed (observe/llm_keys.py's key).
+    checkpoint: ArtefactManifest | None = None
 
     @cached_property  # hashed once per pass, not once per target and call
     def source_fingerprint(self) -> str:

@@ -53,6 +53,7 @@ from trtforge_operator.planning.engine_conditions import (
     transition_events,
 )
 from trtforge_operator.planning.events import Event, merged
+from trtforge_operator.planning.llm_engine import llm_conditions, plan_llm, target_refusal
 from trtforge_operator.planning.rebuild import RebuildCause, RebuildRequest, plan_rebuilds, rebuild_job
 from trtforge_operator.planning.target import TargetOutcome, keep_times, plan_target
 from trtforge_operator.planning.target_state import TargetState
@@ -65,6 +66,8 @@ def plan_engine_pass(obs: EngineObserved | UnreadableEngine, cfg: OperatorConfig
     (and says why once); anything else is planned by :func:`plan_engine`."""
     if isinstance(obs, UnreadableEngine):
         return spec_refused(obs)
+    if obs.spec.llm is not None:
+        return model_source_refused(obs, cfg) or plan_llm_engine(obs, cfg)
     return model_source_refused(obs, cfg) or plan_engine(obs, cfg)
 
 
@@ -154,6 +157,61 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     if admission.waiting_for_slot:
         actions.append(WaitForSlot())
     return EnginePlan(actions=tuple(actions), refused=tuple(refused))
+
+
+def plan_llm_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
+    """An LLM engine's pass (planning/llm_engine.py): the verify step as for ONNX models, then its
+    quantize and tune Jobs admitted against the build slots like builds."""
+    targets = resolve_targets(obs.spec, obs.nodes)
+    jobs_by_id = jobs_by_build_id(obs.jobs)
+    admission = _Admission(obs.capacity)
+    forge = obs.spec.llm is not None and obs.spec.llm.source.format == "gguf"
+    forge = forge and any(target_refusal(obs, cfg, t) is None for t in targets)  # else no Job at all
+    verify = plan_verify(obs, cfg) if obs.verified_sha256 is None and forge else None
+    recheck = plan_recheck(obs, cfg) if obs.verified_sha256 is not None and forge else None
+    _verification(obs, cfg, admission, verify or recheck)
+    plan = plan_llm(obs, cfg, targets, verify)
+    for c in plan.creates:
+        if not admission.admit(c.job, JobPurpose.BUILD):
+            queued = f"waiting for a build slot ({obs.capacity.running_total} running)"
+            for t in plan.targets if c.target is None else [t for t in plan.targets if t.name == c.target]:
+                t.phase, t.reason, t.message, t.job_name = "Pending", TargetState.QUEUED.value, queued, None
+            if c.target is None and plan.checkpoint is not None:
+                plan.checkpoint.phase, plan.checkpoint.job_name = "Pending", None
+                plan.checkpoint.reason, plan.checkpoint.message = TargetState.QUEUED.value, queued
+    prev = {t.name: t for t in obs.status.targets}
+    status = TRTEngineStatus(
+        observed_generation=obs.generation,
+        conditions=llm_conditions(obs.status.conditions, obs.generation, obs.now, plan),
+        targets=[keep_times(t, prev.get(t.name)) for t in plan.targets],
+        ready_targets=ready_text(plan.ready, len(plan.targets)),
+        model=_verified_model(obs, recheck),
+        checkpoint=plan.checkpoint,
+    )
+    actions: list[EngineAction] = [
+        *admission.creates,
+        *(AddRequester(j, obs_requester(obs)) for j in plan.claims),
+        *_record_results(jobs_by_id),
+        WriteStatus(obs.status.to_wire() if obs.status_wire else {}, status),
+        *(Emit(Event("Warning", r, m), on_status_change=True) for r, m in plan.warnings),
+    ]
+    if admission.requeue is not None:
+        actions.append(RequeueAfter(admission.requeue))
+    if admission.waiting_for_slot:
+        actions.append(WaitForSlot())
+    return EnginePlan(actions=tuple(actions))
+
+
+def _verified_model(obs: EngineObserved, recheck: RecheckOutcome | None) -> VerifiedModel | None:
+    p = obs.possession
+    if p is None or obs.verified_sha256 is None:
+        return None
+    return VerifiedModel(
+        sha256=p.sha256,
+        verified_time=utc(p.verified_at),
+        size_bytes=p.size_bytes,
+        message=recheck.message if recheck is not None else None,
+    )
 
 
 def _verification(

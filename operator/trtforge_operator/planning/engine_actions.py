@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from trtforge.contract.build_result import BuildFailure, BuildResult
 from trtforge.contract.possession import VerifyGrant
 from trtforge_operator.api import TRTEngineStatus
+from trtforge_operator.observe.views import Reported
 from trtforge_operator.planning.events import Event
 from trtforge_operator.planning.target_state import RefusedTransition
 
@@ -82,7 +82,7 @@ class RecordResult:
     """Copy what the build Job's pod reported onto the Job (it outlives its pod)."""
 
     job: str
-    result: BuildResult | BuildFailure
+    result: Reported
 
 
 @dataclass(frozen=True)

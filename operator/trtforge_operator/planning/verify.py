@@ -100,6 +100,7 @@ def verify_facts(obs: EngineObserved, cfg: OperatorConfig, round_: str = "") -> 
             max_bytes=m.max_size_bytes,
             allowed_redirect_hosts=tuple(m.allowed_redirect_hosts),
             round_=round_,
+            model_format=obs.spec.llm.source.format if obs.spec.llm is not None else "onnx",
         ),
         latest=latest,
         attempt=attempt,

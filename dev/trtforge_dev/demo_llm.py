@@ -45,7 +45,12 @@ def llm_story(tb: Any, story: Story, keep: bool) -> None:
 
     ns = f"demo-llm-{secrets.token_hex(2)}"
     story.step("An LLM: a TRTEngine naming SmolLM2-135M (GGUF), recipe bf16, quantized by its Job")
-    env = OperatorEnv(tb, Path(tempfile.mkdtemp(prefix="trtforge-demo-llm-")), [ns])
+    env = OperatorEnv(
+        tb,
+        Path(tempfile.mkdtemp(prefix="trtforge-demo-llm-")),
+        [ns],
+        build={"llama_bin_dir": str(llama.bin_dir()), "cpu": "1", "memory": "2Gi"},
+    )
     try:
         cfg = yaml.safe_load(env.config_path.read_text())
         cfg["runtime_store_uri"] = str(env.store_dir)  # LLM pods read the store (the broker: engines only)
@@ -91,13 +96,19 @@ def llm_story(tb: Any, story: Story, keep: bool) -> None:
             story.say(f"  {line}")
 
         story.step("A chat completion with the openai client, through the Service's openai port")
-        core: Any = client.CoreV1Api(env.api)
+        co: Any = client.CustomObjectsApi(env.api)
 
         def address() -> tuple[str, int] | None:
-            for sub in core.read_namespaced_endpoints("chat", ns).subsets or []:
-                port = next(p.port for p in sub.ports if p.name == "openai")
-                for a in sub.addresses or []:
-                    return str(a.ip), int(port)
+            """A ready endpoint of the Service's openai port (EndpointSlices: the test bed's pod IPs
+            are loopback addresses, which the Endpoints API refuses)."""
+            sel = "kubernetes.io/service-name=chat"
+            for sl in co.list_namespaced_custom_object(
+                "discovery.k8s.io", "v1beta1", ns, "endpointslices", label_selector=sel
+            )["items"]:
+                port = next((p["port"] for p in sl.get("ports") or [] if p.get("name") == "openai"), None)
+                for ep in sl.get("endpoints") or []:
+                    if port is not None and (ep.get("conditions") or {}).get("ready"):
+                        return str(ep["addresses"][0]), int(port)
             return None
 
         ip, port = wait_for(address, timeout=120, desc="the Service's endpoints", ignore=(ApiException,))

@@ -1,7 +1,7 @@
 """An LLM engine end to end on the test bed: a TRTEngine naming the SmolLM2 GGUF (recipe bf16) is
 quantized by its Job, an InferenceDeployment serves it on the CPU node with a real llama.cpp server
 under `trtforge serve-llm`, the real `openai` client gets a chat completion through the Service's
-`openai` port (resolved to a pod IP from the Service's Endpoints: the test bed has no kube-proxy),
+`openai` port (resolved to a pod IP from the Service's EndpointSlices: the test bed has no kube-proxy),
 the canary's golden tokens are the quantize Job's, and a bounded burst of concurrent requests on
 loopback makes requests wait (llama.cpp's `requests_deferred`) so the real HPA adds a replica.
 
@@ -39,7 +39,13 @@ CANARY = "The capital of France is"
 @pytest.fixture(scope="module")
 def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorEnv]:
     tag = secrets.token_hex(3)
-    e = OperatorEnv(testbed, tmp_path_factory.mktemp("llm-deploy"), [f"llm-{tag}"])
+    bins = str(llama.bin_dir())
+    e = OperatorEnv(
+        testbed,
+        tmp_path_factory.mktemp("llm-deploy"),
+        [f"llm-{tag}"],
+        build={"llama_bin_dir": bins, "cpu": "1", "memory": "2Gi"},
+    )
     # LLM runtime pods read the store themselves (on the test bed: its host directory).
     cfg = yaml.safe_load(e.config_path.read_text())
     cfg["runtime_store_uri"] = str(e.store_dir)
@@ -80,13 +86,22 @@ def _sha256(path: Path) -> str:
 
 
 def _openai_address(env: OperatorEnv, ns: str, service: str) -> list[tuple[str, int]]:
-    """(pod IP, port) of the Service's `openai` port for each Ready endpoint."""
-    core: Any = client.CoreV1Api(env.api)
-    ep = core.read_namespaced_endpoints(service, ns)
+    """(pod IP, port) of the Service's `openai` port for each ready endpoint, from its EndpointSlices
+    (the test bed's pod IPs are loopback addresses, which the Endpoints API refuses to hold)."""
+    co: Any = client.CustomObjectsApi(env.api)
+    slices = co.list_namespaced_custom_object(
+        "discovery.k8s.io",
+        "v1beta1",
+        ns,
+        "endpointslices",
+        label_selector=f"kubernetes.io/service-name={service}",
+    )["items"]
     out = []
-    for subset in ep.subsets or []:
-        port = next(p.port for p in subset.ports if p.name == "openai")
-        out += [(a.ip, port) for a in subset.addresses or []]
+    for sl in slices:
+        port = next((p["port"] for p in sl.get("ports") or [] if p.get("name") == "openai"), None)
+        for ep in sl.get("endpoints") or []:
+            if port is not None and (ep.get("conditions") or {}).get("ready"):
+                out += [(a, int(port)) for a in ep["addresses"]]
     return out
 
 

@@ -111,7 +111,9 @@ def llm_story(tb: Any, story: Story, keep: bool) -> None:
                         return str(ep["addresses"][0]), int(port)
             return None
 
-        ip, port = wait_for(address, timeout=120, desc="the Service's endpoints", ignore=(ApiException,))
+        found = wait_for(address, timeout=120, desc="the Service's endpoints", ignore=(ApiException,))
+        assert found is not None
+        ip, port = found
         chat = OpenAI(base_url=f"http://{ip}:{port}/v1", api_key="none", max_retries=0, timeout=120)
         reply = chat.chat.completions.create(
             model="chat",

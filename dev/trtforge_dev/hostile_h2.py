@@ -131,7 +131,7 @@ class RawConnection:
     server's); everything after is the caller's frames."""
 
     def __init__(self, target: Target, timeout: float = 5.0) -> None:
-        self.sock = socket.create_connection((target.host, target.grpc_port), timeout=timeout)
+        self.sock = target.connect(target.grpc_port, timeout)
         self.reader = FrameReader(self.sock)
         self.encoder = hpack.Encoder()
         self.sock.sendall(
@@ -197,7 +197,7 @@ class H2Client:
     """A well-formed HTTP/2 client connection (the ``h2`` package) on a blocking socket."""
 
     def __init__(self, target: Target, settings: dict[int, int] | None = None, timeout: float = 5.0) -> None:
-        self.sock = socket.create_connection((target.host, target.grpc_port), timeout=timeout)
+        self.sock = target.connect(target.grpc_port, timeout)
         self.conn = h2.connection.H2Connection(
             h2.config.H2Configuration(client_side=True, header_encoding=None)
         )
@@ -508,7 +508,7 @@ def no_preface(
             if stop.is_set():
                 break
             try:
-                s = socket.create_connection((target.host, target.grpc_port), timeout=5)
+                s = target.connect(target.grpc_port, 5)
             except OSError:
                 counters["connect_failed"] += 1
                 continue

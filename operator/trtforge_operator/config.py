@@ -177,6 +177,18 @@ class AutoscalingSettings(BaseModel):
     miss_retry_seconds: float = Field(default=10.0, ge=0)
 
 
+class FrontProxySettings(BaseModel):
+    """HAProxy in front of every runtime pod (apply/front_proxy.py; docs/security.md, "Hostile clients")."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = False
+    image: str = "haproxy:2.6"
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    # Calls a second one client address may start on each port; past it, 429.
+    calls_per_client_per_second: int = Field(default=200, ge=1)
+    resources: dict[str, Any] = Field(default_factory=dict)  # the sidecar's requests and limits
+
+
 class OperatorConfig(BaseModel):
     """Everything `trtforge operator` needs; see docs/operations for the YAML form."""
 
@@ -215,6 +227,7 @@ class OperatorConfig(BaseModel):
     cache: CacheSettings = Field(default_factory=CacheSettings)
     faults: FaultSettings = Field(default_factory=FaultSettings)
     autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
+    front_proxy: FrontProxySettings = Field(default_factory=FrontProxySettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
     # Level-based resync, counted from each object's own last pass and jittered by +-10%
     # (docs/design.md §"Scale"). InferenceDeployments: their rollout and fault timers ride on it.

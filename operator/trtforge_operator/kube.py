@@ -21,6 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from trtforge.logs import fields
+from trtforge_operator import pod_spec
 from trtforge_operator.labels import ANNOTATION_SPEC_HASH, GROUP, TRTENGINES, VERSION
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,33 @@ class Kube:
                 return None
             raise
 
+    async def replica_set_owners(self, namespace: str, label_selector: str) -> dict[str, tuple[str, str]]:
+        """ReplicaSet uid -> (the uid of its controlling Deployment, "" without one; the fingerprint
+        of its pod template, pod_spec.fingerprint) of the ReplicaSets matching `label_selector`."""
+        rs = await self._call(self.apps.list_namespaced_replica_set, namespace, label_selector=label_selector)
+        out: dict[str, tuple[str, str]] = {}
+        for r in rs.items or []:
+            owners = [o for o in (r.metadata.owner_references or []) if o.controller]
+            dep = str(owners[0].uid) if owners and owners[0].kind == "Deployment" else ""
+            template = self.api.sanitize_for_serialization(r.spec.template.spec) if r.spec.template else {}
+            out[str(r.metadata.uid)] = (dep, pod_spec.fingerprint(template or {}))
+        return out
+
+    async def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Job as plain JSON; None when it is gone (404)."""
+
+        def call() -> dict[str, Any]:
+            read: Any = self.batch.read_namespaced_job  # typed for models; this answer is raw
+            out: dict[str, Any] = json.loads(read(name, namespace, _preload_content=False).data)
+            return out
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
     async def job_annotations(self, namespace: str, name: str) -> dict[str, str] | None:
         """A Job's annotations; None when the Job is gone (404)."""
         try:
@@ -178,6 +206,28 @@ class Kube:
                 new["spec"] = {**new["spec"], "replicas": cur["spec"]["replicas"]}
             await self._call(self.apps.replace_namespaced_deployment, name, ns, new)
         log.info("updated %s %s/%s", kind, ns, name, extra=fields(kind=kind, namespace=ns, name=name))
+        return "replaced"
+
+    async def apply_config_map(self, obj: Mapping[str, Any]) -> str:
+        """Create a ConfigMap, or replace it when its data differs. Returns created|replaced|unchanged."""
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        try:
+            cur = self.api.sanitize_for_serialization(
+                await self._call(self.core.read_namespaced_config_map, name, ns)
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            await self._call_unparsed(self.core.create_namespaced_config_map, ns, dict(obj))
+            log.info(
+                "created ConfigMap %s/%s", ns, name, extra=fields(kind="ConfigMap", namespace=ns, name=name)
+            )
+            return "created"
+        if cur.get("data") == obj.get("data"):
+            return "unchanged"
+        new = {**obj, "metadata": {**obj["metadata"], "resourceVersion": cur["metadata"]["resourceVersion"]}}
+        await self._call(self.core.replace_namespaced_config_map, name, ns, new)
+        log.info("updated ConfigMap %s/%s", ns, name, extra=fields(kind="ConfigMap", namespace=ns, name=name))
         return "replaced"
 
     async def served_versions(self, group: str) -> list[str]:
@@ -281,6 +331,7 @@ class Kube:
             "Deployment": self.apps.delete_namespaced_deployment,
             "Service": self.core.delete_namespaced_service,
             "Pod": self.core.delete_namespaced_pod,
+            "ConfigMap": self.core.delete_namespaced_config_map,
         }[kind]
         try:
             await self._call_unparsed(fn, name, namespace, propagation_policy="Background")

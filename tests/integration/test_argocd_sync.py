@@ -5,7 +5,7 @@ render and a server-side apply).
 
 Test-bed adaptations: the CRDs come from localdev.install_crds (the 1.20 apiserver refuses their CEL
 rules through server-side apply; install.md says so), ServiceMonitors are left out where the
-apiserver has no Prometheus Operator CRDs (tests/integration/chart.py), and the Deployments are
+apiserver has no Prometheus Operator CRDs (trtforge_dev/testbed/chart.py), and the Deployments are
 applied with 0 replicas: whether the operator runs from the chart is test_ha.py's question.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.integration.chart import apply, delete, helm, kube_version, render
 from trtforge_dev import localdev
+from trtforge_dev.testbed.chart import apply, delete, helm, kube_version, render
 
 pytestmark = pytest.mark.integration
 

@@ -117,6 +117,43 @@ def test_the_keda_prometheus_address_reaches_the_operator() -> None:
     assert (set_.autoscaling.keda_prometheus_address, set_.autoscaling.rate_window) == (address, "2m")
 
 
+def test_the_front_proxy_reaches_the_operator_with_its_configmap_rights() -> None:
+    """runtime.frontProxy: off by default (no ConfigMap rights at all); on, its settings reach the
+    operator and the ConfigMap role is bound wherever the watched role is."""
+    from trtforge_operator.config import OperatorConfig
+
+    def rendered(values: dict[str, Any] | None) -> tuple[OperatorConfig, list[dict[str, Any]]]:
+        docs, _ = render("k", "trtforge-system", values)
+        (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+        return OperatorConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"])), docs
+
+    def bound(docs: list[dict[str, Any]], role: str) -> set[tuple[str, str]]:
+        return {
+            (d["kind"], d["metadata"].get("namespace", ""))
+            for d in docs
+            if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+            and d["roleRef"]["name"] == f"k-trtforge-{role}"
+        }
+
+    off, docs = rendered(None)
+    assert not off.front_proxy.enabled
+    assert not bound(docs, "operator-front-proxy")
+    assert not any(d["metadata"]["name"] == "k-trtforge-operator-front-proxy" for d in docs)
+    values = {
+        "runtime": {
+            "frontProxy": {"enabled": True, "image": "haproxy:2.6.12", "callsPerClientPerSecond": 50}
+        },
+        "operator": {"watchNamespaces": ["team-a"]},
+    }
+    on, docs = rendered(values)
+    assert (on.front_proxy.enabled, on.front_proxy.image, on.front_proxy.calls_per_client_per_second) == (
+        True,
+        "haproxy:2.6.12",
+        50,
+    )
+    assert bound(docs, "operator-front-proxy") == bound(docs, "operator-watched") != set()
+
+
 def _pdbs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {d["metadata"]["name"]: d for d in docs if d["kind"] == "PodDisruptionBudget"}
 

@@ -1,7 +1,7 @@
 """The operator's Kubernetes client on the test bed's real apiserver: calls whose answers it does not
 parse (Job, Service and Event creates, deletes) still hand their connection back to the pool. An
 unread answer kept its connection, so each such call opened a new TLS connection to the apiserver
-(docs/design.md §"Scale")."""
+(docs/design.md §"Scale"). And the one ConfigMap write, the front proxy's: only a difference is written."""
 
 from __future__ import annotations
 
@@ -37,3 +37,32 @@ async def test_unparsed_calls_reuse_their_connection(testbed: TestBed, namespace
         assert not await kube.delete("Service", namespace, "probe")  # 404: gone
         # Nine calls on one thread, one after the other: one connection serves them all.
         assert _connections_opened(kube) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_configmap_is_created_left_alone_and_replaced_on_a_new_config(
+    testbed: TestBed, namespace: str
+) -> None:
+    """The front proxy's ConfigMap (apply/front_proxy.py), written every pass: created once, left as
+    it is while its data is the same, replaced when the config changes; deleted with its Deployment."""
+    with testbed.api_client() as api:
+        kube = Kube(api, threads=1)
+        cm: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "runtime-front-proxy", "namespace": namespace},
+            "data": {"haproxy.cfg": "global\n"},
+        }
+        assert await kube.apply_config_map(cm) == "created"
+        read = await kube._call(kube.core.read_namespaced_config_map, "runtime-front-proxy", namespace)
+        assert await kube.apply_config_map(cm) == "unchanged"
+        again = await kube._call(kube.core.read_namespaced_config_map, "runtime-front-proxy", namespace)
+        assert again.metadata.resource_version == read.metadata.resource_version
+        assert (
+            await kube.apply_config_map({**cm, "data": {"haproxy.cfg": "global\n  maxconn 8\n"}})
+            == "replaced"
+        )
+        now = await kube._call(kube.core.read_namespaced_config_map, "runtime-front-proxy", namespace)
+        assert now.data == {"haproxy.cfg": "global\n  maxconn 8\n"}
+        assert await kube.delete("ConfigMap", namespace, "runtime-front-proxy")
+        assert not await kube.delete("ConfigMap", namespace, "runtime-front-proxy")  # 404: gone

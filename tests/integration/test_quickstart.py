@@ -7,12 +7,12 @@ What the test bed cannot run as written, and what runs instead (only these):
 - `kubectl apply --server-side -f crds/`: the page's own Kubernetes 1.20-1.22 alternative
   (`kubectl apply --validate=false -f crds/`), this test bed being 1.20.
 - `helm install ...`: the same release, chart, namespace and `--set`s rendered by the real Helm and
-  applied (tests/integration/chart.py), with the test-bed adaptations of tests/integration/ha.py
+  applied (trtforge_dev/testbed/chart.py), with the test-bed adaptations of dev/trtforge_dev/chart_operator.py
   (containers get `command: [trtforge]`, listen on their pod IP, the broker URL is a local forwarder
   to the broker pods), ONNX Runtime backends for the emulated GPUs and one operator replica.
 - a `kubectl` that the page lets wait longer than 10 minutes is stopped at 10 minutes.
 - the copy Job's MODEL_URL: a loopback HTTP server with a SqueezeNet 1.0 of generated weights (no
-  internet here; tests/modelzoo.py).
+  internet here; dev/trtforge_dev/modelzoo.py).
 - `squeezenet.team-a.svc`: a ready runtime pod's address (no cluster DNS or Service IPs here).
 """
 
@@ -34,10 +34,10 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from tests.integration.chart import apply, delete, for_testbed, kube_version, render
-from tests.integration.ha import TCPProxy
-from tests.modelzoo import light_model
 from trtforge_dev import localdev
+from trtforge_dev.chart_operator import TCPProxy
+from trtforge_dev.modelzoo import light_model
+from trtforge_dev.testbed.chart import apply, delete, for_testbed, kube_version, render
 from trtforge_dev.testbed.wait import wait_for
 
 pytestmark = pytest.mark.integration

@@ -6,6 +6,9 @@ and the broker each under the chart's ServiceAccount and RBAC.
 - An upload larger than the TRTEngine's declared limit is refused before it is stored.
 - A verify pod that cannot start (a Secret that does not exist) shows why in the TRTEngine's status.
 - The operator's own verify Job still uploads, and the record's source is the one its Job read.
+- A pod a tenant makes with the operator's verify Job as its controller uploads nothing once that Job
+  has failed, and nothing with its own env (a `PYTHONPATH`); a model framed as a ModelProto with one
+  huge field is not stored even from the operator's own verify pod (issue 63).
 """
 
 from __future__ import annotations
@@ -240,3 +243,125 @@ def test_a_verify_pod_stuck_on_a_missing_secret_shows_the_reason(bed: Bed) -> No
     t = bed.wait("the missing Secret shows in the status", shown, timeout=60)
     assert "cannot start its pod" in t["message"] and "CreateContainerConfigError" in t["message"], t
     assert json.dumps(t).count("no-such-secret") >= 1
+
+
+# --- issue 63: a verify pod is matched whole, a grant ends with its Job, and only the declared format
+# is stored.
+
+
+def verify_job_of(bed: Bed, ns: str, uri: str, state: str) -> dict[str, Any]:
+    """The operator's verify Job for `uri` in `ns`, once it is `state` ("active" or "failed")."""
+    fp = source_fingerprint(uri, None, None)
+
+    def found() -> dict[str, Any] | None:
+        for j in bed.batch.list_namespaced_job(ns).items:
+            if (j.metadata.annotations or {}).get("trtforge.io/model-source-fingerprint") == fp and getattr(
+                j.status, state
+            ):
+                return dict(bed.api.sanitize_for_serialization(j))
+        return None
+
+    got: dict[str, Any] = bed.wait(f"a {state} verify Job for {uri} in {ns}", found, timeout=180)
+    return got
+
+
+def hand_made_pod(bed: Bed, job: dict[str, Any], name: str, **container: Any) -> tuple[dict[str, Any], str]:
+    """A pod the tenant creates with `job` as its controller and the Job's own pod spec (changed by
+    `container`), kept off every node; and a broker token bound to it."""
+    spec = json.loads(json.dumps(job["spec"]["template"]["spec"]))
+    c = spec["containers"][0]
+    for k, v in container.items():
+        c[k] = v
+    spec["nodeSelector"] = {"no-such-node": "true"}
+    meta = job["metadata"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": meta["namespace"],
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": spec,
+    }
+    made = bed.api.sanitize_for_serialization(bed.core.create_namespaced_pod(meta["namespace"], pod))
+    sa = spec.get("serviceAccountName") or "default"
+    req = {
+        "spec": {
+            "audiences": [AUDIENCE],
+            "expirationSeconds": 600,
+            "boundObjectRef": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": name,
+                "uid": made["metadata"]["uid"],
+            },
+        }
+    }
+    token = bed.core.create_namespaced_service_account_token(sa, meta["namespace"], req).status.token
+    return made, str(token)
+
+
+NOT_ONNX = os.urandom(1 << 16)
+
+
+def stored(bed: Bed) -> set[str]:
+    """The staged models and possession records in the store (what an upload writes)."""
+    return {f for f in bed.store_files() if f.startswith(("models/", "possession/"))}
+
+
+def test_a_hand_made_pod_of_a_failed_verify_job_uploads_nothing(bed: Bed) -> None:
+    uri = "pvc://models/no-such-model.onnx"
+    bed.apply(engine("failed", bed.a, uri, None))
+    job = verify_job_of(bed, bed.a, uri, "failed")  # the model is not there: the verify pod failed
+    grant = bed.store_dir / "verify-grants" / bed.a / f"{job['metadata']['name']}.json"
+    assert grant.exists(), "the operator's record of the Job is still in the store"
+    before = stored(bed)
+    # The Job's own pod spec: the grant ended with the Job.
+    _, token = hand_made_pod(bed, job, "after-the-failure")
+    for body, sha in ((NOT_ONNX, hashlib.sha256(NOT_ONNX).hexdigest()), (bed.model_bytes, bed.sha)):
+        status, answer = bed.put(token, body, sha)
+        assert status == 403 and "has finished" in answer, (status, answer)
+    # Its own PYTHONPATH (a mounted sitecustomize.py): not the pod the operator rendered.
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    hook = [*c.get("env", []), {"name": "PYTHONPATH", "value": "/tmp/hook"}]
+    _, token = hand_made_pod(bed, job, "own-env", env=hook)
+    status, answer = bed.put(token, NOT_ONNX, hashlib.sha256(NOT_ONNX).hexdigest())
+    assert status == 403 and "env is not what the operator rendered" in answer, (status, answer)
+    assert stored(bed) == before
+
+
+def test_a_model_framed_with_one_huge_field_is_not_stored(bed: Bed) -> None:
+    # A real ModelProto with a 3.9 MB doc_string appended: its top-level framing is ONNX's, so the
+    # operator's own verify pod uploads it, and only the broker's check of every field refuses it.
+    huge = b"\0" * 3_900_000
+    n, size = 6 << 3 | 2, bytearray()
+    length = len(huge)
+    while True:
+        size.append((length & 0x7F) | (0x80 if length >> 7 else 0))
+        length >>= 7
+        if not length:
+            break
+    framed = bed.model_bytes + bytes([n]) + bytes(size) + huge
+    (bed.models / bed.b / "framed.onnx").write_bytes(framed)
+    sha = hashlib.sha256(framed).hexdigest()
+    uri = "pvc://models/framed.onnx"
+    bed.apply(engine("framed", bed.b, uri, None))
+    record = bed.store_dir / "possession" / bed.b / f"{source_fingerprint(uri, None, None)}.json"
+
+    def outcome() -> str:
+        if record.exists():
+            return "stored"
+        return "refused" if "not an ONNX model" in (bed.target(bed.b, "framed").get("message") or "") else ""
+
+    assert bed.wait("the broker's answer to the framed model", outcome, timeout=180) == "refused"
+    assert "doc_string is 3900000 bytes" in bed.target(bed.b, "framed")["message"]
+    assert not record.exists() and not (bed.store_dir / "models" / sha).exists()

@@ -42,3 +42,26 @@ def test_each_target_is_judged_against_the_same_runs_quiet_figures() -> None:
 def test_every_case_is_an_attack_family_and_every_item_of_the_issue_has_one() -> None:
     assert set(FRONT_DOOR.values()) <= set(FAMILIES)
     assert {item for item, _ in FRONT_DOOR} == {1, 2, 3, 4, 5}
+
+
+def test_the_proxy_run_is_shown_beside_the_server_alone_each_against_its_own_quiet() -> None:
+    from benchmarks.hostile import render_front_door
+
+    def run(proxy: str | None, quiet_p50: float, case_p50: float) -> dict[str, Any]:
+        quiet = {**QUIET, "grpc_p50_ms": quiet_p50}
+        case = _case(grpc_p50_ms=case_p50)
+        met = front_door_verdicts(case, quiet)
+        return {
+            "front_proxy": proxy,
+            "family_seconds": 8.0,
+            "cpus": {"server": "0", "probe": "1", "attack": "1"},
+            "quiet": quiet,
+            "cases": [{"item": 1, "case": "short messages", "family": "short_messages", **case, "met": met}],
+            "server_alive": True,
+        }
+
+    alone, behind = run(None, 2.0, 200.0), run("haproxy", 4.0, 6.0)
+    text = render_front_door({**alone, "runs": {"server": alone, "haproxy": behind}})
+    (row,) = [ln for ln in text.splitlines() if "short messages" in ln]
+    assert "100.0x ✗ / 1.5x" in row  # each against its own run's quiet
+    assert "behind haproxy" in text

@@ -91,3 +91,34 @@ def test_trtforge_against_triton_over_each_protocol_at_every_concurrency() -> No
     missed = run([200.0, 94.9, 100.0], [150.0, 90.0, 84.9])
     assert missed[http_row] == "**missed**" and missed[grpc_row] == "**missed**"
     assert http_row not in rows(targets(serving(["win"] * 3, [90.0] * 3, None), None, None))  # no Triton
+
+
+def test_each_protocol_and_concurrency_on_the_most_cores_is_a_many_core_row_of_its_own() -> None:
+    def run(n: int, protocol: str, conc: int, share: float, errors: int = 0) -> dict[str, Any]:
+        return {
+            "model": "squeezenet",
+            "n": n,
+            "protocol": protocol,
+            "concurrency": conc,
+            "setting": "default",
+            "errors": errors,
+            "round_shares": {"median": share},
+        }
+
+    manycore = {
+        "runs": [
+            run(8, "http", 28, 40.0),  # fewer cores: not a target row
+            run(14, "http", 28, 86.0),
+            run(14, "grpc", 28, 84.9),
+            run(14, "http", 56, 90.0, errors=1),
+            run(14, "grpc", 56, 85.0),
+        ]
+    }
+    got = {k: v for k, v in rows(targets(None, None, manycore)).items() if "server cores" in k}
+    row = "squeezenet: ≥ 85% of the same-run ceiling on 14 server cores, {} at c={}"
+    assert got == {
+        row.format("http", 28): "**met**",
+        row.format("grpc", 28): "**missed**",
+        row.format("http", 56): "**missed**",  # a point with errors misses, whatever its share
+        row.format("grpc", 56): "**met**",
+    }

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
-from trtforge_operator.apply.children import VerifyRequest, verify_command, verify_grant, verify_job
+from trtforge_operator.apply.children import VerifyRequest, verify_grant, verify_job
 from trtforge_operator.broker import Denied, Identity, UploaderPod, make_app, upload_denial
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.store_reader import StoreReader
@@ -36,11 +36,40 @@ REQ = VerifyRequest(
     fingerprint="f" * 64,
 )
 GRANT = verify_grant(REQ, CFG, NOW, job_uid="job-uid")
-POD = UploaderPod(
-    uid="pod-uid",
-    job=REQ.job_name,
-    job_uid="job-uid",
-    containers=((CFG.builder_image, tuple(verify_command(REQ, CFG))),),
+POD_SPEC = verify_job(REQ, CFG)["spec"]["template"]["spec"]
+POD = UploaderPod(uid="pod-uid", job=REQ.job_name, job_uid="job-uid", spec=POD_SPEC)
+JOB = {"metadata": {"uid": "job-uid"}, "status": {"active": 1}}
+
+
+def _with(**container: Any) -> UploaderPod:
+    """POD with its one container changed (a value of None removes the field)."""
+    c = {**POD_SPEC["containers"][0], **container}
+    return replace(POD, spec={**POD_SPEC, "containers": [{k: v for k, v in c.items() if v is not None}]})
+
+
+def _pod(**spec: Any) -> UploaderPod:
+    return replace(POD, spec={**POD_SPEC, **spec})
+
+
+# What the apiserver gives back of the operator's own verify pod: defaults added, quantities canonical.
+DEFAULTED = _pod(
+    volumes=[
+        {**v, "projected": {**v["projected"], "defaultMode": 420}}
+        if "projected" in v
+        else {**v, "emptyDir": {"medium": "", "sizeLimit": "20Gi"}}
+        if "emptyDir" in v
+        else v
+        for v in POD_SPEC["volumes"]
+    ],
+    containers=[
+        {
+            **POD_SPEC["containers"][0],
+            "volumeMounts": [
+                {**m, "readOnly": bool(m.get("readOnly"))} for m in POD_SPEC["containers"][0]["volumeMounts"]
+            ],
+            "args": [],
+        }
+    ],
 )
 WHO = Identity("team-a", f"{REQ.job_name}-x7k2p", "pod-uid")
 
@@ -50,6 +79,11 @@ def test_the_grant_matches_the_job_the_operator_creates() -> None:
     (c,) = job["spec"]["template"]["spec"]["containers"]
     assert (GRANT.job, GRANT.namespace) == (job["metadata"]["name"], job["metadata"]["namespace"])
     assert (GRANT.image, GRANT.command) == (c["image"], c["command"])
+    assert (GRANT.env, GRANT.volume_mounts, GRANT.volumes) == (
+        c["env"],
+        c["volumeMounts"],
+        job["spec"]["template"]["spec"]["volumes"],
+    )
     assert GRANT.max_bytes == CFG.broker.max_model_bytes
     assert verify_grant(replace(REQ, max_bytes=10), CFG, NOW).max_bytes == 10
     assert verify_grant(replace(REQ, max_bytes=1 << 50), CFG, NOW).max_bytes == CFG.broker.max_model_bytes
@@ -59,6 +93,45 @@ def test_the_grant_matches_the_job_the_operator_creates() -> None:
     ("name", "who", "pod", "grant", "sha", "length", "status", "says"),
     [
         ("the operator's verify pod", WHO, POD, GRANT, SHA, 100, None, ""),
+        ("the operator's verify pod as the apiserver defaults it", WHO, DEFAULTED, GRANT, SHA, 100, None, ""),
+        (
+            "its own PYTHONPATH",
+            WHO,
+            _with(env=[*POD_SPEC["containers"][0]["env"], {"name": "PYTHONPATH", "value": "/hook"}]),
+            GRANT,
+            SHA,
+            1,
+            403,
+            "container's env is not what the operator rendered",
+        ),
+        (
+            "a mounted sitecustomize.py",
+            WHO,
+            _pod(volumes=[*POD_SPEC["volumes"], {"name": "hook", "configMap": {"name": "hook"}}]),
+            GRANT,
+            SHA,
+            1,
+            403,
+            "its volumes are not",
+        ),
+        (
+            "another mount",
+            WHO,
+            _with(
+                volumeMounts=[
+                    *POD_SPEC["containers"][0]["volumeMounts"],
+                    {"name": "scratch", "mountPath": "/x"},
+                ]
+            ),
+            GRANT,
+            SHA,
+            1,
+            403,
+            "volumeMounts",
+        ),
+        ("its own arguments", WHO, _with(args=["--broker", "http://evil"]), GRANT, SHA, 1, 403, "args"),
+        ("another working directory", WHO, _with(workingDir="/hook"), GRANT, SHA, 1, 403, "workingDir"),
+        ("other envFrom", WHO, _with(envFrom=[{"secretRef": {"name": "x"}}]), GRANT, SHA, 1, 403, "envFrom"),
         ("length unknown: capped while spooled", WHO, POD, GRANT, SHA, None, None, ""),
         ("a token bound to no pod", Identity("team-a"), POD, GRANT, SHA, 1, 403, "bound to no pod"),
         ("the pod is gone", WHO, None, GRANT, SHA, 1, 403, "does not exist"),
@@ -106,7 +179,7 @@ def test_the_grant_matches_the_job_the_operator_creates() -> None:
         (
             "another image",
             WHO,
-            replace(POD, containers=(("evil:1", POD.containers[0][1]),)),
+            _with(image="evil:1"),
             GRANT,
             SHA,
             1,
@@ -116,7 +189,7 @@ def test_the_grant_matches_the_job_the_operator_creates() -> None:
         (
             "other arguments",
             WHO,
-            replace(POD, containers=((CFG.builder_image, ("sh", "-c", "curl ...")),)),
+            _with(command=["sh", "-c", "curl ..."]),
             GRANT,
             SHA,
             1,
@@ -126,14 +199,23 @@ def test_the_grant_matches_the_job_the_operator_creates() -> None:
         (
             "an extra container",
             WHO,
-            replace(POD, containers=POD.containers * 2),
+            _pod(containers=POD_SPEC["containers"] * 2),
             GRANT,
             SHA,
             1,
             403,
             "does not run",
         ),
-        ("an init container", WHO, replace(POD, init_containers=1), GRANT, SHA, 1, 403, "does not run"),
+        (
+            "an init container",
+            WHO,
+            _pod(initContainers=POD_SPEC["containers"]),
+            GRANT,
+            SHA,
+            1,
+            403,
+            "does not run",
+        ),
         (
             "expired",
             WHO,
@@ -178,7 +260,7 @@ def test_upload_rule(
     status: int | None,
     says: str,
 ) -> None:
-    why = upload_denial(who, pod, grant, sha, length, NOW)
+    why = upload_denial(who, pod, grant, sha, length, NOW, JOB)
     if status is None:
         assert why is None, name
     else:
@@ -201,7 +283,7 @@ def test_the_pods_view_comes_from_its_controller_reference_only() -> None:
                 },
             ],
         },
-        "spec": {"containers": [{"image": CFG.builder_image, "command": verify_command(REQ, CFG)}]},
+        "spec": POD_SPEC,
     }
     assert UploaderPod.from_k8s(pod) == POD
     del pod["metadata"]["ownerReferences"][1]
@@ -224,7 +306,7 @@ class OneVerifyPod:
 
     async def check_upload(self, who: Identity, sha256: str, length: int | None) -> VerifyGrant:
         grant = self.store.verify_grant(who.namespace, POD.job)
-        why = upload_denial(who, POD, grant, sha256, length, time.time())
+        why = upload_denial(who, POD, grant, sha256, length, time.time(), JOB)
         if why is not None:
             raise why
         assert grant is not None
@@ -279,3 +361,29 @@ async def test_an_oversize_upload_is_refused_before_anything_is_stored(
     assert _everything(tmp_path / "store") == [verify_grant_path(WHO.namespace, POD.job)]
     assert _everything(tmp_path / "spool") == []
     assert not store.exists(staged_model_path(sha))
+
+
+@pytest.mark.parametrize(
+    ("name", "job", "says"),
+    [
+        ("failed", {"metadata": {"uid": "job-uid"}, "status": {"failed": 1}}, "has finished"),
+        (
+            "failed, by its condition",
+            {
+                "metadata": {"uid": "job-uid"},
+                "status": {"conditions": [{"type": "Failed", "status": "True"}]},
+            },
+            "has finished",
+        ),
+        ("succeeded", {"metadata": {"uid": "job-uid"}, "status": {"succeeded": 1}}, "has finished"),
+        ("gone", None, "is gone"),
+        (
+            "another Job of that name",
+            {"metadata": {"uid": "other"}, "status": {"active": 1}},
+            "not the verify Job",
+        ),
+    ],
+)
+def test_a_grant_ends_with_its_job(name: str, job: dict[str, Any] | None, says: str) -> None:
+    why = upload_denial(WHO, POD, GRANT, SHA, 1, NOW, job)
+    assert isinstance(why, Denied) and why.status == 403 and says in str(why), (name, why)

@@ -23,6 +23,7 @@ STATIC_RBAC = [
     "rbac-tenant.yaml",
     "rbac-leader-election.yaml",
     "rbac-broker.yaml",
+    "rbac-front-proxy.yaml",
 ]
 KNOWN_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
 DANGEROUS_VERBS = {"escalate", "bind", "impersonate", "approve", "sign", "*"}
@@ -61,6 +62,11 @@ def test_every_rbac_template_is_covered() -> None:
 def test_rbac_templates_are_static(name: str) -> None:
     """Only names are templated: substitute_static fails on anything else (values, conditions inside)."""
     assert _docs(name)
+
+
+def test_front_proxy_role_writes_configmaps_by_name_only() -> None:
+    role = _role(f"{FULLNAME}-operator-front-proxy")
+    assert _grants(role) == {("", "configmaps", v) for v in ("get", "create", "update", "delete")}
 
 
 def test_no_wildcards_and_verbs_listed() -> None:
@@ -191,6 +197,7 @@ def test_broker_role_is_token_reviews_and_listing_references_only() -> None:
         ("trtforge.io", "trtengines", "list"),
         ("trtforge.io", "inferencedeployments", "list"),
         ("", "pods", "get"),
+        ("batch", "jobs", "get"),
     }
     (sa,) = [d for d in _docs("rbac-broker.yaml") if d["kind"] == "ServiceAccount"]
     assert sa["metadata"] == {
@@ -201,16 +208,18 @@ def test_broker_role_is_token_reviews_and_listing_references_only() -> None:
 
 
 def test_operator_watched_role_is_bound_per_namespace_when_namespaces_are_watched() -> None:
-    """Both branches name the -operator-watched ClusterRole and the chart's ServiceAccount; the
-    rendered result in each mode is checked with Helm (tests/integration/test_chart_rbac_docs.py)."""
+    """Both branches name the -operator-watched ClusterRole (and, with runtime.frontProxy, the
+    -operator-front-proxy one) and the chart's ServiceAccount; the rendered result in each mode is
+    checked with Helm (tests/integration/test_chart_rbac_docs.py)."""
     path: Path = TEMPLATES / "rbac-operator-bindings.yaml"
     docs = skeleton(path.read_text())
-    assert sorted(d["kind"] for d in docs) == ["ClusterRoleBinding", "RoleBinding"]
-    for d in docs:
+    assert sorted(d["kind"] for d in docs) == ["ClusterRoleBinding"] * 2 + ["RoleBinding"] * 2
+    for d, role in zip(docs, ["watched", "watched", "front-proxy", "front-proxy"], strict=True):
+        assert d["metadata"]["name"] == f"{PLACEHOLDER}-operator-{role}"
         assert d["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",
             "kind": "ClusterRole",
-            "name": f"{PLACEHOLDER}-operator-watched",
+            "name": f"{PLACEHOLDER}-operator-{role}",
         }
         (subject,) = d["subjects"]
         assert subject["kind"] == "ServiceAccount"

@@ -77,3 +77,28 @@ def test_a_job_uses_its_pods_result_until_it_carries_its_own() -> None:
     assert bare.result() is None and not bare.recorded
     seen = JobView(name="j", namespace="trtforge-builds", labels={}, annotations={}, reported=reported)
     assert (seen.result() or {}).get("key") == "k1" and not seen.recorded
+
+
+GATE = json.dumps(
+    {
+        "error": "accuracy gate: perplexity 23.0856 against the source's 19.9618",
+        "reason": "ValidationFailed",
+        "exitCode": 96,
+        "perplexity": {"source": 19.9618, "result": 23.0856, "increase": 0.1565, "maxIncrease": 0.01},
+    }
+)
+
+
+def test_a_quantize_pods_gate_refusal_keeps_both_figures_on_the_job() -> None:
+    from trtforge.contract.llm.result import QuantizeFailure
+
+    reported = PodView.from_build_pod(pod(96, "log\n" + GATE)).reported
+    assert isinstance(reported, QuantizeFailure) and reported.perplexity is not None
+    recorded = json.loads(reported.to_line())  # what RecordResult writes onto the Job
+    assert recorded["perplexity"] == {
+        "source": 19.9618,
+        "result": 23.0856,
+        "increase": 0.1565,
+        "maxIncrease": 0.01,
+    }
+    assert type(PodView.from_build_pod(pod(3, FAILURE)).reported) is BuildFailure  # others as before

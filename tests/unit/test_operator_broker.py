@@ -37,7 +37,23 @@ from trtforge.contract.possession import (
 from trtforge.store import open_store
 
 KEY = "e" * 64
-MODEL = b"the tenant's model bytes"
+
+
+def _onnx_model() -> bytes:
+    """A tiny ONNX model's bytes (the broker stores only well-formed ONNX for an onnx verification)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "m",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return bytes(model.SerializeToString())
+
+
+MODEL = _onnx_model()
 MODEL_SHA = hashlib.sha256(MODEL).hexdigest()
 SOURCE = ModelSourceRef(uri="pvc://models/x.onnx", secret=None, pin=None)
 
@@ -105,14 +121,20 @@ class Tokens:
     async def check_upload(self, who: Identity, sha256: str, length: int | None) -> VerifyGrant:
         """The broker's real upload rule over the real store's grants; every pod is VERIFY_POD."""
         grant = self.store.verify_grant(who.namespace, VERIFY_POD.job)
-        why = upload_denial(who, VERIFY_POD, grant, sha256, length, time.time())
+        why = upload_denial(who, VERIFY_POD, grant, sha256, length, time.time(), RUNNING_JOB)
         if why is not None:
             raise why
         assert grant is not None
         return grant
 
 
-VERIFY_POD = UploaderPod(uid="", job="trtforge-verify-x", job_uid="job-uid", containers=(("img", ("a",)),))
+VERIFY_POD = UploaderPod(
+    uid="",
+    job="trtforge-verify-x",
+    job_uid="job-uid",
+    spec={"containers": [{"image": "img", "command": ["a"]}]},
+)
+RUNNING_JOB = {"metadata": {"uid": "job-uid"}, "status": {"active": 1}}
 
 
 def _grant(tmp_path: Path, ns: str, pin: str = "", max_bytes: int = 1 << 20) -> None:

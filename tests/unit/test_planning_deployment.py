@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,7 +22,9 @@ from trtforge_operator.observe.views import AutoscalerView, DeploymentView, JobV
 from trtforge_operator.planning import faults
 from trtforge_operator.planning.autoscaling import AutoscalingApis, HpaApi
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
+from trtforge_operator.planning.pruned import LAST_APPLIED, UNKNOWN_FIELDS
 from trtforge_operator.planning.rebuild import rebuild_job
+from trtforge_operator.pod_spec import fingerprint
 
 from tests.fakes import default_nodes, gpu_node, iso, job
 from trtforge.contract.gpu import GPUTarget
@@ -91,6 +94,19 @@ def observed(
     hpa_api: HpaApi | None = None,
     keda: bool = False,
 ) -> DeploymentObserved:
+    if pods and not deployments and e is not None:  # pods come from the operator's Deployments
+        deployments = [
+            live(o)
+            for o in plan_deployment(observed(d, e, nodes=nodes), CFG).apply
+            if o["kind"] == "Deployment"
+        ]
+    deployments = [
+        {**x, "metadata": {**x["metadata"], "uid": f"dep-{x['metadata']['name']}"}} for x in deployments
+    ]
+    # Each pod's ReplicaSet (rs-<target>) is one of its target's Deployment (planning/fault_trust.py).
+    owners = {
+        f"rs-{t.name}": (f"dep-{children.deployment_name('resnet', t)}", fingerprint({})) for t in (H100, MIG)
+    }
     return DeploymentObserved(
         namespace="team-a",
         name="resnet",
@@ -106,6 +122,7 @@ def observed(
         now=now,
         autoscalers=autoscalers,
         apis=AutoscalingApis(hpa=hpa_api, keda=keda),
+        replica_sets=owners,
     )
 
 
@@ -146,6 +163,15 @@ def pod(
             "namespace": "team-a",
             "uid": f"u-{name}",
             "labels": {**children.selector_labels("resnet", target), APP_MANAGED_BY: MANAGED_BY},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": "rs",
+                    "uid": f"rs-{target.name}",
+                    "controller": True,
+                }
+            ],
         },
         "spec": {"nodeName": node},
         "status": {
@@ -157,7 +183,16 @@ def pod(
 
 
 def gpu_fault(xid: int = 79, at: float = NOW - 2) -> dict[str, Any]:
-    msg = json.dumps({"reason": "GPUFault", "message": "Xid", "xid": xid, "gpu": "GPU-1234", "time": at})
+    msg = json.dumps(
+        {
+            "reason": "GPUFault",
+            "message": "Xid",
+            "xid": xid,
+            "gpu": "GPU-1234",
+            "gpus": ["GPU-1234"],
+            "time": at,
+        }
+    )
     return {"exitCode": 86, "reason": "Error", "message": msg, "finishedAt": iso(at)}
 
 
@@ -524,3 +559,14 @@ def test_a_node_level_fault_learns_its_xid_from_the_pod_by_its_typed_cause_not_i
     assert (node_level.xid, node_level.gpu, node_level.reason) == (48, "GPU-1234", None)
     assert node_level.node_problem == NodeProblem.ALLOCATABLE_DROPPED
     assert not_ready.xid is None and pod_level.xid is None
+
+
+def test_a_field_the_apiserver_pruned_is_named_in_a_condition() -> None:
+    applied = {"spec": {"engineRef": {"name": "resnet"}, "replica": 3}}
+    obs = replace(observed(infd(), engine()), annotations={LAST_APPLIED: json.dumps(applied)})
+    c = get_condition(plan_deployment(obs, CFG).status.conditions, UNKNOWN_FIELDS)
+    assert c is not None and c.status == "True" and "spec.replica (did you mean spec.replicas?)" in c.message
+    assert (
+        get_condition(plan_deployment(observed(infd(), engine()), CFG).status.conditions, UNKNOWN_FIELDS)
+        is None
+    )

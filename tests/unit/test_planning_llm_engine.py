@@ -193,3 +193,36 @@ def test_gguf_problem_reads_the_magic(tmp_path: Any) -> None:
     bad.write_bytes(b"\x08\x07" + b"\x00" * 16)
     assert gguf_problem(good) is None
     assert "GGUF magic" in (gguf_problem(bad) or "")
+
+
+def test_on_tensorrt_clusters_the_jobs_run_tensorrt_llm() -> None:
+    """A contract check, not a run: where builds use TensorRT, quantize and tune Jobs ask the builder
+    for `--backend tensorrt-llm` (ModelOpt and TensorRT-LLM), never llama.cpp."""
+    from trtforge_operator.config import OperatorConfig
+
+    cfg = OperatorConfig(
+        backends={"gpu": "tensorrt", "cpu": "onnxruntime"}, build={"llama_bin_dir": "/opt/llama/bin"}
+    )
+    e = engine("fp8", [{"gpu": H100, "parallelism": {"tensor": 2}}])
+    (q,) = created(plan_engine_pass(observe(e), cfg))
+    qargs = q["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert qargs[qargs.index("--backend") + 1] == "tensorrt-llm" and "--llama-bin-dir" not in qargs
+    ckey = status_of(plan_engine_pass(observe(e), cfg)).checkpoint.checkpoint_key
+    result = {
+        "schema": "trtforge.io/quantize-result/v1",
+        "checkpointKey": ckey,
+        "manifestUri": "m",
+        "backend": "tensorrt-llm",
+        "backendVersion": "1.2.0",
+        "recipe": "fp8",
+        "quantizedType": "FP8",
+        "sizeBytes": 1,
+        "cacheHit": False,
+        "seconds": 1.0,
+    }
+    plan = plan_engine_pass(observe(e, jobs=[job(q, state="complete", at=NOW - 9, result=result)]), cfg)
+    (t,) = created(plan)
+    c = t["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"][:2] == ["trtforge", "tune"] and c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert c["command"][c["command"].index("--tensor") + 1] == "2"
+    assert c["command"][c["command"].index("--backend") + 1] == "tensorrt-llm"

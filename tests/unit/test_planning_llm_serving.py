@@ -22,10 +22,11 @@ from trtforge_operator.apply import children, llm_children
 from trtforge_operator.apply.llm_children import LLMRuntime
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import ANNOTATION_ENGINE_KEY, ANNOTATION_SPEC_HASH, APP_MANAGED_BY, MANAGED_BY
-from trtforge_operator.observe.views import NodeView, PodView
+from trtforge_operator.observe.views import DeploymentView, NodeView, PodView
 from trtforge_operator.planning.autoscaling import AutoscalingApis, HpaApi
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
 from trtforge_operator.planning.llm_serving import LLMEngineFacts, LLMProblem, llm_runtime
+from trtforge_operator.pod_spec import fingerprint
 
 from tests.fakes import default_nodes
 from trtforge.contract.gpu import GPUTarget
@@ -282,13 +283,31 @@ def test_an_xid_under_an_llm_pod_moves_it_off_the_node_as_for_engines() -> None:
     first = plan_deployment(_observed(_infd(), e), CFG)
     (dep,) = [o for o in first.apply if o["kind"] == "Deployment"]
     assert "trtllm-serve" in dep["spec"]["template"]["spec"]["containers"][0]["command"]
-    msg = json.dumps({"reason": "GPUFault", "message": "Xid", "xid": 79, "gpu": "GPU-1", "time": NOW - 2})
+    msg = json.dumps(
+        {
+            "reason": "GPUFault",
+            "message": "Xid",
+            "xid": 79,
+            "gpu": "GPU-1",
+            "gpus": ["GPU-1"],
+            "time": NOW - 2,
+        }
+    )
     faulted = {
         "metadata": {
             "name": "chat-h100-x",
             "namespace": "team-a",
             "uid": "u-1",
             "labels": {**children.selector_labels("chat", H100), APP_MANAGED_BY: MANAGED_BY},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": "rs",
+                    "uid": "rs-1",
+                    "controller": True,
+                }
+            ],
         },
         "spec": {"nodeName": "gpu-h100-0"},
         "status": {
@@ -305,11 +324,28 @@ def test_an_xid_under_an_llm_pod_moves_it_off_the_node_as_for_engines() -> None:
             ],
         },
     }
-    obs = _observed(_infd(), e)
-    obs = dataclasses.replace(obs, pods=[PodView.from_k8s(faulted)])
+    # The pod is the operator's: its ReplicaSet's controller is the Deployment the operator made.
+    live = json.loads(json.dumps(dep))
+    live["metadata"].update(uid="dep-1", generation=1)
+    live["status"] = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 0}
+    obs = dataclasses.replace(
+        _observed(_infd(), e),
+        pods=[PodView.from_k8s(faulted)],
+        deployments=[DeploymentView.from_k8s(live)],
+        replica_sets={"rs-1": ("dep-1", fingerprint({}))},
+    )
     plan = plan_deployment(obs, CFG)
     (f,) = plan.status.faults
     assert (f.pod, f.xid, f.target) == ("chat-h100-x", 79, H100.name)
     assert plan.delete_pods == ["chat-h100-x"]
     (moved,) = [o for o in plan.apply if o["kind"] == "Deployment"]
     assert "gpu-h100-0" in json.dumps(moved["spec"]["template"]["spec"]["affinity"])
+
+
+def test_the_front_proxy_never_sits_on_an_llms_token_path() -> None:
+    proxied = CFG.model_copy(update={"front_proxy": CFG.front_proxy.model_copy(update={"enabled": True})})
+    plan = plan_deployment(_observed(_infd(), _llm_engine()), proxied)
+    dep, svc = plan.apply
+    assert [c["name"] for c in dep["spec"]["template"]["spec"]["containers"]] == ["serve"]
+    assert not [a for a in plan.actions if type(a).__name__ == "ApplyConfigMap"]
+    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]}["openai"] == 8080

@@ -27,6 +27,8 @@ DEPLOYMENT_APPLIER_MODULES = frozenset({"apply/deployment.py"})
 KUBE_READS = frozenset(
     {
         "read_pod",
+        "read_job",
+        "replica_set_owners",
         "job_annotations",
         "served_versions",
         "served_resources",
@@ -43,6 +45,7 @@ CLIENT_KINDS = {
     "deployment": "Deployment",
     "service": "Service",
     "secret": "Secret",
+    "config_map": "ConfigMap",
     "event": "Event",
     "lease": "Lease",
     "pod": "Pod",
@@ -89,6 +92,8 @@ def kube_write_kinds(method: str, call: ast.Call) -> set[str]:
         return {"HorizontalPodAutoscaler"}
     if method in ("create", "create_job_uid"):
         return {"Job"} if method == "create_job_uid" else _kind_of_object(first)
+    if "config_map" in method:
+        return {"ConfigMap"}
     if method == "apply_owned":
         return {"Deployment", "Service"}
     if method in ("delete", "annotate"):
@@ -159,8 +164,9 @@ def test_the_table_names_every_child_kind_and_the_scan_finds_them() -> None:
     for kind in ("Job", "Deployment", "Service", "Secret", "Event", "status", "HorizontalPodAutoscaler"):
         assert kind in rows, f"docs/design.md {SECTION!r} has no row for {kind}"
     assert rows["ScaledObject"][0] == DEPLOYMENT_APPLIER
-    for kind in ("Job", "Deployment", "Service", "HorizontalPodAutoscaler", "status", "Event", "Lease"):
+    for kind in ("Job", "Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler", "status", "Event"):
         assert found.get(kind), f"no write of {kind} found: the scan misses calls"
+    assert found.get("Lease"), "no write of Lease found: the scan misses calls"
     assert rows["Job"][1] == "apply/engine.py"
     for kind, (_, module) in rows.items():
         assert not module or (PKG / module).is_file(), f"{kind}: {module} is not a module of the operator"
@@ -174,6 +180,7 @@ def test_the_table_names_every_child_kind_and_the_scan_finds_them() -> None:
         ("await state.kube.create(job)", {"Job"}),
         ("await state.kube.apply_owned(obj_)", {"Deployment", "Service"}),
         ("await state.kube.apply_scaled_object(so)", {"ScaledObject"}),
+        ("await kube.apply_config_map(cm)", {"ConfigMap"}),
         ("self.api.replace_namespaced_lease(n, ns, body)", {"Lease"}),
         ("await asyncio.to_thread(self.api.create_namespaced_lease, ns, body)", {"Lease"}),
         ("core.create_namespaced_secret(ns, body)", {"Secret"}),

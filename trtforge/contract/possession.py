@@ -25,6 +25,7 @@ import hashlib
 import json
 import re
 import time
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -115,6 +116,12 @@ class VerifyGrant(BaseModel):
     max_bytes: int
     image: str  # what the Job's one container runs: the builder image and its stage-model command line
     command: list[str]
+    # The rest of the verify pod as the operator rendered it (the broker matches the uploading pod's).
+    env: list[dict[str, Any]] = Field(default_factory=list)
+    env_from: list[dict[str, Any]] = Field(default_factory=list)
+    volume_mounts: list[dict[str, Any]] = Field(default_factory=list)
+    volumes: list[dict[str, Any]] = Field(default_factory=list)
+    format: Literal["onnx", "safetensors", "gguf"] = "onnx"  # what the bytes must be (checked as they stream)
     issued_at: float = Field(default_factory=time.time)
     expires_at: float
 

@@ -85,6 +85,9 @@ class TerminationMessage(BaseModel):
     # GPU faults: the Xid (None when the fault came from an execution error) and the device uuid.
     xid: int | None = None
     gpu: str | None = None
+    # The uuids of the GPUs this container was given (the device plugin's NVIDIA_VISIBLE_DEVICES as
+    # the probe resolves it): the operator believes a fault only about one of these.
+    gpus: list[str] | None = None
     time: float = Field(default_factory=time.time)
 
     @property

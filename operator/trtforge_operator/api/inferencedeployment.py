@@ -240,15 +240,64 @@ class ResourceRequirements(ApiModel):
     )
 
 
+class KeySelector(ApiModel):
+    """A key of a Secret or ConfigMap in the InferenceDeployment's namespace, as in a Pod."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret or ConfigMap.")
+    key: str = Field(min_length=1, max_length=253, description="The key to read.")
+    optional: bool | None = Field(default=None, description="Whether the key may be missing.")
+
+
+class ObjectFieldSelector(ApiModel):
+    """A field of the pod, as in a Pod (metadata.name, status.podIP, ...)."""
+
+    field_path: str = Field(min_length=1, max_length=256, description="Path of the field.")
+    api_version: str | None = Field(default=None, max_length=64, description="Schema version of the path.")
+
+
+class ResourceFieldSelector(ApiModel):
+    """A resource of a container (limits.cpu, requests.memory, ...), as in a Pod."""
+
+    resource: str = Field(min_length=1, max_length=253, description="The resource, e.g. limits.memory.")
+    container_name: str | None = Field(default=None, max_length=63, description="Container name.")
+    divisor: Quantity | None = Field(default=None, description="Output unit, e.g. 1Mi.")
+
+
+class EnvVarSource(ApiModel):
+    """Where a variable's value comes from: exactly one source, as in a Pod."""
+
+    model_config = ApiModel.model_config | ConfigDict(
+        json_schema_extra={"minProperties": 1, "maxProperties": 1}
+    )
+
+    secret_key_ref: KeySelector | None = Field(default=None, description="A key of a Secret.")
+    config_map_key_ref: KeySelector | None = Field(default=None, description="A key of a ConfigMap.")
+    field_ref: ObjectFieldSelector | None = Field(default=None, description="A field of the pod.")
+    resource_field_ref: ResourceFieldSelector | None = Field(
+        default=None, description="A resource of a container."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVarSource:
+        n = sum(
+            x is not None
+            for x in (self.secret_key_ref, self.config_map_key_ref, self.field_ref, self.resource_field_ref)
+        )
+        if n != 1:
+            raise ValueError(
+                "valueFrom takes exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef"
+            )
+        return self
+
+
 class EnvVar(ApiModel):
     """An environment variable of the runtime container, as in a Pod."""
 
     name: str = Field(min_length=1, max_length=256, description="Variable name.")
     value: str | None = Field(default=None, description="Literal value.")
-    value_from: dict[str, Any] | None = Field(
+    value_from: EnvVarSource | None = Field(
         default=None,
-        description="A source for the value (secretKeyRef, configMapKeyRef, fieldRef, ...).",
-        json_schema_extra={"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        description="A source for the value (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef).",
     )
 
 

@@ -473,8 +473,7 @@ class LLMSpec(ApiModel):
         pattern=PARAMETERS_PATTERN,
         description=(
             "The parameter count (135M, 8B, 70.6B or a plain number), for the weights-fit check "
-            "before any Job; unset: the fit is checked once the quantize step has read the count "
-            "from the checkpoint's header."
+            "before any Job; unset: only the recipe is checked (the fit is not)."
         ),
     )
 

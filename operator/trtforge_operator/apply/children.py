@@ -19,6 +19,7 @@ from trtforge.contract.gpu import GPUTarget, MigStrategy
 from trtforge.contract.layout import ENGINES, REQUESTS, TIMING_CACHES
 from trtforge.contract.possession import MODELS, VerifyGrant
 from trtforge.contract.termination import TERMINATION_LOG_ENV
+from trtforge_operator.apply import front_proxy
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import (
     ANNOTATION_ATTEMPT,
@@ -393,6 +394,8 @@ def verify_grant(req: VerifyRequest, cfg: OperatorConfig, now: float, job_uid: s
     """The operator's record of the verify Job it creates for `req` (docs/security.md): the broker
     takes an upload only from that Job's pod, for this source, at most `max_bytes`, once."""
     cap = cfg.broker.max_model_bytes
+    pod = verify_job(req, cfg)["spec"]["template"]["spec"]
+    c = pod["containers"][0]
     return VerifyGrant(
         namespace=req.namespace,
         job=req.job_name,
@@ -404,7 +407,11 @@ def verify_grant(req: VerifyRequest, cfg: OperatorConfig, now: float, job_uid: s
         pin=req.model_sha256 or "",
         max_bytes=min(req.max_bytes, cap) if req.max_bytes else cap,
         image=cfg.builder_image,
-        command=verify_command(req, cfg),
+        command=c["command"],
+        env=c["env"],
+        env_from=c.get("envFrom") or [],
+        volume_mounts=c["volumeMounts"],
+        volumes=pod["volumes"],
         issued_at=now,
         expires_at=now + cfg.verify.deadline_seconds + VERIFY_GRANT_SLACK_S,
     )
@@ -677,6 +684,15 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
         ],
         "volumes": volumes,
     }
+    if cfg.front_proxy.enabled and not req.command:  # not an LLM's: no hop on its token path
+        front_proxy.add_front_proxy(
+            pod_spec,
+            template_annotations,
+            cfg.front_proxy,
+            http_port=req.port,
+            grpc_port=req.grpc_port,
+            configmap=front_proxy.configmap_name(deployment_name(req.infd, req.target)),
+        )
     pod_spec.update(cfg.pod_defaults())
     tolerations = pod_spec.get("tolerations", []) + [
         dict(t) for t in req.tolerations if dict(t) not in pod_spec.get("tolerations", [])

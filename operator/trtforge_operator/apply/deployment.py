@@ -2,12 +2,12 @@
 (planning/deployment.py) or of its deletion (planning/deployment_actions.cleanup_actions), in order,
 through kube.py.
 
-Runtime Deployments, the Service, HorizontalPodAutoscalers and KEDA ScaledObjects are created,
-replaced and deleted here and nowhere else; so are the runtime pods moved off a faulty GPU. Every
-write is idempotent (kube.py), so a pass cut short at any action is repeated whole by the next one.
-A write refused by the apiserver is logged and left to the next pass; a refused autoscaler write with
-404 (its API version gone) makes discovery look again (autoscaling_discovery.py). Its status and Events
-go through apply/writes.py.
+Runtime Deployments, their front-proxy ConfigMaps, the Service, HorizontalPodAutoscalers and KEDA
+ScaledObjects are created, replaced and deleted here and nowhere else; so are the runtime pods moved
+off a faulty GPU. Every write is idempotent (kube.py), so a pass cut short at any action is repeated
+whole by the next one. A write refused by the apiserver is logged and left to the next pass; a
+refused autoscaler write with 404 (its API version gone) makes discovery look again
+(autoscaling_discovery.py). Its status and Events go through apply/writes.py.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from trtforge_operator.planning.deployment import DeploymentPlan
 from trtforge_operator.planning.deployment_actions import (
     Action,
     ApplyAutoscaler,
+    ApplyConfigMap,
     ApplyDeployment,
     ApplyService,
     ChildKind,
@@ -75,6 +76,11 @@ async def apply_deployment_actions(state: State, body: Mapping[str, Any], action
                 await _apply(kube, ns, action.manifest, keep_replicas=action.keep_replicas)
             case ApplyService():
                 await _apply(kube, ns, action.manifest)
+            case ApplyConfigMap():
+                try:
+                    await kube.apply_config_map(action.manifest)
+                except ApiException as e:
+                    _refused(ns, action.manifest, e)
             case ApplyAutoscaler():
                 try:
                     await kube.apply_autoscaler(action.manifest)
@@ -89,6 +95,8 @@ async def apply_deployment_actions(state: State, body: Mapping[str, Any], action
                 await kube.delete("Deployment", ns, name)
             case DeleteChild(kind=ChildKind.SERVICE, name=name):
                 await kube.delete("Service", ns, name)
+            case DeleteChild(kind=ChildKind.CONFIG_MAP, name=name):
+                await kube.delete("ConfigMap", ns, name)
             case DeleteChild(kind=ChildKind.POD, name=name):
                 await kube.delete("Pod", ns, name)
             case PatchEngineAnnotations():

@@ -252,6 +252,7 @@ def tune_job(req: TuneRequest, cfg: OperatorConfig) -> dict[str, Any]:
         cfg,
         target=req.target,
         node_selector=dict(req.node_selector),
-        gpu_limits=_gpu_limits(req.target, req.mig_strategy),
+        # every rank of the mapping on one node (groups of rank pods across nodes are not planned here)
+        gpu_limits={k: str(req.parallelism.world_size) for k in _gpu_limits(req.target, req.mig_strategy)},
         timeout_seconds=req.timeout_seconds,
     )

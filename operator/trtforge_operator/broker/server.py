@@ -40,8 +40,8 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import urllib3
@@ -61,6 +61,8 @@ from trtforge.contract.possession import (
 )
 from trtforge.logs import fields
 from trtforge.store import ObjectNotFound, StoreError
+from trtforge_operator.broker.formats import FormatError, checker
+from trtforge_operator.broker.pod_match import job_denial, pod_spec_mismatch
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kube import Kube
 from trtforge_operator.labels import INFERENCEDEPLOYMENTS, TRTENGINES
@@ -188,12 +190,11 @@ class UploaderPod:
     uid: str
     job: str  # the name of its controller, when that is a Job ("" otherwise)
     job_uid: str
-    containers: tuple[tuple[str, tuple[str, ...]], ...]  # (image, command + args) of each container
-    init_containers: int = 0
+    spec: Mapping[str, Any] = field(default_factory=dict)  # the pod's spec, matched whole
 
     @classmethod
-    def from_k8s(cls, pod: dict[str, Any]) -> UploaderPod:
-        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    def from_k8s(cls, pod: Mapping[str, Any]) -> UploaderPod:
+        meta = pod.get("metadata") or {}
         owner: dict[str, Any] = next(
             (
                 o
@@ -206,14 +207,7 @@ class UploaderPod:
             uid=str(meta.get("uid") or ""),
             job=str(owner.get("name") or ""),
             job_uid=str(owner.get("uid") or ""),
-            containers=tuple(
-                (
-                    str(c.get("image") or ""),
-                    tuple(str(a) for a in [*(c.get("command") or []), *(c.get("args") or [])]),
-                )
-                for c in spec.get("containers") or []
-            ),
-            init_containers=len(spec.get("initContainers") or []),
+            spec=dict(pod.get("spec") or {}),
         )
 
 
@@ -224,11 +218,13 @@ def upload_denial(
     sha256: str,
     length: int | None,
     now: float,
+    job: Mapping[str, Any] | None,
 ) -> Denied | None:
     """Why `who` may not upload model `sha256` (`length` bytes, if said); None: it may. Pure.
 
     `pod`: the pod `who`'s token is bound to, as the apiserver has it (None: gone or no pod);
-    `grant`: the operator's record of the verify Job that is that pod's controller (None: none)."""
+    `grant`: the operator's record of the verify Job that is that pod's controller (None: none);
+    `job`: that Job as the apiserver has it now (None: gone)."""
     if not who.pod:
         return Denied(403, "only a verify Job's pod may upload a model: this token is bound to no pod")
     if pod is None or (who.pod_uid and pod.uid != who.pod_uid):
@@ -245,12 +241,14 @@ def upload_denial(
         return Denied(
             403, f"Job {who.namespace}/{pod.job} is not the verify Job the operator created under that name"
         )
-    if pod.init_containers or pod.containers != ((grant.image, tuple(grant.command)),):
+    if (differs := pod_spec_mismatch(grant, {"spec": pod.spec})) is not None:
         return Denied(
             403,
             f"pod {who} does not run what the operator gave Job {pod.job} (image {grant.image}, the "
-            "stage-model command line)",
+            f"stage-model command line, its env and volumes): {differs}",
         )
+    if (ended := job_denial(grant, job)) is not None:
+        return Denied(403, ended)
     if now > grant.expires_at:
         return Denied(403, f"the verification of Job {pod.job} expired; the operator starts another")
     if grant.pin and sha256 != grant.pin:
@@ -342,12 +340,17 @@ class KubeAuthorizer:
             except UNAVAILABLE as e:
                 raise Denied(503, f"cannot read the uploading pod now ({_short(e)}); retry") from e
             pod = UploaderPod.from_k8s(raw) if raw is not None else None
+        job: dict[str, Any] | None = None
         if pod is not None and pod.job:
             try:
                 grant = await asyncio.to_thread(self.store.verify_grant, who.namespace, pod.job)
             except StoreError as e:
                 raise Denied(503, f"cannot read the verification record now ({e}); retry") from e
-        why = upload_denial(who, pod, grant, sha256, length, time.time())
+            try:
+                job = await self.kube.read_job(who.namespace, pod.job)
+            except UNAVAILABLE as e:
+                raise Denied(503, f"cannot read the verify Job now ({_short(e)}); retry") from e
+        why = upload_denial(who, pod, grant, sha256, length, time.time(), job)
         if why is not None:
             raise why
         assert grant is not None
@@ -368,17 +371,28 @@ class OpenAuthorizer:
         raise Denied(403, "model uploads need broker.auth: tokenreview (a verify Job's bound token)")
 
 
-async def _spool(request: web.Request, dest: str, limit: int) -> tuple[str, int]:
-    """Stream the request body into `dest`, hashing it; (sha256, size). Denied(413) past `limit`."""
+async def _spool(request: web.Request, dest: str, limit: int, fmt: str) -> tuple[str, int]:
+    """Stream the request body into `dest`, hashing it and checking it is a `fmt` file as it comes
+    (broker/formats.py); (sha256, size). Denied(413) past `limit`, Denied(422) when not `fmt`."""
     h = hashlib.sha256()
+    check = checker(fmt)
     size = 0
-    with open(dest, "wb") as f:
-        async for chunk in request.content.iter_chunked(SPOOL_CHUNK):
-            size += len(chunk)
-            if size > limit:
-                raise Denied(413, f"the model is larger than the broker accepts ({limit} bytes)")
-            h.update(chunk)
-            await asyncio.to_thread(f.write, chunk)
+
+    def take(f: Any, chunk: bytes) -> None:
+        check.feed(chunk)
+        h.update(chunk)
+        f.write(chunk)
+
+    try:
+        with open(dest, "wb") as f:
+            async for chunk in request.content.iter_chunked(SPOOL_CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    raise Denied(413, f"the model is larger than the broker accepts ({limit} bytes)")
+                await asyncio.to_thread(take, f, chunk)
+        check.finish()
+    except FormatError as e:
+        raise Denied(422, f"{e}; nothing was recorded") from e
     return h.hexdigest(), size
 
 
@@ -500,7 +514,7 @@ def make_app(
             fd, tmp = tempfile.mkstemp(prefix="trtforge-model-", suffix=".part", dir=spool_dir)
             os.close(fd)
             try:
-                got, size = await _spool(request, tmp, limit)
+                got, size = await _spool(request, tmp, limit, grant.format)
                 if got != sha:
                     raise Denied(
                         422,

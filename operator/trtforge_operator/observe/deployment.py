@@ -32,6 +32,7 @@ from trtforge_operator.observe.views import (
     PodView,
     UnreadableDeployment,
 )
+from trtforge_operator.planning import fault_trust
 from trtforge_operator.state import State, parsed_status, plain
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,10 @@ async def observe_deployment(
     pods = [v for v in list(indices["rpods_idx"].get((ns, label), [])) if isinstance(v, PodView)]
     apis = await state.discovery.current([obj.spec.autoscaling, *(t.autoscaling for t in obj.spec.targets)])
     autoscalers = await _autoscalers(state, indices, ns, label, apis)
+    nodes = state.nodes(indices)
+    owners: dict[str, tuple[str, str]] = {}
+    if fault_trust.needs_owners(pods, nodes):  # whose fault reports count (planning/fault_trust.py)
+        owners = await state.kube.replica_set_owners(ns, f"{LABEL_INFERENCEDEPLOYMENT}={label}")
     # The engine's own build and rebuild Jobs, by build id (rebuilds share the engine key's id).
     ids = {t.engine_key[:20] for t in (engine.status.targets if engine is not None else []) if t.engine_key}
     return DeploymentObserved(
@@ -75,7 +80,7 @@ async def observe_deployment(
         engine=engine,
         deployments=deployments,
         pods=pods,
-        nodes=state.nodes(indices),
+        nodes=nodes,
         jobs=[j for bid in ids for j in list(indices["jobs_idx"].get(bid, ())) if isinstance(j, JobView)],
         now=time.time(),
         engine_problem=None
@@ -84,6 +89,8 @@ async def observe_deployment(
         autoscalers=autoscalers,
         apis=apis,
         status_wire=old,
+        replica_sets=owners,
+        annotations=dict(meta.get("annotations") or {}),
     )
 
 

@@ -33,10 +33,11 @@ from trtforge.contract.gpu import (
     single_strategy_product,
 )
 from trtforge.contract.llm.artefact import ArtefactManifest
-from trtforge.contract.llm.result import QuantizeResult, TuneResult, parse_llm_message
+from trtforge.contract.llm.result import QuantizeFailure, QuantizeResult, TuneResult, parse_llm_message
 from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import PossessionRecord, source_fingerprint
 from trtforge.contract.termination import REASON_BY_EXIT_CODE, TerminationMessage
+from trtforge_operator import pod_spec
 from trtforge_operator.api.inferencedeployment import (
     FaultRecord,
     InferenceDeploymentSpec,
@@ -69,10 +70,13 @@ Reported = BuildResult | BuildFailure | QuantizeResult | TuneResult
 """What a build, quantize or tune pod reported (its termination message)."""
 
 
-def llm_result(message: str) -> QuantizeResult | TuneResult | None:
-    """A quantize or tune pod's result (its failures parse as build failures)."""
+def llm_result(message: str) -> QuantizeResult | TuneResult | QuantizeFailure | None:
+    """A quantize or tune pod's result, or an accuracy-gate refusal with its figures (other
+    failures parse as build failures)."""
     r = parse_llm_message(message)
-    return r if isinstance(r, QuantizeResult | TuneResult) else None
+    if isinstance(r, QuantizeFailure):
+        return r if r.perplexity is not None else None
+    return r
 
 
 def parse_time(value: Any) -> float | None:
@@ -329,6 +333,8 @@ class PodView:
     # What a finished build or verify pod reported (its termination message, parsed once): the
     # builder's result or why it failed. None for other pods and for pods that have not finished.
     reported: Reported | None = None
+    controller: tuple[str, str] = ("", "")  # (kind, uid) of its controller ownerReference
+    spec_fingerprint: str = ""  # what it runs (pod_spec.fingerprint)
 
     @classmethod
     def from_build_pod(cls, obj: Mapping[str, Any]) -> PodView:
@@ -377,6 +383,8 @@ class PodView:
                 ),
                 None,
             ),
+            controller=_controller(meta),
+            spec_fingerprint=pod_spec.fingerprint(spec),
         )
 
     def cannot_start(self) -> Waiting | None:
@@ -391,6 +399,14 @@ class PodView:
         for c in self.containers:
             out.extend(t for t in (c.terminated, c.last_terminated) if t is not None)
         return out
+
+
+def _controller(meta: Mapping[str, Any]) -> tuple[str, str]:
+    """(kind, uid) of an object's controller ownerReference; ("", "") without one."""
+    for o in meta.get("ownerReferences") or []:
+        if o.get("controller"):
+            return str(o.get("kind") or ""), str(o.get("uid") or "")
+    return "", ""
 
 
 def one_line(text: str, limit: int = 300) -> str:
@@ -414,7 +430,7 @@ def build_pod_result(pod: PodView) -> Reported | None:
         t = c.terminated
         if t is None:
             continue
-        parsed: Reported | None = parse_build_message(t.message) or llm_result(t.message)
+        parsed: Reported | None = llm_result(t.message) or parse_build_message(t.message)
         if parsed is not None:
             return parsed
         if t.exit_code != 0:
@@ -580,6 +596,8 @@ class DeploymentView:
     updated_replicas: int = 0
     available_replicas: int = 0
     progress_deadline_exceeded: bool = False
+    uid: str = ""
+    controller: tuple[str, str] = ("", "")  # (kind, uid) of its controller ownerReference
 
     @classmethod
     def from_k8s(cls, obj: Mapping[str, Any]) -> DeploymentView:
@@ -603,6 +621,8 @@ class DeploymentView:
             updated_replicas=int(status.get("updatedReplicas") or 0),
             available_replicas=int(status.get("availableReplicas") or 0),
             progress_deadline_exceeded=stalled,
+            uid=str(meta.get("uid") or ""),
+            controller=_controller(meta),
         )
 
     def rolled_out(self) -> bool:
@@ -839,6 +859,10 @@ class DeploymentObserved:
     # what the apiserver serves for autoscalers (discovery)
     apis: AutoscalingApis = field(default_factory=AutoscalingApis)
     status_wire: Mapping[str, Any] = field(default_factory=dict)  # the status as read (patch base)
+    # ReplicaSet uid -> (its controlling Deployment's uid, its template's pod_spec.fingerprint); read
+    # only when a pod reports a fault
+    replica_sets: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)  # the InferenceDeployment's own
 
 
 @dataclass(frozen=True)

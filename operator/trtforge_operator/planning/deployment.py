@@ -28,6 +28,7 @@ from trtforge_operator.api import (
     Condition,
     DeploymentTargetStatus,
     FaultRecord,
+    InferenceDeployment,
     InferenceDeploymentStatus,
     LLMServer,
     LLMServing,
@@ -35,7 +36,7 @@ from trtforge_operator.api import (
     ready_text,
     set_condition,
 )
-from trtforge_operator.apply import children, llm_children
+from trtforge_operator.apply import children, front_proxy, llm_children
 from trtforge_operator.apply.llm_children import LLMRuntime
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import (
@@ -54,7 +55,7 @@ from trtforge_operator.observe.views import (
     UnreadableDeployment,
     utc,
 )
-from trtforge_operator.planning import faults, rebuild
+from trtforge_operator.planning import fault_trust, faults, rebuild
 from trtforge_operator.planning.autoscaling import (
     AutoscalerKind,
     AutoscalingProblem,
@@ -67,6 +68,7 @@ from trtforge_operator.planning.autoscaling import (
 from trtforge_operator.planning.deployment_actions import (
     Action,
     ApplyAutoscaler,
+    ApplyConfigMap,
     ApplyDeployment,
     ApplyService,
     ChildKind,
@@ -95,8 +97,9 @@ from trtforge_operator.planning.llm_serving import (
     llm_problem_message,
     llm_runtime,
 )
+from trtforge_operator.planning.pruned import pruned_condition, pruned_fields, spec_schema
 from trtforge_operator.planning.rebuild import RebuildRequest, legacy_cleanup_patch
-from trtforge_operator.planning.text import one_line
+from trtforge_operator.planning.text import one_line, timestamp
 
 
 @dataclass(frozen=True, order=True)
@@ -162,8 +165,10 @@ class _Draft:
     """What a pass decides, gathered while planning; :meth:`plan` orders it into actions."""
 
     deployments: list[ApplyDeployment] = field(default_factory=list)
+    config_maps: list[ApplyConfigMap] = field(default_factory=list)  # before the Deployments that mount them
     service: ApplyService | None = None
     delete_deployments: list[str] = field(default_factory=list)
+    delete_config_maps: list[str] = field(default_factory=list)  # the front proxy's, with their Deployments
     apply_autoscalers: list[dict[str, Any]] = field(default_factory=list)
     delete_autoscalers: list[AutoscalerRef] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
@@ -182,11 +187,13 @@ class _Draft:
         the TRTEngine's old annotations, and Events last."""
         actions: list[Action] = [WriteStatus(status.to_wire(), old_status)]
         actions += [DeleteChild(ChildKind(r.kind.value), r.name) for r in self.delete_autoscalers]
+        actions += self.config_maps
         actions += self.deployments
         if self.service is not None:
             actions.append(self.service)
         actions += [ApplyAutoscaler(a) for a in self.apply_autoscalers]
         actions += [DeleteChild(ChildKind.DEPLOYMENT, d) for d in self.delete_deployments]
+        actions += [DeleteChild(ChildKind.CONFIG_MAP, c) for c in self.delete_config_maps]
         actions += [DeleteChild(ChildKind.POD, p) for p in self.delete_pods]
         if engine_patch is not None:
             actions.append(engine_patch)
@@ -238,10 +245,15 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     events: list[Event] = []
     plan = _Draft()
 
+    # --- faults: only the operator's own pods' reports, about their own GPUs (planning/fault_trust.py)
+    names = {children.deployment_name(obs.name, t.target()) for t in engine_targets.values()}
+    dep_uids = fault_trust.operator_deployment_uids(obs.deployments, obs.uid, names | set(dep_names.values()))
+    believed, ignored = fault_trust.split_pods(our_pods, dep_uids, obs.replica_sets)
+    events += [Event("Warning", "FaultIgnored", i.message) for i in ignored]
     # --- faults: detect, record once, decide the action
-    records = faults.enrich_from_pods(list(obs.status.faults), our_pods)
-    new = faults.detect_pod_faults(our_pods, records, now)
-    new += faults.detect_node_faults(our_pods, obs.nodes, [*records, *(d.record for d in new)], now, ttl)
+    records = faults.enrich_from_pods(list(obs.status.faults), believed)
+    new = faults.detect_pod_faults(believed, records, now)
+    new += faults.detect_node_faults(believed, obs.nodes, [*records, *(d.record for d in new)], now, ttl)
     for d in new:
         rec = d.record
         t = engine_targets.get(rec.target or "")
@@ -360,11 +372,15 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 avoid_nodes=tuple(sorted(avoid_for(target))),
                 hpa_owned=decision.hpa_owned,
             )
-            dep = (
-                llm_children.llm_runtime_deployment(rreq, llm, cfg)
-                if isinstance(llm, LLMRuntime)
-                else children.runtime_deployment(rreq, cfg)
-            )
+            if isinstance(llm, LLMRuntime):  # the server's own port, no front proxy on the token path
+                dep = llm_children.llm_runtime_deployment(rreq, llm, cfg)
+            else:
+                dep = children.runtime_deployment(rreq, cfg)
+            if cfg.front_proxy.enabled and not isinstance(llm, LLMRuntime):  # its applier writes a difference
+                cm = front_proxy.front_proxy_configmap(
+                    dep, cfg.front_proxy, http_port=runtime.port, grpc_port=runtime.grpc_port
+                )
+                plan.config_maps.append(ApplyConfigMap(cm))
             desired_hash = dep["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
             if cur is None or cur.annotations.get(ANNOTATION_SPEC_HASH) != desired_hash:
                 plan.deployments.append(ApplyDeployment(dep, keep_replicas=decision.hpa_owned))
@@ -423,6 +439,8 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             st.message += "; " + llm_problem_message(llm_problems[target.name], target, spec.engine_ref.name)
         target_statuses.append(st)
     plan.delete_deployments = sorted(n for n in existing if n not in keep)
+    if cfg.front_proxy.enabled:
+        plan.delete_config_maps = [front_proxy.configmap_name(n) for n in plan.delete_deployments]
     plan.delete_autoscalers = sorted(r for r in autoscalers if r not in keep_autoscalers)
     llm_port = (spec.llm or LLMServing()).port if llm_facts is not None else None
     if wanted:
@@ -466,6 +484,12 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         ),
         server=_server(spec.llm, llm_facts, list(wanted)),
         faults=records[-cfg.faults.history :],
+    )
+    status.conditions = pruned_condition(  # docs/design.md §"What a tenant can forge"
+        status.conditions,
+        pruned_fields(obs.annotations, spec_schema(InferenceDeployment)),
+        obs.generation,
+        timestamp(now),
     )
     engine_patch = None
     if obs.engine is not None:

@@ -23,6 +23,7 @@ class ChildKind(enum.StrEnum):
 
     DEPLOYMENT = "Deployment"
     SERVICE = "Service"
+    CONFIG_MAP = "ConfigMap"
     HPA = AutoscalerKind.HPA.value
     SCALED_OBJECT = AutoscalerKind.SCALED_OBJECT.value
     POD = "Pod"  # deleted only: a runtime pod moved off a faulty GPU
@@ -49,6 +50,13 @@ class ApplyDeployment:
     @property
     def name(self) -> str:
         return str(self.manifest["metadata"]["name"])
+
+
+@dataclass(frozen=True)
+class ApplyConfigMap:
+    """Create a runtime's front-proxy ConfigMap, or replace it when its data differs."""
+
+    manifest: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,7 @@ Action = (
     WriteStatus
     | ApplyDeployment
     | ApplyService
+    | ApplyConfigMap
     | ApplyAutoscaler
     | DeleteChild
     | PatchEngineAnnotations

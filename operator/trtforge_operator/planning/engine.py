@@ -19,6 +19,7 @@ from trtforge_operator.api import (
     VerifiedModel,
     ready_text,
 )
+from trtforge_operator.api.trtengine import TRTEngine
 from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import LABEL_BUILD_ID
@@ -54,10 +55,11 @@ from trtforge_operator.planning.engine_conditions import (
 )
 from trtforge_operator.planning.events import Event, merged
 from trtforge_operator.planning.llm_engine import llm_conditions, plan_llm, target_refusal
+from trtforge_operator.planning.pruned import pruned_condition, pruned_fields, spec_schema
 from trtforge_operator.planning.rebuild import RebuildCause, RebuildRequest, plan_rebuilds, rebuild_job
 from trtforge_operator.planning.target import TargetOutcome, keep_times, plan_target
 from trtforge_operator.planning.target_state import TargetState
-from trtforge_operator.planning.text import one_line
+from trtforge_operator.planning.text import one_line, timestamp
 from trtforge_operator.planning.verify import RecheckOutcome, VerifyOutcome, plan_recheck, plan_verify
 
 
@@ -146,6 +148,12 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     status.conditions, refusal = rebuild_requests_condition(
         status.conditions, obs.status.conditions, obs.generation, obs.now, rebuilds.refused
     )
+    status.conditions = pruned_condition(  # docs/design.md §"What a tenant can forge"
+        status.conditions,
+        pruned_fields(obs.annotations, spec_schema(TRTEngine)),
+        obs.generation,
+        timestamp(obs.now),
+    )
     events, refused = transition_events(obs.status.targets, outcomes)
     if refusal is not None:
         events.append(refusal)
@@ -187,6 +195,12 @@ def plan_llm_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
         ready_targets=ready_text(plan.ready, len(plan.targets)),
         model=_verified_model(obs, recheck),
         checkpoint=plan.checkpoint,
+    )
+    status.conditions = pruned_condition(  # docs/design.md §"What a tenant can forge"
+        status.conditions,
+        pruned_fields(obs.annotations, spec_schema(TRTEngine)),
+        obs.generation,
+        timestamp(obs.now),
     )
     actions: list[EngineAction] = [
         *admission.creates,

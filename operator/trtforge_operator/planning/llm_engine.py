@@ -38,7 +38,7 @@ from trtforge_operator.observe.llm_keys import (
 )
 from trtforge_operator.observe.views import EngineObserved, JobView, jobs_by_build_id, obs_requester, utc
 from trtforge_operator.planning.llm_policies import LLMTargetFacts, llm_target_refusal, target_identity
-from trtforge_operator.planning.text import one_line
+from trtforge_operator.planning.text import one_line, timestamp
 from trtforge_operator.planning.verify import VerifyOutcome
 
 # Reasons of an LLM engine's checkpoint and targets (status reasons, typed here, never parsed).
@@ -289,7 +289,7 @@ def _plan_tune(
     result = _reported(job) if job is not None else None
     if job is not None:
         st.job_name, st.attempts = job.name, job.attempt
-        st.last_attempt_time = utc(job.started or job.created)
+        st.last_attempt_time = timestamp(job.started or job.created)
     if isinstance(result, TuneResult):
         st.phase, st.reason = "Ready", TUNED
         st.tuning_key, st.backend, st.backend_version = (

@@ -71,7 +71,12 @@ class FaultMonitor:
                 return
 
 
-def gpu_fault_message(engine_key: str, xid: int | None, gpu: str | None, detail: str) -> TerminationMessage:
-    msg = TerminationMessage(reason="GPUFault", message=detail, engine_key=engine_key, xid=xid, gpu=gpu)
+def gpu_fault_message(
+    engine_key: str, xid: int | None, gpu: str | None, detail: str, gpus: list[str] | None = None
+) -> TerminationMessage:
+    """`gpus`: the uuids of the devices this container was given (what the probe sees)."""
+    msg = TerminationMessage(
+        reason="GPUFault", message=detail, engine_key=engine_key, xid=xid, gpu=gpu, gpus=gpus
+    )
     assert msg.exit_code == EXIT_GPU_FAULT
     return msg

@@ -71,7 +71,11 @@ class Runtime:
         self.svc.stop_serving("not_ready", f"GPU fault: {detail}")
         self.svc.metrics.gpu_faults.labels(gpu or "unknown", str(xid) if xid is not None else "none").inc()
         log.error("GPU fault; exiting", extra=fields(xid=xid, gpu=gpu, detail=detail))
-        exit_now(gpu_fault_message(self.s.engine_key, xid, gpu, detail))
+        try:
+            given: list[str] | None = [d.uuid for d in self.probe.devices()]
+        except Exception:
+            given = None
+        exit_now(gpu_fault_message(self.s.engine_key, xid, gpu, detail, given))
 
     def on_xid(self, e: XidEvent) -> None:
         self._fault(e.xid, e.gpu_uuid, e.message or f"Xid {e.xid} on {e.gpu_uuid}")

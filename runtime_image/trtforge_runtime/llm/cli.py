@@ -27,7 +27,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--server", choices=("llama.cpp", "trtllm-serve"), default="llama.cpp", help="the LLM server"
     )
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()  # one of them on rank 0 (checked in handle)
     src.add_argument("--checkpoint", metavar="KEY", help="the quantized checkpoint's key in --store")
     src.add_argument(
         "--model", metavar="PATH", help="a local GGUF, unverified (hand use and benchmarks only)"
@@ -61,6 +61,35 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--start-limit", type=float, default=600.0, help="seconds the server may take to become healthy"
     )
+    g = p.add_argument_group('rank groups (llama.cpp RPC; docs/llm.md "Groups")')
+    g.add_argument("--rank", type=int, default=0, help="this pod's rank: 0 leads, others run ggml-rpc-server")
+    g.add_argument("--world-size", type=int, default=1, help="ranks in the group")
+    g.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        metavar="HOST:RANK_PORT:PROBE_PORT",
+        help="rank 0: a worker rank (ranks 1.. in order), its rank port and its supervisor's probe port",
+    )
+    g.add_argument(
+        "--lws",
+        action="store_true",
+        help="take --rank, --world-size and the workers from a LeaderWorkerSet's LWS_* variables "
+        "(workers' rank and probe ports: --rank-port and --probe-port)",
+    )
+    g.add_argument("--rank-port", type=_port, default=50052, help="a worker: the rank port (ggml-rpc-server)")
+    g.add_argument(
+        "--rank-unreachable-grace",
+        type=float,
+        default=2.0,
+        help="rank 0: seconds a worker's supervisor may be silent before its rank counts as gone",
+    )
+    g.add_argument(
+        "--rank-loss-linger",
+        type=float,
+        default=5.0,
+        help="rank 0: seconds a torn-down group keeps reporting the lost rank before the pod ends",
+    )
     p.add_argument("server_args", nargs=argparse.REMAINDER, help="after --: further arguments for the server")
     p.set_defaults(func=handle)
 
@@ -71,12 +100,33 @@ def handle(args: argparse.Namespace) -> int:
 
     from trtforge.contract.termination import TerminationMessage, write_termination_message
     from trtforge_runtime.errors import Refusal
-    from trtforge_runtime.llm import prepare, probes
+    from trtforge_runtime.llm import prepare, probes, ranks
+    from trtforge_runtime.llm.group import LeaderSupervisor
     from trtforge_runtime.llm.supervisor import Supervisor
 
     log = logging.getLogger("trtforge_runtime.llm")
     extra = [a for a in args.server_args if a != "--"]
+    if args.lws:
+        import os
+
+        try:
+            placed = ranks.from_lws(os.environ, args.rank_port, args.probe_port)
+        except ValueError as e:
+            log.error(str(e))
+            return 2
+        args.rank, args.world_size = placed.rank, placed.world_size
+        args.worker = [f"{w.host}:{w.rank_port}:{w.probe_port}" for w in placed.workers]
+    if args.rank != 0:
+        return _handle_worker(args)
     try:
+        if args.checkpoint is None and args.model is None:
+            raise ValueError("one of --checkpoint or --model is required on rank 0")
+        workers = ranks.workers_from_args(args.world_size, args.worker)
+        if workers and args.server != "llama.cpp":
+            raise ValueError(
+                "--world-size above 1 with --server trtllm-serve: its ranks meet through mpirun "
+                '(docs/llm.md "Groups"), not through this supervisor'
+            )
         plan, probe = prepare.plan_from_args(args, extra)
     except Refusal as e:
         log.error(e.message)
@@ -86,10 +136,64 @@ def handle(args: argparse.Namespace) -> int:
     except ValueError as e:  # a bad argument: one line, usage exit
         log.error(str(e))
         return 2
-    sup = Supervisor(
-        plan, probes.Policy(args.unavailable_grace, args.start_limit), args.host, args.probe_port
-    )
+    policy = probes.Policy(args.unavailable_grace, args.start_limit)
+    sup: Supervisor
+    if workers:
+        plan.argv += ["--rpc", ranks.rpc_argument(workers)]
+        group_policy = ranks.GroupPolicy(args.start_limit, args.rank_unreachable_grace)
+        sup = LeaderSupervisor(
+            plan, policy, args.host, args.probe_port, workers, group_policy, args.rank_loss_linger
+        )
+    else:
+        sup = Supervisor(plan, policy, args.host, args.probe_port)
     monitor = prepare.start_fault_monitor(probe, sup, args.checkpoint or "")
+    try:
+        msg = asyncio.run(sup.run())
+    finally:
+        if monitor is not None:
+            monitor.stop()
+    if msg.reason != "Completed":
+        log.error(msg.message)
+    write_termination_message(msg)
+    return msg.exit_code
+
+
+def _handle_worker(args: argparse.Namespace) -> int:
+    """A worker rank: ``ggml-rpc-server`` on --rank-port under a supervisor that answers probes."""
+    import asyncio
+    import logging
+    import shutil
+
+    from trtforge.contract.gpu_probe import GPUProbeError, probe_from_env
+    from trtforge.contract.termination import TerminationMessage, write_termination_message
+    from trtforge_runtime.llm.group import RPC_SERVER, WorkerSupervisor, rpc_server_argv
+    from trtforge_runtime.llm.prepare import start_fault_monitor
+
+    log = logging.getLogger("trtforge_runtime.llm")
+    if not 0 < args.rank < args.world_size:
+        log.error(f"--rank {args.rank}: expected 0 to --world-size - 1 ({args.world_size - 1})")
+        return 2
+    if args.server != "llama.cpp":
+        log.error("--rank above 0 with --server trtllm-serve: its ranks meet through mpirun, not here")
+        return 2
+    binary = args.server_binary or shutil.which(RPC_SERVER)
+    if not binary:
+        log.error(f"--server-binary: {RPC_SERVER!r} not found (give its path)")
+        return 2
+    try:
+        argv = rpc_server_argv(binary, args.host, args.rank_port, args.threads)
+    except ValueError as e:
+        log.error(str(e))
+        return 2
+    try:
+        probe = probe_from_env()
+    except GPUProbeError as e:
+        msg = TerminationMessage(reason="GPUMismatch", message=f"GPU probe: {e}")
+        log.error(msg.message)
+        write_termination_message(msg)
+        return msg.exit_code
+    sup = WorkerSupervisor(argv, args.rank, args.rank_port, args.host, args.probe_port)
+    monitor = start_fault_monitor(probe, sup, f"rank {args.rank}")  # an Xid here ends the rank too
     try:
         msg = asyncio.run(sup.run())
     finally:

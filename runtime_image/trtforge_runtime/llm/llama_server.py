@@ -77,6 +77,7 @@ OWNED_FLAGS = frozenset(
         "-ngl",
         "--n-gpu-layers",
         "--gpu-layers",
+        "--rpc",
     }
 )
 

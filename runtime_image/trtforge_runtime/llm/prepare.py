@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trtforge.contract.gpu_probe import GPUProbe, GPUProbeError, probe_from_env
 from trtforge.contract.llm import GoldenTokens
@@ -20,6 +21,9 @@ from trtforge_runtime.errors import Refusal
 from trtforge_runtime.lifecycle.faults import FaultMonitor, exit_now, gpu_fault_message
 from trtforge_runtime.llm import plans
 from trtforge_runtime.llm.supervisor import ServerPlan, Supervisor
+
+if TYPE_CHECKING:
+    from trtforge_runtime.llm.group import WorkerSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +62,7 @@ def plan_from_args(args: argparse.Namespace, extra: list[str]) -> tuple[ServerPl
     return plans.llama_plan(args, extra, model, name, canary), probe
 
 
-def start_fault_monitor(probe: GPUProbe, sup: Supervisor, key: str) -> FaultMonitor | None:
+def start_fault_monitor(probe: GPUProbe, sup: Supervisor | WorkerSupervisor, key: str) -> FaultMonitor | None:
     """Watch the GPU (Xid/ECC) as engine pods do: on a fault the server dies at once and the pod
     ends with the GPUFault message (docs/design.md §"GPU faults"). None without a GPU."""
     if not probe.devices():

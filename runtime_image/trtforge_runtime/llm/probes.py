@@ -36,6 +36,8 @@ class Cause(enum.Enum):
     STUCK_UNAVAILABLE = "server answered 503 past the grace period"
     START_TIMEOUT = "server did not become healthy within the start-up limit"
     UNREACHABLE = "server stopped answering its health endpoint past the grace period"
+    RANK_LOST = "a rank of the group is gone"  # trtforge_runtime.llm.ranks
+    RANKS_MISSING = "the group's ranks did not meet"
 
 
 @dataclass(frozen=True)

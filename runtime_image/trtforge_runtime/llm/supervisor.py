@@ -141,6 +141,8 @@ class Supervisor:
     async def _ready(self, _: web.Request) -> web.Response:
         v = self.state.verdict
         body = {"ready": v.ready, "canary": self.state.canary.message if self.state.canary else "not run"}
+        if not v.ready and v.detail:
+            body["detail"] = v.detail
         return web.json_response(body, status=200 if v.ready else 503)
 
     async def _metrics(self, _: web.Request) -> web.Response:
@@ -184,6 +186,9 @@ class Supervisor:
         self._session = aiohttp.ClientSession()
         graceful = False  # an abort (or a crash here) kills the server at once: it is dead or stuck
         try:
+            early = await self._before_server()
+            if early is not None:
+                return early
             self.proc = await asyncio.create_subprocess_exec(
                 *self.plan.argv, env={**os.environ, **self.plan.env}, preexec_fn=_die_with_parent
             )
@@ -196,6 +201,14 @@ class Supervisor:
             await self._stop_server(graceful)
             await self._session.close()
             await runner.cleanup()
+
+    async def _before_server(self) -> TerminationMessage | None:
+        """Before the server starts (a group's leader waits for its ranks here); a message ends the run."""
+        return None
+
+    async def _overrule(self, verdict: probes.Verdict) -> probes.Verdict:
+        """The verdict after what else the supervisor watches (a group's leader: its ranks)."""
+        return verdict
 
     async def _watch(self) -> TerminationMessage:
         assert self.proc is not None and self._session is not None
@@ -224,7 +237,7 @@ class Supervisor:
                 ever_up=st.ever_up,
                 canary_passed=bool(st.canary and st.canary.passed),
             )
-            verdict = probes.decide(obs, self.policy)
+            verdict = await self._overrule(probes.decide(obs, self.policy))
             if verdict != st.verdict:
                 log.info(
                     "LLM server state",

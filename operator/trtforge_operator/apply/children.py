@@ -406,6 +406,7 @@ def verify_grant(req: VerifyRequest, cfg: OperatorConfig, now: float, job_uid: s
         secret=req.secret or "",
         pin=req.model_sha256 or "",
         max_bytes=min(req.max_bytes, cap) if req.max_bytes else cap,
+        format="gguf" if req.model_format == "gguf" else "onnx",  # what the broker checks the bytes are
         image=cfg.builder_image,
         command=c["command"],
         env=c["env"],

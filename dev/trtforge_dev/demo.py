@@ -3,7 +3,8 @@
 Cluster up → CRDs → operator → a TRTEngine built once per GPU type (full H100, arm64 GH200, a B200
 MIG slice) → runtime pods serving it → a real inference with tritonclient → the same engine in another
 namespace is a cache hit → a GPU fault (Xid 79) → the pod moves to a healthy H100, the engine is
-rebuilt on a healthy GPU, and the service is Ready again.
+rebuilt on a healthy GPU, and the service is Ready again. Then an LLM (demo_llm.py): SmolLM2
+quantized by its Job, served by llama.cpp under `trtforge serve-llm`, a chat completion with openai.
 """
 
 from __future__ import annotations
@@ -60,12 +61,14 @@ def _run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
+    from trtforge_dev.demo_llm import STEPS as LLM_STEPS
+    from trtforge_dev.demo_llm import llm_story
     from trtforge_dev.localdev import OperatorEnv, deployment_manifest, engine_manifest, tiny_model
     from trtforge_dev.testbed import handle
     from trtforge_dev.testbed.paths import StatePaths, default_root
     from trtforge_dev.testbed.wait import wait_for
 
-    story = _Story(9)
+    story = _Story(9 + LLM_STEPS)
     story.step("Local control plane with emulated GPU nodes")
     paths = StatePaths(default_root())
     tb = handle.acquire(paths)
@@ -192,6 +195,8 @@ def _run(args: argparse.Namespace) -> int:
         story.say(f"kubectl get infd -n {team_a}:")
         for line in tb.kubectl("get", "infd", "-n", team_a).stdout.splitlines():
             story.say(f"  {line}")
+
+        llm_story(tb, story, args.keep)
 
         story.step("Clean up" if not args.keep else "Leaving everything running (--keep)")
         if victim:

@@ -244,7 +244,12 @@ def test_autoscaling_rules_for_all_and_per_target(auto: dict[str, Any], message:
 def test_autoscaling_schema_refuses_what_cel_need_not() -> None:
     """An unknown metric and minReplicas below 1 are refused by the schema itself (every version)."""
     auto = SCHEMAS["InferenceDeployment"]["properties"]["spec"]["properties"]["autoscaling"]
-    assert auto["properties"]["metric"]["enum"] == ["RequestsInFlight", "QueueDepth", "RequestRate"]
+    assert auto["properties"]["metric"]["enum"] == [
+        "RequestsInFlight",
+        "QueueDepth",
+        "RequestRate",
+        "KVCacheUtilization",
+    ]
     assert auto["properties"]["minReplicas"]["minimum"] == 1
     assert auto["required"] == ["maxReplicas", "targetValue"]
     per_target = SCHEMAS["InferenceDeployment"]["properties"]["spec"]["properties"]["targets"]["items"]

@@ -5,6 +5,7 @@ with `upload_denial` fed from the real store's grants."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import AsyncIterator
@@ -390,3 +391,10 @@ async def test_an_oversize_upload_is_refused_before_anything_is_stored(
 def test_a_grant_ends_with_its_job(name: str, job: dict[str, Any] | None, says: str) -> None:
     why = upload_denial(WHO, POD, GRANT, SHA, 1, NOW, job)
     assert isinstance(why, Denied) and why.status == 403 and says in str(why), (name, why)
+
+
+def test_a_gguf_sources_grant_has_the_broker_check_a_gguf() -> None:
+    """An LLM source (spec.llm.source.format gguf) is checked as a GGUF, an ONNX model as ONNX."""
+    gguf = dataclasses.replace(REQ, model_uri="https://models.example/m.gguf", model_format="gguf")
+    assert verify_grant(gguf, CFG, NOW).format == "gguf"
+    assert GRANT.format == "onnx"

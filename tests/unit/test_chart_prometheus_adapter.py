@@ -8,6 +8,7 @@ import re
 import yaml
 from test_chart_helpers import TEMPLATES, skeleton
 from trtforge_operator.api import CUSTOM_METRIC_NAMES
+from trtforge_runtime.llm import server_metrics
 from trtforge_runtime.serving.metrics import Metrics, exposition
 
 TEMPLATE = TEMPLATES / "prometheus-adapter-rules.yaml"
@@ -31,6 +32,8 @@ def test_rules_serve_the_metrics_the_hpas_ask_for_from_the_runtimes_series() -> 
         for ln in exposition(_metrics()).decode().splitlines()
         if ln and not ln.startswith("#")
     }
+    # An LLM pod's gauges, read from its server's metrics (trtllm-serve's KV-cache use among them).
+    exported |= {name for sources in server_metrics.SOURCES.values() for name in sources}
     for r in rules:
         series = r["seriesQuery"].split("{")[0].strip("'")
         assert series in exported, f"{series} is not a series the runtime exports"

@@ -186,6 +186,7 @@ def test_each_metric_has_its_custom_metrics_name() -> None:
         AutoscalingMetric.REQUESTS_IN_FLIGHT: "trtforge_runtime_requests_in_flight",
         AutoscalingMetric.QUEUE_DEPTH: "trtforge_runtime_queue_depth",
         AutoscalingMetric.REQUEST_RATE: "trtforge_runtime_requests_per_second",
+        AutoscalingMetric.KV_CACHE_UTILIZATION: "trtforge_llm_kv_cache_utilization",
     }
 
 

@@ -48,7 +48,11 @@ GROUP_VERSION = f"{GROUP}/{VERSION}"
 APISERVICE = f"{VERSION}.{GROUP}"
 NAMESPACE = "trtforge-metrics"
 SERVICE = "custom-metrics"
-GAUGES = ("trtforge_runtime_requests_in_flight", "trtforge_runtime_queue_depth")
+GAUGES = (
+    "trtforge_runtime_requests_in_flight",
+    "trtforge_runtime_queue_depth",
+    "trtforge_llm_kv_cache_utilization",
+)
 RATE = "trtforge_runtime_requests_per_second"
 COUNTER = "trtforge_runtime_requests"  # the family of trtforge_runtime_requests_total
 METRICS = (*GAUGES, RATE)

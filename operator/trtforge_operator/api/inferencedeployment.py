@@ -116,12 +116,14 @@ class AutoscalingMetric(StrEnum):
     REQUESTS_IN_FLIGHT = "RequestsInFlight"
     QUEUE_DEPTH = "QueueDepth"
     REQUEST_RATE = "RequestRate"
+    KV_CACHE_UTILIZATION = "KVCacheUtilization"  # LLM servers that export it (trtllm-serve)
 
 
 CUSTOM_METRIC_NAMES: dict[AutoscalingMetric, str] = {
     AutoscalingMetric.REQUESTS_IN_FLIGHT: "trtforge_runtime_requests_in_flight",
     AutoscalingMetric.QUEUE_DEPTH: "trtforge_runtime_queue_depth",
     AutoscalingMetric.REQUEST_RATE: "trtforge_runtime_requests_per_second",
+    AutoscalingMetric.KV_CACHE_UTILIZATION: "trtforge_llm_kv_cache_utilization",
 }
 """The name each metric has in the custom metrics API (``custom.metrics.k8s.io``, per pod): the
 runtime's gauges as they are, and the per-second rate of ``trtforge_runtime_requests_total``."""
@@ -160,7 +162,10 @@ class Autoscaling(ApiModel):
         description="The load signal, per pod: RequestsInFlight (requests accepted and not yet "
         "answered; trtforge_runtime_requests_in_flight), QueueDepth (requests waiting for an "
         "execution instance; trtforge_runtime_queue_depth) or RequestRate (requests per second; "
-        "trtforge_runtime_requests_per_second), read from the custom metrics API.",
+        "trtforge_runtime_requests_per_second) or, for an LLM whose server exports it (trtllm-serve, "
+        "not llama.cpp), KVCacheUtilization (the KV cache's used fraction, 0 to 1; "
+        "trtforge_llm_kv_cache_utilization), read from the custom metrics API. For an LLM, "
+        "QueueDepth is the server's waiting requests.",
     )
     target_value: Quantity = Field(
         description="The metric's average per pod the autoscaler holds, e.g. 4 (in flight) or 500m.",
@@ -390,6 +395,62 @@ class FaultPolicy(ApiModel):
     )
 
 
+class LLMServer(StrEnum):
+    """The server an LLM runtime pod runs under ``trtforge serve-llm`` (docs/llm.md §"Serving")."""
+
+    LLAMA_CPP = "llama.cpp"  # llama.cpp's llama-server: CPU targets (the test bed)
+    TRTLLM_SERVE = "trtllm-serve"  # TensorRT-LLM's OpenAI server: GPU targets
+
+
+SUPERVISOR_FLAGS = frozenset(
+    {"--host", "--port", "-m", "--model", "--metrics", "--alias", "--tp_size", "--pp_size", "--config"}
+)
+"""Server flags ``trtforge serve-llm`` sets itself; ``llm.args`` may not repeat them."""
+
+
+class LLMServing(ApiModel):
+    """How an LLM engine is served: the server, its extra arguments and the OpenAI port."""
+
+    server: LLMServer | None = Field(
+        default=None,
+        description="llama.cpp (CPU targets) or trtllm-serve (GPU targets); unset: llama.cpp on a cpu "
+        "target, trtllm-serve on a GPU.",
+    )
+    args: list[Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Further arguments for the server (after `--` of `trtforge serve-llm`), e.g. "
+        "[--ctx-size, '4096']. Flags the supervisor sets (--host, --port, --model, --metrics, "
+        "--tp_size, --pp_size, --config) are refused.",
+    )
+    port: int = Field(
+        default=8080,
+        ge=1,
+        le=65535,
+        description="The server's own port: the OpenAI API (/v1/chat/completions, /v1/completions, "
+        "/v1/models), exposed by the Service as the port named openai. runtime.port carries the "
+        "probes and /metrics.",
+    )
+    canary_prompt: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="The canary prompt readiness is gated on; unset: the engine's. Golden tokens "
+        "exist only for the prompt the engine's quantize Job ran, so another prompt holds the "
+        "rollout (CanaryPromptMismatch) instead of serving ungated.",
+    )
+
+    @field_validator("args")
+    @classmethod
+    def _no_supervisor_flags(cls, v: list[str]) -> list[str]:
+        for a in v:
+            if a.split("=", 1)[0] in SUPERVISOR_FLAGS:
+                raise ValueError(
+                    f"llm.args: {a!r} is set by trtforge serve-llm itself; expected none of "
+                    f"{', '.join(sorted(SUPERVISOR_FLAGS))}"
+                )
+        return v
+
+
 _UNIQUE_TARGETS = (
     "self.all(t, self.exists_one(u, u.gpu == t.gpu && "
     "(has(u.mig) ? u.mig : '') == (has(t.mig) ? t.mig : '')))"
@@ -398,6 +459,18 @@ _UNIQUE_TARGETS = (
 
 class InferenceDeploymentSpec(ApiModel):
     """Serve a TRTEngine of this namespace on its GPU targets."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.llm) || !has(self.llm.port) || !has(self.runtime.port) "
+                    "|| self.llm.port != self.runtime.port",
+                    "message": "llm.port must differ from runtime.port",
+                },
+            ]
+        }
+    )
 
     engine_ref: EngineReference = Field(description="The TRTEngine (same namespace) to serve.")
     replicas: int = Field(
@@ -442,6 +515,11 @@ class InferenceDeploymentSpec(ApiModel):
     fault_policy: FaultPolicy = Field(
         default_factory=FaultPolicy, description="GPU fault handling.", json_schema_extra={"default": {}}
     )
+    llm: LLMServing | None = Field(
+        default=None,
+        description="Serving an LLM engine (a TRTEngine with spec.llm): the server, its arguments, "
+        "the OpenAI port and the canary prompt; unset: the defaults. Refused for an ONNX engine.",
+    )
     autoscaling: Autoscaling | None = Field(
         default=None,
         description="Autoscaling of every target without its own: the operator creates and owns one "
@@ -455,6 +533,8 @@ class InferenceDeploymentSpec(ApiModel):
     def _unique(self) -> InferenceDeploymentSpec:
         if self.runtime.grpc_port == self.runtime.port:
             raise ValueError(f"runtime.grpcPort must differ from runtime.port ({self.runtime.port})")
+        if self.llm is not None and self.llm.port == self.runtime.port:
+            raise ValueError(f"llm.port must differ from runtime.port ({self.runtime.port})")
         seen = set()
         for t in self.targets:
             if (t.gpu, t.mig) in seen:
@@ -581,7 +661,13 @@ class InferenceDeploymentStatus(ApiModel):
         default=None, max_length=32, description='Ready pods out of wanted, like "2/3".'
     )
     endpoint: str | None = Field(
-        default=None, max_length=1024, description="In-cluster URL of the Service (KServe v2 protocol)."
+        default=None,
+        max_length=1024,
+        description="In-cluster URL of the Service: KServe v2 protocol, or for an LLM the OpenAI API "
+        "(its /v1 base URL).",
+    )
+    server: LLMServer | None = Field(
+        default=None, description="The LLM server the pods run (llama.cpp or trtllm-serve); unset for ONNX."
     )
     faults: list[FaultRecord] = Field(
         default_factory=list,
@@ -634,6 +720,13 @@ class InferenceDeployment(ApiModel):
             "type": "string",
             "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
             "description": "Reason of the Ready condition",
+        },
+        {
+            "name": "Server",
+            "type": "string",
+            "jsonPath": ".status.server",
+            "description": "The LLM server (llama.cpp or trtllm-serve); empty for ONNX engines",
+            "priority": 1,
         },
         {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

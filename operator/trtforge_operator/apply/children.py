@@ -406,7 +406,7 @@ def verify_grant(req: VerifyRequest, cfg: OperatorConfig, now: float, job_uid: s
         secret=req.secret or "",
         pin=req.model_sha256 or "",
         max_bytes=min(req.max_bytes, cap) if req.max_bytes else cap,
-        format=req.model_format,  # what the broker checks the bytes to be as they stream
+        format="gguf" if req.model_format == "gguf" else "onnx",  # what the broker checks the bytes are
         image=cfg.builder_image,
         command=c["command"],
         env=c["env"],
@@ -572,6 +572,11 @@ class RuntimeRequest:
     # An HPA sets the replicas: they are left out of the spec hash (a new count from the HPA or from
     # spec.replicas is no reason to write), and a replace keeps the Deployment's own number.
     hpa_owned: bool = False
+    # An LLM engine's container (apply/llm_children.py): its command, its ports beside `http` (which
+    # carries the probes either way) and pod-template annotations, instead of `trtforge serve`'s.
+    command: tuple[str, ...] = ()
+    extra_ports: tuple[Mapping[str, Any], ...] = ()
+    template_annotations: Mapping[str, str] | None = None
 
 
 def owner_reference(kind: str, name: str, uid: str) -> dict[str, Any]:
@@ -596,6 +601,7 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
     template_annotations = {
         ANNOTATION_ENGINE_KEY: req.engine_key,
         ANNOTATION_ENGINE_SHA256: req.engine_sha256,
+        **(req.template_annotations or {}),
     }
     source = cfg.engine_source()
     args = [
@@ -624,6 +630,12 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
         args += ["--instances", str(req.instances)]
     if req.workers is not None:
         args += ["--workers", str(req.workers)]
+    ports: list[dict[str, Any]] = [{"name": "http", "containerPort": req.port, "protocol": "TCP"}]
+    if req.command:  # an LLM engine's `trtforge serve-llm`
+        args = list(req.command)
+        ports += [dict(p) for p in req.extra_ports]
+    else:
+        ports.append({"name": "grpc", "containerPort": req.grpc_port, "protocol": "TCP"})
     env: list[dict[str, Any]] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -661,10 +673,7 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
                 env,
                 resources,
                 mounts,
-                ports=[
-                    {"name": "http", "containerPort": req.port, "protocol": "TCP"},
-                    {"name": "grpc", "containerPort": req.grpc_port, "protocol": "TCP"},
-                ],
+                ports=ports,
                 readinessProbe={**probe_base, "periodSeconds": 2, "failureThreshold": 2},
                 livenessProbe={
                     "httpGet": {"path": "/v2/health/live", "port": req.port},
@@ -676,7 +685,7 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
         ],
         "volumes": volumes,
     }
-    if cfg.front_proxy.enabled:
+    if cfg.front_proxy.enabled and not req.command:  # not an LLM's: no hop on its token path
         front_proxy.add_front_proxy(
             pod_spec,
             template_annotations,

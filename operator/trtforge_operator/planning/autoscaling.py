@@ -197,6 +197,7 @@ _SERIES: dict[AutoscalingMetric, str] = {
     AutoscalingMetric.REQUESTS_IN_FLIGHT: "trtforge_runtime_requests_in_flight",
     AutoscalingMetric.QUEUE_DEPTH: "trtforge_runtime_queue_depth",
     AutoscalingMetric.REQUEST_RATE: "trtforge_runtime_requests_total",
+    AutoscalingMetric.KV_CACHE_UTILIZATION: "trtforge_llm_kv_cache_utilization",
 }
 
 

@@ -30,11 +30,14 @@ from trtforge_operator.api import (
     FaultRecord,
     InferenceDeployment,
     InferenceDeploymentStatus,
+    LLMServer,
+    LLMServing,
     TargetStatus,
     ready_text,
     set_condition,
 )
-from trtforge_operator.apply import children, front_proxy
+from trtforge_operator.apply import children, front_proxy, llm_children
+from trtforge_operator.apply.llm_children import LLMRuntime
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import (
     ANNOTATION_ENGINE_KEY,
@@ -87,6 +90,13 @@ from trtforge_operator.planning.deployment_policies import (
     target_message,
 )
 from trtforge_operator.planning.events import Event
+from trtforge_operator.planning.llm_serving import (
+    LLMEngineFacts,
+    LLMProblem,
+    llm_engine_facts,
+    llm_problem_message,
+    llm_runtime,
+)
 from trtforge_operator.planning.pruned import pruned_condition, pruned_fields, spec_schema
 from trtforge_operator.planning.rebuild import RebuildRequest, legacy_cleanup_patch
 from trtforge_operator.planning.text import one_line, timestamp
@@ -309,6 +319,8 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     # §"Runtime image per engine").
     version_compatible = bool(obs.engine and obs.engine.spec.builder.version_compatible)
     image = runtime.image or cfg.runtime_image_for(version_compatible)
+    llm_facts = llm_engine_facts(obs.engine) if obs.engine is not None else None
+    llm_problems: dict[str, LLMProblem] = {}
     for target, split in wanted.items():
         ts = engine_targets[target.name]
         dname = children.deployment_name(obs.name, target)
@@ -322,7 +334,12 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             name=target.name, gpu=target.gpu, mig=target.mig, deployment_name=dname, replicas=replicas
         )
         desired_hash = None
-        if ts.phase == "Ready" and ts.engine_key and ts.sha256:
+        llm = llm_runtime(spec.llm, llm_facts, target, cfg.engine_source())
+        if isinstance(llm, LLMProblem):
+            llm_problems[target.name] = llm
+        # An ONNX target serves its engine key; an LLM target its checkpoint (and tuning record).
+        serve_key = llm.checkpoint_key if isinstance(llm, LLMRuntime) else ts.engine_key
+        if ts.phase == "Ready" and serve_key and (ts.sha256 or isinstance(llm, LLMRuntime)) and _llm_ok(llm):
             try:
                 ki = key_inputs(obs.engine.spec, target, obs.nodes, cfg) if obs.engine else None
             except ValueError:
@@ -333,8 +350,8 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 infd=obs.name,
                 infd_uid=obs.uid,
                 target=target,
-                engine_key=ts.engine_key,
-                engine_sha256=ts.sha256,
+                engine_key=serve_key,
+                engine_sha256=ts.sha256 or "",
                 replicas=replicas,
                 node_selector=selector,
                 image=image,
@@ -355,8 +372,11 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 avoid_nodes=tuple(sorted(avoid_for(target))),
                 hpa_owned=decision.hpa_owned,
             )
-            dep = children.runtime_deployment(rreq, cfg)
-            if cfg.front_proxy.enabled:  # every pass: its applier writes only a difference
+            if isinstance(llm, LLMRuntime):  # the server's own port, no front proxy on the token path
+                dep = llm_children.llm_runtime_deployment(rreq, llm, cfg)
+            else:
+                dep = children.runtime_deployment(rreq, cfg)
+            if cfg.front_proxy.enabled and not isinstance(llm, LLMRuntime):  # its applier writes a difference
                 cm = front_proxy.front_proxy_configmap(
                     dep, cfg.front_proxy, http_port=runtime.port, grpc_port=runtime.grpc_port
                 )
@@ -415,14 +435,19 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         )
         if choice.problem is not None:
             st.message += "; " + problem_message(choice.problem)
+        if target.name in llm_problems:
+            st.message += "; " + llm_problem_message(llm_problems[target.name], target, spec.engine_ref.name)
         target_statuses.append(st)
     plan.delete_deployments = sorted(n for n in existing if n not in keep)
     if cfg.front_proxy.enabled:
         plan.delete_config_maps = [front_proxy.configmap_name(n) for n in plan.delete_deployments]
     plan.delete_autoscalers = sorted(r for r in autoscalers if r not in keep_autoscalers)
+    llm_port = (spec.llm or LLMServing()).port if llm_facts is not None else None
     if wanted:
         plan.service = ApplyService(
-            children.runtime_service(obs.namespace, obs.name, obs.uid, runtime.port, runtime.grpc_port)
+            llm_children.llm_service(obs.namespace, obs.name, obs.uid, runtime.port, llm_port)
+            if llm_port is not None
+            else children.runtime_service(obs.namespace, obs.name, obs.uid, runtime.port, runtime.grpc_port)
         )
 
     # --- recovery of recorded faults
@@ -450,7 +475,14 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         ready_replicas=ready_total,
         selector=children.selector_text(obs.name),
         ready=ready_text(ready_total, total),
-        endpoint=f"http://{svc}.{obs.namespace}.svc:{runtime.port}" if wanted else None,
+        endpoint=(
+            None
+            if not wanted
+            else llm_children.openai_endpoint(obs.name, obs.namespace, llm_port)
+            if llm_port is not None
+            else f"http://{svc}.{obs.namespace}.svc:{runtime.port}"
+        ),
+        server=_server(spec.llm, llm_facts, list(wanted)),
         faults=records[-cfg.faults.history :],
     )
     status.conditions = pruned_condition(  # docs/design.md §"What a tenant can forge"
@@ -468,6 +500,20 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             engine_patch = PatchEngineAnnotations(obs.spec.engine_ref.name, patch)
     old_status = obs.status.to_wire() if obs.status_wire else {}  # the patch base, normalised
     return plan.plan(status, old_status, events, engine_patch)
+
+
+def _llm_ok(llm: LLMRuntime | LLMProblem | None) -> bool:
+    """An ONNX target (None) or an LLM target ready to serve; not one with a problem."""
+    return not isinstance(llm, LLMProblem)
+
+
+def _server(
+    serving: LLMServing | None, facts: LLMEngineFacts | None, targets: list[GPUTarget]
+) -> LLMServer | None:
+    """The LLM server the pods run (the first target's), for ``kubectl get``; None for ONNX."""
+    if facts is None or not targets:
+        return None
+    return (serving.server if serving is not None else None) or llm_children.default_server(targets[0])
 
 
 def _recover(

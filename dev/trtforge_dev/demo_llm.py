@@ -1,0 +1,131 @@
+"""The LLM part of `trtforge demo`: SmolLM2 quantized by its Job, served by llama.cpp's server under
+`trtforge serve-llm` on the CPU node, and a chat completion with the `openai` client.
+
+On the test bed this is llama.cpp (backend `llama.cpp`), never TensorRT-LLM (docs/llm.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+CANARY = "The capital of France is"
+STEPS = 3
+
+
+class Story(Protocol):
+    def step(self, title: str) -> None: ...
+    def say(self, text: str) -> None: ...
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def llm_story(tb: Any, story: Story, keep: bool) -> None:
+    """Quantize, serve, chat; everything it made goes unless `keep`."""
+    import yaml
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+    from openai import OpenAI
+
+    from trtforge_dev.localdev import OperatorEnv, deployment_manifest
+    from trtforge_dev.testbed import llama, smollm2
+    from trtforge_dev.testbed.wait import wait_for
+
+    ns = f"demo-llm-{secrets.token_hex(2)}"
+    story.step("An LLM: a TRTEngine naming SmolLM2-135M (GGUF), recipe bf16, quantized by its Job")
+    env = OperatorEnv(
+        tb,
+        Path(tempfile.mkdtemp(prefix="trtforge-demo-llm-")),
+        [ns],
+        build={"llama_bin_dir": str(llama.bin_dir()), "cpu": "1", "memory": "2Gi"},
+    )
+    try:
+        cfg = yaml.safe_load(env.config_path.read_text())
+        cfg["runtime_store_uri"] = str(env.store_dir)  # LLM pods read the store (the broker: engines only)
+        env.config_path.write_text(yaml.safe_dump(cfg))
+        env.start()
+        gguf = smollm2.smollm2_gguf()
+        shutil.copyfile(gguf, env.models_dir / gguf.name)
+        engine = {
+            "apiVersion": "trtforge.io/v1alpha1",
+            "kind": "TRTEngine",
+            "metadata": {"name": "smollm2"},
+            "spec": {
+                "llm": {
+                    "source": {"uri": f"pvc://models/{gguf.name}", "sha256": _sha256(gguf)},
+                    "recipe": "bf16",
+                    "canary": {"prompt": CANARY, "maxTokens": 8},
+                },
+                "targets": [{"gpu": "cpu"}],
+            },
+        }
+        t0 = time.monotonic()
+        env.apply(engine, ns)
+        eng = env.wait_true("trtengines", ns, "smollm2", timeout=600)
+        ck = eng["status"]["checkpoint"]
+        ppl = ck.get("perplexity") or {}
+        story.say(
+            f"checkpoint {ck['checkpointKey'][:12]}… {ck.get('quantizedType')} by {ck.get('backend')} "
+            f"in {time.monotonic() - t0:.0f}s; perplexity {ppl.get('source')} -> {ppl.get('result')}"
+        )
+
+        story.step("An InferenceDeployment: trtforge serve-llm starts llama-server, Ready on its canary")
+        path = f"{llama.llama_bin('llama-server').parent}:{Path(sys.executable).parent}:/usr/bin:/bin"
+        infd = deployment_manifest(
+            "chat", "smollm2", llm={"server": "llama.cpp"}, runtime={"env": [{"name": "PATH", "value": path}]}
+        )
+        t1 = time.monotonic()
+        env.apply(infd, ns)
+        got = env.wait_true("inferencedeployments", ns, "chat", timeout=600)
+        story.say(
+            f"Ready {got['status']['ready']} in {time.monotonic() - t1:.0f}s; {got['status']['endpoint']}"
+        )
+        for line in tb.kubectl("get", "infd", "-n", ns, "-o", "wide").stdout.splitlines():
+            story.say(f"  {line}")
+
+        story.step("A chat completion with the openai client, through the Service's openai port")
+        co: Any = client.CustomObjectsApi(env.api)
+
+        def address() -> tuple[str, int] | None:
+            """A ready endpoint of the Service's openai port (EndpointSlices: the test bed's pod IPs
+            are loopback addresses, which the Endpoints API refuses)."""
+            sel = "kubernetes.io/service-name=chat"
+            for sl in co.list_namespaced_custom_object(
+                "discovery.k8s.io", "v1beta1", ns, "endpointslices", label_selector=sel
+            )["items"]:
+                port = next((p["port"] for p in sl.get("ports") or [] if p.get("name") == "openai"), None)
+                for ep in sl.get("endpoints") or []:
+                    if port is not None and (ep.get("conditions") or {}).get("ready"):
+                        return str(ep["addresses"][0]), int(port)
+            return None
+
+        found = wait_for(address, timeout=120, desc="the Service's endpoints", ignore=(ApiException,))
+        assert found is not None
+        ip, port = found
+        for name in ("httpx", "httpx2"):  # the openai client's per-request log lines
+            logging.getLogger(name).setLevel(logging.WARNING)
+        chat = OpenAI(base_url=f"http://{ip}:{port}/v1", api_key="none", max_retries=0, timeout=120)
+        reply = chat.chat.completions.create(
+            model="chat",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=24,
+        )
+        story.say(f"user: What is the capital of France?  smollm2: {reply.choices[0].message.content!r}")
+        if keep:
+            story.say(f"LLM operator log: {env.op.log}")
+    finally:
+        if not keep:
+            env.close()

@@ -1,0 +1,238 @@
+"""An LLM engine end to end on the test bed: a TRTEngine naming the SmolLM2 GGUF (recipe bf16) is
+quantized by its Job, an InferenceDeployment serves it on the CPU node with a real llama.cpp server
+under `trtforge serve-llm`, the real `openai` client gets a chat completion through the Service's
+`openai` port (resolved to a pod IP from the Service's EndpointSlices: the test bed has no kube-proxy),
+the canary's golden tokens are the quantize Job's, and a bounded burst of concurrent requests on
+loopback makes requests wait (llama.cpp's `requests_deferred`) so the real HPA adds a replica.
+
+Runtime pods read the store directly here (`runtime_store_uri`): the broker serves ONNX engines only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import shutil
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from trtforge_dev.localdev import OperatorEnv, delete_with_cleanup, deployment_manifest
+from trtforge_dev.testbed import llama, smollm2
+from trtforge_dev.testbed.wait import wait_for
+
+from trtforge.contract.llm import ArtefactKind, ArtefactManifest, golden_request, manifest_path
+
+pytestmark = pytest.mark.integration
+
+RUNTIME = "app.kubernetes.io/component=runtime"
+CANARY = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorEnv]:
+    tag = secrets.token_hex(3)
+    bins = str(llama.bin_dir())
+    e = OperatorEnv(
+        testbed,
+        tmp_path_factory.mktemp("llm-deploy"),
+        [f"llm-{tag}"],
+        build={"llama_bin_dir": bins, "cpu": "1", "memory": "2Gi"},
+    )
+    # LLM runtime pods read the store themselves (on the test bed: its host directory).
+    cfg = yaml.safe_load(e.config_path.read_text())
+    cfg["runtime_store_uri"] = str(e.store_dir)
+    e.config_path.write_text(yaml.safe_dump(cfg))
+    e.start()
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+@pytest.fixture(scope="module")
+def custom_metrics(env: OperatorEnv) -> Iterator[None]:
+    """The test bed's custom metrics API, serving the runtime pods' own /metrics (port `http`)."""
+    from trtforge_dev.testbed import metrics_adapter as ma
+    from trtforge_dev.testbed.pki import PKI
+
+    pki = PKI(env.tb.paths.pki)
+    host = ma.host_address()
+    api = env.tb.api_client()
+    server = ma.serve(api, host, 0, str(pki.serving_cert), str(pki.serving_key))
+    try:
+        ma.register(env.api, host, int(server.server_address[1]))
+        wait_for(lambda: ma.available(env.api), timeout=120, desc="custom.metrics.k8s.io Available")
+        yield
+    finally:
+        ma.unregister(env.api)
+        server.shutdown()
+        api.close()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _openai_address(env: OperatorEnv, ns: str, service: str) -> list[tuple[str, int]]:
+    """(pod IP, port) of the Service's `openai` port for each ready endpoint, from its EndpointSlices
+    (the test bed's pod IPs are loopback addresses, which the Endpoints API refuses to hold)."""
+    co: Any = client.CustomObjectsApi(env.api)
+    slices = co.list_namespaced_custom_object(
+        "discovery.k8s.io",
+        "v1beta1",
+        ns,
+        "endpointslices",
+        label_selector=f"kubernetes.io/service-name={service}",
+    )["items"]
+    out = []
+    for sl in slices:
+        port = next((p["port"] for p in sl.get("ports") or [] if p.get("name") == "openai"), None)
+        for ep in sl.get("endpoints") or []:
+            if port is not None and (ep.get("conditions") or {}).get("ready"):
+                out += [(a, int(port)) for a in ep["addresses"]]
+    return out
+
+
+def _post(ip: str, port: int, path: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, Any]:
+    import http.client
+
+    c = http.client.HTTPConnection(ip, port, timeout=timeout)
+    try:
+        c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        raw = r.read()
+        return r.status, json.loads(raw) if raw else None
+    finally:
+        c.close()
+
+
+def test_a_quantized_llm_is_served_chats_through_its_service_and_scales_on_waiting_requests(
+    env: OperatorEnv, custom_metrics: None
+) -> None:
+    from openai import OpenAI
+
+    ns = env.tenants[0]
+    gguf = smollm2.smollm2_gguf()
+    model = env.models_dir / gguf.name
+    if not model.exists():
+        shutil.copyfile(gguf, model)
+    engine = {
+        "apiVersion": "trtforge.io/v1alpha1",
+        "kind": "TRTEngine",
+        "metadata": {"name": "smollm2"},
+        "spec": {
+            "llm": {
+                "source": {"uri": f"pvc://models/{gguf.name}", "sha256": _sha256(gguf)},
+                "recipe": "bf16",
+                "canary": {"prompt": CANARY, "maxTokens": 8},
+            },
+            "targets": [{"gpu": "cpu"}],
+        },
+    }
+    env.apply(engine, ns)
+    eng = env.wait_true("trtengines", ns, "smollm2", timeout=600)
+    ckpt = eng["status"]["checkpoint"]
+    assert ckpt["phase"] == "Ready" and ckpt["backend"] == "llama.cpp", ckpt
+    key = ckpt["checkpointKey"]
+    manifest = ArtefactManifest.model_validate_json(
+        (env.store_dir / manifest_path(ArtefactKind.CHECKPOINT, key)).read_text()
+    )
+    assert manifest.checkpoint is not None and manifest.checkpoint.golden is not None
+    golden = manifest.checkpoint.golden
+    assert golden.prompt == CANARY and len(golden.tokens) == 8
+
+    # The pods find llama-server on PATH, as they would in the runtime image.
+    path = (
+        f"{llama.llama_bin('llama-server').parent}:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+    )
+    auto = {"minReplicas": 1, "maxReplicas": 2, "metric": "QueueDepth", "targetValue": "1"}
+    infd = deployment_manifest(
+        "chat",
+        "smollm2",
+        replicas=1,
+        llm={"server": "llama.cpp"},
+        runtime={"env": [{"name": "PATH", "value": path}]},
+        autoscaling=auto,
+    )
+    env.apply(infd, ns)
+    try:
+        got = env.wait_true("inferencedeployments", ns, "chat", timeout=600)
+        assert got["status"]["server"] == "llama.cpp"
+        assert got["status"]["endpoint"] == f"http://chat.{ns}.svc:8080/v1"
+        wide = env.tb.kubectl("get", "infd", "chat", "-n", ns, "-o", "wide").stdout
+        assert "llama.cpp" in wide and "1/1" in wide, wide
+
+        addrs = wait_for(
+            lambda: _openai_address(env, ns, "chat"),
+            timeout=120,
+            desc="the Service's endpoints",
+            ignore=(ApiException,),
+        )
+        ip, port = addrs[0]
+        c = OpenAI(base_url=f"http://{ip}:{port}/v1", api_key="none", max_retries=0, timeout=120)
+        reply = c.chat.completions.create(
+            model="chat",
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=8,
+            temperature=0,
+        )
+        assert reply.choices[0].message.content
+        assert reply.usage is not None and reply.usage.completion_tokens > 0
+
+        # The served model's greedy tokens for the canary are the quantize Job's golden tokens.
+        status, body = _post(ip, port, "/completion", golden_request(golden.prompt, len(golden.tokens)))
+        assert status == 200 and body["tokens"] == golden.tokens, body
+
+        _waiting_requests_add_a_replica(env, ns, ip, port)
+    finally:
+        delete_with_cleanup(env.api, ns, "inferencedeployments", "chat")
+
+
+def _waiting_requests_add_a_replica(env: OperatorEnv, ns: str, ip: str, port: int) -> None:
+    """A bounded burst on loopback: 12 workers, each sending completions one after another to one pod
+    (4 slots decode, the rest wait) until the HPA has scaled the target to 2 Ready pods."""
+    apps: Any = client.AppsV1Api(env.api)
+    infd = env.get("inferencedeployments", ns, "chat")
+    dname = infd["status"]["targets"][0]["deploymentName"]
+    stop = threading.Event()
+    answered = [0]
+
+    def worker() -> None:
+        body = {"prompt": "Once upon a time", "n_predict": 48, "temperature": 0}
+        while not stop.is_set():
+            try:
+                if _post(ip, port, "/completion", body)[0] == 200:
+                    answered[0] += 1
+            except OSError:
+                stop.wait(0.5)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(12)]
+    for t in threads:
+        t.start()
+    try:
+
+        def scaled() -> bool:
+            d = apps.read_namespaced_deployment(dname, ns)
+            ready = [p for p in env.pods(ns, RUNTIME) if p.status.container_statuses and all(
+                s.ready for s in p.status.container_statuses
+            )]  # fmt: skip
+            return bool(d.spec.replicas == 2 and len(ready) == 2)
+
+        wait_for(scaled, timeout=600, desc="the HPA added a replica on waiting requests")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(150)
+    assert answered[0] > 0

@@ -106,3 +106,17 @@ def test_a_leaderworkersets_variables_place_the_rank_and_name_the_workers() -> N
         ranks.from_lws({**env, "LWS_GROUP_SIZE": ""}, 1, 2)
     with pytest.raises(ValueError, match="LWS_WORKER_INDEX 3 is outside the group of 3"):
         ranks.from_lws({**env, "LWS_WORKER_INDEX": "3"}, 1, 2)
+
+
+def test_a_worker_restarted_between_two_questions_tears_the_group_down() -> None:
+    # The leader's server met run "a" of rank 2; rank 2 now answers ready from run "b": it died and
+    # came back between two questions, and the server's connection is to a process that is gone.
+    met = {1: "x", 2: "a"}
+    seen = {1: RankSeen(RankReport.READY, incarnation="x"), 2: RankSeen(RankReport.READY, incarnation="b")}
+    v = ranks.while_serving(W, seen, 10, P, met)
+    assert (v.action, v.live, v.missing) == (ranks.GroupAction.TEAR_DOWN, False, (2,))
+    same = {1: RankSeen(RankReport.READY, incarnation="x"), 2: RankSeen(RankReport.READY, incarnation="a")}
+    assert ranks.while_serving(W, same, 10, P, met).action is ranks.GroupAction.WAIT
+    # a silent rank keeps the run it was last seen in
+    s = ranks.next_seen(seen[2], RankReport.UNREACHABLE, 11)
+    assert s.incarnation == "b"

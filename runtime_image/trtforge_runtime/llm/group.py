@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,19 +43,26 @@ def listening(port: int) -> bool:
     return port in found
 
 
-async def ask(session: aiohttp.ClientSession, worker: ranks.Worker) -> ranks.RankReport:
-    """One question to a worker's supervisor: liveness, then readiness."""
+async def ask(session: aiohttp.ClientSession, worker: ranks.Worker) -> tuple[ranks.RankReport, str | None]:
+    """One question to a worker's supervisor: liveness, then readiness; and which run of it answered."""
+    incarnation: str | None = None
 
     async def status(path: str) -> int | None:
+        nonlocal incarnation
         url = f"http://{worker.supervisor}{path}"
         try:
             async with session.get(url, timeout=aiohttp.ClientTimeout(total=ASK_TIMEOUT_S)) as r:
+                with contextlib.suppress(ValueError, aiohttp.ContentTypeError):
+                    body = await r.json()
+                    if isinstance(body, dict) and "incarnation" in body:
+                        incarnation = str(body["incarnation"])
                 return r.status
         except (aiohttp.ClientError, TimeoutError, OSError):
             return None
 
     live = await status("/v2/health/live")
-    return ranks.classify(live, await status("/v2/health/ready") if live == 200 else None)
+    report = ranks.classify(live, await status("/v2/health/ready") if live == 200 else None)
+    return report, incarnation
 
 
 class LeaderSupervisor(Supervisor):
@@ -76,13 +84,14 @@ class LeaderSupervisor(Supervisor):
         self.group_policy = group_policy
         self.linger_s = linger_s  # how long a torn-down leader keeps saying why before it ends
         self.seen: dict[int, ranks.RankSeen] = {}
+        self.met: dict[int, str | None] = {}  # rank -> the worker run the server was started with
 
     async def _ask_all(self) -> None:
         assert self._session is not None
         reports = await asyncio.gather(*(ask(self._session, w) for w in self.workers))
         now = time.monotonic()
-        for w, report in zip(self.workers, reports, strict=True):
-            self.seen[w.rank] = ranks.next_seen(self.seen.get(w.rank), report, now)
+        for w, (report, incarnation) in zip(self.workers, reports, strict=True):
+            self.seen[w.rank] = ranks.next_seen(self.seen.get(w.rank), report, now, incarnation)
 
     async def _before_server(self) -> TerminationMessage | None:
         began = time.monotonic()
@@ -92,6 +101,7 @@ class LeaderSupervisor(Supervisor):
             gv = ranks.before_start(self.workers, self.seen, time.monotonic() - began, self.group_policy)
             if gv.action is ranks.GroupAction.START_SERVER:
                 log.info("every rank is ready; starting the server", extra=fields(rpc=self.plan.argv[-1]))
+                self.met = {r: s.incarnation for r, s in self.seen.items()}
                 return None
             cause = probes.Cause.RANKS_MISSING if gv.action is ranks.GroupAction.TEAR_DOWN else None
             self.state.verdict = probes.Verdict(False, gv.live, probes.Action.WAIT, cause, gv.detail)
@@ -108,7 +118,7 @@ class LeaderSupervisor(Supervisor):
 
     async def _overrule(self, verdict: probes.Verdict) -> probes.Verdict:
         await self._ask_all()
-        gv = ranks.while_serving(self.workers, self.seen, time.monotonic(), self.group_policy)
+        gv = ranks.while_serving(self.workers, self.seen, time.monotonic(), self.group_policy, self.met)
         if gv.action is ranks.GroupAction.TEAR_DOWN:
             # Kill first: a request reaching a server with a dead worker aborts it (SIGABRT).
             self.kill_server_now()
@@ -137,23 +147,30 @@ class WorkerSupervisor:
         self.proc: asyncio.subprocess.Process | None = None
         self.bound_port: int | None = None
         self._stop = asyncio.Event()
+        self.incarnation = uuid.uuid4().hex  # this run: a restarted worker is another (ranks.RankSeen)
 
     def _alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
 
     async def _live(self, _: web.Request) -> web.Response:
         if self._alive():
-            return web.json_response({"live": True, "rank": self.rank})
+            return web.json_response({"live": True, "rank": self.rank, "incarnation": self.incarnation})
         code = self.proc.returncode if self.proc is not None else None
         return web.json_response(
-            {"live": False, "rank": self.rank, "detail": f"{RPC_SERVER} exited with status {code}"},
+            {
+                "live": False,
+                "rank": self.rank,
+                "incarnation": self.incarnation,
+                "detail": f"{RPC_SERVER} exited with status {code}",
+            },
             status=503,
         )
 
     async def _ready(self, _: web.Request) -> web.Response:
         ok = ranks.worker_ready(self._alive(), listening(self.rank_port))
         return web.json_response(
-            {"ready": ok, "rank": self.rank, "rank_port": self.rank_port}, status=200 if ok else 503
+            {"ready": ok, "rank": self.rank, "rank_port": self.rank_port, "incarnation": self.incarnation},
+            status=200 if ok else 503,
         )
 
     def request_stop(self) -> None:

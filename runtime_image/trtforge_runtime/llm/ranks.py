@@ -67,6 +67,9 @@ class RankSeen:
     report: RankReport
     # When the current run of UNREACHABLE answers began (None unless the last answer was one).
     unreachable_since: float | None = None
+    # Which run of the worker's supervisor answered (a token it draws at start; None: no answer). A
+    # worker restarted between two questions is a process the leader's server never met.
+    incarnation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,11 +122,13 @@ def classify(live_status: int | None, ready_status: int | None) -> RankReport:
     return RankReport.READY if ready_status == 200 else RankReport.NOT_READY
 
 
-def next_seen(prev: RankSeen | None, report: RankReport, now: float) -> RankSeen:
+def next_seen(
+    prev: RankSeen | None, report: RankReport, now: float, incarnation: str | None = None
+) -> RankSeen:
     if report is not RankReport.UNREACHABLE:
-        return RankSeen(report)
+        return RankSeen(report, incarnation=incarnation)
     since = prev.unreachable_since if prev is not None and prev.unreachable_since is not None else now
-    return RankSeen(report, since)
+    return RankSeen(report, since, prev.incarnation if prev is not None else None)
 
 
 def _describe(workers: Mapping[int, Worker], seen: Mapping[int, RankSeen], ranks: Iterable[int]) -> str:
@@ -153,17 +158,24 @@ def before_start(
 
 
 def while_serving(
-    workers: Sequence[Worker], seen: Mapping[int, RankSeen], now: float, policy: GroupPolicy
+    workers: Sequence[Worker],
+    seen: Mapping[int, RankSeen],
+    now: float,
+    policy: GroupPolicy,
+    met: Mapping[int, str | None] | None = None,
 ) -> GroupVerdict:
     """The leader while its server runs: a rank whose supervisor says not live, or is silent past the
-    grace, is gone, and the whole group goes with it (no group serves with fewer ranks than its
-    mapping). A rank that is merely not ready (still answering) keeps the group up but not ready."""
+    grace, or answers from another run than the one the group met (`met`: rank -> incarnation when the
+    server started; it restarted, however quickly), is gone, and the whole group goes with it (no
+    group serves with fewer ranks than its mapping). A rank that is merely not ready (still answering)
+    keeps the group up but not ready."""
     by_rank = {w.rank: w for w in workers}
     gone: list[int] = []
     shaky: list[int] = []
     for w in workers:
         s = seen.get(w.rank, RankSeen(RankReport.UNREACHABLE, now))
-        if s.report is RankReport.NOT_LIVE:
+        was = (met or {}).get(w.rank)
+        if s.report is RankReport.NOT_LIVE or (was and s.incarnation and s.incarnation != was):
             gone.append(w.rank)
         elif s.report is RankReport.UNREACHABLE:
             since = s.unreachable_since if s.unreachable_since is not None else now

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtforge.contract.llm.artefact import (
-    ArtefactFile,
     ArtefactFormat,
     ArtefactKind,
     ArtefactManifest,
@@ -33,10 +32,11 @@ from trtforge.contract.llm.artefact import (
 )
 from trtforge.contract.llm.recipe import Backend, Calibration, Recipe
 from trtforge.contract.llm.result import PerplexityFigures, QuantizeResult
-from trtforge.store import EngineStore, StoreError, artefacts, join_uri
+from trtforge.store import EngineStore, join_uri
 from trtforge_builder.errors import BuildError
 from trtforge_builder.fetch import fetch_model
 from trtforge_builder.llm.llamacpp import LlamaCppError, LlamaCppTools, gguf_type_for
+from trtforge_builder.llm.store_steps import look_up, open_artefact_store, publish_folder
 
 EVALUATION_TEXT = "evaluation.txt"
 PERPLEXITY_CONTEXT = 128
@@ -105,13 +105,13 @@ def run_quantize(req: QuantizeRequest) -> QuantizeResult:
             "BackendUnavailable",
             step="quantize",
         )
-    store = _open(req.store_uri)
+    store = open_artefact_store(req.store_uri)
     tools = LlamaCppTools(req.llama_bin_dir)
     with tempfile.TemporaryDirectory(prefix="trtforge-quantize-") as tmp:
         work = Path(tmp)
         src = fetch_model(req.source_uri, work, req.source_sha256)
         key = checkpoint_key(src.sha256, req.recipe, req.calibration, req.backend, req.gguf_type)
-        existing = _read(store, key)
+        existing = look_up(store, ArtefactKind.CHECKPOINT, key)
         if existing is not None:
             return _result(store, existing, cache_hit=True, start=start)
         gguf_type = gguf_type_for(req.recipe, req.gguf_type)
@@ -145,40 +145,18 @@ def run_quantize(req: QuantizeRequest) -> QuantizeResult:
             golden=golden,
         )
 
-        def describe(upload: str, files: list[ArtefactFile]) -> ArtefactManifest:
-            return ArtefactManifest(
-                kind=ArtefactKind.CHECKPOINT,
-                key=key,
-                format=ArtefactFormat.GGUF,
-                backend=req.backend,
-                backend_version=version,
-                upload=upload,
-                files=files,
-                checkpoint=info,
-            )
-
-        try:
-            manifest, committed = artefacts.publish(store, ArtefactKind.CHECKPOINT, key, out, describe)
-        except StoreError as e:
-            raise BuildError(str(e), "StoreUnavailable", step="publish") from e
+        manifest, committed = publish_folder(
+            store,
+            ArtefactKind.CHECKPOINT,
+            key,
+            out,
+            ArtefactFormat.GGUF,
+            req.backend,
+            version,
+            checkpoint=info,
+        )
         shutil.rmtree(out, ignore_errors=True)
     return _result(store, manifest, cache_hit=not committed, start=start)
-
-
-def _open(uri: str) -> EngineStore:
-    from trtforge.store import open_store
-
-    try:
-        return open_store(uri)
-    except StoreError as e:
-        raise BuildError(str(e), "StoreUnavailable", step="open-store") from e
-
-
-def _read(store: EngineStore, key: str) -> ArtefactManifest | None:
-    try:
-        return artefacts.read_manifest(store, ArtefactKind.CHECKPOINT, key)
-    except StoreError as e:
-        raise BuildError(str(e), "StoreUnavailable", step="look-up") from e
 
 
 def _result(store: EngineStore, m: ArtefactManifest, *, cache_hit: bool, start: float) -> QuantizeResult:

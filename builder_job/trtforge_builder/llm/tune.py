@@ -17,7 +17,6 @@ from pathlib import Path
 
 from trtforge.contract.gpu import FULL_GPU
 from trtforge.contract.llm.artefact import (
-    ArtefactFile,
     ArtefactFormat,
     ArtefactKind,
     ArtefactManifest,
@@ -38,6 +37,7 @@ from trtforge.store import (
 )
 from trtforge_builder.errors import BuildError
 from trtforge_builder.llm.llamacpp import LlamaCppError, LlamaCppTools, best_settings
+from trtforge_builder.llm.store_steps import look_up, publish_folder
 
 BENCH_PROMPT_TOKENS = 64
 BENCH_GEN_TOKENS = 16
@@ -84,10 +84,7 @@ def run_tune(req: TuneRequest) -> TuneResult:
     except LlamaCppError as e:
         raise BuildError(str(e), "BackendUnavailable", step="tune") from e
     key = tuning_key(req.gpu, req.mig, req.parallelism, req.backend, version, req.checkpoint_key)
-    try:
-        existing = artefacts.read_manifest(store, ArtefactKind.TUNING_CACHE, key)
-    except StoreError as e:
-        raise BuildError(str(e), "StoreUnavailable", step="look-up") from e
+    existing = look_up(store, ArtefactKind.TUNING_CACHE, key)
     if existing is not None:
         return _result(store, existing, req, cache_hit=True, start=start)
     with tempfile.TemporaryDirectory(prefix="trtforge-tune-") as tmp:
@@ -126,22 +123,16 @@ def run_tune(req: TuneRequest) -> TuneResult:
         out.mkdir()
         (out / TUNING_RECORD).write_text(record.model_dump_json(indent=2))
 
-        def describe(upload: str, files: list[ArtefactFile]) -> ArtefactManifest:
-            return ArtefactManifest(
-                kind=ArtefactKind.TUNING_CACHE,
-                key=key,
-                format=ArtefactFormat.TUNING_RECORD,
-                backend=req.backend,
-                backend_version=version,
-                upload=upload,
-                files=files,
-                tuning=record,
-            )
-
-        try:
-            manifest, committed = artefacts.publish(store, ArtefactKind.TUNING_CACHE, key, out, describe)
-        except StoreError as e:
-            raise BuildError(str(e), "StoreUnavailable", step="publish") from e
+        manifest, committed = publish_folder(
+            store,
+            ArtefactKind.TUNING_CACHE,
+            key,
+            out,
+            ArtefactFormat.TUNING_RECORD,
+            req.backend,
+            version,
+            tuning=record,
+        )
     return _result(store, manifest, req, cache_hit=not committed, start=start)
 
 

@@ -317,7 +317,8 @@ def test_printer_columns(testbed: Any, crds: None, namespace: str) -> None:
         },
     )
     rows = _table(_ok(testbed, "get", "trte", "-n", namespace))
-    assert list(rows[0])[:4] == ["NAME", "READY", "PRECISION", "STATUS"] and list(rows[0])[-1] == "AGE"
+    assert list(rows[0])[:5] == ["NAME", "READY", "PRECISION", "RECIPE", "STATUS"]
+    assert list(rows[0])[-1] == "AGE"
     row = rows[1]["squeezenet"]
     assert row[:3] == ["1/2", "fp16", "Building"]
     wide = _table(_ok(testbed, "get", "trte", "-n", namespace, "-o", "wide"))

@@ -315,6 +315,8 @@ def test_operator_has_what_the_lifecycle_needs(testbed: TestBed, release: Releas
         ("list", "customresourcedefinitions.apiextensions.k8s.io", None, None),
         ("create", "jobs.batch", sysns, None),
         ("delete", "jobs.batch", sysns, None),
+        # a fault is believed only from a pod of a ReplicaSet its Deployment made (docs/security.md)
+        ("list", "replicasets.apps", tenant, None),
     ]
     for verb, res, ns, sub in allowed:
         assert can_i(testbed, op, verb, res, ns, sub), (
@@ -341,7 +343,8 @@ def test_operator_is_denied_what_it_does_not_need(testbed: TestBed, release: Rel
         ("create", "tokenreviews.authentication.k8s.io", None),  # the broker checks tokens, apart
         ("get", "pods/log", release.namespace),  # build results come in the termination message
         ("get", "persistentvolumeclaims", release.namespace),  # a Job mounts the store, the kubelet reads it
-        ("list", "replicasets.apps", tenant),
+        ("watch", "replicasets.apps", tenant),  # listed only when a pod reports a fault
+        ("patch", "replicasets.apps", tenant),
         ("patch", "deployments.apps", tenant),  # replaced whole when their spec hash changes
     ]
     for verb, res, ns in denied:

@@ -6,7 +6,6 @@ On the test bed this is llama.cpp (backend `llama.cpp`), never TensorRT-LLM (doc
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import secrets
 import shutil
@@ -16,21 +15,12 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-CANARY = "The capital of France is"
 STEPS = 3
 
 
 class Story(Protocol):
     def step(self, title: str) -> None: ...
     def say(self, text: str) -> None: ...
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def llm_story(tb: Any, story: Story, keep: bool) -> None:
@@ -59,19 +49,7 @@ def llm_story(tb: Any, story: Story, keep: bool) -> None:
         env.start()
         gguf = smollm2.smollm2_gguf()
         shutil.copyfile(gguf, env.models_dir / gguf.name)
-        engine = {
-            "apiVersion": "trtforge.io/v1alpha1",
-            "kind": "TRTEngine",
-            "metadata": {"name": "smollm2"},
-            "spec": {
-                "llm": {
-                    "source": {"uri": f"pvc://models/{gguf.name}", "sha256": _sha256(gguf)},
-                    "recipe": "bf16",
-                    "canary": {"prompt": CANARY, "maxTokens": 8},
-                },
-                "targets": [{"gpu": "cpu"}],
-            },
-        }
+        engine = smollm2.engine_manifest()
         t0 = time.monotonic()
         env.apply(engine, ns)
         eng = env.wait_true("trtengines", ns, "smollm2", timeout=600)

@@ -262,21 +262,10 @@ def test_min_above_max_on_1_20_is_refused_by_the_operator_naming_the_field(env: 
 def custom_metrics(env: OperatorEnv) -> Iterator[None]:
     """The test bed's custom metrics API (trtforge_dev.testbed.metrics_adapter), registered as an
     aggregated API, serving the runtime pods' own /metrics; removed afterwards."""
-    from trtforge_dev.testbed import metrics_adapter as ma
-    from trtforge_dev.testbed.pki import PKI
+    from trtforge_dev.testbed import metrics_adapter
 
-    pki = PKI(env.tb.paths.pki)
-    host = ma.host_address()
-    api = env.tb.api_client()
-    server = ma.serve(api, host, 0, str(pki.serving_cert), str(pki.serving_key))
-    try:
-        ma.register(env.api, host, int(server.server_address[1]))
-        wait_for(lambda: ma.available(env.api), timeout=120, desc="custom.metrics.k8s.io Available")
+    with metrics_adapter.registered(env.tb, env.api):
         yield
-    finally:
-        ma.unregister(env.api)
-        server.shutdown()
-        api.close()
 
 
 def _infer(ip: str, model: str, port: int = 8000) -> bool:

@@ -10,7 +10,6 @@ Runtime pods read the store directly here (`runtime_store_uri`): the broker serv
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 import shutil
@@ -33,7 +32,7 @@ from trtforge.contract.llm import ArtefactKind, ArtefactManifest, golden_request
 pytestmark = pytest.mark.integration
 
 RUNTIME = "app.kubernetes.io/component=runtime"
-CANARY = "The capital of France is"
+CANARY = smollm2.CANARY_PROMPT
 
 
 @pytest.fixture(scope="module")
@@ -60,29 +59,10 @@ def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Oper
 @pytest.fixture(scope="module")
 def custom_metrics(env: OperatorEnv) -> Iterator[None]:
     """The test bed's custom metrics API, serving the runtime pods' own /metrics (port `http`)."""
-    from trtforge_dev.testbed import metrics_adapter as ma
-    from trtforge_dev.testbed.pki import PKI
+    from trtforge_dev.testbed import metrics_adapter
 
-    pki = PKI(env.tb.paths.pki)
-    host = ma.host_address()
-    api = env.tb.api_client()
-    server = ma.serve(api, host, 0, str(pki.serving_cert), str(pki.serving_key))
-    try:
-        ma.register(env.api, host, int(server.server_address[1]))
-        wait_for(lambda: ma.available(env.api), timeout=120, desc="custom.metrics.k8s.io Available")
+    with metrics_adapter.registered(env.tb, env.api):
         yield
-    finally:
-        ma.unregister(env.api)
-        server.shutdown()
-        api.close()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _openai_address(env: OperatorEnv, ns: str, service: str) -> list[tuple[str, int]]:
@@ -128,19 +108,7 @@ def test_a_quantized_llm_is_served_chats_through_its_service_and_scales_on_waiti
     model = env.models_dir / gguf.name
     if not model.exists():
         shutil.copyfile(gguf, model)
-    engine = {
-        "apiVersion": "trtforge.io/v1alpha1",
-        "kind": "TRTEngine",
-        "metadata": {"name": "smollm2"},
-        "spec": {
-            "llm": {
-                "source": {"uri": f"pvc://models/{gguf.name}", "sha256": _sha256(gguf)},
-                "recipe": "bf16",
-                "canary": {"prompt": CANARY, "maxTokens": 8},
-            },
-            "targets": [{"gpu": "cpu"}],
-        },
-    }
+    engine = smollm2.engine_manifest()
     env.apply(engine, ns)
     eng = env.wait_true("trtengines", ns, "smollm2", timeout=600)
     ckpt = eng["status"]["checkpoint"]

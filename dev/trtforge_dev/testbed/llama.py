@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from trtforge_dev.testbed.binaries import sha256_file
 from trtforge_dev.testbed.paths import cache_dir
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -63,14 +63,6 @@ def cached_bin_dir() -> Path:
     return install_dir() / "bin"
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def cache_problems(root: Path | None = None) -> list[str]:
     """What is wrong with an installed build (empty: usable): missing stamp, binary or checksum."""
     root = root or install_dir()
@@ -86,7 +78,7 @@ def cache_problems(root: Path | None = None) -> list[str]:
         path = root / "bin" / name
         if not path.is_file() or not os.access(path, os.X_OK):
             problems.append(f"{path} is missing or not executable")
-        elif recorded.get(name) != _sha256_file(path):
+        elif recorded.get(name) != sha256_file(path):
             problems.append(f"{path}: sha256 differs from {stamp}")
     return problems
 
@@ -136,7 +128,7 @@ def download_sdist(dest: Path) -> Path:
         check=True,
     )  # fmt: skip
     sdist = dest / SDIST_NAME
-    got = _sha256_file(sdist)
+    got = sha256_file(sdist)
     if got != SDIST_SHA256:
         raise LlamaCppError(f"{sdist}: sha256 {got}, expected {SDIST_SHA256} (a different or tampered sdist)")
     return sdist
@@ -186,7 +178,7 @@ def build(jobs: int | None = None) -> Path:
                 "cmake_options": list(CMAKE_OPTIONS),
                 "jobs": jobs,
                 "build_seconds": seconds,
-                "binaries": {n: _sha256_file(staged / "bin" / n) for n in TARGETS},
+                "binaries": {n: sha256_file(staged / "bin" / n) for n in TARGETS},
             }
             (staged / STAMP).write_text(json.dumps(stamp, indent=2) + "\n")
             # Atomic publish: a reader sees the old folder or the whole new one, never half of it.

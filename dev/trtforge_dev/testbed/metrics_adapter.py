@@ -20,6 +20,7 @@ apiserver's front proxy sends: it is a test fixture on a loopback test bed, not 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -28,7 +29,7 @@ import ssl
 import threading
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -382,3 +383,24 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+@contextlib.contextmanager
+def registered(tb: Any, api: client.ApiClient) -> Iterator[None]:
+    """This adapter serving test bed `tb` (a TestBed) and registered as the aggregated
+    custom.metrics.k8s.io API through `api` until the block ends; then unregistered and stopped."""
+    from trtforge_dev.testbed.pki import PKI
+    from trtforge_dev.testbed.wait import wait_for
+
+    pki = PKI(tb.paths.pki)
+    host = host_address()
+    own = tb.api_client()
+    server = serve(own, host, 0, str(pki.serving_cert), str(pki.serving_key))
+    try:
+        register(api, host, int(server.server_address[1]))
+        wait_for(lambda: available(api), timeout=120, desc="custom.metrics.k8s.io Available")
+        yield
+    finally:
+        unregister(api)
+        server.shutdown()
+        own.close()

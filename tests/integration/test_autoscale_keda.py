@@ -77,9 +77,16 @@ def _remove_crd(env: OperatorEnv) -> None:
     wait_for(lambda: not _crd_served(env), timeout=60, desc="KEDA's ScaledObject no longer served")
 
 
+def _established(env: OperatorEnv) -> bool:
+    established = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+    r = env.tb.kubectl("get", "crd", CRD_NAME, "-o", established, check=False)
+    return r.returncode == 0 and r.stdout.strip() == "True"
+
+
 def _install_crd(env: OperatorEnv) -> None:
     env.tb.kubectl("apply", "-f", str(CRD))
-    env.tb.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    # Polled, not `kubectl wait`: kubectl 1.20 fails at once on a CRD that has no conditions yet.
+    wait_for(lambda: _established(env), timeout=60, desc="KEDA's ScaledObject CRD Established")
     wait_for(lambda: _crd_served(env), timeout=60, desc="KEDA's ScaledObject served")
 
 

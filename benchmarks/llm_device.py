@@ -117,7 +117,11 @@ async def load(url: str, model: str, concurrency: int, requests: int, max_tokens
 
     queue = list(range(requests))
     out: list[dict[str, Any]] = []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+    # a connection per request: llama-server's HTTP library closes a keep-alive connection after a
+    # few requests, and a pooled one reused just then fails with ServerDisconnected on either side
+    connector = aiohttp.TCPConnector(force_close=True)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         await one_request(session, url, model, 4)  # warm-up
 
         async def worker() -> None:
@@ -148,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--parallel", type=int, default=16)
+    ap.add_argument("--min-requests", type=int, default=16, help="requests per point, at least")
+    ap.add_argument("--per-client", type=int, default=4, help="requests per point per client")
     a = ap.parse_args(argv)
     server = str(a.llama_bin / "llama-server")
     common = ["-c", str(a.parallel * 512), "-np", str(a.parallel), "-ngl", "99"]
@@ -181,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_ok(f"http://127.0.0.1:{probe_port}/v2/health/ready", 300, sup)
         sides = {"direct": direct_port, "supervised": sup_port}
         for c in a.concurrency:
-            n = max(16, 4 * c)
+            n = max(a.min_requests, a.per_client * c)
             for side in ["direct", "supervised"] if c % 2 else ["supervised", "direct"]:
                 with power:
                     row = asyncio.run(load(f"http://127.0.0.1:{sides[side]}", "smollm2", c, n, a.max_tokens))

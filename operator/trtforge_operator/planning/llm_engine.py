@@ -38,7 +38,12 @@ from trtforge_operator.observe.llm_keys import (
     tune_id,
 )
 from trtforge_operator.observe.views import EngineObserved, JobView, jobs_by_build_id, obs_requester, utc
-from trtforge_operator.planning.llm_policies import LLMTargetFacts, llm_target_refusal, target_identity
+from trtforge_operator.planning.llm_policies import (
+    LLMTargetFacts,
+    checkpoint_refusal,
+    llm_target_refusal,
+    target_identity,
+)
 from trtforge_operator.planning.llm_retry import RetryDecision, RetryStep, retry_decision
 from trtforge_operator.planning.text import one_line, timestamp
 from trtforge_operator.planning.verify import VerifyOutcome
@@ -202,8 +207,31 @@ def plan_llm(
     ck = _plan_checkpoint(obs, cfg, plan, ckey, qid, backend, digest, requester)
     plan.checkpoint = ck
     for t in forgeable:
+        if _refuse_weights(obs, plan, statuses[t.name], t, ck):
+            continue
         _plan_tune(obs, cfg, plan, statuses[t.name], t, ck, qid, requester)
     return plan
+
+
+def _refuse_weights(
+    obs: EngineObserved, plan: LLMPlan, st: TargetStatus, t: GPUTarget, ck: CheckpointStatus
+) -> bool:
+    """A published checkpoint whose weights do not fit the target (planning/llm_policies.py,
+    `checkpoint_refusal`): the target is Failed before its tune Job, and never served."""
+    if ck.phase != "Ready":
+        return False
+    m = obs.checkpoint
+    weight_bytes = m.weight_bytes if m is not None else ck.size_bytes
+    if weight_bytes is None:
+        return False
+    refusal = checkpoint_refusal(t, target_identity(t, obs.nodes), obs.spec.parallelism_of(t), weight_bytes)
+    if refusal is None:
+        return False
+    st.phase, st.reason, st.message = "Failed", refusal.reason.value, refusal.message
+    st.engine_key = ck.checkpoint_key
+    plan.warnings.append((refusal.reason.value, refusal.message))
+    plan.stalled.append(refusal.message)
+    return True
 
 
 def _plan_checkpoint(

@@ -68,9 +68,7 @@ def test_an_onnx_engine_is_served_as_before_and_llm_settings_on_it_are_refused()
 def test_the_server_defaults_by_target_and_takes_the_engines_keys() -> None:
     cpu = llm_runtime(None, FACTS, CPU)
     assert cpu == LLMRuntime(LLMServer.LLAMA_CPP, CKPT, TUNE, 8080, ())
-    gpu = llm_runtime(
-        LLMServing(args=["--kv_cache_free_gpu_memory_fraction", "0.8"], port=9000), FACTS, H100
-    )
+    gpu = llm_runtime(LLMServing(args=["--kv_cache_free_gpu_memory_fraction", "0.8"], port=9000), FACTS, H100)
     assert isinstance(gpu, LLMRuntime)
     assert gpu.server == LLMServer.TRTLLM_SERVE and gpu.tuning_key is None and gpu.openai_port == 9000
     assert gpu.server_args == ("--kv_cache_free_gpu_memory_fraction", "0.8")

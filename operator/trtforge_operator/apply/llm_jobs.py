@@ -20,8 +20,8 @@ from trtforge_operator.apply.children import (
     _gpu_limits,
     _pvc_claim,
     container,
-    pod_security_context,
     job_name,
+    pod_security_context,
     store_mounts,
 )
 from trtforge_operator.config import OperatorConfig

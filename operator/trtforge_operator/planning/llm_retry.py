@@ -17,9 +17,10 @@ from trtforge_operator.planning.text import iso_time
 
 # Failures the same inputs fail again with: the accuracy gate refused the result (ValidationFailed),
 # the source is not a model or not the pinned one, the image lacks the backend, a bad argument.
-LLM_NO_RETRY: frozenset[FailureReason] = NO_RETRY | frozenset(
+_LLM_ONLY: frozenset[FailureReason] = frozenset(
     {"ValidationFailed", "BackendUnavailable", "ModelSourceRefused", "ModelTooLarge"}
 )
+LLM_NO_RETRY: frozenset[str] = NO_RETRY | _LLM_ONLY
 
 
 class RetryStep(StrEnum):

@@ -25,7 +25,6 @@ class Story(Protocol):
 
 def llm_story(tb: Any, story: Story, keep: bool) -> None:
     """Quantize, serve, chat; everything it made goes unless `keep`."""
-    import yaml
     from kubernetes import client
     from kubernetes.client.rest import ApiException
     from openai import OpenAI
@@ -43,10 +42,7 @@ def llm_story(tb: Any, story: Story, keep: bool) -> None:
         build={"llama_bin_dir": str(llama.bin_dir()), "cpu": "1", "memory": "2Gi"},
     )
     try:
-        cfg = yaml.safe_load(env.config_path.read_text())
-        cfg["runtime_store_uri"] = str(env.store_dir)  # LLM pods read the store (the broker: engines only)
-        env.config_path.write_text(yaml.safe_dump(cfg))
-        env.start()
+        env.start()  # LLM pods read their checkpoint through the broker, as engine pods do
         gguf = smollm2.smollm2_gguf()
         shutil.copyfile(gguf, env.models_dir / gguf.name)
         engine = smollm2.engine_manifest()

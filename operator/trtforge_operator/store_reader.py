@@ -7,10 +7,12 @@ import time
 
 from trtforge.contract.engine_key import RequestRecord
 from trtforge.contract.layout import ENGINES, MANIFEST, manifest_path, request_path
+from trtforge.contract.llm.artefact import ArtefactKind, ArtefactManifest
 from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import PossessionRecord, VerifyGrant, possession_path, verify_grant_path
 from trtforge.logs import fields
 from trtforge.store import EngineStore, ObjectNotFound, StoreError, open_store
+from trtforge.store.artefacts import read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +26,7 @@ class StoreReader:
         self.ttl_s = ttl_s
         self._cache: dict[str, tuple[float, Manifest | None]] = {}
         self._requests: dict[str, tuple[float, RequestRecord | None]] = {}
+        self._artefacts: dict[tuple[ArtefactKind, str], tuple[float, ArtefactManifest | None]] = {}
         self._possession: dict[tuple[str, str], tuple[float, PossessionRecord | None]] = {}
         self.last_error: str | None = None
 
@@ -42,6 +45,18 @@ class StoreReader:
             log.warning("cannot read manifest %s: %s", key[:12], e, extra=fields(key=key))
             return hit[1] if hit is not None else None
         self._cache[key] = (now, m)
+        return m
+
+    def artefact_manifest(self, kind: ArtefactKind, key: str) -> ArtefactManifest | None:
+        """An LLM artefact's committed manifest (None: absent), cached as engine manifests are. A
+        committed manifest never changes, so a present one is kept for the TTL; StoreError when the
+        store cannot answer or the manifest does not parse."""
+        now = time.monotonic()
+        hit = self._artefacts.get((kind, key))
+        if hit is not None and now - hit[0] < (self.ttl_s if hit[1] is not None else self.ttl_s / 2):
+            return hit[1]
+        m = read_manifest(self.store, kind, key)
+        self._artefacts[(kind, key)] = (now, m)
         return m
 
     def verify_grant(self, namespace: str, job: str) -> VerifyGrant | None:

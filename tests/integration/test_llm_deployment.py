@@ -5,7 +5,8 @@ under `trtforge serve-llm`, the real `openai` client gets a chat completion thro
 the canary's golden tokens are the quantize Job's, and a bounded burst of concurrent requests on
 loopback makes requests wait (llama.cpp's `requests_deferred`) so the real HPA adds a replica.
 
-Runtime pods read the store directly here (`runtime_store_uri`): the broker serves ONNX engines only.
+Runtime pods read the checkpoint and tuning cache through the engine broker, the default (no
+`runtime_store_uri`), presenting their projected token, as engine pods do.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from trtforge_dev.localdev import OperatorEnv, delete_with_cleanup, deployment_manifest
@@ -45,10 +45,6 @@ def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Oper
         [f"llm-{tag}"],
         build={"llama_bin_dir": bins, "cpu": "1", "memory": "2Gi"},
     )
-    # LLM runtime pods read the store themselves (on the test bed: its host directory).
-    cfg = yaml.safe_load(e.config_path.read_text())
-    cfg["runtime_store_uri"] = str(e.store_dir)
-    e.config_path.write_text(yaml.safe_dump(cfg))
     e.start()
     try:
         yield e
@@ -141,6 +137,10 @@ def test_a_quantized_llm_is_served_chats_through_its_service_and_scales_on_waiti
         assert got["status"]["endpoint"] == f"http://chat.{ns}.svc:8080/v1"
         wide = env.tb.kubectl("get", "infd", "chat", "-n", ns, "-o", "wide").stdout
         assert "llama.cpp" in wide and "1/1" in wide, wide
+        # the ready pod fetched its checkpoint through the broker (the default --store)
+        (pod,) = [p for p in env.pods(ns, RUNTIME) if not p.metadata.deletion_timestamp]
+        cmd = pod.spec.containers[0].command
+        assert cmd[cmd.index("--store") + 1].startswith("http://"), cmd
 
         addrs = wait_for(
             lambda: _openai_address(env, ns, "chat"),

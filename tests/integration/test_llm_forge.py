@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from trtforge_builder.llm.llamacpp import LlamaCppTools
+from trtforge_builder.llm.weights import gguf_weights
 
 from trtforge.contract.gpu import GPUTarget, known_identity
 from trtforge.contract.llm import (
@@ -118,6 +119,12 @@ def test_fp8_is_quantized_gated_and_published_with_its_golden_tokens(
     model = tmp_path / "ckpt" / "model.gguf"
     assert model.read_bytes()[:4] == b"GGUF"
     assert model.stat().st_size > gguf.stat().st_size  # 8-bit weights are larger than the 4-bit source
+    # the weights the operator checks each target's memory against: the source's tensors, at 8 bits
+    info = manifest.checkpoint
+    assert info.parameters == gguf_weights(gguf).parameters == 134_515_008  # SmolLM2-135M
+    assert (
+        info.weight_bytes is not None and gguf_weights(gguf).bytes < info.weight_bytes < model.stat().st_size
+    )
 
 
 def test_a_second_quantize_of_the_same_request_is_a_cache_hit(

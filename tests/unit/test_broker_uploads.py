@@ -21,6 +21,7 @@ from trtforge_operator.broker import Denied, Identity, UploaderPod, make_app, up
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.store_reader import StoreReader
 
+from trtforge.contract.llm import ArtefactKind
 from trtforge.contract.possession import VerifyGrant, staged_model_path, verify_grant_path
 from trtforge.store import open_store
 
@@ -307,6 +308,9 @@ class OneVerifyPod:
 
     async def check_engine(self, who: Identity, key: str) -> None:
         raise Denied(403, "no engines here")
+
+    async def check_artefact(self, who: Identity, kind: ArtefactKind, key: str) -> None:
+        raise Denied(403, "no LLM artefacts here")
 
     async def check_upload(self, who: Identity, sha256: str, length: int | None) -> VerifyGrant:
         grant = self.store.verify_grant(who.namespace, POD.job)

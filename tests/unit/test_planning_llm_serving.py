@@ -61,40 +61,40 @@ def _request(target: GPUTarget = CPU, **kw: Any) -> children.RuntimeRequest:
 
 
 def test_an_onnx_engine_is_served_as_before_and_llm_settings_on_it_are_refused() -> None:
-    assert llm_runtime(None, None, H100, S3) is None
-    assert llm_runtime(LLMServing(), None, H100, S3) == LLMProblem.NOT_AN_LLM_ENGINE
+    assert llm_runtime(None, None, H100) is None
+    assert llm_runtime(LLMServing(), None, H100) == LLMProblem.NOT_AN_LLM_ENGINE
 
 
 def test_the_server_defaults_by_target_and_takes_the_engines_keys() -> None:
-    cpu = llm_runtime(None, FACTS, CPU, S3)
+    cpu = llm_runtime(None, FACTS, CPU)
     assert cpu == LLMRuntime(LLMServer.LLAMA_CPP, CKPT, TUNE, 8080, ())
-    gpu = llm_runtime(
-        LLMServing(args=["--kv_cache_free_gpu_memory_fraction", "0.8"], port=9000), FACTS, H100, S3
-    )
+    gpu = llm_runtime(LLMServing(args=["--kv_cache_free_gpu_memory_fraction", "0.8"], port=9000), FACTS, H100)
     assert isinstance(gpu, LLMRuntime)
     assert gpu.server == LLMServer.TRTLLM_SERVE and gpu.tuning_key is None and gpu.openai_port == 9000
     assert gpu.server_args == ("--kv_cache_free_gpu_memory_fraction", "0.8")
-    explicit = llm_runtime(LLMServing(server=LLMServer.LLAMA_CPP), FACTS, H100, S3)
+    explicit = llm_runtime(LLMServing(server=LLMServer.LLAMA_CPP), FACTS, H100)
     assert isinstance(explicit, LLMRuntime) and explicit.server == LLMServer.LLAMA_CPP
 
 
 def test_a_target_waits_with_a_typed_reason() -> None:
     unpublished = LLMEngineFacts(checkpoint_key=None, canary_prompt="p")
-    assert llm_runtime(None, unpublished, CPU, S3) == LLMProblem.NO_CHECKPOINT
+    assert llm_runtime(None, unpublished, CPU) == LLMProblem.NO_CHECKPOINT
     on_cpu = LLMServing(server=LLMServer.TRTLLM_SERVE)
-    assert llm_runtime(on_cpu, FACTS, CPU, S3) == LLMProblem.SERVER_NEEDS_GPU
-    assert llm_runtime(LLMServing(canary_prompt="Other"), FACTS, CPU, S3) == LLMProblem.CANARY_PROMPT_MISMATCH
+    assert llm_runtime(on_cpu, FACTS, CPU) == LLMProblem.SERVER_NEEDS_GPU
+    assert llm_runtime(LLMServing(canary_prompt="Other"), FACTS, CPU) == LLMProblem.CANARY_PROMPT_MISMATCH
     same = LLMServing(canary_prompt=FACTS.canary_prompt)
-    assert isinstance(llm_runtime(same, FACTS, CPU, S3), LLMRuntime)
+    assert isinstance(llm_runtime(same, FACTS, CPU), LLMRuntime)
 
 
-def test_llm_pods_read_the_store_themselves_not_through_the_broker() -> None:
-    assert llm_runtime(None, FACTS, CPU, "http://broker:8081") == LLMProblem.STORE_THROUGH_BROKER
-    assert llm_runtime(None, None, CPU, "http://broker:8081") is None  # ONNX engines: the broker
+def test_llm_pods_read_through_the_broker_by_default() -> None:
     brokered = OperatorConfig(backends={"gpu": "onnxruntime"}, broker={"url": "http://broker:8081"})
     plan = plan_deployment(_observed(_infd(), _llm_engine()), brokered)
-    assert [m["kind"] for m in plan.apply] == ["Service"]
-    assert "runtime_store_uri" in (plan.status.targets[0].message or "")
+    dep = next(m for m in plan.apply if m["kind"] == "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    flags = dict(itertools.pairwise(c["command"]))
+    assert flags["--store"] == "http://broker:8081" and flags["--checkpoint"] == CKPT
+    # the pod presents its projected token for the broker's audience, as engine pods do
+    assert children.TOKEN_ENV in {e["name"] for e in c.get("env") or []}
 
 
 def test_the_deployment_runs_serve_llm_with_probes_and_metrics_on_http() -> None:

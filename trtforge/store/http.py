@@ -13,6 +13,9 @@ GET      ``<base>/engines/<key>/<file>``  200 with the bytes; or 302/307 to a sh
                                          ``X-Trtforge-Sha256`` is checked against the body.
 HEAD     ``<base>/engines/<key>/<file>``  200 when it exists (``exists``)
 GET      ``<base>/engines/<key>/``        200 ``{"files": ["manifest.json", ...]}`` (``list``)
+GET      ``<base>/checkpoints/<key>/...`` an LLM artefact's ``manifest.json`` and the files it lists
+         ``<base>/tuning/<key>/...``      (``<upload>/<path>``), as for engine files; read by
+                                         :mod:`trtforge.store.artefacts` (``read_manifest``, ``fetch``)
 =======  ==============================  =======================================================
 
 Status codes: 404 — no such engine or file (:class:`ObjectNotFound`); 401 — no or bad token;
@@ -29,8 +32,8 @@ caller's sha256 check of the whole file still decides; a file that changed size 
 error, never a spliced file. Every request carries ``Authorization: Bearer <token>``, the token
 re-read on each request from the file named by ``$TRTFORGE_BROKER_TOKEN_FILE`` (kubelet rotates
 projected tokens); no header when the variable is unset. For https, ``$TRTFORGE_BROKER_CA_FILE``
-names the CA bundle to trust (else the system's). Only paths under ``engines/`` are served; timing
-caches and writes are for build Jobs, which use the store itself.
+names the CA bundle to trust (else the system's). Only paths under ``engines/``, ``checkpoints/`` and
+``tuning/`` are served; timing caches and writes are for build Jobs, which use the store itself.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ TIMEOUT_S = 30.0
 RETRY_ROUNDS = 5  # rounds over every endpoint before a request fails
 BACKOFF_S = 0.5  # wait after the first round where no endpoint answered; doubles each round
 MAX_BACKOFF_S = 8.0
+# What the broker serves: engines, and the LLM artefacts runtime pods read (checkpoints, tuning caches).
+SERVED_PREFIXES = ("engines/", "checkpoints/", "tuning/")
 
 
 class _Retry(Exception):
@@ -104,8 +109,9 @@ class BrokerStore:
     def _url(self, path: str, *, directory: bool = False) -> str:
         """The URL of `path` relative to an endpoint (checked; the endpoint is prefixed per attempt)."""
         check_relpath(path)
-        if not path.startswith("engines/"):
-            raise StoreError(f"engine broker {self.uri} serves only engines/<key>/...; not {path}")
+        if not path.startswith(SERVED_PREFIXES):
+            served = ", ".join(f"{p}<key>/..." for p in SERVED_PREFIXES)
+            raise StoreError(f"engine broker {self.uri} serves only {served}; not {path}")
         return f"/{quote(path)}" + ("/" if directory else "")
 
     def _request(self, url: str, method: str = "GET") -> urllib.request.Request:
@@ -138,7 +144,7 @@ class BrokerStore:
             if e.code == 404:
                 raise ObjectNotFound(f"engine broker {base}: {path} does not exist") from e
             if e.code in (401, 403):
-                why = "no valid token" if e.code == 401 else "this namespace may not read this engine"
+                why = "no valid token" if e.code == 401 else "this namespace may not read this artefact"
                 raise BrokerDenied(
                     f"engine broker {base}: {method} {path} refused ({e.code}, {why})"
                     + (f": {detail}" if detail else "")

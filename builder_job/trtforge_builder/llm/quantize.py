@@ -37,6 +37,7 @@ from trtforge_builder.errors import BuildError
 from trtforge_builder.fetch import fetch_model
 from trtforge_builder.llm.llamacpp import LlamaCppError, LlamaCppTools, gguf_type_for
 from trtforge_builder.llm.store_steps import look_up, open_artefact_store, publish_folder
+from trtforge_builder.llm.weights import WeightsError, checkpoint_weights
 
 EVALUATION_TEXT = "evaluation.txt"
 PERPLEXITY_CONTEXT = 128
@@ -135,12 +136,18 @@ def run_quantize(req: QuantizeRequest) -> QuantizeResult:
             golden = tools.golden(out / MODEL_FILE, req.canary_prompt, req.canary_tokens, threads)
         except LlamaCppError as e:
             raise BuildError(str(e), "BuildFailed", step="quantize") from e
+        try:
+            weights = checkpoint_weights(out, MODEL_FILE)
+        except WeightsError as e:
+            raise BuildError(str(e), "BuildFailed", step="count-weights") from e
         info = CheckpointInfo(
             source=SourceRef(uri=req.source_uri, digest=src.sha256),
             recipe=req.recipe,
             calibration=req.calibration,
             quantized_type=gguf_type,
             model_file=MODEL_FILE,
+            parameters=weights.parameters,
+            weight_bytes=weights.bytes,
             accuracy=gate,
             golden=golden,
         )

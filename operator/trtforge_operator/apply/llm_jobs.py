@@ -16,11 +16,11 @@ from trtforge.contract.llm.artefact import KIND_DIRS
 from trtforge.contract.possession import staged_model_path
 from trtforge.contract.termination import TERMINATION_LOG_ENV
 from trtforge_operator.apply.children import (
-    JOB_PREFIX,
     PVC_ROOT,
     _gpu_limits,
     _pvc_claim,
     container,
+    job_name,
     pod_security_context,
     store_mounts,
 )
@@ -45,9 +45,10 @@ TUNE = "tune"
 TERMINATION_PATH = "/dev/termination-log"
 
 
-def llm_job_name(kind: str, job_id: str) -> str:
-    """`trtforge-build-<id>`, as build Jobs (slots, wake-ups and clean-up find them by the prefix)."""
-    return f"{JOB_PREFIX}{job_id}"
+def llm_job_name(kind: str, job_id: str, attempt: int = 1) -> str:
+    """`trtforge-build-<id>` (`-a<n>` for attempt n > 1), as build Jobs (slots, wake-ups and clean-up
+    find them by the prefix)."""
+    return job_name(job_id, attempt)
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,11 @@ class QuantizeRequest:
     canary_tokens: int
     requester: str
     timeout_seconds: int = 3600
+    attempt: int = 1
 
     @property
     def job_name(self) -> str:
-        return llm_job_name(QUANTIZE, self.job_id)
+        return llm_job_name(QUANTIZE, self.job_id, self.attempt)
 
 
 @dataclass(frozen=True)
@@ -82,10 +84,11 @@ class TuneRequest:
     requester: str
     mig_strategy: MigStrategy = MigStrategy.MIXED
     timeout_seconds: int = 3600
+    attempt: int = 1
 
     @property
     def job_name(self) -> str:
-        return llm_job_name(TUNE, self.job_id)
+        return llm_job_name(TUNE, self.job_id, self.attempt)
 
 
 def _staged_source(store_uri: str, sha256: str) -> str:
@@ -152,6 +155,7 @@ def _job(
     node_selector: dict[str, str],
     gpu_limits: dict[str, str],
     timeout_seconds: int,
+    attempt: int,
 ) -> dict[str, Any]:
     labels = {
         **BASE_LABELS,
@@ -166,7 +170,7 @@ def _job(
         **annotations,
         requester_annotation(requester): requester,
         ANNOTATION_CREATED_FOR: requester,
-        ANNOTATION_ATTEMPT: "1",
+        ANNOTATION_ATTEMPT: str(attempt),
     }
     volumes: list[dict[str, Any]] = [{"name": "scratch", "emptyDir": {"sizeLimit": cfg.build.scratch_size}}]
     mounts: list[dict[str, Any]] = [{"name": "scratch", "mountPath": "/tmp"}]
@@ -234,6 +238,7 @@ def quantize_job(req: QuantizeRequest, cfg: OperatorConfig) -> dict[str, Any]:
         node_selector={},
         gpu_limits={},
         timeout_seconds=req.timeout_seconds,
+        attempt=req.attempt,
     )
 
 
@@ -255,4 +260,5 @@ def tune_job(req: TuneRequest, cfg: OperatorConfig) -> dict[str, Any]:
         # every rank of the mapping on one node (groups of rank pods across nodes are not planned here)
         gpu_limits={k: str(req.parallelism.world_size) for k in _gpu_limits(req.target, req.mig_strategy)},
         timeout_seconds=req.timeout_seconds,
+        attempt=req.attempt,
     )

@@ -6,6 +6,11 @@ URL scheme (the read-only client is :mod:`trtforge.store.http`)::
     GET  /engines/<key>/<file>   the bytes (X-Trtforge-Sha256 for the engine file)
     HEAD /engines/<key>/<file>   200 when it exists
     GET  /engines/<key>/         {"files": [...]}
+    GET  /checkpoints/<key>/manifest.json, /tuning/<key>/manifest.json
+                                 an LLM artefact's manifest (docs/llm.md §"Artefacts")
+    GET  /checkpoints/<key>/<upload>/<path>, /tuning/<key>/<upload>/<path>
+                                 one file the manifest lists, streamed (X-Trtforge-Sha256: its sha256)
+    HEAD the same                200 when it exists
     PUT  /models/<sha256>        a verify step's model bytes (no header but the token and the
                                  length counts: the source is the operator's grant)
 
@@ -18,6 +23,12 @@ with the pod name in the token's extra info.
   that engine's model (``Manifest.model_sha256``) through the model source that TRTEngine names now:
   a possession record ``possession/<ns>/<source fingerprint>.json`` of that digest. 401 without a
   valid token, 403 when (1) or (2) fails, 404 when the store has no such file.
+- An LLM artefact (a checkpoint or a tuning cache) is served under the same two rules: (1) an
+  InferenceDeployment in ``<ns>`` references a TRTEngine whose status names that key
+  (``status.checkpoint.checkpointKey``, ``status.targets[].tuningKey``), and (2) ``<ns>`` proved it
+  holds the source the checkpoint was quantized from (``CheckpointInfo.source.digest``; for a tuning
+  cache, that of the checkpoint its record names) through the ``spec.llm.source`` that TRTEngine
+  names now. Only the manifest and the files it lists, in the upload it names, are served.
 - A ``PUT /models/<sha256>`` is taken only from a pod of a verify Job the operator created for a
   pending verification: the token's pod (TokenReview: name and uid) must exist, its controller must
   be a Job whose uid the operator recorded in a :class:`VerifyGrant` (``verify-grants/<ns>/<job>``,
@@ -40,7 +51,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,6 +60,13 @@ from aiohttp import web
 from kubernetes.client.rest import ApiException
 
 from trtforge.contract.layout import KEY_RE, engine_path, manifest_path
+from trtforge.contract.llm.artefact import (
+    KIND_DIRS,
+    ArtefactKind,
+    ArtefactManifest,
+    file_path,
+)
+from trtforge.contract.llm.artefact import manifest_path as artefact_manifest_path
 from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import (
     SHA256_RE,
@@ -117,9 +135,18 @@ class Authorizer(Protocol):
         """Raises Denied (403) unless `who`'s namespace may read engine `key`."""
         ...
 
+    async def check_artefact(self, who: Identity, kind: ArtefactKind, key: str) -> None:
+        """Raises Denied (403) unless `who`'s namespace may read LLM artefact `kind`/`key`."""
+        ...
+
     async def check_upload(self, who: Identity, sha256: str, length: int | None) -> VerifyGrant:
         """The pending verification `who` uploads for; raises Denied (403/413/503) otherwise."""
         ...
+
+
+# The LLM artefacts the broker serves: what an engine's status names (rank engines are not served).
+SERVED_ARTEFACTS: tuple[ArtefactKind, ...] = (ArtefactKind.CHECKPOINT, ArtefactKind.TUNING_CACHE)
+ArtefactRef = tuple[ArtefactKind, str]
 
 
 def namespace_of(username: str) -> str | None:
@@ -129,32 +156,84 @@ def namespace_of(username: str) -> str | None:
     return ns if ns and sa else None
 
 
+def _referenced_engines(
+    infds: list[dict[str, Any]], engines: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The TRTEngines (same namespace) the InferenceDeployments reference, once per reference."""
+    out = []
+    for d in infds:
+        ref = ((d.get("spec") or {}).get("engineRef") or {}).get("name")
+        e = engines.get(ref or "")
+        if e is not None:
+            out.append(e)
+    return out
+
+
+def _source_ref(source: Mapping[str, Any]) -> ModelSourceRef:
+    return ModelSourceRef(
+        uri=str(source.get("uri") or ""),
+        secret=((source.get("secretRef") or {}).get("name")) or None,
+        pin=source.get("sha256") or None,
+    )
+
+
 def sources_by_key(
     infds: list[dict[str, Any]], engines: dict[str, dict[str, Any]]
 ) -> dict[str, list[ModelSourceRef]]:
     """Engine key -> the model sources of the TRTEngines (same namespace) that list it in their status
     and that an InferenceDeployment of the namespace references."""
     out: dict[str, list[ModelSourceRef]] = {}
-    for d in infds:
-        ref = ((d.get("spec") or {}).get("engineRef") or {}).get("name")
-        e = engines.get(ref or "")
-        if e is None:
-            continue
-        model = (e.get("spec") or {}).get("model") or {}
-        src = ModelSourceRef(
-            uri=str(model.get("uri") or ""),
-            secret=((model.get("secretRef") or {}).get("name")) or None,
-            pin=model.get("sha256") or None,
-        )
+    for e in _referenced_engines(infds, engines):
+        src = _source_ref((e.get("spec") or {}).get("model") or {})
         for t in (e.get("status") or {}).get("targets") or []:
             if t.get("engineKey"):
                 out.setdefault(str(t["engineKey"]), []).append(src)
     return out
 
 
+def artefact_sources(
+    infds: list[dict[str, Any]], engines: dict[str, dict[str, Any]]
+) -> dict[ArtefactRef, list[ModelSourceRef]]:
+    """(kind, key) of each LLM artefact that a referenced TRTEngine's status names (its checkpoint,
+    each target's tuning cache) -> the ``spec.llm.source`` of those TRTEngines."""
+    out: dict[ArtefactRef, list[ModelSourceRef]] = {}
+    for e in _referenced_engines(infds, engines):
+        llm = (e.get("spec") or {}).get("llm")
+        if not llm:
+            continue
+        src = _source_ref(llm.get("source") or {})
+        status = e.get("status") or {}
+        ckpt = (status.get("checkpoint") or {}).get("checkpointKey")
+        if ckpt:
+            out.setdefault((ArtefactKind.CHECKPOINT, str(ckpt)), []).append(src)
+        for t in status.get("targets") or []:
+            if t.get("tuningKey"):
+                out.setdefault((ArtefactKind.TUNING_CACHE, str(t["tuningKey"])), []).append(src)
+    return out
+
+
 def keys_referenced(infds: list[dict[str, Any]], engines: dict[str, dict[str, Any]]) -> set[str]:
     """Engine keys the InferenceDeployments of one namespace reference (via their same-namespace engines)."""
     return set(sources_by_key(infds, engines))
+
+
+def possession_denial(
+    namespace: str,
+    what: str,
+    sources: Iterable[ModelSourceRef],
+    model_sha256: str,
+    possession: Callable[[str, str], PossessionRecord | None],
+) -> str | None:
+    """Why `namespace` has not proven it holds model `model_sha256` through one of `sources` (the
+    sources its referencing TRTEngines name now); None: it has. `what` names the artefact."""
+    for src in sources:
+        rec = possession(namespace, src.fingerprint)
+        if rec is not None and rec.proves(namespace, src.fingerprint, model_sha256):
+            return None
+    return (
+        f"namespace {namespace} has not proven it holds the model of {what}: no verify "
+        "step of its TRTEngine's current model source streamed a model with that sha256"
+    )
 
 
 def grant_denial(
@@ -173,14 +252,42 @@ def grant_denial(
         return f"namespace {namespace} has no InferenceDeployment serving engine {key[:12]}"
     if manifest is None:
         return None
-    for src in sources:
-        rec = possession(namespace, src.fingerprint)
-        if rec is not None and rec.proves(namespace, src.fingerprint, manifest.model_sha256):
-            return None
-    return (
-        f"namespace {namespace} has not proven it holds the model of engine {key[:12]}: no verify "
-        "step of its TRTEngine's current model source streamed a model with that sha256"
-    )
+    return possession_denial(namespace, f"engine {key[:12]}", sources, manifest.model_sha256, possession)
+
+
+def artefact_model_digest(
+    manifest: ArtefactManifest | None, checkpoint: Callable[[str], ArtefactManifest | None]
+) -> str | None:
+    """The digest of the source model an LLM artefact was made from: a checkpoint's own record; a
+    tuning cache's through the checkpoint its record names (`checkpoint(key)` reads that manifest).
+    None when the artefact (or that checkpoint) is not in the store."""
+    if manifest is None:
+        return None
+    if manifest.checkpoint is not None:
+        return manifest.checkpoint.source.digest
+    if manifest.tuning is not None:
+        return artefact_model_digest(checkpoint(manifest.tuning.checkpoint_key), lambda _: None)
+    return None
+
+
+def artefact_denial(
+    namespace: str,
+    kind: ArtefactKind,
+    key: str,
+    sources: Iterable[ModelSourceRef],
+    model_digest: str | None,
+    possession: Callable[[str, str], PossessionRecord | None],
+) -> str | None:
+    """Why `namespace` may not read LLM artefact `kind`/`key` (None: it may): the rules of engines
+    (:func:`grant_denial`), with the digest of the model it was made from (None: nothing to serve; the
+    caller answers 404)."""
+    sources = list(sources)
+    what = f"{kind} {key[:12]}"
+    if not sources:
+        return f"namespace {namespace} has no InferenceDeployment serving {what}"
+    if model_digest is None:
+        return None
+    return possession_denial(namespace, what, sources, model_digest, possession)
 
 
 @dataclass(frozen=True)
@@ -272,6 +379,15 @@ def _short(e: BaseException) -> str:
     return " ".join(str(e).split())[:200] or type(e).__name__
 
 
+@dataclass(frozen=True)
+class References:
+    """What one namespace's InferenceDeployments reference: engine keys and LLM artefacts, each with
+    the model sources of the TRTEngines that name it."""
+
+    engines: dict[str, list[ModelSourceRef]]
+    artefacts: dict[ArtefactRef, list[ModelSourceRef]]
+
+
 class KubeAuthorizer:
     """TokenReview, then the InferenceDeployments/TRTEngines of the token's namespace (cached briefly)
     and the store's possession records."""
@@ -281,7 +397,7 @@ class KubeAuthorizer:
         self.audience = audience
         self.store = store
         self._tokens: dict[str, tuple[float, Identity]] = {}
-        self._sources: dict[str, tuple[float, dict[str, list[ModelSourceRef]]]] = {}
+        self._refs: dict[str, tuple[float, References]] = {}
 
     async def identify(self, token: str) -> Identity:
         hit = self._tokens.get(token)
@@ -303,8 +419,8 @@ class KubeAuthorizer:
         self._tokens[token] = (time.monotonic(), who)
         return who
 
-    async def _sources_of(self, ns: str, fresh: bool = False) -> dict[str, list[ModelSourceRef]]:
-        hit = self._sources.get(ns)
+    async def _references(self, ns: str, fresh: bool = False) -> References:
+        hit = self._refs.get(ns)
         if not fresh and hit and time.monotonic() - hit[0] < AUTH_TTL_S:
             return hit[1]
         try:
@@ -312,17 +428,38 @@ class KubeAuthorizer:
             engines = {e["metadata"]["name"]: e for e in await self.kube.list_custom(TRTENGINES, ns)}
         except UNAVAILABLE as e:
             raise Denied(503, f"cannot read the namespace's references now ({_short(e)}); retry") from e
-        out = sources_by_key(infds, engines)
-        self._sources[ns] = (time.monotonic(), out)
+        out = References(sources_by_key(infds, engines), artefact_sources(infds, engines))
+        self._refs[ns] = (time.monotonic(), out)
         return out
 
     async def check_engine(self, who: Identity, key: str) -> None:
         manifest = await asyncio.to_thread(self.store.manifest, key)
         why = None
         for fresh in (False, True):  # a just-created reference or record may not be cached yet
-            sources = (await self._sources_of(who.namespace, fresh)).get(key, [])
+            sources = (await self._references(who.namespace, fresh)).engines.get(key, [])
             why = await asyncio.to_thread(
                 grant_denial, who.namespace, key, sources, manifest, self._possession
+            )
+            if why is None:
+                return
+        raise Denied(403, why or "denied")
+
+    async def check_artefact(self, who: Identity, kind: ArtefactKind, key: str) -> None:
+        def digest() -> str | None:
+            m = self.store.artefact_manifest(kind, key)
+            return artefact_model_digest(
+                m, lambda k: self.store.artefact_manifest(ArtefactKind.CHECKPOINT, k)
+            )
+
+        try:
+            model_digest = await asyncio.to_thread(digest)
+        except StoreError as e:
+            raise Denied(503, f"cannot read the manifest of {kind} {key[:12]} now ({e}); retry") from e
+        why = None
+        for fresh in (False, True):  # as check_engine
+            sources = (await self._references(who.namespace, fresh)).artefacts.get((kind, key), [])
+            why = await asyncio.to_thread(
+                artefact_denial, who.namespace, kind, key, sources, model_digest, self._possession
             )
             if why is None:
                 return
@@ -365,6 +502,9 @@ class OpenAuthorizer:
         return Identity(token or "local")
 
     async def check_engine(self, who: Identity, key: str) -> None:
+        return None
+
+    async def check_artefact(self, who: Identity, kind: ArtefactKind, key: str) -> None:
         return None
 
     async def check_upload(self, who: Identity, sha256: str, length: int | None) -> VerifyGrant:
@@ -458,9 +598,15 @@ def make_app(
         if request.method == "HEAD":
             _count(200)
             return web.Response(status=200, headers=headers)
+        return await _stream(request, path, headers, who, key=key, file=name)
+
+    async def _stream(
+        request: web.Request, path: str, headers: dict[str, str], who: Identity, **what: str
+    ) -> web.StreamResponse:
+        """Stream store file `path`, one chunk in memory at a time, under the rate cap."""
         resp = web.StreamResponse(status=200, headers={**headers, "Content-Type": "application/octet-stream"})
         await resp.prepare(request)
-        log.info("broker streaming %s to %s", path, who, extra=fields(key=key, file=name, client=str(who)))
+        log.info("broker streaming %s to %s", path, who, extra=fields(client=str(who), **what))
         it = iter(store.store.iter_chunks(path))
         sent, t0 = 0, time.monotonic()
         try:
@@ -481,8 +627,43 @@ def make_app(
             raise
         await resp.write_eof()
         _count(200)
-        log.info("broker served %s to %s", path, who, extra=fields(key=key, file=name, client=str(who)))
+        log.info("broker served %s to %s", path, who, extra=fields(client=str(who), **what))
         return resp
+
+    def artefact_handler(kind: ArtefactKind) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """GET/HEAD of one kind of LLM artefact: its manifest, or a file the manifest lists."""
+
+        async def get_artefact(request: web.Request) -> web.StreamResponse:
+            key = request.match_info["key"]
+            upload, rel = request.match_info.get("upload"), request.match_info.get("path")
+            try:
+                if not KEY_RE.match(key):
+                    raise Denied(404, f"not a {kind} key")
+                who = await _identify(request)
+                await auth.check_artefact(who, kind, key)
+                try:
+                    m = await asyncio.to_thread(store.artefact_manifest, kind, key)
+                except StoreError as e:
+                    _count(502)
+                    return web.json_response({"error": str(e)}, status=502)
+                if m is None:
+                    raise Denied(404, f"no {kind} {key[:12]} (no manifest)")
+                headers: dict[str, str] = {}
+                if upload is None:
+                    path = artefact_manifest_path(kind, key)
+                else:
+                    f = next((f for f in m.files if f.path == rel), None)
+                    if upload != m.upload or f is None:
+                        raise Denied(404, f"{kind} {key[:12]} has no file {upload}/{rel}")
+                    path, headers[SHA256_HEADER] = file_path(kind, key, m.upload, f.path), f.sha256
+            except Denied as e:
+                return _deny(e)
+            if request.method == "HEAD":
+                _count(200)
+                return web.Response(status=200, headers=headers)
+            return await _stream(request, path, headers, who, kind=str(kind), key=key, file=rel or "manifest")
+
+        return get_artefact
 
     async def list_files(request: web.Request) -> web.Response:
         key = request.match_info["key"]
@@ -576,6 +757,11 @@ def make_app(
     app.router.add_get("/engines/{key}/", list_files)
     app.router.add_route("GET", "/engines/{key}/{file}", get_file)
     app.router.add_route("HEAD", "/engines/{key}/{file}", get_file)
+    for kind in SERVED_ARTEFACTS:
+        handler, d = artefact_handler(kind), KIND_DIRS[kind]
+        for method in ("GET", "HEAD"):
+            app.router.add_route(method, f"/{d}/{{key}}/manifest.json", handler)
+            app.router.add_route(method, f"/{d}/{{key}}/{{upload}}/{{path:.+}}", handler)
     app.router.add_put("/models/{sha256}", put_model)
     return app
 

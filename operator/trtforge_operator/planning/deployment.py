@@ -334,7 +334,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             name=target.name, gpu=target.gpu, mig=target.mig, deployment_name=dname, replicas=replicas
         )
         desired_hash = None
-        llm = llm_runtime(spec.llm, llm_facts, target, cfg.engine_source())
+        llm = llm_runtime(spec.llm, llm_facts, target)
         if isinstance(llm, LLMProblem):
             llm_problems[target.name] = llm
         # An ONNX target serves its engine key; an LLM target its checkpoint (and tuning record).

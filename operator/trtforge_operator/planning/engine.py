@@ -179,6 +179,8 @@ def plan_llm_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     recheck = plan_recheck(obs, cfg) if obs.verified_sha256 is not None and forge else None
     _verification(obs, cfg, admission, verify or recheck)
     plan = plan_llm(obs, cfg, targets, verify)
+    if plan.wake_at is not None:  # a failed quantize or tune Job's backoff ends
+        admission.wake_in(max(0.5, plan.wake_at - obs.now))
     for c in plan.creates:
         if not admission.admit(c.job, JobPurpose.BUILD):
             queued = f"waiting for a build slot ({obs.capacity.running_total} running)"

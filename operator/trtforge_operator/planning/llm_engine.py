@@ -4,8 +4,9 @@ checkpoint key, then a tune Job per target; status and conditions from what the 
 Order of a pass: proof of possession first (planning/verify.py, as for ONNX models: the quantize
 Job reads the source the broker staged); each target's refusal policies (planning/llm_policies.py);
 the checkpoint (in the store, quantizing, refused by the accuracy gate, or to quantize now); then,
-once it is in the store, each forgeable target's tune Job. A failed Job is not retried: the
-condition says why (the gate's refusal with both perplexities).
+once it is in the store, each forgeable target's tune Job. A failed Job is retried as build Jobs are,
+unless its reported reason says no retry can help (planning/llm_retry.py); the condition says why (the
+gate's refusal with both perplexities).
 """
 
 from __future__ import annotations
@@ -37,7 +38,13 @@ from trtforge_operator.observe.llm_keys import (
     tune_id,
 )
 from trtforge_operator.observe.views import EngineObserved, JobView, jobs_by_build_id, obs_requester, utc
-from trtforge_operator.planning.llm_policies import LLMTargetFacts, llm_target_refusal, target_identity
+from trtforge_operator.planning.llm_policies import (
+    LLMTargetFacts,
+    checkpoint_refusal,
+    llm_target_refusal,
+    target_identity,
+)
+from trtforge_operator.planning.llm_retry import RetryDecision, RetryStep, retry_decision
 from trtforge_operator.planning.text import one_line, timestamp
 from trtforge_operator.planning.verify import VerifyOutcome
 
@@ -49,12 +56,14 @@ QUANTIZED = "Quantized"
 CACHE_HIT = "CacheHit"
 GATE_FAILED = "AccuracyGateFailed"
 QUANTIZE_FAILED = "QuantizeFailed"
+QUANTIZE_RETRYING = "QuantizeRetrying"
 NO_MATCHING_NODE = "NoMatchingNode"
 WAITING_FOR_CHECKPOINT = "WaitingForCheckpoint"
 CHECKPOINT_FAILED = "CheckpointFailed"
 TUNING = "Tuning"
 TUNED = "Tuned"
 TUNE_FAILED = "TuneFailed"
+TUNE_RETRYING = "TuneRetrying"
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,10 @@ class LLMPlan:
     claims: list[str] = field(default_factory=list)
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (reason, message)
     stalled: list[str] = field(default_factory=list)
+    wake_at: float | None = None  # a failed Job's next attempt waits for its backoff until then
+
+    def wake(self, at: float) -> None:
+        self.wake_at = at if self.wake_at is None else min(self.wake_at, at)
 
     @property
     def ready(self) -> int:
@@ -89,6 +102,23 @@ def _latest(jobs: Mapping[str, Sequence[JobView]], job_id: str) -> JobView | Non
 def _reported(job: JobView) -> QuantizeResult | TuneResult | BuildFailure | None:
     raw = job.result()
     return None if raw is None else parse_llm_message(json.dumps(raw))
+
+
+def _failure(job: JobView, result: object) -> str:
+    return result.error if isinstance(result, BuildFailure) else job.failure_message or "no result"
+
+
+def _retry(
+    plan: LLMPlan, what: str, job: JobView, result: object, now: float, cfg: OperatorConfig
+) -> tuple[RetryDecision, str]:
+    """What follows a failed Job (planning/llm_retry.py), and its line for the status. A stop is a
+    warning and stalls the engine; a backoff wakes the pass when it ends."""
+    failure = result if isinstance(result, BuildFailure) else None
+    decision = retry_decision(job, failure, now, cfg)
+    message = one_line(decision.describe(f"{what} Job {job.name} failed: {_failure(job, result)}"))
+    if decision.step is RetryStep.BACKING_OFF and decision.retry_at is not None:
+        plan.wake(decision.retry_at)
+    return decision, message
 
 
 def _perplexity(p: object) -> PerplexityStatus | None:
@@ -177,8 +207,31 @@ def plan_llm(
     ck = _plan_checkpoint(obs, cfg, plan, ckey, qid, backend, digest, requester)
     plan.checkpoint = ck
     for t in forgeable:
+        if _refuse_weights(obs, plan, statuses[t.name], t, ck):
+            continue
         _plan_tune(obs, cfg, plan, statuses[t.name], t, ck, qid, requester)
     return plan
+
+
+def _refuse_weights(
+    obs: EngineObserved, plan: LLMPlan, st: TargetStatus, t: GPUTarget, ck: CheckpointStatus
+) -> bool:
+    """A published checkpoint whose weights do not fit the target (planning/llm_policies.py,
+    `checkpoint_refusal`): the target is Failed before its tune Job, and never served."""
+    if ck.phase != "Ready":
+        return False
+    m = obs.checkpoint
+    weight_bytes = m.weight_bytes if m is not None else ck.size_bytes
+    if weight_bytes is None:
+        return False
+    refusal = checkpoint_refusal(t, target_identity(t, obs.nodes), obs.spec.parallelism_of(t), weight_bytes)
+    if refusal is None:
+        return False
+    st.phase, st.reason, st.message = "Failed", refusal.reason.value, refusal.message
+    st.engine_key = ck.checkpoint_key
+    plan.warnings.append((refusal.reason.value, refusal.message))
+    plan.stalled.append(refusal.message)
+    return True
 
 
 def _plan_checkpoint(
@@ -227,17 +280,22 @@ def _plan_checkpoint(
     if isinstance(result, QuantizeResult):  # the store read lags the Job by a moment
         ck.phase, ck.reason, ck.message = "Ready", QUANTIZED, f"checkpoint {ckey[:12]} published"
         return ck
+    attempt = 1
     if job is not None and job.done:
-        ck.phase = "Failed"
         gate = _perplexity(getattr(result, "perplexity", None))
-        if gate is not None:
-            ck.perplexity, ck.reason, ck.message = gate, GATE_FAILED, gate_message(gate)
-        else:
-            why = result.error if isinstance(result, BuildFailure) else job.failure_message or "no result"
-            ck.reason, ck.message = QUANTIZE_FAILED, one_line(f"quantize Job {job.name} failed: {why}")
-        plan.warnings.append((ck.reason, ck.message))
-        plan.stalled.append(ck.message)
-        return ck
+        decision, message = _retry(plan, "quantize", job, result, obs.now, cfg)
+        ck.message = message
+        if decision.step in (RetryStep.PERMANENT, RetryStep.EXHAUSTED):
+            ck.phase, ck.reason = "Failed", QUANTIZE_FAILED
+            if gate is not None:
+                ck.perplexity, ck.reason, ck.message = gate, GATE_FAILED, gate_message(gate)
+            plan.warnings.append((ck.reason, ck.message))
+            plan.stalled.append(ck.message)
+            return ck
+        if decision.step is RetryStep.BACKING_OFF:
+            ck.phase, ck.reason = "Pending", QUANTIZE_RETRYING
+            return ck
+        attempt = decision.attempt + 1
     req = llm_jobs.QuantizeRequest(
         job_id=qid,
         checkpoint_key=ckey,
@@ -248,10 +306,12 @@ def _plan_checkpoint(
         canary_tokens=llm.canary.max_tokens,
         requester=requester,
         timeout_seconds=obs.spec.builder.timeout_seconds,
+        attempt=attempt,
     )
     plan.creates.append(JobCreate(llm_jobs.quantize_job(req, cfg)))
     ck.phase, ck.reason, ck.job_name = "Building", QUANTIZING, req.job_name
-    ck.message = f"quantize Job {req.job_name} created ({llm.recipe} on {backend.value})"
+    created = f"quantize Job {req.job_name} created ({llm.recipe} on {backend.value})"
+    ck.message = one_line(f"{ck.message}; {created}") if attempt > 1 else created
     return ck
 
 
@@ -307,14 +367,20 @@ def _plan_tune(
     if job is not None and job.running:
         st.phase, st.reason, st.message = "Building", TUNING, f"tune Job {job.name} runs"
         return
+    attempt = 1
     if job is not None and job.done:
-        why = result.error if isinstance(result, BuildFailure) else job.failure_message or "no result"
-        st.phase, st.reason = "Failed", TUNE_FAILED
-        st.message = one_line(f"tune Job {job.name} failed: {why}")
-        plan.warnings.append((TUNE_FAILED, st.message))
-        plan.stalled.append(st.message)
-        return
-    if job is not None and requester not in job.requesters():
+        decision, message = _retry(plan, "tune", job, result, obs.now, cfg)
+        st.message = message
+        if decision.step in (RetryStep.PERMANENT, RetryStep.EXHAUSTED):
+            st.phase, st.reason = "Failed", TUNE_FAILED
+            plan.warnings.append((TUNE_FAILED, st.message))
+            plan.stalled.append(st.message)
+            return
+        if decision.step is RetryStep.BACKING_OFF:
+            st.phase, st.reason = "Pending", TUNE_RETRYING
+            return
+        attempt = decision.attempt + 1
+    elif job is not None and requester not in job.requesters():
         plan.claims.append(job.name)
     req = llm_jobs.TuneRequest(
         job_id=tid,
@@ -326,10 +392,12 @@ def _plan_tune(
         requester=requester,
         mig_strategy=ki.mig_strategy,
         timeout_seconds=obs.spec.builder.timeout_seconds,
+        attempt=attempt,
     )
     plan.creates.append(JobCreate(llm_jobs.tune_job(req, cfg), target=t.name))
-    st.phase, st.reason, st.job_name, st.attempts = "Building", TUNING, req.job_name, 1
-    st.message = f"tune Job {req.job_name} created"
+    st.phase, st.reason, st.job_name, st.attempts = "Building", TUNING, req.job_name, attempt
+    created = f"tune Job {req.job_name} created"
+    st.message = one_line(f"{st.message}; {created}") if attempt > 1 else created
 
 
 def _keep(st: TargetStatus, prev: TargetStatus) -> None:

@@ -22,7 +22,7 @@ from trtforge.contract.gpu import (
     known_identity,
 )
 from trtforge.contract.llm import Backend, Parallelism, Recipe, Refusal, RefusalReason
-from trtforge.contract.llm.recipe import recipe_refusal, weights_refusal
+from trtforge.contract.llm.recipe import checkpoint_fit_refusal, recipe_refusal, weights_refusal
 from trtforge_operator.observe.views import NodeView
 
 
@@ -109,3 +109,15 @@ def llm_target_refusal(f: LLMTargetFacts) -> Refusal | None:
         if refusal is not None:
             return refusal
     return None
+
+
+def checkpoint_refusal(
+    target: GPUTarget, identity: GPUIdentity | None, parallelism: Parallelism, weight_bytes: int
+) -> Refusal | None:
+    """Once the checkpoint is published: its measured weights (the manifest's record) must fit the
+    target's memory at its mapping, whether or not ``spec.llm.parameters`` was given; checked before
+    the target's tune Job and before it serves. A CPU target has no GPU memory to fit."""
+    if target.is_cpu or identity is None:
+        return None
+    r = checkpoint_fit_refusal(weight_bytes, parallelism, identity.memory_mib)
+    return None if r is None else Refusal(reason=r.reason, message=f"target {target}: {r.message}")

@@ -25,7 +25,6 @@ class LLMProblem(StrEnum):
     NO_CHECKPOINT = "CheckpointNotPublished"  # the quantize Job has not published one yet
     CANARY_PROMPT_MISMATCH = "CanaryPromptMismatch"
     SERVER_NEEDS_GPU = "ServerNeedsGPU"  # trtllm-serve on a cpu target
-    STORE_THROUGH_BROKER = "StoreNotReadable"  # runtime pods get the broker, which serves engines only
 
 
 @dataclass(frozen=True)
@@ -61,22 +60,16 @@ def llm_problem_message(problem: LLMProblem, target: GPUTarget, engine: str) -> 
         "unset spec.llm.canaryPrompt)",
         LLMProblem.SERVER_NEEDS_GPU: f"trtllm-serve needs a GPU; target {target.name} is a CPU target "
         "(use server llama.cpp)",
-        LLMProblem.STORE_THROUGH_BROKER: "LLM runtime pods read checkpoints from the store itself and the "
-        "engine broker serves ONNX engines only: set the operator's runtime_store_uri (s3://... or a "
-        "path the pods mount)",
     }[problem]
 
 
 def llm_runtime(
-    serving: LLMServing | None, facts: LLMEngineFacts | None, target: GPUTarget, store: str
+    serving: LLMServing | None, facts: LLMEngineFacts | None, target: GPUTarget
 ) -> LLMRuntime | LLMProblem | None:
     """What ``target``'s pods run: None for an ONNX engine served over the inference protocol, an
-    :class:`LLMRuntime` for an LLM engine ready to serve, else the :class:`LLMProblem`. ``store``:
-    the --store runtime pods get (``OperatorConfig.engine_source``)."""
+    :class:`LLMRuntime` for an LLM engine ready to serve, else the :class:`LLMProblem`."""
     if facts is None:
         return None if serving is None else LLMProblem.NOT_AN_LLM_ENGINE
-    if store.startswith(("http://", "https://")):
-        return LLMProblem.STORE_THROUGH_BROKER
     serving = serving or LLMServing()
     server = serving.server or default_server(target)
     if server == LLMServer.TRTLLM_SERVE and target.is_cpu:

@@ -200,6 +200,11 @@ class CheckpointInfo(BaseModel):
     calibration: Calibration
     quantized_type: str  # what the backend wrote: a llama.cpp type ("Q8_0") or ModelOpt's quant_algo
     model_file: str  # the GGUF file, or the folder's config.json
+    # The weights as written, read from the GGUF's tensor infos or the safetensors headers: the
+    # operator checks each target's memory against them (docs/llm.md §"Recipes by GPU"). None: not
+    # recorded (an older manifest); the operator then takes the files' total size.
+    parameters: int | None = Field(default=None, ge=1)
+    weight_bytes: int | None = Field(default=None, ge=0)
     accuracy: PerplexityGate | None = None
     golden: GoldenTokens | None = None
 
@@ -240,6 +245,12 @@ class ArtefactManifest(BaseModel):
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
+
+    @property
+    def weight_bytes(self) -> int:
+        """The bytes of a checkpoint's weights: as its record measured them, else all its files."""
+        recorded = self.checkpoint.weight_bytes if self.checkpoint is not None else None
+        return recorded if recorded is not None else self.total_bytes
 
     def file(self, path: str) -> ArtefactFile:
         for f in self.files:

@@ -168,6 +168,28 @@ def weights_refusal(
     )
 
 
+def checkpoint_fit_refusal(weight_bytes: int, parallelism: Parallelism, memory_mib: int) -> Refusal | None:
+    """The fit once the checkpoint exists: each rank's share of its measured weights (``weight_bytes``,
+    the tensors as quantized, so no overhead factor) plus `RUNTIME_RESERVE_MIB` must fit `memory_mib`
+    (the GPU's, or the MIG slice's). Unknown memory (0) is a refusal of its own."""
+    if memory_mib <= 0:
+        return Refusal(
+            reason=RefusalReason.MEMORY_UNKNOWN,
+            message="the target's memory is unknown (no nvidia.com/gpu.memory label); the fit is unchecked",
+        )
+    need = weight_bytes / parallelism.world_size / (1 << 20) + RUNTIME_RESERVE_MIB
+    if need <= memory_mib:
+        return None
+    return Refusal(
+        reason=RefusalReason.WEIGHTS_DO_NOT_FIT,
+        message=(
+            f"the checkpoint's weights are {weight_bytes} bytes ({weight_bytes / (1 << 30):.1f} GiB); over "
+            f"{parallelism.mapping} each GPU needs {math.ceil(need)} MiB (its share "
+            f"+ {RUNTIME_RESERVE_MIB} MiB reserve); the target has {memory_mib} MiB"
+        ),
+    )
+
+
 def target_refusal(
     recipe: Recipe, parameters: int | None, parallelism: Parallelism, gpu: GPUIdentity, backend: Backend
 ) -> Refusal | None:

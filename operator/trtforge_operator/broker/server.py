@@ -8,6 +8,9 @@ URL scheme (the read-only client is :mod:`trtforge.store.http`)::
     GET  /engines/<key>/         {"files": [...]}
     PUT  /models/<sha256>        a verify step's model bytes (no header but the token and the
                                  length counts: the source is the operator's grant)
+    GET|HEAD|PUT|DELETE /store/<path>, GET /store/?prefix=
+                                 the whole store, for the operator's ServiceAccount only
+                                 (broker/operator_store.py)
 
 A request carries ``Authorization: Bearer <projected service-account token>`` (audience from the
 config). The broker asks the apiserver (TokenReview) who it is: ``system:serviceaccount:<ns>:<sa>``,
@@ -62,6 +65,7 @@ from trtforge.contract.possession import (
 from trtforge.logs import fields
 from trtforge.store import ObjectNotFound, StoreError
 from trtforge_operator.broker.formats import FormatError, checker
+from trtforge_operator.broker.operator_store import add_operator_store_routes
 from trtforge_operator.broker.pod_match import job_denial, pod_spec_mismatch
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kube import Kube
@@ -90,6 +94,7 @@ class Identity:
     namespace: str
     pod: str = ""
     pod_uid: str = ""
+    service_account: str = ""
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.pod}" if self.pod else self.namespace
@@ -121,12 +126,30 @@ class Authorizer(Protocol):
         """The pending verification `who` uploads for; raises Denied (403/413/503) otherwise."""
         ...
 
+    def check_operator(self, who: Identity) -> None:
+        """Raises Denied (403) unless `who` is the operator (its ServiceAccount)."""
+        ...
+
 
 def namespace_of(username: str) -> str | None:
     if not username.startswith(SA_PREFIX):
         return None
     ns, _, sa = username.removeprefix(SA_PREFIX).partition(":")
     return ns if ns and sa else None
+
+
+def operator_denial(who: Identity, operator: tuple[str, str] | None) -> Denied | None:
+    """Why `who` may not use the operator's store endpoints; None: it is the operator's ServiceAccount
+    `operator` (namespace, name). Pure. Without a configured operator ServiceAccount nobody may."""
+    if operator is None or not operator[1]:
+        return Denied(403, "the store endpoints are off: broker.operator_service_account is not set")
+    if (who.namespace, who.service_account) != operator:
+        return Denied(
+            403,
+            f"only the operator's ServiceAccount {operator[0]}/{operator[1]} reads and writes the store "
+            f"through the broker; not {who.namespace}/{who.service_account or '?'}",
+        )
+    return None
 
 
 def sources_by_key(
@@ -276,10 +299,13 @@ class KubeAuthorizer:
     """TokenReview, then the InferenceDeployments/TRTEngines of the token's namespace (cached briefly)
     and the store's possession records."""
 
-    def __init__(self, kube: Kube, audience: str, store: StoreReader) -> None:
+    def __init__(
+        self, kube: Kube, audience: str, store: StoreReader, operator: tuple[str, str] | None = None
+    ) -> None:
         self.kube = kube
         self.audience = audience
         self.store = store
+        self.operator = operator  # (namespace, ServiceAccount) that may use /store/
         self._tokens: dict[str, tuple[float, Identity]] = {}
         self._sources: dict[str, tuple[float, dict[str, list[ModelSourceRef]]]] = {}
 
@@ -299,7 +325,8 @@ class KubeAuthorizer:
             raise Denied(403, f"{user.get('username')} is not a service account")
         extra = user.get("extra") or {}
         pod = (extra.get(POD_NAME_EXTRA) or [""])[0]
-        who = Identity(ns, pod, (extra.get(POD_UID_EXTRA) or [""])[0])
+        sa = str(user.get("username", "")).removeprefix(SA_PREFIX).partition(":")[2]
+        who = Identity(ns, pod, (extra.get(POD_UID_EXTRA) or [""])[0], sa)
         self._tokens[token] = (time.monotonic(), who)
         return who
 
@@ -356,6 +383,10 @@ class KubeAuthorizer:
         assert grant is not None
         return grant
 
+    def check_operator(self, who: Identity) -> None:
+        if (why := operator_denial(who, self.operator)) is not None:
+            raise why
+
 
 class OpenAuthorizer:
     """`broker.auth: none` (local debugging only): anyone, as namespace `X-Trtforge-Namespace` or
@@ -369,6 +400,9 @@ class OpenAuthorizer:
 
     async def check_upload(self, who: Identity, sha256: str, length: int | None) -> VerifyGrant:
         raise Denied(403, "model uploads need broker.auth: tokenreview (a verify Job's bound token)")
+
+    def check_operator(self, who: Identity) -> None:
+        return None
 
 
 async def _spool(request: web.Request, dest: str, limit: int, fmt: str) -> tuple[str, int]:
@@ -577,6 +611,16 @@ def make_app(
     app.router.add_route("GET", "/engines/{key}/{file}", get_file)
     app.router.add_route("HEAD", "/engines/{key}/{file}", get_file)
     app.router.add_put("/models/{sha256}", put_model)
+
+    async def operator_only(request: web.Request) -> web.Response | None:
+        """None when the caller is the operator; else the refusal to answer with."""
+        try:
+            auth.check_operator(await _identify(request))
+        except Denied as e:
+            return _deny(e)
+        return None
+
+    add_operator_store_routes(app, store, operator_only, _count)
     return app
 
 
@@ -589,8 +633,11 @@ async def start_broker(
     serve_metrics: bool = False,
 ) -> web.AppRunner:
     """Listen on broker.host:broker.port; `serve_metrics` adds /metrics (the standalone broker)."""
+    operator = (cfg.operator_namespace, cfg.broker.operator_service_account or "")
     auth: Authorizer | None = (
-        KubeAuthorizer(kube, cfg.broker.audience, store) if cfg.broker.auth == "tokenreview" else None
+        KubeAuthorizer(kube, cfg.broker.audience, store, operator)
+        if cfg.broker.auth == "tokenreview"
+        else None
     )
     app = make_app(
         store,

@@ -50,7 +50,7 @@ def claim_message(claim: StoreClaimView) -> str:
     sc = (
         f'StorageClass "{claim.storage_class}"'
         if claim.storage_class
-        else "the cluster's default StorageClass"
+        else "the cluster's default StorageClass (it names none, and there was no default when it was made)"
         if claim.storage_class is None
         else 'no StorageClass (storageClassName "")'
     )

@@ -56,16 +56,18 @@ async def main(cfg: Any) -> int:
     from trtforge_operator.leader.elector import Elector, KubeLeaseAPI
     from trtforge_operator.leader.runner import replica_identity, run_while_leading
     from trtforge_operator.metrics import Metrics
-    from trtforge_operator.store_reader import StoreReader
+    from trtforge_operator.store_reader import StoreReader, operator_store_reader
     from trtforge_operator.workqueue import LoopWatch
 
     load_kube_config()
     metrics = Metrics()
     start_http_server(cfg.metrics_port, addr=cfg.metrics_address())
     kube = Kube()
-    store = StoreReader(cfg.reader_store_uri)
+    store = operator_store_reader(cfg)
     cfg = cfg.with_broker_on_bind_address()
-    runner = await start_broker(cfg, store, kube, metrics) if cfg.broker.enabled else None
+    # A broker in this process serves the store itself, never through a broker.
+    served = StoreReader(cfg.reader_store_uri) if cfg.store_via_broker else store
+    runner = await start_broker(cfg, served, kube, metrics) if cfg.broker.enabled else None
     le = cfg.leader_election
     identity = replica_identity()
     elector = Elector(

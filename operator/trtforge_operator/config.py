@@ -88,6 +88,9 @@ class BrokerSettings(BaseModel):
     spool_dir: str | None = None  # where verify uploads are hashed before they enter the store (temp dir)
     max_model_bytes: int = Field(default=64 << 30, ge=1)  # the largest model a verify step may upload
     max_bytes_per_second: int = Field(default=0, ge=0)  # per download, to spare the store; 0 = no cap
+    # The ServiceAccount (in operator_namespace) whose token may read and write the whole store through
+    # the broker's /store/ endpoints: the operator's, where it mounts no claim (store_via_broker).
+    operator_service_account: str | None = None
 
 
 class VerifySettings(BaseModel):
@@ -200,6 +203,10 @@ class OperatorConfig(BaseModel):
     store_uri: str = images.DEFAULT_STORE_URI
     # ... and as the operator process sees it (a mounted path, the same S3 prefix); default: store_uri.
     operator_store_uri: str | None = None
+    # The operator reads and writes the store through the broker (as its ServiceAccount) instead, and
+    # mounts no claim: a claim that cannot bind then holds only the broker, and the operator says why
+    # in StoreReady (docs/design.md §"Store claim that cannot bind").
+    store_via_broker: bool = False
     store_credentials_secret: str | None = None  # in the build namespace; mounted into build Jobs (S3)
     # What runtime pods get as --store: the broker URL (default) or a store URI they can read themselves.
     runtime_store_uri: str | None = None

@@ -119,6 +119,30 @@ class Kube:
         log.info("created Job %s/%s", ns, name, extra=fields(kind="Job", namespace=ns, name=name, uid=uid))
         return uid
 
+    async def _read_raw(self, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        """A read call's answer as plain JSON, unparsed by the client's models; None on 404."""
+
+        def call() -> dict[str, Any]:
+            out: dict[str, Any] = json.loads(fn(*args, _preload_content=False, **kwargs).data)
+            return out
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A PersistentVolumeClaim as plain JSON; None when there is none (404)."""
+        return await self._read_raw(self.core.read_namespaced_persistent_volume_claim, name, namespace)
+
+    async def claim_events(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The Events about PersistentVolumeClaim `namespace/name` (the provisioner's, the binder's)."""
+        selector = f"involvedObject.kind=PersistentVolumeClaim,involvedObject.name={name}"
+        listed = await self._read_raw(self.core.list_namespaced_event, namespace, field_selector=selector)
+        return list((listed or {}).get("items") or [])
+
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A pod as plain JSON; None when it is gone (404)."""
 

@@ -17,6 +17,7 @@ from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kinds import Kind
 from trtforge_operator.kube import Kube
 from trtforge_operator.metrics import Metrics
+from trtforge_operator.observe.claim_view import StoreClaimView
 from trtforge_operator.observe.views import NodeView
 from trtforge_operator.status_cache import StatusCache
 from trtforge_operator.store_reader import StoreReader
@@ -44,6 +45,8 @@ class State:
     # Build Jobs whose pod's result this process copied onto them, until the Job's own event shows
     # it (a pass before that event writes it no second time).
     results_recorded: set[str] = dataclasses.field(default_factory=set)
+    # The store's claim as last read (handlers/store_claim.py); None: no claim, or not read yet.
+    store_claim: StoreClaimView | None = None
 
     def nodes(self, indices: Mapping[str, Any]) -> list[NodeView]:
         """Every Node's view, read from the index once per Node event (not once per pass)."""

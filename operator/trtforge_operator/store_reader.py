@@ -13,16 +13,28 @@ from trtforge.contract.possession import PossessionRecord, VerifyGrant, possessi
 from trtforge.logs import fields
 from trtforge.store import EngineStore, ObjectNotFound, StoreError, open_store
 from trtforge.store.artefacts import read_manifest
+from trtforge_operator.config import OperatorConfig
 
 log = logging.getLogger(__name__)
+
+
+def operator_store_reader(cfg: OperatorConfig) -> StoreReader:
+    """The operator's reader: through the broker's operator endpoints (`store_via_broker`), else the
+    store itself as the operator process sees it."""
+    if cfg.store_via_broker:
+        from trtforge_operator.broker.store_client import OperatorBrokerStore
+
+        url = cfg.broker_url()
+        return StoreReader(url, store=OperatorBrokerStore(url))
+    return StoreReader(cfg.reader_store_uri)
 
 
 class StoreReader:
     """Reads manifests; a missing manifest is cached for less time than a present one."""
 
-    def __init__(self, uri: str, ttl_s: float = 2.0) -> None:
+    def __init__(self, uri: str, ttl_s: float = 2.0, store: EngineStore | None = None) -> None:
         self.uri = uri
-        self.store: EngineStore = open_store(uri)
+        self.store: EngineStore = store if store is not None else open_store(uri)
         self.ttl_s = ttl_s
         self._cache: dict[str, tuple[float, Manifest | None]] = {}
         self._requests: dict[str, tuple[float, RequestRecord | None]] = {}

@@ -85,7 +85,14 @@ def install_chart_rbac(testbed: TestBed, tenants: int = 1) -> dict[str, str]:
         for ns in (rel["namespace"], *tenant_namespaces(rel)):
             localdev.ensure_namespace(api, ns)
     apply_chart_rbac(
-        testbed, rel["fullname"], rel["namespace"], {"operator": {"watchNamespaces": tenant_namespaces(rel)}}
+        testbed,
+        rel["fullname"],
+        rel["namespace"],
+        {
+            "operator": {"watchNamespaces": tenant_namespaces(rel)},
+            # The store's claim as these tests make it (localdev): the operator may read that one.
+            "store": {"pvc": {"claimName": localdev.STORE_CLAIM}},
+        },
     )
     return rel
 

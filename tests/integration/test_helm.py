@@ -117,6 +117,38 @@ def test_the_keda_prometheus_address_reaches_the_operator() -> None:
     assert (set_.autoscaling.keda_prometheus_address, set_.autoscaling.rate_window) == (address, "2m")
 
 
+def test_on_a_pvc_store_only_the_broker_mounts_the_claim_and_the_operator_goes_through_it() -> None:
+    """A claim that cannot bind holds the broker only: the operator mounts no claim, reads and writes
+    the store through the broker as its own ServiceAccount, which the broker's config names; on S3
+    the operator reads the bucket itself."""
+    from trtforge_operator.config import OperatorConfig
+
+    def rendered(values: dict[str, Any] | None) -> tuple[OperatorConfig, dict[str, Any], dict[str, Any]]:
+        docs, _ = render("k", "trtforge-system", values)
+        (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+        deps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+        cfg = OperatorConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))
+        return (
+            cfg,
+            deps["k-trtforge"]["spec"]["template"]["spec"],
+            deps["k-trtforge-broker"]["spec"]["template"]["spec"],
+        )
+
+    cfg, operator, broker = rendered(None)
+    assert cfg.store_via_broker and cfg.store_uri.startswith("pvc://")
+    assert cfg.broker.operator_service_account == operator["serviceAccountName"]
+    assert not [v for v in operator["volumes"] if "persistentVolumeClaim" in v]
+    claim = cfg.store_uri.removeprefix("pvc://").partition("/")[0]
+    assert [
+        v["persistentVolumeClaim"]["claimName"] for v in broker["volumes"] if "persistentVolumeClaim" in v
+    ] == [claim]
+    (token,) = [v for v in operator["volumes"] if v["name"] == "broker-token"]
+    assert token["projected"]["sources"][0]["serviceAccountToken"]["audience"] == cfg.broker.audience
+    s3, operator, _ = rendered({"store": {"type": "s3", "s3": {"bucket": "engines", "existingSecret": "s"}}})
+    assert not s3.store_via_broker and s3.store_uri.startswith("s3://")
+    assert not [v for v in operator["volumes"] if v["name"] == "broker-token"]
+
+
 def test_the_front_proxy_reaches_the_operator_with_its_configmap_rights() -> None:
     """runtime.frontProxy: off by default (no ConfigMap rights at all); on, its settings reach the
     operator and the ConfigMap role is bound wherever the watched role is."""

@@ -342,13 +342,23 @@ def test_operator_is_denied_what_it_does_not_need(testbed: TestBed, release: Rel
         ("create", "persistentvolumeclaims", tenant),
         ("create", "tokenreviews.authentication.k8s.io", None),  # the broker checks tokens, apart
         ("get", "pods/log", release.namespace),  # build results come in the termination message
-        ("get", "persistentvolumeclaims", release.namespace),  # a Job mounts the store, the kubelet reads it
+        ("get", "persistentvolumeclaims", release.namespace),  # any claim: only the store's, by name (below)
         ("watch", "replicasets.apps", tenant),  # listed only when a pod reports a fault
         ("patch", "replicasets.apps", tenant),
         ("patch", "deployments.apps", tenant),  # replaced whole when their spec hash changes
     ]
     for verb, res, ns in denied:
         assert not can_i(testbed, op, verb, res, ns), f"operator may {verb} {res} in {ns or 'all namespaces'}"
+
+
+def test_operator_reads_only_the_stores_claim(testbed: TestBed, release: Release) -> None:
+    """It reads the store's claim by name (its StoreReady condition), no other claim, anywhere."""
+    op, claim = release.operator, f"{release.fullname}-engines"
+    assert sar(testbed, op, "get", "", "persistentvolumeclaims", release.namespace, claim)
+    assert not sar(testbed, op, "get", "", "persistentvolumeclaims", release.namespace, "models")
+    assert not sar(testbed, op, "get", "", "persistentvolumeclaims", release.tenant, claim)
+    for verb in ("list", "watch", "update", "delete"):
+        assert not sar(testbed, op, verb, "", "persistentvolumeclaims", release.namespace, claim), verb
 
 
 SECRET_VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")

@@ -180,18 +180,23 @@ def test_pdb_only_with_more_than_one_replica() -> None:
     )
 
 
-def test_deployment_mounts_the_store_and_config() -> None:
+def test_deployment_mounts_config_and_no_claim() -> None:
+    """The operator mounts no claim (a claim that cannot bind must not hold it): on a pvc store it
+    reaches the store through the broker with its bound token; on S3, with the credentials."""
     (dep,) = skeleton((TEMPLATES / "deployment.yaml").read_text())
     pod = dep["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert {"config", "tmp", "store", "s3-credentials"} <= set(volumes)  # both store branches
+    assert {"config", "tmp", "broker-token", "s3-credentials"} <= set(volumes)  # both store branches
+    assert not [v for v in volumes.values() if "persistentVolumeClaim" in v]
+    (token,) = volumes["broker-token"]["projected"]["sources"]
+    assert token["serviceAccountToken"]["path"] == "token"
     (c,) = pod["containers"]
     mounts = {m["name"]: m for m in c["volumeMounts"]}
-    assert mounts["tmp"]["mountPath"] == "/tmp"  # the only writable path besides the store
-    assert mounts["s3-credentials"]["readOnly"] is True
-    assert mounts["store"]["mountPath"].startswith("/mnt/trtforge/pvc/")  # $TRTFORGE_PVC_ROOT/<claim>
-    env = {e["name"] for e in c["env"]}
-    assert {"TRTFORGE_OPERATOR_CONFIG", "TRTFORGE_S3_CREDENTIALS_DIR", "POD_NAMESPACE"} <= env
+    assert mounts["tmp"]["mountPath"] == "/tmp"  # the only writable path
+    assert mounts["s3-credentials"]["readOnly"] is True and mounts["broker-token"]["readOnly"] is True
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["TRTFORGE_BROKER_TOKEN_FILE"] == mounts["broker-token"]["mountPath"] + "/token"
+    assert {"TRTFORGE_OPERATOR_CONFIG", "TRTFORGE_S3_CREDENTIALS_DIR", "POD_NAMESPACE"} <= set(env)
     assert {p["name"] for p in c["ports"]} == {"metrics", "healthz"}  # the broker runs apart
     assert c["livenessProbe"]["httpGet"]["port"] == "healthz"
 

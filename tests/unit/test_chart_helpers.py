@@ -33,6 +33,7 @@ RBAC_NAMES: dict[str, str] = {
     '{{ include "trtforge.fullname" . }}': FULLNAME,
     '{{ include "trtforge.serviceAccountName" . }}': FULLNAME,
     '{{ include "trtforge.buildNamespace" . }}': RELEASE_NAMESPACE,
+    '{{ include "trtforge.pvcClaimName" . }}': f"{FULLNAME}-engines",
     "{{ .Release.Namespace }}": RELEASE_NAMESPACE,
     "{{ .Values.operator.leaderElection.leaseName | quote }}": '"trtforge-operator"',
     '{{- include "trtforge.labels" . | nindent 4 }}': "app.kubernetes.io/part-of: trtforge",

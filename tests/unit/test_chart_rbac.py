@@ -154,7 +154,11 @@ def test_build_role_is_namespaced_in_the_build_namespace() -> None:
     assert ("batch", "jobs", "patch") in grants
     assert ("", "pods", "watch") in grants
     assert ("", "pods/log", "get") not in grants, "build results come in the termination message"
-    assert not {r for _, r, _ in grants} & {"persistentvolumeclaims", "secrets"}, "a Job mounts them, not us"
+    assert not {r for _, r, _ in grants} & {"secrets"}, "a Job mounts them, not us"
+    (claims,) = [r for r in role["rules"] if "persistentvolumeclaims" in r["resources"]]
+    assert claims["verbs"] == ["get"] and claims["resourceNames"] == [f"{FULLNAME}-engines"], (
+        "the store's claim only, read only (its StoreReady condition)"
+    )
     (binding,) = [d for d in _docs("rbac-build.yaml") if d["kind"] == "RoleBinding"]
     assert binding["metadata"]["namespace"] == RELEASE_NAMESPACE
     assert binding["subjects"] == [

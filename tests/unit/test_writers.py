@@ -27,6 +27,8 @@ DEPLOYMENT_APPLIER_MODULES = frozenset({"apply/deployment.py"})
 KUBE_READS = frozenset(
     {
         "read_pod",
+        "read_claim",
+        "claim_events",
         "read_job",
         "replica_set_owners",
         "job_annotations",

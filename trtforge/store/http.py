@@ -114,8 +114,8 @@ class BrokerStore:
             raise StoreError(f"engine broker {self.uri} serves only {served}; not {path}")
         return f"/{quote(path)}" + ("/" if directory else "")
 
-    def _request(self, url: str, method: str = "GET") -> urllib.request.Request:
-        req = urllib.request.Request(url, method=method)
+    def _request(self, url: str, method: str = "GET", data: bytes | None = None) -> urllib.request.Request:
+        req = urllib.request.Request(url, data=data, method=method)
         if self.token_file:
             try:
                 with open(self.token_file) as f:
@@ -129,11 +129,11 @@ class BrokerStore:
             req.add_unredirected_header("Authorization", f"Bearer {token}")
         return req
 
-    def _open_one(self, base: str, path: str, url: str, method: str) -> Any:
+    def _open_one(self, base: str, path: str, url: str, method: str, data: bytes | None = None) -> Any:
         """One attempt at one endpoint. _Retry: try another endpoint; StoreError: final."""
         try:
             return urllib.request.urlopen(
-                self._request(base + url, method), timeout=self.timeout_s, context=self._ssl
+                self._request(base + url, method, data), timeout=self.timeout_s, context=self._ssl
             )
         except urllib.error.HTTPError as e:
             detail = ""
@@ -161,7 +161,13 @@ class BrokerStore:
             raise _Retry(f"engine broker {base}: {method} {path} failed: {e}") from e
 
     def _open(
-        self, path: str, url: str, method: str = "GET", *, headers: dict[str, str] | None = None
+        self,
+        path: str,
+        url: str,
+        method: str = "GET",
+        *,
+        headers: dict[str, str] | None = None,
+        data: bytes | None = None,
     ) -> Any:
         """The first endpoint that answers, tried in turn from the last good one, rounds with backoff."""
         last = ""
@@ -172,7 +178,7 @@ class BrokerStore:
             for i in range(n):
                 idx = (self._current + i) % n
                 try:
-                    resp = self._open_one(self.endpoints[idx], path, url, method)
+                    resp = self._open_one(self.endpoints[idx], path, url, method, data)
                 except _Retry as e:
                     last = str(e)
                     log.warning("engine broker unavailable, trying the next", extra=fields(error=last))

@@ -21,6 +21,7 @@ from trtforge.logs import fields
 from trtforge_operator.apply.writes import post_events, write_status
 from trtforge_operator.kinds import Kind
 from trtforge_operator.labels import ANNOTATION_RESULT, TRTENGINES, requester_annotation
+from trtforge_operator.observe.claim_view import StoreBlockedEngine
 from trtforge_operator.observe.views import EngineObserved, UnreadableEngine
 from trtforge_operator.planning.engine_actions import (
     AddRequester,
@@ -43,7 +44,10 @@ VERIFY_EVENT_LAG_S = 30.0  # a verify Job created this recently may not be in th
 
 
 async def apply_engine(
-    state: State, body: Mapping[str, Any], obs: EngineObserved | UnreadableEngine, plan: EnginePlan
+    state: State,
+    body: Mapping[str, Any],
+    obs: EngineObserved | UnreadableEngine | StoreBlockedEngine,
+    plan: EnginePlan,
 ) -> float | None:
     """Carry out one pass's plan; returns seconds until the engine wants its next pass (backoff)."""
     ns, name = obs.namespace, obs.name

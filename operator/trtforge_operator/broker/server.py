@@ -13,6 +13,9 @@ URL scheme (the read-only client is :mod:`trtforge.store.http`)::
     HEAD the same                200 when it exists
     PUT  /models/<sha256>        a verify step's model bytes (no header but the token and the
                                  length counts: the source is the operator's grant)
+    GET|HEAD|PUT|DELETE /store/<path>, GET /store/?prefix=
+                                 the whole store, for the operator's ServiceAccount only
+                                 (broker/operator_store.py)
 
 A request carries ``Authorization: Bearer <projected service-account token>`` (audience from the
 config). The broker asks the apiserver (TokenReview) who it is: ``system:serviceaccount:<ns>:<sa>``,
@@ -80,6 +83,7 @@ from trtforge.contract.possession import (
 from trtforge.logs import fields
 from trtforge.store import ObjectNotFound, StoreError
 from trtforge_operator.broker.formats import FormatError, checker
+from trtforge_operator.broker.operator_store import add_operator_store_routes
 from trtforge_operator.broker.pod_match import job_denial, pod_spec_mismatch
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kube import Kube
@@ -108,6 +112,7 @@ class Identity:
     namespace: str
     pod: str = ""
     pod_uid: str = ""
+    service_account: str = ""
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.pod}" if self.pod else self.namespace
@@ -143,6 +148,10 @@ class Authorizer(Protocol):
         """The pending verification `who` uploads for; raises Denied (403/413/503) otherwise."""
         ...
 
+    def check_operator(self, who: Identity) -> None:
+        """Raises Denied (403) unless `who` is the operator (its ServiceAccount)."""
+        ...
+
 
 # The LLM artefacts the broker serves: what an engine's status names (rank engines are not served).
 SERVED_ARTEFACTS: tuple[ArtefactKind, ...] = (ArtefactKind.CHECKPOINT, ArtefactKind.TUNING_CACHE)
@@ -175,6 +184,20 @@ def _source_ref(source: Mapping[str, Any]) -> ModelSourceRef:
         secret=((source.get("secretRef") or {}).get("name")) or None,
         pin=source.get("sha256") or None,
     )
+
+
+def operator_denial(who: Identity, operator: tuple[str, str] | None) -> Denied | None:
+    """Why `who` may not use the operator's store endpoints; None: it is the operator's ServiceAccount
+    `operator` (namespace, name). Pure. Without a configured operator ServiceAccount nobody may."""
+    if operator is None or not operator[1]:
+        return Denied(403, "the store endpoints are off: broker.operator_service_account is not set")
+    if (who.namespace, who.service_account) != operator:
+        return Denied(
+            403,
+            f"only the operator's ServiceAccount {operator[0]}/{operator[1]} reads and writes the store "
+            f"through the broker; not {who.namespace}/{who.service_account or '?'}",
+        )
+    return None
 
 
 def sources_by_key(
@@ -392,10 +415,13 @@ class KubeAuthorizer:
     """TokenReview, then the InferenceDeployments/TRTEngines of the token's namespace (cached briefly)
     and the store's possession records."""
 
-    def __init__(self, kube: Kube, audience: str, store: StoreReader) -> None:
+    def __init__(
+        self, kube: Kube, audience: str, store: StoreReader, operator: tuple[str, str] | None = None
+    ) -> None:
         self.kube = kube
         self.audience = audience
         self.store = store
+        self.operator = operator  # (namespace, ServiceAccount) that may use /store/
         self._tokens: dict[str, tuple[float, Identity]] = {}
         self._refs: dict[str, tuple[float, References]] = {}
 
@@ -415,7 +441,8 @@ class KubeAuthorizer:
             raise Denied(403, f"{user.get('username')} is not a service account")
         extra = user.get("extra") or {}
         pod = (extra.get(POD_NAME_EXTRA) or [""])[0]
-        who = Identity(ns, pod, (extra.get(POD_UID_EXTRA) or [""])[0])
+        sa = str(user.get("username", "")).removeprefix(SA_PREFIX).partition(":")[2]
+        who = Identity(ns, pod, (extra.get(POD_UID_EXTRA) or [""])[0], sa)
         self._tokens[token] = (time.monotonic(), who)
         return who
 
@@ -493,6 +520,10 @@ class KubeAuthorizer:
         assert grant is not None
         return grant
 
+    def check_operator(self, who: Identity) -> None:
+        if (why := operator_denial(who, self.operator)) is not None:
+            raise why
+
 
 class OpenAuthorizer:
     """`broker.auth: none` (local debugging only): anyone, as namespace `X-Trtforge-Namespace` or
@@ -509,6 +540,9 @@ class OpenAuthorizer:
 
     async def check_upload(self, who: Identity, sha256: str, length: int | None) -> VerifyGrant:
         raise Denied(403, "model uploads need broker.auth: tokenreview (a verify Job's bound token)")
+
+    def check_operator(self, who: Identity) -> None:
+        return None
 
 
 async def _spool(request: web.Request, dest: str, limit: int, fmt: str) -> tuple[str, int]:
@@ -763,6 +797,16 @@ def make_app(
             app.router.add_route(method, f"/{d}/{{key}}/manifest.json", handler)
             app.router.add_route(method, f"/{d}/{{key}}/{{upload}}/{{path:.+}}", handler)
     app.router.add_put("/models/{sha256}", put_model)
+
+    async def operator_only(request: web.Request) -> web.Response | None:
+        """None when the caller is the operator; else the refusal to answer with."""
+        try:
+            auth.check_operator(await _identify(request))
+        except Denied as e:
+            return _deny(e)
+        return None
+
+    add_operator_store_routes(app, store, operator_only, _count)
     return app
 
 
@@ -775,8 +819,11 @@ async def start_broker(
     serve_metrics: bool = False,
 ) -> web.AppRunner:
     """Listen on broker.host:broker.port; `serve_metrics` adds /metrics (the standalone broker)."""
+    operator = (cfg.operator_namespace, cfg.broker.operator_service_account or "")
     auth: Authorizer | None = (
-        KubeAuthorizer(kube, cfg.broker.audience, store) if cfg.broker.auth == "tokenreview" else None
+        KubeAuthorizer(kube, cfg.broker.audience, store, operator)
+        if cfg.broker.auth == "tokenreview"
+        else None
     )
     app = make_app(
         store,

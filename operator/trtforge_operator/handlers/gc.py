@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 async def gc_pass(state: State) -> list[str]:
     """One pass: delete what planning.gc picks; returns the deleted engines' keys. Planned in a worker
     thread (it walks every status and stored engine)."""
+    if state.store_claim is not None and not state.store_claim.bound:
+        log.info("gc: the store's claim is not bound; no pass")
+        return []
     obs = await observe_store_gc(state)
     plan = await asyncio.to_thread(plan_store_gc, obs, state.cfg.gc, time.time())
     return await apply_store_gc(state, plan)

@@ -18,6 +18,8 @@ from trtforge_operator.handlers.deployment import cleanup_deployment
 from trtforge_operator.handlers.engine import cleanup_engine
 from trtforge_operator.handlers.finished_jobs import run as run_job_cleanup
 from trtforge_operator.handlers.loop import loop
+from trtforge_operator.handlers.store_claim import refresh_store_claim
+from trtforge_operator.handlers.store_claim import run as watch_store_claim
 from trtforge_operator.handlers.wakeups import build_pod_job, register_wakeups
 from trtforge_operator.kinds import Kind
 from trtforge_operator.labels import (
@@ -34,6 +36,7 @@ from trtforge_operator.labels import (
     TRTENGINES,
     VERSION,
 )
+from trtforge_operator.observe.claim_view import store_claim_name
 from trtforge_operator.observe.engine import INFD_FAULTS_IDX
 from trtforge_operator.observe.views import AutoscalerView, DeploymentView, JobView, NodeView, PodView
 from trtforge_operator.planning.rebuild import parse_observed
@@ -84,6 +87,13 @@ def register(state: State, registry: kopf.OperatorRegistry) -> None:
     async def _start_job_cleanup(**_: Any) -> None:
         if cfg.build.finished_job_ttl_seconds > 0:
             state.tasks.append(asyncio.create_task(run_job_cleanup(state)))
+
+    @kopf.on.startup(registry=registry)
+    async def _start_store_claim(**_: Any) -> None:
+        """Before any pass: the store's claim, read once, then kept in view (pvc:// stores only)."""
+        if store_claim_name(cfg.store_uri) is not None:
+            await refresh_store_claim(state)
+            state.tasks.append(asyncio.create_task(watch_store_claim(state)))
 
     @kopf.on.cleanup(registry=registry)
     async def _stop_job_cleanup(**_: Any) -> None:

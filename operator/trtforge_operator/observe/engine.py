@@ -34,6 +34,7 @@ from trtforge_operator.api.common import field_error
 from trtforge_operator.apply.children import JOB_PREFIX
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.kinds import Kind
+from trtforge_operator.observe.claim_view import StoreBlockedEngine
 from trtforge_operator.observe.keys import key_inputs, resolve_targets
 from trtforge_operator.observe.llm_keys import (
     checkpoint_backend,
@@ -64,8 +65,10 @@ INFD_FAULTS_IDX = "infd_faults_idx"  # (namespace, engine) -> the faults its Inf
 
 async def observe_engine(
     state: State, body: Mapping[str, Any], indices: Mapping[str, Any]
-) -> EngineObserved | UnreadableEngine:
-    """One TRTEngine pass's observation (see the module docstring)."""
+) -> EngineObserved | UnreadableEngine | StoreBlockedEngine:
+    """One TRTEngine pass's observation (see the module docstring). While the store's claim is not
+    bound there is no store to read: the pass sees only that (docs/design.md §"Store claim that
+    cannot bind")."""
     body = plain(body)
     meta = body["metadata"]
     ns, name, gen = meta["namespace"], meta["name"], int(meta.get("generation") or 1)
@@ -75,6 +78,9 @@ async def observe_engine(
     except ValidationError as e:
         status = parsed_status(TRTEngineStatus, old)
         return UnreadableEngine(ns, name, gen, status, old, field_error(e), time.time())
+    claim = state.store_claim
+    if claim is not None and not claim.bound:
+        return StoreBlockedEngine(ns, name, gen, obj.status, old, claim, time.time())
     cfg, spec = state.cfg, obj.spec
     nodes = state.nodes(indices)
     m = spec.source

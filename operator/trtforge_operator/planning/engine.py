@@ -23,6 +23,7 @@ from trtforge_operator.api.trtengine import TRTEngine
 from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import LABEL_BUILD_ID
+from trtforge_operator.observe.claim_view import StoreBlockedEngine
 from trtforge_operator.observe.keys import resolve_targets
 from trtforge_operator.observe.views import (
     Capacity,
@@ -57,17 +58,23 @@ from trtforge_operator.planning.events import Event, merged
 from trtforge_operator.planning.llm_engine import llm_conditions, plan_llm, target_refusal
 from trtforge_operator.planning.pruned import pruned_condition, pruned_fields, spec_schema
 from trtforge_operator.planning.rebuild import RebuildCause, RebuildRequest, plan_rebuilds, rebuild_job
+from trtforge_operator.planning.store_claim import plan_store_blocked, store_condition
 from trtforge_operator.planning.target import TargetOutcome, keep_times, plan_target
 from trtforge_operator.planning.target_state import TargetState
 from trtforge_operator.planning.text import one_line, timestamp
 from trtforge_operator.planning.verify import RecheckOutcome, VerifyOutcome, plan_recheck, plan_verify
 
 
-def plan_engine_pass(obs: EngineObserved | UnreadableEngine, cfg: OperatorConfig) -> EnginePlan:
+def plan_engine_pass(
+    obs: EngineObserved | UnreadableEngine | StoreBlockedEngine, cfg: OperatorConfig
+) -> EnginePlan:
     """The whole pass: a spec the models refuse or a model source it may not use stalls the engine
-    (and says why once); anything else is planned by :func:`plan_engine`."""
+    (and says why once), a store claim that is not bound holds it (planning/store_claim.py); anything
+    else is planned by :func:`plan_engine`."""
     if isinstance(obs, UnreadableEngine):
         return spec_refused(obs)
+    if isinstance(obs, StoreBlockedEngine):
+        return plan_store_blocked(obs)
     if obs.spec.llm is not None:
         return model_source_refused(obs, cfg) or plan_llm_engine(obs, cfg)
     return model_source_refused(obs, cfg) or plan_engine(obs, cfg)
@@ -154,6 +161,7 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
         obs.generation,
         timestamp(obs.now),
     )
+    status.conditions = store_condition(status.conditions, None, obs.generation, obs.now)
     events, refused = transition_events(obs.status.targets, outcomes)
     if refusal is not None:
         events.append(refusal)
@@ -204,6 +212,7 @@ def plan_llm_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
         obs.generation,
         timestamp(obs.now),
     )
+    status.conditions = store_condition(status.conditions, None, obs.generation, obs.now)
     actions: list[EngineAction] = [
         *admission.creates,
         *(AddRequester(j, obs_requester(obs)) for j in plan.claims),

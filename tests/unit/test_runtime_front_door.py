@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import os
+import threading
 import zlib
 
 import pytest
@@ -12,7 +14,7 @@ from trtforge_runtime.errors import RequestError
 from trtforge_runtime.protocol.connections import ConnectionLimiter
 from trtforge_runtime.protocol.grpc_call_guard import streams_per_connection
 from trtforge_runtime.serving.body import Coding
-from trtforge_runtime.serving.inflate import Inflater, inflate
+from trtforge_runtime.serving.inflate import INFLATE_NICENESS, Inflater, inflate, inflate_pool
 from trtforge_runtime.serving.metrics import Metrics
 
 MiB = 1 << 20
@@ -68,6 +70,17 @@ def test_a_body_within_the_limit_inflates_whole_in_every_coding() -> None:
         while not inflater.done:
             out += inflater.step()
         assert out == data
+
+
+def test_bodies_inflate_in_threads_below_the_loops_priority() -> None:
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    pool = inflate_pool()
+    try:
+        assert pool.submit(nice).result() == min(19, nice() + INFLATE_NICENESS)
+    finally:
+        pool.shutdown()
 
 
 @pytest.mark.parametrize(

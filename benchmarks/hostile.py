@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 from trtforge_dev.hostile import MB, LiveProbe, Target, binary_body, hostile_requests, post, rss_kb
-from trtforge_dev.hostile_run import FAMILIES, QUIET, under_attack
+from trtforge_dev.hostile_run import FAMILIES, FRESH_CLIENT_FAMILIES, QUIET, under_attack
 
 from benchmarks.common import (
     CACHE,
@@ -373,6 +373,15 @@ HEALTH_P99_SLACK_MS = 50.0
 LEGIT_SUCCESS = 0.95
 RSS_GROWTH_MB = 64.0
 GRPC_P50_RATIO = 2.0
+# Legitimate infers a second on each protocol: a client within the front proxy's default per-client
+# rate (200, which counts the prober's connections as well), so the proxy refuses none of them.
+LEGIT_CALLS_PER_SECOND = 100.0
+QUIET_FRESH = "quiet_fresh"  # the baseline of cases whose legitimate clients are new ones (a connection each)
+
+
+def baseline_of(family: str) -> str:
+    """The quiet baseline a case is judged against: one whose legitimate clients connect as its do."""
+    return QUIET_FRESH if family in FRESH_CLIENT_FAMILIES else "quiet"
 
 
 def front_door_verdicts(case: dict[str, Any], quiet: dict[str, Any]) -> dict[str, bool]:
@@ -445,7 +454,7 @@ def _front_door_once(a: argparse.Namespace, proxy: str | None) -> dict[str, Any]
         time.sleep(1.0)
         idle_kb = rss_kb(proc.pid, "VmRSS")
 
-        def one(family: str) -> dict[str, Any]:
+        def one(family: str, fresh_clients: bool | None = None) -> dict[str, Any]:
             out = under_attack(
                 family,
                 target,
@@ -456,16 +465,21 @@ def _front_door_once(a: argparse.Namespace, proxy: str | None) -> dict[str, Any]
                 probe_out=work / f"probe-{family}.log",
                 seconds=a.family_seconds,
                 probe_cpus=a.probe_cpus,
+                fresh_clients=fresh_clients,
+                legit_rate=LEGIT_CALLS_PER_SECOND,
             )
-            log(f"{proxy or 'server'}: {family}: {out.summary()}")
+            log(
+                f"{proxy or 'server'}: {family}{' (fresh clients)' if fresh_clients else ''}: {out.summary()}"
+            )
             time.sleep(1.0)  # the server settles before the next case
             return out.summary()
 
-        quiet = one(QUIET)
+        baselines = {"quiet": one(QUIET), QUIET_FRESH: one(QUIET, fresh_clients=True)}
         for (item, what), family in FRONT_DOOR.items():
             r = one(family)
-            met = front_door_verdicts(r, quiet)
-            cases.append({"item": item, "case": what, "family": family, **r, "met": met})
+            base = baseline_of(family)
+            met = front_door_verdicts(r, baselines[base])
+            cases.append({"item": item, "case": what, "family": family, **r, "baseline": base, "met": met})
             if not r["alive"]:
                 break
         alive = proc.poll() is None
@@ -484,7 +498,8 @@ def _front_door_once(a: argparse.Namespace, proxy: str | None) -> dict[str, Any]
         "serve_flags": a.serve_flag,
         "attacker_source": ATTACKER_SOURCE,
         "proxy_peak_rss_mb": proxy_rss_mb,
-        "quiet": quiet,
+        "legit_calls_per_second": LEGIT_CALLS_PER_SECOND,
+        **baselines,
         "cases": cases,
         "server_alive": alive,
         "targets": {
@@ -515,10 +530,10 @@ def render_front_door_compared(runs: dict[str, dict[str, Any]]) -> str:
         fmt: Callable[[dict[str, Any], dict[str, Any]], str],
         key: str,
     ) -> str:
-        def one(c: dict[str, Any] | None, q: dict[str, Any]) -> str:
-            return "-" if c is None else fmt(c, q) + ("" if c["met"][key] else " ✗")
+        def one(c: dict[str, Any] | None, run: dict[str, Any]) -> str:
+            return "-" if c is None else fmt(c, _baseline(run, c)) + ("" if c["met"][key] else " ✗")
 
-        return f"{one(a, alone['quiet'])} / {one(b, behind['quiet'])}"
+        return f"{one(a, alone)} / {one(b, behind)}"
 
     rows = []
     for c in alone["cases"]:
@@ -541,13 +556,24 @@ def render_front_door_compared(runs: dict[str, dict[str, Any]]) -> str:
             ]
         )
     qa, qb, cpus = alone["quiet"], behind["quiet"], alone["cpus"]
+    fa, fb = alone.get(QUIET_FRESH), behind.get(QUIET_FRESH)
+    fresh = (
+        ""
+        if fa is None or fb is None
+        else f" (with a new connection for every infer, the baseline of "
+        f"{', '.join(sorted(FRESH_CLIENT_FAMILIES & set(FRONT_DOOR.values())))}: health p99 "
+        f"{fa['health_p99_ms']} / {fb['health_p99_ms']} ms, gRPC p50 {fa['grpc_p50_ms']} / "
+        f"{fb['grpc_p50_ms']} ms)"
+    )
+    rate = alone.get("legit_calls_per_second")
     return (
         f"Front-door cases, {alone['family_seconds']:.0f} s each, each cell the server alone / behind "
         f"{proxy} (a fresh server; HAProxy pinned with it): server on CPUs {cpus['server'] or 'any'}, "
         f"prober on {cpus['probe'] or 'any'}, attackers (from {alone.get('attacker_source', '127.0.0.1')}) "
-        f"and legitimate clients (127.0.0.1) on {cpus['attack'] or 'any'}. Quiet: health p99 "
+        f"and legitimate clients (127.0.0.1{f', {rate:.0f} infers a second on each protocol' if rate else ''}"
+        f") on {cpus['attack'] or 'any'}. Quiet: health p99 "
         f"{qa['health_p99_ms']} / {qb['health_p99_ms']} ms, gRPC p50 {qa['grpc_p50_ms']} / "
-        f"{qb['grpc_p50_ms']} ms; {proxy} peak RSS {behind.get('proxy_peak_rss_mb')} MB. "
+        f"{qb['grpc_p50_ms']} ms{fresh}; {proxy} peak RSS {behind.get('proxy_peak_rss_mb')} MB. "
         "✗: a target missed.\n"
         + table(
             ["item", "case", "health p99 ms", "legit (lower of HTTP, gRPC)", "RSS MB", "gRPC p50 / quiet"],
@@ -555,6 +581,11 @@ def render_front_door_compared(runs: dict[str, dict[str, Any]]) -> str:
         )
         + f"\nAlive at the end: {alone['server_alive']} / {behind['server_alive']}."
     )
+
+
+def _baseline(run: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
+    """The quiet summary `case` was judged against (results written before QUIET_FRESH: quiet)."""
+    return run.get(case.get("baseline", "quiet")) or run["quiet"]
 
 
 def render_front_door_run(res: dict[str, Any]) -> str:
@@ -574,7 +605,7 @@ def render_front_door_run(res: dict[str, Any]) -> str:
                 f"{c['health_p99_ms']}{mark(m['health'])}",
                 f"{c['http_success_rate']:.1%} / {c['grpc_success_rate']:.1%}{mark(m['legit'])}",
                 f"{c['rss_peak_above_idle_mb'] - c['rss_start_above_idle_mb']:.0f}{mark(m['rss'])}",
-                f"{c['grpc_p50_ms'] / q['grpc_p50_ms']:.1f}x{mark(m['grpc_p50'])}",
+                f"{c['grpc_p50_ms'] / _baseline(res, c)['grpc_p50_ms']:.1f}x{mark(m['grpc_p50'])}",
                 "yes" if c["alive"] else "no ✗",
             ]
         )

@@ -60,12 +60,20 @@ class Legit:
 class LegitLoad:
     """One thread of back-to-back infers over `protocol` ("http" or "grpc"), each answer compared
     with `reference` (ONNX Runtime's output for `target.sample`). `fresh_clients`: a new client (so a
-    new connection) for every infer, as a newly arriving client would."""
+    new connection) for every infer, as a newly arriving client would. `rate`: at most that many
+    infers a second (a client within a proxy's per-client call rate); None: back to back."""
 
     def __init__(
-        self, target: Target, protocol: str, output: str, reference: np.ndarray, fresh_clients: bool = False
+        self,
+        target: Target,
+        protocol: str,
+        output: str,
+        reference: np.ndarray,
+        fresh_clients: bool = False,
+        rate: float | None = None,
     ) -> None:
         self.target, self.output, self.reference, self.fresh = target, output, reference, fresh_clients
+        self.interval = 1.0 / rate if rate else 0.0
         self.result = Legit(protocol)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -91,7 +99,13 @@ class LegitLoad:
 
     def _run(self) -> None:
         client: tuple[Callable[[], np.ndarray], Callable[[], None]] | None = None
+        next_t = time.monotonic()
         while not self.stop.is_set():
+            if self.interval:
+                self.stop.wait(max(0.0, next_t - time.monotonic()))
+                next_t = max(next_t + self.interval, time.monotonic())
+                if self.stop.is_set():
+                    break
             failed = False
             try:
                 if client is None:
@@ -183,16 +197,20 @@ def under_attack(
     until: Callable[[Counter[str]], bool] | None = None,
     max_seconds: float = 120.0,
     probe_cpus: str | None = None,
+    fresh_clients: bool | None = None,
+    legit_rate: float | None = None,
 ) -> Outcome:
     """Run the attack `family` for at least `seconds`, and on until each protocol's legitimate load
     has made `min_infers` infers and `until` (if given) holds of the attack's counters, or
     `max_seconds` have passed; meanwhile the probe, the legitimate load (HTTP and gRPC; a fresh client
-    for every infer in FRESH_CLIENT_FAMILIES) and the server's RSS (sampled every 50 ms) are watched.
-    The family :data:`QUIET` attacks nothing: the same run's baseline."""
+    for every infer in FRESH_CLIENT_FAMILIES, or as `fresh_clients` says; at most `legit_rate` infers a
+    second each, if given) and the server's RSS (sampled every 50 ms) are watched. The family
+    :data:`QUIET` attacks nothing: the same run's baseline."""
     attack = FAMILIES.get(family, quiet)
     if family != QUIET and family not in FAMILIES:
         raise KeyError(f"unknown attack family {family!r}")
     protocols = ["http", "grpc"]
+    fresh = family in FRESH_CLIENT_FAMILIES if fresh_clients is None else fresh_clients
     counters: Counter[str] = Counter()
     stop = threading.Event()
     thread = threading.Thread(target=attack, args=(target, stop, counters), daemon=True)
@@ -200,8 +218,7 @@ def under_attack(
     alive = True
     with LiveProbe(f"{target.host}:{target.http_port}", probe_out, cpus=probe_cpus) as probe:
         loads = [
-            LegitLoad(target, p, output, reference, fresh_clients=family in FRESH_CLIENT_FAMILIES)
-            for p in protocols
+            LegitLoad(target, p, output, reference, fresh_clients=fresh, rate=legit_rate) for p in protocols
         ]
         t0 = time.monotonic()
         thread.start()

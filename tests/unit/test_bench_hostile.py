@@ -65,3 +65,33 @@ def test_the_proxy_run_is_shown_beside_the_server_alone_each_against_its_own_qui
     (row,) = [ln for ln in text.splitlines() if "short messages" in ln]
     assert "100.0x ✗ / 1.5x" in row  # each against its own run's quiet
     assert "behind haproxy" in text
+
+
+def test_a_case_of_new_clients_is_judged_against_a_quiet_of_new_clients() -> None:
+    from benchmarks.hostile import QUIET_FRESH, baseline_of, render_front_door_run
+
+    assert baseline_of("slowloris_1100") == QUIET_FRESH  # its legitimate clients connect for every infer
+    assert baseline_of("short_messages") == "quiet"
+    fresh = {**QUIET, "grpc_p50_ms": 5.0}  # a new connection costs the infer its handshakes
+    case = _case(grpc_p50_ms=8.0)
+    res = {
+        "front_proxy": "haproxy",
+        "family_seconds": 8.0,
+        "cpus": {"server": "0", "probe": "1", "attack": "1"},
+        "serve_flags": [],
+        "quiet": QUIET,
+        QUIET_FRESH: fresh,
+        "cases": [
+            {"item": 3, "case": "slowloris", "family": "slowloris_1100", **case, "baseline": QUIET_FRESH}
+            | {"met": front_door_verdicts(case, fresh)}
+        ],
+        "server_alive": True,
+        "targets": {
+            "health_p99_slack_ms": 50,
+            "legit_success": 0.95,
+            "rss_growth_mb": 64,
+            "grpc_p50_ratio": 2,
+        },
+    }
+    (row,) = [ln for ln in render_front_door_run(res).splitlines() if "slowloris" in ln]
+    assert "1.6x" in row and "✗" not in row  # 8 ms against 5, where against the reused quiet it is 4x

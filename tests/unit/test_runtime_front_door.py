@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import os
+import threading
 import zlib
 
 import pytest
@@ -12,7 +14,7 @@ from trtforge_runtime.errors import RequestError
 from trtforge_runtime.protocol.connections import ConnectionLimiter
 from trtforge_runtime.protocol.grpc_call_guard import streams_per_connection
 from trtforge_runtime.serving.body import Coding
-from trtforge_runtime.serving.inflate import Inflater, inflate
+from trtforge_runtime.serving.inflate import INFLATE_NICENESS, Inflater, inflate, inflate_pool
 from trtforge_runtime.serving.metrics import Metrics
 
 MiB = 1 << 20
@@ -22,8 +24,30 @@ def _bomb(mib: int) -> bytes:
     return gzip.compress(bytes(mib * MiB), compresslevel=9)
 
 
+def _lying(body: bytes, claimed: int) -> bytes:
+    """`body` with a gzip trailer that gives `claimed` bytes."""
+    return body[:-4] + claimed.to_bytes(4, "little")
+
+
+def test_a_bomb_whose_trailer_gives_more_than_the_limit_is_refused_before_any_step() -> None:
+    with pytest.raises(
+        RequestError, match=r"exceeds the limit of 4194304 bytes: its gzip trailer \(the last 4 bytes\) gives"
+    ) as e:
+        Inflater(_bomb(16), Coding.GZIP, 4 * MiB, step=MiB)
+    assert e.value.status == 413
+
+
+def test_a_stream_that_inflates_past_its_trailer_stops_there() -> None:
+    inflater = Inflater(_lying(_bomb(16), MiB + 7), Coding.GZIP, 4 * MiB, step=MiB)
+    with pytest.raises(RequestError, match="inflates past the 1048583 bytes its trailer gives") as e:
+        while not inflater.done:
+            inflater.step()
+    assert e.value.status == 400 and inflater.total == MiB + 8
+
+
 def test_each_step_makes_at_most_its_size_and_the_limit_stops_it() -> None:
-    inflater = Inflater(_bomb(16), Coding.GZIP, 4 * MiB, step=MiB)
+    # The trailer lies (it gives the limit): inflating is what stops the bomb.
+    inflater = Inflater(_lying(_bomb(16), 4 * MiB), Coding.GZIP, 4 * MiB, step=MiB)
     made = []
     with pytest.raises(RequestError, match="decompressed from gzip exceeds the limit of 4194304 bytes") as e:
         while not inflater.done:
@@ -48,12 +72,27 @@ def test_a_body_within_the_limit_inflates_whole_in_every_coding() -> None:
         assert out == data
 
 
+def test_bodies_inflate_in_threads_below_the_loops_priority() -> None:
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    pool = inflate_pool()
+    try:
+        assert pool.submit(nice).result() == min(19, nice() + INFLATE_NICENESS)
+    finally:
+        pool.shutdown()
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
         (b"\x1f\x8b\x08\x00" + bytes(1000), "is not valid gzip"),
         (gzip.compress(b"x" * 1000, mtime=0)[:-30], "the stream is truncated"),
-        (gzip.compress(b"x" * 1000, mtime=0) + b"junk", "4 bytes after the end of its gzip stream"),
+        # (trailing bytes whose last 4 give more than the limit: 413, by that size)
+        (
+            _lying(gzip.compress(b"x" * 1000, mtime=0) + b"junk0000", 1000),
+            "8 bytes after the end of its gzip",
+        ),
     ],
 )
 def test_corrupt_truncated_and_trailing_bodies_are_400(body: bytes, message: str) -> None:
@@ -76,7 +115,7 @@ async def test_inflate_counts_each_step_before_it_keeps_it() -> None:
     assert out == data and sum(counted) == len(data) and max(counted) <= MiB
     counted.clear()
     with pytest.raises(RequestError) as e:
-        await inflate(_bomb(64), Coding.GZIP, 4 * MiB, take)
+        await inflate(_lying(_bomb(64), 4 * MiB), Coding.GZIP, 4 * MiB, take)
     assert e.value.status == 413 and sum(counted) <= 4 * MiB
 
 

@@ -13,7 +13,7 @@ RUNTIME = Path(__file__).resolve().parents[2] / "runtime_image" / "trtforge_runt
 # HTTP: aiohttp routes and the HttpInfer wire; gRPC: grpc.aio registration, and its calls with GrpcInfer.
 ADAPTERS = ("protocol/http_api.py", "protocol/grpc_service.py", "protocol/grpc_calls.py")
 # What only the pipeline does: admit, count and release a call, queue a batch, decode off the loop.
-PIPELINE_STEPS = {"admit", "call", "enqueue", "run_in_executor", "batcher", "decode_pool"}
+PIPELINE_STEPS = {"admit", "call", "enqueue", "run_in_executor", "batcher", "decode_pool", "inflate_pool"}
 MAX_LINES = 150
 
 

@@ -328,6 +328,7 @@ class Runtime:
             await svc.batcher.stop()
         await runner.cleanup()
         svc.decode_pool.shutdown(wait=False, cancel_futures=True)
+        svc.inflate_pool.shutdown(wait=False, cancel_futures=True)
         monitor.stop()
         if self.exit_code == EXIT_OK:
             write_termination_message(

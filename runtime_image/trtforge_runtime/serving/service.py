@@ -34,7 +34,7 @@ from trtforge_runtime.errors import RequestError, outcome_for
 from trtforge_runtime.lifecycle.workers import Pod
 from trtforge_runtime.serving.batcher import Batcher
 from trtforge_runtime.serving.body import Coding, MemoryBudget, Source, body_deadline, read_body
-from trtforge_runtime.serving.inflate import inflate
+from trtforge_runtime.serving.inflate import inflate, inflate_pool
 from trtforge_runtime.serving.metrics import Metrics, Outcome, exposition
 from trtforge_runtime.serving.model import InferRequest, ModelSpec, Serving, model_config
 from trtforge_runtime.settings import Settings
@@ -94,6 +94,7 @@ class Service:
         self.active = 0  # inference requests in flight
         self.bodies = MemoryBudget(settings.body_memory)
         self.decode_pool = ThreadPoolExecutor(2, thread_name_prefix="decode")
+        self.inflate_pool = inflate_pool()  # below the loop's priority: a bomb never holds the loop
 
     @property
     def worker(self) -> int | None:
@@ -238,7 +239,7 @@ class Service:
             return raw
         reader = self.bodies.reader()  # inflated step by step, each step's bytes held as they are made
         try:
-            return await inflate(raw, coding, limit, reader.take, self.decode_pool)
+            return await inflate(raw, coding, limit, reader.take, self.inflate_pool)
         finally:
             call.reserved += reader.keep()
             reader.close()

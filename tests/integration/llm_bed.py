@@ -94,12 +94,12 @@ def golden_tokens(server: Path, gguf: Path, tmp: Path) -> list[int]:
 class Supervised:
     """A ``trtforge serve-llm`` process and its two ports."""
 
-    def __init__(self, tmp: Path, args: list[str]) -> None:
+    def __init__(self, tmp: Path, args: list[str], gpu_probe: str = "none") -> None:
         self.port, self.probe_port = free_ports(2)
         self.term = tmp / f"termination-{self.probe_port}"
         self.log_path = tmp / f"serve-llm-{self.probe_port}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
-        env = {**os.environ, "TRTFORGE_TERMINATION_LOG": str(self.term), "TRTFORGE_GPU_PROBE": "none"}
+        env = {**os.environ, "TRTFORGE_TERMINATION_LOG": str(self.term), "TRTFORGE_GPU_PROBE": gpu_probe}
         self.proc = subprocess.Popen(
             [
                 sys.executable, "-m", "trtforge.cli", "serve-llm",

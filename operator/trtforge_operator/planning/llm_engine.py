@@ -9,8 +9,8 @@ once it is in the store, each forgeable target's tune Job; then the re-tunes the
 failed Job is not retried: the condition says why (the gate's refusal with both perplexities).
 
 What is per GPU is the tuning record, so an LLM engine's "rebuild" is a re-tune of that target,
-never a new quantize Job: the checkpoint is per source digest and recipe (docs/design.md §"LLM
-rebuild is a re-tune").
+never a new quantize Job: the checkpoint is per source digest and recipe, whatever the GPU
+(docs/design.md §"LLM rebuild is a re-tune").
 """
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ def test_tune_records_the_best_settings_and_a_pod_elsewhere_refuses_them(
     # fault) it is measured again and replaces the record at the same key.
     rc, hit = _run([*args, "--llama-bin-dir", str(llama_bin), "--threads", "2"])
     assert rc == 0 and hit["cacheHit"] is True and hit["tuningKey"] == out["tuningKey"], hit
-    rc, again = _run([*args, "--llama-bin-dir", str(llama_bin), "--threads", "2", "--rebuild"])
+    rc, again = _run([*args, "--llama-bin-dir", str(llama_bin), "--threads", "1", "--rebuild"])
     assert rc == 0 and again["cacheHit"] is False and again["tuningKey"] == out["tuningKey"], again
     replaced = art.read_manifest(open_store(store_uri), ArtefactKind.TUNING_CACHE, str(out["tuningKey"]))
     assert replaced is not None and replaced.upload != manifest.upload

@@ -94,7 +94,9 @@ def golden_tokens(server: Path, gguf: Path, tmp: Path) -> list[int]:
 class Supervised:
     """A ``trtforge serve-llm`` process and its two ports."""
 
-    def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, tmp: Path, args: list[str], env: dict[str, str] | None = None, gpu_probe: str = "none"
+    ) -> None:
         self.port, self.probe_port = free_ports(2)
         self.term = tmp / f"termination-{self.probe_port}"
         self.log_path = tmp / f"serve-llm-{self.probe_port}.log"
@@ -102,7 +104,7 @@ class Supervised:
         env = {
             **os.environ,
             "TRTFORGE_TERMINATION_LOG": str(self.term),
-            "TRTFORGE_GPU_PROBE": "none",
+            "TRTFORGE_GPU_PROBE": gpu_probe,
             **(env or {}),
         }
         self.proc = subprocess.Popen(

@@ -1,9 +1,14 @@
-"""An LLM engine end to end on the test bed: a TRTEngine naming the SmolLM2 GGUF (recipe bf16) is
-quantized by its Job, an InferenceDeployment serves it on the CPU node with a real llama.cpp server
-under `trtforge serve-llm`, the real `openai` client gets a chat completion through the Service's
-`openai` port (resolved to a pod IP from the Service's EndpointSlices: the test bed has no kube-proxy),
-the canary's golden tokens are the quantize Job's, and a bounded burst of concurrent requests on
-loopback makes requests wait (llama.cpp's `requests_deferred`) so the real HPA adds a replica.
+"""An LLM engine end to end on the test bed: a TRTEngine naming the SmolLM2 GGUF (recipe bf16, a
+cpu and an H100 target) is quantized by its Job and tuned per target, an InferenceDeployment serves
+it on the CPU node with a real llama.cpp server under `trtforge serve-llm`, the real `openai` client
+gets a chat completion through the Service's `openai` port (resolved to a pod IP from the Service's
+EndpointSlices: the test bed has no kube-proxy), the canary's golden tokens are the quantize Job's,
+and a bounded burst of concurrent requests on loopback makes requests wait (llama.cpp's
+`requests_deferred`) so the real HPA adds a replica.
+
+A second InferenceDeployment serves the H100 target (llama.cpp on the emulated GPU node): an emulated
+Xid on its pod's GPU ends the pod with the GPU-fault message, the operator moves it to the other H100
+node and re-runs that target's tune Job (a re-tune, no quantize Job), and it serves again.
 
 Runtime pods read the checkpoint and tuning cache through the engine broker, the default (no
 `runtime_store_uri`), presenting their projected token, as engine pods do.
@@ -16,6 +21,7 @@ import secrets
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +39,8 @@ pytestmark = pytest.mark.integration
 
 RUNTIME = "app.kubernetes.io/component=runtime"
 CANARY = smollm2.CANARY_PROMPT
+H100 = "NVIDIA-H100-80GB-HBM3"
+BUILD_KIND = "trtforge.io/build-kind"
 
 
 @pytest.fixture(scope="module")
@@ -94,19 +102,32 @@ def _post(ip: str, port: int, path: str, body: dict[str, Any], timeout: float = 
         c.close()
 
 
-def test_a_quantized_llm_is_served_chats_through_its_service_and_scales_on_waiting_requests(
-    env: OperatorEnv, custom_metrics: None
-) -> None:
-    from openai import OpenAI
-
+@pytest.fixture(scope="module")
+def smollm2_engine(env: OperatorEnv) -> dict[str, Any]:
+    """The SmolLM2 TRTEngine, quantized and tuned for its cpu and H100 targets (Ready)."""
     ns = env.tenants[0]
     gguf = smollm2.smollm2_gguf()
     model = env.models_dir / gguf.name
     if not model.exists():
         shutil.copyfile(gguf, model)
-    engine = smollm2.engine_manifest()
-    env.apply(engine, ns)
-    eng = env.wait_true("trtengines", ns, "smollm2", timeout=600)
+    env.apply(smollm2.engine_manifest(targets=[{"gpu": "cpu"}, {"gpu": H100}]), ns)
+    return env.wait_true("trtengines", ns, "smollm2", timeout=600)
+
+
+def _server_path() -> str:
+    """The pods find llama-server on PATH, as they would in the runtime image."""
+    return (
+        f"{llama.llama_bin('llama-server').parent}:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+    )
+
+
+def test_a_quantized_llm_is_served_chats_through_its_service_and_scales_on_waiting_requests(
+    env: OperatorEnv, custom_metrics: None, smollm2_engine: dict[str, Any]
+) -> None:
+    from openai import OpenAI
+
+    ns = env.tenants[0]
+    eng = smollm2_engine
     ckpt = eng["status"]["checkpoint"]
     assert ckpt["phase"] == "Ready" and ckpt["backend"] == "llama.cpp", ckpt
     key = ckpt["checkpointKey"]
@@ -117,18 +138,15 @@ def test_a_quantized_llm_is_served_chats_through_its_service_and_scales_on_waiti
     golden = manifest.checkpoint.golden
     assert golden.prompt == CANARY and len(golden.tokens) == 8
 
-    # The pods find llama-server on PATH, as they would in the runtime image.
-    path = (
-        f"{llama.llama_bin('llama-server').parent}:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
-    )
     auto = {"minReplicas": 1, "maxReplicas": 2, "metric": "QueueDepth", "targetValue": "1"}
     infd = deployment_manifest(
         "chat",
         "smollm2",
         replicas=1,
         llm={"server": "llama.cpp"},
-        runtime={"env": [{"name": "PATH", "value": path}]},
+        runtime={"env": [{"name": "PATH", "value": _server_path()}]},
         autoscaling=auto,
+        targets=[{"gpu": "cpu"}],
     )
     env.apply(infd, ns)
     try:
@@ -166,6 +184,107 @@ def test_a_quantized_llm_is_served_chats_through_its_service_and_scales_on_waiti
         _waiting_requests_add_a_replica(env, ns, ip, port)
     finally:
         delete_with_cleanup(env.api, ns, "inferencedeployments", "chat")
+
+
+def _chat(env: OperatorEnv, ns: str, service: str) -> str:
+    """One chat completion with the `openai` client through the Service's first ready endpoint."""
+    from openai import OpenAI
+
+    ip, port = wait_for(
+        lambda: _openai_address(env, ns, service),
+        timeout=120,
+        desc="the Service's endpoints",
+        ignore=(ApiException,),
+    )[0]
+    c = OpenAI(base_url=f"http://{ip}:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    reply = c.chat.completions.create(
+        model=service, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8, temperature=0
+    )
+    content = reply.choices[0].message.content
+    assert content
+    return content
+
+
+def test_an_xid_under_an_llm_pod_moves_it_re_tunes_its_target_and_it_serves_again(
+    env: OperatorEnv, smollm2_engine: dict[str, Any]
+) -> None:
+    ns = env.tenants[0]
+    ckey = smollm2_engine["status"]["checkpoint"]["checkpointKey"]
+    target = next(t for t in smollm2_engine["status"]["targets"] if t["gpu"] == H100)
+    infd = deployment_manifest(
+        "chat-h100",
+        "smollm2",
+        replicas=1,
+        llm={"server": "llama.cpp"},
+        runtime={"env": [{"name": "PATH", "value": _server_path()}]},
+        targets=[{"gpu": H100}],
+    )
+    selector = f"{RUNTIME},trtforge.io/inferencedeployment=chat-h100"
+    env.apply(infd, ns)
+    try:
+        env.wait_true("inferencedeployments", ns, "chat-h100", timeout=600)
+        _chat(env, ns, "chat-h100")
+        (victim_pod,) = env.pods(ns, selector)
+        victim = victim_pod.spec.node_name
+        assert env.node_labels(victim)["nvidia.com/gpu.product"] == H100
+        jobs_before = {j.metadata.name for j in env.jobs()}
+        injected = time.time() - 1
+        env.tb.fault(victim, xid=79)
+        try:
+
+            def recovered() -> dict[str, Any] | None:
+                obj = env.get("inferencedeployments", ns, "chat-h100")
+                done = [
+                    f
+                    for f in (obj.get("status") or {}).get("faults") or []
+                    if f.get("node") == victim
+                    and f.get("recoveredSeconds") is not None
+                    and _after(f, injected)
+                ]
+                ready = any(
+                    c["type"] == "Ready" and c["status"] == "True" for c in obj["status"]["conditions"]
+                )
+                return obj if done and ready else None
+
+            obj = wait_for(recovered, timeout=480, desc="chat-h100 recovered and Ready after the Xid")
+        finally:
+            env.tb.heal(victim)
+        fault = next(f for f in obj["status"]["faults"] if f["node"] == victim and _after(f, injected))
+        print(f"\nLLM fault on {victim}: {fault}")
+        assert (fault["action"], fault["xid"], fault["target"]) == ("PodMovedAndRebuild", 79, target["name"])
+        # moved: every pod on another H100 node
+        pods = env.pods(ns, selector)
+        assert pods and all(p.spec.node_name != victim for p in pods)
+        assert {env.node_labels(p.spec.node_name)["nvidia.com/gpu.product"] for p in pods} == {H100}
+        # re-tuned: exactly one new Job, the target's tune again (--rebuild) off the faulty node; no quantize
+        forged = ("quantize", "tune", "rebuild")
+        new = [
+            j
+            for j in env.jobs()
+            if j.metadata.name not in jobs_before and j.metadata.labels.get(BUILD_KIND) in forged
+        ]
+        (retune,) = new
+        assert retune.metadata.labels[BUILD_KIND] == "rebuild"
+        assert retune.metadata.name.startswith(f"trtforge-build-{ckey[:20]}-rb")
+        command = retune.spec.template.spec.containers[0].command
+        assert command[:2] == ["trtforge", "tune"] and "--rebuild" in command and H100 in command
+        assert retune.status.succeeded == 1
+        (rt_pod,) = env.pods(env.build_ns, f"job-name={retune.metadata.name}")
+        assert rt_pod.spec.node_name != victim
+        eng = env.get("trtengines", ns, "smollm2")
+        assert eng["status"]["checkpoint"]["checkpointKey"] == ckey
+        again = next(t for t in eng["status"]["targets"] if t["name"] == target["name"])
+        assert (again["phase"], again["tuningKey"]) == ("Ready", target["tuningKey"])
+        # and it serves again
+        _chat(env, ns, "chat-h100")
+    finally:
+        delete_with_cleanup(env.api, ns, "inferencedeployments", "chat-h100")
+
+
+def _after(f: dict[str, Any], t: float) -> bool:
+    from datetime import datetime
+
+    return datetime.fromisoformat(f["time"].replace("Z", "+00:00")).timestamp() >= t
 
 
 def _waiting_requests_add_a_replica(env: OperatorEnv, ns: str, ip: str, port: int) -> None:

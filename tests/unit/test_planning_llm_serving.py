@@ -23,6 +23,7 @@ from trtforge_operator.apply.llm_children import LLMRuntime
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import ANNOTATION_ENGINE_KEY, ANNOTATION_SPEC_HASH, APP_MANAGED_BY, MANAGED_BY
 from trtforge_operator.observe.views import DeploymentView, NodeView, PodView
+from trtforge_operator.planning import faults
 from trtforge_operator.planning.autoscaling import AutoscalingApis, HpaApi
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
 from trtforge_operator.planning.llm_serving import LLMEngineFacts, LLMProblem, llm_runtime
@@ -276,7 +277,15 @@ def test_an_xid_under_an_llm_pod_moves_it_off_the_node_as_for_engines() -> None:
             },
             "status": {
                 "checkpoint": {"phase": "Ready", "checkpointKey": CKPT},
-                "targets": [{"name": H100.name, "gpu": H100.gpu, "phase": "Ready", "tuningKey": TUNE}],
+                "targets": [
+                    {
+                        "name": H100.name,
+                        "gpu": H100.gpu,
+                        "phase": "Ready",
+                        "tuningKey": TUNE,
+                        "engineKey": CKPT,
+                    }
+                ],
             },
         }
     )
@@ -336,10 +345,15 @@ def test_an_xid_under_an_llm_pod_moves_it_off_the_node_as_for_engines() -> None:
     )
     plan = plan_deployment(obs, CFG)
     (f,) = plan.status.faults
-    assert (f.pod, f.xid, f.target) == ("chat-h100-x", 79, H100.name)
+    assert (f.pod, f.xid, f.target, f.action) == ("chat-h100-x", 79, H100.name, "PodMovedAndRebuild")
     assert plan.delete_pods == ["chat-h100-x"]
     (moved,) = [o for o in plan.apply if o["kind"] == "Deployment"]
     assert "gpu-h100-0" in json.dumps(moved["spec"]["template"]["spec"]["affinity"])
+    # It asks its TRTEngine to rebuild the target's checkpoint key: the engine re-runs that target's
+    # tune Job under this name (planning/llm_engine.py), and the fault recovers once it is done.
+    (rq,) = plan.rebuild_requests
+    assert (rq.target, rq.engine_key, rq.avoid_nodes) == (H100.name, CKPT, ("gpu-h100-0",))
+    assert rq.job_name == children.job_name(CKPT[:20], rebuild_of=faults.fault_id(f))
 
 
 def test_the_front_proxy_never_sits_on_an_llms_token_path() -> None:

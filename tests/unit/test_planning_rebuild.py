@@ -10,12 +10,12 @@ import pytest
 from trtforge_operator.api import FaultRecord, TargetStatus
 from trtforge_operator.observe.views import JobView, NodeView
 from trtforge_operator.planning import faults
-from trtforge_operator.planning.engine import _holds_back
 from trtforge_operator.planning.rebuild import (
     ObservedFaults,
     RebuildCause,
     RebuildRequest,
     RefusedReason,
+    holds_back,
     legacy_cleanup_patch,
     plan_rebuilds,
 )
@@ -167,7 +167,7 @@ FAULT_REQ = RebuildRequest(requester="team-a/serve", target=TARGET, engine_key=K
 def test_a_running_rebuild_holds_back_only_what_it_should(
     req: RebuildRequest, running: JobView, held_back: bool
 ) -> None:
-    assert _holds_back(req, running) is held_back
+    assert holds_back(req, running) is held_back
 
 
 def test_an_inferencedeployment_removes_only_its_own_old_annotation_records() -> None:

@@ -120,6 +120,23 @@ def test_a_second_publish_returns_the_first_manifest(store: EngineStore, checkpo
     assert committed and not committed_again and again == first
 
 
+def test_a_replacing_publish_commits_a_new_upload_over_the_first(
+    store: EngineStore, checkpoint: Path
+) -> None:
+    """A re-measure after a GPU fault (`trtforge tune --rebuild`) replaces the record at its key."""
+    first, _ = art.publish(store, KIND, KEY, checkpoint, _describe)
+    (checkpoint / "config.json").write_text('{"changed": true}')
+    again, committed = art.publish(store, KIND, KEY, checkpoint, _describe, replace=True)
+    assert committed and again.upload != first.upload
+    assert art.read_manifest(store, KIND, KEY) == again
+    assert (
+        again.file("config.json").sha256
+        == _sha(checkpoint / "config.json")
+        != first.file("config.json").sha256
+    )
+    art.verify(store, again)
+
+
 def test_the_loser_of_a_commit_race_reads_the_winner_and_drops_its_upload(
     store: EngineStore, checkpoint: Path
 ) -> None:

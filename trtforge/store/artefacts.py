@@ -67,11 +67,15 @@ def publish(
     key: str,
     folder: Path,
     make_manifest: Callable[[str, list[ArtefactFile]], ArtefactManifest],
+    *,
+    replace: bool = False,
 ) -> tuple[ArtefactManifest, bool]:
     """Publish the files under `folder` as artefact `key`; `make_manifest(upload, files)` describes
     them. Returns the committed manifest and whether this call committed it (False: it existed, or
-    another writer won the race; either way the returned manifest is the one in the store)."""
-    existing = read_manifest(store, kind, key)
+    another writer won the race; either way the returned manifest is the one in the store).
+    `replace`: the new manifest replaces one already there (a re-measure after a GPU fault); a reader
+    sees the old or the new upload whole, as the manifest is written last."""
+    existing = None if replace else read_manifest(store, kind, key)
     if existing is not None:
         return existing, False
     upload = secrets.token_hex(8)
@@ -84,6 +88,9 @@ def publish(
     manifest = make_manifest(upload, files)
     if (manifest.kind, manifest.key, manifest.upload, manifest.files) != (kind, key, upload, files):
         raise ValueError("make_manifest must describe the kind, key, upload and files it was given")
+    if replace:
+        store.put_bytes(manifest_path(kind, key), manifest.to_json().encode())
+        return manifest, True
     if store.commit(manifest_path(kind, key), manifest.to_json().encode()):
         return manifest, True
     winner = read_manifest(store, kind, key)

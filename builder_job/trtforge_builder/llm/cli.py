@@ -52,6 +52,12 @@ def register_tune(sub: Any) -> None:
     p.add_argument("--mig", default=None)
     p.add_argument("--tensor", type=int, default=1)
     p.add_argument("--pipeline", type=int, default=1)
+    p.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="measure again and replace the stored record even when the store has its key "
+        "(after a GPU fault: the operator's re-tune Job)",
+    )
     _common(p)
     p.set_defaults(func=handle_tune)
 
@@ -164,6 +170,7 @@ def handle_tune(args: argparse.Namespace) -> int:
             backend=Backend(args.backend),
             cpus=args.threads,
             llama_bin_dir=Path(args.llama_bin_dir) if args.llama_bin_dir else None,
+            rebuild=args.rebuild,
         )
 
     return _run(run_tune, request)

@@ -34,11 +34,13 @@ def publish_folder(
     fmt: ArtefactFormat,
     backend: Backend,
     version: str,
+    replace: bool = False,
     **payload: Any,
 ) -> tuple[ArtefactManifest, bool]:
     """`folder` published as artefact `key` of `kind` (trtforge.store.artefacts.publish): the manifest
-    and whether this call committed it (False: another writer's was there first). `payload` is the
-    manifest's kind-specific part (`checkpoint=` or `tuning=`)."""
+    and whether this call committed it (False: another writer's was there first; `replace`: it
+    replaces one already there). `payload` is the manifest's kind-specific part (`checkpoint=` or
+    `tuning=`)."""
 
     def describe(upload: str, files: list[ArtefactFile]) -> ArtefactManifest:
         return ArtefactManifest(
@@ -53,6 +55,6 @@ def publish_folder(
         )
 
     try:
-        return artefacts.publish(store, kind, key, folder, describe)
+        return artefacts.publish(store, kind, key, folder, describe, replace=replace)
     except StoreError as e:
         raise BuildError(str(e), "StoreUnavailable", step="publish") from e

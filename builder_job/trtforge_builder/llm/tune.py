@@ -64,6 +64,7 @@ class TuneRequest:
     backend: Backend = Backend.LLAMA_CPP
     cpus: int = 0  # 0: every core of this pod
     llama_bin_dir: Path | None = None
+    rebuild: bool = False  # measure again and replace the stored record (after a GPU fault)
 
 
 def run_tune(req: TuneRequest) -> TuneResult:
@@ -85,7 +86,7 @@ def run_tune(req: TuneRequest) -> TuneResult:
         raise BuildError(str(e), "BackendUnavailable", step="tune") from e
     key = tuning_key(req.gpu, req.mig, req.parallelism, req.backend, version, req.checkpoint_key)
     existing = look_up(store, ArtefactKind.TUNING_CACHE, key)
-    if existing is not None:
+    if existing is not None and not req.rebuild:
         return _result(store, existing, req, cache_hit=True, start=start)
     with tempfile.TemporaryDirectory(prefix="trtforge-tune-") as tmp:
         work = Path(tmp)
@@ -131,6 +132,7 @@ def run_tune(req: TuneRequest) -> TuneResult:
             ArtefactFormat.TUNING_RECORD,
             req.backend,
             version,
+            replace=req.rebuild,
             tuning=record,
         )
     return _result(store, manifest, req, cache_hit=not committed, start=start)

@@ -42,9 +42,11 @@ def smollm2_gguf() -> Path:
 CANARY_PROMPT = "The capital of France is"
 
 
-def engine_manifest(name: str = "smollm2", recipe: str = "bf16") -> dict[str, Any]:
+def engine_manifest(
+    name: str = "smollm2", recipe: str = "bf16", targets: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """A TRTEngine forging the GGUF, pinned by its sha256, from the tenant's `models` claim (where the
-    test or demo copies it), for the test bed's `cpu` target."""
+    test or demo copies it), for the test bed's `cpu` target (or `targets`)."""
     from trtforge_dev.testbed.binaries import sha256_file
 
     gguf = smollm2_gguf()
@@ -58,6 +60,6 @@ def engine_manifest(name: str = "smollm2", recipe: str = "bf16") -> dict[str, An
                 "recipe": recipe,
                 "canary": {"prompt": CANARY_PROMPT, "maxTokens": 8},
             },
-            "targets": [{"gpu": "cpu"}],
+            "targets": targets or [{"gpu": "cpu"}],
         },
     }

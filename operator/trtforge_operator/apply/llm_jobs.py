@@ -17,6 +17,7 @@ from trtforge.contract.possession import staged_model_path
 from trtforge.contract.termination import TERMINATION_LOG_ENV
 from trtforge_operator.apply.children import (
     PVC_ROOT,
+    _avoid_affinity,
     _gpu_limits,
     _pvc_claim,
     container,
@@ -28,6 +29,8 @@ from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import (
     ANNOTATION_ATTEMPT,
     ANNOTATION_CREATED_FOR,
+    ANNOTATION_FAULT,
+    ANNOTATION_REBUILD_CAUSE,
     ANNOTATION_REQUEST_DIGEST,
     ANNOTATION_TARGET,
     APP_COMPONENT,
@@ -42,6 +45,7 @@ from trtforge_operator.labels import (
 
 QUANTIZE = "quantize"
 TUNE = "tune"
+REBUILD = "rebuild"  # a re-tune after a GPU fault (or the TRTEngine's ask): the kind ONNX rebuilds carry
 TERMINATION_PATH = "/dev/termination-log"
 
 
@@ -85,9 +89,16 @@ class TuneRequest:
     mig_strategy: MigStrategy = MigStrategy.MIXED
     timeout_seconds: int = 3600
     attempt: int = 1
+    # A re-tune (docs/llm.md §"GPU faults"): the fault id (or the ask's id), measured again off the
+    # faulty nodes and replacing the stored record. Named as an ONNX rebuild of the checkpoint key.
+    rebuild_of: str | None = None
+    rebuild_asked: bool = False
+    avoid_nodes: tuple[str, ...] = ()
 
     @property
     def job_name(self) -> str:
+        if self.rebuild_of:
+            return job_name(self.checkpoint_key[:20], rebuild_of=self.rebuild_of, asked=self.rebuild_asked)
         return llm_job_name(TUNE, self.job_id, self.attempt)
 
 
@@ -118,6 +129,8 @@ def tune_args(req: TuneRequest, cfg: OperatorConfig) -> list[str]:
     if req.target.mig:
         args += ["--mig", req.target.mig]
     args += ["--tensor", str(req.parallelism.tensor), "--pipeline", str(req.parallelism.pipeline)]
+    if req.rebuild_of:
+        args.append("--rebuild")
     return args + _common_args(req.backend, cfg)
 
 
@@ -156,6 +169,7 @@ def _job(
     gpu_limits: dict[str, str],
     timeout_seconds: int,
     attempt: int,
+    avoid_nodes: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     labels = {
         **BASE_LABELS,
@@ -206,6 +220,9 @@ def _job(
         "volumes": volumes,
     }
     pod_spec.update(cfg.pod_defaults())
+    affinity = _avoid_affinity(avoid_nodes)
+    if affinity:
+        pod_spec["affinity"] = affinity
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -243,17 +260,22 @@ def quantize_job(req: QuantizeRequest, cfg: OperatorConfig) -> dict[str, Any]:
 
 
 def tune_job(req: TuneRequest, cfg: OperatorConfig) -> dict[str, Any]:
-    """The tune Job of one target: on the target's own kind of node and GPU (or MIG slice)."""
+    """The tune Job of one target: on the target's own kind of node and GPU (or MIG slice). A re-tune
+    carries the kind and annotations of a rebuild Job and keeps off the nodes to avoid."""
+    annotations = {
+        ANNOTATION_REQUEST_DIGEST: req.checkpoint_key,
+        ANNOTATION_TARGET: json.dumps(req.target.model_dump(mode="json"), sort_keys=True),
+    }
+    if req.rebuild_of:
+        annotations[ANNOTATION_FAULT] = req.rebuild_of
+        annotations[ANNOTATION_REBUILD_CAUSE] = "asked" if req.rebuild_asked else "fault"
     return _job(
-        TUNE,
+        REBUILD if req.rebuild_of else TUNE,
         req.job_name,
         req.job_id,
         tune_args(req, cfg),
         req.requester,
-        {
-            ANNOTATION_REQUEST_DIGEST: req.checkpoint_key,
-            ANNOTATION_TARGET: json.dumps(req.target.model_dump(mode="json"), sort_keys=True),
-        },
+        annotations,
         cfg,
         target=req.target,
         node_selector=dict(req.node_selector),
@@ -261,4 +283,5 @@ def tune_job(req: TuneRequest, cfg: OperatorConfig) -> dict[str, Any]:
         gpu_limits={k: str(req.parallelism.world_size) for k in _gpu_limits(req.target, req.mig_strategy)},
         timeout_seconds=req.timeout_seconds,
         attempt=req.attempt,
+        avoid_nodes=req.avoid_nodes,
     )

@@ -57,7 +57,12 @@ from trtforge_operator.planning.engine_conditions import (
 from trtforge_operator.planning.events import Event, merged
 from trtforge_operator.planning.llm_engine import llm_conditions, plan_llm, target_refusal
 from trtforge_operator.planning.pruned import pruned_condition, pruned_fields, spec_schema
-from trtforge_operator.planning.rebuild import RebuildCause, RebuildRequest, plan_rebuilds, rebuild_job
+from trtforge_operator.planning.rebuild import (
+    RebuildRequest,
+    holds_back,
+    plan_rebuilds,
+    rebuild_job,
+)
 from trtforge_operator.planning.store_claim import plan_store_blocked, store_condition
 from trtforge_operator.planning.target import TargetOutcome, keep_times, plan_target
 from trtforge_operator.planning.target_state import TargetState
@@ -186,10 +191,23 @@ def plan_llm_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     verify = plan_verify(obs, cfg) if obs.verified_sha256 is None and forge else None
     recheck = plan_recheck(obs, cfg) if obs.verified_sha256 is not None and forge else None
     _verification(obs, cfg, admission, verify or recheck)
-    plan = plan_llm(obs, cfg, targets, verify)
+    rebuilds = plan_rebuilds(
+        obs_requester(obs),
+        obs.status.targets,
+        obs.annotations,
+        obs.observed_faults,
+        obs.nodes,
+        obs.now,
+        cfg.faults.suspect_node_ttl_seconds,
+    )
+    plan = plan_llm(obs, cfg, targets, verify, rebuilds.requests)
     if plan.wake_at is not None:  # a failed quantize or tune Job's backoff ends
         admission.wake_in(max(0.5, plan.wake_at - obs.now))
     for c in plan.creates:
+        if c.rebuild:  # a re-tune: the target keeps its status (and its record serves) meanwhile
+            if not admission.admit(c.job, JobPurpose.REBUILD):
+                admission.wake_in(5.0)
+            continue
         if not admission.admit(c.job, JobPurpose.BUILD):
             queued = f"waiting for a build slot ({obs.capacity.running_total} running)"
             for t in plan.targets if c.target is None else [t for t in plan.targets if t.name == c.target]:
@@ -206,6 +224,9 @@ def plan_llm_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
         model=_verified_model(obs, recheck),
         checkpoint=plan.checkpoint,
     )
+    status.conditions, refusal = rebuild_requests_condition(
+        status.conditions, obs.status.conditions, obs.generation, obs.now, rebuilds.refused
+    )
     status.conditions = pruned_condition(  # docs/design.md §"What a tenant can forge"
         status.conditions,
         pruned_fields(obs.annotations, spec_schema(TRTEngine)),
@@ -219,6 +240,7 @@ def plan_llm_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
         *_record_results(jobs_by_id),
         WriteStatus(obs.status.to_wire() if obs.status_wire else {}, status),
         *(Emit(Event("Warning", r, m), on_status_change=True) for r, m in plan.warnings),
+        *([Emit(refusal)] if refusal is not None else []),
     ]
     if admission.requeue is not None:
         actions.append(RequeueAfter(admission.requeue))
@@ -296,7 +318,7 @@ def _admit_rebuild(
     existing = jobs_by_id.get(job["metadata"]["labels"][LABEL_BUILD_ID], [])
     if name in admission.planned or any(j.name == name for j in existing):
         return  # asked for already: create-if-absent
-    if any(j.running and _holds_back(req, j) for j in existing):
+    if any(j.running and holds_back(req, j) for j in existing):
         return  # one rebuild of that engine at a time (a fault's is never held back by an ask)
     if not admission.admit(job, JobPurpose.REBUILD):
         admission.requeue = min(admission.requeue or 5.0, 5.0)
@@ -335,14 +357,6 @@ def _record_results(jobs_by_id: Mapping[str, list[JobView]]) -> list[RecordResul
         for j in js
         if j.reported is not None and not j.recorded
     ]
-
-
-def _holds_back(req: RebuildRequest, running: JobView) -> bool:
-    """Whether the running rebuild Job `running` of the same engine holds back `req`: a fault's rebuild
-    waits only for another fault's, never for one a tenant asked for; an ask waits for any rebuild."""
-    if running.kind != "rebuild":
-        return False
-    return running.fault_rebuild or req.cause is RebuildCause.ASKED
 
 
 def model_source_problem(uri: str, store_uri: str) -> str | None:

@@ -4,9 +4,14 @@ checkpoint key, then a tune Job per target; status and conditions from what the 
 Order of a pass: proof of possession first (planning/verify.py, as for ONNX models: the quantize
 Job reads the source the broker staged); each target's refusal policies (planning/llm_policies.py);
 the checkpoint (in the store, quantizing, refused by the accuracy gate, or to quantize now); then,
-once it is in the store, each forgeable target's tune Job. A failed Job is retried as build Jobs are,
-unless its reported reason says no retry can help (planning/llm_retry.py); the condition says why (the
-gate's refusal with both perplexities).
+once it is in the store, each forgeable target's tune Job; then the re-tunes the rebuilds ask for
+(a GPU fault under a deployment's pod, or the TRTEngine's annotation: planning/rebuild.py). A failed
+Job is retried as build Jobs are, unless its reported reason says no retry can help
+(planning/llm_retry.py); the condition says why (the gate's refusal with both perplexities).
+
+What is per GPU is the tuning record, so an LLM engine's "rebuild" is a re-tune of that target,
+never a new quantize Job: the checkpoint is per source digest and recipe, whatever the GPU
+(docs/design.md §"LLM rebuild is a re-tune").
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from trtforge_operator.api import (
 from trtforge_operator.api.trtengine import BUILDING, READY, STALLED
 from trtforge_operator.apply import llm_jobs
 from trtforge_operator.config import OperatorConfig
+from trtforge_operator.labels import LABEL_TARGET
 from trtforge_operator.observe.keys import key_inputs
 from trtforge_operator.observe.llm_keys import (
     checkpoint_backend,
@@ -45,6 +51,7 @@ from trtforge_operator.planning.llm_policies import (
     target_identity,
 )
 from trtforge_operator.planning.llm_retry import RetryDecision, RetryStep, retry_decision
+from trtforge_operator.planning.rebuild import RebuildCause, RebuildRequest, holds_back
 from trtforge_operator.planning.text import one_line, timestamp
 from trtforge_operator.planning.verify import VerifyOutcome
 
@@ -68,10 +75,12 @@ TUNE_RETRYING = "TuneRetrying"
 
 @dataclass(frozen=True)
 class JobCreate:
-    """A Job the plan asks for: its manifest, and the target name it is for (None: the quantize Job)."""
+    """A Job the plan asks for: its manifest, and the target name it is for (None: the quantize Job).
+    `rebuild`: a re-tune (admitted as a rebuild: it never changes the target's status)."""
 
     job: dict[str, object]
     target: str | None = None
+    rebuild: bool = False
 
 
 @dataclass
@@ -94,8 +103,10 @@ class LLMPlan:
         return sum(1 for t in self.targets if t.phase == "Ready")
 
 
-def _latest(jobs: Mapping[str, Sequence[JobView]], job_id: str) -> JobView | None:
-    found = [j for j in jobs.get(job_id, ()) if not j.deleting]
+def _latest(jobs: Mapping[str, Sequence[JobView]], job_id: str, kind: str) -> JobView | None:
+    """The latest Job of `kind` with build id `job_id` (in the shared cache scope a quantize Job's id
+    is its checkpoint key's, which re-tunes, named as rebuilds of that key, share)."""
+    found = [j for j in jobs.get(job_id, ()) if not j.deleting and j.kind == kind]
     return max(found, key=lambda j: j.attempt) if found else None
 
 
@@ -158,8 +169,10 @@ def plan_llm(
     cfg: OperatorConfig,
     targets: list[GPUTarget],
     verify: VerifyOutcome | None,
+    rebuilds: Sequence[RebuildRequest] = (),
 ) -> LLMPlan:
-    """The LLM engine's statuses and Jobs (see the module docstring)."""
+    """The LLM engine's statuses and Jobs (see the module docstring); `rebuilds`: those
+    planning/rebuild.py derived from the operator's fault records and the TRTEngine's asks."""
     llm = obs.spec.llm
     assert llm is not None
     requester = obs_requester(obs)
@@ -210,6 +223,10 @@ def plan_llm(
         if _refuse_weights(obs, plan, statuses[t.name], t, ck):
             continue
         _plan_tune(obs, cfg, plan, statuses[t.name], t, ck, qid, requester)
+    for req in rebuilds:
+        retune = retune_request(obs, cfg, forgeable, ck, req, requester)
+        if retune is not None and not _asked_already(obs.jobs, retune, req):
+            plan.creates.append(JobCreate(llm_jobs.tune_job(retune, cfg), target=req.target, rebuild=True))
     return plan
 
 
@@ -234,6 +251,52 @@ def _refuse_weights(
     return True
 
 
+def retune_request(
+    obs: EngineObserved,
+    cfg: OperatorConfig,
+    forgeable: Sequence[GPUTarget],
+    ck: CheckpointStatus,
+    req: RebuildRequest,
+    requester: str,
+) -> llm_jobs.TuneRequest | None:
+    """The re-tune `req` asks for: the target's tune Job again, off the nodes to avoid, replacing the
+    stored record; named by the checkpoint key and the fault (the deployment waits for that name). None
+    when the checkpoint it names is not the published one or the target is gone (nothing to re-tune)."""
+    t = next((x for x in forgeable if x.name == req.target), None)
+    if t is None or ck.phase != "Ready" or ck.checkpoint_key != req.engine_key:
+        return None
+    try:
+        ki = key_inputs(obs.spec, t, obs.nodes, cfg, cache_scope=obs.cache_scope)
+    except ValueError:
+        return None
+    return llm_jobs.TuneRequest(
+        job_id=req.engine_key[:20],  # as ONNX rebuilds: the id of the key they rebuild
+        checkpoint_key=req.engine_key,
+        target=t,
+        parallelism=obs.spec.parallelism_of(t),
+        backend=llm_backend(cfg, t),
+        node_selector=dict(ki.node_selector),
+        requester=requester,
+        mig_strategy=ki.mig_strategy,
+        timeout_seconds=obs.spec.builder.timeout_seconds,
+        rebuild_of=req.fault,
+        rebuild_asked=req.cause is RebuildCause.ASKED,
+        avoid_nodes=tuple(sorted(req.avoid_nodes)),
+    )
+
+
+def _asked_already(
+    jobs: Sequence[JobView] | Mapping[str, Sequence[JobView]],
+    retune: llm_jobs.TuneRequest,
+    req: RebuildRequest,
+) -> bool:
+    """Create-if-absent: its Job exists (whatever its state), or a running re-tune of the same
+    target holds it back (one at a time; a fault's is never held back by an ask)."""
+    same = jobs_by_build_id(jobs).get(retune.job_id, [])
+    mine = [j for j in same if j.labels.get(LABEL_TARGET) == req.target]
+    return any(j.name == retune.job_name for j in same) or any(j.running and holds_back(req, j) for j in mine)
+
+
 def _plan_checkpoint(
     obs: EngineObserved,
     cfg: OperatorConfig,
@@ -247,7 +310,7 @@ def _plan_checkpoint(
     llm = obs.spec.llm
     assert llm is not None
     ck = CheckpointStatus(recipe=llm.recipe, checkpoint_key=ckey, backend=backend.value)
-    job = _latest(jobs_by_build_id(obs.jobs), qid)
+    job = _latest(jobs_by_build_id(obs.jobs), qid, llm_jobs.QUANTIZE)
     result = _reported(job) if job is not None else None
     if job is not None:
         ck.job_name = job.name
@@ -345,7 +408,7 @@ def _plan_tune(
         st.message = f"no Ready node hosts {t}"
         return
     tid = tune_id(qid, t, par, backend, cfg.builder_image)
-    job = _latest(jobs_by_build_id(obs.jobs), tid)
+    job = _latest(jobs_by_build_id(obs.jobs), tid, llm_jobs.TUNE)
     result = _reported(job) if job is not None else None
     if job is not None:
         st.job_name, st.attempts = job.name, job.attempt

@@ -38,7 +38,7 @@ from trtforge_operator.api import (
 from trtforge_operator.apply import children
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.observe.keys import key_inputs
-from trtforge_operator.observe.views import NodeView, ObservedFaults
+from trtforge_operator.observe.views import JobView, NodeView, ObservedFaults
 from trtforge_operator.planning import faults
 from trtforge_operator.planning.keys import build_request
 from trtforge_operator.planning.text import one_line
@@ -122,6 +122,14 @@ def fault_rebuilds(
             )
         )
     return out
+
+
+def holds_back(req: RebuildRequest, running: JobView) -> bool:
+    """Whether the running rebuild Job `running` of the same engine holds back `req`: a fault's rebuild
+    waits only for another fault's, never for one a tenant asked for; an ask waits for any rebuild."""
+    if running.kind != "rebuild":
+        return False
+    return running.fault_rebuild or req.cause is RebuildCause.ASKED
 
 
 def _expected(targets: Sequence[TargetStatus]) -> str:

@@ -71,6 +71,23 @@ class FaultMonitor:
                 return
 
 
+def given_gpus(probe: GPUProbe) -> list[str] | None:
+    """The uuids of the devices this container was given, as the probe sees them (None: unreadable).
+    The operator believes a fault only on one of these (operator planning/fault_trust.py)."""
+    try:
+        return [d.uuid for d in probe.devices()]
+    except Exception:
+        return None
+
+
+def exit_on_gpu_fault(
+    probe: GPUProbe, engine_key: str, xid: int | None, gpu: str | None, detail: str
+) -> None:
+    """The one way out after a GPU fault, for engine and LLM pods alike: the ``GPUFault`` termination
+    message (with the devices this container was given) and ``EXIT_GPU_FAULT``, at once."""
+    exit_now(gpu_fault_message(engine_key, xid, gpu, detail, given_gpus(probe)))
+
+
 def gpu_fault_message(
     engine_key: str, xid: int | None, gpu: str | None, detail: str, gpus: list[str] | None = None
 ) -> TerminationMessage:

@@ -27,7 +27,7 @@ from trtforge_runtime.backends import Backend, Instance, default_instances
 from trtforge_runtime.errors import DeviceFault, Refusal
 from trtforge_runtime.lifecycle import preload, startup_gc, warmstart
 from trtforge_runtime.lifecycle.canary import run_canary
-from trtforge_runtime.lifecycle.faults import FaultMonitor, exit_now, gpu_fault_message
+from trtforge_runtime.lifecycle.faults import FaultMonitor, exit_on_gpu_fault
 from trtforge_runtime.lifecycle.identity import check_identity
 from trtforge_runtime.lifecycle.retry import budget_from_env, with_retries
 from trtforge_runtime.lifecycle.workers import Pod
@@ -71,11 +71,7 @@ class Runtime:
         self.svc.stop_serving("not_ready", f"GPU fault: {detail}")
         self.svc.metrics.gpu_faults.labels(gpu or "unknown", str(xid) if xid is not None else "none").inc()
         log.error("GPU fault; exiting", extra=fields(xid=xid, gpu=gpu, detail=detail))
-        try:
-            given: list[str] | None = [d.uuid for d in self.probe.devices()]
-        except Exception:
-            given = None
-        exit_now(gpu_fault_message(self.s.engine_key, xid, gpu, detail, given))
+        exit_on_gpu_fault(self.probe, self.s.engine_key, xid, gpu, detail)
 
     def on_xid(self, e: XidEvent) -> None:
         self._fault(e.xid, e.gpu_uuid, e.message or f"Xid {e.xid} on {e.gpu_uuid}")

@@ -14,11 +14,11 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trtforge.contract.gpu_probe import GPUProbe, GPUProbeError, probe_from_env
+from trtforge.contract.gpu_probe import GPUProbe, GPUProbeError, XidEvent, probe_from_env
 from trtforge.contract.llm import GoldenTokens
 from trtforge.logs import fields
 from trtforge_runtime.errors import Refusal
-from trtforge_runtime.lifecycle.faults import FaultMonitor, exit_now, gpu_fault_message
+from trtforge_runtime.lifecycle.faults import FaultMonitor, exit_on_gpu_fault
 from trtforge_runtime.llm import plans
 from trtforge_runtime.llm.supervisor import ServerPlan, Supervisor
 
@@ -68,13 +68,11 @@ def start_fault_monitor(probe: GPUProbe, sup: Supervisor | WorkerSupervisor, key
     if not probe.devices():
         return None
 
-    def on_fault(e: object) -> None:
-        xid = getattr(e, "xid", None)
-        gpu = getattr(e, "gpu_uuid", None)
-        detail = getattr(e, "message", "") or f"Xid {xid} on {gpu}"
-        log.error("GPU fault; stopping the LLM server", extra=fields(xid=xid, gpu=gpu))
+    def on_fault(e: XidEvent) -> None:
+        detail = e.message or f"Xid {e.xid} on {e.gpu_uuid}"
+        log.error("GPU fault; stopping the LLM server", extra=fields(xid=e.xid, gpu=e.gpu_uuid))
         sup.kill_server_now()
-        exit_now(gpu_fault_message(key, xid, gpu, detail))
+        exit_on_gpu_fault(probe, key, e.xid, e.gpu_uuid, detail)
 
     m = FaultMonitor(probe, on_fault)
     m.start()

@@ -56,6 +56,9 @@ class BuildSettings(BaseModel):
     # Where the builder image's llama.cpp tools are, for LLM quantize and tune Jobs on the llama.cpp
     # backend (passed as --llama-bin-dir); unset: the image's PATH.
     llama_bin_dir: str | None = None
+    # The accuracy gate's evaluation length in chunks of the evaluation text (passed to quantize Jobs
+    # as --perplexity-chunks); 0: the whole text.
+    llm_perplexity_chunks: int = Field(default=0, ge=0)
 
 
 class GCSettings(BaseModel):

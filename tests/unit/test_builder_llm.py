@@ -129,6 +129,10 @@ def test_the_command_lines_refuse_bad_arguments_with_a_json_line(tmp_path: Path)
     )  # fmt: skip
     assert rc == 2 and "ggufType" in str(out["error"])
     rc, out = _cli(
+        "quantize", "--source", "x", "--recipe", "fp8", "--perplexity-chunks", "-1", "--store", str(tmp_path)
+    )
+    assert rc == 2 and "--perplexity-chunks -1" in str(out["error"])
+    rc, out = _cli(
         "quantize", "--source", "x", "--recipe", "fp8", "--backend", "tensorrt-llm", "--store", str(tmp_path)
     )
     assert rc == 94 and out["reason"] == "BackendUnavailable" and "ModelOpt" in str(out["error"])

@@ -34,6 +34,12 @@ def register_quantize(sub: Any) -> None:
     p.add_argument(
         "--max-perplexity-increase", type=float, default=0.01, help="a fraction (default 0.01: 1%%)"
     )
+    p.add_argument(
+        "--perplexity-chunks",
+        type=int,
+        default=0,
+        help="evaluate the gate on the first N chunks of the evaluation text (default 0: all of it)",
+    )
     p.add_argument("--canary-prompt", default=None)
     p.add_argument("--canary-tokens", type=int, default=None)
     _common(p)
@@ -119,6 +125,8 @@ def handle_quantize(args: argparse.Namespace) -> int:
     )
 
     def request() -> QuantizeRequest:
+        if args.perplexity_chunks < 0:
+            raise ValueError(f"--perplexity-chunks {args.perplexity_chunks} is negative: 0 (all) or more")
         spec = QuantizationSpec(
             recipe=Recipe(args.recipe),
             calibration=Calibration(
@@ -140,6 +148,7 @@ def handle_quantize(args: argparse.Namespace) -> int:
             max_perplexity_increase=spec.max_perplexity_increase,
             canary_prompt=args.canary_prompt or DEFAULT_CANARY_PROMPT,
             canary_tokens=args.canary_tokens or DEFAULT_CANARY_TOKENS,
+            perplexity_chunks=args.perplexity_chunks,
             threads=args.threads,
             llama_bin_dir=Path(args.llama_bin_dir) if args.llama_bin_dir else None,
         )

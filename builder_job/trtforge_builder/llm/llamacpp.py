@@ -156,12 +156,12 @@ class LlamaCppTools:
     def quantize(self, source: Path, dest: Path, gguf_type: str, threads: int) -> None:
         self._run("llama-quantize", ["--allow-requantize", str(source), str(dest), gguf_type, str(threads)])
 
-    def perplexity(self, model: Path, text: Path, context: int, threads: int) -> float:
-        out = self._run(
-            "llama-perplexity",
-            ["-m", str(model), "-f", str(text), "-c", str(context), "-b", str(context), "-t", str(threads)],
-        )
-        return parse_perplexity(out)
+    def perplexity(self, model: Path, text: Path, context: int, threads: int, chunks: int = 0) -> float:
+        """Perplexity over the text's first `chunks` chunks of `context` tokens (0: all of it)."""
+        args = ["-m", str(model), "-f", str(text), "-c", str(context), "-b", str(context), "-t", str(threads)]
+        if chunks > 0:
+            args += ["--chunks", str(chunks)]
+        return parse_perplexity(self._run("llama-perplexity", args))
 
     def bench(
         self, model: Path, threads: list[int], batches: list[int], prompt: int, gen: int

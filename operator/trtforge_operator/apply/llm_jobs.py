@@ -107,6 +107,8 @@ def quantize_args(req: QuantizeRequest, cfg: OperatorConfig) -> list[str]:
         "--canary-prompt", req.canary_prompt,
         "--canary-tokens", str(req.canary_tokens),
     ]  # fmt: skip
+    if cfg.build.llm_perplexity_chunks:
+        args += ["--perplexity-chunks", str(cfg.build.llm_perplexity_chunks)]
     return args + _common_args(req.backend, cfg)
 
 

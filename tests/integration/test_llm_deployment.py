@@ -43,7 +43,7 @@ def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Oper
         testbed,
         tmp_path_factory.mktemp("llm-deploy"),
         [f"llm-{tag}"],
-        build={"llama_bin_dir": bins, "cpu": "1", "memory": "2Gi"},
+        build={"llama_bin_dir": bins, "cpu": "1", "memory": "2Gi", "llm_perplexity_chunks": 3},
     )
     # LLM runtime pods read the store themselves (on the test bed: its host directory).
     cfg = yaml.safe_load(e.config_path.read_text())

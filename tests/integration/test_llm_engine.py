@@ -47,7 +47,7 @@ def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory, llama_bin: Path)
         testbed,
         tmp_path_factory.mktemp("operator"),
         [f"llm-{i}-{tag}" for i in range(3)],
-        build={"llama_bin_dir": str(llama_bin), "cpu": "1", "memory": "2Gi"},
+        build={"llama_bin_dir": str(llama_bin), "cpu": "1", "memory": "2Gi", "llm_perplexity_chunks": 3},
     )
     e.start()
     try:
@@ -136,6 +136,8 @@ def test_bf16_is_quantized_tuned_and_ready(env: OperatorEnv, forging: dict[str, 
     assert p["source"] > 0 and p["result"] > 0 and p["increase"] <= p["maxIncrease"] == 0.01, p
     manifest = read_manifest(open_store(str(env.store_dir)), ArtefactKind.CHECKPOINT, ck["checkpointKey"])
     assert manifest is not None and manifest.checkpoint is not None and manifest.checkpoint.golden is not None
+    gate = manifest.checkpoint.accuracy
+    assert gate is not None and gate.chunks == 3, gate  # the operator's build.llm_perplexity_chunks
     (t,) = st["targets"]
     assert (t["phase"], t["reason"], t["engineKey"], t["mapping"]) == (
         "Ready",

@@ -31,6 +31,9 @@ from trtforge.store import open_store
 from trtforge.store.s3 import make_client, s3_settings
 
 H100 = "NVIDIA-H100-80GB-HBM3"
+# The accuracy gate on the first 3 chunks (of 128 tokens) of the evaluation text rather than all 9:
+# the same verdicts here at a third of the cost (docs/llm.md).
+PERPLEXITY_CHUNKS = "3"
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +82,8 @@ def _quantize(
             str(llama_bin),
             "--threads",
             "2",
+            "--perplexity-chunks",
+            PERPLEXITY_CHUNKS,
             *extra,
         ],
         env,
@@ -91,8 +96,8 @@ def fp8(
 ) -> tuple[str, dict[str, object]]:
     """An fp8 (test bed: Q8_0) checkpoint quantized into a fresh local store: (store, result).
 
-    Requantizing the 4-bit source to Q8_0 measured +1.5% perplexity here (docs/llm.md), so this
-    request declares a 5% bound, as a TRTEngine may."""
+    Requantizing the 4-bit source to Q8_0 measured +1.5% perplexity on the whole evaluation text and
+    +2.1% on its first 3 chunks (docs/llm.md), so this request declares a 5% bound, as a TRTEngine may."""
     store = str(tmp_path_factory.mktemp("store"))
     rc, out = _quantize(gguf, store, llama_bin, "--recipe", "fp8", "--max-perplexity-increase", "0.05")
     assert rc == 0, out
@@ -114,6 +119,8 @@ def test_fp8_is_quantized_gated_and_published_with_its_golden_tokens(
     manifest = art.read_manifest(store, ArtefactKind.CHECKPOINT, key)
     assert manifest is not None and [f.path for f in manifest.files] == ["model.gguf"]
     assert manifest.checkpoint is not None and manifest.checkpoint.source.uri == str(gguf)
+    gate = manifest.checkpoint.accuracy
+    assert gate is not None and gate.chunks == int(PERPLEXITY_CHUNKS) and gate.context == 128
     art.fetch(store, ArtefactKind.CHECKPOINT, key, tmp_path / "ckpt")
     model = tmp_path / "ckpt" / "model.gguf"
     assert model.read_bytes()[:4] == b"GGUF"

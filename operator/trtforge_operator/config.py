@@ -69,6 +69,9 @@ class GCSettings(BaseModel):
     interval_seconds: float = Field(default=3600.0, gt=0)
     min_age_seconds: float = Field(default=7 * 24 * 3600.0, ge=0)  # never collect younger engines
     keep_latest: int = Field(default=0, ge=0)  # always keep this many most recent unreferenced ones
+    # Clock skew allowed between the apiserver (a Job's start, a listing) and a pod (a manifest's or a
+    # possession record's time): what is younger than a guard by less than this stays a pass.
+    clock_skew_seconds: float = Field(default=60.0, ge=0)
 
 
 class BrokerSettings(BaseModel):

@@ -59,6 +59,8 @@ class BuildSettings(BaseModel):
     # The accuracy gate's evaluation length in chunks of the evaluation text (passed to quantize Jobs
     # as --perplexity-chunks); 0: the whole text.
     llm_perplexity_chunks: int = Field(default=0, ge=0)
+    # llama-bench runs of each setting in tune Jobs (passed as --repetitions).
+    llm_bench_repetitions: int = Field(default=2, ge=1)
 
 
 class GCSettings(BaseModel):

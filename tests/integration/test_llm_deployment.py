@@ -43,7 +43,13 @@ def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Oper
         testbed,
         tmp_path_factory.mktemp("llm-deploy"),
         [f"llm-{tag}"],
-        build={"llama_bin_dir": bins, "cpu": "1", "memory": "2Gi", "llm_perplexity_chunks": 3},
+        build={
+            "llama_bin_dir": bins,
+            "cpu": "1",
+            "memory": "2Gi",
+            "llm_perplexity_chunks": 3,
+            "llm_bench_repetitions": 1,
+        },
     )
     # LLM runtime pods read the store themselves (on the test bed: its host directory).
     cfg = yaml.safe_load(e.config_path.read_text())

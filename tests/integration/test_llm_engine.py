@@ -47,7 +47,13 @@ def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory, llama_bin: Path)
         testbed,
         tmp_path_factory.mktemp("operator"),
         [f"llm-{i}-{tag}" for i in range(3)],
-        build={"llama_bin_dir": str(llama_bin), "cpu": "1", "memory": "2Gi", "llm_perplexity_chunks": 3},
+        build={
+            "llama_bin_dir": str(llama_bin),
+            "cpu": "1",
+            "memory": "2Gi",
+            "llm_perplexity_chunks": 3,
+            "llm_bench_repetitions": 1,
+        },
     )
     e.start()
     try:

@@ -34,6 +34,9 @@ H100 = "NVIDIA-H100-80GB-HBM3"
 # The accuracy gate on the first 3 chunks (of 128 tokens) of the evaluation text rather than all 9:
 # the same verdicts here at a third of the cost (docs/llm.md).
 PERPLEXITY_CHUNKS = "3"
+# One llama-bench run of each setting rather than 2: the tests check the record and the canary,
+# not which setting wins.
+TUNE = ("--repetitions", "1")
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +171,7 @@ def test_tune_records_the_best_settings_and_a_pod_elsewhere_refuses_them(
 ) -> None:
     store_uri, q = fp8
     args = ["tune", "--checkpoint", str(q["checkpointKey"]), "--gpu", H100, "--store", store_uri]
-    rc, out = _run([*args, "--llama-bin-dir", str(llama_bin), "--threads", "2"])
+    rc, out = _run([*args, "--llama-bin-dir", str(llama_bin), "--threads", "2", *TUNE])
     assert rc == 0, out
     settings = out["settings"]
     assert (
@@ -218,7 +221,7 @@ def test_the_canary_holds_under_the_tuned_settings(
     store = open_store(store_uri)
     rc, out = _run(
         ["tune", "--checkpoint", str(q["checkpointKey"]), "--gpu", "cpu", "--store", store_uri,
-         "--llama-bin-dir", str(llama_bin), "--threads", threads]
+         "--llama-bin-dir", str(llama_bin), "--threads", threads, *TUNE]
     )  # fmt: skip
     assert rc == 0, out
     tuning = art.read_manifest(store, ArtefactKind.TUNING_CACHE, str(out["tuningKey"]))

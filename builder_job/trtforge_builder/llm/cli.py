@@ -58,6 +58,7 @@ def register_tune(sub: Any) -> None:
     p.add_argument("--mig", default=None)
     p.add_argument("--tensor", type=int, default=1)
     p.add_argument("--pipeline", type=int, default=1)
+    p.add_argument("--repetitions", type=int, default=2, help="llama-bench runs of each setting (default 2)")
     _common(p)
     p.set_defaults(func=handle_tune)
 
@@ -164,6 +165,8 @@ def handle_tune(args: argparse.Namespace) -> int:
     def request() -> TuneRequest:
         if not HEX64.match(args.checkpoint):
             raise ValueError(f"--checkpoint {args.checkpoint!r} is not a checkpoint key (64 lowercase hex)")
+        if args.repetitions < 1:
+            raise ValueError(f"--repetitions {args.repetitions} is below 1")
         return TuneRequest(
             store_uri=args.store,
             checkpoint_key=args.checkpoint,
@@ -172,6 +175,7 @@ def handle_tune(args: argparse.Namespace) -> int:
             parallelism=Parallelism(tensor=args.tensor, pipeline=args.pipeline),
             backend=Backend(args.backend),
             cpus=args.threads,
+            repetitions=args.repetitions,
             llama_bin_dir=Path(args.llama_bin_dir) if args.llama_bin_dir else None,
         )
 

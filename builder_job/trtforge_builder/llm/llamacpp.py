@@ -164,12 +164,18 @@ class LlamaCppTools:
         return parse_perplexity(self._run("llama-perplexity", args))
 
     def bench(
-        self, model: Path, threads: list[int], batches: list[int], prompt: int, gen: int
+        self,
+        model: Path,
+        threads: list[int],
+        batches: list[int],
+        prompt: int,
+        gen: int,
+        repetitions: int = 2,
     ) -> list[BenchRow]:
         """Prompt processing over threads x batch sizes (micro-batch = batch), then generation over
-        threads alone (the batch size does not change it), two repetitions each."""
+        threads alone (the batch size does not change it), `repetitions` runs each."""
         t = ",".join(map(str, threads))
-        common = ["-m", str(model), "-t", t, "-r", "2", "-o", "json"]
+        common = ["-m", str(model), "-t", t, "-r", str(repetitions), "-o", "json"]
         b = ",".join(map(str, batches))
         pp, _ = self._exec("llama-bench", [*common, "-b", b, "-ub", b, "-p", str(prompt), "-n", "0"])
         first = str(batches[0])

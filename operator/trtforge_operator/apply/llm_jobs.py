@@ -117,6 +117,7 @@ def tune_args(req: TuneRequest, cfg: OperatorConfig) -> list[str]:
     if req.target.mig:
         args += ["--mig", req.target.mig]
     args += ["--tensor", str(req.parallelism.tensor), "--pipeline", str(req.parallelism.pipeline)]
+    args += ["--repetitions", str(cfg.build.llm_bench_repetitions)]
     return args + _common_args(req.backend, cfg)
 
 

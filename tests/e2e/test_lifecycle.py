@@ -20,7 +20,7 @@ from trtforge_dev.localdev import OperatorEnv
 from trtforge_dev.modelzoo import light_model
 from trtforge_dev.testbed.wait import wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.long]
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -29,7 +29,7 @@ from trtforge_dev.testbed.wait import wait_for
 
 from trtforge.contract.llm import ArtefactKind, ArtefactManifest, golden_request, manifest_path
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 RUNTIME = "app.kubernetes.io/component=runtime"
 CANARY = smollm2.CANARY_PROMPT

@@ -24,7 +24,7 @@ from trtforge.contract.llm import ArtefactKind
 from trtforge.store import open_store
 from trtforge.store.artefacts import read_manifest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-80GB"

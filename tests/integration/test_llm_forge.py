@@ -30,6 +30,8 @@ from trtforge.store import artefacts as art
 from trtforge.store import open_store
 from trtforge.store.s3 import make_client, s3_settings
 
+pytestmark = pytest.mark.long
+
 H100 = "NVIDIA-H100-80GB-HBM3"
 # The accuracy gate on the first 3 chunks (of 128 tokens) of the evaluation text rather than all 9:
 # the same verdicts here at a third of the cost (docs/llm.md).

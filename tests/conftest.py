@@ -64,6 +64,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = getattr(item, "module", None)
         if module is not None and _starts_serve_processes(module):
             item.add_marker(pytest.mark.serve)
+    items[:] = scheduled_order(items)
+
+
+def scheduled_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The order `--dist loadscope` hands modules out in (`pytest_xdist_make_scheduler`): modules
+    marked `long` first, then those marked `slow`, then the others, each group by how many tests a
+    module has; each module's tests together and in their own order. The last module a worker starts
+    is then a short one, so the workers finish close together."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    order = sorted(
+        modules.values(),
+        key=lambda tests: (
+            tests[0].get_closest_marker("long") is None,
+            tests[0].get_closest_marker("slow") is None,
+            -len(tests),
+        ),
+    )
+    return [item for tests in order for item in tests]
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown when xdist is not loaded
@@ -72,6 +92,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     module's tests go to one worker together, so its module-scoped fixtures start once."""
     if config.getvalue("dist") != "loadscope":
         return None
+    config.option.loadscopereorder = False  # the collection's order is the schedule (scheduled_order)
     from xdist.scheduler import LoadScopeScheduling
 
     class UnitTestsAloneModulesTogether(LoadScopeScheduling):

@@ -175,9 +175,17 @@ def _while_open(
 
 
 class H2Client:
-    """A well-formed HTTP/2 client connection (the ``h2`` package) on a blocking socket."""
+    """A well-formed HTTP/2 client connection (the ``h2`` package) on a blocking socket. Each
+    finished call's grpc-status is counted in `statuses` and, as it arrives, as ``grpc_status_N`` in
+    `counters` (an attack's, so that a caller waiting on a status sees it while the connection lasts)."""
 
-    def __init__(self, target: Target, settings: dict[int, int] | None = None, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        target: Target,
+        settings: dict[int, int] | None = None,
+        timeout: float = 5.0,
+        counters: Counter[str] | None = None,
+    ) -> None:
         self.sock = target.connect(target.grpc_port, timeout)
         self.conn = h2.connection.H2Connection(
             h2.config.H2Configuration(client_side=True, header_encoding=None)
@@ -187,6 +195,7 @@ class H2Client:
             self.conn.update_settings(settings)
         self.closed = False
         self.statuses: Counter[str] = Counter()
+        self.counters = counters
         self.flush()
 
     def flush(self) -> None:
@@ -221,6 +230,8 @@ class H2Client:
                     for k, v in e.headers or []:
                         if k == b"grpc-status":
                             self.statuses[v.decode()] += 1
+                            if self.counters is not None:
+                                self.counters[f"grpc_status_{v.decode()}"] += 1
                 elif isinstance(e, h2.events.ConnectionTerminated):
                     self.closed = True
             if not self.closed:
@@ -258,7 +269,7 @@ def _h2_loop(
     """Run `body` on an ``h2`` connection, reconnecting when the server closes it, until `stop`."""
     while not stop.is_set():
         try:
-            client = H2Client(target, settings)
+            client = H2Client(target, settings, counters=counters)
         except OSError:
             counters["connect_failed"] += 1
             stop.wait(0.05)
@@ -273,8 +284,6 @@ def _h2_loop(
         except (OSError, h2.exceptions.ProtocolError):
             counters["closed_by_server"] += 1
         finally:
-            for status, n in client.statuses.items():
-                counters[f"grpc_status_{status}"] += n
             client.close()
 
 

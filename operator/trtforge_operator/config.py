@@ -56,6 +56,11 @@ class BuildSettings(BaseModel):
     # Where the builder image's llama.cpp tools are, for LLM quantize and tune Jobs on the llama.cpp
     # backend (passed as --llama-bin-dir); unset: the image's PATH.
     llama_bin_dir: str | None = None
+    # The accuracy gate's evaluation length in chunks of the evaluation text (passed to quantize Jobs
+    # as --perplexity-chunks); 0: the whole text.
+    llm_perplexity_chunks: int = Field(default=0, ge=0)
+    # llama-bench runs of each setting in tune Jobs (passed as --repetitions).
+    llm_bench_repetitions: int = Field(default=2, ge=1)
 
 
 class GCSettings(BaseModel):
@@ -66,6 +71,9 @@ class GCSettings(BaseModel):
     interval_seconds: float = Field(default=3600.0, gt=0)
     min_age_seconds: float = Field(default=7 * 24 * 3600.0, ge=0)  # never collect younger engines
     keep_latest: int = Field(default=0, ge=0)  # always keep this many most recent unreferenced ones
+    # Clock skew allowed between the apiserver (a Job's start, a listing) and a pod (a manifest's or a
+    # possession record's time): what is younger than a guard by less than this stays a pass.
+    clock_skew_seconds: float = Field(default=60.0, ge=0)
 
 
 class BrokerSettings(BaseModel):

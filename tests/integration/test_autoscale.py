@@ -38,7 +38,7 @@ from trtforge_dev.localdev import (
 )
 from trtforge_dev.testbed.wait import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 RUNTIME = "app.kubernetes.io/component=runtime"

@@ -34,7 +34,7 @@ from trtforge_dev.chart_operator import (
 )
 from trtforge_dev.testbed.wait import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from trtforge_dev.testbed.wait import wait_for
 
 from trtforge.contract.llm import ArtefactKind, ArtefactManifest, golden_request, manifest_path
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 RUNTIME = "app.kubernetes.io/component=runtime"
 CANARY = smollm2.CANARY_PROMPT
@@ -51,7 +51,13 @@ def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Oper
         testbed,
         tmp_path_factory.mktemp("llm-deploy"),
         [f"llm-{tag}"],
-        build={"llama_bin_dir": bins, "cpu": "1", "memory": "2Gi"},
+        build={
+            "llama_bin_dir": bins,
+            "cpu": "1",
+            "memory": "2Gi",
+            "llm_perplexity_chunks": 3,
+            "llm_bench_repetitions": 1,
+        },
     )
     e.start()
     try:

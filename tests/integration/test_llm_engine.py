@@ -26,7 +26,7 @@ from trtforge.contract.llm import ArtefactKind
 from trtforge.store import open_store
 from trtforge.store.artefacts import read_manifest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -49,7 +49,13 @@ def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory, llama_bin: Path)
         testbed,
         tmp_path_factory.mktemp("operator"),
         [f"llm-{i}-{tag}" for i in range(3)],
-        build={"llama_bin_dir": str(llama_bin), "cpu": "1", "memory": "2Gi"},
+        build={
+            "llama_bin_dir": str(llama_bin),
+            "cpu": "1",
+            "memory": "2Gi",
+            "llm_perplexity_chunks": 3,
+            "llm_bench_repetitions": 1,
+        },
     )
     e.start()
     try:
@@ -175,6 +181,8 @@ def test_bf16_is_quantized_tuned_and_ready(env: OperatorEnv, forging: dict[str, 
     assert p["source"] > 0 and p["result"] > 0 and p["increase"] <= p["maxIncrease"] == 0.01, p
     manifest = read_manifest(open_store(str(env.store_dir)), ArtefactKind.CHECKPOINT, ck["checkpointKey"])
     assert manifest is not None and manifest.checkpoint is not None and manifest.checkpoint.golden is not None
+    gate = manifest.checkpoint.accuracy
+    assert gate is not None and gate.chunks == 3, gate  # the operator's build.llm_perplexity_chunks
     (t,) = st["targets"]
     assert (t["phase"], t["reason"], t["engineKey"], t["mapping"]) == (
         "Ready",

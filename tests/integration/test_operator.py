@@ -29,7 +29,7 @@ from trtforge_dev.localdev import (
 from trtforge_dev.testbed.wait import wait_for
 from trtforge_operator.labels import REQUESTER_PREFIX
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 GH200 = "NVIDIA-GH200-480GB"

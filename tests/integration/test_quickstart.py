@@ -40,7 +40,7 @@ from trtforge_dev.modelzoo import light_model
 from trtforge_dev.testbed.chart import apply, delete, for_testbed, kube_version, render
 from trtforge_dev.testbed.wait import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "quickstart.md"

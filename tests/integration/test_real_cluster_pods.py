@@ -27,7 +27,7 @@ from trtforge_operator.labels import APP_COMPONENT, COMPONENT_RUNTIME, COMPONENT
 from trtforge.contract import images
 from trtforge.contract.gpu import GPUTarget
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NODE = "gpu-gh200-0"  # one GH200: re-sliced here into two 3g.48gb instances, then restored
 TARGET = GPUTarget(gpu="NVIDIA-GH200-480GB", mig="3g.48gb")

@@ -124,10 +124,18 @@ def test_the_command_lines_refuse_bad_arguments_with_a_json_line(tmp_path: Path)
     rc, out = _cli("tune", "--checkpoint", "nope", "--gpu", "cpu", "--store", str(tmp_path))
     assert rc == 2 and out["reason"] == "InvalidArgument" and "--checkpoint" in str(out["error"])
     rc, out = _cli(
+        "tune", "--checkpoint", "a" * 64, "--gpu", "cpu", "--repetitions", "0", "--store", str(tmp_path)
+    )
+    assert rc == 2 and "--repetitions 0" in str(out["error"])
+    rc, out = _cli(
         "quantize", "--source", str(tmp_path / "m.gguf"), "--recipe", "fp8", "--gguf-type", "q2 k",
         "--store", str(tmp_path),
     )  # fmt: skip
     assert rc == 2 and "ggufType" in str(out["error"])
+    rc, out = _cli(
+        "quantize", "--source", "x", "--recipe", "fp8", "--perplexity-chunks", "-1", "--store", str(tmp_path)
+    )
+    assert rc == 2 and "--perplexity-chunks -1" in str(out["error"])
     rc, out = _cli(
         "quantize", "--source", "x", "--recipe", "fp8", "--backend", "tensorrt-llm", "--store", str(tmp_path)
     )

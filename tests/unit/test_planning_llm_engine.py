@@ -165,6 +165,29 @@ def test_a_result_past_the_gate_is_refused_with_both_figures_and_no_tune_job() -
     )
 
 
+def test_the_gates_evaluation_length_is_the_operators_setting() -> None:
+    e = engine("bf16", [{"gpu": "cpu"}])
+    (q,) = created(plan_engine_pass(observe(e), CFG))
+    assert "--perplexity-chunks" not in q["spec"]["template"]["spec"]["containers"][0]["command"]
+    short = CFG.model_copy(update={"build": CFG.build.model_copy(update={"llm_perplexity_chunks": 3})})
+    (q,) = created(plan_engine_pass(observe(e), short))
+    args = q["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert args[args.index("--perplexity-chunks") + 1] == "3"
+
+
+def test_tune_jobs_bench_each_setting_as_often_as_the_operator_says() -> None:
+    from trtforge.contract.gpu import GPUTarget
+    from trtforge.contract.llm import Backend, Parallelism
+
+    req = llm_jobs.TuneRequest(
+        "j", "c" * 64, GPUTarget(gpu="cpu"), Parallelism(), Backend.LLAMA_CPP, {}, "ns/e"
+    )
+    once = CFG.model_copy(update={"build": CFG.build.model_copy(update={"llm_bench_repetitions": 1})})
+    for cfg, want in ((CFG, "2"), (once, "1")):
+        args = llm_jobs.tune_args(req, cfg)
+        assert args[1] == "tune" and args[args.index("--repetitions") + 1] == want
+
+
 def test_job_names_are_build_job_names_derived_from_the_keys() -> None:
     assert llm_jobs.llm_job_name("quantize", "a" * 20) == "trtforge-build-" + "a" * 20
 

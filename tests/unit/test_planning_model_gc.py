@@ -123,6 +123,12 @@ def test_a_record_written_after_the_trtengines_were_listed_stays() -> None:
     assert (plan.proofs, plan.models) == ([], [])
     later = plan_model_gc([M1], [rec], [], [], [], NOW, POLICY, sources_listed_at=NOW)
     assert (later.proofs, later.models) == ([("a", FA)], [M1])
+    # within the clock-skew allowance of the listing: it stays; past it: it goes
+    listed = rec.verified_at + 30
+    assert plan_model_gc([M1], [rec], [], [], [], NOW, POLICY, sources_listed_at=listed).proofs == []
+    tight = POLICY.model_copy(update={"clock_skew_seconds": 5})
+    gone = plan_model_gc([M1], [rec], [], [], [], NOW, tight, sources_listed_at=listed)
+    assert (gone.proofs, gone.models) == ([("a", FA)], [M1])
 
 
 def test_a_record_of_a_namespace_the_operator_does_not_watch_stays() -> None:

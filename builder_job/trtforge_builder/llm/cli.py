@@ -34,6 +34,12 @@ def register_quantize(sub: Any) -> None:
     p.add_argument(
         "--max-perplexity-increase", type=float, default=0.01, help="a fraction (default 0.01: 1%%)"
     )
+    p.add_argument(
+        "--perplexity-chunks",
+        type=int,
+        default=0,
+        help="evaluate the gate on the first N chunks of the evaluation text (default 0: all of it)",
+    )
     p.add_argument("--canary-prompt", default=None)
     p.add_argument("--canary-tokens", type=int, default=None)
     _common(p)
@@ -58,6 +64,7 @@ def register_tune(sub: Any) -> None:
         help="measure again and replace the stored record even when the store has its key "
         "(after a GPU fault: the operator's re-tune Job)",
     )
+    p.add_argument("--repetitions", type=int, default=2, help="llama-bench runs of each setting (default 2)")
     _common(p)
     p.set_defaults(func=handle_tune)
 
@@ -125,6 +132,8 @@ def handle_quantize(args: argparse.Namespace) -> int:
     )
 
     def request() -> QuantizeRequest:
+        if args.perplexity_chunks < 0:
+            raise ValueError(f"--perplexity-chunks {args.perplexity_chunks} is negative: 0 (all) or more")
         spec = QuantizationSpec(
             recipe=Recipe(args.recipe),
             calibration=Calibration(
@@ -146,6 +155,7 @@ def handle_quantize(args: argparse.Namespace) -> int:
             max_perplexity_increase=spec.max_perplexity_increase,
             canary_prompt=args.canary_prompt or DEFAULT_CANARY_PROMPT,
             canary_tokens=args.canary_tokens or DEFAULT_CANARY_TOKENS,
+            perplexity_chunks=args.perplexity_chunks,
             threads=args.threads,
             llama_bin_dir=Path(args.llama_bin_dir) if args.llama_bin_dir else None,
         )
@@ -161,6 +171,8 @@ def handle_tune(args: argparse.Namespace) -> int:
     def request() -> TuneRequest:
         if not HEX64.match(args.checkpoint):
             raise ValueError(f"--checkpoint {args.checkpoint!r} is not a checkpoint key (64 lowercase hex)")
+        if args.repetitions < 1:
+            raise ValueError(f"--repetitions {args.repetitions} is below 1")
         return TuneRequest(
             store_uri=args.store,
             checkpoint_key=args.checkpoint,
@@ -169,6 +181,7 @@ def handle_tune(args: argparse.Namespace) -> int:
             parallelism=Parallelism(tensor=args.tensor, pipeline=args.pipeline),
             backend=Backend(args.backend),
             cpus=args.threads,
+            repetitions=args.repetitions,
             llama_bin_dir=Path(args.llama_bin_dir) if args.llama_bin_dir else None,
             rebuild=args.rebuild,
         )

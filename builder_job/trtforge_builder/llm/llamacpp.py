@@ -156,20 +156,26 @@ class LlamaCppTools:
     def quantize(self, source: Path, dest: Path, gguf_type: str, threads: int) -> None:
         self._run("llama-quantize", ["--allow-requantize", str(source), str(dest), gguf_type, str(threads)])
 
-    def perplexity(self, model: Path, text: Path, context: int, threads: int) -> float:
-        out = self._run(
-            "llama-perplexity",
-            ["-m", str(model), "-f", str(text), "-c", str(context), "-b", str(context), "-t", str(threads)],
-        )
-        return parse_perplexity(out)
+    def perplexity(self, model: Path, text: Path, context: int, threads: int, chunks: int = 0) -> float:
+        """Perplexity over the text's first `chunks` chunks of `context` tokens (0: all of it)."""
+        args = ["-m", str(model), "-f", str(text), "-c", str(context), "-b", str(context), "-t", str(threads)]
+        if chunks > 0:
+            args += ["--chunks", str(chunks)]
+        return parse_perplexity(self._run("llama-perplexity", args))
 
     def bench(
-        self, model: Path, threads: list[int], batches: list[int], prompt: int, gen: int
+        self,
+        model: Path,
+        threads: list[int],
+        batches: list[int],
+        prompt: int,
+        gen: int,
+        repetitions: int = 2,
     ) -> list[BenchRow]:
         """Prompt processing over threads x batch sizes (micro-batch = batch), then generation over
-        threads alone (the batch size does not change it), two repetitions each."""
+        threads alone (the batch size does not change it), `repetitions` runs each."""
         t = ",".join(map(str, threads))
-        common = ["-m", str(model), "-t", t, "-r", "2", "-o", "json"]
+        common = ["-m", str(model), "-t", t, "-r", str(repetitions), "-o", "json"]
         b = ",".join(map(str, batches))
         pp, _ = self._exec("llama-bench", [*common, "-b", b, "-ub", b, "-p", str(prompt), "-n", "0"])
         first = str(batches[0])

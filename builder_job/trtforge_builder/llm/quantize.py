@@ -58,6 +58,7 @@ class QuantizeRequest:
     max_perplexity_increase: float = 0.01
     canary_prompt: str = DEFAULT_CANARY_PROMPT
     canary_tokens: int = DEFAULT_CANARY_TOKENS
+    perplexity_chunks: int = 0  # the gate's evaluation length in chunks; 0: the whole text
     threads: int = 0  # 0: every core
     llama_bin_dir: Path | None = None
 
@@ -127,8 +128,11 @@ def run_quantize(req: QuantizeRequest) -> QuantizeResult:
                 evaluation_text=EVALUATION_TEXT,
                 evaluation_sha256=text_sha,
                 context=PERPLEXITY_CONTEXT,
-                source=tools.perplexity(src.path, text, PERPLEXITY_CONTEXT, threads),
-                result=tools.perplexity(out / MODEL_FILE, text, PERPLEXITY_CONTEXT, threads),
+                chunks=req.perplexity_chunks or None,
+                source=tools.perplexity(src.path, text, PERPLEXITY_CONTEXT, threads, req.perplexity_chunks),
+                result=tools.perplexity(
+                    out / MODEL_FILE, text, PERPLEXITY_CONTEXT, threads, req.perplexity_chunks
+                ),
                 max_increase=req.max_perplexity_increase,
             )
             if not gate.passed:

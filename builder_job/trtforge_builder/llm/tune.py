@@ -63,6 +63,7 @@ class TuneRequest:
     parallelism: Parallelism = field(default_factory=Parallelism)
     backend: Backend = Backend.LLAMA_CPP
     cpus: int = 0  # 0: every core of this pod
+    repetitions: int = 2  # llama-bench runs of each setting
     llama_bin_dir: Path | None = None
     rebuild: bool = False  # measure again and replace the stored record (after a GPU fault)
 
@@ -104,7 +105,12 @@ def run_tune(req: TuneRequest) -> TuneResult:
         cpus = req.cpus or len(os.sched_getaffinity(0))
         try:
             rows = tools.bench(
-                model, thread_candidates(cpus), list(BENCH_BATCHES), BENCH_PROMPT_TOKENS, BENCH_GEN_TOKENS
+                model,
+                thread_candidates(cpus),
+                list(BENCH_BATCHES),
+                BENCH_PROMPT_TOKENS,
+                BENCH_GEN_TOKENS,
+                req.repetitions,
             )
         except LlamaCppError as e:
             raise BuildError(str(e), "BuildFailed", step="tune") from e

@@ -121,6 +121,8 @@ def quantize_args(req: QuantizeRequest, cfg: OperatorConfig) -> list[str]:
         "--canary-prompt", req.canary_prompt,
         "--canary-tokens", str(req.canary_tokens),
     ]  # fmt: skip
+    if cfg.build.llm_perplexity_chunks:
+        args += ["--perplexity-chunks", str(cfg.build.llm_perplexity_chunks)]
     return args + _common_args(req.backend, cfg)
 
 
@@ -131,6 +133,7 @@ def tune_args(req: TuneRequest, cfg: OperatorConfig) -> list[str]:
     args += ["--tensor", str(req.parallelism.tensor), "--pipeline", str(req.parallelism.pipeline)]
     if req.rebuild_of:
         args.append("--rebuild")
+    args += ["--repetitions", str(cfg.build.llm_bench_repetitions)]
     return args + _common_args(req.backend, cfg)
 
 

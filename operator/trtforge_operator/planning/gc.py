@@ -30,9 +30,6 @@ from trtforge_operator.observe.views import (
     unrecorded_requests,
 )
 
-# Clock skew allowed between the apiserver (a Job's start time) and a builder pod (a manifest's time).
-CLOCK_SKEW_S = 60.0
-
 
 def plan_gc(
     stored: Iterable[StoredEngine],
@@ -46,7 +43,7 @@ def plan_gc(
     ``unresolved_build_started``: the earliest start of a running build whose engine the request
     index does not name yet; engines created since then may be its output and are not candidates."""
     refs = set(referenced)
-    guard = None if unresolved_build_started is None else unresolved_build_started - CLOCK_SKEW_S
+    guard = None if unresolved_build_started is None else unresolved_build_started - policy.clock_skew_seconds
     candidates = sorted(
         (e for e in stored if e.key not in refs and (guard is None or e.created_at < guard)),
         key=lambda e: e.created_at,
@@ -120,7 +117,9 @@ def plan_model_gc(
     kept_digests: set[str] = set()
     drop: list[StoredProof] = []
     for p in proofs:
-        fresh = sources_listed_at is not None and p.verified_at >= sources_listed_at - CLOCK_SKEW_S
+        fresh = (
+            sources_listed_at is not None and p.verified_at >= sources_listed_at - policy.clock_skew_seconds
+        )
         seen = namespaces is None or p.namespace in namespaces
         if (
             seen

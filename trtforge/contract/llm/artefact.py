@@ -133,6 +133,7 @@ class PerplexityGate(BaseModel):
     evaluation_text: str  # its name
     evaluation_sha256: str
     context: int
+    chunks: int | None = None  # chunks of `context` tokens evaluated; None: the whole text
     source: float
     result: float
     max_increase: float  # a fraction: 0.01 is 1%

@@ -451,12 +451,15 @@ def render(res: dict[str, Any]) -> str:
     cfg = res["config"]
     st = cfg["settings"]
     s = res["startup"]
-    steps = [
-        [what, s[k].get("engine_ready_s"), s[k]["endpoint_ready_s"], s[k]["first_token_s"]]
-        for what, k in (("cold (empty store)", "cold"), ("checkpoint in the store", "in_store"),
-                        ("redeploy (engine Ready)", "redeploy"))
+    labels = (("cold (empty store)", "cold"), ("checkpoint in the store", "in_store"),
+              ("redeploy (engine Ready)", "redeploy"))  # fmt: skip
+    starts = "; ".join(
+        f"{what} {s[k]['first_token_s']} s"
+        + (f" (engine Ready at {s[k]['engine_ready_s']} s, " if s[k].get("engine_ready_s") else " (")
+        + f"endpoint ready at {s[k]['endpoint_ready_s']} s)"
+        for what, k in labels
         if k in s
-    ]  # fmt: skip
+    )
     rows = [
         [r["concurrency"], r["side"], r["output_tokens_per_s"], r["ttft_ms_p50"], r["ttft_ms_p90"],
          r["itl_ms_p50"], r["server_cpu_s"]]
@@ -467,7 +470,8 @@ def render(res: dict[str, Any]) -> str:
     tps = ", ".join(f"{r['tokens_per_s_ratio']}x" for r in ratio)
     ttft = ", ".join(f"{r['ttft_p50_ratio']}x" for r in ratio)
     prose = (
-        f"Pod's llama-server: {st['threads']} threads ({st['threads_batch']} for batches), context "
+        f"From `kubectl apply` to the first streamed token: {starts}. "
+        f"Pod's llama-server (both sides): {st['threads']} thread(s), batch {st['batch']}, context "
         f"{st['ctx']}, {st['parallel']} slots; servers on CPU {cfg['server_cpus']}, aiperf on CPU "
         f"{cfg['client_cpus']}; {cfg['input_tokens']} prompt and {cfg['output_tokens']} output tokens; 1-min "
         f"load average {cfg['loadavg_1m_at_start']} at the start, {cfg['loadavg_1m_at_end']} at the end. "
@@ -475,7 +479,6 @@ def render(res: dict[str, Any]) -> str:
     )
     return "\n".join(
         [
-            table(["from kubectl apply", "engine Ready s", "endpoint ready s", "first token s"], steps),
             prose,
             table(
                 ["c", "side", "tokens/s", "TTFT p50 ms", "TTFT p90 ms", "ITL p50 ms", "server CPU s"], rows

@@ -360,7 +360,7 @@ def ratios(results: list[dict[str, Any]], concurrency: Sequence[int]) -> list[di
 
 
 def _ratio(x: float | None, y: float | None) -> float | None:
-    return round(x / y, 3) if x is not None and y else None
+    return round(x / y, 2) if x is not None and y else None
 
 
 @contextlib.contextmanager
@@ -455,7 +455,7 @@ def render(res: dict[str, Any]) -> str:
               ("redeploy (engine Ready)", "redeploy"))  # fmt: skip
     starts = "; ".join(
         f"{what} {s[k]['first_token_s']} s"
-        + (f" (engine Ready at {s[k]['engine_ready_s']} s, " if s[k].get("engine_ready_s") else " (")
+        + (f" (engine Ready at {s[k]['engine_ready_s']} s, " if k != "redeploy" else " (")
         + f"endpoint ready at {s[k]['endpoint_ready_s']} s)"
         for what, k in labels
         if k in s

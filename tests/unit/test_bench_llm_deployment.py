@@ -63,7 +63,7 @@ def test_the_results_block_names_the_starts_the_settings_and_the_ratios() -> Non
                    "input_tokens": 32, "output_tokens": 16, "loadavg_1m_at_start": 3.0,
                    "loadavg_1m_at_end": 4.0},
         "startup": {"cold": {"engine_ready_s": 300.0, "endpoint_ready_s": 310.0, "first_token_s": 312.5},
-                    "redeploy": {"endpoint_ready_s": 9.0, "first_token_s": 10.0}},
+                    "redeploy": {"engine_ready_s": 0.4, "endpoint_ready_s": 9.0, "first_token_s": 10.0}},
         "results": [_row("direct", 1, 20.0, 100.0), _row("deployment", 1, 19.0, 105.0)],
         "ratios": ratios([_row("direct", 1, 20.0, 100.0), _row("deployment", 1, 19.0, 105.0)], [1]),
     }  # fmt: skip

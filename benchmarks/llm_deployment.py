@@ -446,6 +446,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def tokens_per_cpu_second(row: dict[str, Any], output_tokens: int) -> float | None:
+    """Output tokens of a point's completed requests per CPU second of its server side (the deployment's
+    side counts its supervisor too): the work per token, whatever share of the core the side got."""
+    done, cpu = row.get("completed_requests"), row.get("server_cpu_s")
+    return round(done * output_tokens / cpu, 1) if done and cpu else None
+
+
 def render(res: dict[str, Any]) -> str:
     """The results block of docs/benchmarks.md §8: apply to first token, then the aiperf table."""
     cfg = res["config"]
@@ -462,7 +469,7 @@ def render(res: dict[str, Any]) -> str:
     )
     rows = [
         [r["concurrency"], r["side"], r["output_tokens_per_s"], r["ttft_ms_p50"], r["ttft_ms_p90"],
-         r["itl_ms_p50"], r["server_cpu_s"]]
+         r["itl_ms_p50"], r["server_cpu_s"], tokens_per_cpu_second(r, cfg["output_tokens"])]
         for r in res["results"]
     ]  # fmt: skip
     ratio = res["ratios"]
@@ -481,7 +488,17 @@ def render(res: dict[str, Any]) -> str:
         [
             prose,
             table(
-                ["c", "side", "tokens/s", "TTFT p50 ms", "TTFT p90 ms", "ITL p50 ms", "server CPU s"], rows
+                [
+                    "c",
+                    "side",
+                    "tokens/s",
+                    "TTFT p50 ms",
+                    "TTFT p90 ms",
+                    "ITL p50 ms",
+                    "server CPU s",
+                    "tokens per CPU s",
+                ],
+                rows,
             ),
         ]
     )

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.llm_deployment import direct_argv, flag_value, ratios, render, server_settings
+from benchmarks.llm_deployment import (
+    direct_argv,
+    flag_value,
+    ratios,
+    render,
+    server_settings,
+    tokens_per_cpu_second,
+)
 
 POD = [
     "/opt/llama/bin/llama-server", "-m", "/cache/ck/model.gguf", "--host", "10.0.0.7", "--port", "8080",
@@ -47,7 +54,8 @@ def test_a_command_without_a_model_is_refused() -> None:
 
 def _row(side: str, c: int, tps: float, ttft: float) -> dict[str, object]:
     return {"side": side, "concurrency": c, "output_tokens_per_s": tps, "ttft_ms_p50": ttft,
-            "ttft_ms_p90": ttft, "itl_ms_p50": 10.0, "server_cpu_s": 1.0}  # fmt: skip
+            "ttft_ms_p90": ttft, "itl_ms_p50": 10.0, "server_cpu_s": 4.0,
+            "completed_requests": 8.0}  # fmt: skip
 
 
 def test_ratios_are_the_deployment_over_direct_at_each_concurrency() -> None:
@@ -74,3 +82,8 @@ def test_the_results_block_names_the_starts_the_settings_and_the_ratios() -> Non
     assert "2 thread(s), batch 512, context 2048, 4 slots" in text
     assert "tokens/s 0.95x and TTFT p50 1.05x at c = 1" in text
     assert "| 1 | deployment | 19.0     | 105.0       |" in text
+    assert text.splitlines()[-1].endswith("| 32.0             |")  # 8 requests x 16 tokens / 4 CPU s
+
+
+def test_tokens_per_cpu_second_is_absent_without_cpu_time() -> None:
+    assert tokens_per_cpu_second({"completed_requests": 8.0, "server_cpu_s": 0.0}, 16) is None

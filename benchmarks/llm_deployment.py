@@ -175,9 +175,8 @@ class Bed:
             build={"llama_bin_dir": str(llama.bin_dir()), "cpu": "1", "memory": "2Gi"},
         )
         cfg = yaml.safe_load(self.env.config_path.read_text())
-        cfg["runtime_store_uri"] = str(
-            self.env.store_dir
-        )  # LLM pods read the store (the broker: engines only)
+        # LLM runtime pods read the store themselves (the broker serves ONNX engines only).
+        cfg["runtime_store_uri"] = str(self.env.store_dir)
         self.env.config_path.write_text(yaml.safe_dump(cfg))
 
     def manifests(self, with_engine: bool) -> str:

@@ -50,6 +50,7 @@ from benchmarks.common import (
     table,
     taskset,
     tree_cpu_seconds,
+    wait_http_ok,
     write_result,
 )
 from benchmarks.llm import AIPERF, aiperf_cmd, read_aiperf, tokenizer_dir
@@ -265,8 +266,8 @@ def first_token(ip: str, port: int, timeout: float) -> float:
 
 # --- through the deployment against direct ----------------------------------------------------
 def pod_server(ip: str) -> tuple[list[int], int, list[str]]:
-    """The pod's pids, its supervisor's pid (the container's first process) and its llama-server's
-    command line."""
+    """The pod's pids, its supervisor's pid (`trtforge serve-llm`) and its llama-server's command
+    line."""
     pids = pod_pids(ip)
     servers = [p for p in pids if Path(cmdline(p)[0]).name == "llama-server"]
     supervisors = [p for p in pids if "serve-llm" in cmdline(p)]
@@ -279,7 +280,7 @@ def compare(
     a: argparse.Namespace, ip: str, port: int, work: Path, isl: int, osl: int
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """aiperf at each concurrency, alternating between the deployment and the direct server."""
-    from trtforge_dev.testbed import llama
+    from trtforge_dev.testbed import llama, smollm2
 
     pids, supervisor, argv = pod_server(ip)
     server = Path(argv[0])
@@ -299,13 +300,9 @@ def compare(
     log(f"pod server: {' '.join(argv)}")
     direct = start(taskset(a.server_cpus, cmd), work / "direct.log")
     python = AIPERF.ensure()
-    from trtforge_dev.testbed import smollm2
-
     tok = tokenizer_dir(smollm2.smollm2_gguf(), python)
     results: list[dict[str, Any]] = []
     try:
-        from benchmarks.common import wait_http_ok
-
         wait_http_ok(f"http://127.0.0.1:{direct_port}/health", 300, direct, interval=0.2)
         sides = {"direct": (direct.pid, "127.0.0.1", direct_port), "deployment": (supervisor, ip, port)}
         for c in a.concurrency:

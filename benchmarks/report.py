@@ -165,7 +165,16 @@ def _wrap(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks import coldstart, controlplane_summary, ha, hostile, manycore, recovery, serving
+    from benchmarks import (
+        coldstart,
+        controlplane_summary,
+        ha,
+        hostile,
+        llm_deployment,
+        manycore,
+        recovery,
+        serving,
+    )
 
     if not DOC.exists():
         log(f"{DOC} does not exist; nothing to fill")
@@ -183,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "controlplane": ("controlplane", controlplane_summary.render),
         "recovery": ("recovery", recovery.render),
         "ha": ("ha", ha.render),
+        "llm_deployment": ("llm_deployment", llm_deployment.render),
     }
     try:
         body = targets(read_result("serving"), read_result("coldstart"), read_result("manycore"))

@@ -6,8 +6,9 @@ project's own onnxruntime version), so their pins never touch the project's ``.v
 so is the load generator, ``perf_analyzer`` from the ``tritonclient==2.40.0`` wheel
 (:mod:`benchmarks.perf`).
 The control-plane and recovery benchmarks share one test bed of their own (``.cache/bench/cluster``),
-brought up here and down at the end. The many-core benchmark (:mod:`benchmarks.manycore`) runs only
-with ``--only manycore`` on a host with at least 16 cores.
+brought up here and down at the end, as does the LLM deployment benchmark (``--only llm_deployment``).
+The many-core benchmark (:mod:`benchmarks.manycore`) runs only with ``--only manycore`` on a host with
+at least 16 cores.
 
 ``--quick`` runs short windows (a smoke test of the harness, not numbers to publish).
 """
@@ -26,7 +27,9 @@ from benchmarks.common import CACHE, log
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--only", default="serving,coldstart,hostile,controlplane,recovery", help="also: manycore, llm"
+        "--only",
+        default="serving,coldstart,hostile,controlplane,recovery",
+        help="also: manycore, llm, llm_deployment",
     )
     p.add_argument("--quick", action="store_true", help="short runs to check the harness")
     a = p.parse_args(argv)
@@ -37,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         controlplane,
         hostile,
         llm,
+        llm_deployment,
         manycore,
         perf,
         plots,
@@ -70,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         ("recovery", recovery.main, ["--root", root, "--keep-cluster", *(["--reps", "1"] if q else [])]),
         ("manycore", manycore.main, ["--cores", "2,4", "--seconds", "2"] if q else []),
         ("llm", llm.main, ["--quick"] if q else []),
+        ("llm_deployment", llm_deployment.main, ["--root", root, *(["--quick"] if q else [])]),
     ]
     failed = []
     cluster_used = False
@@ -80,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             perf.PERF_ANALYZER.ensure()
         if name == "serving":
             venvs.main([])
-        cluster_used |= name in ("controlplane", "recovery")
+        cluster_used |= name in ("controlplane", "recovery", "llm_deployment")
         log(f"=== {name} {' '.join(args)}")
         t0 = time.monotonic()
         try:

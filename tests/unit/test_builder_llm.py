@@ -21,9 +21,10 @@ from trtforge_builder.llm.llamacpp import (
     gguf_type_for,
     parse_perplexity,
 )
-from trtforge_builder.llm.quantize import AccuracyGateFailed, evaluation_text, figures
-from trtforge_builder.llm.tune import thread_candidates
+from trtforge_builder.llm.quantize import AccuracyGateFailed, evaluation_text, figures, quantize_threads
+from trtforge_builder.llm.tune import bench_threads, thread_candidates
 
+from trtforge.contract.cpus import affinity, cgroup_cpu_limit, effective_cpus
 from trtforge.contract.llm import Calibration, PerplexityGate, Recipe
 from trtforge.contract.llm.result import QuantizeFailure, llama_cpp_version
 
@@ -69,6 +70,26 @@ def test_thread_candidates_double_up_to_the_cores() -> None:
     assert thread_candidates(2) == [1, 2]
     assert thread_candidates(6) == [1, 2, 4, 6]
     assert thread_candidates(16) == [1, 2, 4, 8, 16]
+
+
+def test_the_tune_steps_threads_are_capped_by_the_jobs_cpu_limit(tmp_path: Path) -> None:
+    """A fake cgroup folder as the input: a 4-CPU limit on a 64-core node benches up to 4 threads;
+    a 1-CPU limit here benches 1 thread whatever this machine's affinity."""
+    (tmp_path / "cpu.max").write_text("400000 100000\n")
+    assert thread_candidates(effective_cpus(64, cgroup_cpu_limit(tmp_path))) == [1, 2, 4]
+    (tmp_path / "cpu.max").write_text("100000 100000\n")
+    assert bench_threads(cgroup_root=tmp_path) == [1]
+    assert bench_threads(8, cgroup_root=tmp_path) == [1, 2, 4, 8]  # --threads wins
+    (tmp_path / "cpu.max").write_text("max 100000\n")  # no limit: the affinity
+    assert bench_threads(cgroup_root=tmp_path) == thread_candidates(len(affinity()))
+
+
+def test_the_quantize_steps_threads_are_capped_by_the_jobs_cpu_limit(tmp_path: Path) -> None:
+    (tmp_path / "cpu.max").write_text("100000 100000\n")
+    assert quantize_threads(cgroup_root=tmp_path) == 1
+    assert quantize_threads(3, cgroup_root=tmp_path) == 3  # --threads wins
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert quantize_threads(cgroup_root=tmp_path) == len(affinity())
 
 
 def test_every_recipe_has_a_test_bed_type_and_an_override_wins() -> None:

@@ -72,7 +72,12 @@ def register_tune(sub: Any) -> None:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", required=True, help="store URI: pvc://, s3://, file:// or a path")
     p.add_argument("--backend", default="llama.cpp", choices=BACKENDS)
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (default: every core)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads (default: the CPUs this Job may use, its affinity capped by its CPU limit)",
+    )
     p.add_argument("--llama-bin-dir", default=None, help="where llama-quantize & co. are (default: PATH)")
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.resources
-import os
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtforge.contract.cpus import CGROUP_ROOT, available_cpus
 from trtforge.contract.llm.artefact import (
     ArtefactFormat,
     ArtefactKind,
@@ -59,7 +59,7 @@ class QuantizeRequest:
     canary_prompt: str = DEFAULT_CANARY_PROMPT
     canary_tokens: int = DEFAULT_CANARY_TOKENS
     perplexity_chunks: int = 0  # the gate's evaluation length in chunks; 0: the whole text
-    threads: int = 0  # 0: every core
+    threads: int = 0  # 0: the CPUs this Job may use (affinity capped by its CPU limit)
     llama_bin_dir: Path | None = None
 
 
@@ -92,8 +92,10 @@ def evaluation_text(workdir: Path) -> tuple[Path, str]:
     return path, hashlib.sha256(data).hexdigest()
 
 
-def _threads(req: QuantizeRequest) -> int:
-    return req.threads or os.cpu_count() or 1
+def quantize_threads(requested: int = 0, cgroup_root: Path = CGROUP_ROOT) -> int:
+    """Threads for llama-quantize, llama-perplexity and the canary: `requested` (``--threads``),
+    else the CPUs this Job may use, its affinity capped by its CPU limit (not the node's cores)."""
+    return requested or available_cpus(cgroup_root)
 
 
 def run_quantize(req: QuantizeRequest) -> QuantizeResult:
@@ -119,7 +121,7 @@ def run_quantize(req: QuantizeRequest) -> QuantizeResult:
         gguf_type = gguf_type_for(req.recipe, req.gguf_type)
         out = work / "checkpoint"
         out.mkdir()
-        threads = _threads(req)
+        threads = quantize_threads(req.threads)
         try:
             version = tools.version()
             tools.quantize(src.path, out / MODEL_FILE, gguf_type, threads)

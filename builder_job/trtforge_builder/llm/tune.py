@@ -9,12 +9,12 @@ beside the autotuner's cache file (``TLLM_AUTOTUNER_CACHE_PATH``; not run here).
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtforge.contract.cpus import CGROUP_ROOT, available_cpus
 from trtforge.contract.gpu import FULL_GPU
 from trtforge.contract.llm.artefact import (
     ArtefactFormat,
@@ -45,13 +45,21 @@ BENCH_BATCHES = (64, 256)
 
 
 def thread_candidates(cpus: int) -> list[int]:
-    """1, 2, 4, ... up to the cores this pod has, and that count itself."""
+    """1, 2, 4, ... up to `cpus`, and that count itself."""
     out, n = [], 1
     while n < cpus:
         out.append(n)
         n *= 2
     out.append(max(1, cpus))
     return sorted(set(out))
+
+
+def bench_threads(requested: int = 0, cgroup_root: Path = CGROUP_ROOT) -> list[int]:
+    """The thread counts llama-bench tries: up to `requested` (``--threads``), else up to the CPUs
+    this Job may use, its affinity capped by its CPU limit. The affinity alone is the whole node in
+    most pods: a Job limited to 1 CPU on a 64-core node would bench 64 threads under a 1-CPU quota
+    and record whichever count throttling happened to favour."""
+    return thread_candidates(requested or available_cpus(cgroup_root))
 
 
 @dataclass(frozen=True)
@@ -62,7 +70,7 @@ class TuneRequest:
     mig: str | None = None
     parallelism: Parallelism = field(default_factory=Parallelism)
     backend: Backend = Backend.LLAMA_CPP
-    cpus: int = 0  # 0: every core of this pod
+    cpus: int = 0  # 0: the CPUs this Job may use (affinity capped by its CPU limit)
     repetitions: int = 2  # llama-bench runs of each setting
     llama_bin_dir: Path | None = None
     rebuild: bool = False  # measure again and replace the stored record (after a GPU fault)
@@ -102,11 +110,10 @@ def run_tune(req: TuneRequest) -> TuneResult:
         if ckpt.checkpoint is None or ckpt.format is not ArtefactFormat.GGUF:
             raise BuildError(f"checkpoint {req.checkpoint_key} is not a GGUF checkpoint", "InvalidArgument")
         model = work / "checkpoint" / ckpt.checkpoint.model_file
-        cpus = req.cpus or len(os.sched_getaffinity(0))
         try:
             rows = tools.bench(
                 model,
-                thread_candidates(cpus),
+                bench_threads(req.cpus),
                 list(BENCH_BATCHES),
                 BENCH_PROMPT_TOKENS,
                 BENCH_GEN_TOKENS,

@@ -381,7 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--input-tokens", type=int, default=None)
     ap.add_argument("--output-tokens", type=int, default=None)
     ap.add_argument(
-        "--server-cpus", default="0", help="taskset list for the pod's processes and the direct server"
+        "--server-cpus",
+        default="0-1",
+        help="taskset list for the pod's processes and the direct server (at least the pod's tuned "
+        "threads: threads pinned to fewer cores spin against each other)",
     )
     ap.add_argument("--client-cpus", default="1", help="taskset list for aiperf")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds from an apply to the first token")

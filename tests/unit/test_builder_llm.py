@@ -24,9 +24,9 @@ from trtforge_builder.llm.llamacpp import (
 from trtforge_builder.llm.quantize import AccuracyGateFailed, evaluation_text, figures, quantize_threads
 from trtforge_builder.llm.tune import bench_threads, thread_candidates
 
-from trtforge.contract.cpus import affinity, cgroup_cpu_limit, effective_cpus
 from trtforge.contract.llm import Calibration, PerplexityGate, Recipe
 from trtforge.contract.llm.result import QuantizeFailure, llama_cpp_version
+from trtforge.cpus import affinity, cgroup_cpu_limit, effective_cpus
 
 PPL_LOG = """
 perplexity: calculating perplexity over 9 chunks, n_ctx=128, batch_size=128, n_seq=1

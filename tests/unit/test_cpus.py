@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtforge.contract.cpus import affinity, available_cpus, cgroup_cpu_limit, effective_cpus, quota_cpus
+from trtforge.cpus import affinity, available_cpus, cgroup_cpu_limit, effective_cpus, quota_cpus
 
 
 def test_quota_from_cgroup_v2_and_v1() -> None:

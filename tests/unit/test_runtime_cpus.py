@@ -1,4 +1,4 @@
-"""The CPUs a runtime sizes itself for (a worker's share, else trtforge.contract.cpus: tests/unit/
+"""The CPUs a runtime sizes itself for (a worker's share, else trtforge.cpus: tests/unit/
 test_cpus.py) and the worker plan of `serve --workers`, as pure functions over the values the kernel
 gives."""
 

@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtforge.contract.cpus import CGROUP_ROOT, available_cpus
 from trtforge.contract.llm.artefact import (
     ArtefactFormat,
     ArtefactKind,
@@ -32,6 +31,7 @@ from trtforge.contract.llm.artefact import (
 )
 from trtforge.contract.llm.recipe import Backend, Calibration, Recipe
 from trtforge.contract.llm.result import PerplexityFigures, QuantizeResult
+from trtforge.cpus import CGROUP_ROOT, available_cpus
 from trtforge.store import EngineStore, join_uri
 from trtforge_builder.errors import BuildError
 from trtforge_builder.fetch import fetch_model

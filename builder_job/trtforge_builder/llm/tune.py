@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtforge.contract.cpus import CGROUP_ROOT, available_cpus
 from trtforge.contract.gpu import FULL_GPU
 from trtforge.contract.llm.artefact import (
     ArtefactFormat,
@@ -26,6 +25,7 @@ from trtforge.contract.llm.artefact import (
 from trtforge.contract.llm.recipe import Backend, Parallelism
 from trtforge.contract.llm.result import TuneResult
 from trtforge.contract.llm.tuning import TUNING_RECORD, TuningRecord
+from trtforge.cpus import CGROUP_ROOT, available_cpus
 from trtforge.store import (
     EngineStore,
     IntegrityError,

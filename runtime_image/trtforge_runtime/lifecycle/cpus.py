@@ -1,7 +1,7 @@
 """How many CPUs this runtime may use, and how many worker processes `serve --workers auto` starts.
 
 The runtime sizes itself for its affinity capped by its CPU limit, rounded up
-(:func:`trtforge.contract.cpus.available_cpus`, shared with the builder). The supervisor of
+(:func:`trtforge.cpus.available_cpus`, shared with the builder). The supervisor of
 ``--workers`` hands each unpinned worker its share through ``TRTFORGE_CPUS``.
 
 Why one worker per :data:`CPUS_PER_WORKER` CPUs: docs/design.md, "Many cores: worker processes".
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from trtforge.contract.cpus import available_cpus
+from trtforge.cpus import available_cpus
 
 CPUS_ENV = "TRTFORGE_CPUS"
 # the CPUs a worker of ``--workers`` is pinned to, comma-separated (lifecycle.workers sets it)

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtforge.contract import cpus as contract_cpus
+from trtforge import cpus as shared_cpus
 from trtforge.logs import fields
 from trtforge_runtime.lifecycle import cpus as cpus_mod
 
@@ -118,7 +118,7 @@ class Pod:
 
 def supervise(argv: Sequence[str], workers: int) -> int:
     """Run `workers` workers of the command line `argv` (without the program name); their exit code."""
-    cpus = plan_cpus(contract_cpus.affinity(), cpus_mod.usable_cpus(), workers)
+    cpus = plan_cpus(shared_cpus.affinity(), cpus_mod.usable_cpus(), workers)
     state = Path(tempfile.mkdtemp(prefix="trtforge-serve-"))
     metrics_dir = state / "metrics"
     metrics_dir.mkdir()

@@ -72,7 +72,8 @@ class Inflater:
             raise RequestError(
                 413,
                 f"request body decompressed from gzip exceeds the limit of {limit} bytes: its gzip trailer"
-                f" (the last 4 bytes) gives {claimed} bytes",
+                f" (the last 4 bytes) gives {claimed} bytes; a body cut short ends in other bytes: send the"
+                " whole stream",
             )
         if claimed is not None:
             self.cap = claimed

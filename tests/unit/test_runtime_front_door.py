@@ -11,7 +11,7 @@ import zlib
 
 import pytest
 from trtforge_runtime.errors import RequestError
-from trtforge_runtime.protocol.connections import ConnectionLimiter
+from trtforge_runtime.protocol.connections import ConnectionLimiter, head_ends
 from trtforge_runtime.protocol.grpc_call_guard import streams_per_connection
 from trtforge_runtime.serving.body import Coding
 from trtforge_runtime.serving.inflate import INFLATE_NICENESS, Inflater, inflate, inflate_pool
@@ -158,6 +158,43 @@ class _Echo(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if b"\r\n\r\n" in data:
             self.t.write(b"ok\n")  # type: ignore[attr-defined]
+
+
+class _Unread(asyncio.Protocol):
+    """Stands in for an HTTP server that has not read its connections yet: reading paused."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.pause_reading()  # type: ignore[attr-defined]
+
+
+@pytest.mark.asyncio
+async def test_at_the_cap_a_whole_head_not_yet_read_keeps_its_place() -> None:
+    """Connections whose whole heads wait unread in their sockets (accepted in the same batch as a
+    newcomer) are not closed for it: the newcomer is turned away instead."""
+    limiter = ConnectionLimiter(_Unread, 2, lambda path: None, lambda: Metrics("m"), idle_timeout_s=60.0)
+    server = await asyncio.get_running_loop().create_server(limiter, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        early = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        for _, w in early:
+            w.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\n")
+            await w.drain()
+        await asyncio.sleep(0.05)
+        assert limiter.open == 2 and len(limiter.awaiting) == 2  # unread: still awaiting a head
+        fresh = await asyncio.open_connection("127.0.0.1", port)
+        fresh[1].write(b"GET /v2/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await asyncio.wait_for(fresh[0].readline(), 10)).startswith(b"HTTP/1.1 503")
+        assert limiter.evicted == 0 and limiter.open == 2
+        for _, w in (*early, fresh):
+            w.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_a_head_ends_in_the_peeked_bytes_or_across_the_tail() -> None:
+    assert head_ends(b"", b"GET / HTTP/1.1\r\n\r\n") and head_ends(b"\r\n\r", b"\n")
+    assert not head_ends(b"", b"POST / HTTP/1.1\r\nX-Slow: s") and not head_ends(b"\r\n", b"x\r\n")
 
 
 @pytest.mark.asyncio

@@ -22,6 +22,8 @@ fires (docs/design.md §"Runtime request limits").
 from __future__ import annotations
 
 import asyncio
+import itertools
+import socket
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
@@ -92,6 +94,15 @@ class _Abort(asyncio.Protocol):
 
 
 _HEAD_END = b"\r\n\r\n"
+# At the cap, the longest-waiting of the first EVICT_CANDIDATES connections awaiting a head whose
+# socket holds no complete head unread is closed for a newcomer; what a peek reads of each.
+EVICT_CANDIDATES = 8
+_PEEK_BYTES = 16384
+
+
+def head_ends(tail: bytes, data: bytes) -> bool:
+    """Whether `data`, after the `tail` already seen (its last bytes), completes a request head."""
+    return _HEAD_END in tail + data[:3] or data.find(_HEAD_END) >= 0
 
 
 class _Counted(asyncio.Protocol):
@@ -175,6 +186,19 @@ class _Counted(asyncio.Protocol):
                 self._limiter.awaiting.pop(self, None)
             else:
                 self._tail = bytes((self._tail + data[max(0, size - 3) : size])[-3:])
+
+    def head_pending(self) -> bool:
+        """Whether a complete head already waits unread in this connection's socket (a peek: a
+        connection accepted in the same batch as a newcomer has not been read yet)."""
+        ts = self._transport.get_extra_info("socket") if self._transport is not None else None
+        if ts is None:
+            return False
+        try:
+            with socket.fromfd(ts.fileno(), ts.family, ts.type) as dup:
+                data = dup.recv(_PEEK_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except OSError:  # nothing to read (EAGAIN), or gone
+            return False
+        return head_ends(self._tail, data)
 
     def evict(self) -> None:
         """Close this connection to make room for a new one: it stops counting at once."""
@@ -309,7 +333,10 @@ class ConnectionLimiter:
 
     def __call__(self) -> asyncio.BaseProtocol:
         if self.open >= self.limit and self.awaiting:
-            next(iter(self.awaiting)).evict()
+            for waiting in list(itertools.islice(self.awaiting, EVICT_CANDIDATES)):
+                if not waiting.head_pending():
+                    waiting.evict()
+                    break
         if self.open < self.limit:
             return _Counted(self._server(), self)
         self._metrics().connections_refused.inc()

@@ -16,7 +16,8 @@ pod's safety must not depend on which one the image resolved.
 At the cap, a new connection first closes the counted connection that has waited longest for a
 complete request head (a slowloris, or a keep-alive connection idle longest), if any, and takes its
 place: connections that never finish a head cannot keep new clients out until their idle guard
-fires (docs/design.md §"Runtime request limits").
+fires (docs/design.md §"Runtime request limits"). One whose whole head already waits unread in its
+socket (accepted in the same batch as the newcomer) is passed over: a peek tells.
 """
 
 from __future__ import annotations

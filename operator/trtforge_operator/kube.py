@@ -145,19 +145,7 @@ class Kube:
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A pod as plain JSON; None when it is gone (404)."""
-
-        def call() -> dict[str, Any]:
-            read: Any = self.core.read_namespaced_pod  # typed for models; this answer is raw
-            raw = read(name, namespace, _preload_content=False).data
-            out: dict[str, Any] = json.loads(raw)
-            return out
-
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, call)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return await self._read_raw(self.core.read_namespaced_pod, name, namespace)
 
     async def replica_set_owners(self, namespace: str, label_selector: str) -> dict[str, tuple[str, str]]:
         """ReplicaSet uid -> (the uid of its controlling Deployment, "" without one; the fingerprint
@@ -173,18 +161,7 @@ class Kube:
 
     async def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A Job as plain JSON; None when it is gone (404)."""
-
-        def call() -> dict[str, Any]:
-            read: Any = self.batch.read_namespaced_job  # typed for models; this answer is raw
-            out: dict[str, Any] = json.loads(read(name, namespace, _preload_content=False).data)
-            return out
-
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, call)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return await self._read_raw(self.batch.read_namespaced_job, name, namespace)
 
     async def job_annotations(self, namespace: str, name: str) -> dict[str, str] | None:
         """A Job's annotations; None when the Job is gone (404)."""

@@ -26,6 +26,7 @@ from aiohttp import web
 from trtforge.contract.termination import TerminationMessage
 from trtforge.logs import fields
 from trtforge_runtime.llm import probes, ranks
+from trtforge_runtime.llm.kill import kill_and_wait
 from trtforge_runtime.llm.supervisor import POLL_S, ServerPlan, Supervisor, _die_with_parent
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,7 @@ class LeaderSupervisor(Supervisor):
         gv = ranks.while_serving(self.workers, self.seen, time.monotonic(), self.group_policy, self.met)
         if gv.action is ranks.GroupAction.TEAR_DOWN:
             # Kill first: a request reaching a server with a dead worker aborts it (SIGABRT).
-            self.kill_server_now()
+            await asyncio.to_thread(self.kill_server_now)
             torn = probes.Verdict(False, False, probes.Action.ABORT, probes.Cause.RANK_LOST, gv.detail)
             self.state.verdict = torn
             log.error(
@@ -177,11 +178,10 @@ class WorkerSupervisor:
         self._stop.set()
 
     def kill_server_now(self) -> None:
-        """For a GPU fault: the rank process goes at once, from any thread."""
+        """For a GPU fault: the rank process goes at once, from any thread; returns once it has exited."""
         p = self.proc
         if p is not None and p.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p.pid, signal.SIGKILL)
+            kill_and_wait(p.pid)
 
     async def run(self) -> TerminationMessage:
         loop = asyncio.get_running_loop()

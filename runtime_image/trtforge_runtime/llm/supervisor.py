@@ -26,6 +26,7 @@ from trtforge.contract.termination import TerminationMessage, write_termination_
 from trtforge.logs import fields
 from trtforge_runtime.llm import llama_server, probes, trtllm_serve
 from trtforge_runtime.llm.canary import CanaryOutcome, compare, compare_text
+from trtforge_runtime.llm.kill import kill_and_wait
 from trtforge_runtime.llm.server_metrics import ServerKind, exposition
 
 log = logging.getLogger(__name__)
@@ -268,8 +269,7 @@ class Supervisor:
             await p.wait()
 
     def kill_server_now(self) -> None:
-        """For a GPU fault: the server goes at once, from any thread."""
+        """For a GPU fault: the server goes at once, from any thread; returns once it has exited."""
         p = self.proc
         if p is not None and p.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p.pid, signal.SIGKILL)
+            kill_and_wait(p.pid)

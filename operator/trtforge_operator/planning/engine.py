@@ -58,6 +58,7 @@ from trtforge_operator.planning.events import Event, merged
 from trtforge_operator.planning.llm_engine import llm_conditions, plan_llm, target_refusal
 from trtforge_operator.planning.pruned import pruned_condition, pruned_fields, spec_schema
 from trtforge_operator.planning.rebuild import (
+    RebuildPlan,
     RebuildRequest,
     holds_back,
     plan_rebuilds,
@@ -145,28 +146,11 @@ def plan_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
         for t in targets
     ]
     claims = [AddRequester(o.use_job, obs_requester(obs)) for o in outcomes if o.use_job]
-    rebuilds = plan_rebuilds(
-        obs_requester(obs),
-        obs.status.targets,
-        obs.annotations,
-        obs.observed_faults,
-        obs.nodes,
-        obs.now,
-        cfg.faults.suspect_node_ttl_seconds,
-    )
+    rebuilds = _rebuilds(obs, cfg)
     for req in rebuilds.requests:
         _admit_rebuild(obs, cfg, admission, jobs_by_id, req)
     status = _engine_status(obs, outcomes, prev, recheck)
-    status.conditions, refusal = rebuild_requests_condition(
-        status.conditions, obs.status.conditions, obs.generation, obs.now, rebuilds.refused
-    )
-    status.conditions = pruned_condition(  # docs/design.md §"What a tenant can forge"
-        status.conditions,
-        pruned_fields(obs.annotations, spec_schema(TRTEngine)),
-        obs.generation,
-        timestamp(obs.now),
-    )
-    status.conditions = store_condition(status.conditions, None, obs.generation, obs.now)
+    refusal = _shared_conditions(status, obs, rebuilds)
     events, refused = transition_events(obs.status.targets, outcomes)
     if refusal is not None:
         events.append(refusal)
@@ -191,15 +175,7 @@ def plan_llm_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     verify = plan_verify(obs, cfg) if obs.verified_sha256 is None and forge else None
     recheck = plan_recheck(obs, cfg) if obs.verified_sha256 is not None and forge else None
     _verification(obs, cfg, admission, verify or recheck)
-    rebuilds = plan_rebuilds(
-        obs_requester(obs),
-        obs.status.targets,
-        obs.annotations,
-        obs.observed_faults,
-        obs.nodes,
-        obs.now,
-        cfg.faults.suspect_node_ttl_seconds,
-    )
+    rebuilds = _rebuilds(obs, cfg)
     plan = plan_llm(obs, cfg, targets, verify, rebuilds.requests)
     if plan.wake_at is not None:  # a failed quantize or tune Job's backoff ends
         admission.wake_in(max(0.5, plan.wake_at - obs.now))
@@ -224,16 +200,7 @@ def plan_llm_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
         model=_verified_model(obs, recheck),
         checkpoint=plan.checkpoint,
     )
-    status.conditions, refusal = rebuild_requests_condition(
-        status.conditions, obs.status.conditions, obs.generation, obs.now, rebuilds.refused
-    )
-    status.conditions = pruned_condition(  # docs/design.md §"What a tenant can forge"
-        status.conditions,
-        pruned_fields(obs.annotations, spec_schema(TRTEngine)),
-        obs.generation,
-        timestamp(obs.now),
-    )
-    status.conditions = store_condition(status.conditions, None, obs.generation, obs.now)
+    refusal = _shared_conditions(status, obs, rebuilds)
     actions: list[EngineAction] = [
         *admission.creates,
         *(AddRequester(j, obs_requester(obs)) for j in plan.claims),
@@ -247,6 +214,35 @@ def plan_llm_engine(obs: EngineObserved, cfg: OperatorConfig) -> EnginePlan:
     if admission.waiting_for_slot:
         actions.append(WaitForSlot())
     return EnginePlan(actions=tuple(actions))
+
+
+def _rebuilds(obs: EngineObserved, cfg: OperatorConfig) -> RebuildPlan:
+    """The rebuilds that runtime pods' fault reports ask of this engine (planning/faults.py)."""
+    return plan_rebuilds(
+        obs_requester(obs),
+        obs.status.targets,
+        obs.annotations,
+        obs.observed_faults,
+        obs.nodes,
+        obs.now,
+        cfg.faults.suspect_node_ttl_seconds,
+    )
+
+
+def _shared_conditions(status: TRTEngineStatus, obs: EngineObserved, rebuilds: RebuildPlan) -> Event | None:
+    """The conditions both kinds of engine carry (refused rebuild requests, pruned spec fields, the
+    store), set on `status`; the Event of a newly refused rebuild request, if any."""
+    status.conditions, refusal = rebuild_requests_condition(
+        status.conditions, obs.status.conditions, obs.generation, obs.now, rebuilds.refused
+    )
+    status.conditions = pruned_condition(  # docs/design.md §"What a tenant can forge"
+        status.conditions,
+        pruned_fields(obs.annotations, spec_schema(TRTEngine)),
+        obs.generation,
+        timestamp(obs.now),
+    )
+    status.conditions = store_condition(status.conditions, None, obs.generation, obs.now)
+    return refusal
 
 
 def _verified_model(obs: EngineObserved, recheck: RecheckOutcome | None) -> VerifiedModel | None:

@@ -252,6 +252,22 @@ def builder_args(req: BuildRequest, store_uri: str) -> list[str]:
     return args
 
 
+_Dicts = list[dict[str, Any]]
+
+
+def job_scratch_and_env(cfg: OperatorConfig) -> tuple[_Dicts, _Dicts, _Dicts]:
+    """What every forge Job's pod starts with: its scratch volume and mount at /tmp, and the
+    environment that names its termination log and the store claim's mount point."""
+    volumes: list[dict[str, Any]] = [{"name": "scratch", "emptyDir": {"sizeLimit": cfg.build.scratch_size}}]
+    mounts: list[dict[str, Any]] = [{"name": "scratch", "mountPath": "/tmp"}]
+    env = [
+        {"name": TERMINATION_LOG_ENV, "value": TERMINATION_PATH},
+        {"name": "TRTFORGE_PVC_ROOT", "value": PVC_ROOT},
+        {"name": "HOME", "value": "/tmp"},
+    ]
+    return volumes, mounts, env
+
+
 def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
     """The build Job for one request, in the build namespace (shared cache: no cross-namespace owners)."""
     labels = {
@@ -273,13 +289,7 @@ def build_job(req: BuildRequest, cfg: OperatorConfig) -> dict[str, Any]:
     if req.rebuild_of:
         annotations[ANNOTATION_FAULT] = req.rebuild_of
         annotations[ANNOTATION_REBUILD_CAUSE] = "asked" if req.rebuild_asked else "fault"
-    volumes: list[dict[str, Any]] = [{"name": "scratch", "emptyDir": {"sizeLimit": cfg.build.scratch_size}}]
-    mounts: list[dict[str, Any]] = [{"name": "scratch", "mountPath": "/tmp"}]
-    env = [
-        {"name": TERMINATION_LOG_ENV, "value": TERMINATION_PATH},
-        {"name": "TRTFORGE_PVC_ROOT", "value": PVC_ROOT},
-        {"name": "HOME", "value": "/tmp"},
-    ]
+    volumes, mounts, env = job_scratch_and_env(cfg)
     store_claim = _pvc_claim(cfg.store_uri)
     if store_claim:
         volumes.append({"name": "store", "persistentVolumeClaim": {"claimName": store_claim}})

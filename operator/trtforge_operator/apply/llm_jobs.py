@@ -14,7 +14,6 @@ from trtforge.contract.gpu import GPUTarget, MigStrategy
 from trtforge.contract.llm import Backend, Parallelism, QuantizationSpec
 from trtforge.contract.llm.artefact import KIND_DIRS
 from trtforge.contract.possession import staged_model_path
-from trtforge.contract.termination import TERMINATION_LOG_ENV
 from trtforge_operator.apply.children import (
     PVC_ROOT,
     _avoid_affinity,
@@ -22,6 +21,7 @@ from trtforge_operator.apply.children import (
     _pvc_claim,
     container,
     job_name,
+    job_scratch_and_env,
     pod_security_context,
     store_mounts,
 )
@@ -189,13 +189,7 @@ def _job(
         ANNOTATION_CREATED_FOR: requester,
         ANNOTATION_ATTEMPT: str(attempt),
     }
-    volumes: list[dict[str, Any]] = [{"name": "scratch", "emptyDir": {"sizeLimit": cfg.build.scratch_size}}]
-    mounts: list[dict[str, Any]] = [{"name": "scratch", "mountPath": "/tmp"}]
-    env = [
-        {"name": TERMINATION_LOG_ENV, "value": TERMINATION_PATH},
-        {"name": "TRTFORGE_PVC_ROOT", "value": PVC_ROOT},
-        {"name": "HOME", "value": "/tmp"},
-    ]
+    volumes, mounts, env = job_scratch_and_env(cfg)
     claim = _pvc_claim(cfg.store_uri)
     if claim:
         volumes.append({"name": "store", "persistentVolumeClaim": {"claimName": claim}})

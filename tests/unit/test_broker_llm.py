@@ -22,16 +22,13 @@ from trtforge_operator.broker.server import (
 )
 from trtforge_operator.store_reader import StoreReader
 
+from tests.llm_artefacts import checkpoint_manifest, tuning_manifest
 from trtforge.contract.llm import (
     TUNING_RECORD,
     ArtefactFile,
-    ArtefactFormat,
     ArtefactKind,
     ArtefactManifest,
     Backend,
-    Calibration,
-    CheckpointInfo,
-    Recipe,
     SourceRef,
     TuningRecord,
     file_path,
@@ -94,38 +91,14 @@ def test_an_artefact_is_denied_without_a_reference_or_a_proof_of_the_source() ->
 
 
 def _checkpoint_manifest(upload: str, files: list[ArtefactFile]) -> ArtefactManifest:
-    return ArtefactManifest(
-        kind=ArtefactKind.CHECKPOINT,
-        key=CKPT,
-        format=ArtefactFormat.GGUF,
-        backend=Backend.LLAMA_CPP,
-        backend_version="test",
-        upload=upload,
-        files=files,
-        checkpoint=CheckpointInfo(
-            source=SourceRef(uri=SRC.uri, digest=SOURCE_SHA),
-            recipe=Recipe.BF16,
-            calibration=Calibration(),
-            quantized_type="BF16",
-            model_file="model.gguf",
-        ),
-    )
+    return checkpoint_manifest(CKPT, SourceRef(uri=SRC.uri, digest=SOURCE_SHA), files, upload=upload)
 
 
 def _tuning_manifest(upload: str, files: list[ArtefactFile]) -> ArtefactManifest:
     record = TuningRecord(
         backend=Backend.LLAMA_CPP, backend_version="test", gpu_product="cpu", checkpoint_key=CKPT, settings={}
     )
-    return ArtefactManifest(
-        kind=ArtefactKind.TUNING_CACHE,
-        key=TUNING,
-        format=ArtefactFormat.TUNING_RECORD,
-        backend=Backend.LLAMA_CPP,
-        backend_version="test",
-        upload=upload,
-        files=files,
-        tuning=record,
-    )
+    return tuning_manifest(TUNING, record, files, upload=upload)
 
 
 def test_a_tuning_cache_is_held_to_the_source_of_the_checkpoint_its_record_names() -> None:

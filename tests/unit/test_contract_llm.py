@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from tests.llm_artefacts import checkpoint_manifest
 from trtforge.contract.gpu import GPUTarget, known_identity
 from trtforge.contract.llm import (
     ArtefactFile,
@@ -13,7 +14,6 @@ from trtforge.contract.llm import (
     ArtefactManifest,
     Backend,
     Calibration,
-    CheckpointInfo,
     MismatchReason,
     Parallelism,
     PerplexityGate,
@@ -192,21 +192,14 @@ def test_tuning_key_depends_on_gpu_mig_mapping_version_and_checkpoint() -> None:
 
 
 def _checkpoint(files: list[ArtefactFile]) -> ArtefactManifest:
-    return ArtefactManifest(
-        kind=ArtefactKind.CHECKPOINT,
-        key=D1,
-        format=ArtefactFormat.GGUF,
-        backend=Backend.LLAMA_CPP,
-        backend_version="0.3.36",
+    return checkpoint_manifest(
+        D1,
+        SourceRef(uri="file:///m.gguf", digest=D2),
+        files,
         upload="0123456789abcdef",
-        files=files,
-        checkpoint=CheckpointInfo(
-            source=SourceRef(uri="file:///m.gguf", digest=D2),
-            recipe=Recipe.FP8,
-            calibration=Calibration(),
-            quantized_type="Q8_0",
-            model_file="model.gguf",
-        ),
+        backend_version="0.3.36",
+        recipe=Recipe.FP8,
+        quantized_type="Q8_0",
     )
 
 

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.llm_artefacts import checkpoint_manifest
 from trtforge.contract.llm import (
     ArtefactFile,
     ArtefactFormat,
     ArtefactKind,
     ArtefactManifest,
     Backend,
-    Calibration,
-    CheckpointInfo,
     Recipe,
     SourceRef,
     file_path,
@@ -35,21 +34,17 @@ KIND = ArtefactKind.CHECKPOINT
 
 
 def _describe(upload: str, files: list[ArtefactFile], key: str = KEY) -> ArtefactManifest:
-    return ArtefactManifest(
-        kind=KIND,
-        key=key,
-        format=ArtefactFormat.HF_SAFETENSORS,
+    return checkpoint_manifest(
+        key,
+        SourceRef(uri="s3://models/llama", digest=SRC),
+        files,
+        upload=upload,
+        fmt=ArtefactFormat.HF_SAFETENSORS,
         backend=Backend.TENSORRT_LLM,
         backend_version="1.2.1",
-        upload=upload,
-        files=files,
-        checkpoint=CheckpointInfo(
-            source=SourceRef(uri="s3://models/llama", digest=SRC),
-            recipe=Recipe.FP8,
-            calibration=Calibration(),
-            quantized_type="FP8",
-            model_file="config.json",
-        ),
+        recipe=Recipe.FP8,
+        quantized_type="FP8",
+        model_file="config.json",
     )
 
 

@@ -48,3 +48,18 @@ def test_llama_plan_refuses_another_server_and_a_missing_binary(tmp_path: Path, 
     missing = _args(tmp_path, tmp_path / "nope", server="llama.cpp")
     with pytest.raises(ValueError, match="--server-binary"):
         plans.llama_plan(missing, [], tmp_path / "m.gguf", "m", None)
+
+
+def test_trtllm_plan_passes_the_host_cache_size_into_the_servers_config(tmp_path: Path, binary: Path) -> None:
+    """A contract check of the file trtllm-serve would read (--config), not a run."""
+    plan = plans.trtllm_plan(
+        _args(tmp_path, binary, host_cache_bytes=3 << 30), tmp_path / "ckpt", "m", None, None
+    )
+    config = Path(plan.argv[plan.argv.index("--config") + 1])
+    assert yaml.safe_load(config.read_text()) == {
+        "return_perf_metrics": True,
+        "kv_cache_config": {"host_cache_size": 3 << 30},
+    }
+    llama = _args(tmp_path, binary, server="llama.cpp", host_cache_bytes=1 << 30)
+    with pytest.raises(ValueError, match="--host-cache-bytes"):
+        plans.llama_plan(llama, [], tmp_path / "m.gguf", "m", None)

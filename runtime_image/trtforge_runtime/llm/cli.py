@@ -17,6 +17,13 @@ def _port(v: str) -> int:
     return n
 
 
+def _nonnegative(v: str) -> int:
+    n = int(v)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{v} is negative")
+    return n
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "serve-llm",
@@ -48,6 +55,13 @@ def register(subparsers: Any) -> None:
         "--threads", type=int, default=None, help="llama.cpp: threads, unless the tuning record sets them"
     )
     p.add_argument("--gpu-layers", type=int, default=None, help="llama.cpp CUDA build: layers on the GPU")
+    p.add_argument(
+        "--host-cache-bytes",
+        type=_nonnegative,
+        default=0,
+        help="trtllm-serve: each rank's KV-cache host tier in bytes (kv_cache_config.host_cache_size; "
+        'GH200: Grace memory, docs/llm.md "GH200"); 0: none',
+    )
     p.add_argument("--canary-prompt", default=None, help="with --model: the canary prompt")
     p.add_argument(
         "--golden-tokens", default=None, help="with --model: the golden token ids, comma-separated"

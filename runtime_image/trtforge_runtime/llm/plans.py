@@ -33,6 +33,8 @@ def llama_plan(
 ) -> ServerPlan:
     if args.server != "llama.cpp":
         raise ValueError(f"--server {args.server}: a GGUF is served by llama.cpp")
+    if getattr(args, "host_cache_bytes", 0):
+        raise ValueError("--host-cache-bytes: the KV cache's host tier is trtllm-serve's; llama.cpp has none")
     a = llama_server.LlamaServerArgs(
         model=model,
         port=args.port,
@@ -57,10 +59,12 @@ def trtllm_plan(
     tuning_cache: Path | None,
 ) -> ServerPlan:
     """trtllm-serve on a verified HF checkpoint folder, with its verified autotuner cache and its
-    ``--config`` file (JSON, which is YAML) turning on the Prometheus route autoscaling reads."""
+    ``--config`` file (JSON, which is YAML) turning on the Prometheus route autoscaling reads and
+    sizing the KV cache's host tier (``--host-cache-bytes``)."""
+    options = trtllm_serve.llm_api_options(host_cache_bytes=getattr(args, "host_cache_bytes", 0))
     config = Path(args.cache_dir) / "trtllm-serve-config.yaml"
     config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text(json.dumps(trtllm_serve.llm_api_options()))
+    config.write_text(json.dumps(options))
     a = trtllm_serve.TrtllmServeArgs(
         model_dir=checkpoint_dir, port=args.port, host=args.host, config_path=config
     )

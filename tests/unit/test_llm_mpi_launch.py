@@ -73,7 +73,8 @@ def test_contract_the_leaders_mpirun_line() -> None:
         (group(gpus_per_rank=0), serve(), "--gpus-per-rank 0"),
         (group(tensor=0), serve(), "--tensor-parallel 0"),
         (group(), serve(tp=4, pp=2), "--tp_size 4"),  # trtllm-serve must get the group's mapping
-        (group(), ["llama-server", "-m", "x"], "--server"),
+        (group(), [], "--server trtllm-serve"),
+        (group(), ["/opt/bin/trtllm-serve", "/ckpt"], "--tp_size 1"),  # unset: serve.py's default, 1
         (group(namespace="Team_A"), serve(), "--namespace"),
         (group(container="a:b"), serve(), "--container"),
         (group(worker_hosts=("chat-g0-0.chat-g0",)), serve(), "must differ"),

@@ -35,7 +35,9 @@ def test_grace_hopper_is_named_by_the_product_label(product: str, grace: bool) -
     assert is_grace_hopper(product) is grace
 
 
-def facts(target: GPUTarget, parameters: int, allow: bool, par: Parallelism | None = None) -> p.LLMTargetFacts:
+def facts(
+    target: GPUTarget, parameters: int, allow: bool, par: Parallelism | None = None
+) -> p.LLMTargetFacts:
     return p.LLMTargetFacts(
         target=target,
         recipe=Recipe.BF16,

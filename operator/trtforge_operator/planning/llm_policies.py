@@ -150,4 +150,3 @@ def checkpoint_fit(
     if fit.refusal is None:
         return fit
     return WeightsFit(Refusal(reason=fit.refusal.reason, message=f"target {target}: {fit.refusal.message}"))
-

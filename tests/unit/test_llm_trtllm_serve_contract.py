@@ -93,3 +93,18 @@ def test_contract_canary_is_a_greedy_completion_compared_as_text() -> None:
     assert t.canary_text({"choices": [{"index": 0, "text": " Paris"}]}) == " Paris"
     with pytest.raises(ValueError, match=r"choices\[0\].text"):
         t.canary_text({"choices": []})
+
+
+def test_contract_host_cache_is_the_kv_cache_configs_host_cache_size_in_bytes() -> None:
+    # llm_args.py @ fcd3f31: KvCacheConfig.host_cache_size, "Size of the host cache in bytes", under the
+    # LLM API's kv_cache_config, which the --config YAML overrides.
+    opts = t.llm_api_options({"kv_cache_config": {"enable_block_reuse": True}}, host_cache_bytes=8 << 30)
+    assert opts == {
+        "kv_cache_config": {"enable_block_reuse": True, "host_cache_size": 8 << 30},
+        "return_perf_metrics": True,
+    }
+    assert "kv_cache_config" not in t.llm_api_options(host_cache_bytes=0)  # 0: no host tier at all
+    with pytest.raises(ValueError, match="--host-cache-bytes"):
+        t.llm_api_options(host_cache_bytes=-1)
+    with pytest.raises(ValueError, match="kv_cache_config"):
+        t.llm_api_options({"kv_cache_config": "big"}, host_cache_bytes=1)

@@ -21,7 +21,7 @@ from trtforge_builder.llm.weights import (
 )
 from trtforge_operator.api import get_condition
 from trtforge_operator.planning.engine import plan_engine_pass
-from trtforge_operator.planning.llm_policies import checkpoint_refusal
+from trtforge_operator.planning.llm_policies import checkpoint_fit
 
 from tests.unit.test_planning_engine import CFG
 from tests.unit.test_planning_llm_engine import H100, SHA, created, engine, observe, status_of
@@ -104,11 +104,11 @@ def test_the_fit_of_published_weights_per_gpu_and_mapping() -> None:
     unknown = checkpoint_fit_refusal(GiB, Parallelism(), 0)
     assert unknown is not None and unknown.reason is RefusalReason.MEMORY_UNKNOWN
     # a CPU target has no GPU memory to fit; the refusal names the target
-    assert checkpoint_refusal(GPUTarget(gpu="cpu"), None, Parallelism(), 10**15) is None
-    named = checkpoint_refusal(H100_TARGET, h100, Parallelism(), 140 * GiB)
+    assert checkpoint_fit(GPUTarget(gpu="cpu"), None, Parallelism(), 10**15).refusal is None
+    named = checkpoint_fit(H100_TARGET, h100, Parallelism(), 140 * GiB).refusal
     assert named is not None and named.message.startswith(f"target {H100_TARGET}:")
     slice_ = h100.model_copy(update={"mig_profile": "1g.10gb", "memory_mib": 9856})
-    assert checkpoint_refusal(H100_TARGET, slice_, Parallelism(), 9 * GiB) is not None
+    assert checkpoint_fit(H100_TARGET, slice_, Parallelism(), 9 * GiB).refusal is not None
 
 
 def _manifest(ckey: str, weight_bytes: int | None, file_bytes: int) -> ArtefactManifest:

@@ -249,3 +249,34 @@ def test_on_tensorrt_clusters_the_jobs_run_tensorrt_llm() -> None:
     assert c["command"][:2] == ["trtforge", "tune"] and c["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert c["command"][c["command"].index("--tensor") + 1] == "2"
     assert c["command"][c["command"].index("--backend") + 1] == "tensorrt-llm"
+
+
+def test_weights_past_hbm_on_gh200_are_refused_unless_the_engine_opts_in_and_then_recorded() -> None:
+    from trtforge_operator.planning.llm_policies import target_identity
+
+    from trtforge.contract.gpu import GPUTarget
+    from trtforge.contract.llm import Parallelism, Recipe
+    from trtforge.contract.llm.recipe import weights_need_mib
+
+    gh200 = "NVIDIA-GH200-480GB"
+    plan = plan_engine_pass(observe(engine("bf16", [{"gpu": gh200}], parameters="70B")), CFG)
+    (t,) = status_of(plan).targets
+    assert (t.phase, t.reason, created(plan)) == ("Failed", "WeightsDoNotFit", [])
+    assert gh200 in (t.message or "") and "allowUnifiedMemoryOverflow: true" in (t.message or "")
+    assert t.weights_overflow_mib is None
+
+    e = engine("bf16", [{"gpu": gh200}], parameters="70B", allowUnifiedMemoryOverflow=True)
+    obs = observe(e)
+    plan = plan_engine_pass(obs, CFG)
+    (t,) = status_of(plan).targets
+    assert [j["metadata"]["labels"]["trtforge.io/build-kind"] for j in created(plan)] == ["quantize"]
+    identity = target_identity(GPUTarget(gpu=gh200), obs.nodes)
+    assert identity is not None
+    need = weights_need_mib(70 * 10**9, Recipe.BF16, Parallelism())
+    assert t.weights_overflow_mib == -(-(need - identity.memory_mib) // 1) > 0
+    assert status_of(plan).to_wire()["targets"][0]["weightsOverflowMiB"] == t.weights_overflow_mib
+
+    # The opt-in changes nothing on a GPU without Grace memory: still refused, and told why.
+    e = engine("bf16", [{"gpu": H100}], parameters="70B", allowUnifiedMemoryOverflow=True)
+    (t,) = status_of(plan_engine_pass(observe(e), CFG)).targets
+    assert t.reason == "WeightsDoNotFit" and "Grace Hopper (GH200) targets only" in (t.message or "")

@@ -477,6 +477,14 @@ class LLMSpec(ApiModel):
         ),
     )
 
+    allow_unified_memory_overflow: bool = Field(
+        default=False,
+        description=(
+            "Grace Hopper (GH200) targets only: admit weights larger than a GPU's HBM at the recipe and "
+            "mapping, the rest spilling into Grace memory over NVLink-C2C (slower); false refuses them."
+        ),
+    )
+
     def recipe_enum(self) -> Recipe:
         return Recipe(self.recipe)
 
@@ -683,6 +691,13 @@ class TargetStatus(ApiModel):
     )
     mapping: str | None = Field(
         default=None, max_length=16, description="LLM engines: the tensor x pipeline mapping, tp1pp1."
+    )
+    weights_overflow_mib: int | None = Field(
+        default=None,
+        ge=0,
+        alias="weightsOverflowMiB",
+        description="LLM engines on Grace Hopper: MiB of each GPU's share of the weights admitted past "
+        "its HBM into Grace memory (spec.llm.allowUnifiedMemoryOverflow); unset: they fit HBM.",
     )
     request_key: str | None = Field(
         default=None,

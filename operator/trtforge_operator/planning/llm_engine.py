@@ -24,6 +24,7 @@ from trtforge.contract.build_result import BuildFailure
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.llm import Backend, Refusal
 from trtforge.contract.llm.result import PerplexityFigures, QuantizeResult, TuneResult, parse_llm_message
+from trtforge.contract.llm.unified_memory import WeightsFit
 from trtforge_operator.api import (
     CheckpointStatus,
     Condition,
@@ -46,7 +47,8 @@ from trtforge_operator.observe.llm_keys import (
 from trtforge_operator.observe.views import EngineObserved, JobView, jobs_by_build_id, obs_requester, utc
 from trtforge_operator.planning.llm_policies import (
     LLMTargetFacts,
-    checkpoint_refusal,
+    checkpoint_fit,
+    estimated_fit,
     llm_target_refusal,
     target_identity,
 )
@@ -151,17 +153,22 @@ def gate_message(p: PerplexityStatus) -> str:
 
 def target_refusal(obs: EngineObserved, cfg: OperatorConfig, t: GPUTarget) -> Refusal | None:
     """Why the target may not be forged (planning/llm_policies.py), else None."""
+    return llm_target_refusal(target_facts(obs, cfg, t))
+
+
+def target_facts(obs: EngineObserved, cfg: OperatorConfig, t: GPUTarget) -> LLMTargetFacts:
+    """What the LLM target policies look at, for one target."""
     llm = obs.spec.llm
     assert llm is not None
-    facts = LLMTargetFacts(
+    return LLMTargetFacts(
         target=t,
         recipe=llm.recipe_enum(),
         parallelism=obs.spec.parallelism_of(t),
         backend=llm_backend(cfg, t),
         parameters=llm.parameter_count(),
         identity=target_identity(t, obs.nodes),
+        allow_unified_memory_overflow=llm.allow_unified_memory_overflow,
     )
-    return llm_target_refusal(facts)
 
 
 def plan_llm(
@@ -189,6 +196,7 @@ def plan_llm(
             plan.stalled.append(refusal.message)
         else:
             forgeable.append(t)
+            st.weights_overflow_mib = _overflow(estimated_fit(target_facts(obs, cfg, t)))
         statuses[t.name] = st
     plan.targets = [statuses[t.name] for t in targets]
     if forgeable and llm.source.format != "gguf":
@@ -234,21 +242,30 @@ def _refuse_weights(
     obs: EngineObserved, plan: LLMPlan, st: TargetStatus, t: GPUTarget, ck: CheckpointStatus
 ) -> bool:
     """A published checkpoint whose weights do not fit the target (planning/llm_policies.py,
-    `checkpoint_refusal`): the target is Failed before its tune Job, and never served."""
+    `checkpoint_fit`): the target is Failed before its tune Job, and never served; weights admitted
+    into Grace memory are recorded on the status."""
     if ck.phase != "Ready":
         return False
     m = obs.checkpoint
     weight_bytes = m.weight_bytes if m is not None else ck.size_bytes
     if weight_bytes is None:
         return False
-    refusal = checkpoint_refusal(t, target_identity(t, obs.nodes), obs.spec.parallelism_of(t), weight_bytes)
+    allow = obs.spec.llm is not None and obs.spec.llm.allow_unified_memory_overflow
+    fit = checkpoint_fit(t, target_identity(t, obs.nodes), obs.spec.parallelism_of(t), weight_bytes, allow)
+    refusal = fit.refusal
     if refusal is None:
+        st.weights_overflow_mib = _overflow(fit)  # the measured weights decide, not the estimate
         return False
     st.phase, st.reason, st.message = "Failed", refusal.reason.value, refusal.message
     st.engine_key = ck.checkpoint_key
     plan.warnings.append((refusal.reason.value, refusal.message))
     plan.stalled.append(refusal.message)
     return True
+
+
+def _overflow(fit: WeightsFit) -> int | None:
+    """The status's record of weights admitted into Grace memory (None: they fit HBM)."""
+    return fit.overflow_mib if fit.overflows else None
 
 
 def retune_request(

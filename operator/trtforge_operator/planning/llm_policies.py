@@ -22,7 +22,14 @@ from trtforge.contract.gpu import (
     known_identity,
 )
 from trtforge.contract.llm import Backend, Parallelism, Recipe, Refusal, RefusalReason
-from trtforge.contract.llm.recipe import checkpoint_fit_refusal, recipe_refusal, weights_refusal
+from trtforge.contract.llm.recipe import (
+    checkpoint_fit_refusal,
+    checkpoint_need_mib,
+    recipe_refusal,
+    weights_need_mib,
+    weights_refusal,
+)
+from trtforge.contract.llm.unified_memory import WeightsFit, weights_fit
 from trtforge_operator.observe.views import NodeView
 
 
@@ -36,6 +43,7 @@ class LLMTargetFacts:
     backend: Backend
     parameters: int | None  # spec.llm.parameters; None: unknown before the quantize step
     identity: GPUIdentity | None  # None: a GPU product neither a Node nor the known table describes
+    allow_unified_memory_overflow: bool = False  # spec.llm.allowUnifiedMemoryOverflow
 
 
 def target_identity(target: GPUTarget, nodes: Sequence[NodeView]) -> GPUIdentity | None:
@@ -87,14 +95,26 @@ def refuse_recipe(f: LLMTargetFacts) -> Refusal | None:
     return None if r is None else Refusal(reason=r.reason, message=f"target {f.target}: {r.message}")
 
 
-def refuse_weights(f: LLMTargetFacts) -> Refusal | None:
-    """Weights that do not fit the target's memory at this recipe and mapping (checked when the
-    parameter count is given; a CPU target has no GPU memory to fit)."""
+def estimated_fit(f: LLMTargetFacts) -> WeightsFit:
+    """The weights' fit from the parameter count (none to check without one, or on a CPU target):
+    in HBM, refused, or admitted past HBM on Grace Hopper with the opt-in (contract.llm.unified_memory)."""
     assert f.identity is not None
     if f.parameters is None or f.target.is_cpu:
-        return None
-    r = weights_refusal(f.parameters, f.recipe, f.parallelism, f.identity.memory_mib)
-    return None if r is None else Refusal(reason=r.reason, message=f"target {f.target}: {r.message}")
+        return WeightsFit(None)
+    memory = f.identity.memory_mib
+    r = weights_refusal(f.parameters, f.recipe, f.parallelism, memory)
+    need = weights_need_mib(f.parameters, f.recipe, f.parallelism)
+    fit = weights_fit(r, need, memory, f.target.gpu, f.allow_unified_memory_overflow)
+    if fit.refusal is None:
+        return fit
+    return WeightsFit(Refusal(reason=fit.refusal.reason, message=f"target {f.target}: {fit.refusal.message}"))
+
+
+def refuse_weights(f: LLMTargetFacts) -> Refusal | None:
+    """Weights that do not fit the target's memory at this recipe and mapping (checked when the
+    parameter count is given; a CPU target has no GPU memory to fit), unless admitted into Grace
+    memory on a GH200 target that opted in."""
+    return estimated_fit(f).refusal
 
 
 LLMPolicy = Callable[[LLMTargetFacts], Refusal | None]
@@ -111,13 +131,22 @@ def llm_target_refusal(f: LLMTargetFacts) -> Refusal | None:
     return None
 
 
-def checkpoint_refusal(
-    target: GPUTarget, identity: GPUIdentity | None, parallelism: Parallelism, weight_bytes: int
-) -> Refusal | None:
+def checkpoint_fit(
+    target: GPUTarget,
+    identity: GPUIdentity | None,
+    parallelism: Parallelism,
+    weight_bytes: int,
+    allow_unified_memory_overflow: bool = False,
+) -> WeightsFit:
     """Once the checkpoint is published: its measured weights (the manifest's record) must fit the
-    target's memory at its mapping, whether or not ``spec.llm.parameters`` was given; checked before
-    the target's tune Job and before it serves. A CPU target has no GPU memory to fit."""
+    target's memory at its mapping, whether or not ``spec.llm.parameters`` was given, or be admitted
+    into Grace memory (GH200 with the opt-in); checked before the target's tune Job and before it
+    serves. A CPU target has no GPU memory to fit."""
     if target.is_cpu or identity is None:
-        return None
+        return WeightsFit(None)
     r = checkpoint_fit_refusal(weight_bytes, parallelism, identity.memory_mib)
-    return None if r is None else Refusal(reason=r.reason, message=f"target {target}: {r.message}")
+    need = checkpoint_need_mib(weight_bytes, parallelism)
+    fit = weights_fit(r, need, identity.memory_mib, target.gpu, allow_unified_memory_overflow)
+    if fit.refusal is None:
+        return fit
+    return WeightsFit(Refusal(reason=fit.refusal.reason, message=f"target {target}: {fit.refusal.message}"))

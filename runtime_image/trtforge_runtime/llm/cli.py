@@ -7,6 +7,7 @@ Exit codes and the termination message: :mod:`trtforge.contract.termination`.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 
@@ -14,6 +15,13 @@ def _port(v: str) -> int:
     n = int(v)
     if not 0 <= n < 65536:
         raise argparse.ArgumentTypeError(f"{v} is not a port number")
+    return n
+
+
+def _nonnegative(v: str) -> int:
+    n = int(v)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{v} is negative")
     return n
 
 
@@ -48,6 +56,13 @@ def register(subparsers: Any) -> None:
         "--threads", type=int, default=None, help="llama.cpp: threads, unless the tuning record sets them"
     )
     p.add_argument("--gpu-layers", type=int, default=None, help="llama.cpp CUDA build: layers on the GPU")
+    p.add_argument(
+        "--host-cache-bytes",
+        type=_nonnegative,
+        default=0,
+        help="trtllm-serve: each rank's KV-cache host tier in bytes (kv_cache_config.host_cache_size; "
+        'GH200: Grace memory, docs/llm.md "GH200"); 0: none',
+    )
     p.add_argument("--canary-prompt", default=None, help="with --model: the canary prompt")
     p.add_argument(
         "--golden-tokens", default=None, help="with --model: the golden token ids, comma-separated"
@@ -61,8 +76,19 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--start-limit", type=float, default=600.0, help="seconds the server may take to become healthy"
     )
-    g = p.add_argument_group('rank groups (llama.cpp RPC; docs/llm.md "Groups")')
-    g.add_argument("--rank", type=int, default=0, help="this pod's rank: 0 leads, others run ggml-rpc-server")
+    p.add_argument(
+        "--tensor-parallel", type=int, default=1, help="trtllm-serve: tensor-parallel ranks (--tp_size)"
+    )
+    p.add_argument(
+        "--pipeline-parallel", type=int, default=1, help="trtllm-serve: pipeline-parallel ranks (--pp_size)"
+    )
+    g = p.add_argument_group('rank groups (llama.cpp RPC or mpirun; docs/llm.md "Groups")')
+    g.add_argument(
+        "--rank",
+        type=int,
+        default=0,
+        help="this pod's rank: 0 leads; others run ggml-rpc-server (llama.cpp) or host mpirun's ranks",
+    )
     g.add_argument("--world-size", type=int, default=1, help="ranks in the group")
     g.add_argument(
         "--worker",
@@ -78,6 +104,22 @@ def register(subparsers: Any) -> None:
         "(workers' rank and probe ports: --rank-port and --probe-port)",
     )
     g.add_argument("--rank-port", type=_port, default=50052, help="a worker: the rank port (ggml-rpc-server)")
+    g.add_argument(
+        "--gpus-per-rank",
+        type=int,
+        default=0,
+        help="trtllm-serve groups: GPUs (MPI processes) of each pod; 0: tensor x pipeline / --world-size",
+    )
+    g.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE", ""),
+        help="trtllm-serve groups: the pods' namespace, for trtforge rank-exec (default: $POD_NAMESPACE)",
+    )
+    g.add_argument(
+        "--rank-container",
+        default="serve",
+        help="trtllm-serve groups: the worker pods' container for rank-exec",
+    )
     g.add_argument(
         "--rank-unreachable-grace",
         type=float,
@@ -100,7 +142,7 @@ def handle(args: argparse.Namespace) -> int:
 
     from trtforge.contract.termination import TerminationMessage, write_termination_message
     from trtforge_runtime.errors import Refusal
-    from trtforge_runtime.llm import prepare, probes, ranks
+    from trtforge_runtime.llm import plans, prepare, probes, ranks
     from trtforge_runtime.llm.group import LeaderSupervisor
     from trtforge_runtime.llm.supervisor import Supervisor
 
@@ -122,12 +164,9 @@ def handle(args: argparse.Namespace) -> int:
         if args.checkpoint is None and args.model is None:
             raise ValueError("one of --checkpoint or --model is required on rank 0")
         workers = ranks.workers_from_args(args.world_size, args.worker)
-        if workers and args.server != "llama.cpp":
-            raise ValueError(
-                "--world-size above 1 with --server trtllm-serve: its ranks meet through mpirun "
-                '(docs/llm.md "Groups"), not through this supervisor'
-            )
         plan, probe = prepare.plan_from_args(args, extra)
+        if workers and args.server == "trtllm-serve":
+            plan = plans.mpirun_plan(args, plan, workers)  # the ranks meet through mpirun
     except Refusal as e:
         log.error(e.message)
         msg = TerminationMessage(reason=e.reason, message=e.message, engine_key=args.checkpoint)
@@ -139,7 +178,8 @@ def handle(args: argparse.Namespace) -> int:
     policy = probes.Policy(args.unavailable_grace, args.start_limit)
     sup: Supervisor
     if workers:
-        plan.argv += ["--rpc", ranks.rpc_argument(workers)]
+        if args.server == "llama.cpp":
+            plan.argv += ["--rpc", ranks.rpc_argument(workers)]
         group_policy = ranks.GroupPolicy(args.start_limit, args.rank_unreachable_grace)
         sup = LeaderSupervisor(
             plan, policy, args.host, args.probe_port, workers, group_policy, args.rank_loss_linger
@@ -174,8 +214,7 @@ def _handle_worker(args: argparse.Namespace) -> int:
         log.error(f"--rank {args.rank}: expected 0 to --world-size - 1 ({args.world_size - 1})")
         return 2
     if args.server != "llama.cpp":
-        log.error("--rank above 0 with --server trtllm-serve: its ranks meet through mpirun, not here")
-        return 2
+        return _handle_mpi_worker(args)
     binary = args.server_binary or shutil.which(RPC_SERVER)
     if not binary:
         log.error(f"--server-binary: {RPC_SERVER!r} not found (give its path)")
@@ -201,5 +240,40 @@ def _handle_worker(args: argparse.Namespace) -> int:
             monitor.stop()
     if msg.reason != "Completed":
         log.error(msg.message)
+    write_termination_message(msg)
+    return msg.exit_code
+
+
+def _handle_mpi_worker(args: argparse.Namespace) -> int:
+    """A trtllm-serve worker rank: fetch and verify what the leader's mpirun line names, at the same
+    paths, then answer probes until stopped (mpirun starts this rank's MPI processes here)."""
+    import asyncio
+    import logging
+
+    from trtforge.contract.termination import TerminationMessage, write_termination_message
+    from trtforge_runtime.errors import Refusal
+    from trtforge_runtime.llm import prepare
+    from trtforge_runtime.llm.mpi_worker import MpiWorkerSupervisor
+
+    log = logging.getLogger("trtforge_runtime.llm")
+    try:
+        if args.checkpoint is None:
+            raise ValueError("--checkpoint: a trtllm-serve worker rank verifies the leader's checkpoint")
+        _, probe = prepare.plan_from_args(args, [])
+    except Refusal as e:
+        log.error(e.message)
+        msg = TerminationMessage(reason=e.reason, message=e.message, engine_key=args.checkpoint)
+        write_termination_message(msg)
+        return msg.exit_code
+    except ValueError as e:
+        log.error(str(e))
+        return 2
+    sup = MpiWorkerSupervisor(args.rank, args.host, args.probe_port)
+    monitor = prepare.start_fault_monitor(probe, sup, f"rank {args.rank}")
+    try:
+        msg = asyncio.run(sup.run())
+    finally:
+        if monitor is not None:
+            monitor.stop()
     write_termination_message(msg)
     return msg.exit_code

@@ -101,7 +101,9 @@ class LeaderSupervisor(Supervisor):
             await self._ask_all()
             gv = ranks.before_start(self.workers, self.seen, time.monotonic() - began, self.group_policy)
             if gv.action is ranks.GroupAction.START_SERVER:
-                log.info("every rank is ready; starting the server", extra=fields(rpc=self.plan.argv[-1]))
+                log.info(
+                    "every rank is ready; starting the server", extra=fields(argv=" ".join(self.plan.argv))
+                )
                 self.met = {r: s.incarnation for r, s in self.seen.items()}
                 return None
             cause = probes.Cause.RANKS_MISSING if gv.action is ranks.GroupAction.TEAR_DOWN else None

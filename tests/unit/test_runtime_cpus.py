@@ -35,6 +35,13 @@ def test_workers_are_pinned_unless_a_cpu_limit_is_below_the_affinity() -> None:
         plan_cpus(range(64), 2, 3)
 
 
+def test_shared_workers_are_not_pinned_and_each_is_sized_for_every_cpu() -> None:
+    assert plan_cpus(range(14), 14, 4, shared=True) == [WorkerCpus(14, None)] * 4
+    assert plan_cpus(range(64), 8, 2, shared=True) == [WorkerCpus(8, None)] * 2
+    with pytest.raises(ValueError, match="3 workers need at least 3 CPUs"):
+        plan_cpus(range(64), 2, 3, shared=True)
+
+
 def test_a_worker_keeps_to_the_cpus_its_supervisor_gave_it() -> None:
     """In a subprocess: pinning changes the affinity of the process that calls it."""
     code = (

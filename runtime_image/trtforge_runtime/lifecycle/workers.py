@@ -72,10 +72,17 @@ class WorkerCpus:
     pinned: list[int] | None
 
 
-def plan_cpus(affinity: Sequence[int], usable: int, workers: int) -> list[WorkerCpus]:
-    """Each worker's CPUs. With a CPU limit below the affinity (a pod with `resources.limits.cpu` on
-    a bigger node) workers are not pinned (the quota is the pod's, not per CPU) and split the limit's
-    CPUs; otherwise each is pinned to its contiguous share (:func:`split_cpus`)."""
+def plan_cpus(affinity: Sequence[int], usable: int, workers: int, shared: bool = False) -> list[WorkerCpus]:
+    """Each worker's CPUs. `shared` (``--worker-cpus shared``): none pinned, each sized for every usable
+    CPU, so a worker that holds more of the connections (``SO_REUSEPORT`` balances connections, not
+    requests) may use the CPUs the others leave idle. With a CPU limit below the affinity (a pod with
+    `resources.limits.cpu` on a bigger node) workers are not pinned (the quota is the pod's, not per
+    CPU) and split the limit's CPUs; otherwise each is pinned to its contiguous share
+    (:func:`split_cpus`)."""
+    if workers > max(usable, 1):
+        split_cpus(range(usable), workers)  # raises: more workers than CPUs
+    if shared:
+        return [WorkerCpus(usable, None) for _ in range(workers)]
     if usable < len(affinity):
         counts = [len(c) for c in split_cpus(range(usable), workers)]
         return [WorkerCpus(n, None) for n in counts]
@@ -116,9 +123,10 @@ class Pod:
         return self._all
 
 
-def supervise(argv: Sequence[str], workers: int) -> int:
-    """Run `workers` workers of the command line `argv` (without the program name); their exit code."""
-    cpus = plan_cpus(shared_cpus.affinity(), cpus_mod.usable_cpus(), workers)
+def supervise(argv: Sequence[str], workers: int, shared: bool = False) -> int:
+    """Run `workers` workers of the command line `argv` (without the program name); their exit code.
+    `shared`: the workers share every CPU (:func:`plan_cpus`)."""
+    cpus = plan_cpus(shared_cpus.affinity(), cpus_mod.usable_cpus(), workers, shared)
     state = Path(tempfile.mkdtemp(prefix="trtforge-serve-"))
     metrics_dir = state / "metrics"
     metrics_dir.mkdir()

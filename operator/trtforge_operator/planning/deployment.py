@@ -366,6 +366,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         )
         desired_hash = None
         gplan: GroupsPlan | None = None
+        rendered: dict[str, Any] = {}  # a grouped target's Deployment as it would be: its pods' template
         lws_state: lws.Readiness | None = None
         if isinstance(llm, LLMProblem):
             llm_problems[target.name] = llm
@@ -420,42 +421,46 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 )
                 plan.config_maps.append(ApplyConfigMap(cm))
             desired_hash = dep["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
-            if grouped and isinstance(llm, LLMRuntime) and shape is not None:
-                gt = GroupTarget(
-                    namespace=obs.namespace,
-                    infd=obs.name,
-                    infd_uid=obs.uid,
-                    shape=shape,
-                    groups=replicas,
-                    deployment=dep,
-                    gpu_resource=target.resource_name(rreq.mig_strategy),
-                    probe_port=runtime.port,
-                    openai_port=llm.openai_port,
-                    pods=[p for p in rank_pods if p.labels.get(LABEL_TARGET) == target.name],
-                    avoid_nodes=frozenset(avoid_for(target)),
-                    node_labels=[n.labels for n in obs.nodes if n.hosts(target)],
-                    now=now,
-                )
-                if (spec.llm or LLMServing()).group_backend is GroupBackend.LWS:
-                    lws_state = deployment_groups.leader_worker_set(obs, gt, dname, plan.leader_worker_sets)
-                else:
-                    gplan = deployment_groups.native_groups(gt, records, obs.nodes, ttl, record_fault, events)
-                    plan.groups.append(gplan)
+            if grouped:
+                rendered = dep
             elif cur is None or cur.annotations.get(ANNOTATION_SPEC_HASH) != desired_hash:
                 plan.deployments.append(ApplyDeployment(dep, keep_replicas=decision.hpa_owned))
+        if grouped and isinstance(llm, LLMRuntime) and shape is not None:
+            # Not rendered (its engine being re-tuned): the groups are held, broken ones still torn down.
+            gt = GroupTarget(
+                namespace=obs.namespace,
+                infd=obs.name,
+                infd_uid=obs.uid,
+                shape=shape,
+                groups=replicas,
+                deployment=rendered,
+                gpu_resource=target.resource_name(),
+                probe_port=runtime.port,
+                openai_port=llm.openai_port,
+                pods=[p for p in rank_pods if p.labels.get(LABEL_TARGET) == target.name],
+                avoid_nodes=frozenset(avoid_for(target)),
+                node_labels=[n.labels for n in obs.nodes if n.hosts(target)],
+                now=now,
+            )
+            if (spec.llm or LLMServing()).group_backend is GroupBackend.LWS:
+                if rendered:
+                    lws_state = deployment_groups.leader_worker_set(obs, gt, dname, plan.leader_worker_sets)
+            else:
+                gplan = deployment_groups.native_groups(gt, records, obs.nodes, ttl, record_fault, events)
+                plan.groups.append(gplan)
         if grouped:
             group_states[target.name] = gplan if gplan is not None else lws_state
         if shape_problem:
             group_states[target.name] = lws.Readiness(
                 False, deployment_groups.GROUP_SHAPE_INVALID, shape_problem
             )
-        if decision.hpa_owned and auto is not None and choice.kind is not None and not grouped:
+        if decision.hpa_owned and auto is not None and choice.kind is not None:
             # Made once the target has a Deployment to scale (or one is being made now).
             ref = AutoscalerRef(choice.kind, children.autoscaler_name(obs.name, target))
             if cur is not None or desired_hash is not None or ref in autoscalers:
                 keep_autoscalers.add(ref)
                 autoscaled[target.name] = ref
-                obj = _autoscaler(obs, cfg, target, auto, choice.kind, dname)
+                obj = _autoscaler(obs, cfg, target, auto, choice.kind, dname, grouped=grouped)
                 have = autoscalers.get(ref)
                 if (
                     have is None
@@ -632,8 +637,13 @@ def _autoscaler(
     auto: Autoscaling,
     kind: AutoscalerKind,
     deployment: str,
+    *,
+    grouped: bool = False,
 ) -> dict[str, Any]:
-    """The HPA or ScaledObject of one target Deployment."""
+    """The HPA or ScaledObject of one target Deployment; of a grouped target, the InferenceDeployment's
+    scale subresource (its replicas count groups; its selector names their leaders)."""
+    scale_target = children.infd_scale_ref(obs.name) if grouped else None
+    leaders = f"{groups.group_name(obs.name, 0)[:-1]}[0-9]+-0" if grouped else None
     if kind == AutoscalerKind.SCALED_OBJECT:
         return children.runtime_scaled_object(
             children.ScaledObjectRequest(
@@ -644,8 +654,11 @@ def _autoscaler(
                 min_replicas=auto.min_replicas,
                 max_replicas=auto.max_replicas,
                 server_address=cfg.autoscaling.keda_prometheus_address or "",
-                query=keda_query(auto.metric, obs.namespace, deployment, cfg.autoscaling.rate_window),
+                query=keda_query(
+                    auto.metric, obs.namespace, deployment, cfg.autoscaling.rate_window, leaders
+                ),
                 threshold=keda_threshold(auto.target_value),
+                scale_target=scale_target,
             )
         )
     assert obs.apis.hpa is not None  # autoscaler_choice gives HPA only with an HPA API
@@ -660,6 +673,7 @@ def _autoscaler(
             max_replicas=auto.max_replicas,
             metric=CUSTOM_METRIC_NAMES[auto.metric],
             target_value=str(auto.target_value),
+            scale_target=scale_target,
         )
     )
 

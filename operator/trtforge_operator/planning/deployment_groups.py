@@ -62,6 +62,9 @@ def native_groups(
     pods, through `record_fault`, which appends to `records`), then the pods to create, label and
     delete (planning/group_plan.py)."""
     yes, no = believed_rank_pods(gt)
+    foreign = [i for p in yes if (i := fault_trust.foreign_gpu(p)) is not None]
+    events += [Event("Warning", "FaultIgnored", i.message) for i in foreign]
+    yes = [p for p in yes if p.name not in {i.pod for i in foreign}]
     events += [
         Event(
             "Warning",

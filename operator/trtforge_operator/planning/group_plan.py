@@ -47,7 +47,9 @@ class GroupTarget:
     infd_uid: str
     shape: GroupShape
     groups: int  # groups wanted (replicas count groups)
-    deployment: Mapping[str, Any]  # the target's runtime Deployment as it would be: the pods' template
+    # The target's runtime Deployment as it would be: the pods' template. Empty while it can't be
+    # rendered (its engine being rebuilt): the groups are held (nothing made), broken ones torn down.
+    deployment: Mapping[str, Any]
     gpu_resource: str | None
     probe_port: int
     openai_port: int
@@ -144,7 +146,8 @@ def plan_groups(t: GroupTarget) -> GroupsPlan:
     """The pass over one grouped target (see the module docstring)."""
     out = GroupsPlan()
     owner = children.owner_reference("InferenceDeployment", t.infd, t.infd_uid)
-    template = group_pods.template_hash(t.deployment, t.shape.gpus_per_rank)
+    hold = not t.deployment
+    template = "" if hold else group_pods.template_hash(t.deployment, t.shape.gpus_per_rank)
     seen = {g for p in t.pods if (g := p.labels.get(LABEL_GROUP)) and owned(p, t.infd_uid)}
     indices = {i for g in seen if (i := _group_index(g, t.infd)) is not None}
     top = max([t.groups - 1, *indices])
@@ -164,12 +167,15 @@ def plan_groups(t: GroupTarget) -> GroupsPlan:
             out.delete_services.append(name)
             out.delete_policies.append(group_network.policy_name(name))
             continue
-        out.services.append(_hashed(group_services.rank_service(name, t.namespace, owner)))
-        out.policies.append(
-            _hashed(
-                group_network.rank_port_policy(name, t.namespace, [t.probe_port, t.openai_port], owner=owner)
+        if not hold:
+            out.services.append(_hashed(group_services.rank_service(name, t.namespace, owner)))
+            out.policies.append(
+                _hashed(
+                    group_network.rank_port_policy(
+                        name, t.namespace, [t.probe_port, t.openai_port], owner=owner
+                    )
+                )
             )
-        )
         if mine:
             out.current += 1
         if any(p.deleting for p in mine):  # recreated whole once every pod of its last life is gone
@@ -205,8 +211,10 @@ def plan_groups(t: GroupTarget) -> GroupsPlan:
         out.phases[name] = GroupPhase.WHOLE if assessment.serves else GroupPhase.FORMING
         if not assessment.serves:
             out.waiting.append((name, assessment.reason))
-        _create_missing(t, i, mine, theirs, out)
-    _roll_one(t, stale, out)
+        if not hold:
+            _create_missing(t, i, mine, theirs, out)
+    if not hold:
+        _roll_one(t, stale, out)
     out.rolled_out = out.updated == t.groups and out.whole == t.groups
     return out
 
@@ -272,6 +280,9 @@ def believed_rank_pods(t: GroupTarget) -> tuple[list[PodView], list[PodView]]:
         else:
             by_group.setdefault(i, []).append(p)
     for i, pods in by_group.items():
+        if not t.deployment:
+            no += pods  # nothing rendered to hold them to
+            continue
         desired = {d["metadata"]["name"]: d for d in desired_pods(t, i, _worker_addresses(pods))}
         for p in pods:
             d = desired.get(p.name)

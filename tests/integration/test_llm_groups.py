@@ -94,7 +94,7 @@ def group(env: OperatorEnv, engine: dict[str, Any]) -> Iterator[str]:
         "grp",
         "smollm2",
         replicas=1,
-        llm={"server": "llama.cpp", "args": ["--ctx-size", "1024"]},
+        llm={"server": "llama.cpp"},
         runtime={"env": [{"name": "PATH", "value": _path()}]},
         targets=[{"gpu": H100}],
     )
@@ -272,12 +272,10 @@ def test_an_xid_under_rank_1_tears_the_group_down_keeps_its_node_out_and_the_gro
 
         def avoiding() -> bool:
             new = [p for p in _group_pods(env, ns) if p.metadata.uid not in before]
-            terms = [
-                e
-                for p in new
-                for t in p.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
-                for e in t.match_fields or ()
+            required = [
+                p.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution for p in new
             ]
+            terms = [e for r in required for t in r.node_selector_terms for e in t.match_fields or ()]
             return bool(new) and all(victim in (e.values or ()) for e in terms) and len(terms) == len(new)
 
         # Recreated away from the faulted node: every new rank pod keeps off it (on the test bed the

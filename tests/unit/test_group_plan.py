@@ -71,7 +71,7 @@ def _target(pods: list[PodView], groups_: int = 1, **kw: Any) -> GroupTarget:
         probe_port=8000,
         openai_port=8080,
         pods=pods,
-        now=NOW,
+        now=kw.pop("now", NOW),
         **kw,
     )
 
@@ -464,3 +464,16 @@ def test_a_grouped_targets_autoscaler_scales_the_inferencedeployment_whose_repli
     made = sorted(a.manifest["metadata"]["name"] for a in plan.actions if isinstance(a, CreatePod))
     assert made == ["chat-g0-1", "chat-g1-1"]
     assert plan.status.desired_replicas == 2
+
+
+def test_a_group_whose_rank_ended_is_torn_down_after_a_pause_not_in_a_hot_loop() -> None:
+    leader, worker = _whole_group(labels={LABEL_GROUP_WHOLE: "true"})
+    ended = TerminationMessage(reason="Error", message="bad argument")
+    quit_ = _pod(plan_groups(_target([])).create_pods[0], ip="10.0.0.7", node="gpu-h100-1", term=ended)
+    held = plan_groups(_target([leader, quit_]))  # it ended at NOW
+    assert held.delete_pods == [] and held.create_pods == [] and held.recheck_in == 10.0
+    assert held.label_pods == [("chat-g0-0", {LABEL_GROUP_WHOLE: None})]  # out of the Service at once
+    assert held.phases == {"chat-g0": GroupPhase.FORMING} and "torn down in 10 s" in held.waiting[0][1]
+    later = plan_groups(_target([leader, quit_], now=NOW + 10))
+    assert sorted(later.delete_pods) == ["chat-g0-0", "chat-g0-1"] and later.recheck_in is None
+    assert worker.name == "chat-g0-1"

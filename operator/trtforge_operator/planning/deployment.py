@@ -128,6 +128,7 @@ class DeploymentPlan:
     # §"Scale" and planning/rebuild.py). Level-based: the full set still wanted, not a delta. The
     # TRTEngine reads them from the status written here: no action of this plan.
     rebuild_requests: list[RebuildRequest] = field(default_factory=list)
+    recheck_in: float | None = None  # seconds until the next pass is due (a group's held teardown)
 
     # Views of the actions, by what they do.
     @property
@@ -217,7 +218,8 @@ class _Draft:
         if engine_patch is not None:
             actions.append(engine_patch)
         actions += [Emit(e) for e in events]
-        return DeploymentPlan(status, tuple(actions), list(self.rebuild_requests))
+        due = [g.recheck_in for g in self.groups if g.recheck_in is not None]
+        return DeploymentPlan(status, tuple(actions), list(self.rebuild_requests), min(due, default=None))
 
 
 def _gpu_faulted(pod: PodView) -> bool:

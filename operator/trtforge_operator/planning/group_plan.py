@@ -59,6 +59,9 @@ class GroupTarget:
     node_labels: Sequence[Mapping[str, str]] = ()  # of the nodes that host the target (clique)
     now: float = 0.0
     form_limit_s: float = 900.0
+    # A group whose rank ended (no GPU fault) is torn down this long after the end: a rank that ends
+    # at once (a bad argument, a missing file) recreates its group at this pace, not in a hot loop.
+    teardown_delay_s: float = 10.0
 
 
 @dataclass
@@ -79,6 +82,7 @@ class GroupsPlan:
     current: int = 0  # wanted groups with any pod
     updated: int = 0  # wanted groups whose every rank runs the current template
     rolled_out: bool = False  # every wanted group whole on the current template, none on an avoided node
+    recheck_in: float | None = None  # seconds until a held teardown is due
 
     @property
     def whole(self) -> int:
@@ -199,6 +203,12 @@ def plan_groups(t: GroupTarget) -> GroupsPlan:
         up_to_date = bool(mine) and all(
             p.annotations.get(group_pods.ANNOTATION_GROUP_TEMPLATE) == template for p in mine
         )
+        due = _teardown_due(t, assessment, mine)
+        if assessment.state is GroupState.BROKEN and due > 0:
+            out.phases[name] = GroupPhase.FORMING
+            out.waiting.append((name, f"{assessment.reason}; torn down in {due:.0f} s"))
+            out.recheck_in = min(due, out.recheck_in or due)
+            continue
         if assessment.state is GroupState.BROKEN:
             out.phases[name] = GroupPhase.TEARING_DOWN
             out.delete_pods += [p.name for p in mine]
@@ -236,6 +246,14 @@ def _create_missing(
         return
     if len(addresses) == t.shape.ranks - 1:
         out.create_pods.append(leader)
+
+
+def _teardown_due(t: GroupTarget, a: GroupAssessment, pods: Sequence[PodView]) -> float:
+    """Seconds until a group broken by a rank's end (not a GPU fault, not a deletion) is torn down."""
+    if a.state is not GroupState.BROKEN or a.faulted:
+        return 0.0
+    ended = [x.finished_at for p in pods for x in p.terminations() if x.finished_at is not None]
+    return max(0.0, max(ended) + t.teardown_delay_s - t.now) if ended else 0.0
 
 
 def _worker_addresses(pods: Sequence[PodView]) -> dict[int, str]:

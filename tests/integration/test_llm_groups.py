@@ -193,6 +193,7 @@ def test_the_operator_makes_a_two_rank_group_whose_ranks_meet_and_serve_through_
     assert obj["status"]["selector"] == (
         "app.kubernetes.io/name=trtforge,trtforge.io/inferencedeployment=grp,trtforge.io/rank=0"
     )
+    assert _chat(env, ns)  # once the leader is labelled whole, the Service has it
     pods = {p.metadata.labels[RANK]: p for p in _group_pods(env, ns)}
     assert sorted(pods) == ["0", "1"]
     assert {p.metadata.name for p in pods.values()} == {"grp-g0-0", "grp-g0-1"}
@@ -219,7 +220,6 @@ def test_the_operator_makes_a_two_rank_group_whose_ranks_meet_and_serve_through_
     net: Any = client.NetworkingV1Api(env.api)
     policy = net.read_namespaced_network_policy("grp-g0-ranks", ns)
     assert policy.spec.ingress[0].ports[0].port == RANK_PORT
-    assert _chat(env, ns)
 
 
 def test_a_dead_rank_tears_the_group_down_whole_and_it_is_recreated_and_answers_again(

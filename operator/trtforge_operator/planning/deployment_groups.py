@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Literal
 
 from trtforge.contract.gpu import GPUTarget
 from trtforge_operator.api import Condition, FaultRecord, GroupBackend, LLMServing, set_condition
@@ -173,7 +174,7 @@ def groups_condition(
     found = [_target_groups(t, st) for t, st in sorted(states.items())]
     reason = min((r for r, _ in found), key=REASON_ORDER.index)
     message = one_line("; ".join(m for _, said in found for m in said), 1000)
-    status = "True" if reason == GROUPS_WHOLE else "False"
+    status: Literal["True", "False"] = "True" if reason == GROUPS_WHOLE else "False"
     return set_condition(
         conds, GROUPS, status, reason, message, observed_generation=obs.generation, at=utc(obs.now)
     )

@@ -14,7 +14,10 @@ kept out of the recreated group; with no third 8-GPU H100 node on the test bed, 
 the node is healed and its suspect time (20 s here) has run out, then forms there and answers again.
 
 With groupBackend lws and no LeaderWorkerSet CRD, the deployment is refused with a condition and
-nothing is made.
+nothing is made; with kubernetes-sigs/lws's real CRD, the operator's LeaderWorkerSet is accepted and
+its `Available` condition (written here as LWS's controller would: none runs on the test bed) makes
+the groups whole. Waiting requests on the leader make the real HPA scale the InferenceDeployment (its
+replicas count groups) and the operator adds a second group whole.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ import secrets
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,9 @@ from kubernetes.client.rest import ApiException
 from trtforge_dev.localdev import OperatorEnv, condition, delete_with_cleanup, deployment_manifest
 from trtforge_dev.testbed import llama, smollm2
 from trtforge_dev.testbed.wait import wait_for
+from trtforge_operator.apply import lws
+
+from tests.integration import lws_crd
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]
 
@@ -296,7 +304,7 @@ def _after(f: dict[str, Any], t: float) -> bool:
     return datetime.fromisoformat(f["time"].replace("Z", "+00:00")).timestamp() >= t
 
 
-def test_lws_without_its_crd_is_refused_with_a_condition_and_nothing_is_made(
+def test_lws_is_refused_without_its_crd_and_with_it_the_apiserver_takes_the_operators_leaderworkerset(
     env: OperatorEnv, engine: dict[str, Any]
 ) -> None:
     ns = env.tenants[0]
@@ -307,19 +315,138 @@ def test_lws_without_its_crd_is_refused_with_a_condition_and_nothing_is_made(
         llm={"server": "llama.cpp", "groupBackend": "lws"},
         targets=[{"gpu": H100}],
     )
+    env.tb.kubectl("delete", "crd", lws.CRD_NAME, "--ignore-not-found", "--wait=true")
     env.apply(infd, ns)
+    co: Any = client.CustomObjectsApi(env.api)
     try:
 
-        def refused() -> dict[str, Any] | None:
+        def groups_reason(reason: str) -> dict[str, Any] | None:
             c = condition(env.get("inferencedeployments", ns, "grp-lws"), "Groups")
-            return c if c and c["reason"] == "LeaderWorkerSetCRDMissing" else None
+            return c if c and c["reason"] == reason else None
 
-        c = wait_for(refused, timeout=120, desc="grp-lws refused for lack of the LeaderWorkerSet CRD")
-        assert c["status"] == "False" and "leaderworkersets.leaderworkerset.x-k8s.io" in c["message"]
+        c = wait_for(
+            lambda: groups_reason(lws.CRD_MISSING), timeout=120, desc="grp-lws refused without the CRD"
+        )
+        assert c["status"] == "False" and lws.CRD_NAME in c["message"]
         assert not env.pods(ns, "trtforge.io/inferencedeployment=grp-lws")
         apps: Any = client.AppsV1Api(env.api)
         assert not apps.list_namespaced_deployment(
             ns, label_selector="trtforge.io/inferencedeployment=grp-lws"
         ).items
+
+        lws_crd.install(env.tb)  # the real CRD: the operator's next passes make the LeaderWorkerSet
+        args = (lws.GROUP, lws.VERSION, ns, lws.PLURAL)
+        name = "grp-lws-h100-80gb-hbm3"
+        live = wait_for(
+            lambda: _get_or_none(co, args, name),
+            timeout=120,
+            desc="the LeaderWorkerSet",
+            ignore=(ApiException,),
+        )
+        tmpl = live["spec"]["leaderWorkerTemplate"]
+        assert (live["spec"]["replicas"], tmpl["size"], tmpl["restartPolicy"]) == (
+            1,
+            2,
+            lws.RESTART_RECREATE_GROUP,
+        )
+        assert tmpl["leaderTemplate"]["metadata"]["labels"]["trtforge.io/rank"] == "0"
+        assert "--lws" in tmpl["workerTemplate"]["spec"]["containers"][0]["command"]
+        assert live["metadata"]["ownerReferences"][0]["kind"] == "InferenceDeployment"
+        wait_for(lambda: groups_reason("GroupsForming"), timeout=120, desc="grp-lws forming")
+        # Available, as LeaderWorkerSet's controller writes it: the groups are whole
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        available = {
+            "type": "Available",
+            "status": "True",
+            "reason": "AllGroupsReady",
+            "lastTransitionTime": now,
+        }
+        status = {"conditions": [available], "observedGeneration": live["metadata"]["generation"]}
+        co.patch_namespaced_custom_object_status(*args, name, {"status": status})
+        wait_for(lambda: groups_reason("GroupsWhole"), timeout=120, desc="grp-lws whole from Available")
+        # the operator's passes since wrote nothing more: its semantic-equality check sees no change
+        assert (
+            co.get_namespaced_custom_object(*args, name)["metadata"]["generation"]
+            == live["metadata"]["generation"]
+        )
     finally:
         delete_with_cleanup(env.api, ns, "inferencedeployments", "grp-lws")
+        lws_crd.remove(env.tb)
+
+
+def _get_or_none(co: Any, args: tuple[str, ...], name: str) -> dict[str, Any] | None:
+    try:
+        return dict(co.get_namespaced_custom_object(*args, name))
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def test_waiting_requests_make_the_hpa_add_one_whole_group(env: OperatorEnv, group: str) -> None:
+    """The HPA scales the InferenceDeployment (its scale subresource counts groups and selects their
+    leaders) on the leader's waiting requests; the operator adds group g1 whole. The test bed's 16
+    H100 GPUs hold one group: g1's worker waits for GPUs, and its leader for the worker's address."""
+    from trtforge_dev.testbed import metrics_adapter
+
+    ns = group
+    wait_for(lambda: _whole(env, ns), timeout=600, desc="grp whole")
+    ip, port = _openai_addresses(env, ns, "grp")[0]
+    auto = {"minReplicas": 1, "maxReplicas": 2, "metric": "QueueDepth", "targetValue": "1"}
+    co: Any = client.CustomObjectsApi(env.api)
+    with metrics_adapter.registered(env.tb, env.api):
+        co.patch_namespaced_custom_object(
+            "trtforge.io", "v1alpha1", ns, "inferencedeployments", "grp", {"spec": {"autoscaling": auto}}
+        )
+        stop = threading.Event()
+        answered = [0]
+
+        def worker() -> None:
+            body = {"prompt": "Once upon a time", "n_predict": 48, "temperature": 0}
+            while not stop.is_set():
+                try:
+                    if _post(ip, port, "/completion", body)[0] == 200:
+                        answered[0] += 1
+                except OSError:
+                    stop.wait(0.5)
+
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(12)]  # 4 slots decode
+        for t in threads:
+            t.start()
+        try:
+
+            def second_group() -> list[Any] | None:
+                obj = env.get("inferencedeployments", ns, "grp")
+                g1 = env.pods(ns, f"{GROUP}=grp-g1")
+                return g1 if obj["spec"]["replicas"] == 2 and g1 else None
+
+            g1 = wait_for(second_group, timeout=600, desc="the HPA asked for a second group and it was made")
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(150)
+    assert answered[0] > 0
+    hpa: Any = client.AutoscalingV1Api(env.api).read_namespaced_horizontal_pod_autoscaler(
+        "grp-h100-80gb-hbm3", ns
+    )
+    assert (hpa.spec.scale_target_ref.kind, hpa.spec.scale_target_ref.name) == ("InferenceDeployment", "grp")
+    assert {p.metadata.name for p in g1} <= {"grp-g1-0", "grp-g1-1"} and "grp-g1-1" in {
+        p.metadata.name for p in g1
+    }
+    assert len(_group_pods(env, ns)) == 2  # group g0 untouched
+    c = condition(env.get("inferencedeployments", ns, "grp"), "Groups")
+    assert c is not None and "1/2 groups whole" in c["message"], c
+
+
+def _post(ip: str, port: int, path: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, Any]:
+    import http.client
+    import json
+
+    c = http.client.HTTPConnection(ip, port, timeout=timeout)
+    try:
+        c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        raw = r.read()
+        return r.status, json.loads(raw) if raw else None
+    finally:
+        c.close()

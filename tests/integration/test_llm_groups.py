@@ -359,6 +359,7 @@ def test_lws_is_refused_without_its_crd_and_with_it_the_apiserver_takes_the_oper
             "type": "Available",
             "status": "True",
             "reason": "AllGroupsReady",
+            "message": "All replicas are ready",
             "lastTransitionTime": now,
         }
         status = {"conditions": [available], "observedGeneration": live["metadata"]["generation"]}

@@ -186,7 +186,7 @@ def _whole_group(**kw: Any) -> list[PodView]:
 def test_a_whole_group_gets_its_leader_labelled_and_nothing_else_to_do() -> None:
     pods = _whole_group()
     plan = plan_groups(_target(pods))
-    assert plan.create_pods == [] and plan.delete_pods == []
+    assert plan.create_pods == [] and plan.delete_pods == [] and plan.services == plan.policies == []
     assert plan.label_pods == [("chat-g0-0", {LABEL_GROUP_WHOLE: "true"})]
     assert plan.phases == {"chat-g0": GroupPhase.WHOLE} and plan.whole == 1 and plan.rolled_out
     labelled = _whole_group(labels={LABEL_GROUP_WHOLE: "true"})
@@ -241,7 +241,8 @@ def test_a_gpu_fault_under_a_rank_is_named_and_believed_only_from_the_operators_
 def test_groups_are_added_and_removed_whole() -> None:
     pods = _whole_group(labels={LABEL_GROUP_WHOLE: "true"})
     up = plan_groups(_target(pods, groups_=2))
-    assert sorted(_created(up)) == ["chat-g1-1"] and len(up.services) == 2 and up.whole == 1
+    assert sorted(_created(up)) == ["chat-g1-1"] and up.whole == 1
+    assert [m["metadata"]["name"] for m in up.services] == ["chat-g1"]  # g0, whole, has its own
     down = plan_groups(_target(pods, groups_=0))
     assert sorted(down.delete_pods) == ["chat-g0-0", "chat-g0-1"]
     assert down.delete_services == ["chat-g0"] and down.delete_policies == ["chat-g0-ranks"]

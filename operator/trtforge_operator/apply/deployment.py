@@ -55,13 +55,15 @@ async def apply_deployment(
     body: Mapping[str, Any],
     obs: DeploymentObserved | UnreadableDeployment,
     plan: DeploymentPlan,
-) -> None:
-    """Carry out one pass's plan, and count what it shows: its status, new faults, recoveries."""
+) -> float | None:
+    """Carry out one pass's plan, and count what it shows: its status, new faults, recoveries.
+    Returns the seconds until the plan wants its next pass (a group's held teardown), else None."""
     if isinstance(obs, DeploymentObserved):
         state.metrics.observe_deployment(obs.namespace, obs.name, plan.status)
     await apply_deployment_actions(state, body, plan.actions)
     if isinstance(obs, DeploymentObserved):
         _count_faults(state, obs, plan)
+    return plan.recheck_in
 
 
 async def apply_deployment_actions(state: State, body: Mapping[str, Any], actions: Iterable[Action]) -> None:

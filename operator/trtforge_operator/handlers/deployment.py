@@ -21,8 +21,7 @@ async def reconcile_deployment(
     until the next pass is due, where the plan says (else the resync)."""
     obs = await observe_deployment(state, body, indices)
     plan = plan_deployment_pass(obs, state.cfg)
-    await apply_deployment(state, body, obs, plan)
-    return plan.recheck_in
+    return await apply_deployment(state, body, obs, plan)
 
 
 async def cleanup_deployment(state: State, body: Mapping[str, Any], indices: Mapping[str, Any]) -> None:

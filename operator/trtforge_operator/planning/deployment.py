@@ -448,7 +448,12 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 if rendered:
                     lws_state = deployment_groups.leader_worker_set(obs, gt, dname, plan.leader_worker_sets)
             else:
-                gplan = deployment_groups.native_groups(gt, records, obs.nodes, ttl, record_fault, events)
+                gplan, group_faults, group_events = deployment_groups.native_groups(
+                    gt, records, obs.nodes, ttl
+                )
+                for d in group_faults:
+                    record_fault(d)
+                events += group_events
                 plan.groups.append(gplan)
         if grouped:
             group_states[target.name] = gplan if gplan is not None else lws_state

@@ -4,7 +4,7 @@ Service's leader selector and the Groups condition. planning/deployment.py calls
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -52,16 +52,12 @@ def _current_life(records: Sequence[FaultRecord], gt: GroupTarget) -> list[Fault
 
 
 def native_groups(
-    gt: GroupTarget,
-    records: list[FaultRecord],
-    nodes: Sequence[NodeView],
-    ttl: float,
-    record_fault: Callable[[faults.DetectedFault], None],
-    events: list[Event],
-) -> GroupsPlan:
-    """One target's groups: the faults their pods report (believed only from the operator's own rank
-    pods, through `record_fault`, which appends to `records`), then the pods to create, label and
-    delete (planning/group_plan.py)."""
+    gt: GroupTarget, records: Sequence[FaultRecord], nodes: Sequence[NodeView], ttl: float
+) -> tuple[GroupsPlan, list[faults.DetectedFault], list[Event]]:
+    """One target's groups: the pods to create, label and delete (planning/group_plan.py), the new
+    faults their pods report (believed only from the operator's own rank pods; the caller records
+    them), and the Events to post."""
+    events: list[Event] = []
     yes, no = believed_rank_pods(gt)
     foreign = [i for p in yes if (i := fault_trust.foreign_gpu(p)) is not None]
     events += [Event("Warning", "FaultIgnored", i.message) for i in foreign]
@@ -79,8 +75,6 @@ def native_groups(
     known = _current_life(records, gt)
     new = faults.detect_pod_faults(yes, known, gt.now)
     new += faults.detect_node_faults(yes, nodes, [*known, *(d.record for d in new)], gt.now, ttl)
-    for d in new:
-        record_fault(d)
     names = {p.name for p in gt.pods}
     # The group's own records left out: assess_group names the fault that breaks it.
     out = plan_groups(replace(gt, known_faults=[r for r in records if r.pod not in names]))
@@ -89,7 +83,7 @@ def native_groups(
         Event("Warning", "GroupPodNameTaken", f"pod {n} is not the operator's; its group waits for the name")
         for n in out.squatted
     ]
-    return out
+    return out, new, events
 
 
 def leader_worker_set(

@@ -171,15 +171,6 @@ def plan_groups(t: GroupTarget) -> GroupsPlan:
             out.delete_services.append(name)
             out.delete_policies.append(group_network.policy_name(name))
             continue
-        if not hold:
-            out.services.append(_hashed(group_services.rank_service(name, t.namespace, owner)))
-            out.policies.append(
-                _hashed(
-                    group_network.rank_port_policy(
-                        name, t.namespace, [t.probe_port, t.openai_port], owner=owner
-                    )
-                )
-            )
         if mine:
             out.current += 1
         if any(p.deleting for p in mine):  # recreated whole once every pod of its last life is gone
@@ -221,7 +212,12 @@ def plan_groups(t: GroupTarget) -> GroupsPlan:
         out.phases[name] = GroupPhase.WHOLE if assessment.serves else GroupPhase.FORMING
         if not assessment.serves:
             out.waiting.append((name, assessment.reason))
-        if not hold:
+        if not hold and not assessment.serves:  # a whole group has them: no writes in steady state
+            out.services.append(_hashed(group_services.rank_service(name, t.namespace, owner)))
+            policy = group_network.rank_port_policy(
+                name, t.namespace, [t.probe_port, t.openai_port], owner=owner
+            )
+            out.policies.append(_hashed(policy))
             _create_missing(t, i, mine, theirs, out)
     if not hold:
         _roll_one(t, stale, out)

@@ -482,3 +482,13 @@ def test_a_group_whose_rank_ended_is_torn_down_after_a_pause_not_in_a_hot_loop()
     later = plan_groups(_target([leader, quit_], now=NOW + 10))
     assert sorted(later.delete_pods) == ["chat-g0-0", "chat-g0-1"] and later.recheck_in is None
     assert worker.name == "chat-g0-1"
+
+
+def test_switching_to_lws_takes_the_native_groups_down_whole() -> None:
+    native = plan_deployment(_observed(), CFG)
+    worker = _pod(next(a.manifest for a in native.actions if isinstance(a, CreatePod)), ip="10.0.0.7")
+    plan = plan_deployment(_observed({"groupBackend": "lws"}, lws_served=True, pods=[worker]), CFG)
+    deletes = [a for a in plan.actions if isinstance(a, DeleteChild)]
+    assert DeleteChild(ChildKind.POD, "chat-g0-1") in deletes
+    assert DeleteChild(ChildKind.NETWORK_POLICY, "chat-g0-ranks") in deletes
+    assert not [a for a in plan.actions if isinstance(a, CreatePod)]

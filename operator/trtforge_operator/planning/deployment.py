@@ -17,6 +17,7 @@ made in no other form: the Autoscaling condition says what is missing. No I/O.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,7 +96,7 @@ from trtforge_operator.planning.deployment_policies import (
     target_message,
 )
 from trtforge_operator.planning.events import Event
-from trtforge_operator.planning.group_plan import GroupsPlan, GroupTarget
+from trtforge_operator.planning.group_plan import GroupsPlan, GroupTarget, plan_groups
 from trtforge_operator.planning.groups import LABEL_GROUP
 from trtforge_operator.planning.llm_serving import (
     LLMEngineFacts,
@@ -447,6 +448,8 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             if (spec.llm or LLMServing()).group_backend is GroupBackend.LWS:
                 if rendered:
                     lws_state = deployment_groups.leader_worker_set(obs, gt, dname, plan.leader_worker_sets)
+                if gt.pods:  # groups the native backend made before: they go whole
+                    plan.groups.append(plan_groups(dataclasses.replace(gt, groups=0)))
             else:
                 gplan, group_faults, group_events = deployment_groups.native_groups(
                     gt, records, obs.nodes, ttl

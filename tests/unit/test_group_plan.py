@@ -492,3 +492,54 @@ def test_switching_to_lws_takes_the_native_groups_down_whole() -> None:
     assert DeleteChild(ChildKind.POD, "chat-g0-1") in deletes
     assert DeleteChild(ChildKind.NETWORK_POLICY, "chat-g0-ranks") in deletes
     assert not [a for a in plan.actions if isinstance(a, CreatePod)]
+
+
+def test_a_grouped_targets_scaled_object_scales_the_inferencedeployment_on_its_leaders_series() -> None:
+    auto = {
+        "provider": "KEDA",
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "metric": "QueueDepth",
+        "targetValue": "1",
+    }
+    d = InferenceDeployment.model_validate(
+        {
+            "metadata": {"name": "chat", "namespace": "team-a", "uid": "uid-1", "generation": 1},
+            "spec": {"engineRef": {"name": "smollm2"}, "llm": {"server": "llama.cpp"}, "autoscaling": auto},
+        }
+    )
+    cfg = CFG.model_copy(
+        update={
+            "autoscaling": CFG.autoscaling.model_copy(update={"keda_prometheus_address": "http://p:9090"})
+        }
+    )
+    obs = dataclasses.replace(_observed(), spec=d.spec, apis=AutoscalingApis(hpa=None, keda=True))
+    (so,) = plan_deployment(obs, cfg).apply_autoscalers
+    assert so["kind"] == "ScaledObject" and so["spec"]["scaleTargetRef"]["kind"] == "InferenceDeployment"
+    query = so["spec"]["triggers"][0]["metadata"]["query"]
+    assert 'pod=~"chat-g[0-9]+-0"' in query  # the leaders' series only
+
+
+def test_the_groups_condition_names_the_weightiest_reason() -> None:
+    from trtforge_operator.apply import lws
+    from trtforge_operator.planning.deployment_groups import groups_condition
+    from trtforge_operator.planning.group_plan import GroupsPlan
+
+    obs = _observed()
+    whole = GroupsPlan(phases={"chat-g0": GroupPhase.WHOLE})
+    forming = GroupsPlan(
+        phases={"chat-g0": GroupPhase.FORMING}, waiting=[("chat-g0", "waiting for ranks [1]")]
+    )
+    torn = GroupsPlan(torn_down=[("chat-g0", "rank died")])
+    missing = lws.crd_refusal(False)
+
+    def reason(states: dict[str, Any]) -> tuple[str, str]:
+        (c,) = [c for c in groups_condition([], obs, states) if c.type == "Groups"]
+        return c.status, c.reason
+
+    assert reason({"a": whole}) == ("True", "GroupsWhole")
+    assert reason({"a": whole, "b": forming}) == ("False", "GroupsForming")
+    assert reason({"a": torn, "b": forming}) == ("False", "GroupTornDown")
+    assert reason({"a": torn, "b": missing}) == ("False", "LeaderWorkerSetCRDMissing")
+    assert reason({"a": None}) == ("False", "GroupsForming")
+    assert groups_condition([], obs, {}) == []

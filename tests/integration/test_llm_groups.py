@@ -11,7 +11,7 @@ Killing rank 1's process tears the whole group down (both pods deleted, the lead
 meanwhile) and the operator recreates it under the same names; it answers again. An emulated Xid on
 rank 1's GPU does the same with the fault recorded from rank 1's termination message and its node
 kept out of the recreated group; with no third 8-GPU H100 node on the test bed, the group waits until
-the node is healed and its suspect time (20 s here) has run out, then forms there and answers again.
+the node is healed (its suspect time, 5 s here, has run out by then), then forms there and answers again.
 
 With groupBackend lws and no LeaderWorkerSet CRD, the deployment is refused with a condition and
 nothing is made; with kubernetes-sigs/lws's real CRD, the operator's LeaderWorkerSet is accepted and
@@ -51,7 +51,7 @@ GROUP = "trtforge.io/group"
 RANK = "trtforge.io/rank"
 WHOLE = "trtforge.io/group-whole"
 RANK_PORT = 50052
-SUSPECT_TTL_S = 20
+SUSPECT_TTL_S = 5  # the node stays avoided while its GPU is unhealthy; this long after it heals
 
 
 @pytest.fixture(scope="module")

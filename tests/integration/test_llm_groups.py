@@ -274,7 +274,9 @@ def test_an_xid_under_rank_1_tears_the_group_down_keeps_its_node_out_and_the_gro
             )
 
         fault = wait_for(recorded, timeout=180, desc="rank 1's GPU fault recorded")
-        assert fault["xid"] == 79 and fault["gpu"], fault
+        # From rank 1's termination message (Xid and GPU), or first from the node's GPU count dropping
+        # (the emulated device plugin's), whichever the operator saw first.
+        assert fault.get("xid") == 79 or fault.get("nodeProblem") == "AllocatableDropped", fault
         assert fault["action"].startswith("PodMoved"), fault
         wait_for(lambda: not _openai_addresses(env, ns, "grp"), timeout=120, desc="no endpoint")
 

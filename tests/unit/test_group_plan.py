@@ -543,3 +543,24 @@ def test_the_groups_condition_names_the_weightiest_reason() -> None:
     assert reason({"a": torn, "b": missing}) == ("False", "LeaderWorkerSetCRDMissing")
     assert reason({"a": None}) == ("False", "GroupsForming")
     assert groups_condition([], obs, {}) == []
+
+
+def test_a_node_level_record_of_a_rank_learns_its_xid_from_the_ranks_termination_message() -> None:
+    from trtforge_operator.api import FaultRecord, InferenceDeploymentStatus
+    from trtforge_operator.observe.views import utc
+
+    creates = [a.manifest for a in plan_deployment(_observed(), CFG).actions if isinstance(a, CreatePod)]
+    msg = TerminationMessage(reason="GPUFault", message="Xid 79", gpu="GPU-3", gpus=["GPU-3"], xid=79)
+    faulted = _pod(creates[0], ip="10.0.0.7", node="gpu-h100-1", term=msg)
+    first = FaultRecord(
+        time=utc(NOW - 1),
+        pod="chat-g0-1",
+        node="gpu-h100-1",
+        target=H100.name,
+        reason="nvidia.com/gpu 7/8",
+        node_problem="AllocatableDropped",
+        action="PodMovedAndRebuild",
+    )
+    obs = dataclasses.replace(_observed(pods=[faulted]), status=InferenceDeploymentStatus(faults=[first]))
+    (rec,) = plan_deployment(obs, CFG).status.faults
+    assert (rec.xid, rec.gpu, rec.node) == (79, "GPU-3", "gpu-h100-1")

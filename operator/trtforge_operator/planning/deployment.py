@@ -451,6 +451,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 if gt.pods:  # groups the native backend made before: they go whole
                     plan.groups.append(plan_groups(dataclasses.replace(gt, groups=0)))
             else:
+                records[:] = deployment_groups.enriched(records, gt)
                 gplan, group_faults, group_events = deployment_groups.native_groups(
                     gt, records, obs.nodes, ttl
                 )

@@ -86,6 +86,13 @@ def native_groups(
     return out, new, events
 
 
+def enriched(records: list[FaultRecord], gt: GroupTarget) -> list[FaultRecord]:
+    """The records, a node-level one learning the Xid and GPU from its rank pod's own termination
+    message once it arrives (believed pods only), as for runtime pods."""
+    yes, _ = believed_rank_pods(gt)
+    return faults.enrich_from_pods(records, yes)
+
+
 def leader_worker_set(
     obs: DeploymentObserved, gt: GroupTarget, name: str, out: list[dict[str, object]]
 ) -> lws.Readiness:

@@ -13,7 +13,7 @@ import functools
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -25,6 +25,7 @@ from trtforge_operator import pod_spec
 from trtforge_operator.labels import ANNOTATION_SPEC_HASH, GROUP, TRTENGINES, VERSION
 
 log = logging.getLogger(__name__)
+LWS_GROUP, LWS_VERSION, LWS_PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
 AUTOSCALER_PLURALS = {"HorizontalPodAutoscaler": "horizontalpodautoscalers", "ScaledObject": "scaledobjects"}
 
 
@@ -291,6 +292,95 @@ class Kube:
         )
         return list(res.get("items") or [])
 
+    async def leader_worker_sets(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """The LeaderWorkerSets in `namespace` that match `label_selector` (call only where discovery
+        serves leaderworkerset.x-k8s.io/v1)."""
+        res = await self._call(
+            self.custom.list_namespaced_custom_object,
+            LWS_GROUP,
+            LWS_VERSION,
+            namespace,
+            LWS_PLURAL,
+            label_selector=label_selector,
+        )
+        return list(res.get("items") or [])
+
+    async def apply_leader_worker_set(
+        self, obj: Mapping[str, Any], needs_update: Callable[[Mapping[str, Any], Mapping[str, Any]], bool]
+    ) -> str:
+        """Create a LeaderWorkerSet, or replace it on the live resourceVersion when `needs_update`
+        (the expected object, the live one) says a field we set differs."""
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        what = fields(kind="LeaderWorkerSet", namespace=ns, name=name)
+        try:
+            await self._call_unparsed(
+                self.custom.create_namespaced_custom_object, LWS_GROUP, LWS_VERSION, ns, LWS_PLURAL, dict(obj)
+            )
+            log.info("created LeaderWorkerSet %s/%s", ns, name, extra=what)
+            return "created"
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        cur = await self._call(
+            self.custom.get_namespaced_custom_object, LWS_GROUP, LWS_VERSION, ns, LWS_PLURAL, name
+        )
+        if not needs_update(obj, cur):
+            return "unchanged"
+        new = {**obj, "metadata": {**obj["metadata"], "resourceVersion": cur["metadata"]["resourceVersion"]}}
+        await self._call(
+            self.custom.replace_namespaced_custom_object, LWS_GROUP, LWS_VERSION, ns, LWS_PLURAL, name, new
+        )
+        log.info("updated LeaderWorkerSet %s/%s", ns, name, extra=what)
+        return "replaced"
+
+    async def create_pod(self, obj: Mapping[str, Any]) -> bool:
+        """Create a pod; False when one of its name exists (409): create-if-absent."""
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        try:
+            await self._call_unparsed(self.core.create_namespaced_pod, ns, dict(obj))
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        log.info("created Pod %s/%s", ns, name, extra=fields(kind="Pod", namespace=ns, name=name))
+        return True
+
+    async def label_pod(self, namespace: str, name: str, labels: Mapping[str, str | None]) -> None:
+        """Merge-patch a pod's labels (None removes one); gone already is fine."""
+        try:
+            await self._call_unparsed(
+                self.core.patch_namespaced_pod, name, namespace, {"metadata": {"labels": dict(labels)}}
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    async def apply_network_policy(self, obj: Mapping[str, Any]) -> str:
+        """Create a NetworkPolicy, or replace it when its spec hash annotation differs."""
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        net = client.NetworkingV1Api(self.api)
+        try:
+            await self._call_unparsed(net.create_namespaced_network_policy, ns, dict(obj))
+            log.info(
+                "created NetworkPolicy %s/%s",
+                ns,
+                name,
+                extra=fields(kind="NetworkPolicy", namespace=ns, name=name),
+            )
+            return "created"
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        cur = self.api.sanitize_for_serialization(
+            await self._call(net.read_namespaced_network_policy, name, ns)
+        )
+        want = obj["metadata"]["annotations"].get(ANNOTATION_SPEC_HASH)
+        if (cur["metadata"].get("annotations") or {}).get(ANNOTATION_SPEC_HASH) == want:
+            return "unchanged"
+        new = {**obj, "metadata": {**obj["metadata"], "resourceVersion": cur["metadata"]["resourceVersion"]}}
+        await self._call(net.replace_namespaced_network_policy, name, ns, new)
+        return "replaced"
+
     async def delete_autoscaler(
         self, namespace: str, name: str, kind: str = "HorizontalPodAutoscaler"
     ) -> bool:
@@ -333,6 +423,7 @@ class Kube:
             "Service": self.core.delete_namespaced_service,
             "Pod": self.core.delete_namespaced_pod,
             "ConfigMap": self.core.delete_namespaced_config_map,
+            "NetworkPolicy": client.NetworkingV1Api(self.api).delete_namespaced_network_policy,
         }[kind]
         try:
             await self._call_unparsed(fn, name, namespace, propagation_policy="Background")

@@ -34,7 +34,11 @@ def normalized(value: Any, key: str = "") -> Any:
         out = {}
         for k, v in value.items():
             n = normalized(v, str(k))
-            if n in (None, "", [], {}, False) or (k == "defaultMode" and n == DEFAULT_MODE):
+            if (
+                n in (None, "", [], {}, False)
+                or (k == "defaultMode" and n == DEFAULT_MODE)
+                or (key == "fieldRef" and k == "apiVersion" and n == "v1")  # the apiserver's default
+            ):
                 continue
             out[str(k)] = n
         return out

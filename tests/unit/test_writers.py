@@ -35,6 +35,7 @@ KUBE_READS = frozenset(
         "served_versions",
         "served_resources",
         "scaled_objects",
+        "leader_worker_sets",
         "list_custom",
         "token_review",
         "_call",
@@ -100,6 +101,12 @@ def kube_write_kinds(method: str, call: ast.Call) -> set[str]:
         return {"Deployment", "Service"}
     if method in ("delete", "annotate"):
         return {literal or f"?{method}"}
+    if method in ("create_pod", "label_pod"):
+        return {"Pod"}
+    if "network_policy" in method:
+        return {"NetworkPolicy"}
+    if "leader_worker_set" in method:
+        return {"LeaderWorkerSet"}
     if method == "patch_status":
         return {"status"}
     if method == "event":

@@ -402,6 +402,13 @@ class LLMServer(StrEnum):
     TRTLLM_SERVE = "trtllm-serve"  # TensorRT-LLM's OpenAI server: GPU targets
 
 
+class GroupBackend(StrEnum):
+    """Who makes a replica's rank pods when it spans nodes (docs/llm.md §"Groups")."""
+
+    NATIVE = "native"  # the operator creates and owns the rank pods
+    LWS = "lws"  # one LeaderWorkerSet (leaderworkerset.x-k8s.io/v1), where its CRD is installed
+
+
 SUPERVISOR_FLAGS = frozenset(
     {"--host", "--port", "-m", "--model", "--metrics", "--alias", "--tp_size", "--pp_size", "--config"}
 )
@@ -437,6 +444,12 @@ class LLMServing(ApiModel):
         description="The canary prompt readiness is gated on; unset: the engine's. Golden tokens "
         "exist only for the prompt the engine's quantize Job ran, so another prompt holds the "
         "rollout (CanaryPromptMismatch) instead of serving ungated.",
+    )
+    group_backend: GroupBackend = Field(
+        default=GroupBackend.NATIVE,
+        description="Where a target's tensor x pipeline exceeds one node's GPUs, each replica is a "
+        "group of rank pods: native (the operator makes and owns them) or lws (a LeaderWorkerSet; "
+        "refused with a condition where its CRD is not installed). Replicas count groups.",
     )
 
     @field_validator("args")

@@ -771,6 +771,15 @@ def runtime_service(namespace: str, infd: str, infd_uid: str, port: int, grpc_po
 # ------------------------------------------------------------------------------------------ autoscaler
 
 
+def _deployment_ref(infd: str, target: GPUTarget) -> dict[str, str]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment_name(infd, target)}
+
+
+def infd_scale_ref(infd: str) -> dict[str, str]:
+    """The InferenceDeployment itself as a scale target (its scale subresource)."""
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceDeployment", "name": infd}
+
+
 @dataclass(frozen=True)
 class AutoscalerRequest:
     """The HorizontalPodAutoscaler of one target Deployment."""
@@ -784,6 +793,9 @@ class AutoscalerRequest:
     max_replicas: int
     metric: str  # its name in the custom metrics API
     target_value: str  # average per pod, a quantity
+    # What it scales: the target's Deployment, or (rank groups) the InferenceDeployment's scale
+    # subresource, whose selector names the groups' leaders (docs/llm.md §"Groups").
+    scale_target: Mapping[str, str] | None = None
 
 
 def autoscaler_name(infd: str, target: GPUTarget) -> str:
@@ -794,11 +806,7 @@ def autoscaler_name(infd: str, target: GPUTarget) -> str:
 def runtime_autoscaler(req: AutoscalerRequest) -> dict[str, Any]:
     """An HPA scaling one target Deployment on a per-pod custom metric (type Pods, AverageValue)."""
     spec = {
-        "scaleTargetRef": {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "name": deployment_name(req.infd, req.target),
-        },
+        "scaleTargetRef": dict(req.scale_target or _deployment_ref(req.infd, req.target)),
         "minReplicas": req.min_replicas,
         "maxReplicas": req.max_replicas,
         "metrics": [
@@ -842,6 +850,7 @@ class ScaledObjectRequest:
     server_address: str  # the Prometheus the trigger queries
     query: str  # PromQL: the metric summed over the target's pods
     threshold: str  # the per-pod average to hold (a plain decimal)
+    scale_target: Mapping[str, str] | None = None  # as AutoscalerRequest's
 
 
 def runtime_scaled_object(req: ScaledObjectRequest) -> dict[str, Any]:
@@ -849,11 +858,7 @@ def runtime_scaled_object(req: ScaledObjectRequest) -> dict[str, Any]:
     Its metric type is AverageValue: the HPA that KEDA makes divides the query's sum by the pod count,
     so ``threshold`` is per pod, as the operator's own HPA's target is. Named as its Deployment."""
     spec = {
-        "scaleTargetRef": {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "name": deployment_name(req.infd, req.target),
-        },
+        "scaleTargetRef": dict(req.scale_target or _deployment_ref(req.infd, req.target)),
         "minReplicaCount": req.min_replicas,
         "maxReplicaCount": req.max_replicas,
         "triggers": [

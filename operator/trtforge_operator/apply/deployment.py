@@ -4,10 +4,11 @@ through kube.py.
 
 Runtime Deployments, their front-proxy ConfigMaps, the Service, HorizontalPodAutoscalers and KEDA
 ScaledObjects are created, replaced and deleted here and nowhere else; so are the runtime pods moved
-off a faulty GPU. Every write is idempotent (kube.py), so a pass cut short at any action is repeated
-whole by the next one. A write refused by the apiserver is logged and left to the next pass; a
-refused autoscaler write with 404 (its API version gone) makes discovery look again
-(autoscaling_discovery.py). Its status and Events go through apply/writes.py.
+off a faulty GPU, and rank groups' pods, Services, NetworkPolicies and LeaderWorkerSets. Every
+write is idempotent (kube.py), so a pass cut short at any action is repeated whole by the next one.
+A write refused by the apiserver is logged and left to the next pass; a refused autoscaler write
+with 404 (its API version gone) makes discovery look again (autoscaling_discovery.py). Its status
+and Events go through apply/writes.py.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from trtforge.logs import fields
+from trtforge_operator.apply import lws
 from trtforge_operator.apply.writes import post_event, write_status
 from trtforge_operator.kinds import Kind
 from trtforge_operator.kube import Kube
@@ -30,10 +32,14 @@ from trtforge_operator.planning.deployment_actions import (
     ApplyAutoscaler,
     ApplyConfigMap,
     ApplyDeployment,
+    ApplyLeaderWorkerSet,
+    ApplyNetworkPolicy,
     ApplyService,
     ChildKind,
+    CreatePod,
     DeleteChild,
     Emit,
+    LabelPod,
     PatchEngineAnnotations,
     WriteStatus,
 )
@@ -49,13 +55,15 @@ async def apply_deployment(
     body: Mapping[str, Any],
     obs: DeploymentObserved | UnreadableDeployment,
     plan: DeploymentPlan,
-) -> None:
-    """Carry out one pass's plan, and count what it shows: its status, new faults, recoveries."""
+) -> float | None:
+    """Carry out one pass's plan, and count what it shows: its status, new faults, recoveries.
+    Returns the seconds until the plan wants its next pass (a group's held teardown), else None."""
     if isinstance(obs, DeploymentObserved):
         state.metrics.observe_deployment(obs.namespace, obs.name, plan.status)
     await apply_deployment_actions(state, body, plan.actions)
     if isinstance(obs, DeploymentObserved):
         _count_faults(state, obs, plan)
+    return plan.recheck_in
 
 
 async def apply_deployment_actions(state: State, body: Mapping[str, Any], actions: Iterable[Action]) -> None:
@@ -99,6 +107,25 @@ async def apply_deployment_actions(state: State, body: Mapping[str, Any], action
                 await kube.delete("ConfigMap", ns, name)
             case DeleteChild(kind=ChildKind.POD, name=name):
                 await kube.delete("Pod", ns, name)
+            case DeleteChild(kind=ChildKind.NETWORK_POLICY, name=name):
+                await kube.delete("NetworkPolicy", ns, name)
+            case CreatePod():  # a rank pod: create-if-absent under its derived name
+                try:
+                    await kube.create_pod(action.manifest)
+                except ApiException as e:
+                    _refused(ns, action.manifest, e)
+            case LabelPod():
+                await kube.label_pod(ns, action.name, action.labels)
+            case ApplyNetworkPolicy():
+                try:
+                    await kube.apply_network_policy(action.manifest)
+                except ApiException as e:
+                    _refused(ns, action.manifest, e)
+            case ApplyLeaderWorkerSet():
+                try:
+                    await kube.apply_leader_worker_set(action.manifest, lws.needs_update)
+                except ApiException as e:
+                    _refused(ns, action.manifest, e)
             case PatchEngineAnnotations():
                 await kube.annotate("TRTEngine", ns, action.engine, action.annotations)
             case Emit(event=ev):

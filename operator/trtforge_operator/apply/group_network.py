@@ -13,6 +13,10 @@ from typing import Any
 from trtforge_operator.planning.groups import LABEL_GROUP, RANK_PORT
 
 
+def policy_name(group: str) -> str:
+    return f"{group}-ranks"
+
+
 def rank_port_policy(
     group: str,
     namespace: str,
@@ -24,7 +28,11 @@ def rank_port_policy(
     anywhere, nothing else."""
     if rank_port in open_ports:
         raise ValueError(f"rank port {rank_port} is also among the open ports {list(open_ports)}")
-    meta: dict[str, Any] = {"name": f"{group}-ranks", "namespace": namespace, "labels": {LABEL_GROUP: group}}
+    meta: dict[str, Any] = {
+        "name": policy_name(group),
+        "namespace": namespace,
+        "labels": {LABEL_GROUP: group},
+    }
     if owner is not None:
         meta["ownerReferences"] = [dict(owner)]
     members = {"podSelector": {"matchLabels": {LABEL_GROUP: group}}}

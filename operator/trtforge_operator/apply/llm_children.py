@@ -12,6 +12,7 @@ command and ports: everything else (security, store access, GPU limits, node mov
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -88,12 +89,18 @@ def llm_runtime_deployment(
 
 
 def llm_service(
-    namespace: str, infd: str, infd_uid: str, probe_port: int, openai_port: int
+    namespace: str,
+    infd: str,
+    infd_uid: str,
+    probe_port: int,
+    openai_port: int,
+    selector: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """One Service over every target's pods of an LLM InferenceDeployment: ``openai`` (the server's
-    own port, the token path) and ``http`` (probes and metrics)."""
+    own port, the token path) and ``http`` (probes and metrics). `selector`: rank groups' leaders
+    instead (apply/group_services.py)."""
     spec = {
-        "selector": children.selector_labels(infd),
+        "selector": dict(selector) if selector is not None else children.selector_labels(infd),
         "ports": [
             {"name": OPENAI_PORT_NAME, "port": openai_port, "targetPort": openai_port, "protocol": "TCP"},
             {"name": "http", "port": probe_port, "targetPort": probe_port, "protocol": "TCP"},

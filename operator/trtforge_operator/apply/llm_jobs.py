@@ -94,6 +94,9 @@ class TuneRequest:
     rebuild_of: str | None = None
     rebuild_asked: bool = False
     avoid_nodes: tuple[str, ...] = ()
+    # GPUs the Job takes: the mapping's, or one node's where the mapping spans nodes (a rank group's
+    # tune measures one rank's node; docs/llm.md §"Groups"). 0: the mapping's.
+    gpus: int = 0
 
     @property
     def job_name(self) -> str:
@@ -276,8 +279,9 @@ def tune_job(req: TuneRequest, cfg: OperatorConfig) -> dict[str, Any]:
         cfg,
         target=req.target,
         node_selector=dict(req.node_selector),
-        # every rank of the mapping on one node (groups of rank pods across nodes are not planned here)
-        gpu_limits={k: str(req.parallelism.world_size) for k in _gpu_limits(req.target, req.mig_strategy)},
+        gpu_limits={
+            k: str(req.gpus or req.parallelism.world_size) for k in _gpu_limits(req.target, req.mig_strategy)
+        },
         timeout_seconds=req.timeout_seconds,
         attempt=req.attempt,
         avoid_nodes=req.avoid_nodes,

@@ -14,11 +14,14 @@ from trtforge_operator.planning.deployment import plan_deployment_pass, plan_dep
 from trtforge_operator.state import State, forget
 
 
-async def reconcile_deployment(state: State, body: Mapping[str, Any], indices: Mapping[str, Any]) -> None:
-    """One level-based pass over an InferenceDeployment: observe, plan, apply."""
+async def reconcile_deployment(
+    state: State, body: Mapping[str, Any], indices: Mapping[str, Any]
+) -> float | None:
+    """One level-based pass over an InferenceDeployment: observe, plan, apply. Returns the seconds
+    until the next pass is due, where the plan says (else the resync)."""
     obs = await observe_deployment(state, body, indices)
     plan = plan_deployment_pass(obs, state.cfg)
-    await apply_deployment(state, body, obs, plan)
+    return await apply_deployment(state, body, obs, plan)
 
 
 async def cleanup_deployment(state: State, body: Mapping[str, Any], indices: Mapping[str, Any]) -> None:

@@ -17,8 +17,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trtforge_operator.api import InferenceDeployment, InferenceDeploymentStatus, TRTEngine
+from trtforge_operator.api import GroupBackend, InferenceDeployment, InferenceDeploymentStatus, TRTEngine
 from trtforge_operator.api.common import field_error
+from trtforge_operator.apply import lws
 from trtforge_operator.apply.children import dns_name
 from trtforge_operator.kinds import Kind
 from trtforge_operator.labels import APP_MANAGED_BY, LABEL_INFERENCEDEPLOYMENT, MANAGED_BY
@@ -68,6 +69,7 @@ async def observe_deployment(
     owners: dict[str, tuple[str, str]] = {}
     if fault_trust.needs_owners(pods, nodes):  # whose fault reports count (planning/fault_trust.py)
         owners = await state.kube.replica_set_owners(ns, f"{LABEL_INFERENCEDEPLOYMENT}={label}")
+    lws_served, lws = await _leader_worker_sets(state, obj, ns, label)
     # The engine's own build and rebuild Jobs, by build id (rebuilds share the engine key's id).
     ids = {t.engine_key[:20] for t in (engine.status.targets if engine is not None else []) if t.engine_key}
     return DeploymentObserved(
@@ -91,7 +93,23 @@ async def observe_deployment(
         status_wire=old,
         replica_sets=owners,
         annotations=dict(meta.get("annotations") or {}),
+        lws_served=lws_served,
+        leader_worker_sets=lws,
     )
+
+
+async def _leader_worker_sets(
+    state: State, obj: InferenceDeployment, ns: str, label: str
+) -> tuple[bool | None, dict[str, dict[str, Any]]]:
+    """With group backend lws: whether LeaderWorkerSets are served (discovery) and ours, read from the
+    apiserver (as KEDA's ScaledObjects: a CRD installed later needs no watch restart)."""
+    if obj.spec.llm is None or obj.spec.llm.group_backend is not GroupBackend.LWS:
+        return None, {}
+    if lws.PLURAL not in await state.kube.served_resources(lws.API_VERSION):
+        return False, {}
+    selector = f"{APP_MANAGED_BY}={MANAGED_BY},{LABEL_INFERENCEDEPLOYMENT}={label}"
+    found = await state.kube.leader_worker_sets(ns, selector)
+    return True, {o["metadata"]["name"]: o for o in found}
 
 
 async def observe_deployment_children(

@@ -335,6 +335,7 @@ class PodView:
     reported: Reported | None = None
     controller: tuple[str, str] = ("", "")  # (kind, uid) of its controller ownerReference
     spec_fingerprint: str = ""  # what it runs (pod_spec.fingerprint)
+    ip: str | None = None  # status.podIP, once it has one
 
     @classmethod
     def from_build_pod(cls, obj: Mapping[str, Any]) -> PodView:
@@ -385,6 +386,7 @@ class PodView:
             ),
             controller=_controller(meta),
             spec_fingerprint=pod_spec.fingerprint(spec),
+            ip=status.get("podIP") or None,
         )
 
     def cannot_start(self) -> Waiting | None:
@@ -863,6 +865,10 @@ class DeploymentObserved:
     # only when a pod reports a fault
     replica_sets: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)  # the InferenceDeployment's own
+    # Group backend lws only (docs/llm.md §"Groups"): whether the apiserver serves LeaderWorkerSets
+    # (None: not asked), and the live ones labelled as this InferenceDeployment's, by name.
+    lws_served: bool | None = None
+    leader_worker_sets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -201,13 +201,17 @@ _SERIES: dict[AutoscalingMetric, str] = {
 }
 
 
-def keda_query(metric: AutoscalingMetric, namespace: str, deployment: str, rate_window: str) -> str:
+def keda_query(
+    metric: AutoscalingMetric, namespace: str, deployment: str, rate_window: str, pods: str | None = None
+) -> str:
     """The PromQL of a ScaledObject's prometheus trigger: the metric summed over the target
     Deployment's pods (``<deployment>-<replicaset hash>-<suffix>``). KEDA hands it to the HPA it makes
     as an external metric with an AverageValue target, which divides it by the pod count: the same
     per-pod average the operator's own HPA holds (the ``namespace`` and ``pod`` labels are the ones
-    Prometheus' Kubernetes service discovery adds, as for the prometheus-adapter rules)."""
-    sel = f'namespace="{namespace}",pod=~"{deployment}-[a-z0-9]+-[a-z0-9]+"'
+    Prometheus' Kubernetes service discovery adds, as for the prometheus-adapter rules). `pods`: a pod
+    name pattern in place of the Deployment's (rank groups: their leaders)."""
+    pattern = pods or f"{deployment}-[a-z0-9]+-[a-z0-9]+"
+    sel = f'namespace="{namespace}",pod=~"{pattern}"'
     series = _SERIES[metric]
     if metric == AutoscalingMetric.REQUEST_RATE:
         return f"sum(rate({series}{{{sel}}}[{rate_window}]))"

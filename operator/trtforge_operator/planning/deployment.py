@@ -17,6 +17,7 @@ made in no other form: the Autoscaling condition says what is missing. No I/O.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ from trtforge_operator.api import (
     Condition,
     DeploymentTargetStatus,
     FaultRecord,
+    GroupBackend,
     InferenceDeployment,
     InferenceDeploymentStatus,
     LLMServer,
@@ -36,7 +38,7 @@ from trtforge_operator.api import (
     ready_text,
     set_condition,
 )
-from trtforge_operator.apply import children, front_proxy, llm_children
+from trtforge_operator.apply import children, front_proxy, llm_children, lws
 from trtforge_operator.apply.llm_children import LLMRuntime
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import (
@@ -55,7 +57,7 @@ from trtforge_operator.observe.views import (
     UnreadableDeployment,
     utc,
 )
-from trtforge_operator.planning import fault_trust, faults, rebuild
+from trtforge_operator.planning import deployment_groups, fault_trust, faults, groups, rebuild
 from trtforge_operator.planning.autoscaling import (
     AutoscalerKind,
     AutoscalingProblem,
@@ -70,10 +72,14 @@ from trtforge_operator.planning.deployment_actions import (
     ApplyAutoscaler,
     ApplyConfigMap,
     ApplyDeployment,
+    ApplyLeaderWorkerSet,
+    ApplyNetworkPolicy,
     ApplyService,
     ChildKind,
+    CreatePod,
     DeleteChild,
     Emit,
+    LabelPod,
     PatchEngineAnnotations,
     WriteStatus,
     cleanup_actions,
@@ -90,6 +96,8 @@ from trtforge_operator.planning.deployment_policies import (
     target_message,
 )
 from trtforge_operator.planning.events import Event
+from trtforge_operator.planning.group_plan import GroupsPlan, GroupTarget, plan_groups
+from trtforge_operator.planning.groups import LABEL_GROUP
 from trtforge_operator.planning.llm_serving import (
     LLMEngineFacts,
     LLMProblem,
@@ -121,6 +129,7 @@ class DeploymentPlan:
     # §"Scale" and planning/rebuild.py). Level-based: the full set still wanted, not a delta. The
     # TRTEngine reads them from the status written here: no action of this plan.
     rebuild_requests: list[RebuildRequest] = field(default_factory=list)
+    recheck_in: float | None = None  # seconds until the next pass is due (a group's held teardown)
 
     # Views of the actions, by what they do.
     @property
@@ -173,6 +182,8 @@ class _Draft:
     delete_autoscalers: list[AutoscalerRef] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
     rebuild_requests: list[RebuildRequest] = field(default_factory=list)
+    groups: list[GroupsPlan] = field(default_factory=list)  # the native backend's, per grouped target
+    leader_worker_sets: list[dict[str, Any]] = field(default_factory=list)  # the lws backend's
 
     def plan(
         self,
@@ -191,14 +202,25 @@ class _Draft:
         actions += self.deployments
         if self.service is not None:
             actions.append(self.service)
+        actions += [ApplyLeaderWorkerSet(m) for m in self.leader_worker_sets]
+        for g in self.groups:  # the leader out of the Service before any rank pod goes
+            actions += [ApplyService(m) for m in g.services]
+            actions += [ApplyNetworkPolicy(m) for m in g.policies]
+            actions += [LabelPod(name, labels) for name, labels in g.label_pods]
+            actions += [CreatePod(m) for m in g.create_pods]
         actions += [ApplyAutoscaler(a) for a in self.apply_autoscalers]
         actions += [DeleteChild(ChildKind.DEPLOYMENT, d) for d in self.delete_deployments]
         actions += [DeleteChild(ChildKind.CONFIG_MAP, c) for c in self.delete_config_maps]
         actions += [DeleteChild(ChildKind.POD, p) for p in self.delete_pods]
+        for g in self.groups:
+            actions += [DeleteChild(ChildKind.POD, p) for p in g.delete_pods]
+            actions += [DeleteChild(ChildKind.SERVICE, n) for n in g.delete_services]
+            actions += [DeleteChild(ChildKind.NETWORK_POLICY, n) for n in g.delete_policies]
         if engine_patch is not None:
             actions.append(engine_patch)
         actions += [Emit(e) for e in events]
-        return DeploymentPlan(status, tuple(actions), list(self.rebuild_requests))
+        due = [g.recheck_in for g in self.groups if g.recheck_in is not None]
+        return DeploymentPlan(status, tuple(actions), list(self.rebuild_requests), min(due, default=None))
 
 
 def _gpu_faulted(pod: PodView) -> bool:
@@ -239,7 +261,9 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         engine_targets = {t.name: t for t in obs.engine.status.targets}
     all_targets = [t.target() for t in engine_targets.values()]
     wanted = spec.replicas_by_target(all_targets)
-    our_pods = list(obs.pods)
+    # A group's rank pods are the group backend's (planning/group_plan.py); the rest are Deployments'.
+    rank_pods = [p for p in obs.pods if LABEL_GROUP in p.labels]
+    our_pods = [p for p in obs.pods if LABEL_GROUP not in p.labels]
     dep_names = {t.name: children.deployment_name(obs.name, t) for t in wanted}
     jobs_by_name = {j.name: j for j in obs.jobs}
     events: list[Event] = []
@@ -254,7 +278,9 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     records = faults.enrich_from_pods(list(obs.status.faults), believed)
     new = faults.detect_pod_faults(believed, records, now)
     new += faults.detect_node_faults(believed, obs.nodes, [*records, *(d.record for d in new)], now, ttl)
-    for d in new:
+
+    def record_fault(d: faults.DetectedFault) -> None:
+        """Record a new fault once, with its action (the rebuild under the hourly limit), and say so."""
         rec = d.record
         t = engine_targets.get(rec.target or "")
         action = faults.fault_action(
@@ -274,6 +300,9 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 f"pod {rec.pod} on node {rec.node} ({rec.target}): {what}; action {action}",
             )
         )
+
+    for d in new:
+        record_fault(d)
     avoid = faults.avoid_nodes(records, obs.nodes, now, ttl)
     node_by_name = {n.name: n for n in obs.nodes}
 
@@ -321,11 +350,16 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
     image = runtime.image or cfg.runtime_image_for(version_compatible)
     llm_facts = llm_engine_facts(obs.engine) if obs.engine is not None else None
     llm_problems: dict[str, LLMProblem] = {}
+    group_states: dict[str, deployment_groups.GroupState] = {}  # grouped targets' groups
     for target, split in wanted.items():
         ts = engine_targets[target.name]
         dname = children.deployment_name(obs.name, target)
-        keep.add(dname)
-        cur = existing.get(dname)
+        llm = llm_runtime(spec.llm, llm_facts, target)
+        shape, shape_problem = deployment_groups.group_shape(obs, llm, target)
+        grouped = shape is not None and shape.is_group
+        if not (grouped or shape_problem):  # a grouped target runs no Deployment (one from before goes)
+            keep.add(dname)
+        cur = None if grouped or shape_problem else existing.get(dname)
         auto = autoscaling[target]
         choice = autoscaler_choice(auto, obs.apis, keda_prometheus)
         decision = replicas_decision(split, auto, cur.spec_replicas if cur is not None else None, choice.kind)
@@ -334,12 +368,20 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             name=target.name, gpu=target.gpu, mig=target.mig, deployment_name=dname, replicas=replicas
         )
         desired_hash = None
-        llm = llm_runtime(spec.llm, llm_facts, target)
+        gplan: GroupsPlan | None = None
+        rendered: dict[str, Any] = {}  # a grouped target's Deployment as it would be: its pods' template
+        lws_state: lws.Readiness | None = None
         if isinstance(llm, LLMProblem):
             llm_problems[target.name] = llm
         # An ONNX target serves its engine key; an LLM target its checkpoint (and tuning record).
         serve_key = llm.checkpoint_key if isinstance(llm, LLMRuntime) else ts.engine_key
-        if ts.phase == "Ready" and serve_key and (ts.sha256 or isinstance(llm, LLMRuntime)) and _llm_ok(llm):
+        if (
+            ts.phase == "Ready"
+            and serve_key
+            and (ts.sha256 or isinstance(llm, LLMRuntime))
+            and _llm_ok(llm)
+            and not shape_problem
+        ):
             try:
                 ki = key_inputs(obs.engine.spec, target, obs.nodes, cfg) if obs.engine else None
             except ValueError:
@@ -382,15 +424,54 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 )
                 plan.config_maps.append(ApplyConfigMap(cm))
             desired_hash = dep["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
-            if cur is None or cur.annotations.get(ANNOTATION_SPEC_HASH) != desired_hash:
+            if grouped:
+                rendered = dep
+            elif cur is None or cur.annotations.get(ANNOTATION_SPEC_HASH) != desired_hash:
                 plan.deployments.append(ApplyDeployment(dep, keep_replicas=decision.hpa_owned))
+        if grouped and isinstance(llm, LLMRuntime) and shape is not None:
+            # Not rendered (its engine being re-tuned): the groups are held, broken ones still torn down.
+            gt = GroupTarget(
+                namespace=obs.namespace,
+                infd=obs.name,
+                infd_uid=obs.uid,
+                shape=shape,
+                groups=replicas,
+                deployment=rendered,
+                gpu_resource=target.resource_name(),
+                probe_port=runtime.port,
+                openai_port=llm.openai_port,
+                pods=[p for p in rank_pods if p.labels.get(LABEL_TARGET) == target.name],
+                avoid_nodes=frozenset(avoid_for(target)),
+                node_labels=[n.labels for n in obs.nodes if n.hosts(target)],
+                now=now,
+            )
+            if (spec.llm or LLMServing()).group_backend is GroupBackend.LWS:
+                if rendered:
+                    lws_state = deployment_groups.leader_worker_set(obs, gt, dname, plan.leader_worker_sets)
+                if gt.pods:  # groups the native backend made before: they go whole
+                    plan.groups.append(plan_groups(dataclasses.replace(gt, groups=0)))
+            else:
+                records[:] = deployment_groups.enriched(records, gt)
+                gplan, group_faults, group_events = deployment_groups.native_groups(
+                    gt, records, obs.nodes, ttl
+                )
+                for d in group_faults:
+                    record_fault(d)
+                events += group_events
+                plan.groups.append(gplan)
+        if grouped:
+            group_states[target.name] = gplan if gplan is not None else lws_state
+        if shape_problem:
+            group_states[target.name] = lws.Readiness(
+                False, deployment_groups.GROUP_SHAPE_INVALID, shape_problem
+            )
         if decision.hpa_owned and auto is not None and choice.kind is not None:
             # Made once the target has a Deployment to scale (or one is being made now).
             ref = AutoscalerRef(choice.kind, children.autoscaler_name(obs.name, target))
             if cur is not None or desired_hash is not None or ref in autoscalers:
                 keep_autoscalers.add(ref)
                 autoscaled[target.name] = ref
-                obj = _autoscaler(obs, cfg, target, auto, choice.kind, dname)
+                obj = _autoscaler(obs, cfg, target, auto, choice.kind, dname, grouped=grouped)
                 have = autoscalers.get(ref)
                 if (
                     have is None
@@ -421,6 +502,14 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 if p.labels.get(LABEL_TARGET) == target.name and not p.deleting
             )
         )
+        if gplan is not None:
+            st.current_replicas, st.ready_replicas = gplan.current, gplan.whole
+            st.updated_replicas, done = gplan.updated, gplan.rolled_out
+        elif lws_state is not None:
+            done = lws_state.ready
+            st.ready_replicas = replicas if done else 0
+        if grouped or shape_problem:
+            st.deployment_name = None
         rollout_done[target.name] = done
         if ts.phase != "Ready":
             engine_not_ready.add(target.name)
@@ -437,15 +526,18 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             st.message += "; " + problem_message(choice.problem)
         if target.name in llm_problems:
             st.message += "; " + llm_problem_message(llm_problems[target.name], target, spec.engine_ref.name)
+        if shape_problem:
+            st.message += "; " + shape_problem
         target_statuses.append(st)
     plan.delete_deployments = sorted(n for n in existing if n not in keep)
     if cfg.front_proxy.enabled:
         plan.delete_config_maps = [front_proxy.configmap_name(n) for n in plan.delete_deployments]
     plan.delete_autoscalers = sorted(r for r in autoscalers if r not in keep_autoscalers)
     llm_port = (spec.llm or LLMServing()).port if llm_facts is not None else None
+    leaders = deployment_groups.leader_selector(obs, group_states)
     if wanted:
         plan.service = ApplyService(
-            llm_children.llm_service(obs.namespace, obs.name, obs.uid, runtime.port, llm_port)
+            llm_children.llm_service(obs.namespace, obs.name, obs.uid, runtime.port, llm_port, leaders)
             if llm_port is not None
             else children.runtime_service(obs.namespace, obs.name, obs.uid, runtime.port, runtime.grpc_port)
         )
@@ -473,7 +565,9 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         replicas=sum(s.current_replicas for s in target_statuses),
         desired_replicas=total,
         ready_replicas=ready_total,
-        selector=children.selector_text(obs.name),
+        selector=children.selector_text(obs.name)
+        if leaders is None
+        else groups.scale_selector(children.selector_labels(obs.name)),
         ready=ready_text(ready_total, total),
         endpoint=(
             None
@@ -485,6 +579,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
         server=_server(spec.llm, llm_facts, list(wanted)),
         faults=records[-cfg.faults.history :],
     )
+    status.conditions = deployment_groups.groups_condition(status.conditions, obs, group_states)
     status.conditions = pruned_condition(  # docs/design.md §"What a tenant can forge"
         status.conditions,
         pruned_fields(obs.annotations, spec_schema(InferenceDeployment)),
@@ -553,8 +648,13 @@ def _autoscaler(
     auto: Autoscaling,
     kind: AutoscalerKind,
     deployment: str,
+    *,
+    grouped: bool = False,
 ) -> dict[str, Any]:
-    """The HPA or ScaledObject of one target Deployment."""
+    """The HPA or ScaledObject of one target Deployment; of a grouped target, the InferenceDeployment's
+    scale subresource (its replicas count groups; its selector names their leaders)."""
+    scale_target = children.infd_scale_ref(obs.name) if grouped else None
+    leaders = f"{groups.group_name(obs.name, 0)[:-1]}[0-9]+-0" if grouped else None
     if kind == AutoscalerKind.SCALED_OBJECT:
         return children.runtime_scaled_object(
             children.ScaledObjectRequest(
@@ -565,8 +665,11 @@ def _autoscaler(
                 min_replicas=auto.min_replicas,
                 max_replicas=auto.max_replicas,
                 server_address=cfg.autoscaling.keda_prometheus_address or "",
-                query=keda_query(auto.metric, obs.namespace, deployment, cfg.autoscaling.rate_window),
+                query=keda_query(
+                    auto.metric, obs.namespace, deployment, cfg.autoscaling.rate_window, leaders
+                ),
                 threshold=keda_threshold(auto.target_value),
+                scale_target=scale_target,
             )
         )
     assert obs.apis.hpa is not None  # autoscaler_choice gives HPA only with an HPA API
@@ -581,6 +684,7 @@ def _autoscaler(
             max_replicas=auto.max_replicas,
             metric=CUSTOM_METRIC_NAMES[auto.metric],
             target_value=str(auto.target_value),
+            scale_target=scale_target,
         )
     )
 

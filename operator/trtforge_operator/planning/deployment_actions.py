@@ -24,9 +24,11 @@ class ChildKind(enum.StrEnum):
     DEPLOYMENT = "Deployment"
     SERVICE = "Service"
     CONFIG_MAP = "ConfigMap"
+    LEADER_WORKER_SET = "LeaderWorkerSet"
     HPA = AutoscalerKind.HPA.value
     SCALED_OBJECT = AutoscalerKind.SCALED_OBJECT.value
-    POD = "Pod"  # deleted only: a runtime pod moved off a faulty GPU
+    POD = "Pod"  # a runtime pod moved off a faulty GPU; a rank pod of a group torn down or scaled away
+    NETWORK_POLICY = "NetworkPolicy"  # a group's rank port (apply/group_network.py)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,36 @@ class ApplyAutoscaler:
 
 
 @dataclass(frozen=True)
+class CreatePod:
+    """Create a rank pod of a group when absent (its derived name makes a second create a no-op)."""
+
+    manifest: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class LabelPod:
+    """Set (or, with None, remove) labels of a rank pod: the leader's group-whole label."""
+
+    name: str
+    labels: Mapping[str, str | None]
+
+
+@dataclass(frozen=True)
+class ApplyNetworkPolicy:
+    """Create a group's rank-port NetworkPolicy, or replace it when its spec hash differs."""
+
+    manifest: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ApplyLeaderWorkerSet:
+    """Create the LeaderWorkerSet of a target (backend lws), or update it when a field the operator
+    sets differs from the live object (apply/lws.py's semantic equality)."""
+
+    manifest: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class DeleteChild:
     """Delete one child (gone already is fine)."""
 
@@ -108,6 +140,10 @@ Action = (
     | ApplyConfigMap
     | ApplyAutoscaler
     | DeleteChild
+    | CreatePod
+    | LabelPod
+    | ApplyNetworkPolicy
+    | ApplyLeaderWorkerSet
     | PatchEngineAnnotations
     | Emit
 )

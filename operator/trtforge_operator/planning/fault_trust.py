@@ -82,6 +82,11 @@ def distrust(
             f"pod {pod.name} carries the runtime labels but is no pod of the operator's runtime "
             f"Deployments ({owner}), or does not run its ReplicaSet's template; its fault report is ignored",
         )
+    return foreign_gpu(pod)
+
+
+def foreign_gpu(pod: PodView) -> Ignored | None:
+    """A GPU fault `pod` reports on a GPU it was not given (its runtime's own list), or None."""
     for t in pod.terminations():
         msg = t.termination()
         if msg is None or msg.gpu is None:

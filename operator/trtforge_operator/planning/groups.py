@@ -10,9 +10,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trtforge.contract.gpu import GPUTarget
+from trtforge.contract.llm import Parallelism
 from trtforge_operator.api import FaultRecord
 from trtforge_operator.apply.children import dns_name
-from trtforge_operator.observe.views import PodView
+from trtforge_operator.observe.views import NodeView, PodView
 from trtforge_operator.planning import faults
 
 LABEL_GROUP = "trtforge.io/group"  # the group's name: one per replica
@@ -90,16 +92,47 @@ def rank_identities(deployment: str, replica: int, shape: GroupShape) -> list[Ra
     return [RankIdentity(deployment, replica, r, g, f"{g}-{r}", g) for r in range(shape.ranks)]
 
 
-def rank_arguments(me: RankIdentity, group: Sequence[RankIdentity]) -> list[str]:
+def rank_arguments(
+    me: RankIdentity,
+    group: Sequence[RankIdentity],
+    addresses: Mapping[int, str] | None = None,
+    probe_port: int = PROBE_PORT,
+) -> list[str]:
     """The `trtforge serve-llm` arguments of one rank: the leader names every worker (rank port and
-    supervisor), a worker its rank (llama.cpp's RPC: the leader connects to the workers)."""
+    supervisor), a worker its rank (llama.cpp's RPC: the leader connects to the workers).
+    `addresses`: a worker's address by rank (its pod IP) in place of its DNS name."""
     world = ["--world-size", str(len(group))]
     if me.leader:
         out = world
         for w in sorted(group, key=lambda i: i.rank)[1:]:
-            out += ["--worker", f"{w.host}:{RANK_PORT}:{PROBE_PORT}"]
+            host = (addresses or {}).get(w.rank) or w.host
+            out += ["--worker", f"{host}:{RANK_PORT}:{probe_port}"]
         return out
     return ["--rank", str(me.rank), *world, "--rank-port", str(RANK_PORT)]
+
+
+def gpus_per_node(target: GPUTarget, nodes: Sequence[NodeView]) -> int:
+    """The most GPUs (of the target's resource) one Ready node that hosts `target` offers; 0 for a
+    CPU target or where no node hosts it."""
+    res = target.resource_name()
+    if res is None:
+        return 0
+    return max((n.allocatable.get(res, 0) for n in nodes if n.ready and n.hosts(target)), default=0)
+
+
+def tune_gpus(parallelism: Parallelism, target: GPUTarget, nodes: Sequence[NodeView]) -> int:
+    """The GPUs a tune Job takes: the whole mapping where it fits one node, else one node's (one
+    rank's share of a group); 0 (the mapping's) where no node says."""
+    per_node = gpus_per_node(target, nodes)
+    world = parallelism.world_size
+    return min(world, per_node) if per_node > 0 else 0
+
+
+def replica_shape(tensor: int, pipeline: int, per_node: int) -> GroupShape:
+    """:func:`group_shape`, where no node (or a CPU target) says how many GPUs a node has: one pod."""
+    if per_node < 1:
+        return GroupShape(1, tensor * pipeline)
+    return group_shape(tensor, pipeline, per_node)
 
 
 class GroupState(enum.Enum):

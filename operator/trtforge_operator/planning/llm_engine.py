@@ -45,6 +45,7 @@ from trtforge_operator.observe.llm_keys import (
     tune_id,
 )
 from trtforge_operator.observe.views import EngineObserved, JobView, jobs_by_build_id, obs_requester, utc
+from trtforge_operator.planning.groups import tune_gpus
 from trtforge_operator.planning.llm_policies import (
     LLMTargetFacts,
     checkpoint_fit,
@@ -291,6 +292,7 @@ def retune_request(
         checkpoint_key=req.engine_key,
         target=t,
         parallelism=obs.spec.parallelism_of(t),
+        gpus=tune_gpus(obs.spec.parallelism_of(t), t, obs.nodes),
         backend=llm_backend(cfg, t),
         node_selector=dict(ki.node_selector),
         requester=requester,
@@ -467,6 +469,7 @@ def _plan_tune(
         checkpoint_key=ck.checkpoint_key,
         target=t,
         parallelism=par,
+        gpus=tune_gpus(par, t, obs.nodes),
         backend=backend,
         node_selector=dict(ki.node_selector),
         requester=requester,

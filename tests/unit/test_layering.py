@@ -198,7 +198,7 @@ def test_an_images_package_set_holds_only_its_component(image: str, tmp_path: Pa
     assert result["blocked"] == NEVER[image], f"importable in the {image} image: {result}"
     own = {
         "builder": {"build", "stage-model", "quantize", "tune"},
-        "runtime": {"serve", "serve-llm"},
+        "runtime": {"serve", "serve-llm", "rank-exec"},
         "operator": {"operator", "broker", "crds"},
     }[image]
     assert set(result["commands"]) == own | {"gpu"}

@@ -196,6 +196,16 @@ def _run(args: argparse.Namespace) -> int:
         for line in tb.kubectl("get", "infd", "-n", team_a).stdout.splitlines():
             story.say(f"  {line}")
 
+        # The LLM story's 2-rank group takes both H100 nodes whole: the ONNX deployments make way.
+        tb.heal(victim)
+        victim = None
+        for ns in (team_a, team_b):
+            tb.kubectl("delete", "inferencedeployments", "--all", "-n", ns, "--wait=true")
+        wait_for(
+            lambda: not env.pods(team_a, "app.kubernetes.io/component=runtime"),  # type: ignore[union-attr]
+            timeout=120,
+            desc="the ONNX runtime pods gone",
+        )
         llm_story(tb, story, args.keep)
 
         story.step("Clean up" if not args.keep else "Leaving everything running (--keep)")

@@ -15,7 +15,11 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-STEPS = 3
+from trtforge_dev.demo_groups import STEPS as GROUP_STEPS
+from trtforge_dev.demo_groups import group_story
+
+STEPS = 3 + GROUP_STEPS
+QUESTION = "What is the capital of France?"
 
 
 class Story(Protocol):
@@ -27,7 +31,6 @@ def llm_story(tb: Any, story: Story, keep: bool) -> None:
     """Quantize, serve, chat; everything it made goes unless `keep`."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
-    from openai import OpenAI
 
     from trtforge_dev.localdev import OperatorEnv, deployment_manifest
     from trtforge_dev.testbed import llama, smollm2
@@ -58,9 +61,8 @@ def llm_story(tb: Any, story: Story, keep: bool) -> None:
 
         story.step("An InferenceDeployment: trtforge serve-llm starts llama-server, Ready on its canary")
         path = f"{llama.llama_bin('llama-server').parent}:{Path(sys.executable).parent}:/usr/bin:/bin"
-        infd = deployment_manifest(
-            "chat", "smollm2", llm={"server": "llama.cpp"}, runtime={"env": [{"name": "PATH", "value": path}]}
-        )
+        pod_env = [{"name": "PATH", "value": path}]  # llama-server and ggml-rpc-server, as in the image
+        infd = deployment_manifest("chat", "smollm2", llm={"server": "llama.cpp"}, runtime={"env": pod_env})
         t1 = time.monotonic()
         env.apply(infd, ns)
         got = env.wait_true("inferencedeployments", ns, "chat", timeout=600)
@@ -72,34 +74,45 @@ def llm_story(tb: Any, story: Story, keep: bool) -> None:
 
         story.step("A chat completion with the openai client, through the Service's openai port")
         co: Any = client.CustomObjectsApi(env.api)
-
-        def address() -> tuple[str, int] | None:
-            """A ready endpoint of the Service's openai port (EndpointSlices: the test bed's pod IPs
-            are loopback addresses, which the Endpoints API refuses)."""
-            sel = "kubernetes.io/service-name=chat"
-            for sl in co.list_namespaced_custom_object(
-                "discovery.k8s.io", "v1beta1", ns, "endpointslices", label_selector=sel
-            )["items"]:
-                port = next((p["port"] for p in sl.get("ports") or [] if p.get("name") == "openai"), None)
-                for ep in sl.get("endpoints") or []:
-                    if port is not None and (ep.get("conditions") or {}).get("ready"):
-                        return str(ep["addresses"][0]), int(port)
-            return None
-
-        found = wait_for(address, timeout=120, desc="the Service's endpoints", ignore=(ApiException,))
-        assert found is not None
-        ip, port = found
         for name in ("httpx", "httpx2"):  # the openai client's per-request log lines
             logging.getLogger(name).setLevel(logging.WARNING)
-        chat = OpenAI(base_url=f"http://{ip}:{port}/v1", api_key="none", max_retries=0, timeout=120)
-        reply = chat.chat.completions.create(
-            model="chat",
-            messages=[{"role": "user", "content": "What is the capital of France?"}],
-            max_tokens=24,
+        found = wait_for(
+            lambda: _address(co, ns, "chat"),
+            timeout=120,
+            desc="the Service's endpoints",
+            ignore=(ApiException,),
         )
-        story.say(f"user: What is the capital of France?  smollm2: {reply.choices[0].message.content!r}")
+        assert found is not None
+        story.say(f"user: {QUESTION}  smollm2: {_chat(*found, 'chat')!r}")
+
+        group_story(env, story, ns, pod_env, lambda n, svc: _address(co, n, svc), _chat)
         if keep:
             story.say(f"LLM operator log: {env.op.log}")
     finally:
         if not keep:
             env.close()
+
+
+def _address(co: Any, ns: str, service: str) -> tuple[str, int] | None:
+    """A ready endpoint of `service`'s openai port (EndpointSlices: the test bed's pod IPs are loopback
+    addresses, which the Endpoints API refuses)."""
+    sel = f"kubernetes.io/service-name={service}"
+    for sl in co.list_namespaced_custom_object(
+        "discovery.k8s.io", "v1beta1", ns, "endpointslices", label_selector=sel
+    )["items"]:
+        port = next((p["port"] for p in sl.get("ports") or [] if p.get("name") == "openai"), None)
+        for ep in sl.get("endpoints") or []:
+            if port is not None and (ep.get("conditions") or {}).get("ready"):
+                return str(ep["addresses"][0]), int(port)
+    return None
+
+
+def _chat(ip: str, port: int, model: str) -> str:
+    """One greedy chat completion with the openai client."""
+    from openai import OpenAI
+
+    chat = OpenAI(base_url=f"http://{ip}:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    reply = chat.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=24, temperature=0
+    )
+    return str(reply.choices[0].message.content)

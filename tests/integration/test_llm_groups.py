@@ -172,21 +172,6 @@ def _whole(env: OperatorEnv, ns: str) -> dict[str, Any] | None:
     return obj if ok else None
 
 
-def _rank_process(worker_ip: str) -> int:
-    """The pid of rank 1's ggml-rpc-server (listening on the worker pod's address)."""
-    want = ["-H", worker_ip, "-p", str(RANK_PORT)]
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith("ggml-rpc-server") and argv[1:5] == want:
-            return int(d.name)
-    raise AssertionError(f"no ggml-rpc-server on {worker_ip}:{RANK_PORT}")
-
-
 def _recreated(env: OperatorEnv, ns: str, before: set[str]) -> bool:
     pods = _group_pods(env, ns)
     return len(pods) == 2 and not ({p.metadata.uid for p in pods} & before)
@@ -237,7 +222,7 @@ def test_a_dead_rank_tears_the_group_down_whole_and_it_is_recreated_and_answers_
     wait_for(lambda: _whole(env, ns), timeout=600, desc="grp whole")
     pods = {p.metadata.labels[RANK]: p for p in _group_pods(env, ns)}
     before = {p.metadata.uid for p in pods.values()}
-    os.kill(_rank_process(pods["1"].status.pod_ip), signal.SIGKILL)  # rank 1's process dies
+    os.kill(llama.rpc_server_pid(pods["1"].status.pod_ip, RANK_PORT), signal.SIGKILL)  # rank 1's process dies
     # No traffic while the group is not whole: the leader leaves the Service at once.
     wait_for(lambda: not _openai_addresses(env, ns, "grp"), timeout=120, desc="the leader out of the Service")
     wait_for(lambda: _recreated(env, ns, before), timeout=300, desc="the whole group recreated")

@@ -203,3 +203,19 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def rpc_server_pid(host: str, port: int) -> int:
+    """The pid of the `ggml-rpc-server` listening on `host`:`port` (a worker rank's process, found by
+    its command line: the test bed's pods are processes of this machine)."""
+    want = ["-H", host, "-p", str(port)]
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith("ggml-rpc-server") and argv[1:5] == want:
+            return int(d.name)
+    raise LookupError(f"no ggml-rpc-server on {host}:{port}")

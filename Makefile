@@ -85,7 +85,8 @@ typecheck: venv
 # pytest exits 5 when it collects nothing, so an empty tier fails too.
 # Each session lists its 15 slowest steps, so a log shows where the time goes.
 TEST_WORKERS ?= 2
-TESTBED_WORKERS ?= 2
+# 3 test beds on 2 cores: the tier waits on its control planes more than it computes (docs/development.md).
+TESTBED_WORKERS ?= 3
 PYTEST_TESTBED := $(BIN)/pytest -q --durations=15 -n $(TESTBED_WORKERS) --dist loadscope -m testbed
 PYTEST_PARALLEL := $(BIN)/pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadscope -m 'not testbed'
 TESTBED_LOG := .cache/test-testbed.log

@@ -127,6 +127,14 @@ async def _act(
     # (in-cluster or kubeconfig), as load_kube_config did.
     kopf.on.login(registry=registry)(kopf.login_via_client)
     register(state, registry)
+
+    @kopf.on.cleanup(registry=registry)
+    async def _end_stop_flag_waiter(**_: Any) -> None:
+        """kopf stops on SIGTERM through a handler of its own and leaves its waiter on `stop`
+        pending, then waits 5 s for that task before it exits (and the Lease is released). Set
+        here, `stop` ends the waiter at once."""
+        stop.set()
+
     gc_task = asyncio.create_task(gc_loop(state)) if cfg.gc.enabled else None
     try:
         await kopf.operator(

@@ -47,7 +47,16 @@ def ha(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chart
                 "bindAddress": "0.0.0.0",  # a ServiceMonitor scrapes over the pod network
                 "serviceMonitor": {"enabled": True},
                 "prometheusRule": {"enabled": True},
-            }
+            },
+            # A shorter Lease than client-go's 15/10/2 s (the chart's defaults): each takeover below
+            # waits out one Lease duration, and the order asserted does not depend on its length.
+            "operator": {
+                "leaderElection": {
+                    "leaseDurationSeconds": 8,
+                    "renewDeadlineSeconds": 5,
+                    "retryPeriodSeconds": 1,
+                }
+            },
         },
     )
     try:

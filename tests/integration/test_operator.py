@@ -48,6 +48,10 @@ def env(testbed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Oper
         tmp_path_factory.mktemp("operator"),
         [f"op-{i}-{tag}" for i in range(NAMESPACE_POOL)],
         cache_group=f"g-{tag}",  # one cache group: the namespaces share engines (docs/security.md)
+        # Resyncs every 5 s: test_status_is_written_only_when_it_changes waits out a full pass of both
+        # loops (the test bed's default, 15 s, made it the module's longest test).
+        resync_seconds=5,
+        engine_resync_seconds=5,
     )
     e.start()
     try:

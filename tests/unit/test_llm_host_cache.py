@@ -5,9 +5,17 @@ in Grace memory, at the stated fraction, split over the ranks; none elsewhere.""
 from __future__ import annotations
 
 import pytest
+from trtforge_operator.api import LLMServer
 from trtforge_operator.observe.node_memory import NodeMemoryView
-from trtforge_operator.planning.host_cache import plan_host_cache
+from trtforge_operator.observe.views import NodeView
+from trtforge_operator.planning.host_cache import (
+    DEFAULT_POD_BASE_BYTES_PER_GPU,
+    plan_host_cache,
+    target_host_cache,
+)
 
+from tests.fakes import gpu_node
+from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.llm.host_cache import (
     HOST_CACHE_FRACTION,
     MIN_HOST_CACHE_BYTES,
@@ -86,3 +94,97 @@ def test_no_host_tier_elsewhere_and_the_plan_says_why(view: NodeMemoryView, why:
     plan = plan_host_cache(view, 1, pod_base_bytes=60 * GiB, other_pods_bytes=10 * GiB)
     assert (plan.per_rank_bytes, plan.arguments(), plan.pod_memory_bytes) == (0, [], 60 * GiB)
     assert why in plan.reason
+
+
+# --- one target's pods (planning/host_cache.py target_host_cache): the flag and the memory they get
+
+GH200 = GPUTarget(gpu="NVIDIA-GH200-480GB")
+H100 = GPUTarget(gpu="NVIDIA-H100-80GB-HBM3")
+
+
+def gh200(name: str, memory: int | None, *, ready: bool = True) -> NodeView:
+    extra = {"memory": memory} if memory is not None else {}
+    return NodeView.from_k8s(gpu_node(name, GH200.gpu, 1, allocatable=extra, ready=ready))
+
+
+def test_a_gh200_target_gets_the_flag_and_a_memory_request_and_limit_from_its_smallest_ready_node() -> None:
+    nodes = [
+        gh200("gh-big", 900 * GiB),
+        gh200("gh-small", 472 * GiB),
+        gh200("gh-down", 100 * GiB, ready=False),
+    ]
+    tier = target_host_cache(LLMServer.TRTLLM_SERVE, GH200, nodes, 1, {"requests": {"cpu": "4"}}, None)
+    base = DEFAULT_POD_BASE_BYTES_PER_GPU
+    per_rank = (472 * GiB - base) // 2  # other pods count 0: the scheduler keeps the pod where it fits
+    assert tier.arguments == ("--host-cache-bytes", str(per_rank))
+    assert tier.resources == {
+        "requests": {"cpu": "4", "memory": str(base + per_rank)},
+        "limits": {"memory": str(base + per_rank)},
+    }
+    assert "gh-small" in tier.reason
+
+
+def test_the_users_memory_request_is_the_pods_base_and_spilled_weights_come_out_of_the_budget() -> None:
+    nodes = [gh200("gh-0", 472 * GiB)]
+    asked = {"requests": {"memory": "72Gi"}}
+    tier = target_host_cache(LLMServer.TRTLLM_SERVE, GH200, nodes, 1, asked, weights_overflow_mib=100 * 1024)
+    assert tier.arguments == ("--host-cache-bytes", str(150 * GiB))
+    assert tier.resources["requests"]["memory"] == str(222 * GiB)
+    assert tier.resources["limits"]["memory"] == str(222 * GiB)
+
+
+def test_a_users_memory_limit_below_the_plan_wins_and_the_host_tier_shrinks_under_it() -> None:
+    nodes = [gh200("gh-0", 472 * GiB)]
+    asked = {"requests": {"memory": "72Gi"}, "limits": {"memory": "122Gi"}}
+    tier = target_host_cache(LLMServer.TRTLLM_SERVE, GH200, nodes, 1, asked)
+    assert tier.arguments == ("--host-cache-bytes", str(50 * GiB))
+    assert tier.resources == {"requests": {"memory": str(122 * GiB)}, "limits": {"memory": "122Gi"}}
+    assert "limits.memory" in tier.reason
+    tight = {"requests": {"memory": "72Gi"}, "limits": {"memory": "72.5Gi"}}
+    none = target_host_cache(LLMServer.TRTLLM_SERVE, GH200, nodes, 1, tight)
+    assert none.arguments == () and none.resources == tight and "limits.memory" in none.reason
+    roomy = {"limits": {"memory": "1Ti"}}  # above the plan: the plan stands, the limit stays the user's
+    big = target_host_cache(LLMServer.TRTLLM_SERVE, GH200, nodes, 1, roomy)
+    assert big.arguments and big.resources["limits"] == {"memory": "1Ti"}
+
+
+def test_a_pod_of_several_gpus_gets_one_pool_per_rank() -> None:
+    nodes = [NodeView.from_k8s(gpu_node("gh-4", GH200.gpu, 4, allocatable={"memory": 1800 * GiB}))]
+    tier = target_host_cache(LLMServer.TRTLLM_SERVE, GH200, nodes, 4, None)
+    base = 4 * DEFAULT_POD_BASE_BYTES_PER_GPU
+    per_rank = (1800 * GiB - base) // 2 // 4
+    assert tier.arguments == ("--host-cache-bytes", str(per_rank))
+    assert tier.resources["requests"]["memory"] == str(base + 4 * per_rank)
+
+
+@pytest.mark.parametrize(
+    ("server", "target", "nodes", "why"),
+    [
+        (LLMServer.LLAMA_CPP, GH200, [gh200("gh-0", 472 * GiB)], "llama.cpp has no"),
+        (
+            LLMServer.TRTLLM_SERVE,
+            H100,
+            [NodeView.from_k8s(gpu_node("h-0", H100.gpu, 8, allocatable={"memory": 2000 * GiB}))],
+            "not Grace Hopper",
+        ),
+        (LLMServer.TRTLLM_SERVE, GH200, [gh200("gh-0", 472 * GiB), gh200("gh-1", None)], "gh-1 reports no"),
+        (LLMServer.TRTLLM_SERVE, GH200, [gh200("gh-0", 472 * GiB, ready=False)], "no Ready node"),
+        (LLMServer.TRTLLM_SERVE, GH200, [gh200("gh-0", 9 * GiB)], "too little memory"),
+    ],
+)
+def test_anything_else_keeps_the_pod_as_it_was(
+    server: LLMServer, target: GPUTarget, nodes: list[NodeView], why: str
+) -> None:
+    asked = {"requests": {"cpu": "2"}, "limits": {}}
+    tier = target_host_cache(server, target, nodes, 1, asked)
+    assert tier.arguments == () and tier.resources == {"requests": {"cpu": "2"}}
+    assert why in tier.reason
+
+
+def test_the_observed_node_carries_its_allocatable_memory() -> None:
+    assert gh200("gh-0", 472 * GiB).allocatable_memory_bytes == 472 * GiB
+    assert gh200("gh-0", None).allocatable_memory_bytes is None
+    bad = gpu_node("gh-0", GH200.gpu, 1)
+    bad["status"]["allocatable"]["memory"] = "lots"
+    assert NodeView.from_k8s(bad).allocatable_memory_bytes is None
+    assert NodeMemoryView.of(gh200("gh-0", GiB)) == NodeMemoryView("gh-0", GH200.gpu, GiB)

@@ -18,18 +18,20 @@ from trtforge_operator.api import (
     LLMServing,
     TRTEngine,
 )
-from trtforge_operator.apply import children, llm_children
+from trtforge_operator.apply import children, group_pods, llm_children
 from trtforge_operator.apply.llm_children import LLMRuntime
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.labels import ANNOTATION_ENGINE_KEY, ANNOTATION_SPEC_HASH, APP_MANAGED_BY, MANAGED_BY
 from trtforge_operator.observe.views import DeploymentView, NodeView, PodView
-from trtforge_operator.planning import faults
+from trtforge_operator.planning import faults, groups
 from trtforge_operator.planning.autoscaling import AutoscalingApis, HpaApi
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
+from trtforge_operator.planning.deployment_actions import CreatePod
+from trtforge_operator.planning.host_cache import DEFAULT_POD_BASE_BYTES_PER_GPU
 from trtforge_operator.planning.llm_serving import LLMEngineFacts, LLMProblem, llm_runtime
 from trtforge_operator.pod_spec import fingerprint
 
-from tests.fakes import default_nodes
+from tests.fakes import default_nodes, gpu_node
 from trtforge.contract.gpu import GPUTarget
 
 CPU = GPUTarget(gpu="cpu")
@@ -363,3 +365,74 @@ def test_the_front_proxy_never_sits_on_an_llms_token_path() -> None:
     assert [c["name"] for c in dep["spec"]["template"]["spec"]["containers"]] == ["serve"]
     assert not [a for a in plan.actions if type(a).__name__ == "ApplyConfigMap"]
     assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]}["openai"] == 8080
+
+
+GH200 = GPUTarget(gpu="NVIDIA-GH200-480GB")
+GiB = 1 << 30
+
+
+def _gh200_engine(tensor: int = 1, overflow_mib: int | None = None) -> TRTEngine:
+    target: dict[str, Any] = {"gpu": GH200.gpu, **({"parallelism": {"tensor": tensor}} if tensor > 1 else {})}
+    status: dict[str, Any] = {"name": GH200.name, "gpu": GH200.gpu, "phase": "Ready", "tuningKey": TUNE}
+    if overflow_mib is not None:
+        status["weightsOverflowMiB"] = overflow_mib
+    return TRTEngine.model_validate(
+        {
+            "metadata": {"name": "smollm2", "namespace": "team-a"},
+            "spec": {
+                "llm": {"source": {"uri": "pvc://models/smollm2", "sha256": "f" * 64}, "recipe": "bf16"},
+                "targets": [target],
+            },
+            "status": {"checkpoint": {"phase": "Ready", "checkpointKey": CKPT}, "targets": [status]},
+        }
+    )
+
+
+def _gh200_nodes(*memory: int) -> list[NodeView]:
+    return [
+        NodeView.from_k8s(gpu_node(f"gh-{i}", GH200.gpu, 1, allocatable={"memory": m}))
+        for i, m in enumerate(memory)
+    ]
+
+
+def test_a_gh200_deployment_of_trtllm_serve_gets_the_host_tier_flag_and_its_memory() -> None:
+    obs = dataclasses.replace(
+        _observed(_infd(), _gh200_engine(overflow_mib=10 * 1024)), nodes=_gh200_nodes(472 * GiB, 600 * GiB)
+    )
+    dep = plan_deployment(obs, CFG).apply[0]
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert (
+        c["command"][1] == "serve-llm" and c["command"][c["command"].index("--server") + 1] == "trtllm-serve"
+    )
+    per_rank = int(c["command"][c["command"].index("--host-cache-bytes") + 1])
+    base = DEFAULT_POD_BASE_BYTES_PER_GPU
+    assert per_rank == (472 * GiB - base - 10 * GiB) // 2  # the smaller node, less the spilled weights
+    assert c["resources"]["requests"]["memory"] == c["resources"]["limits"]["memory"] == str(base + per_rank)
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    # llama.cpp on the same nodes: the pod as before
+    plain = dataclasses.replace(
+        _observed(_infd(llm={"server": "llama.cpp"}), _gh200_engine()), nodes=obs.nodes
+    )
+    (p,) = plan_deployment(plain, CFG).apply[0]["spec"]["template"]["spec"]["containers"]
+    assert "--host-cache-bytes" not in p["command"] and "memory" not in p["resources"].get("limits", {})
+
+
+def test_a_gh200_groups_leader_carries_the_flag_and_every_rank_the_memory() -> None:
+    nodes = _gh200_nodes(472 * GiB, 472 * GiB)
+    obs = dataclasses.replace(_observed(_infd(), _gh200_engine(tensor=2)), nodes=nodes)
+    plan = plan_deployment(obs, CFG)
+    (worker,) = [a.manifest for a in plan.actions if isinstance(a, CreatePod)]  # the leader comes later
+    (w,) = worker["spec"]["containers"]
+    base = DEFAULT_POD_BASE_BYTES_PER_GPU
+    per_rank = (472 * GiB - base) // 2
+    assert w["resources"]["requests"]["memory"] == str(base + per_rank)
+    assert "--host-cache-bytes" not in w["command"]  # its MPI ranks take the leader's --config
+    dep = llm_children.llm_runtime_deployment(
+        _request(GH200),
+        LLMRuntime(LLMServer.TRTLLM_SERVE, CKPT, TUNE, supervisor_args=("--host-cache-bytes", str(per_rank))),
+        CFG,
+    )
+    ids = groups.rank_identities("chat", 0, groups.GroupShape(2, 1))
+    leader = group_pods.rank_pod(dep, ids[0], ids, gpus=1, gpu_resource="nvidia.com/gpu", probe_port=8000)
+    cmd = leader["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--host-cache-bytes") + 1] == str(per_rank) and "--world-size" in cmd

@@ -41,6 +41,8 @@ class LLMRuntime:
     tuning_key: str | None
     openai_port: int = 8080
     server_args: tuple[str, ...] = ()
+    # serve-llm's own flags planned by the operator (the GH200 host tier's `--host-cache-bytes`)
+    supervisor_args: tuple[str, ...] = ()
 
 
 def serve_llm_command(req: children.RuntimeRequest, llm: LLMRuntime, store: str) -> list[str]:
@@ -68,6 +70,7 @@ def serve_llm_command(req: children.RuntimeRequest, llm: LLMRuntime, store: str)
         str(req.port),
         "--cache-dir",
         "/cache",
+        *llm.supervisor_args,
     ]
     if llm.server_args:
         args += ["--", *llm.server_args]

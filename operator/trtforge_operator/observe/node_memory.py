@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtforge.contract.gpu import LABEL_PRODUCT
-from trtforge.contract.quantity import quantity_to_bytes
+from trtforge_operator.observe.views import NodeView, memory_bytes
 
 
 @dataclass(frozen=True)
@@ -19,13 +19,15 @@ class NodeMemoryView:
     @classmethod
     def from_k8s(cls, obj: Mapping[str, Any]) -> NodeMemoryView:
         meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-        raw = (status.get("allocatable") or {}).get("memory")
-        try:
-            allocatable = quantity_to_bytes(raw) if raw is not None else None
-        except ValueError:
-            allocatable = None
         return cls(
             name=meta.get("name", ""),
             product=(meta.get("labels") or {}).get(LABEL_PRODUCT, ""),
-            allocatable_bytes=allocatable,
+            allocatable_bytes=memory_bytes(status.get("allocatable")),
+        )
+
+    @classmethod
+    def of(cls, node: NodeView) -> NodeMemoryView:
+        """The same, from a pass's observed node (its product without a MIG suffix)."""
+        return cls(
+            name=node.name, product=node.product or "", allocatable_bytes=node.allocatable_memory_bytes
         )

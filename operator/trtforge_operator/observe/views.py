@@ -36,6 +36,7 @@ from trtforge.contract.llm.artefact import ArtefactManifest
 from trtforge.contract.llm.result import QuantizeFailure, QuantizeResult, TuneResult, parse_llm_message
 from trtforge.contract.manifest import Manifest
 from trtforge.contract.possession import PossessionRecord, source_fingerprint
+from trtforge.contract.quantity import quantity_to_bytes
 from trtforge.contract.termination import REASON_BY_EXIT_CODE, TerminationMessage
 from trtforge_operator import pod_spec
 from trtforge_operator.api.inferencedeployment import (
@@ -116,6 +117,15 @@ def _nvidia_quantities(resources: Mapping[str, Any] | None) -> dict[str, int]:
     return {k: _qty_int(v) for k, v in (resources or {}).items() if k.startswith("nvidia.com/")}
 
 
+def memory_bytes(resources: Mapping[str, Any] | None) -> int | None:
+    """The `memory` entry of a Node's capacity or allocatable, in bytes; None when absent or unreadable."""
+    raw = (resources or {}).get("memory")
+    try:
+        return quantity_to_bytes(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True)
 class NodeView:
     name: str
@@ -126,6 +136,9 @@ class NodeView:
     ready: bool = True
     unschedulable: bool = False
     bad_conditions: tuple[str, ...] = ()
+    # status.allocatable.memory in bytes (capacity less the kubelet's reservations); None when absent
+    # or not a quantity. The GH200 host tier is sized from it (planning/host_cache.py).
+    allocatable_memory_bytes: int | None = None
 
     @classmethod
     def from_k8s(cls, obj: Mapping[str, Any]) -> NodeView:
@@ -147,6 +160,7 @@ class NodeView:
             ready=_ready(conds),
             unschedulable=bool(spec.get("unschedulable")),
             bad_conditions=bad,
+            allocatable_memory_bytes=memory_bytes(status.get("allocatable")),
         )
 
     @property

@@ -57,7 +57,7 @@ from trtforge_operator.observe.views import (
     UnreadableDeployment,
     utc,
 )
-from trtforge_operator.planning import deployment_groups, fault_trust, faults, groups, rebuild
+from trtforge_operator.planning import deployment_groups, fault_trust, faults, groups, host_cache, rebuild
 from trtforge_operator.planning.autoscaling import (
     AutoscalerKind,
     AutoscalingProblem,
@@ -387,6 +387,18 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             except ValueError:
                 ki = None
             selector = ki.node_selector if ki else target.node_selector()
+            resources = runtime.resources.to_wire()
+            if isinstance(llm, LLMRuntime):  # GH200: the KV cache's host tier in Grace memory
+                tier = host_cache.target_host_cache(
+                    llm.server,
+                    target,
+                    obs.nodes,
+                    shape.gpus_per_rank if shape is not None else 1,
+                    resources,
+                    ts.weights_overflow_mib,
+                )
+                llm = dataclasses.replace(llm, supervisor_args=tier.arguments)
+                resources = tier.resources
             rreq = children.RuntimeRequest(
                 namespace=obs.namespace,
                 infd=obs.name,
@@ -404,7 +416,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 max_queue_delay_us=runtime.batching.max_queue_delay_microseconds,
                 instances=runtime.instances,
                 workers=runtime.workers,
-                resources=runtime.resources.to_wire(),
+                resources=resources,
                 env=tuple(e.to_wire() for e in runtime.env),
                 tolerations=tuple(t.to_wire() for t in runtime.tolerations),
                 mig_strategy=ki.mig_strategy if ki else MigStrategy.MIXED,

@@ -381,6 +381,39 @@ class Kube:
         await self._call(net.replace_namespaced_network_policy, name, ns, new)
         return "replaced"
 
+    async def apply_rank_exec_access(self, obj: Mapping[str, Any]) -> str:
+        """Create a group leader's ServiceAccount, Role or RoleBinding, or replace it when its spec
+        hash annotation differs (a RoleBinding's roleRef never changes: one name for the three)."""
+        kind, ns, name = obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        create, read, replace = {
+            "ServiceAccount": (
+                self.core.create_namespaced_service_account,
+                self.core.read_namespaced_service_account,
+                self.core.replace_namespaced_service_account,
+            ),
+            "Role": (rbac.create_namespaced_role, rbac.read_namespaced_role, rbac.replace_namespaced_role),
+            "RoleBinding": (
+                rbac.create_namespaced_role_binding,
+                rbac.read_namespaced_role_binding,
+                rbac.replace_namespaced_role_binding,
+            ),
+        }[kind]
+        try:
+            await self._call_unparsed(create, ns, dict(obj))
+            log.info("created %s %s/%s", kind, ns, name, extra=fields(kind=kind, namespace=ns, name=name))
+            return "created"
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        cur = self.api.sanitize_for_serialization(await self._call(read, name, ns))
+        want = obj["metadata"]["annotations"].get(ANNOTATION_SPEC_HASH)
+        if (cur["metadata"].get("annotations") or {}).get(ANNOTATION_SPEC_HASH) == want:
+            return "unchanged"
+        new = {**obj, "metadata": {**obj["metadata"], "resourceVersion": cur["metadata"]["resourceVersion"]}}
+        await self._call(replace, name, ns, new)
+        return "replaced"
+
     async def delete_autoscaler(
         self, namespace: str, name: str, kind: str = "HorizontalPodAutoscaler"
     ) -> bool:
@@ -424,6 +457,9 @@ class Kube:
             "Pod": self.core.delete_namespaced_pod,
             "ConfigMap": self.core.delete_namespaced_config_map,
             "NetworkPolicy": client.NetworkingV1Api(self.api).delete_namespaced_network_policy,
+            "ServiceAccount": self.core.delete_namespaced_service_account,
+            "Role": client.RbacAuthorizationV1Api(self.api).delete_namespaced_role,
+            "RoleBinding": client.RbacAuthorizationV1Api(self.api).delete_namespaced_role_binding,
         }[kind]
         try:
             await self._call_unparsed(fn, name, namespace, propagation_policy="Background")

@@ -123,10 +123,17 @@ def test_operator_watched_role_is_what_it_does_in_a_namespace() -> None:
     assert ("authentication.k8s.io", "tokenreviews", "create") not in grants, "the broker checks tokens"
     assert ("", "events", "create") in grants
     # Runtime pods are moved by deleting them; rank pods of a group are the operator's own (made,
-    # labelled whole, deleted whole); no pods/exec, pods/eviction or the like.
+    # labelled whole, deleted whole). pods/exec create only because a trtllm-serve group leader's
+    # Role grants it (RBAC's escalation rule); no pods/eviction, pods/attach or the like.
     assert {(r, v) for g, r, v in grants if g == "" and r.startswith("pods")} == {
-        ("pods", v) for v in ("list", "watch", "create", "patch", "delete")
+        *(("pods", v) for v in ("list", "watch", "create", "patch", "delete")),
+        ("pods/exec", "create"),
     }
+    # That leader's own account, Role and RoleBinding: written, never escalated or bound otherwise.
+    rbac = {(r, v) for g, r, v in grants if g in ("", "rbac.authorization.k8s.io")}
+    for r in ("serviceaccounts", "roles", "rolebindings"):
+        assert {v for rr, v in rbac if rr == r} == {"get", "create", "update", "delete"}, r
+    assert not {r for g, r, _ in grants if r in ("clusterroles", "clusterrolebindings")}
     assert {v for g, r, v in grants if r in ("trtengines", "inferencedeployments")} == {
         "get",
         "list",

@@ -54,11 +54,14 @@ CLIENT_KINDS = {
     "pod": "Pod",
     "horizontal_pod_autoscaler": "HorizontalPodAutoscaler",
     "custom_object_status": "status",
+    "service_account": "ServiceAccount",
+    "role": "Role",
+    "role_binding": "RoleBinding",
 }
 
 
 def table() -> dict[str, tuple[str, str]]:
-    """Kind -> (writer, module) from the record's table."""
+    """Kind -> (writer, module) from the record's table (a row may name several kinds, `A, B`)."""
     text = DESIGN.read_text()
     assert SECTION in text, f"docs/design.md has no section {SECTION!r}"
     body = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
@@ -67,7 +70,8 @@ def table() -> dict[str, tuple[str, str]]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) != 3 or cells[0] in ("Child kind", "") or set(cells[0]) <= {"-"}:
             continue
-        rows[cells[0]] = (cells[1], cells[2].strip("`"))
+        for kind in cells[0].split(","):
+            rows[kind.strip()] = (cells[1], cells[2].strip("`"))
     return rows
 
 
@@ -107,6 +111,8 @@ def kube_write_kinds(method: str, call: ast.Call) -> set[str]:
         return {"NetworkPolicy"}
     if "leader_worker_set" in method:
         return {"LeaderWorkerSet"}
+    if "rank_exec_access" in method:
+        return {"ServiceAccount", "Role", "RoleBinding"}
     if method == "patch_status":
         return {"status"}
     if method == "event":
@@ -190,6 +196,9 @@ def test_the_table_names_every_child_kind_and_the_scan_finds_them() -> None:
         ("await state.kube.apply_owned(obj_)", {"Deployment", "Service"}),
         ("await state.kube.apply_scaled_object(so)", {"ScaledObject"}),
         ("await kube.apply_config_map(cm)", {"ConfigMap"}),
+        ("await kube.apply_rank_exec_access(m)", {"ServiceAccount", "Role", "RoleBinding"}),
+        ("await kube.delete('RoleBinding', ns, n)", {"RoleBinding"}),
+        ("rbac.create_namespaced_role_binding(ns, body)", {"RoleBinding"}),
         ("self.api.replace_namespaced_lease(n, ns, body)", {"Lease"}),
         ("await asyncio.to_thread(self.api.create_namespaced_lease, ns, body)", {"Lease"}),
         ("core.create_namespaced_secret(ns, body)", {"Secret"}),

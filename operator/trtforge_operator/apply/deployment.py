@@ -34,6 +34,7 @@ from trtforge_operator.planning.deployment_actions import (
     ApplyDeployment,
     ApplyLeaderWorkerSet,
     ApplyNetworkPolicy,
+    ApplyRankExecAccess,
     ApplyService,
     ChildKind,
     CreatePod,
@@ -109,6 +110,10 @@ async def apply_deployment_actions(state: State, body: Mapping[str, Any], action
                 await kube.delete("Pod", ns, name)
             case DeleteChild(kind=ChildKind.NETWORK_POLICY, name=name):
                 await kube.delete("NetworkPolicy", ns, name)
+            case DeleteChild(kind=ChildKind.RANK_EXEC_ACCESS, name=name):  # the grant before the account
+                await kube.delete("RoleBinding", ns, name)
+                await kube.delete("Role", ns, name)
+                await kube.delete("ServiceAccount", ns, name)
             case CreatePod():  # a rank pod: create-if-absent under its derived name
                 try:
                     await kube.create_pod(action.manifest)
@@ -119,6 +124,11 @@ async def apply_deployment_actions(state: State, body: Mapping[str, Any], action
             case ApplyNetworkPolicy():
                 try:
                     await kube.apply_network_policy(action.manifest)
+                except ApiException as e:
+                    _refused(ns, action.manifest, e)
+            case ApplyRankExecAccess():
+                try:
+                    await kube.apply_rank_exec_access(action.manifest)
                 except ApiException as e:
                     _refused(ns, action.manifest, e)
             case ApplyLeaderWorkerSet():

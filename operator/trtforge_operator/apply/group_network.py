@@ -23,9 +23,11 @@ def rank_port_policy(
     open_ports: Sequence[int],
     rank_port: int = RANK_PORT,
     owner: Mapping[str, Any] | None = None,
+    mpi: bool = False,
 ) -> dict[str, Any]:
     """Ingress to the group's pods: `rank_port` from the group's own pods only, `open_ports` from
-    anywhere, nothing else."""
+    anywhere, nothing else. `mpi` (a trtllm-serve group): every port from the group's own pods,
+    since OpenMPI's daemons and NCCL listen on ports they pick at run time."""
     if rank_port in open_ports:
         raise ValueError(f"rank port {rank_port} is also among the open ports {list(open_ports)}")
     meta: dict[str, Any] = {
@@ -44,7 +46,9 @@ def rank_port_policy(
             "podSelector": {"matchLabels": {LABEL_GROUP: group}},
             "policyTypes": ["Ingress"],
             "ingress": [
-                {"from": [members], "ports": [{"protocol": "TCP", "port": rank_port}]},
+                {"from": [members]}
+                if mpi
+                else {"from": [members], "ports": [{"protocol": "TCP", "port": rank_port}]},
                 {"ports": [{"protocol": "TCP", "port": p} for p in sorted(set(open_ports))]},
             ],
         },

@@ -74,6 +74,7 @@ from trtforge_operator.planning.deployment_actions import (
     ApplyDeployment,
     ApplyLeaderWorkerSet,
     ApplyNetworkPolicy,
+    ApplyRankExecAccess,
     ApplyService,
     ChildKind,
     CreatePod,
@@ -206,6 +207,7 @@ class _Draft:
         for g in self.groups:  # the leader out of the Service before any rank pod goes
             actions += [ApplyService(m) for m in g.services]
             actions += [ApplyNetworkPolicy(m) for m in g.policies]
+            actions += [ApplyRankExecAccess(m) for m in g.access]  # before the leader runs as it
             actions += [LabelPod(name, labels) for name, labels in g.label_pods]
             actions += [CreatePod(m) for m in g.create_pods]
         actions += [ApplyAutoscaler(a) for a in self.apply_autoscalers]
@@ -216,6 +218,7 @@ class _Draft:
             actions += [DeleteChild(ChildKind.POD, p) for p in g.delete_pods]
             actions += [DeleteChild(ChildKind.SERVICE, n) for n in g.delete_services]
             actions += [DeleteChild(ChildKind.NETWORK_POLICY, n) for n in g.delete_policies]
+            actions += [DeleteChild(ChildKind.RANK_EXEC_ACCESS, n) for n in g.delete_access]
         if engine_patch is not None:
             actions.append(engine_patch)
         actions += [Emit(e) for e in events]
@@ -456,6 +459,11 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 avoid_nodes=frozenset(avoid_for(target)),
                 node_labels=[n.labels for n in obs.nodes if n.hosts(target)],
                 now=now,
+                trtllm=(
+                    obs.engine.spec.parallelism_of(target)
+                    if llm.server is LLMServer.TRTLLM_SERVE and obs.engine is not None
+                    else None
+                ),
             )
             if (spec.llm or LLMServing()).group_backend is GroupBackend.LWS:
                 if rendered:

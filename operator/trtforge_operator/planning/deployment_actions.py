@@ -29,6 +29,8 @@ class ChildKind(enum.StrEnum):
     SCALED_OBJECT = AutoscalerKind.SCALED_OBJECT.value
     POD = "Pod"  # a runtime pod moved off a faulty GPU; a rank pod of a group torn down or scaled away
     NETWORK_POLICY = "NetworkPolicy"  # a group's rank port (apply/group_network.py)
+    # a trtllm-serve group leader's account, Role and RoleBinding (apply/group_rbac.py), one name
+    RANK_EXEC_ACCESS = "RankExecAccess"
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,14 @@ class ApplyNetworkPolicy:
 
 
 @dataclass(frozen=True)
+class ApplyRankExecAccess:
+    """Create a trtllm-serve group leader's ServiceAccount, Role or RoleBinding, or replace it when
+    its spec hash differs."""
+
+    manifest: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class ApplyLeaderWorkerSet:
     """Create the LeaderWorkerSet of a target (backend lws), or update it when a field the operator
     sets differs from the live object (apply/lws.py's semantic equality)."""
@@ -135,6 +145,7 @@ class Emit:
 
 Action = (
     WriteStatus
+    | ApplyRankExecAccess
     | ApplyDeployment
     | ApplyService
     | ApplyConfigMap

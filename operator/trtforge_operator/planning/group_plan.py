@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trtforge.contract.llm import Parallelism
 from trtforge_operator import pod_spec
 from trtforge_operator.api import FaultRecord
-from trtforge_operator.apply import children, group_network, group_pods, group_services
+from trtforge_operator.apply import children, group_network, group_pods, group_rbac, group_services
 from trtforge_operator.labels import ANNOTATION_SPEC_HASH
 from trtforge_operator.observe.views import PodView
 from trtforge_operator.planning import groups
@@ -62,6 +63,9 @@ class GroupTarget:
     # A group whose rank ended (no GPU fault) is torn down this long after the end: a rank that ends
     # at once (a bad argument, a missing file) recreates its group at this pace, not in a hot loop.
     teardown_delay_s: float = 10.0
+    # A trtllm-serve group's mapping (the mpirun path): its ranks' flags, and its leader's account
+    # and Role (pods/exec on its workers). None: llama.cpp's RPC path.
+    trtllm: Parallelism | None = None
 
 
 @dataclass
@@ -75,6 +79,9 @@ class GroupsPlan:
     policies: list[dict[str, Any]] = field(default_factory=list)  # the rank port's, one per group
     delete_services: list[str] = field(default_factory=list)
     delete_policies: list[str] = field(default_factory=list)
+    # a trtllm-serve leader's ServiceAccount, Role and RoleBinding, per group (apply/group_rbac.py)
+    access: list[dict[str, Any]] = field(default_factory=list)
+    delete_access: list[str] = field(default_factory=list)  # their one name, per group scaled away
     phases: dict[str, GroupPhase] = field(default_factory=dict)  # wanted group -> phase
     torn_down: list[tuple[str, str]] = field(default_factory=list)  # (group, why), this pass
     waiting: list[tuple[str, str]] = field(default_factory=list)  # (group, what it waits for)
@@ -129,6 +136,7 @@ def desired_pods(t: GroupTarget, replica: int, addresses: Mapping[int, str]) -> 
             probe_port=t.probe_port,
             addresses=addresses,
             clique=clique,
+            trtllm=t.trtllm,
         )
         for me in ids
     ]
@@ -170,6 +178,8 @@ def plan_groups(t: GroupTarget) -> GroupsPlan:
             out.delete_pods += [p.name for p in mine if not p.deleting]
             out.delete_services.append(name)
             out.delete_policies.append(group_network.policy_name(name))
+            if t.trtllm is not None:
+                out.delete_access.append(group_rbac.rank_exec_name(name))
             continue
         if mine:
             out.current += 1
@@ -215,9 +225,11 @@ def plan_groups(t: GroupTarget) -> GroupsPlan:
         if not hold and not assessment.serves:  # a whole group has them: no writes in steady state
             out.services.append(_hashed(group_services.rank_service(name, t.namespace, owner)))
             policy = group_network.rank_port_policy(
-                name, t.namespace, [t.probe_port, t.openai_port], owner=owner
+                name, t.namespace, [t.probe_port, t.openai_port], owner=owner, mpi=t.trtllm is not None
             )
             out.policies.append(_hashed(policy))
+            if t.trtllm is not None:
+                out.access += group_rbac.rank_exec_access(ids, t.namespace, owner)
             _create_missing(t, i, mine, theirs, out)
     if not hold:
         _roll_one(t, stale, out)

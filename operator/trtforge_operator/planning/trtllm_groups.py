@@ -4,26 +4,31 @@ group's worker pods by name (`trtforge rank-exec` is OpenMPI's launcher; no sshd
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trtforge.contract.llm import Parallelism
-from trtforge_operator.planning.groups import GroupShape, RankIdentity, rank_arguments
+from trtforge_operator.planning.groups import PROBE_PORT, GroupShape, RankIdentity, rank_arguments
 
 
 def trtllm_rank_arguments(
-    me: RankIdentity, group: Sequence[RankIdentity], parallelism: Parallelism, shape: GroupShape
+    me: RankIdentity,
+    group: Sequence[RankIdentity],
+    parallelism: Parallelism,
+    shape: GroupShape,
+    addresses: Mapping[int, str] | None = None,
+    probe_port: int = PROBE_PORT,
 ) -> list[str]:
-    """The group's flags (:func:`rank_arguments`) plus the mapping and each pod's GPUs, which the
-    leader's mpirun line needs and a worker's check repeats. ValueError when the shape does not hold
-    the mapping (one MPI process per GPU)."""
+    """The group's flags (:func:`rank_arguments`, with `addresses` and `probe_port` as there) plus
+    the mapping and each pod's GPUs, which the leader's mpirun line needs and a worker's check
+    repeats. ValueError when the shape does not hold the mapping (one MPI process per GPU)."""
     if shape.ranks * shape.gpus_per_rank != parallelism.world_size or len(group) != shape.ranks:
         raise ValueError(
             f"group of {len(group)} pods, shape {shape.ranks} x {shape.gpus_per_rank} GPUs, for mapping "
             f"{parallelism.mapping}: expected {parallelism.world_size} GPUs in {shape.ranks} pods"
         )
     return [
-        *rank_arguments(me, group),
+        *rank_arguments(me, group, addresses, probe_port),
         "--tensor-parallel", str(parallelism.tensor),
         "--pipeline-parallel", str(parallelism.pipeline),
         "--gpus-per-rank", str(shape.gpus_per_rank),

@@ -436,3 +436,27 @@ def test_a_gh200_groups_leader_carries_the_flag_and_every_rank_the_memory() -> N
     leader = group_pods.rank_pod(dep, ids[0], ids, gpus=1, gpu_resource="nvidia.com/gpu", probe_port=8000)
     cmd = leader["spec"]["containers"][0]["command"]
     assert cmd[cmd.index("--host-cache-bytes") + 1] == str(per_rank) and "--world-size" in cmd
+
+
+def _h100_engine(tensor: int) -> TRTEngine:
+    return TRTEngine.model_validate(
+        {
+            "metadata": {"name": "smollm2", "namespace": "team-a"},
+            "spec": {
+                "llm": {"source": {"uri": "pvc://models/smollm2", "sha256": "f" * 64}, "recipe": "bf16"},
+                "targets": [{"gpu": H100.gpu, "parallelism": {"tensor": tensor}}],
+            },
+            "status": {
+                "checkpoint": {"phase": "Ready", "checkpointKey": CKPT},
+                "targets": [{"name": H100.name, "gpu": H100.gpu, "phase": "Ready", "tuningKey": TUNE}],
+            },
+        }
+    )
+
+
+@pytest.mark.parametrize("tensor", [1, 4, 8])
+def test_a_mapping_that_fits_one_node_is_one_pod_with_all_its_gpus(tensor: int) -> None:
+    """tensor x pipeline up to a node's 8 H100s: one pod per replica asking for every GPU of it."""
+    dep = plan_deployment(_observed(_infd(targets=[{"gpu": H100.gpu}]), _h100_engine(tensor)), CFG).apply[0]
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == str(tensor)

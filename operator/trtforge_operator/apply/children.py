@@ -167,9 +167,11 @@ def _avoid_affinity(avoid_nodes: Iterable[str]) -> dict[str, Any] | None:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
-def _gpu_limits(target: GPUTarget, strategy: MigStrategy = MigStrategy.MIXED) -> dict[str, str]:
+def _gpu_limits(
+    target: GPUTarget, strategy: MigStrategy = MigStrategy.MIXED, count: int = 1
+) -> dict[str, str]:
     res = target.resource_name(strategy)
-    return {res: "1"} if res else {}
+    return {res: str(count)} if res else {}
 
 
 def _shape(s: Iterable[int]) -> str:
@@ -582,6 +584,7 @@ class RuntimeRequest:
     # An HPA sets the replicas: they are left out of the spec hash (a new count from the HPA or from
     # spec.replicas is no reason to write), and a replace keeps the Deployment's own number.
     hpa_owned: bool = False
+    gpus: int = 1  # per pod: an LLM mapping that fits one node takes tensor x pipeline of its GPUs
     # An LLM engine's container (apply/llm_children.py): its command, its ports beside `http` (which
     # carries the probes either way) and pod-template annotations, instead of `trtforge serve`'s.
     command: tuple[str, ...] = ()
@@ -664,7 +667,7 @@ def runtime_deployment(req: RuntimeRequest, cfg: OperatorConfig) -> dict[str, An
         mounts.append(token_mount)
     env += [dict(e) for e in req.env]
     resources = {k: dict(v) for k, v in (req.resources or {}).items() if v}
-    limits = {**resources.get("limits", {}), **_gpu_limits(req.target, req.mig_strategy)}
+    limits = {**resources.get("limits", {}), **_gpu_limits(req.target, req.mig_strategy, req.gpus)}
     if limits:
         resources["limits"] = limits
     probe_base = {"httpGet": {"path": "/v2/health/ready", "port": req.port}}

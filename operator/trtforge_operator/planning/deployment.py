@@ -428,6 +428,7 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                 progress_deadline_seconds=spec.rollout.progress_deadline_seconds,
                 avoid_nodes=tuple(sorted(avoid_for(target))),
                 hpa_owned=decision.hpa_owned,
+                gpus=shape.gpus_per_rank if shape is not None and not grouped else 1,
             )
             if isinstance(llm, LLMRuntime):  # the server's own port, no front proxy on the token path
                 dep = llm_children.llm_runtime_deployment(rreq, llm, cfg)

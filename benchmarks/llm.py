@@ -82,7 +82,16 @@ def server_args(threads: int, ctx: int, parallel: int) -> list[str]:
 
 
 def aiperf_cmd(
-    python: Path, url: str, model: str, tok: Path, c: int, requests: int, isl: int, osl: int, out: Path
+    python: Path,
+    url: str,
+    model: str,
+    tok: Path,
+    c: int,
+    requests: int,
+    isl: int,
+    osl: int,
+    out: Path,
+    seed: int = 1,
 ) -> list[str]:
     aiperf = python.parent / "aiperf"
     return [
@@ -100,7 +109,7 @@ def aiperf_cmd(
         "--output-tokens-mean", str(osl),
         "--output-tokens-stddev", "0",
         "--extra-inputs", "ignore_eos:true",
-        "--random-seed", "1",
+        "--random-seed", str(seed),
         "--artifact-dir", str(out),
         "--ui-type", "none",
         "--no-server-metrics",
@@ -118,6 +127,9 @@ class Point:
     requests: int
     input_tokens: int
     output_tokens: int
+    # The synthetic prompts' seed: the same on both sides of a comparison; another one where prompts
+    # the server has seen would be answered from its prompt cache.
+    seed: int = 1
 
 
 def run_aiperf(python: Path, tok: Path, point: Point, cpus: str | None, out: Path) -> dict[str, Any]:
@@ -126,7 +138,7 @@ def run_aiperf(python: Path, tok: Path, point: Point, cpus: str | None, out: Pat
     shutil.rmtree(out, ignore_errors=True)
     p = point
     cmd = aiperf_cmd(
-        python, p.url, p.model, tok, p.concurrency, p.requests, p.input_tokens, p.output_tokens, out
+        python, p.url, p.model, tok, p.concurrency, p.requests, p.input_tokens, p.output_tokens, out, p.seed
     )
     r = subprocess.run(
         taskset(cpus, cmd),

@@ -15,13 +15,17 @@ pod IP and ``openai`` port from the Service's EndpointSlices.
 2. **Through the deployment against direct**: the pod's own ``llama-server`` command line, read from
    ``/proc``, is started again on the host with its host and port changed and the model path pointing
    at a copy of the GGUF the pod verified (the same bytes: same threads, context and slots as the
-   pod, whatever the tuning record set). The pod's whole process tree (supervisor and server) and the
-   direct server are pinned to ``--server-cpus`` with ``taskset``, aiperf to ``--client-cpus``; the
-   concurrencies alternate between the sides as in :mod:`benchmarks.llm`.
+   pod, whatever the tuning record set). The two llama-servers alone are pinned to ``--server-cpus``;
+   everything else of ours (the test bed from before its Jobs run, the operator, the pod's
+   supervisor) to ``--support-cpus``; aiperf to ``--client-cpus``. ``--rounds`` passes over the
+   concurrencies, the first side swapping each time (two rounds: ABBA); the ratios are of the medians,
+   and each point also records llama-server's own decode time per token (its ``/metrics``), its CPU
+   seconds, the supervisor's and aiperf's, and the load average, so a gap can be told apart from a
+   server that got less of its core.
 
 On the test bed this is llama.cpp, not TensorRT-LLM.
 
-    python -m benchmarks.llm_deployment [--quick] [--concurrency 1 4 16]
+    python -m benchmarks.llm_deployment [--quick] [--concurrency 1 4 16] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -283,6 +287,13 @@ def side_order(round_: int, index: int) -> tuple[str, ...]:
     return SIDES if (round_ + index) % 2 == 0 else SIDES[::-1]
 
 
+def prompt_seed(round_: int, index: int) -> int:
+    """aiperf's prompt seed at the `index`-th concurrency of round `round_`: the same for both sides,
+    another at every point, so no point meets prompts its server has answered before (llama-server
+    reuses a slot's cached prompt: a second pass over the same prompts cut the prompt time tenfold)."""
+    return 1 + 1000 * round_ + index
+
+
 def pod_server(ip: str) -> tuple[list[int], int, int, list[str]]:
     """The pod's pids, its supervisor's pid (`trtforge serve-llm`), its llama-server's pid and
     command line."""
@@ -405,7 +416,7 @@ def compare(
                     before = read_counters(host, p)
                     t0 = time.monotonic()
                     log(f"round {rnd} aiperf {side} c={c} n={n}")
-                    point = Point(f"http://{host}:{p}", INFD, c, n, isl, osl)
+                    point = Point(f"http://{host}:{p}", INFD, c, n, isl, osl, seed=prompt_seed(rnd, i))
                     stats = run_aiperf(python, tok, point, a.client_cpus, work / f"aiperf-{side}-c{c}-r{rnd}")
                     row = {"round": rnd, "side": side, "concurrency": c, "requests": n, **stats}
                     row["wall_s"] = round(time.monotonic() - t0, 2)
@@ -500,15 +511,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-tokens", type=int, default=None)
     ap.add_argument(
         "--server-cpus",
-        default="0-1",
+        default="0",
         help="taskset list for both llama-servers (at least the pod's tuned threads: threads pinned to "
         "fewer cores spin against each other)",
     )
     ap.add_argument(
         "--support-cpus",
-        default=None,
+        default="1",
         help="taskset list for everything else of ours, from the start: the test bed (so the tune Job "
-        "benches the threads these CPUs allow), the operator, the pod's supervisor (default: the "
+        "benches the threads these CPUs allow), the operator, the pod's supervisor ('': the "
         "supervisor beside the servers, the rest unpinned)",
     )
     ap.add_argument("--client-cpus", default="1", help="taskset list for aiperf")

@@ -11,6 +11,7 @@ from benchmarks.llm_deployment import (
     direct_argv,
     flag_value,
     parse_counters,
+    prompt_seed,
     ratios,
     render,
     server_settings,
@@ -134,3 +135,8 @@ llamacpp:requests_processing 0
         "server_ms_per_token": 15.0, "server_prompt_s": 0.4, "server_decodes": 40
     }  # fmt: skip
     assert server_work({}, after)["server_ms_per_token"] is None  # a server without --metrics
+
+
+def test_every_point_gets_fresh_prompts() -> None:
+    seeds = [prompt_seed(r, i) for r in range(4) for i in range(3)]
+    assert len(set(seeds)) == len(seeds)  # no point replays prompts a server has cached

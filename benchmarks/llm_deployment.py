@@ -623,6 +623,7 @@ def render(res: dict[str, Any]) -> str:
     cs = ", ".join(str(r["concurrency"]) for r in ratio)
     tps = ", ".join(f"{r['tokens_per_s_ratio']}x" for r in ratio)
     ttft = ", ".join(f"{r['ttft_p50_ratio']}x" for r in ratio)
+    own = ", ".join(f"{r['server_ms_per_token_ratio']}x" for r in ratio if r.get("server_ms_per_token_ratio"))
     n_rounds = int(cfg.get("rounds", 1))
     rounds = f"{n_rounds} rounds, the sides alternating (ABBA)" if n_rounds > 1 else "one round"
     medians = " (medians over the rounds)" if n_rounds > 1 else ""
@@ -638,7 +639,9 @@ def render(res: dict[str, Any]) -> str:
         f"{support}aiperf on CPU {cfg['client_cpus']}; {cfg['input_tokens']} prompt and "
         f"{cfg['output_tokens']} output tokens; {rounds}; 1-min load average "
         f"{cfg['loadavg_1m_at_start']} at the start, {cfg['loadavg_1m_at_end']} at the end. "
-        f"Deployment over direct{medians}: tokens/s {tps} and TTFT p50 {ttft} at c = {cs}."
+        f"Deployment over direct{medians}: tokens/s {tps} and TTFT p50 {ttft} at c = {cs}"
+        + (f"; llama-server's own decode ms/token {own}" if own else "")
+        + "."
     )
     return "\n".join(
         [

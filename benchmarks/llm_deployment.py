@@ -395,7 +395,6 @@ def compare(
         pin(others, a.server_cpus)
     python = AIPERF.ensure()
     tok = tokenizer_dir(smollm2.smollm2_gguf(), python)
-    server_cpus = cpu_set(a.server_cpus)
     results: list[dict[str, Any]] = []
     try:
         wait_http_ok(f"http://127.0.0.1:{direct_port}/health", 300, direct, interval=0.2)
@@ -414,7 +413,7 @@ def compare(
                 for side in side_order(rnd, i):
                     pid, host, p = sides[side]
                     cpu0, sup0, cli0 = tree_cpu_seconds(pid), _own_cpu_seconds(supervisor), _children_cpu()
-                    core0 = _core_times(server_cpus)
+                    wait0 = run_queue_wait_s(pid)
                     before = read_counters(host, p)
                     t0 = time.monotonic()
                     log(f"round {rnd} aiperf {side} c={c} n={n}")
@@ -425,13 +424,8 @@ def compare(
                     row["server_cpu_s"] = round(tree_cpu_seconds(pid) - cpu0, 2)
                     row["supervisor_cpu_s"] = round(_own_cpu_seconds(supervisor) - sup0, 2)
                     row["client_cpu_s"] = round(_children_cpu() - cli0, 2)
-                    core = _core_times(server_cpus)
-                    # What else ran on the server's CPUs meanwhile (other tenants of the machine), and
-                    # what the hypervisor took from them.
-                    row["others_on_server_cpus_s"] = round(
-                        core["busy"] - core0["busy"] - row["server_cpu_s"], 2
-                    )
-                    row["steal_on_server_cpus_s"] = round(core["steal"] - core0["steal"], 2)
+                    # How long its server waited for its core while others ran there.
+                    row["server_wait_s"] = round(run_queue_wait_s(pid) - wait0, 2)
                     row.update(server_work(before, read_counters(host, p)))
                     row["loadavg_1m"] = round(os.getloadavg()[0], 2)
                     results.append(row)
@@ -441,30 +435,16 @@ def compare(
     return config, results
 
 
-def cpu_set(spec: str) -> set[int]:
-    """A taskset list ("0", "0-1", "0,2-3") as CPU numbers."""
-    out: set[int] = set()
-    for part in spec.split(","):
-        lo, _, hi = part.strip().partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-def core_times(stat: str, cpus: set[int]) -> dict[str, float]:
-    """Seconds the `cpus` were busy (user, nice, system, irq, softirq) and stolen by the hypervisor,
-    summed, from the text of /proc/stat."""
-    busy = steal = 0
-    for line in stat.splitlines():
-        name, *ticks = line.split()
-        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
-            t = [int(x) for x in ticks]
-            busy += t[0] + t[1] + t[2] + t[5] + t[6]
-            steal += t[7] if len(t) > 7 else 0
-    return {"busy": busy / CLK_TCK, "steal": steal / CLK_TCK}
-
-
-def _core_times(cpus: set[int]) -> dict[str, float]:
-    return core_times(Path("/proc/stat").read_text(), cpus)
+def run_queue_wait_s(pid: int) -> float:
+    """Seconds the threads of `pid` have spent runnable but waiting for a CPU (the second field of
+    /proc/PID/task/TID/schedstat): what other work on its cores took from it."""
+    total = 0
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((t / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
 
 
 def _own_cpu_seconds(pid: int) -> float:

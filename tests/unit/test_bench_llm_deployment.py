@@ -7,10 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.common import CLK_TCK
 from benchmarks.llm_deployment import (
-    core_times,
-    cpu_set,
     direct_argv,
     flag_value,
     parse_counters,
@@ -143,15 +140,3 @@ llamacpp:requests_processing 0
 def test_every_point_gets_fresh_prompts() -> None:
     seeds = [prompt_seed(r, i) for r in range(4) for i in range(3)]
     assert len(set(seeds)) == len(seeds)  # no point replays prompts a server has cached
-
-
-def test_the_server_cpus_busy_and_stolen_time_is_summed_over_the_listed_cpus_only() -> None:
-    stat = """cpu  300 0 30 900 0 0 0 9 0 0
-cpu0 100 10 20 500 7 1 2 3 0 0
-cpu1 200 0 10 400 0 0 0 6 0 0
-intr 1 2 3
-"""
-    assert cpu_set("0") == {0} and cpu_set("0-2,5") == {0, 1, 2, 5}
-    # user + nice + system + irq + softirq (not idle or iowait); steal apart
-    assert core_times(stat, {0}) == {"busy": 133 / CLK_TCK, "steal": 3 / CLK_TCK}
-    assert core_times(stat, {0, 1})["busy"] == 343 / CLK_TCK

@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,16 @@ def server_args(threads: int, ctx: int, parallel: int) -> list[str]:
 
 
 def aiperf_cmd(
-    python: Path, url: str, model: str, tok: Path, c: int, requests: int, isl: int, osl: int, out: Path
+    python: Path,
+    url: str,
+    model: str,
+    tok: Path,
+    c: int,
+    requests: int,
+    isl: int,
+    osl: int,
+    out: Path,
+    seed: int = 1,
 ) -> list[str]:
     aiperf = python.parent / "aiperf"
     return [
@@ -99,12 +109,48 @@ def aiperf_cmd(
         "--output-tokens-mean", str(osl),
         "--output-tokens-stddev", "0",
         "--extra-inputs", "ignore_eos:true",
-        "--random-seed", "1",
+        "--random-seed", str(seed),
         "--artifact-dir", str(out),
         "--ui-type", "none",
         "--no-server-metrics",
         "--no-gpu-telemetry",
     ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Point:
+    """One aiperf measurement: where, which model, how many at once, how many in all, token counts."""
+
+    url: str
+    model: str
+    concurrency: int
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    # The synthetic prompts' seed: the same on both sides of a comparison; another one where prompts
+    # the server has seen would be answered from its prompt cache.
+    seed: int = 1
+
+
+def run_aiperf(python: Path, tok: Path, point: Point, cpus: str | None, out: Path) -> dict[str, Any]:
+    """aiperf at one point, pinned to `cpus`, its artefacts in `out` (emptied first); its figures
+    (:func:`read_aiperf`). Raises with aiperf's last words if it fails."""
+    shutil.rmtree(out, ignore_errors=True)
+    p = point
+    cmd = aiperf_cmd(
+        python, p.url, p.model, tok, p.concurrency, p.requests, p.input_tokens, p.output_tokens, out, p.seed
+    )
+    r = subprocess.run(
+        taskset(cpus, cmd),
+        capture_output=True,
+        text=True,
+        check=False,
+        # With HF_HUB_OFFLINE set, aiperf takes the tokenizer folder's path for a repo id.
+        env={k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"},
+    )
+    if r.returncode != 0:
+        raise RuntimeError(f"aiperf failed ({r.returncode}): {r.stderr[-2000:]}")
+    return read_aiperf(out)
 
 
 def read_aiperf(out: Path) -> dict[str, Any]:
@@ -200,25 +246,12 @@ def main(argv: list[str] | None = None) -> int:
             order = ["direct", "supervised"] if c % 2 else ["supervised", "direct"]
             for side in order:
                 proc, port = sides[side]
-                out = work / f"aiperf-{side}-c{c}"
-                shutil.rmtree(out, ignore_errors=True)
                 cpu0 = tree_cpu_seconds(proc.pid)
                 t0 = time.monotonic()
                 log(f"aiperf {side} c={c} n={n}")
-                cmd = taskset(
-                    a.client_cpus,
-                    aiperf_cmd(python, f"http://127.0.0.1:{port}", model, tok, c, n, isl, osl, out),
-                )
-                r = subprocess.run(
-                    cmd,
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                    env={k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"},
-                )
-                if r.returncode != 0:
-                    raise RuntimeError(f"aiperf failed ({r.returncode}): {r.stderr[-2000:]}")
-                row = {"side": side, "concurrency": c, "requests": n, **read_aiperf(out)}
+                point = Point(f"http://127.0.0.1:{port}", model, c, n, isl, osl)
+                stats = run_aiperf(python, tok, point, a.client_cpus, work / f"aiperf-{side}-c{c}")
+                row = {"side": side, "concurrency": c, "requests": n, **stats}
                 row["wall_s"] = round(time.monotonic() - t0, 2)
                 row["server_cpu_s"] = round(tree_cpu_seconds(proc.pid) - cpu0, 2)
                 results.append(row)

@@ -15,13 +15,17 @@ pod IP and ``openai`` port from the Service's EndpointSlices.
 2. **Through the deployment against direct**: the pod's own ``llama-server`` command line, read from
    ``/proc``, is started again on the host with its host and port changed and the model path pointing
    at a copy of the GGUF the pod verified (the same bytes: same threads, context and slots as the
-   pod, whatever the tuning record set). The pod's whole process tree (supervisor and server) and the
-   direct server are pinned to ``--server-cpus`` with ``taskset``, aiperf to ``--client-cpus``; the
-   concurrencies alternate between the sides as in :mod:`benchmarks.llm`.
+   pod, whatever the tuning record set). The two llama-servers alone are pinned to ``--server-cpus``;
+   everything else of ours (the test bed from before its Jobs run, the operator, the pod's
+   supervisor) to ``--support-cpus``; aiperf to ``--client-cpus``. ``--rounds`` passes over the
+   concurrencies, the first side swapping each time (two rounds: ABBA); the ratios are of the medians,
+   and each point also records llama-server's own decode time per token (its ``/metrics``), its CPU
+   seconds, the supervisor's and aiperf's, and the load average, so a gap can be told apart from a
+   server that got less of its core.
 
 On the test bed this is llama.cpp, not TensorRT-LLM.
 
-    python -m benchmarks.llm_deployment [--quick] [--concurrency 1 4 16]
+    python -m benchmarks.llm_deployment [--quick] [--concurrency 1 4 16] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import contextlib
 import hashlib
 import json
 import os
+import resource
 import secrets
 import shutil
 import statistics
@@ -43,7 +48,11 @@ from typing import Any
 
 from benchmarks.common import (
     CACHE,
+    CLK_TCK,
+    cpu_ticks,
+    descendants,
     free_ports,
+    http_get,
     log,
     start,
     stop,
@@ -53,7 +62,7 @@ from benchmarks.common import (
     wait_http_ok,
     write_result,
 )
-from benchmarks.llm import AIPERF, aiperf_cmd, read_aiperf, tokenizer_dir
+from benchmarks.llm import AIPERF, Point, run_aiperf, tokenizer_dir
 
 NAME = "llm_deployment"
 INFD = "chat"
@@ -143,9 +152,12 @@ def cmdline(pid: int) -> list[str]:
 
 
 def pin(pids: Sequence[int], cpus: str) -> None:
-    """Every thread of every pid onto `cpus` (their children started later inherit it)."""
+    """Every thread of every pid onto `cpus` (their children started later inherit it); a process that
+    has exited meanwhile is passed over."""
     for pid in pids:
-        subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], check=True, capture_output=True)
+        r = subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], capture_output=True, text=True)
+        if r.returncode != 0 and Path(f"/proc/{pid}").exists():
+            raise RuntimeError(f"taskset -c {cpus} of pid {pid} failed: {r.stderr.strip()}")
 
 
 def sha256_of(path: Path) -> str:
@@ -265,94 +277,226 @@ def first_token(ip: str, port: int, timeout: float) -> float:
 
 
 # --- through the deployment against direct ----------------------------------------------------
-def pod_server(ip: str) -> tuple[list[int], int, list[str]]:
-    """The pod's pids, its supervisor's pid (`trtforge serve-llm`) and its llama-server's command
-    line."""
+SIDES = ("direct", "deployment")
+
+
+def side_order(round_: int, index: int) -> tuple[str, ...]:
+    """Which side goes first at the `index`-th concurrency of round `round_`: the first swaps from one
+    concurrency to the next and from one round to the next, so two rounds make ABBA at every
+    concurrency (a drift in the machine's load falls on both sides alike)."""
+    return SIDES if (round_ + index) % 2 == 0 else SIDES[::-1]
+
+
+def prompt_seed(round_: int, index: int) -> int:
+    """aiperf's prompt seed at the `index`-th concurrency of round `round_`: the same for both sides,
+    another at every point, so no point meets prompts its server has answered before (llama-server
+    reuses a slot's cached prompt: a second pass over the same prompts cut the prompt time tenfold)."""
+    return 1 + 1000 * round_ + index
+
+
+def pod_server(ip: str) -> tuple[list[int], int, int, list[str]]:
+    """The pod's pids, its supervisor's pid (`trtforge serve-llm`), its llama-server's pid and
+    command line."""
     pids = pod_pids(ip)
     servers = [p for p in pids if Path(cmdline(p)[0]).name == "llama-server"]
     supervisors = [p for p in pids if "serve-llm" in cmdline(p)]
     if not servers or not supervisors:
         raise RuntimeError(f"no serve-llm and llama-server among the processes of the pod at {ip}: {pids}")
-    return pids, supervisors[0], cmdline(servers[0])
+    return pids, supervisors[0], servers[0], cmdline(servers[0])
+
+
+# llama-server's own counters (``--metrics``), read before and after each point.
+_COUNTERS = {
+    "tokens": "llamacpp:tokens_predicted_total",
+    "decode_s": "llamacpp:tokens_predicted_seconds_total",
+    "prompt_s": "llamacpp:prompt_seconds_total",
+    "decodes": "llamacpp:n_decode_total",
+}
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """The counters of :data:`_COUNTERS` in a Prometheus exposition (absent ones left out)."""
+    want = {v: k for k, v in _COUNTERS.items()}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in want:
+            out[want[parts[0]]] = float(parts[1])
+    return out
+
+
+def server_work(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """What the server itself did in one point: its decode time per generated token (ms), its prompt
+    time (s) and how many batches it decoded; None where a counter is missing."""
+    d = {k: after[k] - before[k] for k in _COUNTERS if k in before and k in after}
+    tokens = d.get("tokens")
+    per_token = 1000 * d["decode_s"] / tokens if tokens and "decode_s" in d else None
+    return {
+        "server_ms_per_token": round(per_token, 2) if per_token is not None else None,
+        "server_prompt_s": round(d["prompt_s"], 2) if "prompt_s" in d else None,
+        "server_decodes": int(d["decodes"]) if "decodes" in d else None,
+    }
+
+
+def read_counters(host: str, port: int) -> dict[str, float]:
+    status, body = http_get(f"http://{host}:{port}/metrics", timeout=10.0)
+    return parse_counters(body.decode(errors="replace")) if status == 200 else {}
+
+
+def process_facts(pid: int) -> dict[str, Any]:
+    """What could set two identical servers apart: niceness, scheduling policy, CPUs, cgroup and where
+    its stdout goes."""
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+    )
+    return {
+        "nice": int(stat[16]),
+        "policy": int(stat[38]),
+        "cpus": status.get("Cpus_allowed_list", "").strip(),
+        "threads": int(status.get("Threads", "0").strip()),
+        "cgroup": Path(f"/proc/{pid}/cgroup").read_text().strip(),
+        "stdout": os.readlink(f"/proc/{pid}/fd/1"),
+    }
+
+
+def support_pids(bed: Bed, keep: Sequence[int]) -> list[int]:
+    """The test bed's processes (control plane, emulated kubelets, the pods they run), the operator and
+    this process, less the pids in `keep` (the two llama-servers)."""
+    from trtforge_dev.testbed import procs
+
+    pids = set(procs.marked_pids(bed.env.tb.root)) | set(descendants(os.getpid()))
+    return sorted(p for p in pids if p not in keep)
 
 
 def compare(
-    a: argparse.Namespace, ip: str, port: int, work: Path, isl: int, osl: int
+    a: argparse.Namespace, bed: Bed, ip: str, port: int, work: Path, isl: int, osl: int
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """aiperf at each concurrency, alternating between the deployment and the direct server."""
+    """aiperf at each concurrency, `a.rounds` times, the sides alternating (:func:`side_order`)."""
     from trtforge_dev.testbed import llama, smollm2
 
-    pids, supervisor, argv = pod_server(ip)
+    pids, supervisor, pod_llama, argv = pod_server(ip)
     server = Path(argv[0])
     pod_model = flag_value(argv, _MODEL_FLAGS)
     assert pod_model is not None
-    server_pid = next(p for p in pids if cmdline(p) == argv)
     model = work / "served.gguf"  # the bytes the pod verified, through its own mount namespace
-    shutil.copyfile(f"/proc/{server_pid}/root{pod_model}", model)
-    pin(pids, a.server_cpus)
+    shutil.copyfile(f"/proc/{pod_llama}/root{pod_model}", model)
     direct_port = free_ports(1)[0]
     binary = str(server if server.is_absolute() else llama.llama_bin("llama-server"))
     cmd = direct_argv(argv, binary, model, "127.0.0.1", direct_port)
-    config = {
-        "pod_server_argv": argv, "direct_argv": cmd, "settings": server_settings(argv),
-        "gguf_sha256": sha256_of(model), "pod_pids_pinned": len(pids),
-    }  # fmt: skip
     log(f"pod server: {' '.join(argv)}")
     direct = start(taskset(a.server_cpus, cmd), work / "direct.log")
+    pin([pod_llama], a.server_cpus)
+    if a.support_cpus:
+        others = support_pids(bed, [pod_llama, direct.pid])
+        pin(others, a.support_cpus)
+    else:
+        others = [p for p in pids if p != pod_llama]
+        pin(others, a.server_cpus)
     python = AIPERF.ensure()
     tok = tokenizer_dir(smollm2.smollm2_gguf(), python)
     results: list[dict[str, Any]] = []
     try:
         wait_http_ok(f"http://127.0.0.1:{direct_port}/health", 300, direct, interval=0.2)
-        sides = {"direct": (direct.pid, "127.0.0.1", direct_port), "deployment": (supervisor, ip, port)}
-        for c in a.concurrency:
-            n = a.requests or max(8 if a.quick else 16, 4 * c)
-            order = ["direct", "deployment"] if c % 2 else ["deployment", "direct"]
-            for side in order:
-                pid, host, p = sides[side]
-                out = work / f"aiperf-{side}-c{c}"
-                shutil.rmtree(out, ignore_errors=True)
-                cpu0 = tree_cpu_seconds(pid)
-                t0 = time.monotonic()
-                log(f"aiperf {side} c={c} n={n}")
-                r = subprocess.run(
-                    taskset(
-                        a.client_cpus,
-                        aiperf_cmd(python, f"http://{host}:{p}", INFD, tok, c, n, isl, osl, out),
-                    ),
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                    env={k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"},
-                )
-                if r.returncode != 0:
-                    raise RuntimeError(f"aiperf failed ({r.returncode}): {r.stderr[-2000:]}")
-                row = {"side": side, "concurrency": c, "requests": n, **read_aiperf(out)}
-                row["wall_s"] = round(time.monotonic() - t0, 2)
-                row["server_cpu_s"] = round(tree_cpu_seconds(pid) - cpu0, 2)
-                row["loadavg_1m"] = round(os.getloadavg()[0], 2)
-                results.append(row)
-                log(json.dumps(row))
+        sides = {"direct": (direct.pid, "127.0.0.1", direct_port), "deployment": (pod_llama, ip, port)}
+        config = {
+            "pod_server_argv": argv, "direct_argv": cmd, "settings": server_settings(argv),
+            "gguf_sha256": sha256_of(model), "pinned_support_pids": len(others),
+            "server_processes": {s: process_facts(pid) for s, (pid, _, _) in sides.items()},
+            "supervisor_process": process_facts(supervisor),
+            "hpas": hpa_count(bed),
+        }  # fmt: skip
+        log(f"servers: {json.dumps(config['server_processes'])}")
+        for rnd in range(a.rounds):
+            for i, c in enumerate(a.concurrency):
+                n = a.requests or max(8 if a.quick else 16, 4 * c)
+                for side in side_order(rnd, i):
+                    pid, host, p = sides[side]
+                    cpu0, sup0, cli0 = tree_cpu_seconds(pid), _own_cpu_seconds(supervisor), _children_cpu()
+                    wait0 = run_queue_wait_s(pid)
+                    before = read_counters(host, p)
+                    t0 = time.monotonic()
+                    log(f"round {rnd} aiperf {side} c={c} n={n}")
+                    point = Point(f"http://{host}:{p}", INFD, c, n, isl, osl, seed=prompt_seed(rnd, i))
+                    stats = run_aiperf(python, tok, point, a.client_cpus, work / f"aiperf-{side}-c{c}-r{rnd}")
+                    row = {"round": rnd, "side": side, "concurrency": c, "requests": n, **stats}
+                    row["wall_s"] = round(time.monotonic() - t0, 2)
+                    row["server_cpu_s"] = round(tree_cpu_seconds(pid) - cpu0, 2)
+                    row["supervisor_cpu_s"] = round(_own_cpu_seconds(supervisor) - sup0, 2)
+                    row["client_cpu_s"] = round(_children_cpu() - cli0, 2)
+                    # How long its server waited for its core while others ran there.
+                    row["server_wait_s"] = round(run_queue_wait_s(pid) - wait0, 2)
+                    row.update(server_work(before, read_counters(host, p)))
+                    row["loadavg_1m"] = round(os.getloadavg()[0], 2)
+                    results.append(row)
+                    log(json.dumps(row))
     finally:
         stop(direct)
     return config, results
 
 
+def run_queue_wait_s(pid: int) -> float:
+    """Seconds the threads of `pid` have spent runnable but waiting for a CPU (the second field of
+    /proc/PID/task/TID/schedstat): what other work on its cores took from it."""
+    total = 0
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((t / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
+def _own_cpu_seconds(pid: int) -> float:
+    """User+system CPU seconds of one process (all its threads, no children)."""
+    return (cpu_ticks(f"/proc/{pid}/stat") or 0) / CLK_TCK
+
+
+def _children_cpu() -> float:
+    """User+system CPU seconds of this process's waited-for children so far (aiperf and its workers)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def hpa_count(bed: Bed) -> int:
+    """HorizontalPodAutoscalers on the test bed: none means nothing asks the metrics adapter to scrape
+    the pod's /metrics during the run."""
+    r = bed.env.tb.kubectl("get", "hpa", "-A", "-o", "name", check=False)
+    return len(r.stdout.split())
+
+
+_RATIOS = (
+    ("output_tokens_per_s", "tokens_per_s_ratio"),
+    ("ttft_ms_p50", "ttft_p50_ratio"),
+    ("itl_ms_p50", "itl_p50_ratio"),
+    ("server_ms_per_token", "server_ms_per_token_ratio"),
+)
+
+
 def ratios(results: list[dict[str, Any]], concurrency: Sequence[int]) -> list[dict[str, Any]]:
-    """Deployment over direct at each concurrency: tokens/s, TTFT p50, ITL p50."""
+    """Deployment over direct at each concurrency, medians over the rounds: tokens/s, TTFT p50 and ITL
+    p50 (the ratio of the two sides' medians), and the tokens/s ratio of each round."""
     out = []
     for c in concurrency:
-        d = next(r for r in results if r["side"] == "direct" and r["concurrency"] == c)
-        s = next(r for r in results if r["side"] == "deployment" and r["concurrency"] == c)
-        out.append(
-            {
-                "concurrency": c,
-                "tokens_per_s_ratio": _ratio(s["output_tokens_per_s"], d["output_tokens_per_s"]),
-                "ttft_p50_ratio": _ratio(s["ttft_ms_p50"], d["ttft_ms_p50"]),
-                "itl_p50_ratio": _ratio(s["itl_ms_p50"], d["itl_ms_p50"]),
-            }
-        )
+        d = [r for r in results if r["side"] == "direct" and r["concurrency"] == c]
+        s = [r for r in results if r["side"] == "deployment" and r["concurrency"] == c]
+        row: dict[str, Any] = {"concurrency": c}
+        for key, name in _RATIOS:
+            row[name] = _ratio(_median(s, key), _median(d, key))
+        rounds = sorted({r.get("round", 0) for r in d})
+        if len(rounds) > 1:
+            row["tokens_per_s_ratio_by_round"] = [
+                _ratio(_median([r for r in s if r.get("round", 0) == k], "output_tokens_per_s"),
+                       _median([r for r in d if r.get("round", 0) == k], "output_tokens_per_s"))
+                for k in rounds
+            ]  # fmt: skip
+        out.append(row)
     return out
+
+
+def _median(rows: Sequence[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(values) if values else None
 
 
 def _ratio(x: float | None, y: float | None) -> float | None:
@@ -382,11 +526,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-tokens", type=int, default=None)
     ap.add_argument(
         "--server-cpus",
-        default="0-1",
-        help="taskset list for the pod's processes and the direct server (at least the pod's tuned "
-        "threads: threads pinned to fewer cores spin against each other)",
+        default="0",
+        help="taskset list for both llama-servers (at least the pod's tuned threads: threads pinned to "
+        "fewer cores spin against each other)",
+    )
+    ap.add_argument(
+        "--support-cpus",
+        default="1",
+        help="taskset list for everything else of ours, from the start: the test bed (so the tune Job "
+        "benches the threads these CPUs allow), the operator, the pod's supervisor ('': the "
+        "supervisor beside the servers, the rest unpinned)",
     )
     ap.add_argument("--client-cpus", default="1", help="taskset list for aiperf")
+    ap.add_argument(
+        "--rounds", type=int, default=2, help="passes over the concurrencies (2: ABBA at each); medians"
+    )
+    ap.add_argument(
+        "--compare-only", action="store_true", help="after the cold start, only the comparison (no second "
+        "namespace, no redeploy)",
+    )  # fmt: skip
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds from an apply to the first token")
     ap.add_argument("--root", type=Path, default=CACHE / "cluster", help="the test bed's state directory")
     ap.add_argument("--name", default=NAME, help="the results file's name")
@@ -406,20 +564,23 @@ def main(argv: list[str] | None = None) -> int:
         bed = Bed(tb, work)
         try:
             bed.env.start()
+            if a.support_cpus:  # before the Jobs: the tune Job benches the threads its affinity allows
+                pin(support_pids(bed, []), a.support_cpus)
             gguf = smollm2.smollm2_gguf()
             shutil.copyfile(gguf, bed.env.models_dir / gguf.name)
             log("cold: an empty store")
             startup["cold"] = bed.apply_to_first_token(bed.cold_ns, True, a.timeout)
             log(f"cold: {startup['cold']}")
             ip, port = bed.openai_address(bed.cold_ns) or ("", 0)
-            config, results = compare(a, ip, port, work, isl, osl)
-            log("checkpoint in the store: the same engine in a second namespace")
-            startup["in_store"] = bed.apply_to_first_token(bed.warm_ns, True, a.timeout)
-            log(f"in store: {startup['in_store']}")
-            bed.delete_deployment(bed.cold_ns)
-            log("redeploy: the InferenceDeployment applied again beside its Ready engine")
-            startup["redeploy"] = bed.apply_to_first_token(bed.cold_ns, False, a.timeout)
-            log(f"redeploy: {startup['redeploy']}")
+            config, results = compare(a, bed, ip, port, work, isl, osl)
+            if not a.compare_only:
+                log("checkpoint in the store: the same engine in a second namespace")
+                startup["in_store"] = bed.apply_to_first_token(bed.warm_ns, True, a.timeout)
+                log(f"in store: {startup['in_store']}")
+                bed.delete_deployment(bed.cold_ns)
+                log("redeploy: the InferenceDeployment applied again beside its Ready engine")
+                startup["redeploy"] = bed.apply_to_first_token(bed.cold_ns, False, a.timeout)
+                log(f"redeploy: {startup['redeploy']}")
         finally:
             bed.env.close()
     rs = ratios(results, a.concurrency)
@@ -428,7 +589,8 @@ def main(argv: list[str] | None = None) -> int:
         {
             "config": {
                 **config, "gguf": gguf.name, "input_tokens": isl, "output_tokens": osl,
-                "server_cpus": a.server_cpus, "client_cpus": a.client_cpus, "quick": a.quick,
+                "server_cpus": a.server_cpus, "support_cpus": a.support_cpus, "client_cpus": a.client_cpus,
+                "rounds": a.rounds, "quick": a.quick,
                 "aiperf": AIPERF.version("aiperf"), "loadavg_1m_at_start": round(load0, 2),
                 "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
                 "command": " ".join([f"python -m benchmarks.{NAME}", *args]),
@@ -446,8 +608,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def tokens_per_cpu_second(row: dict[str, Any], output_tokens: int) -> float | None:
-    """Output tokens of a point's completed requests per CPU second of its server side (the deployment's
-    side counts its supervisor too): the work per token, whatever share of the core the side got."""
+    """Output tokens of a point's completed requests per CPU second of its llama-server: the work per
+    token, whatever share of the core the side got."""
     done, cpu = row.get("completed_requests"), row.get("server_cpu_s")
     return round(done * output_tokens / cpu, 1) if done and cpu else None
 
@@ -467,21 +629,34 @@ def render(res: dict[str, Any]) -> str:
         if k in s
     )
     rows = [
-        [r["concurrency"], r["side"], r["output_tokens_per_s"], r["ttft_ms_p50"], r["ttft_ms_p90"],
-         r["itl_ms_p50"], r["server_cpu_s"], tokens_per_cpu_second(r, cfg["output_tokens"])]
-        for r in res["results"]
+        [r["concurrency"], r.get("round", 0), r["side"], r["output_tokens_per_s"], r["ttft_ms_p50"],
+         r["ttft_ms_p90"], r["itl_ms_p50"], r.get("server_ms_per_token"), r["server_cpu_s"],
+         tokens_per_cpu_second(r, cfg["output_tokens"]), r.get("loadavg_1m")]
+        for r in sorted(res["results"], key=lambda r: (r["concurrency"], r.get("round", 0)))
     ]  # fmt: skip
     ratio = res["ratios"]
     cs = ", ".join(str(r["concurrency"]) for r in ratio)
     tps = ", ".join(f"{r['tokens_per_s_ratio']}x" for r in ratio)
     ttft = ", ".join(f"{r['ttft_p50_ratio']}x" for r in ratio)
+    own = ", ".join(f"{r['server_ms_per_token_ratio']}x" for r in ratio if r.get("server_ms_per_token_ratio"))
+    n_rounds = int(cfg.get("rounds", 1))
+    rounds = f"{n_rounds} rounds, the sides alternating (ABBA)" if n_rounds > 1 else "one round"
+    medians = " (medians over the rounds)" if n_rounds > 1 else ""
+    support = (
+        f"the supervisor, test bed and operator on CPU {cfg['support_cpus']}, "
+        if cfg.get("support_cpus")
+        else "the supervisor beside them, "
+    )
     prose = (
         f"From `kubectl apply` to the first streamed token: {starts}. "
         f"Pod's llama-server (both sides): {st['threads']} thread(s), batch {st['batch']}, context "
-        f"{st['ctx']}, {st['parallel']} slots; servers on CPU {cfg['server_cpus']}, aiperf on CPU "
-        f"{cfg['client_cpus']}; {cfg['input_tokens']} prompt and {cfg['output_tokens']} output tokens; 1-min "
-        f"load average {cfg['loadavg_1m_at_start']} at the start, {cfg['loadavg_1m_at_end']} at the end. "
-        f"Deployment over direct: tokens/s {tps} and TTFT p50 {ttft} at c = {cs}."
+        f"{st['ctx']}, {st['parallel']} slots; servers on CPU {cfg['server_cpus']}, "
+        f"{support}aiperf on CPU {cfg['client_cpus']}; {cfg['input_tokens']} prompt and "
+        f"{cfg['output_tokens']} output tokens; {rounds}; 1-min load average "
+        f"{cfg['loadavg_1m_at_start']} at the start, {cfg['loadavg_1m_at_end']} at the end. "
+        f"Deployment over direct{medians}: tokens/s {tps} and TTFT p50 {ttft} at c = {cs}"
+        + (f"; llama-server's own decode ms/token {own}" if own else "")
+        + "."
     )
     return "\n".join(
         [
@@ -489,13 +664,16 @@ def render(res: dict[str, Any]) -> str:
             table(
                 [
                     "c",
+                    "round",
                     "side",
                     "tokens/s",
                     "TTFT p50 ms",
                     "TTFT p90 ms",
                     "ITL p50 ms",
+                    "server ms/token",
                     "server CPU s",
                     "tokens per CPU s",
+                    "load 1m",
                 ],
                 rows,
             ),

@@ -108,6 +108,14 @@ async def run_canary(session: aiohttp.ClientSession, plan: ServerPlan) -> Canary
         return CanaryOutcome(False, f"canary request failed: {e}")
 
 
+def server_session() -> aiohttp.ClientSession:
+    """The supervisor's client for its server: health polls, the canary and ``/metrics``, each on a
+    connection of its own, closed after the answer. A kept-alive connection polled every 0.5 s never
+    idles out, and llama.cpp's HTTP library watches an idle one by waking a thread every 10 ms on the
+    server's own core (docs/design.md §"LLM serving")."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+
+
 def _die_with_parent() -> None:
     """In the child before exec: the kernel kills the server when the supervisor dies (Linux)."""
     with contextlib.suppress(OSError, AttributeError):
@@ -184,7 +192,7 @@ class Supervisor:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
         runner = await self._start_probe_server()
-        self._session = aiohttp.ClientSession()
+        self._session = server_session()
         graceful = False  # an abort (or a crash here) kills the server at once: it is dead or stuck
         try:
             early = await self._before_server()

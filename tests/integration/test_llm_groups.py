@@ -404,9 +404,12 @@ def test_waiting_requests_make_the_hpa_add_one_whole_group(env: OperatorEnv, gro
         try:
 
             def second_group() -> list[Any] | None:
+                # Read while the load lasts: once it stops, the HPA scales back to one group.
                 obj = env.get("inferencedeployments", ns, "grp")
                 g1 = env.pods(ns, f"{GROUP}=grp-g1")
-                return g1 if obj["spec"]["replicas"] == 2 and g1 else None
+                c = condition(obj, "Groups")
+                counted = c is not None and "1/2 groups whole" in c["message"]
+                return g1 if obj["spec"]["replicas"] == 2 and g1 and counted else None
 
             g1 = wait_for(second_group, timeout=600, desc="the HPA asked for a second group and it was made")
         finally:
@@ -422,8 +425,6 @@ def test_waiting_requests_make_the_hpa_add_one_whole_group(env: OperatorEnv, gro
         p.metadata.name for p in g1
     }
     assert len(_group_pods(env, ns)) == 2  # group g0 untouched
-    c = condition(env.get("inferencedeployments", ns, "grp"), "Groups")
-    assert c is not None and "1/2 groups whole" in c["message"], c
 
 
 def _post(ip: str, port: int, path: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, Any]:

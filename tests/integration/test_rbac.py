@@ -317,6 +317,11 @@ def test_operator_has_what_the_lifecycle_needs(testbed: TestBed, release: Releas
         ("delete", "jobs.batch", sysns, None),
         # a fault is believed only from a pod of a ReplicaSet its Deployment made (docs/security.md)
         ("list", "replicasets.apps", tenant, None),
+        # rank groups (docs/llm.md "Groups"): rank pods, and a trtllm-serve leader's Role and
+        # RoleBinding, which RBAC lets it write only holding what they grant (pods/exec)
+        ("create", "pods", tenant, None),
+        ("create", "rolebindings.rbac.authorization.k8s.io", tenant, None),
+        ("create", "pods/exec", tenant, None),
     ]
     for verb, res, ns, sub in allowed:
         assert can_i(testbed, op, verb, res, ns, sub), (
@@ -330,15 +335,11 @@ def test_operator_is_denied_what_it_does_not_need(testbed: TestBed, release: Rel
         ("get", "secrets", tenant),
         ("list", "secrets", None),
         ("patch", "jobs.batch", tenant),  # it creates verify Jobs there, and never changes one
-        ("create", "pods", tenant),
-        ("create", "pods", release.namespace),
         ("update", "nodes", None),
         ("delete", "trtengines.trtforge.io", tenant),
         ("create", "trtengines.trtforge.io", tenant),
         ("create", "clusterroles.rbac.authorization.k8s.io", None),
-        ("create", "rolebindings.rbac.authorization.k8s.io", tenant),
         ("impersonate", "serviceaccounts", tenant),
-        ("create", "pods/exec", tenant),
         ("create", "persistentvolumeclaims", tenant),
         ("create", "tokenreviews.authentication.k8s.io", None),  # the broker checks tokens, apart
         ("get", "pods/log", release.namespace),  # build results come in the termination message

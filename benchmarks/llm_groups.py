@@ -263,43 +263,44 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+KEYS = ("output_tokens_per_s", "ttft_ms_p50", "ttft_ms_p90", "itl_ms_p50", "loadavg_1m")
+
+
 def render(res: dict[str, Any]) -> str:
-    """The results block of docs/benchmarks.md: group against one rank, then the fault timeline."""
+    """The results block of docs/benchmarks.md: group against one rank (a row per concurrency, each
+    cell one rank / group), then each fault's timeline."""
     cfg = res["config"]
     rs = res["ratios"]
     cs = ", ".join(str(r["concurrency"]) for r in rs)
     tps = ", ".join(f"{r['tokens_per_s_ratio']}x" for r in rs)
     ttft = ", ".join(f"{r['ttft_p50_ratio']}x" for r in rs)
+    labels = dict(MILESTONES)
+    faults = " ".join(
+        f"Fault {i}: rank 1's `ggml-rpc-server` killed (load {f['loadavg_1m_at_kill']}); after the kill: "
+        + ", ".join(f"{labels[m['milestone']]} {m['after_kill_s']} s" for m in f["timeline"])
+        + f" (load {f['timeline'][-1]['loadavg_1m']})."
+        for i, f in enumerate(res["faults"], 1)
+    )
     prose = (
         f"Both ranks and the one-rank pod share the test bed's CPUs (llama.cpp's RPC backend over "
         f"loopback; no TensorRT-LLM, no GPU): the group's figures are the cost of the rank hop, not a "
         f"multi-GPU speed-up. {cfg['input_tokens']} prompt and {cfg['output_tokens']} output tokens, aiperf "
         f"on CPU {cfg['client_cpus']}; 1-min load average {cfg['loadavg_1m_at_start']} at the start, "
         f"{cfg['loadavg_1m_at_end']} at the end. Group over one rank: tokens/s {tps} and TTFT p50 {ttft} "
-        f"at c = {cs}."
+        f"at c = {cs}. {faults}"
     )
-    rows = [
-        [r["concurrency"], SIDES[r["side"]], r["output_tokens_per_s"], r["ttft_ms_p50"], r["ttft_ms_p90"],
-         r["itl_ms_p50"], r["loadavg_1m"]]
-        for r in res["results"]
-    ]  # fmt: skip
-    parts = [
-        prose,
-        table(["c", "side", "tokens/s", "TTFT p50 ms", "TTFT p90 ms", "ITL p50 ms", "load 1m"], rows),
-    ]
-    labels = dict(MILESTONES)
-    for i, f in enumerate(res["faults"], 1):
-        parts.append(f"Fault {i}: rank 1's `ggml-rpc-server` killed (load {f['loadavg_1m_at_kill']}), then:")
-        parts.append(
-            table(
-                ["milestone", "s after the kill", "step s", "load 1m"],
-                [
-                    [labels[m["milestone"]], m["after_kill_s"], m["step_s"], m["loadavg_1m"]]
-                    for m in f["timeline"]
-                ],
-            )
+    rows = []
+    for c in dict.fromkeys(r["concurrency"] for r in res["results"]):
+        one, grp = (
+            next(r for r in res["results"] if r["concurrency"] == c and r["side"] == s) for s in (ONE, GRP)
         )
-    return "\n".join(parts)
+        rows.append([c, *(f"{_num(one[k])} / {_num(grp[k])}" for k in KEYS)])
+    head = ["c", "tokens/s one / group", "TTFT p50 ms", "TTFT p90 ms", "ITL p50 ms", "load 1m"]
+    return "\n".join([prose.strip(), table(head, rows)])
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}" if abs(v) < 1000 else f"{v:.0f}"
 
 
 if __name__ == "__main__":

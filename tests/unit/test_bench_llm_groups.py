@@ -49,6 +49,9 @@ def test_the_results_block_says_what_the_group_runs_on_and_gives_the_ratios_and_
     text = render(res)
     assert "no TensorRT-LLM, no GPU" in text and "not a multi-GPU speed-up" in text
     assert "Group over one rank: tokens/s 0.5x and TTFT p50 1.5x at c = 1." in text
-    assert "| 1 | 2-rank group | 10.0     | 150.0       |" in text
-    assert "Fault 1: rank 1's `ggml-rpc-server` killed (load 2.2)" in text
-    assert "| first streamed token       | 11.0             | 0.75   | 3       |" in text
+    assert "| 1 | 20.0 / 10.0          | 100.0 / 150.0 |" in text
+    assert (
+        "Fault 1: rank 1's `ggml-rpc-server` killed (load 2.2); after the kill: leader out of the Service "
+        "1.0 s, both rank pods new 4.5 s, group whole and Ready 10.0 s, leader back in the Service 10.25 s, "
+        "first streamed token 11.0 s (load 3.0)." in text
+    )

@@ -281,7 +281,10 @@ def render(res: dict[str, Any]) -> str:
         + f" (load {f['timeline'][-1]['loadavg_1m']})."
         for i, f in enumerate(res["faults"], 1)
     )
+    ranks = ", ".join(f"rank {r} on {n}" for r, n in sorted(cfg["group_ranks_on"].items()))
     prose = (
+        f"SmolLM2 as tensor 16 on H100 (group `grp-g0`, {ranks}: rank 1 `ggml-rpc-server`, rank 0 "
+        f"`llama-server --rpc`) against one pod on the `cpu` target, both served by InferenceDeployments. "
         f"Both ranks and the one-rank pod share the test bed's CPUs (llama.cpp's RPC backend over "
         f"loopback; no TensorRT-LLM, no GPU): the group's figures are the cost of the rank hop, not a "
         f"multi-GPU speed-up. {cfg['input_tokens']} prompt and {cfg['output_tokens']} output tokens, aiperf "

@@ -41,12 +41,14 @@ def test_the_results_block_says_what_the_group_runs_on_and_gives_the_ratios_and_
     rows = [_row("one", 1, 20.0, 100.0), _row("grp", 1, 10.0, 150.0)]
     res = {
         "config": {"input_tokens": 64, "output_tokens": 32, "client_cpus": "1",
-                   "loadavg_1m_at_start": 2.0, "loadavg_1m_at_end": 3.0},
+                   "loadavg_1m_at_start": 2.0, "loadavg_1m_at_end": 3.0,
+                   "group_ranks_on": {"1": "gpu-h100-1", "0": "gpu-h100-0"}},
         "results": rows,
         "ratios": ratios(rows, [1], over="grp", base="one"),
         "faults": [{"loadavg_1m_at_kill": 2.2, "timeline": fault_timeline(MARKS, 100.0, LOAD)}],
     }  # fmt: skip
     text = render(res)
+    assert "(group `grp-g0`, rank 0 on gpu-h100-0, rank 1 on gpu-h100-1:" in text
     assert "no TensorRT-LLM, no GPU" in text and "not a multi-GPU speed-up" in text
     assert "Group over one rank: tokens/s 0.5x and TTFT p50 1.5x at c = 1." in text
     assert "| 1 | 20.0 / 10.0          | 100.0 / 150.0 |" in text

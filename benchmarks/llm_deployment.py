@@ -205,19 +205,7 @@ class Bed:
         return yaml.safe_dump_all(docs)
 
     def openai_address(self, ns: str) -> tuple[str, int] | None:
-        """A ready endpoint of the Service's `openai` port, from its EndpointSlices."""
-        from kubernetes import client
-
-        co: Any = client.CustomObjectsApi(self.env.api)
-        sel = f"kubernetes.io/service-name={INFD}"
-        for sl in co.list_namespaced_custom_object(
-            "discovery.k8s.io", "v1beta1", ns, "endpointslices", label_selector=sel
-        )["items"]:
-            port = next((p["port"] for p in sl.get("ports") or [] if p.get("name") == "openai"), None)
-            for ep in sl.get("endpoints") or []:
-                if port is not None and (ep.get("conditions") or {}).get("ready"):
-                    return str(ep["addresses"][0]), int(port)
-        return None
+        return openai_address(self.env.api, ns, INFD)
 
     def apply_to_first_token(self, ns: str, with_engine: bool, timeout: float) -> dict[str, Any]:
         """`kubectl apply` of the manifests, then the first streamed token through the Service's
@@ -256,13 +244,29 @@ class Bed:
                  desc=f"{ns}'s runtime pods gone")  # fmt: skip
 
 
-def first_token(ip: str, port: int, timeout: float) -> float:
+def openai_address(api: Any, ns: str, service: str) -> tuple[str, int] | None:
+    """A ready endpoint of the Service's `openai` port, from its EndpointSlices."""
+    from kubernetes import client
+
+    co: Any = client.CustomObjectsApi(api)
+    sel = f"kubernetes.io/service-name={service}"
+    for sl in co.list_namespaced_custom_object(
+        "discovery.k8s.io", "v1beta1", ns, "endpointslices", label_selector=sel
+    )["items"]:
+        port = next((p["port"] for p in sl.get("ports") or [] if p.get("name") == "openai"), None)
+        for ep in sl.get("endpoints") or []:
+            if port is not None and (ep.get("conditions") or {}).get("ready"):
+                return str(ep["addresses"][0]), int(port)
+    return None
+
+
+def first_token(ip: str, port: int, timeout: float, model: str = INFD) -> float:
     """monotonic() when the first streamed content arrives from the `openai` client."""
     from openai import OpenAI
 
     chat = OpenAI(base_url=f"http://{ip}:{port}/v1", api_key="none", max_retries=0, timeout=timeout)
     stream = chat.chat.completions.create(
-        model=INFD,
+        model=model,
         messages=[{"role": "user", "content": "What is the capital of France?"}],
         max_tokens=16,
         stream=True,
@@ -473,13 +477,15 @@ _RATIOS = (
 )
 
 
-def ratios(results: list[dict[str, Any]], concurrency: Sequence[int]) -> list[dict[str, Any]]:
-    """Deployment over direct at each concurrency, medians over the rounds: tokens/s, TTFT p50 and ITL
-    p50 (the ratio of the two sides' medians), and the tokens/s ratio of each round."""
+def ratios(
+    results: list[dict[str, Any]], concurrency: Sequence[int], over: str = "deployment", base: str = "direct"
+) -> list[dict[str, Any]]:
+    """Side `over` over side `base` at each concurrency, medians over the rounds: tokens/s, TTFT p50 and
+    ITL p50 (the ratio of the two sides' medians), and the tokens/s ratio of each round."""
     out = []
     for c in concurrency:
-        d = [r for r in results if r["side"] == "direct" and r["concurrency"] == c]
-        s = [r for r in results if r["side"] == "deployment" and r["concurrency"] == c]
+        d = [r for r in results if r["side"] == base and r["concurrency"] == c]
+        s = [r for r in results if r["side"] == over and r["concurrency"] == c]
         row: dict[str, Any] = {"concurrency": c}
         for key, name in _RATIOS:
             row[name] = _ratio(_median(s, key), _median(d, key))

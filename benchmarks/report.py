@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         ha,
         hostile,
         llm_deployment,
+        llm_groups,
         manycore,
         recovery,
         serving,
@@ -193,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         "recovery": ("recovery", recovery.render),
         "ha": ("ha", ha.render),
         "llm_deployment": ("llm_deployment", llm_deployment.render),
+        "llm_groups": ("llm_groups", llm_groups.render),
     }
     try:
         body = targets(read_result("serving"), read_result("coldstart"), read_result("manycore"))

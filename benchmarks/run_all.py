@@ -6,7 +6,8 @@ project's own onnxruntime version), so their pins never touch the project's ``.v
 so is the load generator, ``perf_analyzer`` from the ``tritonclient==2.40.0`` wheel
 (:mod:`benchmarks.perf`).
 The control-plane and recovery benchmarks share one test bed of their own (``.cache/bench/cluster``),
-brought up here and down at the end, as does the LLM deployment benchmark (``--only llm_deployment``).
+brought up here and down at the end, as do the LLM deployment and group benchmarks (``--only
+llm_deployment,llm_groups``).
 The many-core benchmark (:mod:`benchmarks.manycore`) runs only with ``--only manycore`` on a host with
 at least 16 cores.
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--only",
         default="serving,coldstart,hostile,controlplane,recovery",
-        help="also: manycore, llm, llm_deployment",
+        help="also: manycore, llm, llm_deployment, llm_groups",
     )
     p.add_argument("--quick", action="store_true", help="short runs to check the harness")
     a = p.parse_args(argv)
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         hostile,
         llm,
         llm_deployment,
+        llm_groups,
         manycore,
         perf,
         plots,
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         ("manycore", manycore.main, ["--cores", "2,4", "--seconds", "2"] if q else []),
         ("llm", llm.main, ["--quick"] if q else []),
         ("llm_deployment", llm_deployment.main, ["--root", root, *(["--quick"] if q else [])]),
+        ("llm_groups", llm_groups.main, ["--root", root, *(["--concurrency", "1"] if q else [])]),
     ]
     failed = []
     cluster_used = False
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             perf.PERF_ANALYZER.ensure()
         if name == "serving":
             venvs.main([])
-        cluster_used |= name in ("controlplane", "recovery", "llm_deployment")
+        cluster_used |= name in ("controlplane", "recovery", "llm_deployment", "llm_groups")
         log(f"=== {name} {' '.join(args)}")
         t0 = time.monotonic()
         try:

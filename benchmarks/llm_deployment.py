@@ -246,18 +246,9 @@ class Bed:
 
 def openai_address(api: Any, ns: str, service: str) -> tuple[str, int] | None:
     """A ready endpoint of the Service's `openai` port, from its EndpointSlices."""
-    from kubernetes import client
+    from trtforge_dev.testbed.endpoints import openai_addresses
 
-    co: Any = client.CustomObjectsApi(api)
-    sel = f"kubernetes.io/service-name={service}"
-    for sl in co.list_namespaced_custom_object(
-        "discovery.k8s.io", "v1beta1", ns, "endpointslices", label_selector=sel
-    )["items"]:
-        port = next((p["port"] for p in sl.get("ports") or [] if p.get("name") == "openai"), None)
-        for ep in sl.get("endpoints") or []:
-            if port is not None and (ep.get("conditions") or {}).get("ready"):
-                return str(ep["addresses"][0]), int(port)
-    return None
+    return next(iter(openai_addresses(api, ns, service)), None)
 
 
 def first_token(ip: str, port: int, timeout: float, model: str = INFD) -> float:

@@ -25,17 +25,15 @@ class Story(Protocol):
     def say(self, text: str) -> None: ...
 
 
-Address = Callable[[str, str], "tuple[str, int] | None"]  # (namespace, Service) -> a ready endpoint
 Chat = Callable[[str, int, str], str]  # (ip, port, model) -> the reply
 
 
-def group_story(
-    env: Any, story: Story, ns: str, pod_env: list[dict[str, str]], address: Address, chat: Chat
-) -> None:
+def group_story(env: Any, story: Story, ns: str, pod_env: list[dict[str, str]], chat: Chat) -> None:
     from kubernetes.client.rest import ApiException
 
     from trtforge_dev.localdev import condition, deployment_manifest
     from trtforge_dev.testbed import llama, smollm2
+    from trtforge_dev.testbed.endpoints import openai_addresses
     from trtforge_dev.testbed.wait import wait_for
 
     story.step("A 2-rank group: tensor 16 on H100 is two 8-GPU nodes, so a replica is two rank pods")
@@ -62,10 +60,12 @@ def group_story(
 
     def endpoint() -> tuple[str, int]:
         found = wait_for(
-            lambda: address(ns, "grp"), timeout=120, desc="the Service's endpoint", ignore=(ApiException,)
+            lambda: openai_addresses(env.api, ns, "grp"),
+            timeout=120,
+            desc="the Service's endpoint",
+            ignore=(ApiException,),
         )
-        assert found is not None
-        return found
+        return found[0]
 
     wait_for(whole, timeout=600, desc="the group whole and Ready")
     story.say(
@@ -85,7 +85,7 @@ def group_story(
     os.kill(llama.rpc_server_pid(worker.status.pod_ip, RANK_PORT), signal.SIGKILL)
     story.say(f"kill -9 ggml-rpc-server of {worker.metadata.name} on {worker.spec.node_name}")
     wait_for(
-        lambda: address(ns, "grp") is None,
+        lambda: not openai_addresses(env.api, ns, "grp"),
         timeout=120,
         desc="the leader out of the Service",
         ignore=(ApiException,),

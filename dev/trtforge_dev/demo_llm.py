@@ -29,11 +29,11 @@ class Story(Protocol):
 
 def llm_story(tb: Any, story: Story, keep: bool) -> None:
     """Quantize, serve, chat; everything it made goes unless `keep`."""
-    from kubernetes import client
     from kubernetes.client.rest import ApiException
 
     from trtforge_dev.localdev import OperatorEnv, deployment_manifest
     from trtforge_dev.testbed import llama, smollm2
+    from trtforge_dev.testbed.endpoints import openai_addresses
     from trtforge_dev.testbed.wait import wait_for
 
     ns = f"demo-llm-{secrets.token_hex(2)}"
@@ -73,38 +73,22 @@ def llm_story(tb: Any, story: Story, keep: bool) -> None:
             story.say(f"  {line}")
 
         story.step("A chat completion with the openai client, through the Service's openai port")
-        co: Any = client.CustomObjectsApi(env.api)
         for name in ("httpx", "httpx2"):  # the openai client's per-request log lines
             logging.getLogger(name).setLevel(logging.WARNING)
         found = wait_for(
-            lambda: _address(co, ns, "chat"),
+            lambda: openai_addresses(env.api, ns, "chat"),
             timeout=120,
             desc="the Service's endpoints",
             ignore=(ApiException,),
         )
-        assert found is not None
-        story.say(f"user: {QUESTION}  smollm2: {_chat(*found, 'chat')!r}")
+        story.say(f"user: {QUESTION}  smollm2: {_chat(*found[0], 'chat')!r}")
 
-        group_story(env, story, ns, pod_env, lambda n, svc: _address(co, n, svc), _chat)
+        group_story(env, story, ns, pod_env, _chat)
         if keep:
             story.say(f"LLM operator log: {env.op.log}")
     finally:
         if not keep:
             env.close()
-
-
-def _address(co: Any, ns: str, service: str) -> tuple[str, int] | None:
-    """A ready endpoint of `service`'s openai port (EndpointSlices: the test bed's pod IPs are loopback
-    addresses, which the Endpoints API refuses)."""
-    sel = f"kubernetes.io/service-name={service}"
-    for sl in co.list_namespaced_custom_object(
-        "discovery.k8s.io", "v1beta1", ns, "endpointslices", label_selector=sel
-    )["items"]:
-        port = next((p["port"] for p in sl.get("ports") or [] if p.get("name") == "openai"), None)
-        for ep in sl.get("endpoints") or []:
-            if port is not None and (ep.get("conditions") or {}).get("ready"):
-                return str(ep["addresses"][0]), int(port)
-    return None
 
 
 def _chat(ip: str, port: int, model: str) -> str:

@@ -31,6 +31,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from trtforge_dev.localdev import OperatorEnv, delete_with_cleanup, deployment_manifest
 from trtforge_dev.testbed import llama, smollm2
+from trtforge_dev.testbed.endpoints import openai_addresses
 from trtforge_dev.testbed.wait import wait_for
 
 from trtforge.contract.llm import ArtefactKind, ArtefactManifest, golden_request, manifest_path
@@ -73,26 +74,6 @@ def custom_metrics(env: OperatorEnv) -> Iterator[None]:
 
     with metrics_adapter.registered(env.tb, env.api):
         yield
-
-
-def _openai_address(env: OperatorEnv, ns: str, service: str) -> list[tuple[str, int]]:
-    """(pod IP, port) of the Service's `openai` port for each ready endpoint, from its EndpointSlices
-    (the test bed's pod IPs are loopback addresses, which the Endpoints API refuses to hold)."""
-    co: Any = client.CustomObjectsApi(env.api)
-    slices = co.list_namespaced_custom_object(
-        "discovery.k8s.io",
-        "v1beta1",
-        ns,
-        "endpointslices",
-        label_selector=f"kubernetes.io/service-name={service}",
-    )["items"]
-    out = []
-    for sl in slices:
-        port = next((p["port"] for p in sl.get("ports") or [] if p.get("name") == "openai"), None)
-        for ep in sl.get("endpoints") or []:
-            if port is not None and (ep.get("conditions") or {}).get("ready"):
-                out += [(a, int(port)) for a in ep["addresses"]]
-    return out
 
 
 def _post(ip: str, port: int, path: str, body: dict[str, Any], timeout: float = 120) -> tuple[int, Any]:
@@ -167,7 +148,7 @@ def test_a_quantized_llm_is_served_chats_through_its_service_and_scales_on_waiti
         assert cmd[cmd.index("--store") + 1].startswith("http://"), cmd
 
         addrs = wait_for(
-            lambda: _openai_address(env, ns, "chat"),
+            lambda: openai_addresses(env.api, ns, "chat"),
             timeout=120,
             desc="the Service's endpoints",
             ignore=(ApiException,),
@@ -197,7 +178,7 @@ def _chat(env: OperatorEnv, ns: str, service: str) -> str:
     from openai import OpenAI
 
     ip, port = wait_for(
-        lambda: _openai_address(env, ns, service),
+        lambda: openai_addresses(env.api, ns, service),
         timeout=120,
         desc="the Service's endpoints",
         ignore=(ApiException,),

@@ -39,6 +39,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from trtforge_dev.localdev import OperatorEnv, condition, delete_with_cleanup, deployment_manifest
 from trtforge_dev.testbed import llama, smollm2
+from trtforge_dev.testbed.endpoints import openai_addresses
 from trtforge_dev.testbed.wait import wait_for
 from trtforge_operator.apply import lws
 
@@ -126,30 +127,11 @@ def _ready(p: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())
 
 
-def _openai_addresses(env: OperatorEnv, ns: str, service: str) -> list[tuple[str, int]]:
-    """(pod IP, port) of the Service's `openai` port for each ready endpoint, from its EndpointSlices."""
-    co: Any = client.CustomObjectsApi(env.api)
-    slices = co.list_namespaced_custom_object(
-        "discovery.k8s.io",
-        "v1beta1",
-        ns,
-        "endpointslices",
-        label_selector=f"kubernetes.io/service-name={service}",
-    )["items"]
-    out = []
-    for sl in slices:
-        port = next((p["port"] for p in sl.get("ports") or [] if p.get("name") == "openai"), None)
-        for ep in sl.get("endpoints") or []:
-            if port is not None and (ep.get("conditions") or {}).get("ready"):
-                out += [(a, int(port)) for a in ep["addresses"]]
-    return out
-
-
 def _chat(env: OperatorEnv, ns: str) -> str:
     from openai import OpenAI
 
     ip, port = wait_for(
-        lambda: _openai_addresses(env, ns, "grp"),
+        lambda: openai_addresses(env.api, ns, "grp"),
         timeout=300,
         desc="a whole group behind the Service",
         ignore=(ApiException,),
@@ -224,7 +206,9 @@ def test_a_dead_rank_tears_the_group_down_whole_and_it_is_recreated_and_answers_
     before = {p.metadata.uid for p in pods.values()}
     os.kill(llama.rpc_server_pid(pods["1"].status.pod_ip, RANK_PORT), signal.SIGKILL)  # rank 1's process dies
     # No traffic while the group is not whole: the leader leaves the Service at once.
-    wait_for(lambda: not _openai_addresses(env, ns, "grp"), timeout=120, desc="the leader out of the Service")
+    wait_for(
+        lambda: not openai_addresses(env.api, ns, "grp"), timeout=120, desc="the leader out of the Service"
+    )
     wait_for(lambda: _recreated(env, ns, before), timeout=300, desc="the whole group recreated")
     obj = wait_for(lambda: _whole(env, ns), timeout=600, desc="the new group whole")
     assert _chat(env, ns)
@@ -263,7 +247,7 @@ def test_an_xid_under_rank_1_tears_the_group_down_keeps_its_node_out_and_the_gro
         # (the emulated device plugin's), whichever the operator saw first.
         assert fault.get("xid") == 79 or fault.get("nodeProblem") == "AllocatableDropped", fault
         assert fault["action"].startswith("PodMoved"), fault
-        wait_for(lambda: not _openai_addresses(env, ns, "grp"), timeout=120, desc="no endpoint")
+        wait_for(lambda: not openai_addresses(env.api, ns, "grp"), timeout=120, desc="no endpoint")
 
         def avoiding() -> bool:
             new = [p for p in _group_pods(env, ns) if p.metadata.uid not in before]
@@ -276,7 +260,7 @@ def test_an_xid_under_rank_1_tears_the_group_down_keeps_its_node_out_and_the_gro
         # Recreated away from the faulted node: every new rank pod keeps off it (on the test bed the
         # group cannot form elsewhere: it has two 8-GPU H100 nodes only).
         wait_for(avoiding, timeout=300, desc="the recreated group's pods avoiding the faulted node")
-        assert not _openai_addresses(env, ns, "grp")
+        assert not openai_addresses(env.api, ns, "grp")
     finally:
         env.tb.heal(victim)
     wait_for(
@@ -379,7 +363,7 @@ def test_waiting_requests_make_the_hpa_add_one_whole_group(env: OperatorEnv, gro
 
     ns = group
     wait_for(lambda: _whole(env, ns), timeout=600, desc="grp whole")
-    ip, port = _openai_addresses(env, ns, "grp")[0]
+    ip, port = openai_addresses(env.api, ns, "grp")[0]
     auto = {"minReplicas": 1, "maxReplicas": 2, "metric": "QueueDepth", "targetValue": "1"}
     co: Any = client.CustomObjectsApi(env.api)
     with metrics_adapter.registered(env.tb, env.api):

@@ -17,7 +17,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -186,17 +186,9 @@ class WorkerSupervisor:
             kill_and_wait(p.pid)
 
     async def run(self) -> TerminationMessage:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self.request_stop)
-        app = web.Application()
-        app.router.add_get("/v2/health/live", self._live)
-        app.router.add_get("/v2/health/ready", self._ready)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, self.probe_host, self.probe_port).start()
-        self.bound_port = int(runner.addresses[0][1]) if runner.addresses else self.probe_port
+        runner, self.bound_port = await serve_rank_probes(
+            self._live, self._ready, self.probe_host, self.probe_port, self.request_stop
+        )
         try:
             self.proc = await asyncio.create_subprocess_exec(*self.argv, preexec_fn=_die_with_parent)
             log.info(
@@ -219,6 +211,27 @@ class WorkerSupervisor:
                     os.kill(self.proc.pid, signal.SIGKILL)
                 await self.proc.wait()
             await runner.cleanup()
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def serve_rank_probes(
+    live: Handler, ready: Handler, host: str, port: int, on_stop: Callable[[], None]
+) -> tuple[web.AppRunner, int]:
+    """A worker rank's supervisor: SIGTERM and SIGINT call `on_stop`, and `live` and `ready` answer
+    ``/v2/health/live`` and ``/v2/health/ready`` on host:port; the runner and the port it bound."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, on_stop)
+    app = web.Application()
+    app.router.add_get("/v2/health/live", live)
+    app.router.add_get("/v2/health/ready", ready)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner, int(runner.addresses[0][1]) if runner.addresses else port
 
 
 def rpc_server_argv(binary: str, host: str, rank_port: int, threads: int | None) -> list[str]:

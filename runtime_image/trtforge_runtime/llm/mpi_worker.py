@@ -11,13 +11,12 @@ ends every process in the container.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 import uuid
 
 from aiohttp import web
 
 from trtforge.contract.termination import TerminationMessage
+from trtforge_runtime.llm.group import serve_rank_probes
 
 
 class MpiWorkerSupervisor:
@@ -43,17 +42,9 @@ class MpiWorkerSupervisor:
         """For a GPU fault: nothing of its own to kill; the pod's end takes the MPI processes with it."""
 
     async def run(self) -> TerminationMessage:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self.request_stop)
-        app = web.Application()
-        app.router.add_get("/v2/health/live", self._live)
-        app.router.add_get("/v2/health/ready", self._ready)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, self.probe_host, self.probe_port).start()
-        self.bound_port = int(runner.addresses[0][1]) if runner.addresses else self.probe_port
+        runner, self.bound_port = await serve_rank_probes(
+            self._live, self._ready, self.probe_host, self.probe_port, self.request_stop
+        )
         try:
             await self._stop.wait()
             return TerminationMessage(reason="Completed", message="stopped")

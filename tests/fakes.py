@@ -110,3 +110,22 @@ def job(
         }
     obj["status"] = status
     return obj
+
+
+def runtime_request(target: Any, engine_key: str, **kw: Any) -> Any:
+    """A runtime Deployment's request for team-a's InferenceDeployment `chat` (uid-1) on `target`."""
+    from trtforge_operator.apply import children
+
+    return children.RuntimeRequest(
+        namespace="team-a",
+        infd="chat",
+        infd_uid="uid-1",
+        target=target,
+        engine_key=engine_key,
+        engine_sha256="",
+        replicas=1,
+        node_selector={},
+        image="trtforge-runtime",
+        image_pull_policy="IfNotPresent",
+        **kw,
+    )

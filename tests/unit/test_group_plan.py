@@ -11,7 +11,7 @@ import itertools
 from typing import Any
 
 from trtforge_operator.api import InferenceDeployment, LLMServer, TRTEngine
-from trtforge_operator.apply import children, group_pods, llm_children
+from trtforge_operator.apply import group_pods, llm_children
 from trtforge_operator.apply.llm_children import LLMRuntime
 from trtforge_operator.config import OperatorConfig
 from trtforge_operator.observe.views import NodeView, PodView
@@ -30,7 +30,7 @@ from trtforge_operator.planning.deployment_actions import (
 from trtforge_operator.planning.group_plan import GroupPhase, GroupTarget, believed_rank_pods, plan_groups
 from trtforge_operator.planning.groups import LABEL_GROUP_WHOLE, GroupShape
 
-from tests.fakes import default_nodes, iso
+from tests.fakes import default_nodes, iso, runtime_request
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.llm import Parallelism
 from trtforge.contract.termination import TerminationMessage
@@ -43,19 +43,7 @@ NODES = [NodeView.from_k8s(n) for n in default_nodes()]
 
 
 def _deployment(avoid: tuple[str, ...] = (), ckpt: str = CKPT) -> dict[str, Any]:
-    req = children.RuntimeRequest(
-        namespace="team-a",
-        infd="chat",
-        infd_uid="uid-1",
-        target=H100,
-        engine_key=ckpt,
-        engine_sha256="",
-        replicas=1,
-        node_selector={},
-        image="trtforge-runtime",
-        image_pull_policy="IfNotPresent",
-        avoid_nodes=avoid,
-    )
+    req = runtime_request(H100, ckpt, avoid_nodes=avoid)
     return llm_children.llm_runtime_deployment(req, LLMRuntime(LLMServer.LLAMA_CPP, ckpt, TUNE), CFG)
 
 

@@ -31,7 +31,7 @@ from trtforge_operator.planning.host_cache import DEFAULT_POD_BASE_BYTES_PER_GPU
 from trtforge_operator.planning.llm_serving import LLMEngineFacts, LLMProblem, llm_runtime
 from trtforge_operator.pod_spec import fingerprint
 
-from tests.fakes import default_nodes, gpu_node
+from tests.fakes import default_nodes, gpu_node, runtime_request
 from trtforge.contract.gpu import GPUTarget
 
 CPU = GPUTarget(gpu="cpu")
@@ -48,19 +48,7 @@ S3 = "s3://llm/store"
 
 
 def _request(target: GPUTarget = CPU, **kw: Any) -> children.RuntimeRequest:
-    return children.RuntimeRequest(
-        namespace="team-a",
-        infd="chat",
-        infd_uid="uid-1",
-        target=target,
-        engine_key=CKPT,
-        engine_sha256="",
-        replicas=1,
-        node_selector={},
-        image="trtforge-runtime",
-        image_pull_policy="IfNotPresent",
-        **kw,
-    )
+    return runtime_request(target, CKPT, **kw)
 
 
 def test_an_onnx_engine_is_served_as_before_and_llm_settings_on_it_are_refused() -> None:

@@ -25,7 +25,7 @@ from trtforge_operator.planning.deployment_actions import (
 from trtforge_operator.planning.group_plan import GroupTarget, plan_groups
 from trtforge_operator.planning.groups import GroupShape
 
-from tests.fakes import default_nodes, iso
+from tests.fakes import default_nodes, iso, runtime_request
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.llm import Parallelism
 
@@ -38,18 +38,7 @@ OWNER = children.owner_reference("InferenceDeployment", "chat", "uid-1")
 
 
 def _deployment(server: LLMServer = LLMServer.TRTLLM_SERVE) -> dict[str, Any]:
-    req = children.RuntimeRequest(
-        namespace="team-a",
-        infd="chat",
-        infd_uid="uid-1",
-        target=H100,
-        engine_key=CKPT,
-        engine_sha256="",
-        replicas=1,
-        node_selector={},
-        image="trtforge-runtime",
-        image_pull_policy="IfNotPresent",
-    )
+    req = runtime_request(H100, CKPT)
     return llm_children.llm_runtime_deployment(req, LLMRuntime(server, CKPT, TUNE), CFG)
 
 

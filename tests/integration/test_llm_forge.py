@@ -87,7 +87,7 @@ def _quantize(
             "--llama-bin-dir",
             str(llama_bin),
             "--threads",
-            "2",
+            "1",
             "--perplexity-chunks",
             PERPLEXITY_CHUNKS,
             *extra,

@@ -18,7 +18,6 @@ What the test bed cannot run as written, and what runs instead (only these):
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import http.server
 import re
@@ -27,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -209,19 +209,28 @@ class Walk:
         raise AssertionError(f"the walk does not know how to run {shlex.join(argv)}")
 
     def close(self) -> None:
-        co: Any = client.CustomObjectsApi(self.api)
-        for plural in ("inferencedeployments", "trtengines"):
-            with contextlib.suppress(Exception):
-                for o in co.list_namespaced_custom_object("trtforge.io", "v1alpha1", "team-a", plural)[
-                    "items"
-                ]:
-                    localdev.delete_with_cleanup(self.api, "team-a", plural, o["metadata"]["name"])
+        # The resources first, while the chart's operator runs their finalizers (a loaded machine can
+        # leave it too little time before its own Deployment goes: then their finalizers are
+        # stripped, or team-a would never finish terminating).
+        localdev.delete_resources(self.api, ["team-a"], finalizer_wait_s=60)
         if self.docs:
             delete(self.tb, self.docs)
-        for ns in ("team-a", "trtforge-system"):  # gone before another module makes them again
-            self.tb.kubectl(
-                "delete", "namespace", ns, "--ignore-not-found", "--timeout=180s", check=False, timeout=240
+        namespaces = ("team-a", "trtforge-system")  # gone before another module makes them again
+        self.tb.kubectl("delete", "namespace", *namespaces, "--ignore-not-found", "--wait=false", check=False)
+        core: Any = client.CoreV1Api(self.api)
+        try:
+            wait_for(
+                lambda: not [n for n in core.list_namespace().items if n.metadata.name in namespaces],
+                timeout=180,
+                desc="the quick start's namespaces deleted",
             )
+        except TimeoutError:
+            left = [
+                (n.metadata.name, n.status.conditions)
+                for n in core.list_namespace().items
+                if n.metadata.name in namespaces
+            ]
+            warnings.warn(f"the quick start's namespaces are still terminating: {left}", stacklevel=1)
         if self.model_server is not None:
             self.model_server.shutdown()
         self.broker.close()

@@ -175,6 +175,17 @@ def test_the_gates_evaluation_length_is_the_operators_setting() -> None:
     assert args[args.index("--perplexity-chunks") + 1] == "3"
 
 
+def test_quantize_jobs_use_as_many_threads_as_the_cpus_they_request() -> None:
+    e = engine("bf16", [{"gpu": "cpu"}])
+    for cpu, want in (("2", "2"), ("500m", "1"), ("1.5", "2"), ("8", "8")):
+        cfg = CFG.model_copy(update={"build": CFG.build.model_copy(update={"cpu": cpu})})
+        (q,) = created(plan_engine_pass(observe(e), cfg))
+        container = q["spec"]["template"]["spec"]["containers"][0]
+        args = container["command"]
+        assert args[args.index("--threads") + 1] == want, cpu
+        assert container["resources"]["requests"]["cpu"] == cpu
+
+
 def test_tune_jobs_bench_each_setting_as_often_as_the_operator_says() -> None:
     from trtforge.contract.gpu import GPUTarget
     from trtforge.contract.llm import Backend, Parallelism

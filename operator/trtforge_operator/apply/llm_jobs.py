@@ -7,6 +7,7 @@ termination message as build Jobs, so the rest of the operator treats them as bu
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from trtforge.contract.gpu import GPUTarget, MigStrategy
 from trtforge.contract.llm import Backend, Parallelism, QuantizationSpec
 from trtforge.contract.llm.artefact import KIND_DIRS
 from trtforge.contract.possession import staged_model_path
+from trtforge.contract.quantity import parse_quantity
 from trtforge_operator.apply.children import (
     PVC_ROOT,
     _avoid_affinity,
@@ -126,7 +128,15 @@ def quantize_args(req: QuantizeRequest, cfg: OperatorConfig) -> list[str]:
     ]  # fmt: skip
     if cfg.build.llm_perplexity_chunks:
         args += ["--perplexity-chunks", str(cfg.build.llm_perplexity_chunks)]
+    if req.backend is Backend.LLAMA_CPP:
+        args += ["--threads", str(requested_threads(cfg.build.cpu))]
     return args + _common_args(req.backend, cfg)
+
+
+def requested_threads(cpu: str) -> int:
+    """Threads for a quantize Job: the CPUs it requests (`build.cpu`), rounded up. The Job sets no
+    CPU limit, so without this llama.cpp would spread over every core of the node (pure)."""
+    return max(1, math.ceil(parse_quantity(cpu)))
 
 
 def tune_args(req: TuneRequest, cfg: OperatorConfig) -> list[str]:

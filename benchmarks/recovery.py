@@ -3,7 +3,7 @@ InferenceDeployment Ready again, with and without a rebuild of the engine
 (``faultPolicy.rebuildOnGPUFault`` true / false).
 
 On the benchmark's own test bed with the operator running (as in :mod:`benchmarks.controlplane`): one
-TRTEngine (SqueezeNet, one H100 target; the test bed has two H100 nodes) served by one replica.
+TRTEngine (SqueezeNet, one H100 target; the test bed has four H100 nodes) served by one replica.
 For each policy: wait for Ready, inject Xid 79 on the pod's node, and time (a) until the fault shows
 in ``status.faults``, (b) until Ready is True again with the replica on another node. The operator's
 own ``recoveredSeconds`` for the fault is recorded too. The node is healed between runs.
@@ -29,7 +29,7 @@ from benchmarks.testbed import (
 )
 
 TARGET = {"gpu": "NVIDIA-H100-80GB-HBM3"}
-H100_NODES = ("gpu-h100-0", "gpu-h100-1")  # the test bed's default profile
+H100_NODES = ("gpu-h100-0", "gpu-h100-1", "gpu-h100-2", "gpu-h100-3")  # the test bed's default profile
 SUFFIX = time.strftime("%H%M%S")
 TENANT = f"bench-recovery-{SUFFIX}"
 

@@ -112,7 +112,15 @@ def test_reflect2_patch_refuses_unknown_source(tmp_path: Path) -> None:
 def test_default_profile_nodes_and_gfd_labels() -> None:
     prof = load_profile()
     names = [n.name for n in prof.nodes]
-    assert names == ["gpu-h100-0", "gpu-h100-1", "gpu-gh200-0", "gpu-b200-mig-0", "cpu-0"]
+    assert names == [
+        "gpu-h100-0",
+        "gpu-h100-1",
+        "gpu-h100-2",
+        "gpu-h100-3",
+        "gpu-gh200-0",
+        "gpu-b200-mig-0",
+        "cpu-0",
+    ]
     h100 = node_labels(prof.node("gpu-h100-0"))
     assert h100["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert (h100["nvidia.com/gpu.compute.major"], h100["nvidia.com/gpu.compute.minor"]) == ("9", "0")

@@ -184,6 +184,17 @@ class FaultSettings(BaseModel):
     history: int = Field(default=10, ge=1)  # status.faults keeps the last N
 
 
+class GroupSettings(BaseModel):
+    """Rank groups (docs/llm.md "Groups")."""
+
+    model_config = ConfigDict(extra="forbid")
+    # A trtllm-serve group spanning pods launches its ranks with mpirun, whose launcher execs into the
+    # worker pods: the operator gives the leader its own ServiceAccount and a Role with pods/exec on
+    # its workers by name, which it may only do holding pods/exec itself (RBAC's escalation rule).
+    # Off (the chart's rbac.rankExec), such a group is refused in its Groups condition.
+    rank_exec: bool = False
+
+
 class AutoscalingSettings(BaseModel):
     """What the operator's autoscalers need from the cluster (docs/operations.md, Autoscaling)."""
 
@@ -252,6 +263,7 @@ class OperatorConfig(BaseModel):
     verify: VerifySettings = Field(default_factory=VerifySettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     faults: FaultSettings = Field(default_factory=FaultSettings)
+    groups: GroupSettings = Field(default_factory=GroupSettings)
     autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
     front_proxy: FrontProxySettings = Field(default_factory=FrontProxySettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)

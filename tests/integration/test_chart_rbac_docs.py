@@ -173,6 +173,36 @@ def test_watch_namespaces_binds_the_watched_role_there_and_in_the_build_namespac
             assert v in ("get", "list", "watch"), (name, g, r, v)
 
 
+@pytest.mark.parametrize("watch", [[], ["team-a", "team-b"]])
+def test_pods_exec_only_with_rank_exec_and_then_bound_where_the_watched_role_is(watch: list[str]) -> None:
+    """By default no role the chart renders grants pods/exec, roles or rolebindings; with
+    rbac.rankExec the -operator-rank-exec role does, bound exactly where -operator-watched is, and the
+    operator's config says it may (a trtllm-serve group is refused otherwise)."""
+    from trtforge_operator.config import OperatorConfig
+
+    def config(docs: list[dict[str, Any]]) -> OperatorConfig:
+        (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == f"{RELEASE}-config"]
+        return OperatorConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))
+
+    base = {"operator": {"watchNamespaces": watch}}
+    off = rendered(base, kinds=("ConfigMap",))
+    exec_roles = {
+        short(d["metadata"]["name"])
+        for d in off
+        if d["kind"] in ROLE_KINDS
+        and any(r in ("pods/exec", "roles", "rolebindings") for _, r, _ in grants(d))
+    }
+    assert not exec_roles and not _bindings(off, "operator-rank-exec")
+    assert config(off).groups.rank_exec is False
+    on = rendered({**base, "rbac": {"rankExec": True}}, kinds=("ConfigMap",))
+    (role,) = [
+        d for d in on if d["kind"] == "ClusterRole" and short(d["metadata"]["name"]) == "operator-rank-exec"
+    ]
+    assert ("", "pods/exec", "create") in grants(role)
+    assert _bindings(on, "operator-rank-exec") == _bindings(on, "operator-watched")
+    assert config(on).groups.rank_exec is True
+
+
 def test_model_secret_grants_are_refused_by_the_schema_naming_the_field() -> None:
     for values in (
         {"rbac": {"modelSecrets": {"namespaces": ["team-a"]}}},

@@ -317,11 +317,8 @@ def test_operator_has_what_the_lifecycle_needs(testbed: TestBed, release: Releas
         ("delete", "jobs.batch", sysns, None),
         # a fault is believed only from a pod of a ReplicaSet its Deployment made (docs/security.md)
         ("list", "replicasets.apps", tenant, None),
-        # rank groups (docs/llm.md "Groups"): rank pods, and a trtllm-serve leader's Role and
-        # RoleBinding, which RBAC lets it write only holding what they grant (pods/exec)
+        # rank groups (docs/llm.md "Groups"): rank pods
         ("create", "pods", tenant, None),
-        ("create", "rolebindings.rbac.authorization.k8s.io", tenant, None),
-        ("create", "pods/exec", tenant, None),
     ]
     for verb, res, ns, sub in allowed:
         assert can_i(testbed, op, verb, res, ns, sub), (
@@ -347,9 +344,16 @@ def test_operator_is_denied_what_it_does_not_need(testbed: TestBed, release: Rel
         ("watch", "replicasets.apps", tenant),  # listed only when a pod reports a fault
         ("patch", "replicasets.apps", tenant),
         ("patch", "deployments.apps", tenant),  # replaced whole when their spec hash changes
+        # a trtllm-serve leader's access only with rbac.rankExec (test_chart_rbac_docs.py)
+        ("create", "rolebindings.rbac.authorization.k8s.io", tenant),
+        ("create", "serviceaccounts", tenant),
     ]
     for verb, res, ns in denied:
         assert not can_i(testbed, op, verb, res, ns), f"operator may {verb} {res} in {ns or 'all namespaces'}"
+    # (`pods/exec` alone would ask about a pod named "exec": the subresource is passed as such)
+    assert can_i(testbed, op, "create", "pods", tenant) and not can_i(
+        testbed, op, "create", "pods", tenant, "exec"
+    )
 
 
 def test_operator_reads_only_the_stores_claim(testbed: TestBed, release: Release) -> None:

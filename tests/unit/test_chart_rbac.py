@@ -24,6 +24,7 @@ STATIC_RBAC = [
     "rbac-leader-election.yaml",
     "rbac-broker.yaml",
     "rbac-front-proxy.yaml",
+    "rbac-rank-exec.yaml",
 ]
 KNOWN_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
 DANGEROUS_VERBS = {"escalate", "bind", "impersonate", "approve", "sign", "*"}
@@ -62,6 +63,25 @@ def test_every_rbac_template_is_covered() -> None:
 def test_rbac_templates_are_static(name: str) -> None:
     """Only names are templated: substitute_static fails on anything else (values, conditions inside)."""
     assert _docs(name)
+
+
+def test_rank_exec_role_is_opt_in_and_only_what_a_trtllm_leaders_access_needs() -> None:
+    """A trtllm-serve leader's account, Role (pods/exec on its workers) and RoleBinding: written,
+    never escalated, bound or listed; pods/exec only because that Role grants it (RBAC's escalation
+    rule). Rendered only with rbac.rankExec (the template's wrapper)."""
+    text = (TEMPLATES / "rbac-rank-exec.yaml").read_text()
+    assert text.startswith("{{- if .Values.rbac.rankExec }}")
+    role = _role(f"{FULLNAME}-operator-rank-exec")
+    assert role["kind"] == "ClusterRole"
+    assert _grants(role) == {
+        *(
+            (g, r, v)
+            for g, r in [("", "serviceaccounts"), ("rbac.authorization.k8s.io", "roles"),
+                         ("rbac.authorization.k8s.io", "rolebindings")]
+            for v in ("get", "create", "update", "delete")
+        ),
+        ("", "pods/exec", "create"),
+    }  # fmt: skip
 
 
 def test_front_proxy_role_writes_configmaps_by_name_only() -> None:
@@ -123,17 +143,12 @@ def test_operator_watched_role_is_what_it_does_in_a_namespace() -> None:
     assert ("authentication.k8s.io", "tokenreviews", "create") not in grants, "the broker checks tokens"
     assert ("", "events", "create") in grants
     # Runtime pods are moved by deleting them; rank pods of a group are the operator's own (made,
-    # labelled whole, deleted whole). pods/exec create only because a trtllm-serve group leader's
-    # Role grants it (RBAC's escalation rule); no pods/eviction, pods/attach or the like.
+    # labelled whole, deleted whole). No pods/exec (rbac.rankExec's own role), pods/eviction,
+    # pods/attach or the like, and no RBAC objects or accounts.
     assert {(r, v) for g, r, v in grants if g == "" and r.startswith("pods")} == {
-        *(("pods", v) for v in ("list", "watch", "create", "patch", "delete")),
-        ("pods/exec", "create"),
+        ("pods", v) for v in ("list", "watch", "create", "patch", "delete")
     }
-    # That leader's own account, Role and RoleBinding: written, never escalated or bound otherwise.
-    rbac = {(r, v) for g, r, v in grants if g in ("", "rbac.authorization.k8s.io")}
-    for r in ("serviceaccounts", "roles", "rolebindings"):
-        assert {v for rr, v in rbac if rr == r} == {"get", "create", "update", "delete"}, r
-    assert not {r for g, r, _ in grants if r in ("clusterroles", "clusterrolebindings")}
+    assert not {r for g, r, _ in grants if g == "rbac.authorization.k8s.io" or r == "serviceaccounts"}
     assert {v for g, r, v in grants if r in ("trtengines", "inferencedeployments")} == {
         "get",
         "list",
@@ -223,24 +238,30 @@ def test_broker_role_is_token_reviews_and_listing_references_only() -> None:
 
 
 def test_operator_watched_role_is_bound_per_namespace_when_namespaces_are_watched() -> None:
-    """Both branches name the -operator-watched ClusterRole (and, with runtime.frontProxy, the
-    -operator-front-proxy one) and the chart's ServiceAccount; the rendered result in each mode is
-    checked with Helm (tests/integration/test_chart_rbac_docs.py)."""
+    """One binding of each -operator-<role> ClusterRole (watched, and with their options front-proxy
+    and rank-exec) to the chart's ServiceAccount, in either branch; the rendered result in each mode
+    is checked with Helm (tests/integration/test_chart_rbac_docs.py)."""
     path: Path = TEMPLATES / "rbac-operator-bindings.yaml"
     docs = skeleton(path.read_text())
-    assert sorted(d["kind"] for d in docs) == ["ClusterRoleBinding"] * 2 + ["RoleBinding"] * 2
-    for d, role in zip(docs, ["watched", "watched", "front-proxy", "front-proxy"], strict=True):
-        assert d["metadata"]["name"] == f"{PLACEHOLDER}-operator-{role}"
+    assert [d["kind"] for d in docs] == ["ClusterRoleBinding", "RoleBinding"]
+    for d in docs:
+        assert d["metadata"]["name"] == f"{PLACEHOLDER}-operator-{PLACEHOLDER}"
         assert d["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",
             "kind": "ClusterRole",
-            "name": f"{PLACEHOLDER}-operator-{role}",
+            "name": f"{PLACEHOLDER}-operator-{PLACEHOLDER}",
         }
         (subject,) = d["subjects"]
         assert subject["kind"] == "ServiceAccount"
     text = path.read_text()
-    assert "{{- if not .Values.operator.watchNamespaces }}" in text
-    assert '(append .Values.operator.watchNamespaces (include "trtforge.buildNamespace" .)) | uniq' in text
+    assert '{{- $roles := list "watched" -}}' in text
+    assert '{{- if .Values.runtime.frontProxy.enabled }}{{- $roles = append $roles "front-proxy" -}}' in text
+    assert '{{- if .Values.rbac.rankExec }}{{- $roles = append $roles "rank-exec" -}}' in text
+    assert "{{- if not $root.Values.operator.watchNamespaces }}" in text
+    assert (
+        '(append $root.Values.operator.watchNamespaces (include "trtforge.buildNamespace" $root)) | uniq'
+        in text
+    )
 
 
 def test_leases_only_in_the_release_namespace_and_only_ours() -> None:

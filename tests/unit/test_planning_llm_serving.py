@@ -42,7 +42,10 @@ FACTS = LLMEngineFacts(
     checkpoint_key=CKPT, canary_prompt="The capital of France is", tuning_keys={CPU.name: TUNE}
 )
 CFG = OperatorConfig(
-    backends={"gpu": "onnxruntime"}, broker={"url": "http://broker:8081"}, runtime_store_uri="s3://llm/store"
+    backends={"gpu": "onnxruntime"},
+    broker={"url": "http://broker:8081"},
+    runtime_store_uri="s3://llm/store",
+    groups={"rank_exec": True},  # trtllm-serve groups (the GH200 case) launch ranks through pods/exec
 )
 S3 = "s3://llm/store"
 

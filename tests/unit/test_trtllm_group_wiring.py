@@ -11,7 +11,7 @@ from typing import Any
 from trtforge_operator.api import InferenceDeployment, LLMServer, TRTEngine
 from trtforge_operator.apply import children, group_pods, group_rbac, llm_children
 from trtforge_operator.apply.llm_children import LLMRuntime
-from trtforge_operator.config import OperatorConfig
+from trtforge_operator.config import GroupSettings, OperatorConfig
 from trtforge_operator.observe.views import NodeView, PodView
 from trtforge_operator.planning import groups
 from trtforge_operator.planning.autoscaling import AutoscalingApis
@@ -33,6 +33,7 @@ H100 = GPUTarget(gpu="NVIDIA-H100-80GB-HBM3")
 CKPT, TUNE = "c" * 64, "t" * 64
 NOW = 1_800_000_000.0
 CFG = OperatorConfig(backends={"gpu": "onnxruntime"}, broker={"url": "http://broker:8081"})
+GRANTED = CFG.model_copy(update={"groups": GroupSettings(rank_exec=True)})
 TP16 = Parallelism(tensor=16)
 OWNER = children.owner_reference("InferenceDeployment", "chat", "uid-1")
 
@@ -192,13 +193,21 @@ def test_the_pass_applies_the_leaders_access_before_any_rank_pod() -> None:
         now=NOW,
         apis=AutoscalingApis(hpa=None, keda=False),
     )
-    actions = plan_deployment(obs, CFG).actions
+    actions = plan_deployment(obs, GRANTED).actions
     access = [i for i, a in enumerate(actions) if isinstance(a, ApplyRankExecAccess)]
     pods = [i for i, a in enumerate(actions) if isinstance(a, CreatePod)]
     assert len(access) == 3 and pods and max(access) < min(pods)
     (worker,) = [a.manifest for a in actions if isinstance(a, CreatePod)]
     assert _value(worker["spec"]["containers"][0]["command"], "--tensor-parallel") == "16"
     assert not any(isinstance(a, DeleteChild) and a.kind is ChildKind.RANK_EXEC_ACCESS for a in actions)
+
+    # Not granted (the chart's default): refused in the Groups condition, naming the value; no
+    # account, Role or pod is made.
+    refused = plan_deployment(obs, CFG)
+    assert not any(isinstance(a, ApplyRankExecAccess | CreatePod) for a in refused.actions)
+    groups_cond = next(c for c in refused.status.conditions if c.type == "Groups")
+    assert (groups_cond.status, groups_cond.reason) == ("False", "RankExecNotGranted")
+    assert "rbac.rankExec=true" in groups_cond.message and "pods/exec" in groups_cond.message
 
 
 def test_a_trtllm_groups_pods_reach_each_other_on_any_port_and_others_only_the_open_ones() -> None:

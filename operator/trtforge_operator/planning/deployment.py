@@ -466,10 +466,15 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                     else None
                 ),
             )
+            refusal = deployment_groups.rank_exec_refusal(gt, cfg.groups.rank_exec)
             if (spec.llm or LLMServing()).group_backend is GroupBackend.LWS:
                 if rendered:
                     lws_state = deployment_groups.leader_worker_set(obs, gt, dname, plan.leader_worker_sets)
                 if gt.pods:  # groups the native backend made before: they go whole
+                    plan.groups.append(plan_groups(dataclasses.replace(gt, groups=0)))
+            elif refusal is not None:  # nothing made; groups made before the grant went go whole
+                lws_state = refusal
+                if gt.pods:
                     plan.groups.append(plan_groups(dataclasses.replace(gt, groups=0)))
             else:
                 records[:] = deployment_groups.enriched(records, gt)

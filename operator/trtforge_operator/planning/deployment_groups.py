@@ -24,6 +24,8 @@ GROUPS_WHOLE = "GroupsWhole"
 GROUPS_FORMING = "GroupsForming"
 GROUP_TORN_DOWN = "GroupTornDown"
 GROUP_SHAPE_INVALID = "GroupShapeInvalid"
+RANK_EXEC_NOT_GRANTED = "RankExecNotGranted"
+REFUSALS = (lws.CRD_MISSING, GROUP_SHAPE_INVALID, RANK_EXEC_NOT_GRANTED)  # nothing is made
 
 GroupState = GroupsPlan | lws.Readiness | None  # None: grouped, nothing to serve yet
 
@@ -39,6 +41,20 @@ def group_shape(
         return groups.replica_shape(par.tensor, par.pipeline, groups.gpus_per_node(target, obs.nodes)), ""
     except groups.GroupShapeError as e:
         return None, str(e)
+
+
+def rank_exec_refusal(gt: GroupTarget, granted: bool) -> lws.Readiness | None:
+    """A trtllm-serve group of several pods launches its ranks with mpirun, whose launcher execs into
+    the workers: refused unless the operator may grant its leader that (config groups.rank_exec)."""
+    if gt.trtllm is None or gt.shape.ranks < 2 or granted:
+        return None
+    return lws.Readiness(
+        False,
+        RANK_EXEC_NOT_GRANTED,
+        f"trtllm-serve across {gt.shape.ranks} pods launches its ranks with mpirun, which execs into the "
+        "worker pods, and the operator is not allowed to grant its leader pods/exec: install the chart "
+        "with rbac.rankExec=true (operator config groups.rank_exec), or serve this target with llama.cpp",
+    )
 
 
 def _current_life(records: Sequence[FaultRecord], gt: GroupTarget) -> list[FaultRecord]:
@@ -144,7 +160,7 @@ def leader_selector(obs: DeploymentObserved, states: Mapping[str, GroupState]) -
     return group_services.leader_selector(base)
 
 
-REASON_ORDER = (lws.CRD_MISSING, GROUP_SHAPE_INVALID, GROUP_TORN_DOWN, GROUPS_FORMING, GROUPS_WHOLE)
+REASON_ORDER = (*REFUSALS, GROUP_TORN_DOWN, GROUPS_FORMING, GROUPS_WHOLE)
 
 
 def _target_groups(target: str, st: GroupState) -> tuple[str, list[str]]:
@@ -154,7 +170,7 @@ def _target_groups(target: str, st: GroupState) -> tuple[str, list[str]]:
     if isinstance(st, lws.Readiness):
         if st.ready:
             return GROUPS_WHOLE, [f"{target}: LeaderWorkerSet available"]
-        reason = st.reason if st.reason in (lws.CRD_MISSING, GROUP_SHAPE_INVALID) else GROUPS_FORMING
+        reason = st.reason if st.reason in REFUSALS else GROUPS_FORMING
         return reason, [f"{target}: {st.message or st.reason}"]
     if st.torn_down:
         return GROUP_TORN_DOWN, [f"{target}: group {g} torn down: {why}" for g, why in st.torn_down]

@@ -6,9 +6,10 @@ RoleBinding, made before the leader and gone with its group."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
-from trtforge_operator.api import InferenceDeployment, LLMServer, TRTEngine
+from trtforge_operator.api import GroupBackend, InferenceDeployment, LLMServer, TRTEngine
 from trtforge_operator.apply import children, group_pods, group_rbac, llm_children
 from trtforge_operator.apply.llm_children import LLMRuntime
 from trtforge_operator.config import GroupSettings, OperatorConfig
@@ -17,6 +18,7 @@ from trtforge_operator.planning import groups
 from trtforge_operator.planning.autoscaling import AutoscalingApis
 from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
 from trtforge_operator.planning.deployment_actions import (
+    ApplyLeaderWorkerSet,
     ApplyRankExecAccess,
     ChildKind,
     CreatePod,
@@ -208,6 +210,18 @@ def test_the_pass_applies_the_leaders_access_before_any_rank_pod() -> None:
     groups_cond = next(c for c in refused.status.conditions if c.type == "Groups")
     assert (groups_cond.status, groups_cond.reason) == ("False", "RankExecNotGranted")
     assert "rbac.rankExec=true" in groups_cond.message and "pods/exec" in groups_cond.message
+
+    # groupBackend lws starts llama.cpp's ranks only: a trtllm-serve group there is refused, with
+    # no LeaderWorkerSet rendered.
+    assert d.spec.llm is not None
+    on_lws = d.spec.model_copy(
+        update={"llm": d.spec.llm.model_copy(update={"group_backend": GroupBackend.LWS})}
+    )
+    lws_plan = plan_deployment(dataclasses.replace(obs, spec=on_lws, lws_served=True), GRANTED)
+    assert not any(isinstance(a, ApplyLeaderWorkerSet | CreatePod) for a in lws_plan.actions)
+    lws_cond = next(c for c in lws_plan.status.conditions if c.type == "Groups")
+    assert (lws_cond.status, lws_cond.reason) == ("False", "LeaderWorkerSetTrtllmUnsupported")
+    assert "groupBackend native" in lws_cond.message
 
 
 def test_a_trtllm_groups_pods_reach_each_other_on_any_port_and_others_only_the_open_ones() -> None:

@@ -468,7 +468,10 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
             )
             refusal = deployment_groups.rank_exec_refusal(gt, cfg.groups.rank_exec)
             if (spec.llm or LLMServing()).group_backend is GroupBackend.LWS:
-                if rendered:
+                unsupported = deployment_groups.lws_trtllm_refusal(gt)
+                if unsupported is not None:
+                    lws_state = unsupported
+                elif rendered:
                     lws_state = deployment_groups.leader_worker_set(obs, gt, dname, plan.leader_worker_sets)
                 if gt.pods:  # groups the native backend made before: they go whole
                     plan.groups.append(plan_groups(dataclasses.replace(gt, groups=0)))

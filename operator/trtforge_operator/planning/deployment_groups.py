@@ -25,7 +25,9 @@ GROUPS_FORMING = "GroupsForming"
 GROUP_TORN_DOWN = "GroupTornDown"
 GROUP_SHAPE_INVALID = "GroupShapeInvalid"
 RANK_EXEC_NOT_GRANTED = "RankExecNotGranted"
-REFUSALS = (lws.CRD_MISSING, GROUP_SHAPE_INVALID, RANK_EXEC_NOT_GRANTED)  # nothing is made
+LWS_TRTLLM_UNSUPPORTED = "LeaderWorkerSetTrtllmUnsupported"
+# nothing is made
+REFUSALS = (lws.CRD_MISSING, GROUP_SHAPE_INVALID, RANK_EXEC_NOT_GRANTED, LWS_TRTLLM_UNSUPPORTED)
 
 GroupState = GroupsPlan | lws.Readiness | None  # None: grouped, nothing to serve yet
 
@@ -54,6 +56,19 @@ def rank_exec_refusal(gt: GroupTarget, granted: bool) -> lws.Readiness | None:
         f"trtllm-serve across {gt.shape.ranks} pods launches its ranks with mpirun, which execs into the "
         "worker pods, and the operator is not allowed to grant its leader pods/exec: install the chart "
         "with rbac.rankExec=true (operator config groups.rank_exec), or serve this target with llama.cpp",
+    )
+
+
+def lws_trtllm_refusal(gt: GroupTarget) -> lws.Readiness | None:
+    """The lws backend starts llama.cpp's RPC ranks only: a trtllm-serve group (mpirun across the
+    pods) is refused rather than rendered into pods that would not meet."""
+    if gt.trtllm is None:
+        return None
+    return lws.Readiness(
+        False,
+        LWS_TRTLLM_UNSUPPORTED,
+        f"groupBackend lws does not launch trtllm-serve's ranks (mpirun across {gt.shape.ranks} pods); "
+        "use groupBackend native for this target",
     )
 
 

@@ -175,7 +175,7 @@ def test_the_gates_evaluation_length_is_the_operators_setting() -> None:
     assert args[args.index("--perplexity-chunks") + 1] == "3"
 
 
-def test_quantize_jobs_use_as_many_threads_as_the_cpus_they_request() -> None:
+def test_quantize_and_tune_jobs_use_as_many_threads_as_the_cpus_they_request() -> None:
     e = engine("bf16", [{"gpu": "cpu"}])
     for cpu, want in (("2", "2"), ("500m", "1"), ("1.5", "2"), ("8", "8")):
         cfg = CFG.model_copy(update={"build": CFG.build.model_copy(update={"cpu": cpu})})
@@ -197,6 +197,9 @@ def test_tune_jobs_bench_each_setting_as_often_as_the_operator_says() -> None:
     for cfg, want in ((CFG, "2"), (once, "1")):
         args = llm_jobs.tune_args(req, cfg)
         assert args[1] == "tune" and args[args.index("--repetitions") + 1] == want
+    # threads benched: up to the CPUs the Job requests (build.cpu), not the node's
+    small = CFG.model_copy(update={"build": CFG.build.model_copy(update={"cpu": "1"})})
+    assert llm_jobs.tune_args(req, small)[llm_jobs.tune_args(req, small).index("--threads") + 1] == "1"
 
 
 def test_job_names_are_build_job_names_derived_from_the_keys() -> None:

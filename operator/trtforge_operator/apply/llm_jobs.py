@@ -128,14 +128,13 @@ def quantize_args(req: QuantizeRequest, cfg: OperatorConfig) -> list[str]:
     ]  # fmt: skip
     if cfg.build.llm_perplexity_chunks:
         args += ["--perplexity-chunks", str(cfg.build.llm_perplexity_chunks)]
-    if req.backend is Backend.LLAMA_CPP:
-        args += ["--threads", str(requested_threads(cfg.build.cpu))]
     return args + _common_args(req.backend, cfg)
 
 
 def requested_threads(cpu: str) -> int:
-    """Threads for a quantize Job: the CPUs it requests (`build.cpu`), rounded up. The Job sets no
-    CPU limit, so without this llama.cpp would spread over every core of the node (pure)."""
+    """Threads for a llama.cpp quantize or tune Job: the CPUs it requests (`build.cpu`), rounded up.
+    The Job sets no CPU limit, so without this llama.cpp would spread over every core of the node,
+    and a tune Job would measure settings on CPUs it does not hold (pure)."""
     return max(1, math.ceil(parse_quantity(cpu)))
 
 
@@ -152,6 +151,8 @@ def tune_args(req: TuneRequest, cfg: OperatorConfig) -> list[str]:
 
 def _common_args(backend: Backend, cfg: OperatorConfig) -> list[str]:
     args = ["--backend", backend.value]
+    if backend is Backend.LLAMA_CPP:
+        args += ["--threads", str(requested_threads(cfg.build.cpu))]
     if cfg.build.llama_bin_dir and backend is Backend.LLAMA_CPP:
         args += ["--llama-bin-dir", cfg.build.llama_bin_dir]
     return [*args, "--store", cfg.store_uri]

@@ -8,12 +8,14 @@ liveness benchmark (benchmarks/hostile.py), which records it.
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +29,67 @@ QUIET = "quiet"  # no attack: the baseline
 
 def quiet(target: Target, stop: threading.Event, counters: Counter[str]) -> None:
     stop.wait()
+
+
+REPORT_S = 0.1  # how often an attack process sends its counters
+
+
+def _attack_main(family: str, target: Target, stop: Any, conn: Any) -> None:
+    """The body of an :class:`AttackProcess`: the family's attack in a thread, its counters sent to
+    `conn` every REPORT_S and once more when it has stopped."""
+    counters: Counter[str] = Counter()
+    halt = threading.Event()
+    attack = FAMILIES.get(family, quiet)
+    thread = threading.Thread(target=attack, args=(target, halt, counters), daemon=True)
+    conn.send({})  # ready: its imports are done
+    thread.start()
+    while not stop.wait(REPORT_S):
+        conn.send(dict(counters))
+    halt.set()
+    thread.join(timeout=60)
+    conn.send(dict(counters))
+    conn.close()
+
+
+class AttackProcess:
+    """One attack family in a process of its own. In a thread of the process that runs the
+    legitimate clients, the attacker's Python loops held the GIL those clients need, so their
+    latency measured the attacker's client as much as the server."""
+
+    def __init__(self, family: str, target: Target) -> None:
+        ctx = multiprocessing.get_context("spawn")  # not fork: the parent runs grpc's threads
+        self._stop = ctx.Event()
+        self._recv, self._send = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(
+            target=_attack_main, args=(family, target, self._stop, self._send), daemon=True
+        )
+        self.counters: Counter[str] = Counter()
+
+    def start(self) -> None:
+        """Start it and wait until it attacks."""
+        self._proc.start()
+        self._send.close()
+        self._recv.recv()
+
+    def poll(self) -> Counter[str]:
+        """Its latest counters."""
+        try:
+            while self._recv.poll():
+                self.counters = Counter(self._recv.recv())
+        except (EOFError, OSError):
+            pass
+        return self.counters
+
+    def stop(self) -> Counter[str]:
+        """Stop it; its final counters."""
+        self._stop.set()
+        self._proc.join(timeout=90)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        counters = self.poll()
+        self._recv.close()
+        return counters
 
 
 # Families whose legitimate clients are new ones: a fresh client (connection) for every infer.
@@ -210,22 +273,19 @@ def under_attack(
     for every infer in FRESH_CLIENT_FAMILIES, or as `fresh_clients` says; at most `legit_rate` infers a
     second each, if given) and the server's RSS (sampled every 50 ms) are watched. The family
     :data:`QUIET` attacks nothing: the same run's baseline."""
-    attack = FAMILIES.get(family, quiet)
     if family != QUIET and family not in FAMILIES:
         raise KeyError(f"unknown attack family {family!r}")
     protocols = ["http", "grpc"]
     fresh = family in FRESH_CLIENT_FAMILIES if fresh_clients is None else fresh_clients
-    counters: Counter[str] = Counter()
-    stop = threading.Event()
-    thread = threading.Thread(target=attack, args=(target, stop, counters), daemon=True)
+    attacker = AttackProcess(family, target)
     start_kb = peak_kb = rss_kb(pid, "VmRSS")
     alive = True
     with LiveProbe(f"{target.host}:{target.http_port}", probe_out, cpus=probe_cpus) as probe:
         loads = [
             LegitLoad(target, p, output, reference, fresh_clients=fresh, rate=legit_rate) for p in protocols
         ]
+        attacker.start()
         t0 = time.monotonic()
-        thread.start()
         for load in loads:
             load.__enter__()
         try:
@@ -241,13 +301,12 @@ def under_attack(
                 if (
                     elapsed >= seconds
                     and all(load.result.attempts >= min_infers for load in loads)
-                    and (until is None or until(counters))
+                    and (until is None or until(attacker.poll()))
                 ):
                     break
                 time.sleep(0.05)
         finally:
-            stop.set()
-            thread.join()
+            counters = attacker.stop()
             elapsed = time.monotonic() - t0
             for load in loads:
                 load.__exit__()

@@ -211,6 +211,13 @@ def test_the_pass_applies_the_leaders_access_before_any_rank_pod() -> None:
     assert (groups_cond.status, groups_cond.reason) == ("False", "RankExecNotGranted")
     assert "rbac.rankExec=true" in groups_cond.message and "pods/exec" in groups_cond.message
 
+    # Made while granted, then the grant withdrawn: the group goes whole; its leader's account and
+    # Role stay for the InferenceDeployment's deletion (the operator may no longer delete them).
+    made = _running(worker, "10.0.0.7")
+    withdrawn = plan_deployment(dataclasses.replace(obs, pods=[made]), CFG).actions
+    assert DeleteChild(ChildKind.POD, made.name) in withdrawn
+    assert not any(isinstance(a, DeleteChild) and a.kind is ChildKind.RANK_EXEC_ACCESS for a in withdrawn)
+
     # groupBackend lws starts llama.cpp's ranks only: a trtllm-serve group there is refused, with
     # no LeaderWorkerSet rendered.
     assert d.spec.llm is not None

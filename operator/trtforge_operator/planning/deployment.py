@@ -477,8 +477,8 @@ def plan_deployment(obs: DeploymentObserved, cfg: OperatorConfig) -> DeploymentP
                     plan.groups.append(plan_groups(dataclasses.replace(gt, groups=0)))
             elif refusal is not None:  # nothing made; groups made before the grant went go whole
                 lws_state = refusal
-                if gt.pods:
-                    plan.groups.append(plan_groups(dataclasses.replace(gt, groups=0)))
+                if gt.pods:  # their leaders' access stays for the owner's deletion: not ours to delete now
+                    plan.groups.append(plan_groups(dataclasses.replace(gt, groups=0, trtllm=None)))
             else:
                 records[:] = deployment_groups.enriched(records, gt)
                 gplan, group_faults, group_events = deployment_groups.native_groups(

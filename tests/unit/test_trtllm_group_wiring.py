@@ -213,7 +213,7 @@ def test_the_pass_applies_the_leaders_access_before_any_rank_pod() -> None:
 
     # Made while granted, then the grant withdrawn: the group goes whole; its leader's account and
     # Role stay for the InferenceDeployment's deletion (the operator may no longer delete them).
-    made = _running(worker, "10.0.0.7")
+    made = _running(dict(worker), "10.0.0.7")
     withdrawn = plan_deployment(dataclasses.replace(obs, pods=[made]), CFG).actions
     assert DeleteChild(ChildKind.POD, made.name) in withdrawn
     assert not any(isinstance(a, DeleteChild) and a.kind is ChildKind.RANK_EXEC_ACCESS for a in withdrawn)

@@ -29,15 +29,14 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import CACHE, log, table, taskset, write_result
-from benchmarks.llm import AIPERF, aiperf_cmd, read_aiperf, tokenizer_dir
+from benchmarks.common import CACHE, log, table, write_result
+from benchmarks.llm import AIPERF, Point, run_aiperf, tokenizer_dir
 from benchmarks.llm_deployment import first_token, openai_address, ratios, testbed
 
 NAME = "llm_groups"
@@ -147,23 +146,12 @@ def measure(
         n = a.requests or max(8, 2 * c)
         for side in [ONE, GRP] if c % 2 else [GRP, ONE]:
             host, port = addrs[side]
-            out = work / f"aiperf-{side}-c{c}"
-            shutil.rmtree(out, ignore_errors=True)
             load0 = round(os.getloadavg()[0], 2)
             t0 = time.monotonic()
             log(f"aiperf {side} c={c} n={n}")
-            r = subprocess.run(
-                taskset(
-                    a.client_cpus, aiperf_cmd(python, f"http://{host}:{port}", side, tok, c, n, isl, osl, out)
-                ),
-                capture_output=True,
-                text=True,
-                check=False,
-                env={k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"},
-            )
-            if r.returncode != 0:
-                raise RuntimeError(f"aiperf failed against {side} ({r.returncode}): {r.stderr[-2000:]}")
-            row = {"side": side, "concurrency": c, "requests": n, **read_aiperf(out)}
+            point = Point(f"http://{host}:{port}", side, c, n, isl, osl)
+            figures = run_aiperf(python, tok, point, a.client_cpus, work / f"aiperf-{side}-c{c}")
+            row = {"side": side, "concurrency": c, "requests": n, **figures}
             row["wall_s"] = round(time.monotonic() - t0, 2)
             row["loadavg_1m_before"] = load0
             row["loadavg_1m"] = round(os.getloadavg()[0], 2)

@@ -138,6 +138,16 @@ class RawConnection:
         self.sock.close()
 
 
+def _count_answers(frames: list[Frame], counters: Counter[str]) -> None:
+    for f in frames:
+        if isinstance(f, GoAwayFrame):
+            counters["goaway"] += 1
+        elif isinstance(f, RstStreamFrame):
+            counters["rst_stream"] += 1
+        elif isinstance(f, HeadersFrame):
+            counters["headers_received"] += 1
+
+
 def _while_open(
     target: Target,
     stop: threading.Event,
@@ -159,13 +169,9 @@ def _while_open(
             while not stop.is_set():
                 if not body(conn, state) or conn.closed:
                     break
-                for f in conn.drain():
-                    if isinstance(f, GoAwayFrame):
-                        counters["goaway"] += 1
-                    elif isinstance(f, RstStreamFrame):
-                        counters["rst_stream"] += 1
-                    elif isinstance(f, HeadersFrame):
-                        counters["headers_received"] += 1
+                _count_answers(conn.drain(), counters)
+            if stop.is_set() and not conn.closed:  # what it answered while the attacker still wrote
+                _count_answers(conn.drain(timeout=2.0), counters)
             if conn.closed:
                 counters["closed_by_server"] += 1
         except OSError:

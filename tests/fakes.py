@@ -1,4 +1,5 @@
-"""Small literal Kubernetes objects for planner tests: GPU Nodes as GFD labels them, Jobs."""
+"""Small literal Kubernetes objects for planner tests: GPU Nodes as GFD labels them, Jobs, and the
+observed state of an InferenceDeployment pass built from them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import datetime as dt
 import json
 from typing import Any
 
+from trtforge_operator.api import InferenceDeployment, TRTEngine
 from trtforge_operator.labels import ANNOTATION_RESULT
+from trtforge_operator.observe.views import DeploymentObserved, NodeView
+from trtforge_operator.planning.autoscaling import AutoscalingApis
 
 from trtforge.contract.gpu import KNOWN_GPUS
 
@@ -129,3 +133,28 @@ def runtime_request(target: Any, engine_key: str, **kw: Any) -> Any:
         image_pull_policy="IfNotPresent",
         **kw,
     )
+
+
+def deployment_observed(
+    d: InferenceDeployment, engine: TRTEngine | None, now: float, **fields: Any
+) -> DeploymentObserved:
+    """One InferenceDeployment pass's observed state for `d` (its metadata names it; uid and
+    generation default to uid-1 and 1): `engine` on the default nodes, nothing of ours yet and no
+    autoscaling API. `fields` replace any of DeploymentObserved's fields."""
+    meta = d.metadata
+    base: dict[str, Any] = {
+        "namespace": meta.namespace or "team-a",
+        "name": meta.name or "",
+        "uid": meta.uid or "uid-1",
+        "generation": meta.generation or 1,
+        "spec": d.spec,
+        "status": d.status,
+        "engine": engine,
+        "deployments": [],
+        "pods": [],
+        "nodes": [NodeView.from_k8s(n) for n in default_nodes()],
+        "jobs": [],
+        "now": now,
+        "apis": AutoscalingApis(hpa=None, keda=False),
+    }
+    return DeploymentObserved(**{**base, **fields})

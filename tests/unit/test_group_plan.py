@@ -30,7 +30,7 @@ from trtforge_operator.planning.deployment_actions import (
 from trtforge_operator.planning.group_plan import GroupPhase, GroupTarget, believed_rank_pods, plan_groups
 from trtforge_operator.planning.groups import LABEL_GROUP_WHOLE, GroupShape
 
-from tests.fakes import default_nodes, iso, runtime_request
+from tests.fakes import default_nodes, deployment_observed, iso, runtime_request
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.llm import Parallelism
 from trtforge.contract.termination import TerminationMessage
@@ -325,23 +325,8 @@ def _observed(
             "spec": {"engineRef": {"name": "smollm2"}, "llm": {"server": "llama.cpp", **(llm or {})}},
         }
     )
-    return DeploymentObserved(
-        namespace="team-a",
-        name="chat",
-        uid="uid-1",
-        generation=1,
-        spec=d.spec,
-        status=d.status,
-        engine=kw.pop("engine", _engine()),
-        deployments=[],
-        pods=kw.pop("pods", []),
-        nodes=NODES,
-        jobs=[],
-        now=NOW,
-        apis=AutoscalingApis(hpa=None, keda=False),
-        lws_served=lws_served,
-        **kw,
-    )
+    engine = kw.pop("engine", _engine())
+    return deployment_observed(d, engine, NOW, nodes=NODES, lws_served=lws_served, **kw)
 
 
 def _condition(plan: Any, type_: str) -> Any:

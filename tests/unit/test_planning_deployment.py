@@ -26,7 +26,7 @@ from trtforge_operator.planning.pruned import LAST_APPLIED, UNKNOWN_FIELDS
 from trtforge_operator.planning.rebuild import rebuild_job
 from trtforge_operator.pod_spec import fingerprint
 
-from tests.fakes import default_nodes, gpu_node, iso, job
+from tests.fakes import default_nodes, deployment_observed, gpu_node, iso, job
 from trtforge.contract.gpu import GPUTarget
 
 NOW = 1_800_000_000.0
@@ -107,19 +107,14 @@ def observed(
     owners = {
         f"rs-{t.name}": (f"dep-{children.deployment_name('resnet', t)}", fingerprint({})) for t in (H100, MIG)
     }
-    return DeploymentObserved(
-        namespace="team-a",
-        name="resnet",
-        uid="uid-1",
-        generation=1,
-        spec=d.spec,
-        status=d.status,
-        engine=e,
+    return deployment_observed(
+        d,
+        e,
+        now,
         deployments=[DeploymentView.from_k8s(x) for x in deployments],
         pods=[PodView.from_k8s(p) for p in pods],
         nodes=[NodeView.from_k8s(n) for n in (nodes or default_nodes())],
         jobs=[JobView.from_k8s(j) for j in jobs],
-        now=now,
         autoscalers=autoscalers,
         apis=AutoscalingApis(hpa=hpa_api, keda=keda),
         replica_sets=owners,

@@ -31,7 +31,7 @@ from trtforge_operator.planning.host_cache import DEFAULT_POD_BASE_BYTES_PER_GPU
 from trtforge_operator.planning.llm_serving import LLMEngineFacts, LLMProblem, llm_runtime
 from trtforge_operator.pod_spec import fingerprint
 
-from tests.fakes import default_nodes, gpu_node, runtime_request
+from tests.fakes import deployment_observed, gpu_node, runtime_request
 from trtforge.contract.gpu import GPUTarget
 
 CPU = GPUTarget(gpu="cpu")
@@ -193,22 +193,7 @@ def _infd(**spec: Any) -> InferenceDeployment:
 
 
 def _observed(d: InferenceDeployment, e: TRTEngine, hpa_api: HpaApi | None = None) -> DeploymentObserved:
-    return DeploymentObserved(
-        namespace="team-a",
-        name="chat",
-        uid="uid-1",
-        generation=1,
-        spec=d.spec,
-        status=d.status,
-        engine=e,
-        deployments=[],
-        pods=[],
-        nodes=[NodeView.from_k8s(n) for n in default_nodes()],
-        jobs=[],
-        now=NOW,
-        autoscalers=(),
-        apis=AutoscalingApis(hpa=hpa_api, keda=False),
-    )
+    return deployment_observed(d, e, NOW, apis=AutoscalingApis(hpa=hpa_api, keda=False))
 
 
 def test_an_llm_engine_gets_a_serve_llm_deployment_an_openai_service_and_its_endpoint() -> None:

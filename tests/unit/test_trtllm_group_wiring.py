@@ -13,10 +13,9 @@ from trtforge_operator.api import GroupBackend, InferenceDeployment, LLMServer, 
 from trtforge_operator.apply import children, group_pods, group_rbac, llm_children
 from trtforge_operator.apply.llm_children import LLMRuntime
 from trtforge_operator.config import GroupSettings, OperatorConfig
-from trtforge_operator.observe.views import NodeView, PodView
+from trtforge_operator.observe.views import PodView
 from trtforge_operator.planning import groups
-from trtforge_operator.planning.autoscaling import AutoscalingApis
-from trtforge_operator.planning.deployment import DeploymentObserved, plan_deployment
+from trtforge_operator.planning.deployment import plan_deployment
 from trtforge_operator.planning.deployment_actions import (
     ApplyLeaderWorkerSet,
     ApplyRankExecAccess,
@@ -27,7 +26,7 @@ from trtforge_operator.planning.deployment_actions import (
 from trtforge_operator.planning.group_plan import GroupTarget, plan_groups
 from trtforge_operator.planning.groups import GroupShape
 
-from tests.fakes import default_nodes, iso, runtime_request
+from tests.fakes import deployment_observed, iso, runtime_request
 from trtforge.contract.gpu import GPUTarget
 from trtforge.contract.llm import Parallelism
 
@@ -180,21 +179,7 @@ def test_the_pass_applies_the_leaders_access_before_any_rank_pod() -> None:
             "spec": {"engineRef": {"name": "smollm2"}, "llm": {"server": "trtllm-serve"}},
         }
     )
-    obs = DeploymentObserved(
-        namespace="team-a",
-        name="chat",
-        uid="uid-1",
-        generation=1,
-        spec=d.spec,
-        status=d.status,
-        engine=_engine(),
-        deployments=[],
-        pods=[],
-        nodes=[NodeView.from_k8s(n) for n in default_nodes()],
-        jobs=[],
-        now=NOW,
-        apis=AutoscalingApis(hpa=None, keda=False),
-    )
+    obs = deployment_observed(d, _engine(), NOW)
     actions = plan_deployment(obs, GRANTED).actions
     access = [i for i, a in enumerate(actions) if isinstance(a, ApplyRankExecAccess)]
     pods = [i for i, a in enumerate(actions) if isinstance(a, CreatePod)]

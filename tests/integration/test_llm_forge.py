@@ -229,26 +229,32 @@ def test_a_checkpoint_goes_to_s3_and_comes_back_verified(
     assert store.exists(f"checkpoints/{manifest.key}/manifest.json")
 
 
-@pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.parametrize("other_settings", [False, True], ids=["as-tuned", "two-threads-other-batch"])
 def test_the_canary_holds_under_the_tuned_settings(
-    fp8: tuple[str, dict[str, object]], llama_bin: Path, tmp_path: Path, threads: str
+    fp8: tuple[str, dict[str, object]], llama_bin: Path, tmp_path: Path, other_settings: bool
 ) -> None:
     """A runtime applies a tuning record's flags and must still reproduce the golden tokens: greedy
-    output does not depend on the thread count or batch sizes the tuner picks."""
+    output does not depend on the thread count or batch sizes the tuner picks. The record as tuned
+    (on one thread), and the same record set to two threads and the batch size it did not pick."""
     store_uri, q = fp8
     store = open_store(store_uri)
     rc, out = _run(
         ["tune", "--checkpoint", str(q["checkpointKey"]), "--gpu", "cpu", "--store", store_uri,
-         "--llama-bin-dir", str(llama_bin), "--threads", threads, *TUNE]
+         "--llama-bin-dir", str(llama_bin), *TUNE]
     )  # fmt: skip
     assert rc == 0, out
     tuning = art.read_manifest(store, ArtefactKind.TUNING_CACHE, str(out["tuningKey"]))
     assert tuning is not None and tuning.tuning is not None
+    record = tuning.tuning
+    if other_settings:
+        batch = 64 if record.settings["batch_size"] == 256 else 256
+        settings = {"threads": 2, "batch_size": batch, "ubatch_size": batch}
+        record = record.model_copy(update={"settings": settings})
     ckpt = art.fetch(store, ArtefactKind.CHECKPOINT, str(q["checkpointKey"]), tmp_path / "c")
     assert ckpt.checkpoint is not None and ckpt.checkpoint.golden is not None
     golden = ckpt.checkpoint.golden
     got = LlamaCppTools(llama_bin).golden(
-        tmp_path / "c" / "model.gguf", golden.prompt, golden.n_predict, 2,
-        server_args=llama_server_args(tuning.tuning),
+        tmp_path / "c" / "model.gguf", golden.prompt, golden.n_predict, 1,
+        server_args=llama_server_args(record),
     )  # fmt: skip
     assert golden_mismatch(golden, got.tokens) is None

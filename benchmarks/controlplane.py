@@ -41,6 +41,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -173,21 +174,82 @@ def list_engines(api: Any, counted: Counted, selector: str) -> list[dict[str, An
     return items
 
 
-def all_building(items: list[dict[str, Any]]) -> int:
-    """Engines whose status shows every one of its targets with a build Job (the status write that
-    follows the Job POSTs)."""
-    return sum(
-        1
-        for o in items
-        if len(targets := (o.get("status") or {}).get("targets") or []) == len(TARGETS)
-        and all(t.get("jobName") for t in targets)
-    )
+def is_building(o: dict[str, Any]) -> bool:
+    """Whether an engine's status shows every one of its targets with a build Job (the status write
+    that follows the Job POSTs)."""
+    targets = (o.get("status") or {}).get("targets") or []
+    return len(targets) == len(TARGETS) and all(t.get("jobName") for t in targets)
 
 
-def all_ready(items: list[dict[str, Any]]) -> int:
-    from trtforge_dev.localdev import is_true
+class EngineWatch:
+    """Which TRTEngines of `selector` are Ready and which are building, kept from one watch stream
+    (a thread) rather than polled: listing and decoding every engine twice a second cost the
+    harness and the apiserver O(N) per poll, over a wait that itself grows with N, on the cores the
+    operator shares (docs/benchmarks.md §4). A watch costs one decode per change."""
 
-    return sum(1 for o in items if is_true(o, "Ready"))
+    def __init__(self, api: Any, counted: Counted, selector: str) -> None:
+        from kubernetes import client
+
+        self._co: Any = client.CustomObjectsApi(api)
+        self._selector, self._counted = selector, counted
+        self._state: dict[str, tuple[bool, bool]] = {}  # name -> (Ready, building)
+        self._stopped = threading.Event()
+        self._watch: Any = None
+        self._thread = threading.Thread(target=self._run, name="engine-watch", daemon=True)
+        self._thread.start()
+
+    def _list(self) -> str:
+        self._counted.n += 1
+        page = self._co.list_namespaced_custom_object(
+            GROUP, VERSION, TENANT, "trtengines", label_selector=self._selector
+        )
+        self._state = {o["metadata"]["name"]: self._facts(o) for o in page["items"]}
+        return str(page["metadata"]["resourceVersion"])
+
+    @staticmethod
+    def _facts(o: dict[str, Any]) -> tuple[bool, bool]:
+        from trtforge_dev.localdev import is_true
+
+        return is_true(o, "Ready"), is_building(o)
+
+    def _run(self) -> None:
+        from kubernetes import watch
+
+        rv = self._list()
+        while not self._stopped.is_set():
+            self._watch = watch.Watch()
+            self._counted.n += 1
+            try:
+                for ev in self._watch.stream(
+                    self._co.list_namespaced_custom_object, GROUP, VERSION, TENANT, "trtengines",
+                    label_selector=self._selector, resource_version=rv, timeout_seconds=300,
+                ):  # fmt: skip
+                    o = ev["object"]
+                    if ev["type"] == "ERROR":  # e.g. 410 Gone: start again from a fresh list
+                        rv = self._list()
+                        break
+                    name = o["metadata"]["name"]
+                    rv = o["metadata"]["resourceVersion"]
+                    if ev["type"] == "DELETED":
+                        self._state.pop(name, None)
+                    else:
+                        self._state[name] = self._facts(o)
+            except Exception as e:  # stop() closes the stream under it; anything else: list again
+                if self._stopped.is_set():
+                    return
+                log(f"engine watch: {e!r}; listing again")
+                rv = self._list()
+
+    def ready(self) -> int:
+        return sum(r for r, _ in list(self._state.values()))
+
+    def building(self) -> int:
+        return sum(b for _, b in list(self._state.values()))
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._watch is not None:
+            self._watch.stop()
 
 
 def count_jobs(api: Any, counted: Counted, ns: str) -> int:
@@ -296,6 +358,7 @@ def run_case(
     docs = engine_docs(n, prefix, sha, model_uri)
     if scenario == "jobs":
         record_possession(env.store_dir, docs)
+    engines = EngineWatch(env.api, counted, selector)
     load_before = os.getloadavg()[0]
     t_start = time.monotonic()
     t0 = create_concurrently(env.tb, docs)  # time runs from the last create
@@ -304,7 +367,7 @@ def run_case(
     progress = 0
     while time.monotonic() - t0 < timeout:
         if scenario == "cache":
-            progress = all_ready(list_engines(env.api, counted, selector))
+            progress = engines.ready()
             done = progress == n
         else:
             progress = count_jobs(env.api, counted, env.build_ns) - jobs0
@@ -318,11 +381,12 @@ def run_case(
         # The Jobs exist; the engines' status writes that name them may still be on their way. The
         # issue times the Jobs, but a status that lags far behind would be work deferred, not saved.
         while time.monotonic() - t0 < timeout:
-            if all_building(list_engines(env.api, counted, selector)) == n:
+            if engines.building() == n:
                 status_s = time.monotonic() - t0
                 break
-            time.sleep(1)
+            time.sleep(0.5)
     t_window = time.monotonic() - t0
+    engines.stop()
     req1, by1 = apiserver_requests(env.tb)
     c1 = operator_counters(mport)
     own = counted.n + 2  # our polls and the two metrics GETs

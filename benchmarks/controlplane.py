@@ -361,7 +361,7 @@ def run_case(
     engines = EngineWatch(env.api, counted, selector)
     load_before = os.getloadavg()[0]
     t_start = time.monotonic()
-    t0 = create_concurrently(env.tb, docs)  # time runs from the last create
+    t0 = create_concurrently(env.tb, docs)  # done_s counts from the last create, apply_s up to it
     t_applied = t0 - t_start
     done_s: float | None = None
     progress = 0

@@ -3,6 +3,11 @@
 Each N runs several times (``--runs``, default 3), since one run's t(2000)/t(500) moved from 3.78 to
 5.12 between two runs of the same commit; every time-based verdict is judged on the median of the
 runs. A run that did not finish within its timeout counts as slower than any that did.
+
+A run's time counts from its first create to its last Ready (or its last Job): what a platform team
+that applies N engines at once waits for. The time after the last create is shown too, but it is the
+operator's time less the creators', so it moves with how fast the 16 creating clients go, which is
+faster per engine at larger N (docs/benchmarks.md §4).
 """
 
 from __future__ import annotations
@@ -21,23 +26,30 @@ def runs_of(cases: list[dict[str, Any]], scenario: str, n: int) -> list[dict[str
     return [c for c in cases if c["scenario"] == scenario and c["n"] == n]
 
 
-def median_done_s(cases: list[dict[str, Any]], scenario: str, n: int) -> float | None:
-    """Median of the runs' done_s (inf where the median run did not finish); None: never run."""
+def total_s(case: dict[str, Any]) -> float:
+    """Seconds from the run's first create to done (inf: it did not finish)."""
+    return math.inf if case["done_s"] is None else round(case["apply_s"] + case["done_s"], 2)
+
+
+def median_s(cases: list[dict[str, Any]], scenario: str, n: int) -> float | None:
+    """Median of the runs' times from the first create (inf where the median run did not finish);
+    None: never run."""
     runs = runs_of(cases, scenario, n)
     if not runs:
         return None
-    return float(statistics.median(math.inf if c["done_s"] is None else c["done_s"] for c in runs))
+    return float(statistics.median(total_s(c) for c in runs))
 
 
 def medians(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (scenario, N): every run's done_s and their median, in the order first run."""
+    """One row per (scenario, N): every run's time from the first create and their median, in the
+    order first run."""
     keys = list(dict.fromkeys((c["scenario"], c["n"]) for c in cases))
     return [
         {
             "scenario": s,
             "n": n,
-            "runs": [c["done_s"] for c in runs_of(cases, s, n)],
-            "median_s": median_done_s(cases, s, n),
+            "runs": [_shown(total_s(c)) for c in runs_of(cases, s, n)],
+            "median_s": median_s(cases, s, n),
         }
         for s, n in keys
     ]
@@ -58,7 +70,7 @@ def verdicts(cases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     def put(name: str, value: Any, ok: bool | None) -> None:
         out[name] = {"value": value, "met": ok}
 
-    t500, t2000 = median_done_s(cases, "cache", 500), median_done_s(cases, "cache", 2000)
+    t500, t2000 = median_s(cases, "cache", 500), median_s(cases, "cache", 2000)
     put("cache N=2000 all Ready within 60 s (median)", _shown(t2000), _within(t2000, 60))
     ratio = None
     if t500 and t2000 is not None:
@@ -80,7 +92,7 @@ def verdicts(cases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         max(writes, default=None),
         None if not writes else max(writes) == 0,
     )
-    tj = median_done_s(cases, "jobs", 2000)
+    tj = median_s(cases, "jobs", 2000)
     put("jobs N=2000: all 6000 Jobs within 90 s (median)", _shown(tj), _within(tj, 90))
     return out
 
@@ -94,8 +106,8 @@ def _settled(settle: dict[str, Any] | None) -> str:
 
 
 def median_run(cases: list[dict[str, Any]], scenario: str, n: int) -> dict[str, Any]:
-    """The run whose done_s is the median (the upper middle of an even count): the row a table shows."""
-    runs = sorted(runs_of(cases, scenario, n), key=lambda c: math.inf if c["done_s"] is None else c["done_s"])
+    """The run whose time is the median (the upper middle of an even count): the row a table shows."""
+    runs = sorted(runs_of(cases, scenario, n), key=total_s)
     return runs[len(runs) // 2]
 
 
@@ -124,8 +136,9 @@ def render(results: dict[str, Any]) -> str:
                 c["targets"],
                 _shown(m["median_s"]),
                 ", ".join(str(r) for r in m["runs"]),
-                c.get("status_done_s") if c["scenario"] == "jobs" else "",
                 c["apply_s"],
+                c["done_s"],
+                c.get("status_done_s") if c["scenario"] == "jobs" else "",
                 c["jobs_created"],
                 c["cache_hits"],
                 c["operator_peak_rss_mb"],
@@ -143,17 +156,18 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(
         [
             "Control plane: N TRTEngines x 3 targets created by 16 concurrent clients"
-            " (cache: all from the store; jobs: all build); 'done s' counts from the last create; each row"
+            " (cache: all from the store; jobs: all build); times count from the first create; each row"
             " shows the median run of its N",
             table(
                 [
                     "scenario",
                     "N",
                     "targets",
-                    "done s (median)",
-                    "every run's done s",
-                    "jobs: status written s",
-                    "create s",
+                    "s from the first create (median)",
+                    "every run's",
+                    "of which creating s",
+                    "after the last create s",
+                    "jobs: status written s after the last create",
                     "Jobs created",
                     "cache hits",
                     "operator peak RSS MB",

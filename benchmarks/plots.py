@@ -224,7 +224,7 @@ def coldstart(res: dict[str, Any], fname: str = "bench-coldstart.png") -> list[P
 
 
 def controlplane(res: dict[str, Any]) -> list[Path]:
-    """Time after the last create against N, log-log, per scenario, with a slope-1 reference line."""
+    """Time from the first create against N, log-log, per scenario, with a slope-1 reference line."""
     plt = _plt()
     cases = [c for c in res.get("cases", []) if c.get("done_s")]
     if not cases:
@@ -236,7 +236,7 @@ def controlplane(res: dict[str, Any]) -> list[Path]:
         if not pts:
             continue
         xs, ys = [x for x, _ in pts], [y for _, y in pts]
-        ax1.loglog(xs, ys, "o-", color=color, label=f"{scenario}: time after the last create (median)")
+        ax1.loglog(xs, ys, "o-", color=color, label=f"{scenario}: time from the first create (median)")
         ax1.loglog(xs, [ys[0] * x / xs[0] for x in xs], ":", color=color, label=f"{scenario}: slope 1")
         peak: dict[int, float] = {}  # the highest run of each N
         for c in cases:

@@ -172,8 +172,9 @@ class LlamaCppTools:
         gen: int,
         repetitions: int = 2,
     ) -> list[BenchRow]:
-        """Prompt processing over threads x batch sizes (micro-batch = batch), then generation over
-        threads alone (the batch size does not change it), `repetitions` runs each."""
+        """Prompt processing over threads x batch sizes x micro-batch sizes (llama-bench runs every
+        combination of its lists), then generation over threads alone (the batch size does not change
+        it), `repetitions` runs each."""
         t = ",".join(map(str, threads))
         common = ["-m", str(model), "-t", t, "-r", str(repetitions), "-o", "json"]
         b = ",".join(map(str, batches))

@@ -97,7 +97,7 @@ def build(out: Path, models: Sequence[str], python_version: str) -> Path:
     if out.exists():
         shutil.rmtree(out)
     wheels, pa, debs, bench = out / "wheels", out / "perf-analyzer", out / "debs", out / "bench"
-    for d in (wheels, pa, debs):
+    for d in (wheels, pa, debs, bench / "models"):
         d.mkdir(parents=True)
     log(f"wheels for Python {python_version}: the runtime's and the client's, at this venv's versions")
     pip_download(pins([*RUNTIME, *CLIENT]), wheels, python_version)
@@ -109,11 +109,10 @@ def build(out: Path, models: Sequence[str], python_version: str) -> Path:
     )  # fmt: skip
     subprocess.run(["apt-get", "download", LIBB64], cwd=debs, check=True, capture_output=True)
     for name in models:
-        src = model_file(name)
-        key, who = ensure_engine(src, store_dir(name))
+        src, store = model_file(name), store_dir(name)
+        key, who = ensure_engine(src, store)
         log(f"{name}: engine {key[:12]} ({who})")
-        shutil.copy2(src, _mkparent(bench / "models" / src.name))
-        store = store_dir(name)
+        shutil.copy2(src, bench / "models" / src.name)
         shutil.copytree(store, bench / store.relative_to(CACHE))
     run = out / "run.sh"
     run.write_text(RUN_SH)
@@ -122,11 +121,6 @@ def build(out: Path, models: Sequence[str], python_version: str) -> Path:
     there = run.relative_to(ROOT) if run.is_relative_to(ROOT) else run
     log(f"offline bundle: {out} ({size / 2**20:.1f} MiB); there, in the checkout's root: {there} COMMAND...")
     return run
-
-
-def _mkparent(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:

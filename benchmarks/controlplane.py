@@ -189,13 +189,20 @@ class EngineWatch:
 
     def __init__(self, api: Any, counted: Counted, selector: str) -> None:
         from kubernetes import client
+        from trtforge_dev.testbed.kube import list_then_watch
 
         self._co: Any = client.CustomObjectsApi(api)
         self._selector, self._counted = selector, counted
         self._state: dict[str, tuple[bool, bool]] = {}  # name -> (Ready, building)
         self._stopped = threading.Event()
-        self._watch: Any = None
-        self._thread = threading.Thread(target=self._run, name="engine-watch", daemon=True)
+        args = (self._list, self._watch_call, self._on_event, self._stopped.is_set, self._failed)
+        self._thread = threading.Thread(
+            target=list_then_watch,
+            args=(*args, GROUP, VERSION, TENANT, "trtengines"),
+            kwargs={"label_selector": selector, "timeout_seconds": 300},
+            name="engine-watch",
+            daemon=True,
+        )
         self._thread.start()
 
     def _list(self) -> str:
@@ -206,39 +213,26 @@ class EngineWatch:
         self._state = {o["metadata"]["name"]: self._facts(o) for o in page["items"]}
         return str(page["metadata"]["resourceVersion"])
 
+    def _watch_call(self, *args: Any, **kwargs: Any) -> Any:
+        self._counted.n += 1  # one request per watch stream
+        return self._co.list_namespaced_custom_object(*args, **kwargs)
+
+    def _on_event(self, kind: str, o: dict[str, Any]) -> None:
+        name = o["metadata"]["name"]
+        if kind == "DELETED":
+            self._state.pop(name, None)
+        else:
+            self._state[name] = self._facts(o)
+
+    @staticmethod
+    def _failed(e: BaseException) -> None:
+        log(f"engine watch: {e!r}; listing again")
+
     @staticmethod
     def _facts(o: dict[str, Any]) -> tuple[bool, bool]:
         from trtforge_dev.localdev import is_true
 
         return is_true(o, "Ready"), is_building(o)
-
-    def _run(self) -> None:
-        from kubernetes import watch
-
-        rv = self._list()
-        while not self._stopped.is_set():
-            self._watch = watch.Watch()
-            self._counted.n += 1
-            try:
-                for ev in self._watch.stream(
-                    self._co.list_namespaced_custom_object, GROUP, VERSION, TENANT, "trtengines",
-                    label_selector=self._selector, resource_version=rv, timeout_seconds=300,
-                ):  # fmt: skip
-                    o = ev["object"]
-                    if ev["type"] == "ERROR":  # e.g. 410 Gone: start again from a fresh list
-                        rv = self._list()
-                        break
-                    name = o["metadata"]["name"]
-                    rv = o["metadata"]["resourceVersion"]
-                    if ev["type"] == "DELETED":
-                        self._state.pop(name, None)
-                    else:
-                        self._state[name] = self._facts(o)
-            except Exception as e:  # stop() closes the stream under it; anything else: list again
-                if self._stopped.is_set():
-                    return
-                log(f"engine watch: {e!r}; listing again")
-                rv = self._list()
 
     def ready(self) -> int:
         return sum(r for r, _ in list(self._state.values()))
@@ -247,9 +241,8 @@ class EngineWatch:
         return sum(b for _, b in list(self._state.values()))
 
     def stop(self) -> None:
+        """The thread ends at the stream's next event (the engines' deletion follows at once)."""
         self._stopped.set()
-        if self._watch is not None:
-            self._watch.stop()
 
 
 def count_jobs(api: Any, counted: Counted, ns: str) -> int:

@@ -8,14 +8,14 @@ import logging
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from trtforge.logs import fields
+from trtforge_dev.testbed.kube import list_then_watch
 from trtforge_dev.testbed.kubelet.context import POD_UID_ENV, KubeletContext
 from trtforge_dev.testbed.kubelet.node import NodeAgent
 from trtforge_dev.testbed.kubelet.pod import PodWorker
@@ -138,39 +138,19 @@ class Kubelet:
         return str(pods.metadata.resource_version)
 
     def watch_pods(self) -> None:
-        rv = ""
-        while not self.ctx.stopping.is_set():
-            try:
-                if not rv:
-                    rv = self.resync()
-                w = watch.Watch()
-                for ev in w.stream(
-                    self.core.list_pod_for_all_namespaces,
-                    field_selector="spec.nodeName!=",
-                    resource_version=rv,
-                    timeout_seconds=120,
-                    _request_timeout=150,
-                ):
-                    if self.ctx.stopping.is_set():
-                        w.stop()
-                        break
-                    obj = ev["raw_object"]
-                    if ev["type"] == "ERROR":
-                        rv = ""
-                        break
-                    rv = obj["metadata"]["resourceVersion"]
-                    self.handle(ev["type"], obj)
-            except ApiException as e:
-                if e.status == 410:
-                    rv = ""
-                    continue
-                log.warning("pod watch failed", extra=fields(status=e.status))
-                rv = ""
-                time.sleep(1)
-            except Exception as e:
-                log.warning("pod watch failed", extra=fields(error=str(e)))
-                rv = ""
-                time.sleep(1)
+        list_then_watch(
+            self.resync,
+            self.core.list_pod_for_all_namespaces,
+            self.handle,
+            self.ctx.stopping.is_set,
+            self._watch_failed,
+            field_selector="spec.nodeName!=",
+        )
+
+    @staticmethod
+    def _watch_failed(e: BaseException) -> None:
+        status = e.status if isinstance(e, ApiException) else None
+        log.warning("pod watch failed", extra=fields(status=status, error=str(e)[:300]))
 
     # --- the process ---------------------------------------------------------------------------
     def run(self) -> None:
